@@ -1,0 +1,45 @@
+"""Process settings, read once per entry point from ``CPN_*`` environment variables and passed down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_DEV_SECRET = "dev-insecure-secret"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CPN_", env_file=None, extra="ignore")
+
+    environment: str = Field("development", description="development | production")
+    data_dir: Path = Field(Path("./data"), description="Where the embedded SQLite file and run files live")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; unset = SQLite file in data_dir")
+    redis_url: str | None = Field(None, description="redis://...; unset = in-process bus")
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    heartbeat_interval_s: float = Field(2.0, gt=0)
+    heartbeat_misses: int = Field(3, ge=1, description="Missed heartbeats before a node is lost")
+    max_job_retries: int = Field(2, ge=0)
+    secret_key: str = Field(_DEV_SECRET, description="Signs node credentials; must be set outside development")
+    admin_api_key: str | None = Field(None, description="Bootstrap admin API key (created at start if set)")
+    public_url: str | None = Field(None, description="URL shown to users for the dashboard")
+
+    @model_validator(mode="after")
+    def _refuse_default_secret(self) -> Settings:
+        if self.environment != "development" and self.secret_key == _DEV_SECRET:
+            raise ValueError("CPN_SECRET_KEY must be set when CPN_ENVIRONMENT is not 'development'")
+        return self
+
+    @property
+    def effective_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'cpn.sqlite').resolve()}"
+
+    @property
+    def node_lost_after_s(self) -> float:
+        return self.heartbeat_interval_s * self.heartbeat_misses
