@@ -1,0 +1,34 @@
+"""ORM models, one module per domain; importing this package registers every table on Base.metadata."""
+
+from orchestration.db.models.events import Event
+from orchestration.db.models.jobs import Allocation, Job, Quote, Task, TaskMetric
+from orchestration.db.models.resources import (
+    Accelerator,
+    Cluster,
+    EnrollmentToken,
+    Link,
+    Node,
+    Price,
+    Provider,
+    Region,
+)
+from orchestration.db.models.tenancy import ApiKey, Tenant
+
+__all__ = [
+    "Accelerator",
+    "Allocation",
+    "ApiKey",
+    "Cluster",
+    "EnrollmentToken",
+    "Event",
+    "Job",
+    "Link",
+    "Node",
+    "Price",
+    "Provider",
+    "Quote",
+    "Region",
+    "Task",
+    "TaskMetric",
+    "Tenant",
+]

@@ -1,0 +1,113 @@
+"""Control-layer tables: quotes, jobs, their per-node tasks, and device allocations."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ForeignKey, Index, String, text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from orchestration.db.base import Base, new_id, utcnow
+
+
+class Quote(Base):
+    __tablename__ = "quotes"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    spec: Mapped[dict[str, Any]]
+    options: Mapped[list[Any]]  # PlanOption JSON, ranked
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict[str, Any]]
+    # pending | placed | running | succeeded | failed | cancelled
+    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    option: Mapped[dict[str, Any] | None] = mapped_column(default=None)  # accepted PlanOption JSON
+    choice: Mapped[str] = mapped_column(String(16), default="cheapest")  # how the option was chosen
+    attempt: Mapped[int] = mapped_column(default=0)
+    reason: Mapped[str] = mapped_column(String(2000), default="")
+    estimated_duration_s: Mapped[float | None] = mapped_column(default=None)
+    estimated_cost: Mapped[float | None] = mapped_column(default=None)
+    actual_cost: Mapped[float | None] = mapped_column(default=None)
+    result: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Task(Base):
+    """One node's share of a job attempt: the unit an agent launches with torchrun."""
+
+    __tablename__ = "tasks"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    attempt: Mapped[int]
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"))
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
+    region: Mapped[str] = mapped_column(String(64))
+    # pending | dispatched | starting | running | succeeded | failed | cancelled
+    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    device_indices: Mapped[list[Any]]
+    placement: Mapped[list[Any]]  # the plan's {dp_rank, pp_stage, tp_rank, ...} entries on this node
+    worker_config: Mapped[dict[str, Any]]
+    sync_port: Mapped[int | None] = mapped_column(default=None)
+    exit_code: Mapped[int | None] = mapped_column(default=None)
+    message: Mapped[str] = mapped_column(String(2000), default="")
+    last_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    result: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Allocation(Base):
+    """A device held by a task. The partial unique index makes double-booking impossible in the DB."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (
+        Index(
+            "uq_allocations_active_accelerator",
+            "accelerator_id",
+            unique=True,
+            sqlite_where=text("active"),
+            postgresql_where=text("active"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"), index=True)
+    accelerator_id: Mapped[str] = mapped_column(ForeignKey("accelerators.id"))
+    active: Mapped[bool] = mapped_column(default=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    released_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class TaskMetric(Base):
+    """Per-step metrics reported by a task's leader worker (the loss curve)."""
+
+    __tablename__ = "task_metrics"
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
+    region: Mapped[str] = mapped_column(String(64))
+    step: Mapped[int]
+    loss: Mapped[float]
+    tokens_per_s: Mapped[float] = mapped_column(default=0.0)
+    compute_utilization: Mapped[float] = mapped_column(default=0.0)
+    wan_bytes_sent: Mapped[int] = mapped_column(default=0)
+    wan_bytes_recv: Mapped[int] = mapped_column(default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

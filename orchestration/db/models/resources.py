@@ -1,0 +1,116 @@
+"""Resource-layer tables: where compute lives, what it costs and how regions are linked."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import ForeignKey, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from orchestration.db.base import Base, new_id, utcnow
+
+
+class Region(Base):
+    __tablename__ = "regions"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    jurisdiction: Mapped[str] = mapped_column(String(16), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Provider(Base):
+    __tablename__ = "providers"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Cluster(Base):
+    __tablename__ = "clusters"
+    __table_args__ = (UniqueConstraint("region", "name"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(128))
+    region: Mapped[str] = mapped_column(ForeignKey("regions.name"), index=True)
+    provider_id: Mapped[str] = mapped_column(ForeignKey("providers.id"))
+    intra_bandwidth_gbps: Mapped[float] = mapped_column(default=100.0)
+    intra_latency_ms: Mapped[float] = mapped_column(default=0.01)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    nodes: Mapped[list[Node]] = relationship(back_populates="cluster", lazy="raise")
+    provider: Mapped[Provider] = relationship(lazy="raise")
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    token_hash: Mapped[str] = mapped_column(String(128))
+    advertise_host: Mapped[str] = mapped_column(String(255), default="127.0.0.1")
+    sync_port_min: Mapped[int] = mapped_column(default=0)
+    sync_port_max: Mapped[int] = mapped_column(default=0)
+    # alive | lost | drained
+    status: Mapped[str] = mapped_column(String(16), default="alive", index=True)
+    agent_version: Mapped[str] = mapped_column(String(32), default="")
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    cluster: Mapped[Cluster] = relationship(back_populates="nodes", lazy="raise")
+    accelerators: Mapped[list[Accelerator]] = relationship(back_populates="node", lazy="raise")
+
+
+class Accelerator(Base):
+    __tablename__ = "accelerators"
+    __table_args__ = (UniqueConstraint("node_id", "index"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
+    index: Mapped[int]
+    model: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(16), default="cpu")
+    memory_gb: Mapped[float]
+    measured_tflops: Mapped[float]
+
+    node: Mapped[Node] = relationship(back_populates="accelerators", lazy="raise")
+
+
+class Link(Base):
+    """A measured (or declared) link between two regions; symmetric unless both directions exist."""
+
+    __tablename__ = "links"
+    __table_args__ = (UniqueConstraint("src", "dst"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    src: Mapped[str] = mapped_column(ForeignKey("regions.name"))
+    dst: Mapped[str] = mapped_column(ForeignKey("regions.name"))
+    bandwidth_gbps: Mapped[float]
+    latency_ms: Mapped[float]
+    egress_price_per_gb: Mapped[float] = mapped_column(default=0.0)
+    measured_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Price(Base):
+    """Price history of a cluster; the newest row is in force."""
+
+    __tablename__ = "prices"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
+    price_per_device_hour: Mapped[float]
+    spot_price_per_device_hour: Mapped[float | None] = mapped_column(default=None)
+    effective_from: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class EnrollmentToken(Base):
+    __tablename__ = "enrollment_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    token_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    note: Mapped[str] = mapped_column(String(255), default="")
+    max_uses: Mapped[int | None] = mapped_column(default=None)
+    uses: Mapped[int] = mapped_column(default=0)
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

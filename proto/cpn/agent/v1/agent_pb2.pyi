@@ -1,0 +1,221 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_STATE_UNSPECIFIED: _ClassVar[TaskState]
+    TASK_STATE_STARTING: _ClassVar[TaskState]
+    TASK_STATE_RUNNING: _ClassVar[TaskState]
+    TASK_STATE_SUCCEEDED: _ClassVar[TaskState]
+    TASK_STATE_FAILED: _ClassVar[TaskState]
+    TASK_STATE_CANCELLED: _ClassVar[TaskState]
+TASK_STATE_UNSPECIFIED: TaskState
+TASK_STATE_STARTING: TaskState
+TASK_STATE_RUNNING: TaskState
+TASK_STATE_SUCCEEDED: TaskState
+TASK_STATE_FAILED: TaskState
+TASK_STATE_CANCELLED: TaskState
+
+class Device(_message.Message):
+    __slots__ = ("index", "model", "memory_gb", "measured_tflops", "kind")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_GB_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_TFLOPS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    model: str
+    memory_gb: float
+    measured_tflops: float
+    kind: str
+    def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., memory_gb: _Optional[float] = ..., measured_tflops: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction")
+    ENROLLMENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    PRICE_PER_DEVICE_HOUR_FIELD_NUMBER: _ClassVar[int]
+    SPOT_PRICE_PER_DEVICE_HOUR_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADVERTISE_HOST_FIELD_NUMBER: _ClassVar[int]
+    SYNC_PORT_MIN_FIELD_NUMBER: _ClassVar[int]
+    SYNC_PORT_MAX_FIELD_NUMBER: _ClassVar[int]
+    INTRA_BANDWIDTH_GBPS_FIELD_NUMBER: _ClassVar[int]
+    JURISDICTION_FIELD_NUMBER: _ClassVar[int]
+    enrollment_token: str
+    region: str
+    cluster: str
+    provider: str
+    hostname: str
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    price_per_device_hour: float
+    spot_price_per_device_hour: float
+    agent_version: str
+    advertise_host: str
+    sync_port_min: int
+    sync_port_max: int
+    intra_bandwidth_gbps: float
+    jurisdiction: str
+    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ...) -> None: ...
+
+class RegisterResponse(_message.Message):
+    __slots__ = ("node_id", "node_token", "cluster_id", "heartbeat_interval_s")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    node_token: str
+    cluster_id: str
+    heartbeat_interval_s: float
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cluster_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class AgentMessage(_message.Message):
+    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    INVENTORY_FIELD_NUMBER: _ClassVar[int]
+    TASK_STATUS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    heartbeat: Heartbeat
+    inventory: Inventory
+    task_status: TaskStatus
+    metrics: TaskMetrics
+    log: TaskLog
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("node_id", "node_token", "running_assignments")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_ASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    node_token: str
+    running_assignments: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., running_assignments: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("seq", "sent_at", "load")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    sent_at: float
+    load: float
+    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., load: _Optional[float] = ...) -> None: ...
+
+class Inventory(_message.Message):
+    __slots__ = ("devices",)
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    devices: _containers.RepeatedCompositeFieldContainer[Device]
+    def __init__(self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ...) -> None: ...
+
+class TaskStatus(_message.Message):
+    __slots__ = ("assignment_id", "state", "message", "exit_code", "result_json")
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    assignment_id: str
+    state: TaskState
+    message: str
+    exit_code: int
+    result_json: str
+    def __init__(self, assignment_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ..., result_json: _Optional[str] = ...) -> None: ...
+
+class TaskMetrics(_message.Message):
+    __slots__ = ("assignment_id", "step", "total_steps", "loss", "tokens_per_s", "compute_utilization", "wan_bytes_sent", "wan_bytes_recv", "sync_latency_s", "wall_time_s")
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    WAN_BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    WAN_BYTES_RECV_FIELD_NUMBER: _ClassVar[int]
+    SYNC_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    assignment_id: str
+    step: int
+    total_steps: int
+    loss: float
+    tokens_per_s: float
+    compute_utilization: float
+    wan_bytes_sent: int
+    wan_bytes_recv: int
+    sync_latency_s: float
+    wall_time_s: float
+    def __init__(self, assignment_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., wan_bytes_sent: _Optional[int] = ..., wan_bytes_recv: _Optional[int] = ..., sync_latency_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ...) -> None: ...
+
+class TaskLog(_message.Message):
+    __slots__ = ("assignment_id", "stream", "line")
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    LINE_FIELD_NUMBER: _ClassVar[int]
+    assignment_id: str
+    stream: str
+    line: str
+    def __init__(self, assignment_id: _Optional[str] = ..., stream: _Optional[str] = ..., line: _Optional[str] = ...) -> None: ...
+
+class ServerMessage(_message.Message):
+    __slots__ = ("assignment", "cancel", "drain", "ack")
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    assignment: Assignment
+    cancel: Cancel
+    drain: Drain
+    ack: Ack
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("assignment_id", "job_id", "attempt", "device_indices", "nproc", "worker_config_json")
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_INDICES_FIELD_NUMBER: _ClassVar[int]
+    NPROC_FIELD_NUMBER: _ClassVar[int]
+    WORKER_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    assignment_id: str
+    job_id: str
+    attempt: int
+    device_indices: _containers.RepeatedScalarFieldContainer[int]
+    nproc: int
+    worker_config_json: str
+    def __init__(self, assignment_id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., device_indices: _Optional[_Iterable[int]] = ..., nproc: _Optional[int] = ..., worker_config_json: _Optional[str] = ...) -> None: ...
+
+class Cancel(_message.Message):
+    __slots__ = ("assignment_id", "reason")
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    assignment_id: str
+    reason: str
+    def __init__(self, assignment_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Drain(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("node_id", "heartbeat_interval_s")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    heartbeat_interval_s: float
+    def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
