@@ -1,0 +1,55 @@
+"""The FastAPI application: routers under /v1, the health check, the dashboard, one error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI
+from fastapi.responses import RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+from orchestration.context import ServerContext
+from service_layer.dashboard.views import HERE as DASHBOARD_DIR
+from service_layer.dashboard.views import router as dashboard_router
+from service_layer.errors import install_error_handlers
+from service_layer.routers import admin, health, jobs, resources
+
+API_PREFIX = "/v1"
+
+DESCRIPTION = """
+The service layer of a compute-power network: quote a training job (ranked, priced options over
+the live fleet), submit it, and follow it. Authenticate with a tenant API key:
+`Authorization: Bearer cpn_...`. A tenant sees only its own jobs; admin keys see everything and
+can issue enrollment tokens, tenants and keys. Errors are `{code, message, details}`; a 422 lists
+each bad field in `details.errors`.
+"""
+
+
+def create_app(ctx: ServerContext) -> FastAPI:
+    app = FastAPI(
+        title="cpn",
+        version="1",
+        description=DESCRIPTION,
+        openapi_tags=[
+            {"name": "jobs", "description": "Quotes, jobs, their metrics and events"},
+            {"name": "resources", "description": "Regions, clusters, nodes, devices, links"},
+            {"name": "admin", "description": "Admin key required"},
+            {"name": "health", "description": "Liveness of the database and bus"},
+        ],
+    )
+    app.state.ctx = ctx
+    app.state.stopping = asyncio.Event()  # set by the server runner: ends open event streams
+    install_error_handlers(app)
+    for r in (jobs.router, resources.router, admin.router):
+        app.include_router(r, prefix=API_PREFIX)
+    app.include_router(health.router)
+    app.include_router(dashboard_router)
+    app.mount(
+        "/dashboard/static", StaticFiles(directory=str(DASHBOARD_DIR / "static")), name="dashboard-static"
+    )
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/dashboard")
+
+    return app

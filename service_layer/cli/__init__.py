@@ -1,0 +1,1 @@
+"""The ``cpn`` command line (typer + rich)."""

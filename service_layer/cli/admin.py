@@ -1,0 +1,102 @@
+"""Admin commands: enrollment tokens, tenants and keys, the snapshot, database migrations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from service_layer.cli.common import DEFAULT_SERVER, ApiKeyOpt, JsonOpt, ServerOpt, api, console, print_json
+
+tokens_app = typer.Typer(help="Enrollment tokens for agents.", no_args_is_help=True)
+tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
+snapshot_app = typer.Typer(help="The planner's view of the fleet.", no_args_is_help=True)
+db_app = typer.Typer(help="The control plane's database.", no_args_is_help=True)
+
+
+@tokens_app.command("create")
+def create_token(
+    note: Annotated[str, typer.Option(help="What the token is for")] = "",
+    ttl_s: Annotated[float, typer.Option("--ttl-s", min=1, help="Seconds until it expires")] = 86_400.0,
+    max_uses: Annotated[int, typer.Option(min=1, help="Registrations it allows")] = 1,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print only the token (for scripts)")] = False,
+) -> None:
+    """Issue an enrollment token (admin); give it to `cpn agent --token`."""
+    with api(server, api_key) as client:
+        tok = client.create_token(note=note, ttl_s=ttl_s, max_uses=max_uses)
+    if as_json:
+        print_json(tok)
+        return
+    if quiet:
+        typer.echo(tok["token"])
+        return
+    console.print(f"enrollment token (shown once, {tok['max_uses']} use(s), expires {tok['expires_at']}):")
+    console.print(tok["token"], markup=False, highlight=False)
+
+
+@tenants_app.command("create")
+def create_tenant(
+    name: Annotated[str, typer.Argument(help="Unique lower-case name")],
+    admin: Annotated[bool, typer.Option("--admin", help="Give the tenant admin rights")] = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a tenant and its first API key (admin); the key is shown once."""
+    with api(server, api_key) as client:
+        tenant = client.create_tenant(name, is_admin=admin)
+        key = client.create_key(tenant["id"])
+    if as_json:
+        print_json({"tenant": tenant, "key": key})
+        return
+    console.print(f"tenant [bold]{tenant['name']}[/] {tenant['id']}; API key (shown once):")
+    console.print(key["key"], markup=False, highlight=False)
+
+
+@tenants_app.command("add-key")
+def add_key(tenant_id: str, server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None) -> None:
+    """Another API key for an existing tenant (admin); shown once."""
+    with api(server, api_key) as client:
+        key = client.create_key(tenant_id)
+    console.print(key["key"], markup=False, highlight=False)
+
+
+@snapshot_app.command("export")
+def export_snapshot(
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="File to write (default: stdout)")
+    ] = None,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """Save the live resource snapshot (admin) for offline planning with `cpn plan`."""
+    with api(server, api_key) as client:
+        snap = client.snapshot()
+    text = json.dumps(snap, indent=2)
+    if output is None:
+        typer.echo(text)
+    else:
+        output.write_text(text + "\n")
+        console.print(f"wrote {output} ({len(snap.get('clusters', []))} clusters)")
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    database_url: Annotated[
+        str | None,
+        typer.Option("--database-url", envvar="CPN_DATABASE_URL", help="Default: from CPN_* settings"),
+    ] = None,
+) -> None:
+    """Migrate the database to the newest schema (idempotent)."""
+    from orchestration.db.migrate import head_revision
+    from orchestration.settings import Settings
+    from service_layer.server import prepare_database
+
+    settings = Settings(database_url=database_url) if database_url else Settings()
+    prepare_database(settings)
+    console.print(f"database at revision {head_revision()}")

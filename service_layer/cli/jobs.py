@@ -1,0 +1,217 @@
+"""Client commands for users: quote, and jobs submit/list/show/watch/cancel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from service_layer.cli.common import (
+    DEFAULT_SERVER,
+    ApiKeyOpt,
+    JsonOpt,
+    ServerOpt,
+    api,
+    console,
+    load_spec,
+    print_json,
+)
+from service_layer.cli.watch import watch_job
+
+jobs_app = typer.Typer(help="Submit and follow training jobs.", no_args_is_help=True)
+
+SpecFile = Annotated[
+    Path, typer.Option("-f", "--file", help="Job spec, YAML or JSON", exists=True, dir_okay=False)
+]
+
+
+def _money(v: float | None) -> str:
+    return "–" if v is None else f"${v:,.6f}" if v < 1 else f"${v:,.2f}"
+
+
+def _secs(v: float | None) -> str:
+    if v is None:
+        return "–"
+    return f"{v:.1f}s" if v < 10 else f"{v:,.0f}s" if v < 3600 else f"{v / 3600:,.2f}h"
+
+
+def options_table(options: list[dict[str, Any]]) -> Table:
+    table = Table(title="options")
+    for col in ("id", "label", "dp·tp·pp·zero", "regions", "devices", "est. time", "est. cost"):
+        table.add_column(col, no_wrap=col != "regions")
+    for o in options:
+        e = o["estimates"]
+        table.add_row(
+            o["id"],
+            o.get("label") or "",
+            f"{o['dp']}·{o['tp']}·{o['pp']}·{o['zero']}",
+            ", ".join(o.get("regions") or []),
+            str(len(o.get("tasks") or [])),
+            _secs(e.get("duration_s")),
+            _money((e.get("cost") or {}).get("total")),
+        )
+    return table
+
+
+def print_job(job: dict[str, Any]) -> None:
+    console.print(
+        f"[bold]{job['name']}[/] {job['id']}  status [bold]{job['status']}[/]"
+        + (f"  ({job['reason']})" if job.get("reason") else "")
+    )
+    p = job.get("progress")
+    if p:
+        loss = f"{p['loss']:.4f}" if p.get("loss") is not None else "–"
+        console.print(f"step {p['step']}/{p['total_steps']}  loss {loss}  {p['tokens_per_s']:,.0f} tok/s")
+    if job.get("tasks"):
+        table = Table(title="placement")
+        for col in ("task", "region", "cluster", "node", "devices", "status"):
+            table.add_column(col)
+        for t in job["tasks"]:
+            table.add_row(
+                t["id"][:8],
+                t["region"],
+                t.get("cluster_name") or t["cluster_id"][:8],
+                t["node_id"][:8],
+                ",".join(str(d) for d in t["device_indices"]),
+                t["status"],
+            )
+        console.print(table)
+    est = job.get("estimates") or {}
+    console.print(
+        f"time  estimated {_secs(est.get('duration_s'))}, actual {_secs(job.get('actual_duration_s'))}"
+    )
+    console.print(f"cost  estimated {_money(est.get('cost_total'))}, actual {_money(job.get('actual_cost'))}")
+    result = job.get("result") or {}
+    final = result.get("final_loss", result.get("loss_end"))
+    if isinstance(final, int | float):
+        floor = job.get("entropy_floor")
+        start = result.get("loss_start")
+        console.print(
+            "loss  "
+            + (f"{start:.4f} -> " if isinstance(start, int | float) else "final ")
+            + f"{final:.4f}"
+            + (f"  (entropy floor {floor:.4f}, gap {final - floor:+.4f})" if floor is not None else "")
+        )
+
+
+def quote(
+    file: SpecFile, server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Ask for priced options for a job spec (nothing is started)."""
+    spec = load_spec(file)
+    with api(server, api_key) as client:
+        q = client.quote(spec)
+    if as_json:
+        print_json(q)
+        return
+    console.print(options_table(q["options"]))
+    console.print(
+        f"quote [bold]{q['id']}[/] valid until {q['expires_at']}; accept with "
+        f"[cyan]cpn jobs submit --quote {q['id']} --option <id>[/]"
+    )
+
+
+@jobs_app.command("submit")
+def submit(
+    file: Annotated[
+        Path | None, typer.Option("-f", "--file", help="Job spec, YAML or JSON", exists=True, dir_okay=False)
+    ] = None,
+    choice: Annotated[str, typer.Option(help="cheapest | fastest | balanced (with --file)")] = "cheapest",
+    quote_id: Annotated[str | None, typer.Option("--quote", help="Accept an option of this quote")] = None,
+    option_id: Annotated[
+        str | None, typer.Option("--option", help="The option to accept (with --quote)")
+    ] = None,
+    watch: Annotated[bool, typer.Option("--watch", help="Follow the job until it ends")] = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a job: from a spec file (planned now, option picked by --choice) or a quote's option."""
+    if (file is None) == (quote_id is None):
+        raise typer.BadParameter("give either --file or --quote (with --option)")
+    if quote_id and not option_id:
+        raise typer.BadParameter("--quote needs --option")
+    spec = load_spec(file) if file else None
+    with api(server, api_key) as client:
+        job = client.submit(spec=spec, choice=choice, quote_id=quote_id, option_id=option_id)
+        if as_json and not watch:
+            print_json(job)
+            return
+        console.print(f"submitted job [bold]{job['id']}[/] ({job['status']})")
+        if watch:
+            job = watch_job(client, job["id"])
+            print_job(job)
+            raise typer.Exit(0 if job["status"] == "succeeded" else 1)
+
+
+@jobs_app.command("list")
+def list_jobs(
+    status: Annotated[str | None, typer.Option(help="Only jobs in this state")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Your jobs, newest first."""
+    with api(server, api_key) as client:
+        jobs = client.jobs(status=status, limit=limit)
+    if as_json:
+        print_json(jobs)
+        return
+    table = Table(title="jobs")
+    for col in ("id", "name", "status", "progress", "regions", "est. cost", "created"):
+        table.add_column(col)
+    for j in jobs:
+        p = j.get("progress")
+        table.add_row(
+            j["id"][:12],
+            j["name"],
+            j["status"],
+            f"{p['step']}/{p['total_steps']}" if p else "–",
+            ", ".join(j.get("regions") or []),
+            _money(j.get("estimated_cost")),
+            j["created_at"][:19],
+        )
+    console.print(table)
+
+
+@jobs_app.command("show")
+def show(
+    job_id: str, server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, as_json: JsonOpt = False
+) -> None:
+    """A job in full: status, placement, progress, estimates against actual."""
+    with api(server, api_key) as client:
+        job = client.job(job_id)
+    if as_json:
+        print_json(job)
+    else:
+        print_job(job)
+
+
+@jobs_app.command("watch")
+def watch(
+    job_id: str,
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between updates")] = 1.0,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """Follow a job with a progress bar until it ends (exit 0 if it succeeded)."""
+    with api(server, api_key) as client:
+        job = watch_job(client, job_id, interval_s=interval)
+    print_job(job)
+    raise typer.Exit(0 if job["status"] == "succeeded" else 1)
+
+
+@jobs_app.command("cancel")
+def cancel(
+    job_id: str,
+    reason: Annotated[str, typer.Option(help="Recorded on the job")] = "cancelled by user",
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """Cancel a job that has not finished."""
+    with api(server, api_key) as client:
+        job = client.cancel(job_id, reason)
+    console.print(f"job {job['id']} {job['status']}")

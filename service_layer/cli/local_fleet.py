@@ -1,0 +1,72 @@
+"""Agents as local processes, for `cpn demo` and the end-to-end tests: the real `cpn agent`, on loopback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class LocalAgent:
+    region: str
+    cluster: str
+    provider: str
+    price: float
+    jurisdiction: str = ""
+    devices: str = "cpu:2"
+
+
+def start_agent(
+    spec: LocalAgent, grpc_target: str, token: str, workdir: Path, sync_ports: tuple[int, int]
+) -> subprocess.Popen[bytes]:
+    """Start `cpn agent` in its own session (so it and its workers can be stopped as one group)."""
+    agent_dir = workdir / f"agent-{spec.region}-{spec.cluster}"
+    agent_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "service_layer.cli.main", "agent",
+        "--server", grpc_target, "--token", token,
+        "--region", spec.region, "--cluster", spec.cluster, "--provider", spec.provider,
+        "--devices", spec.devices, "--price-per-device-hour", str(spec.price),
+        "--sync-ports", f"{sync_ports[0]}-{sync_ports[1]}",
+        "--work-dir", str(agent_dir),
+    ]  # fmt: skip
+    if spec.jurisdiction:
+        cmd += ["--jurisdiction", spec.jurisdiction]
+    log = open(agent_dir / "agent.log", "wb")  # noqa: SIM115 - the child owns it for its lifetime
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def start_agents(
+    specs: list[LocalAgent], grpc_target: str, token: str, workdir: Path, first_port: int = 29600
+) -> list[subprocess.Popen[bytes]]:
+    """One agent per spec, each with its own block of 50 sync ports."""
+    return [
+        start_agent(s, grpc_target, token, workdir, (first_port + 50 * i, first_port + 50 * i + 49))
+        for i, s in enumerate(specs)
+    ]
+
+
+def kill_agent(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    """Signal the agent's whole session: the daemon and the workers it started die together."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+
+
+def stop_agents(procs: list[subprocess.Popen[bytes]], grace_s: float = 15.0) -> None:
+    """SIGTERM (the agent stops its workers and exits), then SIGKILL what is left after the grace period."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()

@@ -1,0 +1,33 @@
+"""The ``cpn`` command: server, agent, demo, and the client commands for users and admins."""
+
+from __future__ import annotations
+
+import typer
+
+from agent.cli import agent_command
+from service_layer.cli.admin import db_app, snapshot_app, tenants_app, tokens_app
+from service_layer.cli.demo import demo
+from service_layer.cli.jobs import jobs_app, quote
+from service_layer.cli.plan import plan_command
+from service_layer.cli.server import server_command
+
+app = typer.Typer(
+    name="cpn",
+    help="Compute-power-network control plane: price- and QoS-aware placement of geo-distributed training.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+app.command("server")(server_command)
+app.command("agent")(agent_command)
+app.command("demo")(demo)
+app.command("quote")(quote)
+app.command("plan")(plan_command)
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(tokens_app, name="tokens")
+app.add_typer(tenants_app, name="tenants")
+app.add_typer(snapshot_app, name="snapshot")
+app.add_typer(db_app, name="db")
+
+if __name__ == "__main__":
+    app()

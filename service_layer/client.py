@@ -1,0 +1,168 @@
+"""HTTP client for the cpn REST API (used by the CLI and the demo). Every call has a timeout."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+
+
+class ApiError(Exception):
+    """A non-2xx answer, with the server's ``{code, message, details}``."""
+
+    def __init__(self, status: int, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.details = status, code, message, details or {}
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> ApiError:
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        if not isinstance(body, dict):
+            body = {}
+        return cls(
+            response.status_code,
+            str(body.get("code") or "http_error"),
+            str(body.get("message") or response.text[:500] or response.reason_phrase),
+            body.get("details") if isinstance(body.get("details"), dict) else {},
+        )
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    """Server-sent events from text lines: ``{"event", "id", "data"}`` with ``data`` JSON-decoded."""
+    event: str | None = None
+    ident: str | None = None
+    data: list[str] = []
+    for raw in lines:
+        line = raw.rstrip("\r")
+        if not line:
+            if data:
+                text = "\n".join(data)
+                try:
+                    payload: Any = json.loads(text)
+                except ValueError:
+                    payload = text
+                yield {"event": event or "message", "id": ident, "data": payload}
+            event, ident, data = None, None, []
+            continue
+        if line.startswith(":"):
+            continue  # comment (keep-alive)
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            event = value
+        elif name == "id":
+            ident = value
+
+
+class CpnClient:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> CpnClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise ApiError.from_response(response)
+        return response.json() if response.content else None
+
+    # -- users
+    def quote(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/quotes", json=spec)
+
+    def submit(
+        self,
+        *,
+        spec: dict[str, Any] | None = None,
+        choice: str = "cheapest",
+        quote_id: str | None = None,
+        option_id: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = (
+            {"quote_id": quote_id, "option_id": option_id} if quote_id else {"spec": spec, "choice": choice}
+        )
+        return self._call("POST", "/v1/jobs", json=body)
+
+    def jobs(self, status: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if status:
+            params["status"] = status
+        return self._call("GET", "/v1/jobs", params=params)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}")
+
+    def cancel(self, job_id: str, reason: str = "cancelled by user") -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel", json={"reason": reason})
+
+    def metrics(self, job_id: str, max_points: int = 500) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{job_id}/metrics", params={"max_points": max_points})
+
+    def events(self, job_id: str, *, after: int = 0, follow: bool = True) -> Iterator[dict[str, Any]]:
+        """The job's events as SSE; with ``follow`` until the job ends (the read has no timeout)."""
+        timeout = httpx.Timeout(DEFAULT_TIMEOUT.connect or 5.0, read=None) if follow else DEFAULT_TIMEOUT
+        params = {"after": after, "follow": str(follow).lower()}
+        with self._http.stream(
+            "GET", f"/v1/jobs/{job_id}/events", params=params, timeout=timeout
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise ApiError.from_response(response)
+            yield from parse_sse(response.iter_lines())
+
+    def regions(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/regions")
+
+    def clusters(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/clusters")
+
+    def links(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/links")
+
+    def healthz(self) -> dict[str, Any]:
+        return self._call("GET", "/healthz")
+
+    # -- admins
+    def put_link(self, **link: Any) -> dict[str, Any]:
+        return self._call("PUT", "/v1/links", json=link)
+
+    def create_token(
+        self, note: str = "", ttl_s: float | None = 86_400.0, max_uses: int | None = 1
+    ) -> dict[str, Any]:
+        return self._call("POST", "/v1/tokens", json={"note": note, "ttl_s": ttl_s, "max_uses": max_uses})
+
+    def create_tenant(self, name: str, is_admin: bool = False) -> dict[str, Any]:
+        return self._call("POST", "/v1/tenants", json={"name": name, "is_admin": is_admin})
+
+    def create_key(self, tenant_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/tenants/{tenant_id}/keys")
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/snapshot")

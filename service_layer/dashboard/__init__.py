@@ -1,0 +1,1 @@
+"""The admin dashboard: server-rendered pages, refreshed in place by a little vanilla JS."""

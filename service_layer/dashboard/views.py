@@ -1,0 +1,175 @@
+"""Dashboard pages and the fragments their script re-fetches (admin view: every tenant's jobs)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from orchestration.db.models import Job
+from orchestration.errors import CpnError, PermissionDenied, Unauthenticated
+from orchestration.lifecycle import JOB_TERMINAL
+from service_layer import queries
+from service_layer.dashboard.access import COOKIE, COOKIE_TTL_S, admin_from_key, check_access, make_cookie
+from service_layer.dashboard.svg import loss_curve_svg
+from service_layer.deps import CtxDep
+
+HERE = Path(__file__).resolve().parent
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+router = APIRouter(prefix="/dashboard", include_in_schema=False)
+
+JOBS_SHOWN = 50
+REFRESH_MS = 2000
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    s = max(0, int(seconds))
+    return f"{s}s ago" if s < 120 else f"{s // 60}m ago" if s < 7200 else f"{s // 3600}h ago"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    s = int(round(seconds))
+    return (
+        f"{s}s"
+        if s < 120
+        else f"{s // 60}m {s % 60:02d}s"
+        if s < 7200
+        else f"{s // 3600}h {s % 3600 // 60:02d}m"
+    )
+
+
+def _money(v: float | None) -> str:
+    return "–" if v is None else f"${v:,.6f}" if v < 1 else f"${v:,.2f}"
+
+
+def _when(dt: datetime | None) -> str:
+    return "–" if dt is None else dt.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+templates.env.filters.update(age=_age, duration=_duration, money=_money, when=_when)
+
+
+def _login(request: Request, status: int, message: str, next_path: str) -> HTMLResponse:
+    return templates.TemplateResponse(
+        request, "login.html", {"message": message, "next": next_path}, status_code=status
+    )
+
+
+def _guard(session: Session, ctx: CtxDep, request: Request) -> Response | None:
+    """None when the request may proceed; else the login page (or a bare 401/403 for fragments)."""
+    try:
+        check_access(session, ctx.settings, request)
+        return None
+    except (Unauthenticated, PermissionDenied) as exc:
+        status = 401 if isinstance(exc, Unauthenticated) else 403
+        if "/fragments/" in request.url.path or request.url.path.endswith("/live"):
+            return Response(exc.message, status_code=status, media_type="text/plain")
+        return _login(request, status, exc.message, request.url.path)
+
+
+def _overview(session: Session, ctx: CtxDep) -> dict[str, Any]:
+    jobs = list(session.scalars(select(Job).order_by(Job.created_at.desc()).limit(JOBS_SHOWN)))
+    return {
+        "regions": queries.list_regions(session),
+        "clusters": queries.list_clusters(session, ctx.bus),
+        "jobs": queries.job_summaries(session, jobs),
+        "refresh_ms": REFRESH_MS,
+    }
+
+
+def _job_context(session: Session, job: Job) -> dict[str, Any]:
+    detail = queries.job_detail(session, job)
+    series = queries.metric_series(session, job, max_points=400)
+    total = int((job.spec.get("training") or {}).get("steps", 0)) or None
+    svg = loss_curve_svg(
+        {r: [(p.step, p.loss) for p in pts] for r, pts in series.series.items()},
+        floor=series.entropy_floor,
+        uniform=series.uniform_loss,
+        total_steps=total,
+    )
+    return {
+        "job": detail,
+        "svg": svg,
+        "series": series,
+        "final": job.status in JOB_TERMINAL,
+        "refresh_ms": REFRESH_MS,
+    }
+
+
+@router.get("", response_class=HTMLResponse)
+def index(request: Request, ctx: CtxDep, key: str | None = Query(None)) -> Response:
+    with ctx.session_factory() as session:
+        if key is not None:
+            return _log_in(request, ctx, session, key, "/dashboard")
+        denied = _guard(session, ctx, request)
+        if denied is not None:
+            return denied
+        return templates.TemplateResponse(request, "index.html", _overview(session, ctx))
+
+
+@router.get("/fragments/overview", response_class=HTMLResponse)
+def overview_fragment(request: Request, ctx: CtxDep) -> Response:
+    with ctx.session_factory() as session:
+        denied = _guard(session, ctx, request)
+        if denied is not None:
+            return denied
+        return templates.TemplateResponse(request, "_overview.html", _overview(session, ctx))
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, ctx: CtxDep, job_id: str, key: str | None = Query(None)) -> Response:
+    with ctx.session_factory() as session:
+        if key is not None:
+            return _log_in(request, ctx, session, key, f"/dashboard/jobs/{job_id}")
+        denied = _guard(session, ctx, request)
+        if denied is not None:
+            return denied
+        job = session.get(Job, job_id)
+        if job is None:
+            return templates.TemplateResponse(request, "missing.html", {"job_id": job_id}, status_code=404)
+        return templates.TemplateResponse(request, "job.html", _job_context(session, job))
+
+
+@router.get("/jobs/{job_id}/live", response_class=HTMLResponse)
+def job_fragment(request: Request, ctx: CtxDep, job_id: str) -> Response:
+    with ctx.session_factory() as session:
+        denied = _guard(session, ctx, request)
+        if denied is not None:
+            return denied
+        job = session.get(Job, job_id)
+        if job is None:
+            return Response("job not found", status_code=404, media_type="text/plain")
+        return templates.TemplateResponse(request, "_job_live.html", _job_context(session, job))
+
+
+def _log_in(request: Request, ctx: CtxDep, session: Session, key: str, path: str) -> Response:
+    """Check the key, set the cookie, and redirect to the same page without the key in the URL."""
+    try:
+        tenant = admin_from_key(session, key)
+    except CpnError as exc:
+        return _login(request, 403 if isinstance(exc, PermissionDenied) else 401, exc.message, path)
+    rest = {k: v for k, v in request.query_params.items() if k != "key"}
+    response = RedirectResponse(path + ("?" + urlencode(rest) if rest else ""), status_code=303)
+    response.set_cookie(
+        COOKIE,
+        make_cookie(ctx.settings, tenant.id),
+        max_age=COOKIE_TTL_S,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/dashboard",
+    )
+    return response

@@ -1,0 +1,54 @@
+"""Request dependencies, declared once: the server context, a DB session, the calling tenant."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from orchestration.context import ServerContext
+from orchestration.db.models import Tenant
+from orchestration.errors import PermissionDenied
+from service_layer.auth import authenticate
+
+_bearer = HTTPBearer(auto_error=False, description="A tenant API key: `Authorization: Bearer cpn_...`")
+
+
+def get_ctx(request: Request) -> ServerContext:
+    return request.app.state.ctx
+
+
+CtxDep = Annotated[ServerContext, Depends(get_ctx)]
+
+
+def get_session(ctx: CtxDep) -> Iterator[Session]:
+    """A read session for the request. Writes go through domain functions that own their
+    transaction (with SQLite every transaction takes the write lock, so none is held here)."""
+    with ctx.session_factory() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def get_tenant(
+    ctx: CtxDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Tenant:
+    # A short session of its own, closed before the endpoint runs: the endpoint may write.
+    with ctx.session_factory() as session:
+        return authenticate(session, credentials.credentials if credentials else None)
+
+
+CurrentTenant = Annotated[Tenant, Depends(get_tenant)]
+
+
+def get_admin(tenant: CurrentTenant) -> Tenant:
+    if not tenant.is_admin:
+        raise PermissionDenied("this endpoint needs an admin API key")
+    return tenant
+
+
+AdminTenant = Annotated[Tenant, Depends(get_admin)]

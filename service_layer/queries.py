@@ -1,0 +1,298 @@
+"""Read side of the API: turn rows into the response schemas (no writes, no domain decisions)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from control_layer.snapshot import busy_accelerator_ids, current_prices
+from orchestration.bus.base import Bus
+from orchestration.db.base import utcnow
+from orchestration.db.engine import as_utc
+from orchestration.db.models import (
+    Accelerator,
+    Cluster,
+    Event,
+    Job,
+    Link,
+    Node,
+    Provider,
+    Region,
+    Task,
+    TaskMetric,
+)
+from resource_layer.registry import node_alive_key
+from service_layer.floor import entropy_floor, uniform_loss
+from service_layer.schemas.jobs import (
+    EstimatesRead,
+    EventRead,
+    JobDetail,
+    JobSummary,
+    MetricPoint,
+    MetricSeries,
+    Progress,
+    TaskRead,
+)
+from service_layer.schemas.resources import ClusterRead, DeviceRead, LinkRead, NodeRead, RegionRead
+
+_T = TypeVar("_T")
+
+# ---------------------------------------------------------------- resources
+
+
+def list_regions(session: Session) -> list[RegionRead]:
+    clusters = dict(
+        session.execute(select(Cluster.region, func.count(Cluster.id)).group_by(Cluster.region)).all()
+    )
+    alive = dict(
+        session.execute(
+            select(Cluster.region, func.count(Node.id))
+            .join(Node, Node.cluster_id == Cluster.id)
+            .where(Node.status == "alive")
+            .group_by(Cluster.region)
+        ).all()
+    )
+    devices = dict(
+        session.execute(
+            select(Cluster.region, func.count(Accelerator.id))
+            .join(Node, Node.cluster_id == Cluster.id)
+            .join(Accelerator, Accelerator.node_id == Node.id)
+            .where(Node.status == "alive")
+            .group_by(Cluster.region)
+        ).all()
+    )
+    return [
+        RegionRead(
+            name=r.name,
+            jurisdiction=r.jurisdiction,
+            clusters=clusters.get(r.name, 0),
+            alive_nodes=alive.get(r.name, 0),
+            devices=devices.get(r.name, 0),
+        )
+        for r in session.scalars(select(Region).order_by(Region.name))
+    ]
+
+
+def list_clusters(session: Session, bus: Bus, now: datetime | None = None) -> list[ClusterRead]:
+    now = now or utcnow()
+    clusters = list(session.scalars(select(Cluster).order_by(Cluster.region, Cluster.name)))
+    providers = {p.id: p.name for p in session.scalars(select(Provider))}
+    prices = current_prices(session)
+    busy = busy_accelerator_ids(session)
+    nodes_by_cluster: dict[str, list[Node]] = defaultdict(list)
+    for node in session.scalars(select(Node).order_by(Node.registered_at, Node.id)):
+        nodes_by_cluster[node.cluster_id].append(node)
+    devices_by_node: dict[str, list[Accelerator]] = defaultdict(list)
+    for acc in session.scalars(select(Accelerator).order_by(Accelerator.node_id, Accelerator.index)):
+        devices_by_node[acc.node_id].append(acc)
+
+    def node_read(node: Node) -> NodeRead:
+        last = as_utc(node.last_heartbeat_at) if node.last_heartbeat_at else None
+        return NodeRead(
+            id=node.id,
+            hostname=node.hostname,
+            status=node.status,
+            alive=node.status == "alive" and bus.alive(node_alive_key(node.id)),
+            last_heartbeat_at=last,
+            heartbeat_age_s=(now - last).total_seconds() if last else None,
+            advertise_host=node.advertise_host,
+            agent_version=node.agent_version,
+            devices=[
+                DeviceRead.model_validate(a).model_copy(update={"allocated": a.id in busy})
+                for a in devices_by_node.get(node.id, [])
+            ],
+        )
+
+    out = []
+    for c in clusters:
+        price = prices.get(c.id)
+        out.append(
+            ClusterRead(
+                id=c.id,
+                name=c.name,
+                region=c.region,
+                provider=providers.get(c.provider_id, ""),
+                intra_bandwidth_gbps=c.intra_bandwidth_gbps,
+                price_per_device_hour=price.price_per_device_hour if price else None,
+                spot_price_per_device_hour=price.spot_price_per_device_hour if price else None,
+                nodes=[node_read(n) for n in nodes_by_cluster.get(c.id, [])],
+            )
+        )
+    return out
+
+
+def list_links(session: Session) -> list[LinkRead]:
+    return [LinkRead.model_validate(ln) for ln in session.scalars(select(Link).order_by(Link.src, Link.dst))]
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def _current_tasks(session: Session, jobs: Sequence[Job]) -> dict[str, list[Task]]:
+    """Tasks of each job's current attempt."""
+    if not jobs:
+        return {}
+    attempts = {j.id: j.attempt for j in jobs}
+    out: dict[str, list[Task]] = defaultdict(list)
+    rows = session.scalars(select(Task).where(Task.job_id.in_(list(attempts))).order_by(Task.region, Task.id))
+    for t in rows:
+        if t.attempt == attempts[t.job_id]:
+            out[t.job_id].append(t)
+    return out
+
+
+def progress_of(job: Job, tasks: Sequence[Task]) -> Progress | None:
+    reported = [t.last_metrics for t in tasks if t.last_metrics]
+    total = int(((job.spec or {}).get("training") or {}).get("steps", 0))
+    if not reported:
+        return None
+    losses = [m["loss"] for m in reported if isinstance(m.get("loss"), int | float)]
+    return Progress(
+        step=min(int(m.get("step", 0)) for m in reported),
+        total_steps=int(reported[0].get("total_steps") or total),
+        loss=sum(losses) / len(losses) if losses else None,
+        tokens_per_s=sum(float(m.get("tokens_per_s") or 0.0) for m in reported),
+        wan_bytes_sent=sum(int(m.get("wan_bytes_sent") or 0) for m in reported),
+        wan_bytes_recv=sum(int(m.get("wan_bytes_recv") or 0) for m in reported),
+    )
+
+
+def _regions(job: Job, tasks: Sequence[Task]) -> list[str]:
+    if tasks:
+        return sorted({t.region for t in tasks})
+    return list((job.option or {}).get("regions") or [])
+
+
+def _summary_fields(job: Job, tasks: Sequence[Task]) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "name": job.name,
+        "tenant_id": job.tenant_id,
+        "status": job.status,
+        "reason": job.reason,
+        "choice": job.choice,
+        "attempt": job.attempt,
+        "created_at": as_utc(job.created_at),
+        "started_at": as_utc(job.started_at) if job.started_at else None,
+        "finished_at": as_utc(job.finished_at) if job.finished_at else None,
+        "regions": _regions(job, tasks),
+        "estimated_duration_s": job.estimated_duration_s,
+        "estimated_cost": job.estimated_cost,
+        "actual_cost": job.actual_cost,
+        "progress": progress_of(job, tasks),
+    }
+
+
+def job_summaries(session: Session, jobs: Sequence[Job]) -> list[JobSummary]:
+    tasks = _current_tasks(session, jobs)
+    return [JobSummary(**_summary_fields(j, tasks.get(j.id, []))) for j in jobs]
+
+
+def _estimates(job: Job) -> EstimatesRead | None:
+    est = (job.option or {}).get("estimates")
+    if not est and job.estimated_duration_s is None and job.estimated_cost is None:
+        return None
+    est = est or {}
+    cost = est.get("cost") or {}
+    return EstimatesRead(
+        duration_s=est.get("duration_s", job.estimated_duration_s),
+        cost_total=cost.get("total", job.estimated_cost),
+        step_s={k: float(v) for k, v in (est.get("step_s") or {}).items()},
+        cost={k: float(v) for k, v in cost.items()},
+        tokens_per_s=est.get("tokens_per_s"),
+    )
+
+
+def job_detail(session: Session, job: Job, now: datetime | None = None) -> JobDetail:
+    tasks = _current_tasks(session, [job]).get(job.id, [])
+    names = dict(
+        session.execute(
+            select(Cluster.id, Cluster.name).where(Cluster.id.in_({t.cluster_id for t in tasks}))
+        ).all()
+    )
+    actual_s = None
+    if job.started_at is not None:
+        end = as_utc(job.finished_at) if job.finished_at else (now or utcnow())
+        actual_s = (end - as_utc(job.started_at)).total_seconds()
+    return JobDetail(
+        **_summary_fields(job, tasks),
+        quote_id=job.quote_id,
+        spec=job.spec,
+        option=job.option,
+        tasks=[
+            TaskRead(
+                id=t.id,
+                attempt=t.attempt,
+                region=t.region,
+                cluster_id=t.cluster_id,
+                cluster_name=names.get(t.cluster_id, ""),
+                node_id=t.node_id,
+                device_indices=[int(d) for d in t.device_indices],
+                status=t.status,
+                exit_code=t.exit_code,
+                message=t.message,
+                placement=list(t.placement or []),
+                last_metrics=t.last_metrics,
+            )
+            for t in tasks
+        ],
+        estimates=_estimates(job),
+        actual_duration_s=actual_s,
+        result=job.result,
+        entropy_floor=entropy_floor(
+            job.spec,
+            job.result,
+            *(t.result for t in tasks),
+            worker_config=tasks[0].worker_config if tasks else None,
+        ),
+    )
+
+
+def metric_series(session: Session, job: Job, max_points: int = 500) -> MetricSeries:
+    """The loss curve per region (every task's leader reports one), thinned to ``max_points`` each."""
+    by_region: dict[str, list[MetricPoint]] = defaultdict(list)
+    rows = session.execute(
+        select(
+            TaskMetric.region, TaskMetric.step, TaskMetric.loss, TaskMetric.tokens_per_s, TaskMetric.task_id
+        )
+        .where(TaskMetric.job_id == job.id)
+        .order_by(TaskMetric.region, TaskMetric.step, TaskMetric.id)
+    )
+    for region, step, loss, tps, task_id in rows:
+        by_region[region].append(MetricPoint(step=step, loss=loss, tokens_per_s=tps, task_id=task_id))
+    tasks = _current_tasks(session, [job]).get(job.id, [])
+    return MetricSeries(
+        job_id=job.id,
+        entropy_floor=entropy_floor(
+            job.spec,
+            job.result,
+            *(t.result for t in tasks),
+            worker_config=tasks[0].worker_config if tasks else None,
+        ),
+        uniform_loss=uniform_loss(job.spec),
+        series={r: thin(points, max_points) for r, points in by_region.items()},
+    )
+
+
+def thin(points: list[_T], max_points: int) -> list[_T]:
+    """Keep at most ``max_points`` evenly spaced points, always including the last."""
+    if max_points <= 0 or len(points) <= max_points:
+        return points
+    stride = len(points) / max_points
+    kept = [points[int(i * stride)] for i in range(max_points - 1)]
+    return [*kept, points[-1]]
+
+
+def job_events(session: Session, job_id: str, after: int = 0, limit: int = 1000) -> list[EventRead]:
+    rows = session.scalars(
+        select(Event).where(Event.job_id == job_id, Event.id > after).order_by(Event.id).limit(limit)
+    )
+    return [
+        EventRead(id=e.id, kind=e.kind, job_id=e.job_id, payload=e.payload, created_at=as_utc(e.created_at))
+        for e in rows
+    ]

@@ -1,0 +1,169 @@
+"""Quotes and jobs: the user's side of the API."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Header, Query, Request
+from fastapi.responses import StreamingResponse
+
+from control_layer import jobs as job_service
+from control_layer.planner.plan_types import PlanOption
+from control_layer.planner.spec import JobSpec
+from orchestration.db.engine import as_utc
+from orchestration.db.models import Quote
+from service_layer import queries
+from service_layer.deps import CtxDep, CurrentTenant, SessionDep
+from service_layer.schemas.common import error_responses
+from service_layer.schemas.jobs import (
+    JOB_EXAMPLES,
+    QUOTE_EXAMPLES,
+    CancelRequest,
+    JobCreate,
+    JobDetail,
+    JobSummary,
+    MetricSeries,
+    QuoteRead,
+)
+from service_layer.sse import job_event_stream
+
+router = APIRouter(tags=["jobs"])
+
+
+def _quote_read(q: Quote) -> QuoteRead:
+    return QuoteRead(
+        id=q.id,
+        created_at=as_utc(q.created_at),
+        expires_at=as_utc(q.expires_at),
+        spec=q.spec,
+        options=[PlanOption.model_validate(o) for o in q.options],
+    )
+
+
+def _detail(ctx: CtxDep, tenant: CurrentTenant, job_id: str) -> JobDetail:
+    with ctx.session_factory() as session:
+        job = job_service.get_job(session, tenant, job_id)
+        return queries.job_detail(session, job)
+
+
+@router.post(
+    "/quotes",
+    status_code=201,
+    response_model=QuoteRead,
+    summary="Quote a job: ranked, priced options",
+    responses=error_responses(401, 409, 422),
+)
+def create_quote(
+    ctx: CtxDep, tenant: CurrentTenant, spec: Annotated[JobSpec, Body(openapi_examples=QUOTE_EXAMPLES)]
+) -> QuoteRead:
+    """Plan the job on the current fleet. Each option is a complete plan (degrees, placement, sync
+    topology) with estimated duration and cost. No feasible plan → 409 with the planner's explanation."""
+    return _quote_read(job_service.create_quote(ctx, tenant.id, spec))
+
+
+@router.post(
+    "/jobs",
+    status_code=201,
+    response_model=JobDetail,
+    summary="Submit a job",
+    responses=error_responses(401, 404, 409, 422),
+)
+def submit_job(
+    ctx: CtxDep, tenant: CurrentTenant, body: Annotated[JobCreate, Body(openapi_examples=JOB_EXAMPLES)]
+) -> JobDetail:
+    """Accept an option of a quote (`quote_id`, `option_id`), or give a spec and a `choice`
+    (cheapest | fastest | balanced). The job is placed at once."""
+    job = job_service.submit_job(
+        ctx, tenant.id, spec=body.spec, quote_id=body.quote_id, option_id=body.option_id, choice=body.choice
+    )
+    return _detail(ctx, tenant, job.id)
+
+
+@router.get("/jobs", response_model=list[JobSummary], summary="List jobs", responses=error_responses(401))
+def list_jobs(
+    session: SessionDep,
+    tenant: CurrentTenant,
+    status: Annotated[str | None, Query(description="Only jobs in this state")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[JobSummary]:
+    """Your jobs, newest first (an admin sees every tenant's)."""
+    return queries.job_summaries(session, job_service.list_jobs(session, tenant, status=status, limit=limit))
+
+
+@router.get(
+    "/jobs/{job_id}", response_model=JobDetail, summary="A job in full", responses=error_responses(401, 404)
+)
+def get_job(ctx: CtxDep, tenant: CurrentTenant, job_id: str) -> JobDetail:
+    """Status, tasks and placement, latest metrics, estimates against actual time and cost, result."""
+    return _detail(ctx, tenant, job_id)
+
+
+@router.post(
+    "/jobs/{job_id}/cancel",
+    response_model=JobDetail,
+    summary="Cancel a job",
+    responses=error_responses(401, 404, 409),
+)
+def cancel_job(
+    ctx: CtxDep, tenant: CurrentTenant, job_id: str, body: Annotated[CancelRequest | None, Body()] = None
+) -> JobDetail:
+    """Stop the job's tasks and release its devices. A finished job → 409."""
+    reason = (body or CancelRequest()).reason
+    job_service.cancel_job(ctx, job_id, reason, tenant_id=None if tenant.is_admin else tenant.id)
+    return _detail(ctx, tenant, job_id)
+
+
+@router.get(
+    "/jobs/{job_id}/metrics",
+    response_model=MetricSeries,
+    summary="The loss curve",
+    responses=error_responses(401, 404),
+)
+def job_metrics(
+    session: SessionDep,
+    tenant: CurrentTenant,
+    job_id: str,
+    max_points: Annotated[int, Query(ge=2, le=10_000)] = 500,
+) -> MetricSeries:
+    """Per-region loss and throughput by step, with the data's entropy floor when known."""
+    job = job_service.get_job(session, tenant, job_id)
+    return queries.metric_series(session, job, max_points)
+
+
+@router.get(
+    "/jobs/{job_id}/events",
+    summary="Job events (server-sent events)",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {
+                "text/event-stream": {"example": 'id: 7\ndata: {"id":7,"kind":"job.running",...}\n\n'}
+            },
+            "description": "The persisted history, then live events; a final `event: end` when the job ends",
+        },
+        **error_responses(401, 404),
+    },
+)
+async def job_events(
+    request: Request,
+    ctx: CtxDep,
+    tenant: CurrentTenant,
+    job_id: str,
+    after: Annotated[int, Query(ge=0, description="Only events with a larger id")] = 0,
+    follow: Annotated[bool, Query(description="Keep streaming until the job ends")] = True,
+    last_event_id: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> StreamingResponse:
+    def check() -> None:
+        with ctx.session_factory() as session:
+            job_service.get_job(session, tenant, job_id)
+
+    await asyncio.to_thread(check)
+    if last_event_id and last_event_id.isdigit():
+        after = max(after, int(last_event_id))
+    stream = job_event_stream(ctx, job_id, after=after, follow=follow, stopping=request.app.state.stopping)
+    return StreamingResponse(
+        stream,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

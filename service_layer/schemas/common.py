@@ -1,0 +1,46 @@
+"""Shapes shared by every endpoint: the error body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ApiModel(BaseModel):
+    """Base of response schemas: built from ORM rows or dicts."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Machine-readable error kind, e.g. not_found, invalid_argument")
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "code": "invalid_argument",
+                    "message": "invalid request: training.steps: Input should be greater than 0",
+                    "details": {
+                        "errors": [{"field": "training.steps", "message": "Input should be greater than 0"}]
+                    },
+                }
+            ]
+        }
+    )
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for the error codes an endpoint can return."""
+    text = {
+        401: "Missing or invalid API key",
+        403: "Admin key required",
+        404: "Not found (or owned by another tenant)",
+        409: "Conflicts with the current state (e.g. no feasible plan, job already finished)",
+        422: "Invalid request; details.errors names each field",
+        503: "Database or bus unavailable",
+    }
+    return {c: {"model": ErrorBody, "description": text.get(c, "Error")} for c in codes}

@@ -1,0 +1,52 @@
+"""Tenants, API keys and enrollment tokens."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service_layer.schemas.common import ApiModel
+
+
+class TenantCreate(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"name": "acme-research", "is_admin": False}]}
+    )
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$", description="Unique, lower-case")
+    is_admin: bool = False
+
+
+class TenantRead(ApiModel):
+    id: str
+    name: str
+    is_admin: bool
+    created_at: datetime
+
+
+class ApiKeyCreated(BaseModel):
+    id: str
+    tenant_id: str
+    prefix: str
+    key: str = Field(description="The key itself: shown once, only its hash is stored")
+    created_at: datetime
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"note": "eu-west rack 3", "ttl_s": 3600, "max_uses": 4}]},
+    )
+
+    note: str = Field("", max_length=255)
+    ttl_s: float | None = Field(86_400.0, gt=0, description="Seconds until it expires; null = never")
+    max_uses: int | None = Field(1, ge=1, description="Registrations it allows; null = unlimited")
+
+
+class TokenCreated(BaseModel):
+    id: str
+    token: str = Field(description="The enrollment token: shown once, give it to `cpn agent --token`")
+    note: str
+    max_uses: int | None
+    expires_at: datetime | None

@@ -1,0 +1,244 @@
+"""The control-plane process: REST, gRPC and background loops in ONE asyncio event loop.
+
+``serve(settings)`` is ``cpn server``: migrate, bootstrap the admin key, then run uvicorn (FastAPI),
+the resource layer's gRPC server and the reaper until SIGINT/SIGTERM. ``start_server_in_thread``
+runs the same in a background thread for tests and the demo, and reports the ports it bound
+(port 0 picks free ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import uvicorn
+from sqlalchemy import Engine
+
+from orchestration.bus import make_bus
+from orchestration.context import ServerContext
+from orchestration.db.engine import is_sqlite, make_engine, make_session_factory, session_scope
+from orchestration.db.migrate import upgrade
+from orchestration.reaper import run_reaper
+from orchestration.settings import Settings
+from resource_layer.server import build_grpc_server
+from service_layer.app import create_app
+from service_layer.auth import bootstrap_admin
+
+log = logging.getLogger(__name__)
+
+GRPC_GRACE_S = 3.0
+HTTP_GRACE_S = 5.0
+
+ReadyCallback = Callable[[ServerContext, int, int], None]
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: the runner owns SIGINT/SIGTERM for every part."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def build_context(settings: Settings) -> tuple[ServerContext, Engine]:
+    engine = make_engine(settings.effective_database_url)
+    return ServerContext(
+        settings=settings, session_factory=make_session_factory(engine), bus=make_bus(settings)
+    ), engine
+
+
+def prepare_database(settings: Settings) -> None:
+    """Create the data directory for the embedded SQLite file, then migrate to head."""
+    url = settings.effective_database_url
+    if settings.database_url is None or is_sqlite(url):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(url)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _bootstrap(ctx: ServerContext) -> None:
+    key = ctx.settings.admin_api_key
+    if key:
+        with session_scope(ctx.session_factory) as session:
+            bootstrap_admin(session, key)
+
+
+async def run_control_plane(
+    settings: Settings, stop: asyncio.Event, on_ready: ReadyCallback | None = None
+) -> None:
+    """Run everything until ``stop`` is set (or a part fails, which is re-raised after cleanup)."""
+    await asyncio.to_thread(prepare_database, settings)
+    ctx, engine = build_context(settings)
+    try:
+        await asyncio.to_thread(_bootstrap, ctx)
+        app = create_app(ctx)
+        http_sock = _bind(settings.http_host, settings.http_port)
+        try:
+            grpc_server, grpc_port = build_grpc_server(ctx, settings.grpc_host, settings.grpc_port)
+        except BaseException:
+            http_sock.close()
+            raise
+        http = _Uvicorn(
+            uvicorn.Config(
+                app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=HTTP_GRACE_S
+            )
+        )
+        await grpc_server.start()
+        reaper = asyncio.create_task(run_reaper(ctx, stop), name="reaper")
+        serving = asyncio.create_task(http.serve(sockets=[http_sock]), name="http")
+        waiting = asyncio.create_task(stop.wait(), name="stop")
+        try:
+            while not http.started and not serving.done():
+                await asyncio.sleep(0.02)
+            if http.started:
+                http_port = http_sock.getsockname()[1]
+                log.info(
+                    "control plane up: REST %s:%d, gRPC %s:%d",
+                    settings.http_host,
+                    http_port,
+                    settings.grpc_host,
+                    grpc_port,
+                )
+                public = settings.public_url or f"http://{_url_host(settings.http_host)}:{http_port}"
+                log.info(
+                    "dashboard: %s/dashboard (API docs: %s/docs)", public.rstrip("/"), public.rstrip("/")
+                )
+                if on_ready is not None:
+                    on_ready(ctx, http_port, grpc_port)
+            done, _ = await asyncio.wait({waiting, serving, reaper}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {waiting}:
+                if task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+                raise RuntimeError(f"{task.get_name()} stopped unexpectedly")
+        finally:
+            stop.set()
+            app.state.stopping.set()  # ends open event streams so uvicorn need not wait them out
+            http.should_exit = True
+            waiting.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await serving
+            await grpc_server.stop(GRPC_GRACE_S)
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await reaper
+            http_sock.close()
+    finally:
+        ctx.bus.close()
+        engine.dispose()
+
+
+def serve(settings: Settings) -> None:
+    """``cpn server``: run until SIGINT or SIGTERM, then shut every part down cleanly."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run_control_plane(settings, stop)
+
+    asyncio.run(main())
+
+
+def _url_host(host: str) -> str:
+    """Where a local client reaches a server bound to ``host`` (wildcards mean this machine)."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+@dataclass
+class ServerHandle:
+    """A control plane running in a background thread."""
+
+    settings: Settings
+    ctx: ServerContext
+    http_port: int
+    grpc_port: int
+    _loop: asyncio.AbstractEventLoop = field(repr=False)
+    _stop: asyncio.Event = field(repr=False)
+    _thread: threading.Thread = field(repr=False)
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{_url_host(self.settings.http_host)}:{self.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"{_url_host(self.settings.grpc_host)}:{self.grpc_port}"
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # loop already closed
+                self._loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                raise TimeoutError(f"control plane did not stop within {timeout_s:.0f}s")
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def start_server_in_thread(settings: Settings, timeout_s: float = 60.0) -> ServerHandle:
+    """Start the control plane in a daemon thread; return once REST and gRPC accept connections."""
+    ready = threading.Event()
+    box: dict[str, object] = {}
+
+    def on_ready(ctx: ServerContext, http_port: int, grpc_port: int) -> None:
+        box.update(ctx=ctx, http_port=http_port, grpc_port=grpc_port, loop=asyncio.get_running_loop())
+        ready.set()
+
+    def run() -> None:
+        async def main() -> None:
+            stop = asyncio.Event()
+            box["stop"] = stop
+            await run_control_plane(settings, stop, on_ready)
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            box["error"] = exc
+            log.exception("control plane thread failed")
+        finally:
+            ready.set()
+
+    thread = threading.Thread(target=run, name="cpn-control-plane", daemon=True)
+    thread.start()
+    if not ready.wait(timeout_s):
+        raise TimeoutError(f"control plane did not start within {timeout_s:.0f}s")
+    if "ctx" not in box:
+        error = box.get("error")
+        if isinstance(error, BaseException):
+            raise RuntimeError(f"control plane failed to start: {error}") from error
+        raise RuntimeError("control plane failed to start")
+    return ServerHandle(
+        settings=settings,
+        ctx=box["ctx"],  # type: ignore[arg-type]
+        http_port=box["http_port"],  # type: ignore[arg-type]
+        grpc_port=box["grpc_port"],  # type: ignore[arg-type]
+        _loop=box["loop"],  # type: ignore[arg-type]
+        _stop=box["stop"],  # type: ignore[arg-type]
+        _thread=thread,
+    )

@@ -1,0 +1,148 @@
+"""The admin dashboard in headless Chromium: what a person sees, and that it updates live."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from orchestration.reactions import on_task_metrics, on_task_status
+from orchestration.settings import Settings
+from service_layer.client import CpnClient
+from service_layer.dashboard.svg import loss_curve_svg
+from service_layer.server import ServerHandle, start_server_in_thread
+from tests.service_layer.browser import CHROMIUM, Browser, dump_dom
+from tests.service_layer.harness import ADMIN_KEY, seed_fleet, small_spec
+
+pytestmark = pytest.mark.browser
+
+needs_chromium = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="chromium is not installed")
+
+
+def test_svg_paths_breaks_and_floor() -> None:
+    svg = loss_curve_svg(
+        {"eu-west": [(1, 4.0), (2, 3.0), (3, None), (4, 2.0), (5, 1.5)], "us-east": [(1, 4.2)]},
+        floor=1.2,
+        uniform=4.16,
+        total_steps=10,
+    )
+    west = re.search(r'data-region="eu-west" data-points="(\d+)"[^>]* d="([^"]+)"', svg)
+    assert west and west.group(1) == "4"
+    assert west.group(2).count("M") == 2 and west.group(2).count("L") == 2  # the None breaks the line
+    assert 'class="floor" data-value="1.200000"' in svg and "entropy floor 1.200" in svg
+    assert "no metrics yet" in loss_curve_svg({}, floor=1.0, uniform=4.0, total_steps=10)
+
+
+def _metrics(server: ServerHandle, job: dict, steps: range) -> None:
+    for step in steps:
+        for t in job["tasks"]:
+            on_task_metrics(
+                server.ctx,
+                t["node_id"],
+                t["id"],
+                {"step": step, "total_steps": 60, "loss": 1.0 + 3.2 * 0.95**step, "tokens_per_s": 2000.0},
+            )
+
+
+@pytest.fixture
+def prod_server(tmp_path: Path) -> Iterator[ServerHandle]:
+    settings = Settings(
+        environment="production",
+        secret_key="s3cret-for-the-dashboard-test",
+        data_dir=tmp_path / "data",
+        http_port=0,
+        grpc_port=0,
+        admin_api_key=ADMIN_KEY,
+        heartbeat_interval_s=10.0,
+        heartbeat_misses=6,
+    )
+    handle = start_server_in_thread(settings)
+    yield handle
+    handle.stop()
+
+
+def test_dashboard_needs_the_admin_key_outside_development(prod_server: ServerHandle) -> None:
+    url = prod_server.http_url + "/dashboard"
+    page = httpx.get(url, timeout=10)
+    assert page.status_code == 401 and "Admin sign-in" in page.text
+    assert httpx.get(url + "/fragments/overview", timeout=10).status_code == 401
+    assert httpx.get(url, params={"key": "cpn_wrong-key-0123456789"}, timeout=10).status_code == 401
+    with httpx.Client(base_url=prod_server.http_url, timeout=10) as browser:
+        r = browser.get("/dashboard", params={"key": ADMIN_KEY})
+        assert r.status_code == 303 and r.headers["location"] == "/dashboard"  # the key leaves the URL
+        assert "httponly" in r.headers["set-cookie"].lower() and ADMIN_KEY not in r.headers["set-cookie"]
+        assert browser.get("/dashboard").status_code == 200
+    # a tenant's (non-admin) key does not open it
+    with CpnClient(prod_server.http_url, ADMIN_KEY) as admin:
+        tenant = admin.create_tenant("viewer")
+        key = admin.create_key(tenant["id"])["key"]
+    assert httpx.get(url, params={"key": key}, timeout=10).status_code == 403
+
+
+@needs_chromium
+def test_dashboard_in_chromium_shows_fleet_jobs_and_a_live_loss_curve(
+    prod_server: ServerHandle, tmp_path: Path
+) -> None:
+    server = prod_server
+    with CpnClient(server.http_url, ADMIN_KEY) as admin:
+        seed_fleet(server, admin)
+        job = admin.submit(spec=small_spec("curve-job", steps=60), choice="cheapest")
+    for t in job["tasks"]:
+        on_task_status(server.ctx, t["node_id"], t["id"], "running")
+    _metrics(server, job, range(1, 21))
+
+    dom = dump_dom(server.http_url + "/dashboard", tmp_path / "profile-dump")
+    assert "Admin sign-in" in dom and "paris-1" not in dom  # no cookie, no data
+
+    browser = Browser(tmp_path / "profile")
+    try:
+        browser.open(f"{server.http_url}/dashboard?key={ADMIN_KEY}", "/dashboard")
+        text = browser.evaluate("document.body.innerText")
+        for name in ("eu-west", "eu-north", "paris-1", "stockholm-1", "curve-job"):
+            assert name in text, name
+        assert (
+            browser.evaluate(
+                f"document.querySelector('tr[data-job-id=\"{job['id']}\"] .job-status').innerText.trim()"
+            )
+            == "running"
+        )
+        assert browser.evaluate("document.querySelectorAll('.node-row .pill-alive').length") == 2
+        browser.screenshot(tmp_path / "overview.png")
+
+        browser.open(f"{server.http_url}/dashboard/jobs/{job['id']}", f"/dashboard/jobs/{job['id']}")
+        assert browser.evaluate("document.getElementById('job-status').innerText.trim()") == "running"
+        points = "Number(document.querySelector('svg.loss-curve path.series').dataset.points)"
+        assert browser.evaluate(points) == 20
+        d = browser.evaluate("document.querySelector('svg.loss-curve path.series').getAttribute('d')")
+        assert d.startswith("M") and d.count("L") == 19
+        floor = browser.evaluate("document.querySelector('svg.loss-curve line.floor').dataset.value")
+        detail = CpnClient(server.http_url, ADMIN_KEY).job(job["id"])
+        assert float(floor) == pytest.approx(detail["entropy_floor"], abs=1e-5)
+        assert "entropy floor" in browser.evaluate("document.querySelector('svg.loss-curve').textContent")
+
+        # the page follows the job without a reload
+        browser.evaluate("window.__sameDocument = true")
+        _metrics(server, job, range(21, 41))
+        browser.wait_for(f"{points} === 40", timeout_s=15)
+        for t in job["tasks"]:
+            on_task_status(
+                server.ctx,
+                t["node_id"],
+                t["id"],
+                "succeeded",
+                exit_code=0,
+                result={"loss_start": 4.2, "loss_end": 1.4},
+            )
+        browser.wait_for(
+            "document.getElementById('job-status').innerText.trim() === 'succeeded'", timeout_s=15
+        )
+        assert browser.evaluate("window.__sameDocument") is True
+        assert browser.evaluate("document.querySelector('[data-final]').dataset.final") == "true"
+        shot = browser.screenshot(tmp_path / "job.png")
+        assert shot.stat().st_size > 10_000
+    finally:
+        browser.close()
