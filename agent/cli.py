@@ -1,0 +1,77 @@
+"""``cpn agent``: the node daemon's command line.
+
+``agent_command`` is a typer command function; the ``cpn`` app mounts it with
+``app.command("agent")(agent_command)``. ``run_agent`` is the same without typer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import typer
+from pydantic import ValidationError
+
+from agent.daemon import Agent
+from agent.settings import AgentSettings
+
+
+def run_agent(settings: AgentSettings) -> int:
+    """Run the agent until SIGTERM/SIGINT; returns the process exit code (0 clean, 2 fatal)."""
+    return asyncio.run(Agent(settings).run())
+
+
+def agent_command(
+    server: str = typer.Option(..., "--server", help="Control plane gRPC address, HOST:PORT"),
+    token: str = typer.Option(
+        "", "--token", envvar="CPN_AGENT_TOKEN", help="Enrollment token (not needed once registered)"
+    ),
+    region: str = typer.Option(..., "--region", help="Region name, e.g. eu-west"),
+    cluster: str = typer.Option(..., "--cluster", help="Cluster name within the region"),
+    devices: str = typer.Option("auto", "--devices", help="'auto' (CUDA devices) or 'cpu:N' (N CPU slots)"),
+    price_per_device_hour: float = typer.Option(..., "--price-per-device-hour", min=0),
+    spot_price: float = typer.Option(0.0, "--spot-price", min=0, help="Spot price per device-hour (0: none)"),
+    provider: str = typer.Option("", "--provider", help="Provider name (default: 'independent')"),
+    jurisdiction: str = typer.Option("", "--jurisdiction", help="Legal jurisdiction of the region, e.g. EU"),
+    advertise_host: str = typer.Option("127.0.0.1", "--advertise-host", help="Where peers reach this node"),
+    sync_ports: str = typer.Option("29600-29699", "--sync-ports", help="Ports for cross-region sync servers"),
+    intra_bandwidth_gbps: float = typer.Option(0.0, "--intra-bandwidth-gbps", min=0, help="0: not declared"),
+    work_dir: Path = typer.Option(Path("./cpn-agent"), "--work-dir", help="Assignment configs and logs"),
+    state_file: Path | None = typer.Option(None, "--state-file", help="Default: <work-dir>/agent-state.json"),
+    reconnect_max_s: float = typer.Option(30.0, "--reconnect-max-s", help="Longest wait between reconnects"),
+    kill_grace_s: float = typer.Option(
+        10.0, "--kill-grace-s", help="SIGTERM to SIGKILL when stopping workers"
+    ),
+    allow_command_override: bool = typer.Option(False, "--allow-command-override", hidden=True),
+    log_level: str = typer.Option("INFO", "--log-level"),
+) -> None:
+    """Run the node agent: register this node's devices and run the work the control plane assigns."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = AgentSettings(
+            server=server,
+            token=token,
+            region=region,
+            cluster=cluster,
+            devices=devices,
+            price_per_device_hour=price_per_device_hour,
+            spot_price_per_device_hour=spot_price,
+            provider=provider,
+            jurisdiction=jurisdiction,
+            advertise_host=advertise_host,
+            sync_ports=sync_ports,
+            intra_bandwidth_gbps=intra_bandwidth_gbps,
+            work_dir=work_dir,
+            state_file=state_file,
+            reconnect_max_s=reconnect_max_s,
+            reconnect_min_s=min(0.5, reconnect_max_s),
+            kill_grace_s=kill_grace_s,
+            allow_command_override=allow_command_override,
+        )
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "settings"
+            typer.echo(f"cpn agent: {where}: {err['msg']}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(run_agent(settings))

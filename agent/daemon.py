@@ -1,0 +1,454 @@
+"""The node daemon: register, hold the stream, run assignments, reconnect, stop cleanly.
+
+Life of an agent process:
+1. stop worker groups a previous agent process left behind (from the state file);
+2. find and measure the devices;
+3. register (with stored node credentials when they fit, else with the enrollment token);
+4. hold one ``Connect`` stream; when it breaks, reconnect with exponential backoff, keeping the
+   workers running and naming them in the next Hello;
+5. on SIGTERM/SIGINT stop the workers (reported FAILED, so the control plane re-places them),
+   let the last messages go up, and exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import signal
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from agent.devices import detect_devices
+from agent.duties import Duty, run_duty
+from agent.outbox import Outbox
+from agent.settings import AgentSettings
+from agent.state import AgentState, Credentials
+from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
+from orchestration.errors import InvalidArgument
+from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from resource_layer.registration import DeviceReport
+
+log = logging.getLogger(__name__)
+
+AGENT_VERSION = "0.1.0"
+# Registration refusals an agent cannot fix by retrying: an operator must change something.
+FATAL_REGISTER_CODES = (
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.PERMISSION_DENIED,
+)
+
+
+class AgentFatal(Exception):
+    """The agent cannot go on (e.g. its registration was refused)."""
+
+
+class _Reregister(Exception):
+    """The server no longer knows this node's credentials: register again."""
+
+
+def channel_options(settings: AgentSettings) -> list[tuple[str, int]]:
+    backoff_ms = int(settings.reconnect_min_s * 1000)
+    return [
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # The channel's own reconnect backoff (default up to 120 s) must not outlast ours.
+        ("grpc.initial_reconnect_backoff_ms", backoff_ms),
+        ("grpc.min_reconnect_backoff_ms", backoff_ms),
+        ("grpc.max_reconnect_backoff_ms", int(settings.reconnect_max_s * 1000)),
+    ]
+
+
+def device_to_proto(d: DeviceReport) -> agent_pb2.Device:
+    return agent_pb2.Device(
+        index=d.index, model=d.model, memory_gb=d.memory_gb, measured_tflops=d.measured_tflops, kind=d.kind
+    )
+
+
+class _Session:
+    def __init__(self) -> None:
+        self.active = True
+        self.acked = asyncio.Event()
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, devices: list[DeviceReport] | None = None) -> None:
+        self.settings = settings
+        self.devices = devices
+        self.heartbeat_interval_s = 2.0
+        self._outbox = Outbox()
+        self._runs: dict[str, WorkerRun] = {}  # live and recently finished, by assignment id
+        self._finals: dict[str, tuple[agent_pb2.AgentMessage, float]] = {}  # finished runs we no longer hold
+        self._run_tasks: set[asyncio.Task[None]] = set()
+        self._state = AgentState()
+        self._connected = False
+        self._draining = False
+        self._seq = 0
+        self._stop: asyncio.Event | None = None
+        self._stub: agent_pb2_grpc.AgentServiceStub | None = None
+        self._heartbeat_duty = Duty("heartbeat", lambda: self.heartbeat_interval_s, self._heartbeat)
+
+    # -- the whole life -------------------------------------------------------------------------
+    async def run(self) -> int:
+        """Run until SIGTERM/SIGINT (exit code 0) or a fatal error (exit code 2)."""
+        s = self.settings
+        self._stop = stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        s.work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._state = AgentState.load(s.effective_state_file)
+        except ValueError as exc:
+            log.error("%s", exc)
+            return 2
+        for aid in await asyncio.to_thread(self._stop_leftovers):
+            self._fail(aid, "the node's agent restarted; its workers were stopped")
+        if self.devices is None:
+            try:
+                self.devices = await asyncio.to_thread(detect_devices, s.devices)
+            except Exception as exc:
+                log.error("device detection failed: %s", exc)
+                return 2
+        for d in self.devices:
+            log.info(
+                "device %d: %s %s, %.1f GB, %.4f TFLOPS",
+                d.index,
+                d.kind,
+                d.model,
+                d.memory_gb,
+                d.measured_tflops,
+            )
+
+        channel = grpc.aio.insecure_channel(s.server, options=channel_options(s))
+        self._stub = agent_pb2_grpc.AgentServiceStub(channel)
+        # Duties outlive ``stop``: heartbeats go on while the workers are being stopped.
+        duties_stop = asyncio.Event()
+        duties = [asyncio.create_task(run_duty(d, duties_stop)) for d in self._duties()]
+        connection = asyncio.create_task(self._connection_loop())
+        stopping = asyncio.create_task(stop.wait())
+        code = 0
+        try:
+            await asyncio.wait({connection, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if connection.done() and (exc := connection.exception()) is not None:
+                log.error("%s", exc)
+                code = 2
+            log.info("agent stopping")
+            await self._shutdown(connection)
+        finally:
+            stop.set()
+            duties_stop.set()
+            for task in (*duties, connection, stopping):
+                task.cancel()
+            await asyncio.gather(*duties, connection, stopping, return_exceptions=True)
+            await channel.close(grace=0.5)
+            self._save_state()  # still lists any worker group that would not stop, for the next agent
+        return code
+
+    async def _shutdown(self, connection: asyncio.Task[None]) -> None:
+        self._draining = True
+        live = [r for r in self._runs.values() if not r.done]
+        await asyncio.gather(*(r.stop("the node's agent is stopping", FAILED) for r in live))
+        if self._run_tasks:
+            await asyncio.wait(self._run_tasks, timeout=self.settings.kill_grace_s + 5)
+        if self._connected and not connection.done():
+            # Half-close once the queue is empty so the final states reach the server.
+            self._outbox.close()
+            await asyncio.wait({connection}, timeout=3)
+
+    def _duties(self) -> list[Duty]:
+        s = self.settings
+        return [
+            self._heartbeat_duty,
+            Duty("flush-metrics", lambda: max(0.05, s.metrics_min_interval_s), self._flush_metrics),
+            Duty("forget-finished", lambda: 30.0, self._forget_finished),
+            Duty("restate-running", lambda: 30.0, self._restate_running),
+        ]
+
+    # -- registration and the stream ------------------------------------------------------------
+    async def _connection_loop(self) -> None:
+        s = self.settings
+        backoff = s.reconnect_min_s
+        registered = False
+        assert self._stop is not None
+        while not self._stop.is_set():
+            acked = False
+            try:
+                if not registered:
+                    await self._register()
+                    registered = True
+                acked = await self._session()
+            except _Reregister:
+                registered = False
+            except grpc.aio.AioRpcError as exc:
+                log.warning("control plane %s unreachable: %s %s", s.server, exc.code().name, exc.details())
+            if self._stop.is_set():
+                return
+            if acked:
+                backoff = s.reconnect_min_s  # a session that got going starts the backoff afresh
+            delay = backoff * random.uniform(0.5, 1.0)
+            log.info("reconnecting in %.1fs", delay)
+            await asyncio.sleep(delay)
+            backoff = min(s.reconnect_max_s, backoff * 2)
+
+    async def _register(self) -> None:
+        s = self.settings
+        assert self._stub is not None and self.devices is not None
+        creds = self._state.credentials
+        if creds is not None and not creds.fits(s.server, s.region, s.cluster):
+            log.info("stored credentials are for another server or cluster; registering afresh")
+            creds = None
+        if creds is None and not s.token:
+            raise AgentFatal("no enrollment token (--token) and no stored node credentials to register with")
+        request = agent_pb2.RegisterRequest(
+            enrollment_token=s.token if creds is None else "",
+            region=s.region,
+            cluster=s.cluster,
+            provider=s.provider,
+            hostname=s.hostname,
+            devices=[device_to_proto(d) for d in self.devices],
+            price_per_device_hour=s.price_per_device_hour,
+            spot_price_per_device_hour=s.spot_price_per_device_hour,
+            agent_version=AGENT_VERSION,
+            advertise_host=s.advertise_host,
+            sync_port_min=s.sync_ports[0],
+            sync_port_max=s.sync_ports[1],
+            intra_bandwidth_gbps=s.intra_bandwidth_gbps,
+            jurisdiction=s.jurisdiction,
+            node_id=creds.node_id if creds else "",
+            node_token=creds.node_token if creds else "",
+        )
+        try:
+            response = await self._stub.Register(request, timeout=s.rpc_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED and creds is not None:
+                log.warning("stored node credentials were refused; registering with the enrollment token")
+                self._state.credentials = None
+                self._save_state()
+                return await self._register()
+            if exc.code() in FATAL_REGISTER_CODES:
+                raise AgentFatal(f"registration refused ({exc.code().name}): {exc.details()}") from None
+            raise
+        self._state.credentials = Credentials(
+            server=s.server,
+            region=s.region,
+            cluster=s.cluster,
+            node_id=response.node_id,
+            node_token=response.node_token,
+            cluster_id=response.cluster_id,
+        )
+        self.heartbeat_interval_s = response.heartbeat_interval_s or self.heartbeat_interval_s
+        self._save_state()
+        log.info("registered as node %s in %s/%s", response.node_id, s.region, s.cluster)
+
+    async def _session(self) -> bool:
+        """One Connect stream, until it ends. Returns whether the server acknowledged it."""
+        assert self._stub is not None and self._state.credentials is not None
+        creds = self._state.credentials
+        running = [aid for aid, r in self._runs.items() if not r.done]
+        hello = agent_pb2.Hello(
+            node_id=creds.node_id, node_token=creds.node_token, running_assignments=running
+        )
+        self._outbox.drop_heartbeats()
+        session = _Session()
+        call = self._stub.Connect(self._requests(hello, session))
+        try:
+            async for message in call:
+                kind = message.WhichOneof("kind")
+                if kind == "ack":
+                    self._on_ack(message.ack, session)
+                elif kind == "assignment":
+                    self._on_assignment(message.assignment)
+                elif kind == "cancel":
+                    self._on_cancel(message.cancel)
+                elif kind == "drain":
+                    self._draining = True
+                    log.warning("drain ordered: %s; accepting no new assignments", message.drain.reason)
+            log.warning("control plane ended the stream")
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                log.warning("node credentials refused on connect: %s", exc.details())
+                raise _Reregister from None
+            if not session.acked.is_set():
+                raise
+            log.warning("stream broke: %s %s", exc.code().name, exc.details())
+        finally:
+            session.active = False
+            self._connected = False
+            call.cancel()
+        return session.acked.is_set()
+
+    async def _requests(
+        self, hello: agent_pb2.Hello, session: _Session
+    ) -> AsyncIterator[agent_pb2.AgentMessage]:
+        yield agent_pb2.AgentMessage(hello=hello)
+        await session.acked.wait()  # nothing queued is risked on a stream the server may refuse
+        while session.active:
+            message = await self._outbox.get()
+            if message is None:
+                return  # stopping: half-close
+            if not session.active:
+                self._outbox.requeue(message)
+                return
+            yield message
+
+    def _on_ack(self, ack: agent_pb2.Ack, session: _Session) -> None:
+        self.heartbeat_interval_s = ack.heartbeat_interval_s or self.heartbeat_interval_s
+        self._connected = True
+        session.acked.set()
+        self._heartbeat_duty.poke()  # at the server's rate from now, not after the old interval
+        log.info("connected as node %s (heartbeat every %.1fs)", ack.node_id, self.heartbeat_interval_s)
+        assert self.devices is not None
+        self._outbox.put(
+            agent_pb2.AgentMessage(
+                inventory=agent_pb2.Inventory(devices=[device_to_proto(d) for d in self.devices])
+            )
+        )
+        # Whatever was said before the break may be lost: say every task's current state again.
+        for run in self._runs.values():
+            self._outbox.put(run.current)
+        for message, _ in self._finals.values():
+            self._outbox.put(message)
+
+    # -- orders from the control plane ----------------------------------------------------------
+    def _fail(self, assignment_id: str, message: str) -> None:
+        status = agent_pb2.AgentMessage(
+            task_status=agent_pb2.TaskStatus(assignment_id=assignment_id, state=FAILED, message=message)
+        )
+        self._finals[assignment_id] = (status, time.monotonic())
+        self._outbox.put(status)
+
+    def _on_assignment(self, msg: agent_pb2.Assignment) -> None:
+        aid = msg.assignment_id
+        if aid in self._runs or aid in self._finals:
+            # Re-sent after a reconnect: never launch twice; repeat how it ended if it has.
+            run = self._runs.get(aid)
+            final = run.current if run is not None else self._finals[aid][0]
+            if run is None or run.done:
+                self._outbox.put(final)
+            return
+        try:
+            a = Assignment.from_proto(msg)
+        except InvalidArgument as exc:
+            log.error("refusing assignment %s: %s", aid, exc.message)
+            if aid:
+                self._fail(aid, exc.message)
+            return
+        if self._draining:
+            return self._fail(aid, "node is draining")
+        assert self.devices is not None
+        kinds = {d.index: d.kind for d in self.devices}
+        unknown = [i for i in a.device_indices if i not in kinds]
+        if unknown:
+            return self._fail(aid, f"device_indices: node has no device(s) {unknown}")
+        if a.device_indices and a.nproc != len(a.device_indices):
+            return self._fail(
+                aid, f"nproc ({a.nproc}) must equal the number of device_indices {list(a.device_indices)}"
+            )
+        kind = kinds[a.device_indices[0]] if a.device_indices else self.devices[0].kind
+        run = WorkerRun(
+            a,
+            self.settings.work_dir.resolve() / "assignments" / aid,
+            settings=self.settings,
+            device_kind=kind,
+            send=self._outbox.put,
+            on_spawn=self._remember_worker,
+        )
+        self._runs[aid] = run
+        task = asyncio.create_task(self._supervise(run))
+        self._run_tasks.add(task)
+        task.add_done_callback(self._run_tasks.discard)
+
+    async def _supervise(self, run: WorkerRun) -> None:
+        try:
+            await run.run()
+        except Exception as exc:
+            log.exception("assignment %s: supervising failed", run.assignment.assignment_id)
+            if not run.done:
+                await run.stop(f"agent error: {exc}", FAILED)
+                self._fail(run.assignment.assignment_id, f"agent error while supervising workers: {exc}")
+        finally:
+            if self._state.workers.pop(run.assignment.assignment_id, None) is not None:
+                self._save_state()
+
+    def _on_cancel(self, msg: agent_pb2.Cancel) -> None:
+        run = self._runs.get(msg.assignment_id)
+        if run is not None and not run.done:
+            log.info("assignment %s: cancel (%s)", msg.assignment_id, msg.reason)
+            task = asyncio.create_task(run.stop(msg.reason or "cancelled"))
+            self._run_tasks.add(task)
+            task.add_done_callback(self._run_tasks.discard)
+        elif run is not None:
+            self._outbox.put(run.current)
+        elif msg.assignment_id in self._finals:
+            self._outbox.put(self._finals[msg.assignment_id][0])
+        else:  # never ran here: settle the control plane's view
+            self._outbox.put(
+                agent_pb2.AgentMessage(
+                    task_status=agent_pb2.TaskStatus(
+                        assignment_id=msg.assignment_id,
+                        state=agent_pb2.TASK_STATE_CANCELLED,
+                        message="not running on this node",
+                    )
+                )
+            )
+
+    # -- duties ---------------------------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        if not self._connected:
+            return
+        self._seq += 1
+        self._outbox.put(
+            agent_pb2.AgentMessage(
+                heartbeat=agent_pb2.Heartbeat(seq=self._seq, sent_at=time.time(), load=os.getloadavg()[0])
+            )
+        )
+
+    def _flush_metrics(self) -> None:
+        for run in self._runs.values():
+            if not run.done:
+                run.flush_metrics()
+
+    def _restate_running(self) -> None:
+        """Say again what runs here. Repeats change nothing on the server, except that a task it
+        has given up on (say, while it thought this node lost) gets a cancel back."""
+        if self._connected:
+            for run in self._runs.values():
+                if not run.done:
+                    self._outbox.put(run.current)
+
+    def _forget_finished(self) -> None:
+        now = time.monotonic()
+        keep = self.settings.finished_retention_s
+        for aid, run in list(self._runs.items()):
+            if run.finished_at is not None:
+                del self._runs[aid]
+                self._finals[aid] = (run.current, run.finished_at)
+        for aid, (_, at) in list(self._finals.items()):
+            if now - at > keep:
+                del self._finals[aid]
+
+    # -- state ----------------------------------------------------------------------------------
+    def _remember_worker(self, run: WorkerRun) -> None:
+        self._state.workers[run.assignment.assignment_id] = {"pgid": run.pgid, "dir": str(run.run_dir)}
+        self._save_state()
+
+    def _save_state(self) -> None:
+        self._state.save(self.settings.effective_state_file)
+
+    def _stop_leftovers(self) -> list[str]:
+        """Stop worker groups a killed predecessor left running; return their assignment ids
+        (to be reported failed: their output went with the process that read it)."""
+        ids = list(self._state.workers)
+        for aid, info in self._state.workers.items():
+            if stop_leftover(int(info.get("pgid", 0)), str(info.get("dir", "")), self.settings.kill_grace_s):
+                log.warning("stopped assignment %s left running by a previous agent process", aid)
+        self._state.workers.clear()
+        self._save_state()
+        return ids

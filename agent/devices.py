@@ -1,0 +1,112 @@
+"""Finding a node's devices and measuring what each can compute.
+
+The measured figure is dense matmul throughput (TFLOPS), the number the planner's cost model
+divides work by. CUDA devices run a bf16 (or fp16/fp32) matmul; CPU slots run a small fp32
+matmul on one thread, since each slot's worker runs with OMP_NUM_THREADS=1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from agent.settings import DeviceRequest
+from orchestration.errors import FailedPrecondition
+from resource_layer.registration import DeviceReport
+
+log = logging.getLogger(__name__)
+
+CPU_RAM_SHARE = 0.8  # of the node's memory, split evenly over declared CPU slots
+GIB = 1024**3
+
+
+def detect_devices(request: DeviceRequest) -> list[DeviceReport]:
+    """The devices this node offers, each with a measured TFLOPS figure."""
+    if request.kind == "cpu":
+        memory = CPU_RAM_SHARE * system_memory_bytes() / request.count / GIB
+        tflops = measure_cpu_tflops()
+        return [
+            DeviceReport(index=i, model="cpu", memory_gb=round(memory, 2), measured_tflops=tflops, kind="cpu")
+            for i in range(request.count)
+        ]
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        raise FailedPrecondition(
+            "--devices auto found no CUDA device; declare CPU slots with --devices cpu:N"
+        )
+    out = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        out.append(
+            DeviceReport(
+                index=i,
+                model=props.name,
+                memory_gb=round(props.total_memory / GIB, 2),
+                measured_tflops=measure_cuda_tflops(i),
+                kind="cuda",
+            )
+        )
+    return out
+
+
+def system_memory_bytes() -> int:
+    """Physical memory, or the cgroup limit when a container sets a lower one."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def measure_cpu_tflops(n: int = 256, budget_s: float = 0.25) -> float:
+    """Single-thread fp32 matmul throughput; about ``budget_s`` seconds."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        for _ in range(3):
+            a @ b
+        iters, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < budget_s:
+            a @ b
+            iters += 1
+    finally:
+        torch.set_num_threads(threads)
+    return round(2 * n**3 * iters / elapsed / 1e12, 6)
+
+
+def measure_cuda_tflops(index: int, n: int = 8192, budget_s: float = 0.3) -> float:
+    """Dense matmul throughput of one CUDA device, in its fastest common dtype."""
+    import torch
+
+    device = torch.device("cuda", index)
+    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    with torch.cuda.device(device):
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        torch.cuda.synchronize(device)
+        iters, start = 0, time.perf_counter()
+        while time.perf_counter() - start < budget_s:
+            for _ in range(5):
+                a @ b
+            iters += 5
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+        del a, b
+        torch.cuda.empty_cache()
+    tflops = 2 * n**3 * iters / elapsed / 1e12
+    log.info(
+        "cuda:%d %s: %.1f TFLOPS (%s matmul %d)", index, torch.cuda.get_device_name(index), tflops, dtype, n
+    )
+    return round(tflops, 3)

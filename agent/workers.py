@@ -1,0 +1,334 @@
+"""One assignment's workers, from launch to exit: a torchrun process group the agent supervises.
+
+The group runs in its own session so it can be stopped as a whole (SIGTERM, then SIGKILL after a
+grace period) and so it outlives an agent that is killed outright; the agent that starts next
+stops it (see ``stop_leftover``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.output import (
+    ERROR_PREFIX,
+    METRIC_PREFIX,
+    RESULT_PREFIX,
+    LineBudget,
+    MetricsTracker,
+    parse_prefixed,
+)
+from agent.settings import AgentSettings
+from orchestration.errors import InvalidArgument
+from proto.cpn.agent.v1 import agent_pb2
+
+log = logging.getLogger(__name__)
+
+COMMAND_KEY = "command"  # worker_config key naming an argv to run instead of torchrun (tests only)
+MAX_LINE = 4000
+READ_LIMIT = 1 << 20
+
+SUCCEEDED, FAILED, CANCELLED = (
+    agent_pb2.TASK_STATE_SUCCEEDED,
+    agent_pb2.TASK_STATE_FAILED,
+    agent_pb2.TASK_STATE_CANCELLED,
+)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    assignment_id: str
+    job_id: str
+    attempt: int
+    device_indices: tuple[int, ...]
+    nproc: int
+    worker_config: dict[str, Any] = field(hash=False)
+
+    @classmethod
+    def from_proto(cls, a: agent_pb2.Assignment) -> Assignment:
+        if not a.assignment_id:
+            raise InvalidArgument("assignment.assignment_id: required")
+        if a.nproc < 1:
+            raise InvalidArgument(f"assignment.nproc: must be >= 1, got {a.nproc}")
+        try:
+            config = json.loads(a.worker_config_json or "{}")
+        except json.JSONDecodeError as exc:
+            raise InvalidArgument(f"assignment.worker_config_json: not JSON ({exc})") from exc
+        if not isinstance(config, dict):
+            raise InvalidArgument("assignment.worker_config_json: must be a JSON object")
+        return cls(a.assignment_id, a.job_id, a.attempt, tuple(a.device_indices), a.nproc, config)
+
+    @property
+    def total_steps(self) -> int:
+        steps = (self.worker_config.get("training") or {}).get("steps", 0)
+        return steps if isinstance(steps, int) else 0
+
+
+def worker_command(a: Assignment, config_path: Path, *, allow_override: bool) -> list[str]:
+    """torchrun over ``training.worker``, or the config's test-only ``command`` where allowed."""
+    override = a.worker_config.get(COMMAND_KEY)
+    if override is not None:
+        if not allow_override:
+            raise InvalidArgument("worker_config.command: this agent does not allow command overrides")
+        if not (isinstance(override, list) and override and all(isinstance(x, str) for x in override)):
+            raise InvalidArgument("worker_config.command: must be a non-empty list of strings")
+        return list(override)
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(a.nproc),
+        "-m",
+        "training.worker",
+        "--config",
+        str(config_path),
+    ]
+
+
+def worker_env(
+    base: Mapping[str, str], a: Assignment, *, device_kind: str, config_path: Path
+) -> dict[str, str]:
+    env = dict(base)
+    env.update(
+        CPN_WORKER_CONFIG=str(config_path),
+        CPN_ASSIGNMENT_ID=a.assignment_id,
+        CPN_JOB_ID=a.job_id,
+        PYTHONUNBUFFERED="1",
+    )
+    if device_kind == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in a.device_indices)
+    else:
+        env["OMP_NUM_THREADS"] = "1"  # one thread per CPU slot: slots do not oversubscribe cores
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def stop_leftover(pgid: int, run_dir: str, grace_s: float) -> bool:
+    """Stop a worker group a previous agent process left running. The group leader's working
+    directory must still be the assignment's directory, so a recycled pid is never signalled."""
+    try:
+        if os.readlink(f"/proc/{pgid}/cwd") != str(Path(run_dir).resolve()):
+            return False
+    except OSError:
+        return False
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and Path(f"/proc/{pgid}").exists():
+        time.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+    return True
+
+
+def _status(
+    a: Assignment, state: int, message: str = "", exit_code: int = 0, result_json: str = ""
+) -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(
+        task_status=agent_pb2.TaskStatus(
+            assignment_id=a.assignment_id,
+            state=state,
+            message=message[:2000],
+            exit_code=exit_code,
+            result_json=result_json,
+        )
+    )
+
+
+class WorkerRun:
+    """Launches one assignment, forwards what it prints, reports how it ended."""
+
+    def __init__(
+        self,
+        assignment: Assignment,
+        run_dir: Path,
+        *,
+        settings: AgentSettings,
+        device_kind: str,
+        send: Callable[[agent_pb2.AgentMessage], None],
+        on_spawn: Callable[[WorkerRun], None] = lambda run: None,
+    ) -> None:
+        self.assignment = assignment
+        self.run_dir = run_dir
+        self._settings = settings
+        self._device_kind = device_kind
+        self._send = send
+        self._on_spawn = on_spawn
+        self.pgid: int | None = None
+        self.current: agent_pb2.AgentMessage = _status(assignment, agent_pb2.TASK_STATE_STARTING)
+        self.finished_at: float | None = None  # monotonic
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stop: tuple[int, str] | None = None  # (final state, reason) once asked to stop
+        self._metrics = MetricsTracker(total_steps=assignment.total_steps)
+        self._metrics_pending = False
+        self._metrics_sent_at = 0.0
+        self._budget = LineBudget(settings.log_lines_per_s, settings.log_burst)
+        self._result: dict[str, Any] | None = None
+        self._error: str | None = None
+        self._stderr_tail: deque[str] = deque(maxlen=8)
+
+    @property
+    def done(self) -> bool:
+        return self.finished_at is not None
+
+    def _report(self, state: int, message: str = "", exit_code: int = 0, result_json: str = "") -> None:
+        self.current = _status(self.assignment, state, message, exit_code, result_json)
+        self._send(self.current)
+
+    async def run(self) -> None:
+        """The whole life of the assignment; returns once its final state has been reported."""
+        a = self.assignment
+        self._report(agent_pb2.TASK_STATE_STARTING, "launching")
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            config_path = self.run_dir / "worker_config.json"
+            config = {k: v for k, v in a.worker_config.items() if k != COMMAND_KEY}
+            config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+            cmd = worker_command(a, config_path, allow_override=self._settings.allow_command_override)
+            env = worker_env(os.environ, a, device_kind=self._device_kind, config_path=config_path)
+            if self._stop is not None:
+                return self._finish(self._stop[0], self._stop[1], 0)
+            self._proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                cwd=self.run_dir,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                limit=READ_LIMIT,
+            )
+        except (InvalidArgument, OSError) as exc:
+            message = exc.message if isinstance(exc, InvalidArgument) else f"could not launch workers: {exc}"
+            return self._finish(FAILED, message, 0)
+        self.pgid = self._proc.pid
+        self._on_spawn(self)
+        log.info("assignment %s: started pid %d: %s", a.assignment_id, self.pgid, " ".join(cmd))
+        self._report(agent_pb2.TASK_STATE_RUNNING, f"pid {self.pgid}")
+        with open(self.run_dir / "worker.log", "a", buffering=1) as logfile:
+            pumps = [
+                asyncio.create_task(self._pump(self._proc.stdout, "stdout", logfile)),
+                asyncio.create_task(self._pump(self._proc.stderr, "stderr", logfile)),
+            ]
+            stopper = None
+            if self._stop is not None:  # asked to stop while the process was being spawned
+                stopper = asyncio.create_task(self.stop(self._stop[1], self._stop[0]))
+            code = await self._proc.wait()
+            if stopper is not None:
+                await stopper
+            _signal_group(self.pgid, signal.SIGKILL)  # whatever the group left behind holds our pipes
+            _, pending = await asyncio.wait(pumps, timeout=5)
+            for task in pending:
+                task.cancel()
+        self.flush_metrics(force=True)
+        if self._stop is not None:
+            return self._finish(self._stop[0], self._stop[1], code)
+        if code == 0:
+            return self._finish(SUCCEEDED, "workers exited cleanly", code)
+        why = self._error or (self._stderr_tail[-1] if self._stderr_tail else "")
+        suffix = " after reporting a result" if self._result is not None else ""
+        self._finish(FAILED, f"workers exited with code {code}{suffix}: {why}".rstrip(": "), code)
+
+    def _finish(self, state: int, message: str, code: int) -> None:
+        result = json.dumps(self._result, sort_keys=True) if self._result is not None else ""
+        self._report(state, message, code, result)
+        self.finished_at = time.monotonic()
+        log.info(
+            "assignment %s: %s (%s)", self.assignment.assignment_id, agent_pb2.TaskState.Name(state), message
+        )
+
+    async def stop(self, reason: str, state: int = CANCELLED) -> None:
+        """SIGTERM the group, SIGKILL it after the grace period; ``run`` reports ``state``."""
+        if self.done:
+            return
+        if self._stop is None:
+            self._stop = (state, reason)
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), self._settings.kill_grace_s)
+        except TimeoutError:
+            log.warning(
+                "assignment %s: still running %.0fs after SIGTERM; SIGKILL",
+                self.assignment.assignment_id,
+                self._settings.kill_grace_s,
+            )
+        _signal_group(proc.pid, signal.SIGKILL)
+
+    async def _pump(self, stream: asyncio.StreamReader | None, name: str, logfile: Any) -> None:
+        assert stream is not None
+        while True:
+            try:
+                raw = await stream.readline()
+            except ValueError:  # a line over READ_LIMIT: asyncio has discarded it
+                logfile.write(f"[{name}] [cpn-agent: a line over {READ_LIMIT} bytes was dropped]\n")
+                continue
+            if not raw:
+                return
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            logfile.write(f"[{name}] {line}\n")
+            self._line(name, line)
+
+    def _line(self, stream: str, line: str) -> None:
+        if (payload := parse_prefixed(line, METRIC_PREFIX)) is not None:
+            self._metrics.update(payload)
+            self._metrics_pending = True
+            self.flush_metrics()
+            return
+        if (payload := parse_prefixed(line, RESULT_PREFIX)) is not None:
+            self._result = payload
+            return
+        if line.startswith(ERROR_PREFIX):
+            self._error = line[len(ERROR_PREFIX) :]
+        if stream == "stderr" and line.strip():
+            self._stderr_tail.append(line[:500])
+        forward, dropped = self._budget.admit(time.monotonic())
+        if not forward:
+            return
+        aid = self.assignment.assignment_id
+        if dropped:
+            note = f"[cpn-agent] {dropped} lines dropped; all output is in {self.run_dir / 'worker.log'}"
+            self._send(
+                agent_pb2.AgentMessage(log=agent_pb2.TaskLog(assignment_id=aid, stream="agent", line=note))
+            )
+        self._send(
+            agent_pb2.AgentMessage(
+                log=agent_pb2.TaskLog(assignment_id=aid, stream=stream, line=line[:MAX_LINE])
+            )
+        )
+
+    def flush_metrics(self, force: bool = False) -> None:
+        """Send the newest metrics if some are waiting and the interval allows (or ``force``)."""
+        if not self._metrics_pending or self._metrics.latest is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._metrics_sent_at < self._settings.metrics_min_interval_s:
+            return
+        self._metrics_pending, self._metrics_sent_at = False, now
+        self._send(
+            agent_pb2.AgentMessage(
+                metrics=agent_pb2.TaskMetrics(
+                    assignment_id=self.assignment.assignment_id, **self._metrics.latest
+                )
+            )
+        )

@@ -1,0 +1,102 @@
+"""Conversions between cpn.agent.v1 messages and the plain data the domain functions take."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from google.protobuf import json_format
+
+from orchestration.errors import InvalidArgument
+from proto.cpn.agent.v1 import agent_pb2
+from resource_layer.registration import DeviceReport, NodeRegistration
+
+# TaskState -> Task.status as the control layer spells it.
+TASK_STATES: dict[int, str] = {
+    agent_pb2.TASK_STATE_STARTING: "starting",
+    agent_pb2.TASK_STATE_RUNNING: "running",
+    agent_pb2.TASK_STATE_SUCCEEDED: "succeeded",
+    agent_pb2.TASK_STATE_FAILED: "failed",
+    agent_pb2.TASK_STATE_CANCELLED: "cancelled",
+}
+SERVER_MESSAGE_KINDS = ("assignment", "cancel", "drain", "ack")
+
+
+def device_from_proto(d: agent_pb2.Device) -> DeviceReport:
+    return DeviceReport(
+        index=d.index, model=d.model, memory_gb=d.memory_gb, measured_tflops=d.measured_tflops, kind=d.kind
+    )
+
+
+def registration_from_proto(r: agent_pb2.RegisterRequest) -> NodeRegistration:
+    return NodeRegistration(
+        enrollment_token=r.enrollment_token,
+        region=r.region,
+        cluster=r.cluster,
+        provider=r.provider,
+        hostname=r.hostname,
+        devices=tuple(device_from_proto(d) for d in r.devices),
+        price_per_device_hour=r.price_per_device_hour,
+        spot_price_per_device_hour=r.spot_price_per_device_hour,
+        agent_version=r.agent_version,
+        advertise_host=r.advertise_host,
+        sync_port_min=r.sync_port_min,
+        sync_port_max=r.sync_port_max,
+        intra_bandwidth_gbps=r.intra_bandwidth_gbps,
+        jurisdiction=r.jurisdiction,
+        node_id=r.node_id,
+        node_token=r.node_token,
+    )
+
+
+def task_state_name(state: int) -> str:
+    try:
+        return TASK_STATES[state]
+    except KeyError:
+        raise InvalidArgument(f"task_status.state: unknown or unspecified task state {state}") from None
+
+
+def result_from_json(text: str) -> dict[str, Any] | None:
+    """The worker's result; a result that is not a JSON object is kept under ``raw``."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {"raw": text[:2000]}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+def metrics_to_dict(m: agent_pb2.TaskMetrics) -> dict[str, Any]:
+    return {
+        "step": m.step,
+        "total_steps": m.total_steps,
+        "loss": m.loss,
+        "tokens_per_s": m.tokens_per_s,
+        "compute_utilization": m.compute_utilization,
+        "wan_bytes_sent": m.wan_bytes_sent,
+        "wan_bytes_recv": m.wan_bytes_recv,
+        "sync_latency_s": m.sync_latency_s,
+        "wall_time_s": m.wall_time_s,
+    }
+
+
+def server_message_from_dict(message: dict[str, Any]) -> agent_pb2.ServerMessage:
+    """A bus message for a node (``{"assignment": {...}}``, ``{"cancel": {...}}``, ``{"drain": {...}}``)
+    as the ServerMessage it stands for. An assignment may carry its worker config as a dict under
+    ``worker_config`` instead of the JSON string ``worker_config_json``."""
+    kinds = [k for k in SERVER_MESSAGE_KINDS if k in message]
+    if len(kinds) != 1:
+        raise InvalidArgument(
+            f"node message must have exactly one of {SERVER_MESSAGE_KINDS}, got keys {sorted(message)}"
+        )
+    kind = kinds[0]
+    body = dict(message[kind] or {})
+    if kind == "assignment" and "worker_config" in body:
+        body["worker_config_json"] = json.dumps(body.pop("worker_config"), sort_keys=True)
+    out = agent_pb2.ServerMessage()
+    try:
+        json_format.ParseDict(body, getattr(out, kind), ignore_unknown_fields=True)
+    except json_format.ParseError as exc:
+        raise InvalidArgument(f"node message {kind}: {exc}") from exc
+    return out

@@ -1,0 +1,217 @@
+"""Nodes joining, re-joining and staying alive: the resource layer's write side.
+
+Functions take a session (the caller owns the transaction) or a ``ServerContext`` where they
+also need the bus. All are synchronous; the gRPC edge runs them with ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import case, select, update
+from sqlalchemy.orm import Session
+
+from orchestration.context import ServerContext
+from orchestration.db.base import utcnow
+from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Price, Provider, Region
+from orchestration.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
+from resource_layer.registration import DeviceReport, NodeRegistration, device_problems, validate_registration
+from resource_layer.tokens import consume_enrollment_token, new_node_token, token_matches
+
+DEFAULT_PROVIDER = "independent"
+
+
+def node_alive_key(node_id: str) -> str:
+    """The bus liveness key a node's heartbeats keep fresh (the reaper watches it expire)."""
+    return f"node.{node_id}.alive"
+
+
+def register_node(session: Session, reg: NodeRegistration, now: datetime | None = None) -> tuple[Node, str]:
+    """Validate, authenticate and upsert everything a registration declares; return the node and
+    its plaintext token (new on every registration: the previous one stops working).
+
+    First registration authenticates with an enrollment token (one use is counted). A node that
+    already holds credentials re-registers with them instead and keeps its id.
+    """
+    validate_registration(reg)  # before any read or write: a malformed request changes nothing
+    now = now or utcnow()
+    if reg.node_id:
+        node = authenticate_node(session, reg.node_id, reg.node_token)
+    else:
+        consume_enrollment_token(session, reg.enrollment_token, now)
+        node = None
+
+    region = _upsert_region(session, reg.region, reg.jurisdiction)
+    cluster = _upsert_cluster(session, region.name, reg.cluster, reg.provider, reg.intra_bandwidth_gbps)
+    if node is not None and node.cluster_id != cluster.id:
+        raise FailedPrecondition(
+            f"node {node.id} belongs to another cluster; register as a new node to move it"
+            f" to {reg.region}/{reg.cluster}",
+            node_id=node.id,
+        )
+    _record_price(session, cluster.id, reg.price_per_device_hour, reg.spot_price_per_device_hour or None, now)
+
+    plaintext, digest = new_node_token()
+    if node is None:
+        node = Node(cluster_id=cluster.id, registered_at=now)
+        session.add(node)
+    node.token_hash = digest
+    node.hostname = reg.hostname
+    node.advertise_host = reg.advertise_host
+    node.sync_port_min = reg.sync_port_min
+    node.sync_port_max = reg.sync_port_max
+    node.agent_version = reg.agent_version
+    if node.status == "lost":
+        node.status = "alive"
+    session.flush()
+    _upsert_accelerators(session, node.id, reg.devices)
+    return node, plaintext
+
+
+def authenticate_node(session: Session, node_id: str, node_token: str) -> Node:
+    """The node these credentials belong to. Unknown id and wrong token read the same."""
+    node = session.get(Node, node_id) if node_id else None
+    if node is None or not node_token or not token_matches(node_token, node.token_hash):
+        raise Unauthenticated("node credentials are invalid")
+    return node
+
+
+def mark_connected(ctx: ServerContext, node_id: str) -> str:
+    """A node opened its stream: it is alive now, whatever the reaper last concluded. Returns
+    the node's status (``alive`` or ``drained``)."""
+    ctx.bus.touch(node_alive_key(node_id), ctx.settings.node_lost_after_s)
+    with ctx.session_factory() as session, session.begin():
+        _touch_row(session, node_id, utcnow())
+        status = session.scalar(select(Node.status).where(Node.id == node_id))
+    if status is None:
+        raise NotFound(f"node {node_id} not found", node_id=node_id)
+    return status
+
+
+def heartbeat(ctx: ServerContext, node_id: str, persist: bool = True) -> None:
+    """Refresh the node's liveness key; with ``persist`` also record ``last_heartbeat_at``.
+
+    The key is the source of truth for liveness; the column is for people and snapshots, so the
+    caller throttles ``persist`` to keep the database out of every heartbeat.
+    """
+    ctx.bus.touch(node_alive_key(node_id), ctx.settings.node_lost_after_s)
+    if persist:
+        with ctx.session_factory() as session, session.begin():
+            _touch_row(session, node_id, utcnow())
+
+
+def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceReport]) -> None:
+    """Replace a node's device list with what it reports now (re-measured after a restart)."""
+    problems = device_problems(list(devices), where="inventory.devices")
+    if problems:
+        raise InvalidArgument("invalid inventory: " + "; ".join(problems), problems=problems)
+    _upsert_accelerators(session, node_id, tuple(devices))
+
+
+def _touch_row(session: Session, node_id: str, now: datetime) -> None:
+    # A lost node that speaks again is alive; a drained one stays drained.
+    session.execute(
+        update(Node)
+        .where(Node.id == node_id)
+        .values(
+            last_heartbeat_at=now,
+            status=case((Node.status == "lost", "alive"), else_=Node.status),
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+def _upsert_region(session: Session, name: str, jurisdiction: str) -> Region:
+    region = session.get(Region, name)
+    if region is None:
+        region = Region(name=name, jurisdiction=jurisdiction)
+        session.add(region)
+    elif jurisdiction and not region.jurisdiction:
+        region.jurisdiction = jurisdiction  # first declaration wins; later ones cannot move a region
+    return region
+
+
+def _upsert_cluster(
+    session: Session, region: str, name: str, provider: str, intra_bandwidth_gbps: float
+) -> Cluster:
+    cluster = session.scalar(select(Cluster).where(Cluster.region == region, Cluster.name == name))
+    if cluster is None:
+        provider_row = _upsert_provider(session, provider or DEFAULT_PROVIDER)
+        cluster = Cluster(region=region, name=name, provider_id=provider_row.id)
+        session.add(cluster)
+    elif provider:
+        owner = session.get(Provider, cluster.provider_id)
+        if owner is not None and owner.name != provider:
+            raise FailedPrecondition(
+                f"provider: cluster {region}/{name} belongs to provider {owner.name!r}, not {provider!r}",
+                cluster_id=cluster.id,
+            )
+    if intra_bandwidth_gbps > 0:
+        cluster.intra_bandwidth_gbps = intra_bandwidth_gbps
+    session.flush()
+    return cluster
+
+
+def _upsert_provider(session: Session, name: str) -> Provider:
+    provider = session.scalar(select(Provider).where(Provider.name == name))
+    if provider is None:
+        provider = Provider(name=name)
+        session.add(provider)
+        session.flush()
+    return provider
+
+
+def _record_price(session: Session, cluster_id: str, price: float, spot: float | None, now: datetime) -> None:
+    """Append a price row only when the price in force changes (the table is the price history)."""
+    current = session.scalar(
+        select(Price)
+        .where(Price.cluster_id == cluster_id)
+        .order_by(Price.effective_from.desc(), Price.id)
+        .limit(1)
+    )
+    if current is None or (current.price_per_device_hour, current.spot_price_per_device_hour) != (
+        price,
+        spot,
+    ):
+        session.add(
+            Price(
+                cluster_id=cluster_id,
+                price_per_device_hour=price,
+                spot_price_per_device_hour=spot,
+                effective_from=now,
+            )
+        )
+
+
+def _upsert_accelerators(session: Session, node_id: str, devices: tuple[DeviceReport, ...]) -> None:
+    existing = {
+        a.index: a for a in session.scalars(select(Accelerator).where(Accelerator.node_id == node_id))
+    }
+    for d in devices:
+        row = existing.pop(d.index, None)
+        if row is None:
+            row = Accelerator(node_id=node_id, index=d.index)
+            session.add(row)
+        row.model, row.kind = d.model, d.kind
+        row.memory_gb, row.measured_tflops = d.memory_gb, d.measured_tflops
+    if existing:
+        # Allocation rows keep their accelerator for the job's history, so a device that has
+        # ever been used cannot disappear from its node.
+        used = set(
+            session.scalars(
+                select(Allocation.accelerator_id).where(
+                    Allocation.accelerator_id.in_([a.id for a in existing.values()])
+                )
+            )
+        )
+        if used:
+            gone = sorted(a.index for a in existing.values() if a.id in used)
+            raise FailedPrecondition(
+                f"devices: device(s) {gone} have allocation history and cannot be removed from node"
+                f" {node_id}; register the changed machine as a new node",
+                node_id=node_id,
+            )
+        for row in existing.values():
+            session.delete(row)
+    session.flush()

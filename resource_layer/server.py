@@ -1,0 +1,51 @@
+"""The resource layer's gRPC server: AgentService plus the standard health and reflection services."""
+
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from orchestration.context import ServerContext
+from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from resource_layer.servicer import AgentServicer
+
+AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
+
+# Agents hold one stream open for hours: let them ping it through idle NATs and load balancers.
+SERVER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+class _HealthServicer(health.aio.HealthServicer):
+    """Starts with the given services SERVING: ``set`` is a coroutine, and the server is built
+    before the caller's loop necessarily runs."""
+
+    def __init__(self, services: tuple[str, ...]) -> None:
+        super().__init__()
+        for name in services:
+            self._server_status[name] = health_pb2.HealthCheckResponse.SERVING
+
+
+def build_grpc_server(
+    ctx: ServerContext, host: str, port: int, *, servicer: AgentServicer | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """A configured, bound, not yet started ``grpc.aio`` server and the port it bound (``port=0``
+    picks a free one). The caller runs ``await server.start()`` and ``await server.stop(grace)``."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer or AgentServicer(ctx), server)
+
+    health_pb2_grpc.add_HealthServicer_to_server(_HealthServicer(("", AGENT_SERVICE)), server)
+    reflection.enable_server_reflection(
+        (AGENT_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"gRPC server could not bind {host}:{port}")
+    return server, bound

@@ -1,0 +1,283 @@
+"""cpn.agent.v1 AgentService: converts wire messages and delegates to the domain; nothing else.
+
+One ``Connect`` stream per node. Two tasks feed one outbox the stream drains: a reader handling
+what the agent sends (heartbeats, inventory, task status, metrics, logs) and a forwarder relaying
+the node's bus channel (assignments, cancels, drain orders). A second stream for the same node
+supersedes the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from sqlalchemy.exc import IntegrityError
+
+from orchestration import reactions
+from orchestration.context import ServerContext
+from orchestration.errors import CpnError, InvalidArgument
+from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from resource_layer import registry
+from resource_layer.convert import (
+    device_from_proto,
+    metrics_to_dict,
+    registration_from_proto,
+    result_from_json,
+    server_message_from_dict,
+    task_state_name,
+)
+from resource_layer.grpc_errors import abort_with
+from resource_layer.registration import NodeRegistration
+
+log = logging.getLogger(__name__)
+
+
+def node_channel(node_id: str) -> str:
+    return f"node.{node_id}"
+
+
+def task_log_channel(assignment_id: str) -> str:
+    return f"task.{assignment_id}.log"
+
+
+class _End:
+    """Outbox sentinel: the stream should end (``status`` set when it must end in error)."""
+
+    def __init__(self, why: str, status: grpc.StatusCode | None = None) -> None:
+        self.why, self.status = why, status
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(
+        self, ctx: ServerContext, *, heartbeat_db_every_s: float | None = None, hello_timeout_s: float = 10.0
+    ) -> None:
+        self._ctx = ctx
+        # last_heartbeat_at is written at most this often; the reaper trusts it for a node whose
+        # liveness key it cannot see (a restarted in-process bus), so keep it well inside the TTL.
+        settings = ctx.settings
+        self._heartbeat_db_every_s = (
+            heartbeat_db_every_s
+            if heartbeat_db_every_s is not None
+            else max(settings.heartbeat_interval_s, settings.node_lost_after_s / 2)
+        )
+        self._hello_timeout_s = hello_timeout_s
+        self._streams: dict[str, asyncio.Queue[Any]] = {}  # node_id -> outbox of its live stream
+
+    # -- Register -------------------------------------------------------------------------------
+    async def Register(
+        self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.RegisterResponse:
+        try:
+            node_id, token, cluster_id = await asyncio.to_thread(
+                self._register, registration_from_proto(request)
+            )
+        except CpnError as exc:
+            await abort_with(context, exc)
+        except Exception:
+            log.exception("registration from %s/%s failed", request.region, request.cluster)
+            await context.abort(grpc.StatusCode.INTERNAL, "registration failed on the server; retry later")
+        log.info("node %s registered in %s/%s", node_id, request.region, request.cluster)
+        return agent_pb2.RegisterResponse(
+            node_id=node_id,
+            node_token=token,
+            cluster_id=cluster_id,
+            heartbeat_interval_s=self._ctx.settings.heartbeat_interval_s,
+        )
+
+    def _register(self, reg: NodeRegistration) -> tuple[str, str, str]:
+        for attempt in range(3):
+            try:
+                with self._ctx.session_factory() as session, session.begin():
+                    node, token = registry.register_node(session, reg)
+                    return node.id, token, node.cluster_id
+            except IntegrityError:
+                # Two first nodes of one new region or cluster raced to create it; the loser's
+                # transaction rolled back whole (token use included) and now finds the rows.
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    # -- Connect --------------------------------------------------------------------------------
+    async def Connect(
+        self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[agent_pb2.ServerMessage]:
+        hello = await self._read_hello(request_iterator, context)
+        node_id = hello.node_id
+        outbox: asyncio.Queue[Any] = asyncio.Queue()
+        previous = self._streams.get(node_id)
+        if previous is not None:
+            previous.put_nowait(_End("superseded by a newer stream from the same node"))
+        self._streams[node_id] = outbox
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            async with self._ctx.bus.subscribe(node_channel(node_id)) as subscription:
+                # Subscribed first, then read what is pending: an assignment dispatched in between
+                # arrives twice rather than never, and the agent ignores ids it already has. The
+                # node reads as alive only from here on, when it can be sent work.
+                try:
+                    status = await asyncio.to_thread(registry.mark_connected, self._ctx, node_id)
+                    pending = await asyncio.to_thread(reactions.pending_assignments, self._ctx, node_id)
+                except CpnError as exc:
+                    await abort_with(context, exc)
+                except Exception:
+                    log.exception("accepting the stream of node %s failed", node_id)
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE, "server could not accept the stream; retry"
+                    )
+                yield agent_pb2.ServerMessage(
+                    ack=agent_pb2.Ack(
+                        node_id=node_id, heartbeat_interval_s=self._ctx.settings.heartbeat_interval_s
+                    )
+                )
+                if status == "drained":  # a drained node stays drained across its agent's restarts
+                    yield agent_pb2.ServerMessage(drain=agent_pb2.Drain(reason="node is drained"))
+                running = set(hello.running_assignments)
+                for message in pending:
+                    wrapped = message if "assignment" in message else {"assignment": message}
+                    if wrapped["assignment"].get("assignment_id") in running:
+                        continue
+                    try:
+                        yield server_message_from_dict(wrapped)
+                    except CpnError as exc:
+                        log.error(
+                            "not re-sending a malformed assignment to node %s: %s", node_id, exc.message
+                        )
+                tasks.append(asyncio.create_task(self._read(node_id, request_iterator, outbox)))
+                tasks.append(asyncio.create_task(self._forward(node_id, subscription, outbox)))
+                log.info("node %s connected (running %d assignments)", node_id, len(running))
+                while True:
+                    item = await outbox.get()
+                    if isinstance(item, _End):
+                        log.info("node %s stream ends: %s", node_id, item.why)
+                        if item.status is not None:
+                            await context.abort(item.status, item.why)
+                        return
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            if self._streams.get(node_id) is outbox:
+                del self._streams[node_id]
+
+    async def _read_hello(
+        self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
+    ) -> agent_pb2.Hello:
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), self._hello_timeout_s)
+        except StopAsyncIteration:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "stream closed before Hello")
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no Hello within {self._hello_timeout_s:.0f}s of connecting",
+            )
+        if first.WhichOneof("kind") != "hello":
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"first message must be a Hello, got {first.WhichOneof('kind')}",
+            )
+        try:
+            await asyncio.to_thread(self._authenticate, first.hello.node_id, first.hello.node_token)
+        except CpnError as exc:
+            await abort_with(context, exc)
+        return first.hello
+
+    def _authenticate(self, node_id: str, node_token: str) -> None:
+        with self._ctx.session_factory() as session:
+            registry.authenticate_node(session, node_id, node_token)
+
+    async def _forward(
+        self, node_id: str, subscription: AsyncIterator[Any], outbox: asyncio.Queue[Any]
+    ) -> None:
+        try:
+            async for _channel, message in subscription:
+                try:
+                    outbox.put_nowait(server_message_from_dict(message))
+                except CpnError as exc:
+                    log.error("dropping malformed message for node %s: %s", node_id, exc.message)
+        except Exception:
+            log.exception("bus subscription for node %s failed", node_id)
+            outbox.put_nowait(_End("bus subscription failed; reconnect", grpc.StatusCode.UNAVAILABLE))
+
+    async def _read(
+        self,
+        node_id: str,
+        request_iterator: AsyncIterator[agent_pb2.AgentMessage],
+        outbox: asyncio.Queue[Any],
+    ) -> None:
+        last_persist = time.monotonic()  # mark_connected just wrote the row
+        try:
+            async for message in request_iterator:
+                kind = message.WhichOneof("kind")
+                if kind == "heartbeat":
+                    persist = time.monotonic() - last_persist >= self._heartbeat_db_every_s
+                    await asyncio.to_thread(registry.heartbeat, self._ctx, node_id, persist)
+                    if persist:
+                        last_persist = time.monotonic()
+                    continue
+                try:
+                    await self._handle(node_id, kind, message)
+                except CpnError as exc:
+                    # One bad message (e.g. status for a task this node no longer runs) must not
+                    # cut the node off; the control layer has already decided what it means.
+                    log.warning("node %s %s refused: %s", node_id, kind, exc.message)
+            outbox.put_nowait(_End("agent closed the stream"))
+        except grpc.aio.AioRpcError:
+            outbox.put_nowait(_End("agent went away"))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Most likely the database: end the stream so the agent reconnects and re-sends its
+            # tasks' final states, rather than losing them here.
+            log.exception("handling a message from node %s failed", node_id)
+            outbox.put_nowait(
+                _End("server failed to handle a message; reconnect", grpc.StatusCode.UNAVAILABLE)
+            )
+
+    async def _handle(self, node_id: str, kind: str | None, message: agent_pb2.AgentMessage) -> None:
+        ctx = self._ctx
+        if kind == "task_status":
+            s = message.task_status
+            await asyncio.to_thread(
+                reactions.on_task_status,
+                ctx,
+                node_id,
+                s.assignment_id,
+                task_state_name(s.state),
+                s.message,
+                s.exit_code,
+                result_from_json(s.result_json),
+            )
+        elif kind == "metrics":
+            m = message.metrics
+            await asyncio.to_thread(
+                reactions.on_task_metrics, ctx, node_id, m.assignment_id, metrics_to_dict(m)
+            )
+        elif kind == "log":
+            entry = message.log
+            ctx.bus.publish(
+                task_log_channel(entry.assignment_id),
+                {
+                    "log": {
+                        "node_id": node_id,
+                        "assignment_id": entry.assignment_id,
+                        "stream": entry.stream,
+                        "line": entry.line,
+                    }
+                },
+            )
+        elif kind == "inventory":
+            devices = [device_from_proto(d) for d in message.inventory.devices]
+            await asyncio.to_thread(self._update_inventory, node_id, devices)
+        elif kind == "hello":
+            raise InvalidArgument("hello: only the first message of a stream may be a Hello")
+        else:
+            raise InvalidArgument(f"unknown agent message kind {kind!r}")
+
+    def _update_inventory(self, node_id: str, devices: list[Any]) -> None:
+        with self._ctx.session_factory() as session, session.begin():
+            registry.update_inventory(session, node_id, devices)

@@ -1,0 +1,181 @@
+"""The agent's pure parts: settings parsing, worker command and environment, output parsing,
+the log budget, the outbox and the state file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from agent.devices import detect_devices, system_memory_bytes
+from agent.outbox import Outbox
+from agent.output import LineBudget, MetricsTracker, parse_prefixed
+from agent.settings import AgentSettings, DeviceRequest, parse_port_range
+from agent.state import AgentState, Credentials
+from agent.workers import Assignment, worker_command, worker_env
+from orchestration.errors import FailedPrecondition, InvalidArgument
+from proto.cpn.agent.v1 import agent_pb2
+
+
+def settings(**kw: object) -> AgentSettings:
+    base: dict[str, object] = {"server": "127.0.0.1:50051", "region": "eu-west", "cluster": "paris-1",
+                               "price_per_device_hour": 1.0}  # fmt: skip
+    return AgentSettings(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_device_request_parses_auto_and_cpu_slots() -> None:
+    assert DeviceRequest.parse("auto") == DeviceRequest(kind="auto")
+    assert DeviceRequest.parse("CPU:4") == DeviceRequest(kind="cpu", count=4)
+    for bad in ("cpu", "cpu:0", "cpu:-1", "gpu:2", "cpu:2000", ""):
+        with pytest.raises(InvalidArgument, match="--devices"):
+            DeviceRequest.parse(bad)
+
+
+def test_port_range() -> None:
+    assert parse_port_range("29600-29699") == (29600, 29699)
+    for bad in ("29600", "29700-29600", "80-90", "60000-70000", "a-b"):
+        with pytest.raises(InvalidArgument, match="--sync-ports"):
+            parse_port_range(bad)
+
+
+def test_settings_name_the_bad_field() -> None:
+    s = settings(devices="cpu:2", sync_ports="30000-30010")
+    assert s.devices.count == 2 and s.sync_ports == (30000, 30010)
+    assert s.effective_state_file == Path("./cpn-agent/agent-state.json")
+    for field, value in [("server", "no-port"), ("region", "EU"), ("cluster", ""), ("devices", "tpu:1"),
+                         ("price_per_device_hour", -1), ("sync_ports", "1-2")]:  # fmt: skip
+        with pytest.raises(ValidationError) as err:
+            settings(**{field: value})
+        assert err.value.errors()[0]["loc"] == (field,)
+
+
+def assignment(config: dict[str, object], devices: tuple[int, ...] = (0, 1)) -> Assignment:
+    return Assignment.from_proto(
+        agent_pb2.Assignment(
+            assignment_id="a1", job_id="j1", attempt=1, device_indices=list(devices), nproc=len(devices),
+            worker_config_json=json.dumps(config),
+        )
+    )  # fmt: skip
+
+
+def test_normal_path_is_torchrun_over_the_training_worker(tmp_path: Path) -> None:
+    a = assignment({"job_id": "j1", "training": {"steps": 7}})
+    cmd = worker_command(a, tmp_path / "cfg.json", allow_override=False)
+    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   "-m", "training.worker", "--config", str(tmp_path / "cfg.json")]  # fmt: skip
+    assert a.total_steps == 7
+
+
+def test_command_override_only_where_allowed(tmp_path: Path) -> None:
+    a = assignment({"command": ["echo", "hi"]})
+    assert worker_command(a, tmp_path / "c.json", allow_override=True) == ["echo", "hi"]
+    with pytest.raises(InvalidArgument, match="does not allow command overrides"):
+        worker_command(a, tmp_path / "c.json", allow_override=False)
+    with pytest.raises(InvalidArgument, match="non-empty list of strings"):
+        worker_command(assignment({"command": "echo hi"}), tmp_path / "c.json", allow_override=True)
+
+
+def test_worker_env_pins_devices(tmp_path: Path) -> None:
+    a = assignment({}, devices=(2, 3))
+    cuda = worker_env({"PATH": "/bin"}, a, device_kind="cuda", config_path=tmp_path / "c.json")
+    assert cuda["CUDA_VISIBLE_DEVICES"] == "2,3" and "OMP_NUM_THREADS" not in cuda
+    assert cuda["CPN_WORKER_CONFIG"] == str(tmp_path / "c.json") and cuda["PATH"] == "/bin"
+    cpu = worker_env({}, a, device_kind="cpu", config_path=tmp_path / "c.json")
+    assert cpu["OMP_NUM_THREADS"] == "1" and cpu["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.parametrize(
+    ("json_text", "nproc", "reason"),
+    [("not json", 1, "not JSON"), ("[1]", 1, "must be a JSON object"), ("{}", 0, "nproc: must be >= 1")],
+)
+def test_malformed_assignment_is_refused(json_text: str, nproc: int, reason: str) -> None:
+    with pytest.raises(InvalidArgument, match=reason):
+        Assignment.from_proto(
+            agent_pb2.Assignment(assignment_id="a", nproc=nproc, worker_config_json=json_text)
+        )
+
+
+def test_prefixed_lines() -> None:
+    assert parse_prefixed('CPN_METRIC {"step": 1}', "CPN_METRIC ") == {"step": 1}
+    assert parse_prefixed("CPN_METRIC {broken", "CPN_METRIC ") is None
+    assert parse_prefixed("CPN_METRIC [1]", "CPN_METRIC ") is None
+    assert parse_prefixed("hello", "CPN_METRIC ") is None
+
+
+def test_metrics_tracker_keeps_running_wan_totals_and_maps_names() -> None:
+    t = MetricsTracker(total_steps=10)
+    t.update({"step": 1, "loss": 3.0, "compute_util": 0.4, "wall_s": 0.2,
+              "sync": {"bytes_sent": {"a": 100, "b": 50}, "bytes_recv": 30, "latency_s": 0.5}})  # fmt: skip
+    m = t.update({"step": 2, "loss": 2.5, "sync": {"bytes_sent": {"a": 10}}})
+    assert m == {"step": 2, "total_steps": 10, "loss": 2.5, "tokens_per_s": 0.0, "compute_utilization": 0.0,
+                 "wan_bytes_sent": 160, "wan_bytes_recv": 30, "sync_latency_s": 0.0,
+                 "wall_time_s": 0.0}  # fmt: skip
+    assert t.update({"step": 3, "wan_bytes_sent": 7, "total_steps": 12})["wan_bytes_sent"] == 7
+    assert t.update({"step": "x"})["step"] == 0  # garbage is zero, never a crash
+
+
+def test_line_budget_drops_over_rate_and_counts_them() -> None:
+    b = LineBudget(rate=10.0, burst=3)
+    assert [b.admit(0.0)[0] for _ in range(5)] == [True, True, True, False, False]
+    assert b.admit(0.05) == (False, 0)  # half a token so far
+    assert b.admit(0.2) == (True, 3)  # one token back: forwarded, three were dropped before it
+
+
+def test_outbox_sends_control_before_bulk_and_bounds_bulk() -> None:
+    async def run() -> list[str]:
+        box = Outbox(bulk_limit=2)
+        for i in range(3):
+            box.put(agent_pb2.AgentMessage(log=agent_pb2.TaskLog(line=str(i))))
+        box.put(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=1)))
+        box.put(agent_pb2.AgentMessage(task_status=agent_pb2.TaskStatus(assignment_id="a")))
+        box.drop_heartbeats()
+        box.close()
+        out = []
+        while (m := await box.get()) is not None:
+            out.append(m.WhichOneof("kind") + (":" + m.log.line if m.HasField("log") else ""))
+        return out
+
+    assert asyncio.run(run()) == ["task_status", "log:1", "log:2"]
+
+
+def test_state_file_roundtrip_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "state.json"
+    assert AgentState.load(path) == AgentState()
+    creds = Credentials("h:1", "eu-west", "paris-1", "n1", "tok", "c1")
+    AgentState(credentials=creds, workers={"a": {"pgid": 5, "dir": "/x"}}).save(path)
+    loaded = AgentState.load(path)
+    assert loaded.credentials == creds and loaded.workers == {"a": {"pgid": 5, "dir": "/x"}}
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert creds.fits("h:1", "eu-west", "paris-1") and not creds.fits("h:1", "eu-west", "other")
+    path.write_text("{oops")
+    with pytest.raises(ValueError, match="remove it to register afresh"):
+        AgentState.load(path)
+
+
+def test_cpu_slots_are_measured_quickly() -> None:
+    import torch  # noqa: F401 - imported before the clock starts: the budget is for measuring
+
+    start = time.perf_counter()
+    devices = detect_devices(DeviceRequest.parse("cpu:3"))
+    assert time.perf_counter() - start < 2.0
+    assert [d.index for d in devices] == [0, 1, 2]
+    assert all(
+        d.kind == "cpu" and d.model == "cpu" and d.memory_gb > 0 and d.measured_tflops > 0 for d in devices
+    )
+    assert devices[0].memory_gb * 3 <= system_memory_bytes() / 1024**3
+
+
+def test_auto_finds_cuda_devices_or_says_how_to_declare_cpu_slots() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        devices = detect_devices(DeviceRequest.parse("auto"))
+        assert devices and all(d.kind == "cuda" and d.measured_tflops > 0 for d in devices)
+    else:
+        with pytest.raises(FailedPrecondition, match="--devices cpu:N"):
+            detect_devices(DeviceRequest.parse("auto"))

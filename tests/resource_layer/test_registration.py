@@ -1,0 +1,306 @@
+"""Register over a real gRPC server on loopback, against a real database (SQLite, and PostgreSQL)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import grpc
+import pytest
+from sqlalchemy import func, select
+
+from orchestration.context import ServerContext
+from orchestration.db.base import utcnow
+from orchestration.db.models import Accelerator, Cluster, EnrollmentToken, Node, Price, Provider, Region
+from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from resource_layer.tokens import hash_token
+from tests.resource_layer.harness import GrpcServerThread, enrollment_token, sqlite_context
+
+Stub = agent_pb2_grpc.AgentServiceStub
+# Backend-independent behaviour: SQLite only (the shared fixtures also run PostgreSQL + Redis).
+SQLITE_ONLY = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
+@pytest.fixture
+def server(ctx: ServerContext) -> Iterator[GrpcServerThread]:
+    srv = GrpcServerThread(ctx).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def stub(server: GrpcServerThread) -> Iterator[agent_pb2_grpc.AgentServiceStub]:
+    with grpc.insecure_channel(server.target) as channel:
+        yield agent_pb2_grpc.AgentServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerContext, Stub]]:
+    """One SQLite server for the many malformed-request cases (validation runs before any query)."""
+    ctx = sqlite_context(tmp_path_factory.mktemp("shared"))
+    srv = GrpcServerThread(ctx).start()
+    with grpc.insecure_channel(srv.target) as channel:
+        yield ctx, agent_pb2_grpc.AgentServiceStub(channel)
+    srv.stop()
+
+
+def request(token: str, **overrides: Any) -> agent_pb2.RegisterRequest:
+    fields: dict[str, Any] = {
+        "enrollment_token": token,
+        "region": "eu-west",
+        "cluster": "paris-1",
+        "provider": "lumen",
+        "hostname": "node-a",
+        "price_per_device_hour": 1.2,
+        "spot_price_per_device_hour": 0.5,
+        "agent_version": "test",
+        "advertise_host": "127.0.0.1",
+        "sync_port_min": 29600,
+        "sync_port_max": 29699,
+        "intra_bandwidth_gbps": 50.0,
+        "jurisdiction": "EU",
+        "devices": [
+            agent_pb2.Device(index=0, model="cpu", memory_gb=4.0, measured_tflops=0.05, kind="cpu"),
+            agent_pb2.Device(index=1, model="cpu", memory_gb=4.0, measured_tflops=0.05, kind="cpu"),
+        ],
+    }
+    fields.update(overrides)
+    return agent_pb2.RegisterRequest(**fields)
+
+
+def counts(ctx: ServerContext) -> dict[str, int]:
+    with ctx.session_factory() as s:
+        return {
+            m.__tablename__: s.scalar(select(func.count()).select_from(m)) or 0
+            for m in (Region, Provider, Cluster, Node, Accelerator, Price)
+        }
+
+
+def token_uses(ctx: ServerContext, token: str) -> int:
+    with ctx.session_factory() as s:
+        return (
+            s.scalar(select(EnrollmentToken.uses).where(EnrollmentToken.token_hash == hash_token(token))) or 0
+        )
+
+
+def test_registration_upserts_the_whole_resource_tree(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    token = enrollment_token(ctx, max_uses=2)
+    resp = stub.Register(request(token), timeout=10)
+    assert resp.node_id and resp.node_token.startswith("cpn_node_") and resp.cluster_id
+    assert resp.heartbeat_interval_s == ctx.settings.heartbeat_interval_s
+
+    with ctx.session_factory() as s:
+        node = s.get(Node, resp.node_id)
+        assert node is not None
+        assert node.token_hash == hash_token(resp.node_token) and resp.node_token not in node.token_hash
+        assert (node.hostname, node.advertise_host, node.sync_port_min, node.sync_port_max, node.status) == (
+            "node-a",
+            "127.0.0.1",
+            29600,
+            29699,
+            "alive",
+        )
+        cluster = s.get(Cluster, resp.cluster_id)
+        assert cluster is not None and (cluster.region, cluster.name, cluster.intra_bandwidth_gbps) == (
+            "eu-west",
+            "paris-1",
+            50.0,
+        )
+        assert s.get(Provider, cluster.provider_id).name == "lumen"  # type: ignore[union-attr]
+        assert s.get(Region, "eu-west").jurisdiction == "EU"  # type: ignore[union-attr]
+        accs = s.scalars(
+            select(Accelerator).where(Accelerator.node_id == node.id).order_by(Accelerator.index)
+        ).all()
+        assert [(a.index, a.model, a.kind, a.memory_gb, a.measured_tflops) for a in accs] == [
+            (0, "cpu", "cpu", 4.0, 0.05),
+            (1, "cpu", "cpu", 4.0, 0.05),
+        ]
+        prices = s.scalars(select(Price).where(Price.cluster_id == cluster.id)).all()
+        assert [(p.price_per_device_hour, p.spot_price_per_device_hour) for p in prices] == [(1.2, 0.5)]
+    assert token_uses(ctx, token) == 1
+
+    # A second node in the same cluster at the same price: no new region, cluster or price row.
+    second = stub.Register(request(token, hostname="node-b", spot_price_per_device_hour=0.5), timeout=10)
+    assert second.cluster_id == resp.cluster_id and second.node_id != resp.node_id
+    assert counts(ctx) == {
+        "regions": 1,
+        "providers": 1,
+        "clusters": 1,
+        "nodes": 2,
+        "accelerators": 4,
+        "prices": 1,
+    }
+
+
+def test_reregistration_keeps_the_node_and_records_a_price_change(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    token = enrollment_token(ctx, max_uses=1)
+    first = stub.Register(request(token), timeout=10)
+    # Node credentials instead of the (now used-up) enrollment token; one device more, a new price.
+    devices = [
+        agent_pb2.Device(index=i, model="cpu", memory_gb=2.0, measured_tflops=0.07, kind="cpu")
+        for i in range(3)
+    ]
+    again = stub.Register(
+        request(
+            "", node_id=first.node_id, node_token=first.node_token, price_per_device_hour=0.9, devices=devices
+        ),
+        timeout=10,
+    )
+    assert again.node_id == first.node_id and again.node_token != first.node_token
+    with ctx.session_factory() as s:
+        accs = s.scalars(select(Accelerator).where(Accelerator.node_id == first.node_id)).all()
+        assert sorted((a.index, a.memory_gb, a.measured_tflops) for a in accs) == [
+            (0, 2.0, 0.07),
+            (1, 2.0, 0.07),
+            (2, 2.0, 0.07),
+        ]
+        prices = s.scalars(select(Price).order_by(Price.effective_from)).all()
+        assert [p.price_per_device_hour for p in prices] == [1.2, 0.9]
+    # The old node token stopped working.
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Register(request("", node_id=first.node_id, node_token=first.node_token), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def _device(**kw: Any) -> agent_pb2.Device:
+    base: dict[str, Any] = {
+        "index": 0,
+        "model": "cpu",
+        "memory_gb": 4.0,
+        "measured_tflops": 0.05,
+        "kind": "cpu",
+    }
+    return agent_pb2.Device(**{**base, **kw})
+
+
+MALFORMED: list[tuple[str, dict[str, Any], str]] = [
+    ("empty region", {"region": ""}, "region: must match"),
+    ("upper-case region", {"region": "EU-West"}, "region: must match"),
+    ("region with a space", {"region": "eu west"}, "region: must match"),
+    ("region too long", {"region": "a" * 64}, "region: must match"),
+    ("empty cluster", {"cluster": ""}, "cluster: must match"),
+    ("cluster starting with '-'", {"cluster": "-paris"}, "cluster: must match"),
+    ("no devices", {"devices": []}, "devices: at least one device is required"),
+    ("zero memory", {"devices": [_device(memory_gb=0)]}, "devices[0].memory_gb: must be a finite number > 0"),
+    ("negative memory", {"devices": [_device(memory_gb=-1)]}, "devices[0].memory_gb"),
+    ("zero tflops", {"devices": [_device(measured_tflops=0)]}, "devices[0].measured_tflops: must be"),
+    ("NaN tflops", {"devices": [_device(measured_tflops=float("nan"))]}, "devices[0].measured_tflops"),
+    ("unknown device kind", {"devices": [_device(kind="tpu")]}, "devices[0].kind: must be one of cuda, cpu"),
+    ("empty device model", {"devices": [_device(model="")]}, "devices[0].model"),
+    ("duplicate device index", {"devices": [_device(), _device()]}, "devices[1].index: duplicate"),
+    (
+        "negative price",
+        {"price_per_device_hour": -0.01},
+        "price_per_device_hour: must be a finite number >= 0",
+    ),
+    ("infinite price", {"price_per_device_hour": float("inf")}, "price_per_device_hour"),
+    ("negative spot price", {"spot_price_per_device_hour": -1}, "spot_price_per_device_hour"),
+    ("inverted sync ports", {"sync_port_min": 29700, "sync_port_max": 29600}, "sync_port_min/sync_port_max"),
+    ("privileged sync ports", {"sync_port_min": 80, "sync_port_max": 90}, "sync_port_min/sync_port_max"),
+    ("missing sync ports", {"sync_port_min": 0, "sync_port_max": 0}, "sync_port_min/sync_port_max"),
+    ("sync port past 65535", {"sync_port_min": 60000, "sync_port_max": 70000}, "sync_port_min/sync_port_max"),
+    ("empty advertise host", {"advertise_host": ""}, "advertise_host"),
+    ("lower-case jurisdiction", {"jurisdiction": "eu"}, "jurisdiction"),
+    ("negative bandwidth", {"intra_bandwidth_gbps": -5}, "intra_bandwidth_gbps"),
+    ("node id without token", {"node_id": "abc"}, "node_id/node_token"),
+]
+
+
+@pytest.mark.parametrize(("case", "overrides", "reason"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_registration_is_refused_with_the_reason_and_writes_nothing(
+    shared: tuple[ServerContext, Stub], case: str, overrides: dict[str, Any], reason: str
+) -> None:
+    ctx, stub = shared
+    token = enrollment_token(ctx)
+    before = counts(ctx)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Register(request(token, **overrides), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, case
+    assert reason in err.value.details()
+    assert counts(ctx) == before
+    assert token_uses(ctx, token) == 0
+
+
+@SQLITE_ONLY
+def test_every_problem_is_reported_at_once(ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Register(
+            request(enrollment_token(ctx), region="", devices=[], price_per_device_hour=-1), timeout=10
+        )
+    details = err.value.details()
+    assert all(f in details for f in ("region:", "devices:", "price_per_device_hour:"))
+
+
+def _expired(ctx: ServerContext) -> str:
+    token = enrollment_token(ctx, ttl_s=60)
+    with ctx.session_factory() as s, s.begin():
+        row = s.scalars(select(EnrollmentToken).where(EnrollmentToken.token_hash == hash_token(token))).one()
+        row.expires_at = utcnow() - timedelta(seconds=1)
+    return token
+
+
+BAD_TOKENS: list[tuple[str, Callable[[ServerContext], str]]] = [
+    ("unknown", lambda ctx: "cpn_enroll_not-a-real-token"),
+    ("empty", lambda ctx: ""),
+    ("expired", _expired),
+]
+
+
+@pytest.mark.parametrize(("case", "make"), BAD_TOKENS, ids=[b[0] for b in BAD_TOKENS])
+@SQLITE_ONLY
+def test_bad_token_is_unauthenticated(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub, case: str, make: Callable[[ServerContext], str]
+) -> None:
+    token = make(ctx)
+    before = counts(ctx)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Register(request(token), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, case
+    assert counts(ctx) == before
+
+
+@SQLITE_ONLY
+def test_used_up_token_is_unauthenticated(ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub) -> None:
+    token = enrollment_token(ctx, max_uses=1)
+    stub.Register(request(token), timeout=10)
+    before = counts(ctx)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Register(request(token, hostname="node-b"), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert counts(ctx) == before and token_uses(ctx, token) == 1
+
+
+@SQLITE_ONLY
+def test_cluster_of_another_provider_is_a_failed_precondition(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    token = enrollment_token(ctx, max_uses=2)
+    stub.Register(request(token), timeout=10)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Register(request(token, provider="someone-else"), timeout=10)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "belongs to provider 'lumen'" in err.value.details()
+    assert token_uses(ctx, token) == 1  # the refused attempt's use was rolled back
+
+
+@SQLITE_ONLY
+def test_health_and_reflection_are_on(server: GrpcServerThread) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(server.target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "cpn.agent.v1.AgentService"):
+            status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+            assert status == health_pb2.HealthCheckResponse.SERVING
+        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = refl.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
+        names = {s.name for r in replies for s in r.list_services_response.service}
+        assert "cpn.agent.v1.AgentService" in names
