@@ -24,7 +24,7 @@ class Settings(BaseSettings):
     heartbeat_interval_s: float = Field(2.0, gt=0)
     heartbeat_misses: int = Field(3, ge=1, description="Missed heartbeats before a node is lost")
     max_job_retries: int = Field(2, ge=0)
-    secret_key: str = Field(_DEV_SECRET, description="Signs node credentials; must be set outside development")
+    secret_key: str = Field(_DEV_SECRET, description="Signs dashboard sessions; required outside development")
     admin_api_key: str | None = Field(None, description="Bootstrap admin API key (created at start if set)")
     public_url: str | None = Field(None, description="URL shown to users for the dashboard")
 

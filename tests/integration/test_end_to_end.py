@@ -76,7 +76,8 @@ def launch(handle: ServerHandle, client: httpx.Client, specs: list[LocalAgent], 
     regions = [s.region for s in specs]
     for i, a in enumerate(regions):  # links as a provider declares them
         for b in regions[i + 1 :]:
-            link = {"src": a, "dst": b, "bandwidth_gbps": 1.0, "latency_ms": 40.0, "egress_price_per_gb": 0.02}
+            link = {"src": a, "dst": b, "bandwidth_gbps": 1.0, "latency_ms": 40.0}
+            link["egress_price_per_gb"] = 0.02
             client.put("/v1/links", json=link).raise_for_status()
     return procs
 
