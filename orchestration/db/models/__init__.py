@@ -2,6 +2,7 @@
 
 from orchestration.db.models.events import Event
 from orchestration.db.models.jobs import Allocation, Job, Quote, Task, TaskMetric
+from orchestration.db.models.ledger import LedgerEntry
 from orchestration.db.models.resources import (
     Accelerator,
     Cluster,
@@ -22,6 +23,7 @@ __all__ = [
     "EnrollmentToken",
     "Event",
     "Job",
+    "LedgerEntry",
     "Link",
     "Node",
     "Price",

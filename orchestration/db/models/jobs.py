@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, String, text
+from sqlalchemy import BigInteger, ForeignKey, Index, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from orchestration.db.base import Base, new_id, utcnow
@@ -33,6 +33,7 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
     option: Mapped[dict[str, Any] | None] = mapped_column(default=None)  # accepted PlanOption JSON
     choice: Mapped[str] = mapped_column(String(16), default="cheapest")  # how the option was chosen
+    quote_id: Mapped[str | None] = mapped_column(ForeignKey("quotes.id"), default=None)
     attempt: Mapped[int] = mapped_column(default=0)
     reason: Mapped[str] = mapped_column(String(2000), default="")
     estimated_duration_s: Mapped[float | None] = mapped_column(default=None)
@@ -62,6 +63,9 @@ class Task(Base):
     placement: Mapped[list[Any]]  # the plan's {dp_rank, pp_stage, tp_rank, ...} entries on this node
     worker_config: Mapped[dict[str, Any]]
     sync_port: Mapped[int | None] = mapped_column(default=None)
+    # Prices in force when the task was placed: the ledger charges these, not later price changes.
+    price_per_device_hour: Mapped[float] = mapped_column(default=0.0)
+    egress_price_per_gb: Mapped[float] = mapped_column(default=0.0)
     exit_code: Mapped[int | None] = mapped_column(default=None)
     message: Mapped[str] = mapped_column(String(2000), default="")
     last_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
@@ -105,9 +109,10 @@ class TaskMetric(Base):
     task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
     region: Mapped[str] = mapped_column(String(64))
     step: Mapped[int]
-    loss: Mapped[float]
+    loss: Mapped[float | None]  # None when the worker reported a non-finite loss
     tokens_per_s: Mapped[float] = mapped_column(default=0.0)
     compute_utilization: Mapped[float] = mapped_column(default=0.0)
-    wan_bytes_sent: Mapped[int] = mapped_column(default=0)
-    wan_bytes_recv: Mapped[int] = mapped_column(default=0)
+    # Cumulative bytes this task's leader sent/received over the WAN since it started (can exceed 2^31).
+    wan_bytes_sent: Mapped[int] = mapped_column(BigInteger, default=0)
+    wan_bytes_recv: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

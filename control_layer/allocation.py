@@ -1,0 +1,215 @@
+"""Reserve a plan option's devices and create its tasks, all in the caller's ONE transaction.
+
+Two jobs can never hold the same device: the rows are inserted under the partial unique index on
+``allocations(accelerator_id) WHERE active``. Before inserting, the option's nodes and accelerators
+are locked (``SELECT ... FOR UPDATE`` on PostgreSQL, in id order so allocators cannot deadlock;
+SQLite transactions are ``BEGIN IMMEDIATE`` and so already serial) and re-checked against what
+is allocated now. Anything stale raises ``AllocationConflict``: the caller re-plans on a fresh
+snapshot.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from control_layer.planner.plan_types import PlannedTask, PlanOption
+from control_layer.planner.spec import JobSpec
+from control_layer.snapshot import current_prices
+from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
+from orchestration.db.base import utcnow
+from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Task
+from orchestration.errors import CpnError
+from orchestration.lifecycle import TASK_ACTIVE
+
+
+class AllocationConflict(CpnError):
+    """The option no longer fits the fleet (device taken, node gone, ports used): plan again."""
+
+    code = "allocation_conflict"
+    http_status = 409
+    grpc_status = "ABORTED"
+
+
+def allocate(session: Session, job: Job, spec: JobSpec, option: PlanOption, attempt: int) -> list[Task]:
+    """Lock, re-check and reserve; create one Task per node with its worker config. Flushes, so a
+    unique-index violation surfaces here as AllocationConflict (the caller rolls back)."""
+    groups = group_by_node(option)
+    nodes = _lock_nodes(session, sorted(groups))
+    for node_id, entries in groups.items():
+        node = nodes[node_id]
+        wanted = {e.cluster for e in entries}
+        if wanted != {node.cluster_id}:
+            raise AllocationConflict(f"node {node_id} is in cluster {node.cluster_id}, not {sorted(wanted)}")
+    accelerators = _lock_accelerators(session, groups)
+    busy = set(
+        session.scalars(
+            select(Allocation.accelerator_id).where(
+                Allocation.active.is_(True),
+                Allocation.accelerator_id.in_([a.id for a in accelerators.values()]),
+            )
+        )
+    )
+    if busy:
+        taken = sorted(f"{a.node_id}:{a.index}" for a in accelerators.values() if a.id in busy)
+        raise AllocationConflict(f"devices already allocated: {', '.join(taken)}")
+
+    clusters = {
+        c.id: c
+        for c in session.scalars(
+            select(Cluster).where(Cluster.id.in_({n.cluster_id for n in nodes.values()}))
+        )
+    }
+    multi = len(groups) > 1
+    ports = _assign_sync_ports(session, nodes.values()) if multi else {}
+    slots = [
+        TaskSlot(
+            node_id=node_id,
+            cluster_id=nodes[node_id].cluster_id,
+            cluster_name=clusters[nodes[node_id].cluster_id].name,
+            region=clusters[nodes[node_id].cluster_id].region,
+            host=nodes[node_id].advertise_host,
+            sync_port=ports.get(node_id),
+            entries=tuple(entries),
+        )
+        for node_id, entries in groups.items()
+    ]
+    configs = build_worker_configs(job.id, spec, option, slots)
+    prices = current_prices(session, list(clusters))
+    egress = _egress_prices(session, {s.region for s in slots})
+
+    tasks: list[Task] = []
+    for slot in slots:
+        price = prices.get(slot.cluster_id)
+        if price is None:
+            raise AllocationConflict(f"cluster {slot.cluster_id} has no price in force")
+        unit = price.price_per_device_hour
+        if option.spot and price.spot_price_per_device_hour is not None:
+            unit = price.spot_price_per_device_hour
+        task = Task(
+            job_id=job.id,
+            attempt=attempt,
+            cluster_id=slot.cluster_id,
+            node_id=slot.node_id,
+            region=slot.region,
+            status="pending",
+            device_indices=slot.device_indices,
+            placement=[e.model_dump(mode="json") for e in slot.entries],
+            worker_config=validate_worker_config(configs[slot.node_id]),
+            sync_port=slot.sync_port,
+            price_per_device_hour=unit,
+            egress_price_per_gb=egress(slot.region),
+        )
+        session.add(task)
+        tasks.append(task)
+    session.flush()  # task ids, for the allocation rows
+    for task in tasks:
+        for index in task.device_indices:
+            session.add(
+                Allocation(
+                    job_id=job.id, task_id=task.id, accelerator_id=accelerators[(task.node_id, index)].id
+                )
+            )
+    try:
+        session.flush()
+    except IntegrityError as exc:
+        raise AllocationConflict(f"a device was allocated concurrently: {exc.orig}") from exc
+    return tasks
+
+
+def release(session: Session, job_id: str, task_ids: list[str] | None = None) -> int:
+    """Deactivate the job's active allocations (of ``task_ids`` only, if given); returns how many."""
+    stmt = (
+        update(Allocation)
+        .where(Allocation.job_id == job_id, Allocation.active.is_(True))
+        .values(active=False, released_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    if task_ids is not None:
+        stmt = stmt.where(Allocation.task_id.in_(task_ids))
+    return session.execute(stmt).rowcount or 0
+
+
+def _lock_nodes(session: Session, node_ids: list[str]) -> dict[str, Node]:
+    rows = session.scalars(
+        select(Node).where(Node.id.in_(node_ids)).order_by(Node.id).with_for_update()
+    ).all()
+    nodes = {n.id: n for n in rows}
+    for node_id in node_ids:
+        node = nodes.get(node_id)
+        if node is None:
+            raise AllocationConflict(f"node {node_id} no longer exists")
+        if node.status != "alive":
+            raise AllocationConflict(f"node {node_id} is {node.status}")
+    return nodes
+
+
+def _lock_accelerators(
+    session: Session, groups: dict[str, list[PlannedTask]]
+) -> dict[tuple[str, int], Accelerator]:
+    rows = session.scalars(
+        select(Accelerator)
+        .where(Accelerator.node_id.in_(list(groups)))
+        .order_by(Accelerator.id)
+        .with_for_update()
+    ).all()
+    by_key = {(a.node_id, a.index): a for a in rows}
+    wanted: dict[tuple[str, int], Accelerator] = {}
+    for node_id, entries in groups.items():
+        for e in entries:
+            acc = by_key.get((node_id, e.device))
+            if acc is None:
+                raise AllocationConflict(f"node {node_id} has no device {e.device} any more")
+            if (node_id, e.device) in wanted:
+                raise AllocationConflict(f"option places two ranks on device {e.device} of node {node_id}")
+            wanted[(node_id, e.device)] = acc
+    return wanted
+
+
+def _assign_sync_ports(session: Session, nodes: Iterable[Node]) -> dict[str, int]:
+    """A port of each node's declared range not held by another active task on it, going round the
+    range from the last one handed out (a just-cancelled worker may still be releasing its port).
+    The node rows are locked, so two placements on one node cannot pick the same port."""
+    ports: dict[str, int] = {}
+    for node in nodes:
+        low, high = node.sync_port_min, node.sync_port_max
+        if low <= 0 or high < low:
+            continue  # no range declared: worker_config refuses multi-node jobs on it, naming the node
+        used = set(
+            session.scalars(
+                select(Task.sync_port).where(
+                    Task.node_id == node.id, Task.status.in_(TASK_ACTIVE), Task.sync_port.is_not(None)
+                )
+            )
+        )
+        last = session.scalar(
+            select(Task.sync_port)
+            .where(Task.node_id == node.id, Task.sync_port.is_not(None))
+            .order_by(Task.created_at.desc(), Task.id.desc())
+            .limit(1)
+        )
+        start = last + 1 if last is not None and low <= last < high else low
+        order = [*range(start, high + 1), *range(low, start)]
+        free = next((p for p in order if p not in used), None)
+        if free is None:
+            raise AllocationConflict(f"node {node.id}: all sync ports {low}-{high} are in use")
+        ports[node.id] = free
+    return ports
+
+
+def _egress_prices(session: Session, regions: set[str]) -> Callable[[str], float]:
+    """Per region of the job: mean egress price of its links to the job's other regions."""
+    price: dict[tuple[str, str], float] = {}
+    for link in session.scalars(select(Link).where(Link.src.in_(regions), Link.dst.in_(regions))):
+        price[(link.src, link.dst)] = link.egress_price_per_gb
+    for (src, dst), p in list(price.items()):
+        price.setdefault((dst, src), p)  # a lone direction serves both ways, as in the snapshot
+    per_region: dict[str, float] = defaultdict(float)
+    for region in regions:
+        others = [price.get((region, o), 0.0) for o in regions if o != region]
+        per_region[region] = sum(others) / len(others) if others else 0.0
+    return lambda region: per_region[region]

@@ -1,0 +1,39 @@
+"""Messages for a node's stream, shaped like ``cpn.agent.v1.ServerMessage`` (proto field names)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from orchestration.bus.base import Bus
+from orchestration.db.models import Task
+from orchestration.events import node_channel, publish_after_commit
+
+
+def assignment_message(task: Task) -> dict[str, Any]:
+    return {
+        "assignment": {
+            "assignment_id": task.id,
+            "job_id": task.job_id,
+            "attempt": task.attempt,
+            "device_indices": list(task.device_indices),
+            "nproc": len(task.device_indices),
+            "worker_config_json": json.dumps(task.worker_config, sort_keys=True),
+        }
+    }
+
+
+def cancel_message(task: Task, reason: str) -> dict[str, Any]:
+    return {"cancel": {"assignment_id": task.id, "reason": reason}}
+
+
+def dispatch(session: Session, bus: Bus, task: Task) -> None:
+    """Send the task to its node once the placing transaction commits."""
+    task.status = "dispatched"
+    publish_after_commit(session, bus, node_channel(task.node_id), assignment_message(task))
+
+
+def send_cancel(session: Session, bus: Bus, task: Task, reason: str) -> None:
+    publish_after_commit(session, bus, node_channel(task.node_id), cancel_message(task, reason))

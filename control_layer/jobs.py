@@ -1,0 +1,375 @@
+"""The job service functions the REST edge calls: quote, submit, place, cancel, read.
+
+All are synchronous and take the ServerContext; each opens its own short transactions. Planning
+happens outside any transaction, on a snapshot read just before; the allocation that follows
+re-checks everything under row locks (see ``allocation``), so a stale plan costs a re-plan, never
+a double booking.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from control_layer.allocation import AllocationConflict, allocate, release
+from control_layer.dispatch import dispatch, send_cancel
+from control_layer.planner import plan
+from control_layer.planner.plan_types import PlanOption
+from control_layer.planner.spec import JobSpec
+from control_layer.snapshot import build_snapshot
+from orchestration.context import ServerContext
+from orchestration.db.base import utcnow
+from orchestration.db.engine import as_utc, session_scope
+from orchestration.db.models import Job, Quote, Task, Tenant
+from orchestration.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
+from orchestration.events import record_event
+from orchestration.ledger import record_job_cost
+from orchestration.lifecycle import JOB_STATES, JOB_TERMINAL, TASK_ACTIVE, transition
+
+log = logging.getLogger(__name__)
+
+QUOTE_TTL_S = 15 * 60.0
+PLACEMENT_TRIES = 5  # plans tried when allocations keep colliding with concurrent placements
+CHOICES = ("cheapest", "fastest", "balanced")
+CONTENDED = "devices contended"
+
+
+# -- choosing among options -----------------------------------------------------------------------
+
+
+def choose_option(options: list[PlanOption], choice: str) -> PlanOption:
+    """The option the planner labelled ``choice``; without labels, by cost, time or their product."""
+    if choice not in CHOICES:
+        raise InvalidArgument(f"choice must be one of {list(CHOICES)}, got {choice!r}", field="choice")
+    if not options:
+        raise NoFeasiblePlan("the planner returned no options", explanation=[])
+    for option in options:
+        if option.label == choice:
+            return option
+    cost = {o.id: o.estimates.cost.total for o in options}
+    time = {o.id: o.estimates.duration_s for o in options}
+    if choice == "cheapest":
+        return min(options, key=lambda o: (cost[o.id], time[o.id]))
+    if choice == "fastest":
+        return min(options, key=lambda o: (time[o.id], cost[o.id]))
+    return min(options, key=lambda o: (cost[o.id] * time[o.id], cost[o.id]))
+
+
+def plan_now(
+    ctx: ServerContext, spec: JobSpec, *, exclude_nodes: frozenset[str] = frozenset()
+) -> list[PlanOption]:
+    """Options on a snapshot of this moment (read in its own short transaction)."""
+    with session_scope(ctx.session_factory) as session:
+        snapshot = build_snapshot(session, exclude_nodes=exclude_nodes)
+    return plan(spec, snapshot)
+
+
+# -- quotes and submission ------------------------------------------------------------------------
+
+
+def create_quote(ctx: ServerContext, tenant_id: str, spec: JobSpec, *, ttl_s: float = QUOTE_TTL_S) -> Quote:
+    """Ranked, priced options valid for ``ttl_s``; NoFeasiblePlan propagates (nothing is stored)."""
+    options = plan_now(ctx, spec)
+    with session_scope(ctx.session_factory) as session:
+        _tenant(session, tenant_id)
+        quote = Quote(
+            tenant_id=tenant_id,
+            spec=spec.model_dump(mode="json"),
+            options=[o.model_dump(mode="json") for o in options],
+            expires_at=utcnow() + timedelta(seconds=ttl_s),
+        )
+        session.add(quote)
+    return quote
+
+
+def submit_job(
+    ctx: ServerContext,
+    tenant_id: str,
+    *,
+    spec: JobSpec | None = None,
+    quote_id: str | None = None,
+    option_id: str | None = None,
+    choice: str = "cheapest",
+) -> Job:
+    """Accept a quoted option (``quote_id`` [+ ``option_id``]) or plan ``spec`` now and take the
+    ``choice``; store the job, place it, and return it as it stands after placement."""
+    if choice not in CHOICES:
+        raise InvalidArgument(f"choice must be one of {list(CHOICES)}, got {choice!r}", field="choice")
+    if (spec is None) == (quote_id is None):
+        raise InvalidArgument("give exactly one of spec or quote_id", field="quote_id")
+    if option_id is not None and quote_id is None:
+        raise InvalidArgument("option_id needs the quote_id it belongs to", field="option_id")
+
+    if quote_id is not None:
+        spec, option = _accept_quote(ctx, tenant_id, quote_id, option_id, choice)
+    else:
+        assert spec is not None
+        option = choose_option(plan_now(ctx, spec), choice)
+
+    with session_scope(ctx.session_factory) as session:
+        _tenant(session, tenant_id)
+        job = Job(
+            tenant_id=tenant_id,
+            name=spec.name,
+            spec=spec.model_dump(mode="json"),
+            status="pending",
+            option=option.model_dump(mode="json"),
+            choice=option.label or choice,
+            quote_id=quote_id,
+            estimated_duration_s=option.estimates.duration_s,
+            estimated_cost=option.estimates.cost.total,
+        )
+        session.add(job)
+        session.flush()
+        record_event(
+            session,
+            ctx.bus,
+            "job.submitted",
+            job.id,
+            {"tenant_id": tenant_id, "option_id": option.id, "choice": job.choice, "quote_id": quote_id},
+        )
+    place_job(ctx, job.id)
+    with session_scope(ctx.session_factory) as session:
+        return _job(session, job.id)
+
+
+def _accept_quote(
+    ctx: ServerContext, tenant_id: str, quote_id: str, option_id: str | None, choice: str
+) -> tuple[JobSpec, PlanOption]:
+    with session_scope(ctx.session_factory) as session:
+        quote = session.get(Quote, quote_id)
+        if quote is None or quote.tenant_id != tenant_id:
+            raise NotFound(f"quote {quote_id} not found", field="quote_id")
+        if as_utc(quote.expires_at) <= utcnow():
+            raise FailedPrecondition(
+                f"quote {quote_id} expired at {as_utc(quote.expires_at).isoformat()}; ask for a new quote",
+                field="quote_id",
+            )
+        spec = JobSpec.model_validate(quote.spec)
+        options = [PlanOption.model_validate(o) for o in quote.options]
+    if option_id is None:
+        return spec, choose_option(options, choice)
+    for option in options:
+        if option.id == option_id:
+            return spec, option
+    raise NotFound(
+        f"quote {quote_id} has no option {option_id!r} (it has {[o.id for o in options]})", field="option_id"
+    )
+
+
+# -- placement ------------------------------------------------------------------------------------
+
+
+def place_job(ctx: ServerContext, job_id: str) -> None:
+    """Place a pending job: allocate its option's devices (re-planning on a fresh snapshot whenever
+    the fleet moved underneath), create its tasks and dispatch them. If nothing fits, the job
+    fails with the planner's reason; if placements keep colliding, it stays pending with a reason
+    and the reconciler tries again later. A job that is not pending is left alone."""
+    with session_scope(ctx.session_factory) as session:
+        job = _job(session, job_id)
+        if job.status != "pending":
+            return
+        spec = JobSpec.model_validate(job.spec)
+        # The accepted option is tried first only on the first placement; a re-placement plans anew
+        # and stays off the nodes where this job's tasks failed.
+        option = PlanOption.model_validate(job.option) if job.option and job.attempt == 0 else None
+        avoid = frozenset(
+            session.scalars(select(Task.node_id).where(Task.job_id == job_id, Task.status == "failed"))
+        )
+        choice = job.choice if job.choice in CHOICES else "cheapest"
+        # On a re-placement the reason why is kept in front of whatever happens next.
+        why = job.reason.split(f"; {CONTENDED}")[0]  # without an earlier deferral's note
+        context = f"{why}; " if job.attempt > 0 and why else ""
+
+    last_conflict = ""
+    for _ in range(PLACEMENT_TRIES):
+        if option is None:
+            try:
+                option = choose_option(plan_now(ctx, spec, exclude_nodes=avoid), choice)
+            except NoFeasiblePlan as exc:
+                _fail_pending(ctx, job_id, f"{context}no feasible placement: {exc.message}", exc.details)
+                return
+        try:
+            _place_once(ctx, job_id, spec, option)
+            return
+        except AllocationConflict as exc:
+            last_conflict = exc.message
+        except OperationalError as exc:
+            if not _is_retryable(exc):
+                raise
+            last_conflict = f"database contention: {exc.orig}"
+        except FailedPrecondition as exc:
+            _fail_pending(ctx, job_id, f"{context}cannot place: {exc.message}", exc.details)
+            return
+        log.info("placement of job %s collided (%s); re-planning", job_id, last_conflict)
+        option = None
+    _defer(
+        ctx,
+        job_id,
+        f"{context}{CONTENDED}: {PLACEMENT_TRIES} placements collided; last: {last_conflict}",
+    )
+
+
+def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOption) -> None:
+    with session_scope(ctx.session_factory) as session:
+        job = _lock_job(session, job_id)
+        if job.status != "pending":
+            return
+        previous = job.reason.split(f"; {CONTENDED}")[0]
+        tasks = allocate(session, job, spec, option, attempt=job.attempt + 1)
+        job.option = option.model_dump(mode="json")
+        job.estimated_duration_s = option.estimates.duration_s
+        job.estimated_cost = option.estimates.cost.total
+        reason = "" if job.attempt == 0 else f"re-placed as attempt {job.attempt + 1} after: {previous}"
+        transition(
+            session,
+            ctx.bus,
+            job,
+            "placed",
+            reason=reason,
+            payload={
+                "option_id": option.id,
+                "tasks": [
+                    {"id": t.id, "node_id": t.node_id, "region": t.region, "device_indices": t.device_indices}
+                    for t in tasks
+                ],
+            },
+        )
+        for task in tasks:
+            dispatch(session, ctx.bus, task)
+
+
+def _fail_pending(
+    ctx: ServerContext, job_id: str, reason: str, details: dict[str, Any] | None = None
+) -> None:
+    with session_scope(ctx.session_factory) as session:
+        job = _lock_job(session, job_id)
+        if job.status != "pending":
+            return  # placed meanwhile by a concurrent caller
+        transition(session, ctx.bus, job, "failed", reason=reason, payload={"details": _jsonable(details)})
+        record_job_cost(session, job)
+
+
+def _defer(ctx: ServerContext, job_id: str, reason: str) -> None:
+    with session_scope(ctx.session_factory) as session:
+        job = _lock_job(session, job_id)
+        if job.status != "pending":
+            return
+        job.reason = reason
+        job.updated_at = utcnow()
+        record_event(session, ctx.bus, "job.deferred", job.id, {"reason": reason})
+
+
+def retry_pending_jobs(ctx: ServerContext, older_than_s: float) -> list[str]:
+    """Place pending jobs that have waited at least ``older_than_s`` (left pending by contention)."""
+    cutoff = utcnow() - timedelta(seconds=older_than_s)
+    with session_scope(ctx.session_factory) as session:
+        ids = list(
+            session.scalars(
+                select(Job.id)
+                .where(Job.status == "pending", Job.updated_at <= cutoff)
+                .order_by(Job.created_at)
+            )
+        )
+    for job_id in ids:
+        place_job(ctx, job_id)
+    return ids
+
+
+def _is_retryable(exc: OperationalError) -> bool:
+    # PostgreSQL deadlock_detected / serialization_failure: the transaction may simply be retried.
+    return getattr(exc.orig, "sqlstate", None) in ("40P01", "40001")
+
+
+def _jsonable(details: dict[str, Any] | None) -> Any:
+    return json.loads(json.dumps(details or {}, default=str))
+
+
+# -- cancellation and reads -----------------------------------------------------------------------
+
+
+def cancel_job(ctx: ServerContext, job_id: str, reason: str, *, tenant_id: str | None = None) -> Job:
+    """Cancel a job that has not finished: its tasks are told to stop and its devices released."""
+    reason = reason or "cancelled by the user"
+    with session_scope(ctx.session_factory) as session:
+        job = _lock_job(session, job_id)
+        if tenant_id is not None and job.tenant_id != tenant_id:
+            raise NotFound(f"job {job_id} not found", field="job_id")
+        if job.status in JOB_TERMINAL:
+            raise FailedPrecondition(f"job {job_id} already {job.status}", job_id=job_id, status=job.status)
+        now = utcnow()
+        for task in session.scalars(select(Task).where(Task.job_id == job_id, Task.status.in_(TASK_ACTIVE))):
+            task.status = "cancelled"
+            task.message = reason[:2000]
+            task.finished_at = now
+            send_cancel(session, ctx.bus, task, reason)
+        release(session, job_id)
+        transition(session, ctx.bus, job, "cancelled", reason=reason)
+        record_job_cost(session, job)
+    return job
+
+
+def get_job(session: Session, tenant: Tenant | str, job_id: str) -> Job:
+    """The job, if ``tenant`` may see it (its own, or any for an admin); NotFound otherwise."""
+    job = session.get(Job, job_id)
+    if job is None or not _may_see(tenant, job):
+        raise NotFound(f"job {job_id} not found", field="job_id")
+    return job
+
+
+def list_jobs(
+    session: Session, tenant: Tenant | str, *, status: str | None = None, limit: int = 100
+) -> list[Job]:
+    """Newest first; only the tenant's own jobs (an admin sees all)."""
+    if status is not None and status not in JOB_STATES:
+        raise InvalidArgument(f"status must be one of {list(JOB_STATES)}", field="status")
+    stmt = select(Job).order_by(Job.created_at.desc(), Job.id).limit(max(1, min(limit, 1000)))
+    if not (isinstance(tenant, Tenant) and tenant.is_admin):
+        stmt = stmt.where(Job.tenant_id == (tenant.id if isinstance(tenant, Tenant) else tenant))
+    if status is not None:
+        stmt = stmt.where(Job.status == status)
+    return list(session.scalars(stmt))
+
+
+def job_tasks(session: Session, job_id: str, *, attempt: int | None = None) -> list[Task]:
+    """The job's tasks (of one attempt, if given), in attempt then creation order."""
+    stmt = select(Task).where(Task.job_id == job_id).order_by(Task.attempt, Task.created_at, Task.id)
+    if attempt is not None:
+        stmt = stmt.where(Task.attempt == attempt)
+    return list(session.scalars(stmt))
+
+
+def _may_see(tenant: Tenant | str, job: Job) -> bool:
+    if isinstance(tenant, Tenant):
+        return tenant.is_admin or job.tenant_id == tenant.id
+    return job.tenant_id == tenant
+
+
+def _tenant(session: Session, tenant_id: str) -> Tenant:
+    tenant = session.get(Tenant, tenant_id)
+    if tenant is None:
+        raise NotFound(f"tenant {tenant_id} not found", field="tenant_id")
+    return tenant
+
+
+def _job(session: Session, job_id: str) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found", field="job_id")
+    return job
+
+
+def _lock_job(session: Session, job_id: str) -> Job:
+    """The job row, locked for this transaction (PostgreSQL), read fresh even if the session has it."""
+    job = session.scalars(
+        select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
+    ).one_or_none()
+    if job is None:
+        raise NotFound(f"job {job_id} not found", field="job_id")
+    return job

@@ -1,0 +1,110 @@
+"""Build the planner's ResourceSnapshot from the database: what is alive, free and priced right now."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Collection
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_layer.planner.snapshot import (
+    ClusterInfo,
+    DeviceSlot,
+    LinkInfo,
+    NodeInfo,
+    RegionInfo,
+    ResourceSnapshot,
+)
+from orchestration.db.base import utcnow
+from orchestration.db.models import Accelerator, Allocation, Cluster, Link, Node, Price, Provider, Region
+
+
+def current_prices(session: Session, cluster_ids: list[str] | None = None) -> dict[str, Price]:
+    """The price row in force per cluster: the newest whose effective_from is not in the future."""
+    stmt = select(Price).where(Price.effective_from <= utcnow())
+    if cluster_ids is not None:
+        stmt = stmt.where(Price.cluster_id.in_(cluster_ids))
+    newest: dict[str, Price] = {}
+    for row in session.scalars(stmt.order_by(Price.cluster_id, Price.effective_from)):
+        newest[row.cluster_id] = row  # ordered ascending, so the last one wins
+    return newest
+
+
+def busy_accelerator_ids(session: Session) -> set[str]:
+    return set(session.scalars(select(Allocation.accelerator_id).where(Allocation.active.is_(True))))
+
+
+def build_snapshot(session: Session, *, exclude_nodes: Collection[str] = ()) -> ResourceSnapshot:
+    """Alive nodes only; a device is free iff it has no active allocation; clusters without a price
+    or without an alive node are left out (nothing could be planned on them). ``exclude_nodes`` are
+    left out too (a job's re-placement avoids the nodes its tasks failed on)."""
+    busy = busy_accelerator_ids(session)
+    prices = current_prices(session)
+    providers = {p.id: p.name for p in session.scalars(select(Provider))}
+
+    devices_by_node: dict[str, list[DeviceSlot]] = defaultdict(list)
+    alive_nodes = [
+        n
+        for n in session.scalars(select(Node).where(Node.status == "alive").order_by(Node.id))
+        if n.id not in exclude_nodes
+    ]
+    node_ids = [n.id for n in alive_nodes]
+    accelerators = session.scalars(
+        select(Accelerator).where(Accelerator.node_id.in_(node_ids)).order_by(Accelerator.index)
+    )
+    for acc in accelerators:
+        if acc.memory_gb <= 0 or acc.measured_tflops <= 0:
+            continue  # not measured (yet): the planner cannot estimate anything on it
+        devices_by_node[acc.node_id].append(
+            DeviceSlot(
+                index=acc.index,
+                model=acc.model,
+                memory_gb=acc.memory_gb,
+                tflops=acc.measured_tflops,
+                free=acc.id not in busy,
+            )
+        )
+
+    nodes_by_cluster: dict[str, list[NodeInfo]] = defaultdict(list)
+    for node in alive_nodes:
+        nodes_by_cluster[node.cluster_id].append(
+            NodeInfo(id=node.id, hostname=node.hostname, devices=devices_by_node.get(node.id, []))
+        )
+
+    clusters: list[ClusterInfo] = []
+    for cluster in session.scalars(select(Cluster).order_by(Cluster.region, Cluster.name)):
+        price = prices.get(cluster.id)
+        if price is None or not nodes_by_cluster.get(cluster.id):
+            continue
+        clusters.append(
+            ClusterInfo(
+                id=cluster.id,
+                name=cluster.name,
+                provider=providers.get(cluster.provider_id, ""),
+                region=cluster.region,
+                nodes=nodes_by_cluster[cluster.id],
+                intra_bandwidth_gbps=cluster.intra_bandwidth_gbps,
+                intra_latency_ms=cluster.intra_latency_ms,
+                price_per_device_hour=price.price_per_device_hour,
+                spot_price_per_device_hour=price.spot_price_per_device_hour,
+            )
+        )
+
+    regions = [
+        RegionInfo(name=r.name, jurisdiction=r.jurisdiction)
+        for r in session.scalars(select(Region).order_by(Region.name))
+    ]
+    links = [
+        LinkInfo(
+            src=ln.src,
+            dst=ln.dst,
+            bandwidth_gbps=ln.bandwidth_gbps,
+            latency_ms=ln.latency_ms,
+            egress_price_per_gb=ln.egress_price_per_gb,
+        )
+        for ln in session.scalars(select(Link).order_by(Link.src, Link.dst))
+        if ln.bandwidth_gbps > 0
+    ]
+    return ResourceSnapshot(regions=regions, clusters=clusters, links=links, taken_at=time.time())

@@ -1,0 +1,265 @@
+"""Per-task worker configuration: a plan option cut into one ``training.config.WorkerConfig`` per node.
+
+Pure: (spec, option, the placed tasks) -> JSON-able dicts. Each node runs its share with
+torchrun; the replicas it holds form its data-parallel group, and its leader talks to the leaders
+of every other task over the WAN (``sync.listen`` / ``sync.peers``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from control_layer.planner.plan_types import PlannedTask, PlanOption
+from control_layer.planner.spec import JobSpec
+from orchestration.errors import FailedPrecondition
+
+
+@dataclass(frozen=True)
+class TaskSlot:
+    """One node's share of an option, as placed: where its leader listens and what it runs."""
+
+    node_id: str
+    cluster_id: str
+    cluster_name: str
+    region: str
+    host: str
+    sync_port: int | None
+    entries: tuple[PlannedTask, ...]
+
+    @property
+    def dp_ranks(self) -> list[int]:
+        return sorted({e.dp_rank for e in self.entries})
+
+    @property
+    def device_indices(self) -> list[int]:
+        """Devices in rank order (replica, then stage, then tensor shard): torchrun's local ranks."""
+        ordered = sorted(self.entries, key=lambda e: (e.dp_rank, e.pp_stage, e.tp_rank))
+        return [e.device for e in ordered]
+
+    @property
+    def listen(self) -> str | None:
+        return f"{self.host}:{self.sync_port}" if self.sync_port else None
+
+
+def group_by_node(option: PlanOption) -> dict[str, list[PlannedTask]]:
+    groups: dict[str, list[PlannedTask]] = {}
+    for entry in option.tasks:
+        groups.setdefault(entry.node, []).append(entry)
+    return groups
+
+
+def check_node_groups(option: PlanOption) -> None:
+    """Every replica must sit whole on one node: torchrun groups do not span nodes."""
+    per_replica = option.tp * option.pp
+    nodes_of_replica: dict[int, set[str]] = {}
+    for entry in option.tasks:
+        nodes_of_replica.setdefault(entry.dp_rank, set()).add(entry.node)
+    for dp_rank, nodes in sorted(nodes_of_replica.items()):
+        if len(nodes) > 1:
+            raise FailedPrecondition(
+                f"plan option {option.id}: replica {dp_rank} spans nodes {sorted(nodes)}; "
+                "a replica's tensor/pipeline group must fit on one node",
+                option_id=option.id,
+            )
+    counts = Counter(e.dp_rank for e in option.tasks)
+    short = {r: n for r, n in counts.items() if n != per_replica}
+    if short or len(counts) != option.dp:
+        raise FailedPrecondition(
+            f"plan option {option.id}: expected {option.dp} replicas of {per_replica} devices, "
+            f"got {dict(sorted(counts.items()))}",
+            option_id=option.id,
+        )
+
+
+def sync_keys(slots: list[TaskSlot]) -> list[str]:
+    """A participant name per task: its region when it is the job's only task there, else
+    region/cluster, or region/cluster/node-id-prefix when one cluster holds several of its tasks."""
+    regions = Counter(s.region for s in slots)
+    clusters = Counter((s.region, s.cluster_name) for s in slots)
+    keys = []
+    for s in slots:
+        if regions[s.region] == 1:
+            keys.append(s.region)
+        elif clusters[(s.region, s.cluster_name)] == 1:
+            keys.append(f"{s.region}/{s.cluster_name}")
+        else:
+            keys.append(f"{s.region}/{s.cluster_name}/{s.node_id[:8]}")
+    return keys
+
+
+def order_slots(slots: list[TaskSlot]) -> list[TaskSlot]:
+    """Tasks ordered by their first replica, so replica offsets follow the plan's dp ranks."""
+    return sorted(slots, key=lambda s: (s.dp_ranks[0], s.node_id))
+
+
+def build_worker_configs(
+    job_id: str, spec: JobSpec, option: PlanOption, slots: list[TaskSlot]
+) -> dict[str, dict[str, Any]]:
+    """node_id -> WorkerConfig dict for every task of the option."""
+    check_node_groups(option)
+    slots = order_slots(slots)
+    keys = sync_keys(slots)
+    global_batch = spec.global_batch_sequences
+    if global_batch % option.dp:
+        raise FailedPrecondition(
+            f"training.global_batch_tokens gives {global_batch} sequences per step, which do not split "
+            f"evenly over the plan's {option.dp} replicas",
+            field="training.global_batch_tokens",
+        )
+    local_batch = global_batch // option.dp
+    multi = len(slots) > 1
+    if multi:
+        missing = [s.node_id for s in slots if s.listen is None]
+        if missing:
+            raise FailedPrecondition(
+                f"nodes {missing} have no sync port; a job spanning several nodes needs one per node",
+                nodes=missing,
+            )
+    gossip = _gossip_graph(option, slots, keys)
+
+    configs: dict[str, dict[str, Any]] = {}
+    offset = 0
+    for slot, key in zip(slots, keys, strict=True):
+        dp_local = len(slot.dp_ranks)
+        peers = {k: s.listen for s, k in zip(slots, keys, strict=True) if s is not slot} if multi else {}
+        configs[slot.node_id] = {
+            "job_id": job_id,
+            # The worker's region is its name among the job's sync participants (training.sync keys
+            # peers by it): the region itself, unless the job has several tasks there.
+            "region": key,
+            "cluster": slot.cluster_name,
+            "model": _model(spec),
+            "data": _data(spec, slot, key),
+            "training": _training(spec, option, local_batch, global_batch),
+            "parallel": {
+                "dp_local": dp_local,
+                "tp": option.tp,
+                "pp": option.pp,
+                "zero": option.zero,
+                "pp_schedule": option.pp_schedule,
+                "microbatches": option.n_micro_batches if option.pp > 1 else None,
+            },
+            "sync": _sync(spec, option, slot, key, peers, offset, gossip) if multi else _solo(option, offset),
+            "entrypoint": spec.entrypoint,
+        }
+        offset += dp_local
+    return configs
+
+
+def _sync(
+    spec: JobSpec,
+    option: PlanOption,
+    slot: TaskSlot,
+    key: str,
+    peers: dict[str, str | None],
+    offset: int,
+    gossip: dict[str, list[str]],
+) -> dict[str, Any]:
+    """training.sync.config.SyncConfig for a task that has peers: it is ``key`` among them."""
+    s = spec.sync
+    explicit = s.model_fields_set
+    sync: dict[str, Any] = {
+        "mode": s.mode,
+        "every": s.every,
+        "compression": s.compression,
+        "topk_ratio": s.topk_ratio,
+        "staleness": s.staleness,
+        "gossip_peers": s.gossip_peers,
+        "region": key,
+        "listen": slot.listen,
+        "advertise": slot.listen,
+        "peers": peers,
+        "global_replicas": option.dp,
+        "replica_offset": offset,
+    }
+    # The spec's outer-optimizer defaults are DiLoCo's; other modes keep their own unless asked.
+    if s.mode == "diloco" or "outer_lr" in explicit:
+        sync["outer_lr"] = s.outer_lr
+    if s.mode == "diloco" or "outer_momentum" in explicit:
+        sync["outer_momentum"] = s.outer_momentum
+    if s.mode == "gossip" and gossip:
+        sync["gossip_graph"] = [gossip]
+    return sync
+
+
+def _solo(option: PlanOption, offset: int) -> dict[str, Any]:
+    """A job's only task has nobody to sync with."""
+    return {"mode": "none", "peers": {}, "global_replicas": option.dp, "replica_offset": offset}
+
+
+def _gossip_graph(option: PlanOption, slots: list[TaskSlot], keys: list[str]) -> dict[str, list[str]]:
+    """The option's gossip graph between clusters, in task keys (a cluster's tasks share its peers)."""
+    by_cluster: dict[str, list[str]] = {}
+    for slot, key in zip(slots, keys, strict=True):
+        by_cluster.setdefault(slot.cluster_id, []).append(key)
+    graph: dict[str, list[str]] = {}
+    for src, dsts in option.sync.gossip.items():
+        for k in by_cluster.get(src, []):
+            graph[k] = [d for dst in dsts for d in by_cluster.get(dst, []) if d != k]
+    return graph
+
+
+def _model(spec: JobSpec) -> dict[str, Any]:
+    m = spec.model
+    return {
+        "n_layers": m.n_layers,
+        "d_model": m.d_model,
+        "n_heads": m.n_heads,
+        "vocab": m.vocab,
+        "seq_len": m.seq_len,
+    }
+
+
+def _data(spec: JobSpec, slot: TaskSlot, key: str) -> dict[str, Any]:
+    d = spec.data
+    if d.region is not None and d.region != slot.region:
+        raise FailedPrecondition(
+            f"data.region is {d.region!r} but the plan puts a task in {slot.region!r}", field="data.region"
+        )
+    return {
+        # a bring-your-own entrypoint supplies its own dataset
+        "kind": "byo" if spec.entrypoint else d.kind,
+        "seed": d.seed,
+        "path": d.path,
+        "dtype": d.dtype,
+        # residency is checked above against the real region; the worker compares with its own name
+        "region": key if d.region is not None else None,
+    }
+
+
+def _training(spec: JobSpec, option: PlanOption, local_batch: int, global_batch: int) -> dict[str, Any]:
+    t = spec.training
+    # Without pipelining the option's micro-batches are gradient-accumulation chunks of the local batch.
+    micro = option.micro_batch_size if option.pp == 1 and local_batch % option.micro_batch_size == 0 else None
+    return {
+        "steps": t.steps,
+        "global_batch": global_batch,
+        "micro_batch": micro,
+        "lr": t.lr,
+        "warmup": t.warmup_steps,
+        "weight_decay": t.weight_decay,
+        "grad_clip": t.grad_clip if t.grad_clip > 0 else None,
+        "seed": t.seed,
+    }
+
+
+def validate_worker_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Check a config against the worker's own schema (``training.config.WorkerConfig``) so a bad
+    one fails placement with a clear reason instead of failing on the node; returns it as JSON."""
+    from pydantic import ValidationError
+
+    from training.config import WorkerConfig
+
+    try:
+        parsed = WorkerConfig.model_validate(config)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
+        )
+        raise FailedPrecondition(
+            f"worker config for job {config.get('job_id')} in {config.get('region')} is invalid: {problems}",
+            region=config.get("region"),
+        ) from exc
+    return parsed.model_dump(mode="json", exclude_none=False)

@@ -1,0 +1,80 @@
+"""The event log: persist an Event row in the caller's transaction, publish it once that commits.
+
+Publishing after commit means a subscriber never hears of a change it cannot then read, and a
+rolled-back change is never announced. The same mechanism carries any bus message whose meaning
+depends on the transaction (e.g. assignments dispatched to nodes).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from orchestration.bus.base import Bus, Message
+from orchestration.db.base import utcnow
+from orchestration.db.models import Event
+
+log = logging.getLogger(__name__)
+
+EVENTS_CHANNEL = "events"
+_PENDING_KEY = "cpn.after_commit_publications"
+
+
+def job_channel(job_id: str) -> str:
+    return f"job.{job_id}"
+
+
+def node_channel(node_id: str) -> str:
+    return f"node.{node_id}"
+
+
+def publish_after_commit(session: Session, bus: Bus, channel: str, message: Message) -> None:
+    """Queue ``message`` for ``channel``; it is published when ``session`` commits, dropped on rollback."""
+    pending: list[tuple[Bus, str, Message]] | None = session.info.get(_PENDING_KEY)
+    if pending is None:
+        pending = session.info[_PENDING_KEY] = []
+        event.listen(session, "after_commit", _flush_publications)
+        event.listen(session, "after_rollback", _drop_publications)
+    pending.append((bus, channel, message))
+
+
+def record_event(
+    session: Session, bus: Bus, kind: str, job_id: str | None, payload: dict[str, Any] | None = None
+) -> Event:
+    """Add an Event row and publish it on ``events`` (and ``job.<id>``) after commit."""
+    row = Event(job_id=job_id, kind=kind, payload=payload or {}, created_at=utcnow())
+    session.add(row)
+    session.flush()  # assigns the id the published message carries
+    message = event_message(row)
+    publish_after_commit(session, bus, EVENTS_CHANNEL, message)
+    if job_id is not None:
+        publish_after_commit(session, bus, job_channel(job_id), message)
+    return row
+
+
+def event_message(row: Event) -> Message:
+    return {
+        "id": row.id,
+        "kind": row.kind,
+        "job_id": row.job_id,
+        "payload": row.payload,
+        "created_at": row.created_at.isoformat(),
+    }
+
+
+def _flush_publications(session: Session) -> None:
+    pending = session.info.get(_PENDING_KEY) or []
+    session.info[_PENDING_KEY] = []
+    for bus, channel, message in pending:
+        try:
+            bus.publish(channel, message)
+        except Exception:  # the commit stands; a lost notification is recovered by readers polling the DB
+            log.exception("publishing to %s after commit failed", channel)
+
+
+def _drop_publications(session: Session) -> None:
+    if session.info.get(_PENDING_KEY):
+        session.info[_PENDING_KEY] = []

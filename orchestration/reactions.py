@@ -1,0 +1,302 @@
+"""How the control plane reacts to what nodes report (called by the gRPC servicer, synchronously).
+
+Every reaction about a job first locks the job's row, so reports from its tasks are applied one
+at a time and "all tasks succeeded" is decided on fresh data. Reports that arrive late, repeat,
+or belong to an attempt the job has moved past are recorded but change nothing; a node still
+running such a task is told to cancel it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from control_layer.allocation import release
+from control_layer.dispatch import assignment_message, send_cancel
+from control_layer.jobs import place_job
+from orchestration.context import ServerContext
+from orchestration.db.base import utcnow
+from orchestration.db.engine import session_scope
+from orchestration.db.models import Job, Node, Task, TaskMetric
+from orchestration.errors import InvalidArgument, NotFound, PermissionDenied
+from orchestration.events import job_channel, publish_after_commit, record_event
+from orchestration.ledger import record_job_cost
+from orchestration.lifecycle import (
+    JOB_TERMINAL,
+    TASK_ACTIVE,
+    normalize_task_state,
+    task_move_applies,
+    transition,
+)
+
+log = logging.getLogger(__name__)
+
+
+def on_task_status(
+    ctx: ServerContext,
+    node_id: str,
+    assignment_id: str,
+    state: str,
+    message: str = "",
+    exit_code: int | None = None,
+    result: dict[str, Any] | None = None,
+) -> None:
+    """Apply a task's reported state; move the job along; re-place it after a failure."""
+    to = normalize_task_state(state)
+    replace_job: str | None = None
+    with session_scope(ctx.session_factory) as session:
+        job_id = session.scalar(select(Task.job_id).where(Task.id == assignment_id))
+        if job_id is None:
+            raise NotFound(f"no task {assignment_id}", field="assignment_id")
+        job = _lock_job(session, job_id)
+        task = session.get(Task, assignment_id, populate_existing=True)
+        assert task is not None
+        if task.node_id != node_id:
+            raise PermissionDenied(
+                f"task {assignment_id} is not assigned to node {node_id}", field="assignment_id"
+            )
+
+        if not task_move_applies(task.status, to):
+            if to in ("starting", "running") and task.status in ("failed", "cancelled"):
+                send_cancel(session, ctx.bus, task, f"task is already {task.status}")
+            return
+        _apply(task, to, message, exit_code, result)
+        record_event(
+            session,
+            ctx.bus,
+            f"task.{to}",
+            job.id,
+            {
+                "task_id": task.id,
+                "node_id": node_id,
+                "region": task.region,
+                "attempt": task.attempt,
+                "message": task.message,
+                "exit_code": exit_code,
+            },
+        )
+        if task.attempt != job.attempt or job.status in JOB_TERMINAL or job.status == "pending":
+            if to in ("starting", "running"):
+                send_cancel(session, ctx.bus, task, f"job {job.id} is {job.status} (attempt {job.attempt})")
+            return
+        if to == "running":
+            _maybe_running(ctx, session, job)
+        elif to == "succeeded":
+            _maybe_succeeded(ctx, session, job)
+        elif to in ("failed", "cancelled") and _task_failed(ctx, session, job, task):
+            replace_job = job.id
+    if replace_job is not None:
+        place_job(ctx, replace_job)
+
+
+def _apply(task: Task, to: str, message: str, exit_code: int | None, result: dict[str, Any] | None) -> None:
+    now = utcnow()
+    task.status = to
+    if message:
+        task.message = message[:2000]
+    if exit_code is not None and to in ("succeeded", "failed", "cancelled"):
+        task.exit_code = exit_code
+    if result is not None:
+        task.result = _finite(result)
+    if to == "running" and task.started_at is None:
+        task.started_at = now
+    if to in ("succeeded", "failed", "cancelled"):
+        task.finished_at = now
+        if task.started_at is None and to == "succeeded":
+            task.started_at = now  # it ran, though its running report never came
+
+
+def _attempt_tasks(session: Session, job: Job) -> list[Task]:
+    return list(
+        session.scalars(
+            select(Task).where(Task.job_id == job.id, Task.attempt == job.attempt).order_by(Task.id)
+        )
+    )
+
+
+def _maybe_running(ctx: ServerContext, session: Session, job: Job) -> None:
+    tasks = _attempt_tasks(session, job)
+    if job.status == "placed" and all(t.status in ("running", "succeeded") for t in tasks):
+        transition(session, ctx.bus, job, "running")
+
+
+def _maybe_succeeded(ctx: ServerContext, session: Session, job: Job) -> None:
+    tasks = _attempt_tasks(session, job)
+    if not all(t.status == "succeeded" for t in tasks):
+        _maybe_running(ctx, session, job)
+        return
+    if job.status == "placed":
+        transition(session, ctx.bus, job, "running")
+    job.result = aggregate_results(tasks)
+    release(session, job.id)
+    transition(session, ctx.bus, job, "succeeded", reason="")
+    record_job_cost(session, job)
+
+
+def _task_failed(ctx: ServerContext, session: Session, job: Job, task: Task) -> bool:
+    """Stop the attempt; returns True when the job went back to pending to be re-placed."""
+    what = f"task {task.id} on node {task.node_id} ({task.region}) {task.status}"
+    if task.message:
+        what += f": {task.message}"
+    if task.exit_code is not None:
+        what += f" (exit code {task.exit_code})"
+    now = utcnow()
+    for sibling in _attempt_tasks(session, job):
+        if sibling.id != task.id and sibling.status in TASK_ACTIVE:
+            sibling.status = "cancelled"
+            sibling.message = f"stopped because {what}"[:2000]
+            sibling.finished_at = now
+            send_cancel(session, ctx.bus, sibling, f"sibling {what}")
+    release(session, job.id)
+    retries_used = job.attempt - 1
+    limit = ctx.settings.max_job_retries
+    if retries_used < limit:
+        transition(
+            session,
+            ctx.bus,
+            job,
+            "pending",
+            reason=f"{what}; re-placing (retry {retries_used + 1} of {limit})",
+        )
+        return True
+    transition(session, ctx.bus, job, "failed", reason=f"{what}; gave up after {job.attempt} attempt(s)")
+    record_job_cost(session, job)
+    return False
+
+
+_SUM_KEYS = ("wan_bytes_sent", "wan_bytes_recv", "tokens")
+_MAX_KEYS = ("wall_time_s", "wall_s", "duration_s", "steps", "step")
+
+
+def aggregate_results(tasks: list[Task]) -> dict[str, Any]:
+    """One job result from its tasks' results: numbers averaged by replica count (byte and token
+    counts summed, times and step counts maxed), anything else taken from the first replica's task;
+    each task's own result is kept under ``per_task``."""
+    ordered = sorted(
+        tasks, key=lambda t: ((t.worker_config.get("sync") or {}).get("replica_offset", 0), t.id)
+    )
+    results = [(t, t.result or {}) for t in ordered]
+    weights = [float((t.worker_config.get("parallel") or {}).get("dp_local", 1)) for t in ordered]
+    merged: dict[str, Any] = {}
+    keys = [k for _, r in results for k in r]
+    for key in dict.fromkeys(keys):
+        values = [r[key] for _, r in results if key in r]
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        if numeric and len(values) == len(results):
+            if key in _SUM_KEYS:
+                merged[key] = sum(values)
+            elif key in _MAX_KEYS:
+                merged[key] = max(values)
+            else:
+                merged[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / sum(weights)
+        else:
+            merged[key] = values[0]
+    merged["per_task"] = {t.id: {"region": t.region, "node_id": t.node_id, **r} for t, r in results}
+    return merged
+
+
+def on_task_metrics(ctx: ServerContext, node_id: str, assignment_id: str, metrics: dict[str, Any]) -> None:
+    """Store one step's metrics, keep them as the task's latest, and publish them on the job channel."""
+    step = metrics.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise InvalidArgument(
+            f"metrics.step must be a non-negative integer, got {step!r}", field="metrics.step"
+        )
+    clean = _finite(metrics)
+    with session_scope(ctx.session_factory) as session:
+        job_id = session.scalar(select(Task.job_id).where(Task.id == assignment_id))
+        if job_id is None:
+            raise NotFound(f"no task {assignment_id}", field="assignment_id")
+        # Lock order job -> task, as in on_task_status: the metric row's foreign key takes a share
+        # lock on the job, and taking it after the task row would deadlock with a status change.
+        session.execute(select(Job.id).where(Job.id == job_id).with_for_update(read=True, key_share=True))
+        task = session.get(Task, assignment_id)
+        assert task is not None
+        if task.node_id != node_id:
+            raise PermissionDenied(
+                f"task {assignment_id} is not assigned to node {node_id}", field="assignment_id"
+            )
+        session.add(
+            TaskMetric(
+                job_id=task.job_id,
+                task_id=task.id,
+                region=task.region,
+                step=step,
+                loss=_float_or_none(clean.get("loss")),
+                tokens_per_s=_float_or_none(clean.get("tokens_per_s")) or 0.0,
+                compute_utilization=_float_or_none(clean.get("compute_utilization")) or 0.0,
+                wan_bytes_sent=int(clean.get("wan_bytes_sent") or 0),
+                wan_bytes_recv=int(clean.get("wan_bytes_recv") or 0),
+            )
+        )
+        task.last_metrics = clean
+        publish_after_commit(
+            session,
+            ctx.bus,
+            job_channel(task.job_id),
+            {
+                "kind": "task.metrics",
+                "job_id": task.job_id,
+                "task_id": task.id,
+                "region": task.region,
+                "metrics": clean,
+            },
+        )
+
+
+def on_node_lost(ctx: ServerContext, node_id: str, reason: str) -> list[str]:
+    """Mark the node lost and fail its unfinished tasks ("node lost"); returns those task ids."""
+    with session_scope(ctx.session_factory) as session:
+        node = session.scalars(select(Node).where(Node.id == node_id).with_for_update()).one_or_none()
+        if node is None:
+            raise NotFound(f"node {node_id} not found", field="node_id")
+        node.status = "lost"
+        record_event(session, ctx.bus, "node.lost", None, {"node_id": node_id, "reason": reason})
+        task_ids = list(
+            session.scalars(select(Task.id).where(Task.node_id == node_id, Task.status.in_(TASK_ACTIVE)))
+        )
+    for task_id in task_ids:  # one transaction per task: each may re-place its job
+        on_task_status(ctx, node_id, task_id, "failed", message=f"node lost: {reason}")
+    return task_ids
+
+
+def pending_assignments(ctx: ServerContext, node_id: str) -> list[dict[str, Any]]:
+    """Assignments a (re)connecting node should be running: its unfinished tasks of live attempts."""
+    with session_scope(ctx.session_factory) as session:
+        rows = session.execute(
+            select(Task)
+            .join(Job, Job.id == Task.job_id)
+            .where(
+                Task.node_id == node_id,
+                Task.status.in_(TASK_ACTIVE),
+                Task.attempt == Job.attempt,
+                Job.status.in_(("placed", "running")),
+            )
+            .order_by(Task.created_at, Task.id)
+        ).scalars()
+        return [assignment_message(t) for t in rows]
+
+
+def _lock_job(session: Session, job_id: str) -> Job:
+    return session.scalars(
+        select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
+    ).one()
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _finite(value: Any) -> Any:
+    """JSON-safe copy: NaN and infinities become None (PostgreSQL's json type refuses them)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

@@ -1,0 +1,166 @@
+"""Shared fixtures: a fresh migrated database per test on SQLite and on PostgreSQL, a bus on both
+backends, and a ServerContext wired to them.
+
+PostgreSQL and Redis are real servers (CPN_TEST_POSTGRES_URL, CPN_TEST_REDIS_URL; local defaults).
+Their tests are skipped only when the server cannot be reached, with the reason saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from orchestration.bus import Bus, InProcessBus, RedisBus
+from orchestration.context import ServerContext
+from orchestration.db.engine import make_engine, make_session_factory, normalize_url
+from orchestration.db.migrate import upgrade
+from orchestration.settings import Settings
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "CPN_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("CPN_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+@cache
+def postgres_unreachable() -> str | None:
+    """None when PostgreSQL answers, else why not (checked once per run)."""
+    try:
+        engine = create_engine(normalize_url(POSTGRES_ADMIN_URL), connect_args={"connect_timeout": 3})
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        engine.dispose()
+        return None
+    except Exception as exc:
+        return f"PostgreSQL unreachable at {POSTGRES_ADMIN_URL}: {exc.__class__.__name__}: {exc}"
+
+
+@cache
+def redis_unreachable() -> str | None:
+    try:
+        bus = RedisBus(REDIS_URL)
+        try:
+            bus.ping()
+        finally:
+            bus.close()
+        return None
+    except Exception as exc:
+        return f"Redis unreachable at {REDIS_URL}: {exc.__class__.__name__}: {exc}"
+
+
+def _require(reason: str | None) -> None:
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _admin_engine() -> Engine:
+    return create_engine(normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT")
+
+
+def create_postgres_database() -> str:
+    """CREATE DATABASE cpn_test_<hex>; returns its URL (psycopg driver)."""
+    name = f"cpn_test_{secrets.token_hex(6)}"
+    admin = _admin_engine()
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    return (
+        make_url(normalize_url(POSTGRES_ADMIN_URL)).set(database=name).render_as_string(hide_password=False)
+    )
+
+
+def drop_postgres_database(url: str) -> None:
+    name = make_url(url).database
+    admin = _admin_engine()
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """URL of a fresh database migrated to head; dropped (PostgreSQL) or deleted with tmp_path."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'cpn.sqlite'}"
+        upgrade(url)
+        yield url
+        return
+    _require(postgres_unreachable())
+    url = create_postgres_database()
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        drop_postgres_database(url)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = make_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return make_session_factory(engine)
+
+
+def make_redis_bus() -> RedisBus:
+    """A RedisBus under a random prefix so concurrent runs never see each other's keys or channels."""
+    return RedisBus(REDIS_URL, prefix=f"cpntest:{secrets.token_hex(6)}:")
+
+
+@pytest.fixture(params=["inprocess", pytest.param("redis", marks=pytest.mark.redis)])
+def bus(request: pytest.FixtureRequest) -> Iterator[Bus]:
+    if request.param == "inprocess":
+        b: Bus = InProcessBus()
+        yield b
+        b.close()
+        return
+    _require(redis_unreachable())
+    rb = make_redis_bus()
+    yield rb
+    rb.delete_prefixed()
+    rb.close()
+
+
+def settings_for(db_url: str, **overrides: object) -> Settings:
+    """Settings for a test control plane: fast heartbeats, Redis alongside PostgreSQL."""
+    values: dict[str, object] = {
+        "environment": "development",
+        "database_url": db_url,
+        "redis_url": REDIS_URL if not db_url.startswith("sqlite") else None,
+        "heartbeat_interval_s": 0.2,
+        "heartbeat_misses": 2,
+        "max_job_retries": 2,
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def ctx(db_url: str, session_factory: sessionmaker[Session]) -> Iterator[ServerContext]:
+    """SQLite runs with the in-process bus, PostgreSQL with Redis: the two deployments cpn supports."""
+    settings = settings_for(db_url)
+    if settings.redis_url:
+        _require(redis_unreachable())
+        bus: Bus = make_redis_bus()
+    else:
+        bus = InProcessBus()
+    yield ServerContext(settings=settings, session_factory=session_factory, bus=bus)
+    if isinstance(bus, RedisBus):
+        bus.delete_prefixed()
+    bus.close()

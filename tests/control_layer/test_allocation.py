@@ -1,0 +1,128 @@
+"""Allocation of hand-written plan options: locks, conflicts, sync ports and worker configs."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from control_layer.allocation import AllocationConflict, allocate, release
+from orchestration.db.engine import session_scope
+from orchestration.db.models import Allocation, Job, Node
+from orchestration.errors import FailedPrecondition
+from tests.orchestration.fleet import add_cluster, add_link, add_tenant, hand_option, tiny_spec
+from training.config import parse_worker_config
+
+
+def _job(s: Session) -> Job:
+    tenant = add_tenant(s, name=f"t{s.info.setdefault('n', 0)}")
+    s.info["n"] += 1
+    job = Job(tenant_id=tenant.id, name="j", spec=tiny_spec().model_dump(mode="json"))
+    s.add(job)
+    s.flush()
+    return job
+
+
+def test_two_region_option_gets_ports_peers_and_replica_offsets(
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_scope(session_factory) as s:
+        eu, (eu_node,) = add_cluster(s, region="eu-west", name="eu1", price=3.0, sync_ports=(21000, 21001))
+        us, (us_node,) = add_cluster(
+            s, region="us-east", name="us1", price=1.0, spot_price=0.4, advertise_host="10.0.0.2"
+        )
+        add_link(s, "eu-west", "us-east", egress_price_per_gb=0.08)
+        option = hand_option([(eu, eu_node, 0), (eu, eu_node, 1), (us, us_node, 1), (us, us_node, 0)])
+        job = _job(s)
+        tasks = allocate(s, job, tiny_spec(), option, attempt=1)
+        by_region = {t.region: t for t in tasks}
+        eu_task, us_task = by_region["eu-west"], by_region["us-east"]
+
+        assert eu_task.device_indices == [0, 1] and us_task.device_indices == [1, 0]  # rank order
+        assert (eu_task.sync_port, us_task.sync_port) == (21000, 20000)
+        assert (eu_task.price_per_device_hour, us_task.price_per_device_hour) == (3.0, 1.0)
+        assert eu_task.egress_price_per_gb == us_task.egress_price_per_gb == 0.08
+        eu_cfg, us_cfg = eu_task.worker_config, us_task.worker_config
+        assert eu_cfg["sync"]["listen"] == "127.0.0.1:21000"
+        assert eu_cfg["sync"]["peers"] == {"us-east": "10.0.0.2:20000"}
+        assert us_cfg["sync"]["peers"] == {"eu-west": "127.0.0.1:21000"}
+        assert [eu_cfg["sync"]["replica_offset"], us_cfg["sync"]["replica_offset"]] == [0, 2]
+        assert eu_cfg["sync"]["global_replicas"] == 4 and eu_cfg["parallel"]["dp_local"] == 2
+        assert eu_cfg["training"]["global_batch"] == 4  # 64 tokens / 16 per sequence, over all replicas
+        assert (eu_cfg["sync"]["mode"], eu_cfg["sync"]["every"]) == ("diloco", 2)
+        assert (eu_cfg["sync"]["region"], us_cfg["sync"]["advertise"]) == ("eu-west", "10.0.0.2:20000")
+        assert eu_cfg["sync"]["outer_lr"] == 0.7  # DiLoCo's outer optimizer
+        for cfg in (eu_cfg, us_cfg):
+            parsed = parse_worker_config(cfg)  # the worker's own schema accepts it
+            assert parsed.local_batch == 1
+
+        # the same devices again: refused, whatever the caller's snapshot said
+        with pytest.raises(AllocationConflict, match="already allocated"):
+            allocate(s, _job(s), tiny_spec(), hand_option([(us, us_node, 0)], option_id="again"), attempt=1)
+
+
+def test_second_job_on_a_node_gets_the_next_port_and_released_ports_return(
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_scope(session_factory) as s:
+        eu, (n1,) = add_cluster(s, region="eu-west", devices_per_node=4, sync_ports=(22000, 22001))
+        us, (n2,) = add_cluster(s, region="us-east", devices_per_node=4)
+        first = allocate(s, _job(s), tiny_spec(), hand_option([(eu, n1, 0), (us, n2, 0)]), attempt=1)
+        second = allocate(s, _job(s), tiny_spec(), hand_option([(eu, n1, 1), (us, n2, 1)]), attempt=1)
+        assert {t.sync_port for t in first if t.node_id == n1.id} == {22000}
+        assert {t.sync_port for t in second if t.node_id == n1.id} == {22001}
+        with pytest.raises(AllocationConflict, match="sync ports 22000-22001 are in use"):
+            allocate(s, _job(s), tiny_spec(), hand_option([(eu, n1, 2), (us, n2, 2)]), attempt=1)
+        for t in first:
+            t.status = "failed"
+        release(s, first[0].job_id)
+        third = allocate(s, _job(s), tiny_spec(), hand_option([(eu, n1, 0), (us, n2, 0)]), attempt=1)
+        assert {t.sync_port for t in third if t.node_id == n1.id} == {22000}
+
+
+def test_stale_options_conflict(session_factory: sessionmaker[Session]) -> None:
+    with session_scope(session_factory) as s:
+        c, (node, other) = add_cluster(s, nodes=2)
+        s.get(Node, other.id).status = "lost"  # type: ignore[union-attr]
+        with pytest.raises(AllocationConflict, match="is lost"):
+            allocate(s, _job(s), tiny_spec(), hand_option([(c, other, 0)]), attempt=1)
+        with pytest.raises(AllocationConflict, match="no device 7"):
+            allocate(s, _job(s), tiny_spec(), hand_option([(c, node, 7)]), attempt=1)
+
+
+def test_single_node_job_needs_no_sync_port_and_multi_node_needs_one(
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_scope(session_factory) as s:
+        c, (a, b) = add_cluster(s, nodes=2, devices_per_node=4, sync_ports=(0, 0))
+        (task,) = allocate(s, _job(s), tiny_spec(), hand_option([(c, a, 0), (c, a, 1)]), attempt=1)
+        assert task.sync_port is None and task.worker_config["sync"]["mode"] == "none"
+        assert task.worker_config["sync"]["peers"] == {} and task.worker_config["parallel"]["dp_local"] == 2
+        with pytest.raises(FailedPrecondition, match="no sync port"):
+            allocate(s, _job(s), tiny_spec(), hand_option([(c, a, 2), (c, b, 0)]), attempt=1)
+        # ...and a correct rejection leaves nothing half-allocated in the caller's transaction
+        assert len(s.scalars(select(Allocation).where(Allocation.active.is_(True))).all()) == 2
+
+
+def test_replica_split_across_nodes_is_refused(session_factory: sessionmaker[Session]) -> None:
+    with session_scope(session_factory) as s:
+        c, (a, b) = add_cluster(s, nodes=2)
+        with pytest.raises(FailedPrecondition, match="spans nodes"):
+            allocate(s, _job(s), tiny_spec(), hand_option([(c, a, 0), (c, b, 0)], tp=2), attempt=1)
+
+
+def test_ports_go_round_the_range_instead_of_reusing_a_just_freed_one(
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_scope(session_factory) as s:
+        eu, (n1,) = add_cluster(s, region="eu-west", devices_per_node=2, sync_ports=(23000, 23001))
+        us, (n2,) = add_cluster(s, region="us-east", devices_per_node=2, sync_ports=(24000, 24002))
+        seen = []
+        for _ in range(4):
+            tasks = allocate(s, _job(s), tiny_spec(), hand_option([(eu, n1, 0), (us, n2, 0)]), attempt=1)
+            seen.append(sorted(t.sync_port for t in tasks))
+            for t in tasks:  # finished: devices and ports are free again
+                t.status = "cancelled"
+            release(s, tasks[0].job_id)
+            s.flush()
+        assert seen == [[23000, 24000], [23001, 24001], [23000, 24002], [23001, 24000]]

@@ -1,0 +1,148 @@
+"""The job service functions end to end on a database fleet: quote, submit, place, cancel, read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select, update
+
+from control_layer.jobs import cancel_job, create_quote, get_job, job_tasks, list_jobs, submit_job
+from orchestration.context import ServerContext
+from orchestration.db.engine import session_scope
+from orchestration.db.models import Allocation, Event, Job, Quote, Tenant
+from orchestration.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
+from tests.orchestration.fleet import add_cluster, add_link, add_tenant, tiny_spec
+from training.config import parse_worker_config
+
+
+def _fleet(ctx: ServerContext) -> tuple[str, str, list[str]]:
+    with session_scope(ctx.session_factory) as s:
+        alice, bob = add_tenant(s, "alice"), add_tenant(s, "bob")
+        _, nodes = add_cluster(s, region="eu-west", name="c1", nodes=3, devices_per_node=1, price=1.0)
+        add_cluster(s, region="us-east", name="c2", nodes=1, devices_per_node=2, price=2.0)
+        add_link(s, "eu-west", "us-east")
+        return alice.id, bob.id, [n.id for n in nodes]
+
+
+def _active_allocations(ctx: ServerContext, job_id: str) -> int:
+    with session_scope(ctx.session_factory) as s:
+        return len(
+            s.scalars(
+                select(Allocation).where(Allocation.job_id == job_id, Allocation.active.is_(True))
+            ).all()
+        )
+
+
+def test_submit_places_and_dispatches_to_each_node(ctx: ServerContext) -> None:
+    alice, _, _ = _fleet(ctx)
+    spec = tiny_spec(parallelism={"dp": 2}, qos={"regions": ["eu-west"]})
+
+    async def main() -> tuple[Job, list[tuple[str, dict]]]:
+        async with ctx.bus.subscribe("node.*") as sub:
+            job = await asyncio.to_thread(submit_job, ctx, alice, spec=spec)
+            got = [await asyncio.wait_for(sub.__anext__(), 5) for _ in range(2)]
+            return job, got
+
+    job, messages = asyncio.run(main())
+    assert (job.status, job.attempt, job.reason) == ("placed", 1, "")
+    assert job.option is not None and job.estimated_cost == job.option["estimates"]["cost"]["total"]
+    with session_scope(ctx.session_factory) as s:
+        tasks = job_tasks(s, job.id)
+        kinds = s.scalars(select(Event.kind).where(Event.job_id == job.id).order_by(Event.id)).all()
+    assert kinds == ["job.submitted", "job.placed"]
+    assert len(tasks) == 2 and {t.status for t in tasks} == {"dispatched"}
+    assert {t.region for t in tasks} == {"eu-west"}
+    by_node = {channel.removeprefix("node."): m["assignment"] for channel, m in messages}
+    assert set(by_node) == {t.node_id for t in tasks}
+    for t in tasks:
+        a = by_node[t.node_id]
+        assert (a["assignment_id"], a["job_id"], a["attempt"], a["nproc"]) == (t.id, job.id, 1, 1)
+        assert a["device_indices"] == t.device_indices == [0]
+        cfg = parse_worker_config(json.loads(a["worker_config_json"]))
+        assert cfg.global_replicas == 2 and cfg.parallel.dp_local == 1
+        assert len(cfg.sync.peers) == 1 and cfg.sync.listen == f"127.0.0.1:{t.sync_port}"
+    assert _active_allocations(ctx, job.id) == 2
+
+
+def test_quote_then_accept_an_option(ctx: ServerContext) -> None:
+    alice, bob, _ = _fleet(ctx)
+    quote = create_quote(ctx, alice, tiny_spec())
+    assert quote.options and quote.expires_at is not None
+    chosen = quote.options[-1]
+    with pytest.raises(NotFound):
+        submit_job(ctx, bob, quote_id=quote.id, option_id=chosen["id"])  # not bob's quote
+    with pytest.raises(NotFound, match="no option"):
+        submit_job(ctx, alice, quote_id=quote.id, option_id="nope")
+    job = submit_job(ctx, alice, quote_id=quote.id, option_id=chosen["id"])
+    assert job.status == "placed" and job.quote_id == quote.id
+    assert job.option is not None and job.option["id"] == chosen["id"]
+    assert {(t["node"], t["device"]) for t in job.option["tasks"]} == {
+        (t["node"], t["device"]) for t in chosen["tasks"]
+    }
+
+
+def test_expired_quote_is_refused(ctx: ServerContext) -> None:
+    alice, _, _ = _fleet(ctx)
+    quote = create_quote(ctx, alice, tiny_spec())
+    with session_scope(ctx.session_factory) as s:
+        s.execute(
+            update(Quote).where(Quote.id == quote.id).values(expires_at=quote.expires_at - timedelta(hours=1))
+        )
+    with pytest.raises(FailedPrecondition, match="expired"):
+        submit_job(ctx, alice, quote_id=quote.id)
+
+
+def test_bad_requests_name_the_field(ctx: ServerContext) -> None:
+    alice, _, _ = _fleet(ctx)
+    with pytest.raises(InvalidArgument) as info:
+        submit_job(ctx, alice, spec=tiny_spec(), choice="random")
+    assert info.value.details["field"] == "choice"
+    with pytest.raises(InvalidArgument):
+        submit_job(ctx, alice)  # neither spec nor quote
+    with pytest.raises(NotFound) as nf:
+        submit_job(ctx, "no-such-tenant", spec=tiny_spec())
+    assert nf.value.details["field"] == "tenant_id"
+    with pytest.raises(NoFeasiblePlan):
+        submit_job(ctx, alice, spec=tiny_spec(qos={"regions": ["mars"]}))
+
+
+def test_cancel_stops_tasks_and_frees_devices(ctx: ServerContext) -> None:
+    alice, bob, _ = _fleet(ctx)
+    job = submit_job(ctx, alice, spec=tiny_spec(parallelism={"dp": 2}, qos={"regions": ["eu-west"]}))
+    with pytest.raises(NotFound):
+        cancel_job(ctx, job.id, "not yours", tenant_id=bob)
+
+    async def main() -> list[tuple[str, dict]]:
+        async with ctx.bus.subscribe("node.*") as sub:
+            await asyncio.to_thread(cancel_job, ctx, job.id, "changed my mind", tenant_id=alice)
+            return [await asyncio.wait_for(sub.__anext__(), 5) for _ in range(2)]
+
+    cancels = asyncio.run(main())
+    with session_scope(ctx.session_factory) as s:
+        tasks = job_tasks(s, job.id)
+        stored = s.get(Job, job.id)
+        assert stored is not None and (stored.status, stored.reason) == ("cancelled", "changed my mind")
+    assert {m["cancel"]["assignment_id"] for _, m in cancels} == {t.id for t in tasks}
+    assert {t.status for t in tasks} == {"cancelled"}
+    assert _active_allocations(ctx, job.id) == 0
+    with pytest.raises(FailedPrecondition, match="already cancelled"):
+        cancel_job(ctx, job.id, "again")
+
+
+def test_tenants_see_only_their_jobs(ctx: ServerContext) -> None:
+    alice, bob, _ = _fleet(ctx)
+    job = submit_job(ctx, alice, spec=tiny_spec())
+    with session_scope(ctx.session_factory) as s:
+        admin = add_tenant(s, "root", is_admin=True)
+        assert get_job(s, alice, job.id).id == job.id
+        with pytest.raises(NotFound):
+            get_job(s, bob, job.id)
+        assert [j.id for j in list_jobs(s, alice)] == [job.id]
+        assert list_jobs(s, s.get(Tenant, bob)) == []  # type: ignore[arg-type]
+        assert [j.id for j in list_jobs(s, admin)] == [job.id]
+        assert list_jobs(s, alice, status="failed") == []
+        with pytest.raises(InvalidArgument):
+            list_jobs(s, alice, status="weird")

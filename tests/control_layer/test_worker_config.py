@@ -1,0 +1,93 @@
+"""Pure worker-config building: names, batches, sync settings per mode, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from control_layer.planner.plan_types import PlanOption
+from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
+from orchestration.db.models import Cluster, Node
+from orchestration.errors import FailedPrecondition
+from tests.orchestration.fleet import hand_option, tiny_spec
+
+
+def _fleet() -> tuple[dict[str, Cluster], dict[str, Node]]:
+    clusters = {
+        "eu": Cluster(id="ceu", name="eu1", region="eu-west"),
+        "us": Cluster(id="cus", name="us1", region="us-east"),
+        "ap": Cluster(id="cap", name="ap1", region="ap-south"),
+    }
+    nodes = {k: Node(id=f"n{k}0000000", cluster_id=c.id) for k, c in clusters.items()}
+    nodes["eu2"] = Node(id="neu2000000", cluster_id="ceu")
+    return clusters, nodes
+
+
+def _slots(option: PlanOption, clusters: dict[str, Cluster]) -> list[TaskSlot]:
+    by_id = {c.id: c for c in clusters.values()}
+    return [
+        TaskSlot(
+            node_id=node_id,
+            cluster_id=entries[0].cluster,
+            cluster_name=by_id[entries[0].cluster].name,
+            region=by_id[entries[0].cluster].region,
+            host=f"h-{node_id}",
+            sync_port=9000 + i,
+            entries=tuple(entries),
+        )
+        for i, (node_id, entries) in enumerate(sorted(group_by_node(option).items()))
+    ]
+
+
+def test_gossip_mode_gets_the_option_graph_in_participant_names() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0), (c["ap"], n["ap"], 0)])
+    option = option.model_copy(update={"sync": option.sync.model_copy(update={
+        "mode": "gossip", "gossip": {"ceu": ["cus"], "cus": ["cap"], "cap": ["ceu"]},
+    })})  # fmt: skip
+    spec = tiny_spec(sync={"mode": "gossip", "every": 1}, training={"steps": 4, "global_batch_tokens": 48})
+    configs = build_worker_configs("job", spec, option, _slots(option, c))
+    eu = configs[n["eu"].id]
+    assert eu["sync"]["gossip_graph"] == [
+        {"eu-west": ["us-east"], "us-east": ["ap-south"], "ap-south": ["eu-west"]}
+    ]
+    assert "outer_lr" not in eu["sync"]  # not DiLoCo and not asked for: the engine's own default
+    assert set(eu["sync"]["peers"]) == {"us-east", "ap-south"}
+    for cfg in configs.values():
+        validate_worker_config(cfg)
+
+
+def test_explicit_outer_lr_is_passed_for_other_modes() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0)])
+    spec = tiny_spec(sync={"mode": "local_sgd", "every": 2, "outer_lr": 0.5})
+    configs = build_worker_configs("job", spec, option, _slots(option, c))
+    assert {cfg["sync"]["outer_lr"] for cfg in configs.values()} == {0.5}
+    assert {"outer_momentum" in cfg["sync"] for cfg in configs.values()} == {False}
+
+
+def test_two_tasks_in_one_region_get_distinct_names_and_pinned_data_follows() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["eu"], n["eu2"], 0)])
+    spec = tiny_spec(data={"kind": "synthetic-markov", "region": "eu-west"})
+    configs = build_worker_configs("job", spec, option, _slots(option, c))
+    names = {cfg["region"] for cfg in configs.values()}
+    assert names == {"eu-west/eu1/neu00000", "eu-west/eu1/neu20000"}
+    for cfg in configs.values():
+        assert cfg["sync"]["region"] == cfg["data"]["region"] == cfg["region"]
+        validate_worker_config(cfg)
+
+
+def test_refusals_name_the_problem() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0)])
+    with pytest.raises(
+        FailedPrecondition, match="data.region is 'eu-west' but the plan puts a task in 'us-east'"
+    ):
+        build_worker_configs("job", tiny_spec(data={"region": "eu-west"}), option, _slots(option, c))
+    spec = tiny_spec(training={"steps": 4, "global_batch_tokens": 48})  # 3 sequences over 2 replicas
+    with pytest.raises(FailedPrecondition, match="do not split evenly"):
+        build_worker_configs("job", spec, option, _slots(option, c))
+    bad = build_worker_configs("job", tiny_spec(), option, _slots(option, c))[n["eu"].id]
+    bad["training"]["micro_batch"] = 3  # does not divide the local batch of 2
+    with pytest.raises(FailedPrecondition, match="micro_batch"):
+        validate_worker_config(bad)

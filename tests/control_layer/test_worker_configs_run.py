@@ -1,0 +1,84 @@
+"""The worker configs placement writes are the ones real workers run: two torchrun groups on two
+nodes of one region train a tiny model and sync with each other over loopback gRPC."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from control_layer.allocation import allocate
+from orchestration.db.engine import make_engine, make_session_factory, session_scope
+from orchestration.db.migrate import upgrade
+from orchestration.db.models import Job
+from tests.orchestration.fleet import add_cluster, add_tenant, hand_option, tiny_spec
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_same_region_tasks_train_and_sync(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cpn.sqlite'}"
+    upgrade(url)
+    engine = make_engine(url)
+    spec = tiny_spec(
+        data={"kind": "synthetic-markov", "seed": 1, "region": "eu-west"},
+        sync={"mode": "diloco", "every": 2},
+        training={"steps": 4, "global_batch_tokens": 64},
+    )
+    with session_scope(make_session_factory(engine)) as s:
+        tenant = add_tenant(s)
+        cluster, nodes = add_cluster(s, region="eu-west", name="c1", nodes=2, devices_per_node=1)
+        for node in nodes:  # each node's declared sync range: one free port
+            node.sync_port_min = node.sync_port_max = _free_port()
+        job = Job(tenant_id=tenant.id, name="j", spec=spec.model_dump(mode="json"))
+        s.add(job)
+        s.flush()
+        tasks = allocate(
+            s, job, spec, hand_option([(cluster, nodes[0], 0), (cluster, nodes[1], 0)]), attempt=1
+        )
+        configs = [t.worker_config for t in tasks]
+    engine.dispose()
+    names = sorted(c["region"] for c in configs)
+    assert all(n.startswith("eu-west/c1/") for n in names) and names[0] != names[1]
+
+    procs = []
+    for i, cfg in enumerate(configs):
+        cfg = {**cfg, "device": "cpu"}
+        path = tmp_path / f"worker{i}.json"
+        path.write_text(json.dumps(cfg))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+               "-m", "training.worker", "--config", str(path)]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        procs.append(
+            subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+
+    for cfg, out in zip(configs, outputs, strict=True):
+        results = [
+            json.loads(line.split(" ", 1)[1]) for line in out.splitlines() if line.startswith("CPN_RESULT ")
+        ]
+        assert results, f"worker for {cfg['region']} reported no result:\n{out[-3000:]}"
+        result = results[-1]
+        assert result["steps"] == 4 and math.isfinite(result["final_loss"]), result
+        metrics = [
+            json.loads(line.split(" ", 1)[1]) for line in out.splitlines() if line.startswith("CPN_METRIC ")
+        ]
+        received = [m.get("sync", {}).get("bytes_recv", {}) for m in metrics]
+        peer = next(n for n in names if n != cfg["region"])
+        assert any(r.get(peer, 0) > 0 for r in received), f"{cfg['region']} never heard from {peer}"

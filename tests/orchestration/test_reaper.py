@@ -1,0 +1,89 @@
+"""The reaper marks nodes lost when their liveness key expired, once, from one replica at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+
+from sqlalchemy import update
+
+from control_layer.jobs import job_tasks, submit_job
+from orchestration.context import ServerContext
+from orchestration.db.base import utcnow
+from orchestration.db.engine import session_scope
+from orchestration.db.models import Job, Node
+from orchestration.reaper import REAPER_LOCK, node_alive_key, reap_once, run_reaper
+from tests.orchestration.fleet import add_cluster, add_tenant, tiny_spec
+
+
+def _fleet(ctx: ServerContext) -> tuple[str, list[str]]:
+    with session_scope(ctx.session_factory) as s:
+        tenant = add_tenant(s)
+        _, nodes = add_cluster(s, nodes=3, devices_per_node=1)
+        # the last recorded heartbeat is old: only the liveness key can vouch for these nodes
+        s.execute(update(Node).values(last_heartbeat_at=utcnow() - timedelta(minutes=5)))
+        return tenant.id, [n.id for n in nodes]
+
+
+def _status(ctx: ServerContext, node_id: str) -> str:
+    with session_scope(ctx.session_factory) as s:
+        node = s.get(Node, node_id)
+        assert node is not None
+        return node.status
+
+
+def test_nodes_without_heartbeats_are_lost_and_their_jobs_replaced(ctx: ServerContext) -> None:
+    tenant, (a, b, c) = _fleet(ctx)
+    job = submit_job(ctx, tenant, spec=tiny_spec())
+    with session_scope(ctx.session_factory) as s:
+        (task,) = job_tasks(s, job.id)
+    ttl = ctx.settings.node_lost_after_s
+    for node_id in (a, b, c):
+        if node_id != task.node_id:
+            ctx.bus.touch(node_alive_key(node_id), 60)
+    ctx.bus.touch(node_alive_key(task.node_id), ttl)
+    assert reap_once(ctx) == []  # every key is fresh
+    time.sleep(ttl + 0.1)
+    assert reap_once(ctx) == [task.node_id]
+    assert _status(ctx, task.node_id) == "lost"
+    assert {_status(ctx, n) for n in (a, b, c) if n != task.node_id} == {"alive"}
+    with session_scope(ctx.session_factory) as s:
+        stored = s.get(Job, job.id)
+        assert stored is not None and (stored.status, stored.attempt) == ("placed", 2)
+        assert "node lost" in stored.reason
+    assert reap_once(ctx) == []  # lost once, not again
+
+
+def test_recent_heartbeat_in_the_database_gives_grace(ctx: ServerContext) -> None:
+    _, nodes = _fleet(ctx)
+    with session_scope(ctx.session_factory) as s:
+        s.execute(update(Node).where(Node.id == nodes[0]).values(last_heartbeat_at=utcnow()))
+    # no keys at all (e.g. a control plane just restarted with an in-process bus)
+    assert set(reap_once(ctx)) == set(nodes[1:])
+    assert _status(ctx, nodes[0]) == "alive"
+
+
+def test_only_the_lock_holder_reaps(ctx: ServerContext) -> None:
+    _, nodes = _fleet(ctx)
+    with ctx.bus.lock(REAPER_LOCK, 30) as held:
+        assert held
+        assert reap_once(ctx) == []  # another replica is reaping
+        assert {_status(ctx, n) for n in nodes} == {"alive"}
+    assert set(reap_once(ctx)) == set(nodes)
+
+
+def test_run_reaper_loop_stops_on_request(ctx: ServerContext) -> None:
+    _, nodes = _fleet(ctx)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.create_task(run_reaper(ctx, stop))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and await asyncio.to_thread(_status, ctx, nodes[0]) != "lost":
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(loop, 5)
+
+    asyncio.run(main())
+    assert {_status(ctx, n) for n in nodes} == {"lost"}
