@@ -1,0 +1,207 @@
+"""The worker's whole configuration, one JSON file per job and cluster.
+
+The agent writes it; ``python -m training.worker --config cfg.json`` (or env ``CPN_WORKER_CONFIG``)
+reads it. Everything a worker does is decided here; nothing is read from globals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestration.errors import InvalidArgument
+from training.models.gpt import GPTConfig
+
+try:  # the cross-region engine owns its section; until it exists, accept its documented shape
+    from training.sync.config import SyncConfig  # type: ignore[import-not-found]
+except ImportError:
+
+    class SyncConfig(BaseModel):  # type: ignore[no-redef]
+        """Placeholder for ``training.sync.config.SyncConfig``: the fields the runtime relies on."""
+
+        model_config = ConfigDict(extra="allow")
+
+        mode: str = "none"
+        every: int = Field(default=1, gt=0)
+        compression: str | None = None
+        peers: dict[str, str] = Field(default_factory=dict)  # region -> host:port of its leader
+        listen: str | None = None  # host:port this cluster's leader serves on
+        global_replicas: int | None = Field(default=None, gt=0)
+        replica_offset: int = Field(default=0, ge=0)
+
+
+_STRICT = ConfigDict(extra="forbid")
+
+
+class DataSpec(BaseModel):
+    model_config = _STRICT
+
+    kind: Literal["synthetic-markov", "tokens", "byo"] = "synthetic-markov"
+    seed: int = 0
+    branching: int = Field(default=4, gt=0)  # markov: successors per state
+    concentration: float = Field(default=0.5, gt=0)  # markov: Dirichlet weight of successors
+    path: str | None = None  # tokens: flat binary file of token ids
+    dtype: Literal["uint16", "uint32"] = "uint16"
+    region: str | None = None  # pinned: only workers in this region may read it
+
+    @model_validator(mode="after")
+    def _path_for_tokens(self) -> DataSpec:
+        if self.kind == "tokens" and not self.path:
+            raise ValueError("data.path is required when data.kind is 'tokens'")
+        return self
+
+
+class TrainingSpec(BaseModel):
+    model_config = _STRICT
+
+    steps: int = Field(gt=0)
+    global_batch: int | None = Field(default=None, gt=0)  # sequences per step over all replicas
+    local_batch: int | None = Field(default=None, gt=0)  # sequences per step per replica
+    micro_batch: int | None = Field(default=None, gt=0)  # sequences per forward (grad accumulation)
+    lr: float = Field(default=3e-4, gt=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    warmup: int = Field(default=0, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float | None = Field(default=None, gt=0)
+    seed: int = 0  # model init; data streams derive from data.seed
+
+
+class ParallelSpec(BaseModel):
+    model_config = _STRICT
+
+    dp_local: int = Field(default=1, gt=0)  # data-parallel replicas inside this cluster
+    tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    zero: Literal[0, 1, 2, 3] = 0  # 0 DDP; 1/2 FSDP2 keeping params gathered; 3 FSDP2 resharding
+    pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    microbatches: int | None = Field(default=None, gt=0)  # pipeline microbatches (default: pp)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_local * self.tp * self.pp
+
+
+class CheckpointSpec(BaseModel):
+    model_config = _STRICT
+
+    dir: str | None = None
+    every: int | None = Field(default=None, gt=0)  # steps; the final step is always saved
+    keep_last: int = Field(default=2, gt=0)
+    resume: bool = True
+
+
+_ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class WorkerConfig(BaseModel):
+    model_config = _STRICT
+
+    job_id: str = Field(min_length=1)
+    region: str = Field(min_length=1)
+    cluster: str = Field(min_length=1)
+    model: GPTConfig | None = None
+    data: DataSpec = Field(default_factory=DataSpec)
+    training: TrainingSpec
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
+    metrics_path: str | None = None
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    entrypoint: str | None = None  # bring your own: "package.module:function"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkerConfig:
+        if self.entrypoint is None and self.model is None:
+            raise ValueError("model is required unless an entrypoint supplies one")
+        if self.entrypoint is not None and not _ENTRYPOINT.match(self.entrypoint):
+            raise ValueError(f"entrypoint must look like 'package.module:function', got {self.entrypoint!r}")
+        if (self.data.kind == "byo") != (self.entrypoint is not None):
+            raise ValueError("data.kind 'byo' and entrypoint go together: set both or neither")
+        if self.replica_offset + self.parallel.dp_local > self.global_replicas:
+            raise ValueError(
+                f"sync.replica_offset ({self.replica_offset}) + parallel.dp_local ({self.parallel.dp_local})"
+                f" exceeds sync.global_replicas ({self.global_replicas})"
+            )
+        t = self.training
+        if t.global_batch is None and t.local_batch is None:
+            raise ValueError("training: set global_batch or local_batch")
+        if t.global_batch is not None:
+            if t.global_batch % self.global_replicas:
+                raise ValueError(
+                    f"training.global_batch ({t.global_batch}) must be divisible by the"
+                    f" {self.global_replicas} global replicas"
+                )
+            if t.local_batch is not None and t.local_batch * self.global_replicas != t.global_batch:
+                raise ValueError(
+                    f"training.local_batch ({t.local_batch}) x {self.global_replicas} replicas"
+                    f" != training.global_batch ({t.global_batch})"
+                )
+        if t.micro_batch is not None and self.local_batch % t.micro_batch:
+            raise ValueError(
+                f"training.local_batch ({self.local_batch}) must be divisible by"
+                f" micro_batch ({t.micro_batch})"
+            )
+        if self.parallel.pp > 1 and self.microbatches < self.parallel.pp:
+            raise ValueError(
+                f"parallel.microbatches ({self.microbatches}) must be >= pp ({self.parallel.pp})"
+                " to fill the pipeline"
+            )
+        sync_region = getattr(self.sync, "region", None)
+        if sync_region is not None and sync_region != self.region:
+            raise ValueError(f"sync.region ({sync_region!r}) differs from region ({self.region!r})")
+        if self.parallel.pp > 1 and self.local_batch % self.microbatches:
+            raise ValueError(
+                f"training.local_batch ({self.local_batch}) must be divisible by"
+                f" parallel.microbatches ({self.microbatches})"
+            )
+        return self
+
+    @property
+    def global_replicas(self) -> int:
+        return self.sync.global_replicas or self.parallel.dp_local
+
+    @property
+    def replica_offset(self) -> int:
+        return self.sync.replica_offset
+
+    @property
+    def local_batch(self) -> int:
+        t = self.training
+        return t.local_batch if t.local_batch is not None else t.global_batch // self.global_replicas  # type: ignore[operator]
+
+    @property
+    def micro_batch(self) -> int:
+        return self.training.micro_batch or self.local_batch
+
+    @property
+    def microbatches(self) -> int:
+        return self.parallel.microbatches or self.parallel.pp
+
+
+def parse_worker_config(raw: dict[str, Any]) -> WorkerConfig:
+    try:
+        return WorkerConfig.model_validate(raw)
+    except ValidationError as e:
+        fields = [".".join(str(p) for p in err["loc"]) or "<root>" for err in e.errors()]
+        raise InvalidArgument(f"invalid worker config: {e}", fields=fields) from None
+
+
+def load_worker_config(path: str | os.PathLike[str] | None = None) -> WorkerConfig:
+    """From ``path``, else from the file named by env ``CPN_WORKER_CONFIG``."""
+    path = path or os.environ.get("CPN_WORKER_CONFIG")
+    if not path:
+        raise InvalidArgument("no worker config: pass --config PATH or set CPN_WORKER_CONFIG", field="config")
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise InvalidArgument(f"worker config file not found: {p}", field="config") from None
+    except json.JSONDecodeError as e:
+        raise InvalidArgument(f"worker config {p} is not valid JSON: {e}", field="config") from None
+    return parse_worker_config(raw)

@@ -1,0 +1,69 @@
+"""All distributed setup in one place: process group, device, threads.
+
+Under torchrun the env (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT) says
+everything. Without it the process is a world of one, with a real (in-memory) process group so
+the same code path runs everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+
+def compute_init(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(dev)
+        backend = "nccl"
+    else:
+        dev = torch.device("cpu")
+        backend = "gloo"
+        if "OMP_NUM_THREADS" not in os.environ:
+            # Processes on one host share its cores; oversubscribing threads slows everyone down.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
+    if world > 1 and "MASTER_ADDR" not in os.environ:
+        raise RuntimeError(f"WORLD_SIZE={world} but MASTER_ADDR is not set: launch with torchrun")
+    if not dist.is_initialized():
+        timeout = timedelta(seconds=timeout_s)
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return DistContext(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        device=dev,
+        backend=backend,
+    )
+
+
+def compute_cleanup(ok: bool = True) -> None:
+    """Tear the process group down. After a failure, skip the barrier: peers may never reach it."""
+    if dist.is_initialized():
+        if ok:
+            dist.barrier()
+        dist.destroy_process_group()

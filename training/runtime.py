@@ -1,0 +1,310 @@
+"""The intra-cluster train loop: model, data, optimizer and parallelism built from a WorkerConfig,
+then steps, each followed by the cross-region hook (``training.sync_hook``)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+from torch.distributed.tensor import DTensor
+
+from orchestration.errors import InvalidArgument
+from training.byo import DatasetStream, build_byo
+from training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from training.config import WorkerConfig
+from training.data.markov import MarkovSource
+from training.data.streams import BatchStream, build_stream, derive_seed
+from training.metrics import MetricsCallback
+from training.models.gpt import GPT, lm_loss
+from training.parallel.dims import ParallelDims
+from training.parallel.init import DistContext
+from training.parallel.parallelize import grad_sync, parallelize
+from training.parallel.pipeline import build_schedule, split_stage
+from training.parallel.replica_state import gather_full_params, replica_layout, scatter_full_params
+from training.sync_hook import CrossRegionSync, SyncContext, build_sync
+
+ForwardLoss = Callable[[nn.Module, Any, Any], Tensor]
+
+
+def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup, then cosine decay to ``min_ratio`` of the peak at ``total`` steps."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: nn.Module, cfg: WorkerConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not biases, norms)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    t = cfg.training
+    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=t.lr, betas=t.betas)
+
+
+@torch.no_grad()
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float, dims: ParallelDims) -> float:
+    """Global L2 norm over the whole replica (DTensor shards and pipeline stages), then scale."""
+    sq = torch.zeros((), dtype=torch.float64)
+    for p in params:
+        if p.grad is None:
+            continue
+        n = torch.linalg.vector_norm(p.grad, dtype=torch.float32)
+        n = n.full_tensor() if isinstance(n, DTensor) else n
+        sq += n.double().cpu() ** 2
+    if dims.pp > 1:
+        sq = sq.to(next(iter(params)).device)
+        dist.all_reduce(sq, group=dims.mesh["pp"].get_group())
+    total = float(sq.sqrt())
+    coef = max_norm / (total + 1e-6)
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return total
+
+
+@dataclass
+class Trainer:
+    cfg: WorkerConfig
+    ctx: DistContext
+    dims: ParallelDims
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    stream: BatchStream
+    forward_loss: ForwardLoss
+    sync: CrossRegionSync
+    schedule: PipelineScheduleSingle | None = None
+    entropy_floor: float | None = None
+    tokens_per_sample: int = 1  # the GPT's seq_len; a BYO sample counts as one
+    step: int = 0  # optimizer steps completed
+    history: list[float] = field(default_factory=list)
+
+    def _forward_backward(self, x: Any, y: Any) -> Tensor:
+        if self.schedule is not None:
+            losses: list[Tensor] = []
+            first, last = self.dims.pp_rank == 0, self.dims.pp_rank == self.dims.pp - 1
+            if first:
+                self.schedule.step(x, target=y, losses=losses)
+            elif last:
+                self.schedule.step(target=y, losses=losses)
+            else:
+                self.schedule.step()
+            return torch.stack(losses).mean().detach() if last else torch.zeros((), device=self.ctx.device)
+        mb = self.cfg.micro_batch
+        xs, ys = x.split(mb), y.split(mb)
+        total = torch.zeros((), device=self.ctx.device)
+        for i, (xm, ym) in enumerate(zip(xs, ys, strict=True)):
+            with grad_sync(self.model, enabled=i == len(xs) - 1):
+                loss = self.forward_loss(self.model, xm, ym) / len(xs)
+                loss.backward()
+            total += loss.detach()
+        return total
+
+    def _cluster_loss(self, local: Tensor) -> float:
+        """Mean over this cluster's replicas: only last-stage ranks hold a loss (tp ranks equal)."""
+        t = local.detach().float().reshape(())
+        dist.all_reduce(t)
+        return float(t) / (self.dims.dp * self.dims.tp)
+
+    def train_step(self) -> dict[str, Any]:
+        step = self.step + 1
+        t0 = time.perf_counter()
+        x, y = self.stream.batch(step, self.cfg.local_batch)
+        x, y = x.to(self.ctx.device), y.to(self.ctx.device)
+        t1 = time.perf_counter()
+        local_loss = self._forward_backward(x, y)
+        grad_norm = None
+        if self.cfg.training.grad_clip is not None:
+            grad_norm = clip_grad_norm(list(self.model.parameters()), self.cfg.training.grad_clip, self.dims)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        loss = self._cluster_loss(local_loss)  # also the point where the step's compute has finished
+        t2 = time.perf_counter()
+        if self.sync.should_sync(step):
+            params = gather_full_params(self.model, self.dims)
+            self.sync.after_step(step, params)
+            scatter_full_params(self.model, self.dims, params)
+        t3 = time.perf_counter()
+        self.step = step
+        self.history.append(loss)
+        samples = self.cfg.local_batch * self.dims.dp
+        tokens = samples * self.tokens_per_sample
+        m: dict[str, Any] = {
+            "job_id": self.cfg.job_id,
+            "region": self.cfg.region,
+            "cluster": self.cfg.cluster,
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "tokens": tokens,
+            "tokens_per_s": tokens / (t3 - t0),
+            "samples_per_s": samples / (t3 - t0),
+            "data_s": t1 - t0,
+            "compute_s": t2 - t1,
+            "sync_s": t3 - t2,
+            "wall_s": t3 - t0,
+            "compute_util": (t2 - t1) / (t3 - t0),
+        }
+        if grad_norm is not None:
+            m["grad_norm"] = grad_norm
+        if self.entropy_floor is not None:
+            m["entropy_floor"] = self.entropy_floor
+        if self.ctx.is_leader:
+            sync_metrics = self.sync.metrics()
+            if sync_metrics:
+                m["sync"] = sync_metrics
+        return m
+
+    def save(self) -> None:
+        ck = self.cfg.checkpoint
+        if ck.dir is None:
+            return
+        extra = {
+            "scheduler": self.scheduler.state_dict(),
+            "sync": self.sync.state_dict() if self.ctx.is_leader else {},
+        }
+        save_checkpoint(ck.dir, self.step, self.model, self.optimizer, extra, ck.keep_last)
+
+    def maybe_resume(self) -> bool:
+        ck = self.cfg.checkpoint
+        if ck.dir is None or not ck.resume:
+            return False
+        path = latest_checkpoint(ck.dir)
+        if path is None:
+            return False
+        meta = load_checkpoint(path, self.model, self.optimizer)
+        self.scheduler.load_state_dict(meta["scheduler"])
+        self.step = int(meta["step"])
+        if self.ctx.is_leader:
+            self.sync.load_state_dict(meta.get("sync", {}))
+        return True
+
+    def run(self, callback: MetricsCallback | None = None) -> dict[str, Any]:
+        start, t0 = self.step, time.perf_counter()
+        every = self.cfg.checkpoint.every
+        while self.step < self.cfg.training.steps:
+            m = self.train_step()
+            if callback is not None and self.ctx.is_leader:
+                callback(m)
+            if every and self.step % every == 0 and self.step < self.cfg.training.steps:
+                self.save()
+        if self.cfg.checkpoint.dir is not None and self.step > start:
+            self.save()
+        return {
+            "job_id": self.cfg.job_id,
+            "region": self.cfg.region,
+            "cluster": self.cfg.cluster,
+            "steps": self.step,
+            "resumed_from": start or None,
+            "final_loss": self.history[-1] if self.history else None,
+            "entropy_floor": self.entropy_floor,
+            "wall_s": time.perf_counter() - t0,
+        }
+
+    def close(self) -> None:
+        self.sync.close()
+
+
+def _gpt_forward_loss(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
+    return model(x, y)[1]
+
+
+def build_trainer(cfg: WorkerConfig, ctx: DistContext) -> Trainer:
+    p = cfg.parallel
+    dims = ParallelDims(
+        dp=p.dp_local,
+        tp=p.tp,
+        pp=p.pp,
+        world_size=ctx.world_size,
+        zero=p.zero,
+        pp_schedule=p.pp_schedule,
+        microbatches=cfg.microbatches,
+    )
+    dims.build_mesh(ctx.device.type)
+    replica = cfg.replica_offset + dims.dp_rank
+    floor = None
+    if cfg.entrypoint is not None:
+        if dims.tp > 1 or dims.pp > 1:
+            raise InvalidArgument(
+                "a bring-your-own model supports data parallelism only (tp = pp = 1)", field="parallel"
+            )
+        job = build_byo(cfg)
+        model: nn.Module = job.model
+        loss_fn = job.loss_fn
+        forward_loss: ForwardLoss = lambda m, x, y: loss_fn(m(x), y)  # noqa: E731
+        stream: BatchStream = DatasetStream(
+            job.dataset, cfg.data.seed, replica, cfg.global_replicas, cfg.local_batch
+        )
+    else:
+        assert cfg.model is not None
+        dims.check_model(cfg.model)
+        model = GPT(cfg.model, seed=cfg.training.seed)
+        forward_loss = _gpt_forward_loss
+        stream = build_stream(
+            cfg.data,
+            worker_region=cfg.region,
+            vocab=cfg.model.vocab,
+            seq_len=cfg.model.seq_len,
+            replica=replica,
+            replicas=cfg.global_replicas,
+        )
+        if cfg.data.kind == "synthetic-markov":
+            floor = MarkovSource(
+                cfg.model.vocab,
+                cfg.data.seed,
+                min(cfg.data.branching, cfg.model.vocab),
+                cfg.data.concentration,
+            ).entropy_rate_nats
+        if dims.pp > 1:
+            split_stage(model, dims.pp_rank, dims.pp)
+    # Dropout masks: one stream per replica, shared by its TP ranks (whose activations are replicas).
+    torch.manual_seed(derive_seed(cfg.training.seed, replica))
+    model.to(ctx.device)
+    model = parallelize(model, dims)
+    schedule = build_schedule(model, dims, ctx.device, lm_loss) if dims.pp > 1 else None
+    optimizer = build_optimizer(model, cfg)
+    t = cfg.training
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_lambda(s, t.warmup, t.steps, t.min_lr_ratio)
+    )
+    layout = replica_layout(model, dims)
+    sync_ctx = SyncContext(
+        job_id=cfg.job_id,
+        region=cfg.region,
+        cluster=cfg.cluster,
+        is_leader=ctx.is_leader,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        local_replicas=dims.dp,
+        global_replicas=cfg.global_replicas,
+        replica_offset=cfg.replica_offset,
+        param_names=tuple(i.name for i in layout),
+        param_shapes=tuple(i.shape for i in layout),
+    )
+    return Trainer(
+        cfg=cfg,
+        ctx=ctx,
+        dims=dims,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        stream=stream,
+        forward_loss=forward_loss,
+        sync=build_sync(cfg, sync_ctx),
+        schedule=schedule,
+        entropy_floor=floor,
+        tokens_per_sample=cfg.model.seq_len if cfg.model is not None and cfg.entrypoint is None else 1,
+    )

@@ -1,0 +1,52 @@
+"""Worker entry point: ``torchrun --nproc-per-node N -m training.worker --config cfg.json``.
+
+Every rank builds its share of the mesh, model, data and optimizer and runs the train loop; the
+leader (rank 0) reports ``CPN_METRIC {json}`` per step and ``CPN_RESULT {json}`` at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from orchestration.errors import CpnError
+from training.config import load_worker_config
+from training.metrics import JsonLinesSink, emit_result
+from training.parallel.init import compute_cleanup, compute_init
+from training.runtime import build_trainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.worker", description=__doc__)
+    parser.add_argument("--config", help="worker config JSON (default: env CPN_WORKER_CONFIG)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_worker_config(args.config)
+    except CpnError as e:
+        print(f"CPN_ERROR {e.message}", file=sys.stderr, flush=True)
+        return 2
+    ctx = compute_init(cfg.device)
+    ok = False
+    try:
+        trainer = build_trainer(cfg, ctx)
+        try:
+            resumed = trainer.maybe_resume()
+            if resumed and ctx.is_leader:
+                print(f"resumed from step {trainer.step}", flush=True)
+            sink = JsonLinesSink(cfg.metrics_path) if ctx.is_leader else None
+            result = trainer.run(sink)
+        finally:
+            trainer.close()
+        if ctx.is_leader:
+            emit_result(result)
+        ok = True
+    except CpnError as e:
+        print(f"CPN_ERROR rank {ctx.rank}: {e.message}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        compute_cleanup(ok)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
