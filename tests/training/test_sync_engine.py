@@ -1,0 +1,177 @@
+"""The engine end to end with real gRPC between regions, each region a thread with a toy model:
+region i pulls its parameters toward its own target, so the regions only agree through sync and
+the consensus optimum is the mean target."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from training.sync.config import SyncConfig
+from training.sync.engine import SyncEngine
+
+REGIONS = ["a", "b", "c"]
+TARGETS = {r: torch.tensor([float(i), -float(i), 2.0 * i]) for i, r in enumerate(REGIONS)}
+MEAN = torch.stack(list(TARGETS.values())).mean(0)
+
+
+def engine(r: str, rdv: Path, steps: int, **sync: Any) -> SyncEngine:
+    cfg = SyncConfig(
+        peers=dict.fromkeys(REGIONS, ""), rendezvous_dir=str(rdv), timeout_s=3, startup_timeout_s=30, **sync
+    )
+    return SyncEngine(cfg, region=r, is_leader=True, total_steps=steps, weight=1 / 3, theta0=torch.zeros(3))
+
+
+def train(
+    eng: SyncEngine,
+    r: str,
+    steps: int,
+    log: list,
+    start: int = 1,
+    stop_at: int | None = None,
+    dt: float = 0.004,
+    lr: float = 0.1,
+) -> torch.Tensor:
+    x = torch.zeros(3)
+    for step in range(start, steps + 1):
+        x -= lr * (x - TARGETS[r])
+        time.sleep(dt)  # compute
+        if eng.should_sync(step):
+            ps = [x]
+            eng.after_step(step, ps)
+        log.append((step, eng.metrics()))
+        if stop_at == step:
+            return x
+    return x
+
+
+def run_all(
+    tmp_path: Path, steps: int, lr: float = 0.1, **sync: Any
+) -> tuple[dict[str, torch.Tensor], dict[str, list]]:
+    out: dict[str, torch.Tensor] = {}
+    logs: dict[str, list] = {r: [] for r in REGIONS}
+    engines = {r: engine(r, tmp_path, steps, **sync) for r in REGIONS}
+
+    def go(r: str) -> None:
+        out[r] = train(engines[r], r, steps, logs[r], lr=lr)
+        engines[r].close()
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in REGIONS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert set(out) == set(REGIONS)
+    return out, logs
+
+
+@pytest.mark.parametrize(
+    "sync",
+    [
+        {"mode": "sync"},
+        {"mode": "local_sgd", "every": 5, "compression": "topk", "topk_ratio": 0.67},
+        {"mode": "diloco", "every": 10, "compression": "int8", "outer_lr": 1.0, "outer_momentum": 0.5},
+        {
+            "mode": "diloco",
+            "every": 10,
+            "fragments": 2,
+            "overlap": True,
+            "compression": "bf16",
+            "outer_lr": 1.0,
+            "outer_momentum": 0.5,
+        },
+    ],
+    ids=lambda s: "-".join(str(v) for v in s.values()),
+)
+def test_anchored_modes_end_on_one_model_near_the_consensus(tmp_path: Path, sync: dict[str, Any]) -> None:
+    out, logs = run_all(tmp_path, 60, **sync)
+    assert torch.equal(out["a"], out["b"]) and torch.equal(out["a"], out["c"])  # bit-identical
+    assert torch.allclose(out["a"], MEAN, atol=0.1), out["a"]
+    sent = sum(sum(m.get("bytes_sent", {}).values()) for _, m in logs["a"])
+    assert sent > 0 and not any(m.get("events") for log in logs.values() for _, m in log if "drop" in str(m))
+
+
+@pytest.mark.parametrize(
+    "sync",
+    [
+        {"mode": "ssp", "every": 5, "staleness": 1, "compression": "int8"},
+        {"mode": "async", "every": 5, "overlap": True, "compression": "int8"},
+        {"mode": "gossip", "every": 5},
+        {"mode": "gossip", "every": 5, "gossip_protocol": "push_sum", "compression": "bf16"},
+    ],
+    ids=lambda s: "-".join(str(v) for v in s.values()),
+)
+def test_loose_modes_pull_regions_toward_the_consensus(tmp_path: Path, sync: dict[str, Any]) -> None:
+    # A weak local pull: regions that finish at different times drift little once mixing stops.
+    out, _ = run_all(tmp_path, 150, lr=0.03, **sync)
+    # Alone, regions a and c would end 4.9 apart (their targets); mixing pulls them together.
+    spread = max((out[x] - out[y]).norm() for x in REGIONS for y in REGIONS)
+    centre = torch.stack([out[r] for r in REGIONS]).mean(0)
+    assert spread < 2.0 and (centre - MEAN).norm() < 0.5, out
+
+
+def test_metrics_report_bytes_latency_and_blocking(tmp_path: Path) -> None:
+    _, logs = run_all(tmp_path, 20, mode="diloco", every=10, overlap=True, compression="int8")
+    merged = [m for _, m in logs["b"] if m.get("latency_s") is not None]
+    assert merged and all(m["latency_s"] > 0 for m in merged)
+    assert {"a", "c"} <= set().union(*(m["bytes_recv"].keys() for _, m in logs["b"]))
+    assert all(m["blocked_s"] >= 0 and m["overlapped_s"] >= 0 for _, m in logs["b"])
+
+
+def test_a_lost_region_is_dropped_and_rejoins_from_a_peer(tmp_path: Path) -> None:
+    steps = 150
+    engines = {r: engine(r, tmp_path, steps, mode="diloco", every=5) for r in REGIONS}
+    logs: dict[str, list] = {r: [] for r in REGIONS}
+    out: dict[str, torch.Tensor] = {}
+
+    def go(r: str) -> None:
+        out[r] = train(engines[r], r, steps, logs[r], dt=0.03)
+        engines[r].close()
+
+    def crash_and_return() -> None:
+        train(engines["c"], "c", steps, logs["c"], stop_at=30, dt=0.03)
+        engines["c"].node.server.stop(0)  # the process dies: no goodbye
+        time.sleep(4)
+        back = engines["c2"] = engine("c", tmp_path, steps, mode="diloco", every=5)
+        out["c"] = train(back, "c", steps, logs["c"], start=1, stop_at=40, dt=0.03)
+        back.close()
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in ("a", "b")]
+    threads.append(threading.Thread(target=crash_and_return))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert set(out) == {"a", "b", "c"}
+    events = [e for _, m in logs["a"] for e in m.get("events", [])]
+    assert any(e.startswith("drop c") for e in events), events
+    assert any(e.startswith("rejoin c") for e in events), events
+    # The survivors finished on one model (after c left for good: the mean of their two targets);
+    # the returning region had caught up (adopted the peers' rounds).
+    assert torch.equal(out["a"], out["b"])
+    assert torch.allclose(out["a"], (TARGETS["a"] + TARGETS["b"]) / 2, atol=0.2), out["a"]
+    assert engines["c2"].strategy.progress()[1] > 5
+
+
+def test_state_dict_round_trip(tmp_path: Path) -> None:
+    e = engine("a", tmp_path / "x", 20, mode="diloco", every=10, compression="int8")
+    try:
+        e.strategy.start(torch.zeros(3), torch.zeros(3))
+        e.strategy.anchor = torch.tensor([1.0, 2.0, 3.0])
+        e.strategy.momentum = [torch.ones(3)]
+        e.strategy.completed = e.strategy.opened = 4
+        state = e.state_dict()
+    finally:
+        e.close()
+    f = engine("a", tmp_path / "y", 20, mode="diloco", every=10, compression="int8")
+    try:
+        f.load_state_dict(state)
+        assert torch.equal(f.strategy.anchor, torch.tensor([1.0, 2.0, 3.0]))
+        assert torch.equal(f.strategy.momentum[0], torch.ones(3)) and f.strategy.progress() == (4, 4)
+    finally:
+        f.close()

@@ -1,0 +1,99 @@
+"""The gRPC edge: real servers on loopback, health, chunked streams, error codes, deadlines."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from orchestration.errors import FailedPrecondition
+from proto.cpn.sync.v1 import sync_pb2, sync_pb2_grpc
+from training.compression import encode_tensor, get_codec
+from training.sync.messages import Meta, OutMessage, PushResult
+from training.sync.stats import TransferStats
+from training.sync.transport import SERVICE_NAME, PeerClient, PeerError, SyncServer
+from training.wan.shaper import LinkShaper
+
+
+class Region:
+    region = "b"
+
+    def __init__(self) -> None:
+        self.got: list = []
+
+    def known(self, region: str) -> bool:
+        return region == "a"
+
+    def handle_push(self, msg):  # noqa: ANN001, ANN201
+        self.got.append(msg)
+        return PushResult(True, "", 7)
+
+    def handle_exchange(self, msg):  # noqa: ANN001, ANN201
+        return OutMessage(
+            Meta("b", msg.meta.stream), [("y", encode_tensor(msg.tensors["x"] * 2, get_codec("fp32")))]
+        )
+
+    def handle_pull(self, requester, what, min_round):  # noqa: ANN001, ANN201
+        raise FailedPrecondition("not yet", field="min_round")
+
+
+@pytest.fixture
+def server():  # noqa: ANN201
+    region = Region()
+    s = SyncServer(region, LinkShaper(), TransferStats())  # type: ignore[arg-type]
+    s.start()
+    yield s, region
+    s.stop()
+
+
+def test_health_is_served(server) -> None:  # noqa: ANN001
+    s, _ = server
+    with grpc.insecure_channel(s.address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        for name in ("", SERVICE_NAME):
+            r = stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert r.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_large_tensor_streams_in_bounded_chunks(server) -> None:  # noqa: ANN001
+    s, region = server
+    x = torch.randn(600_000)  # 2.4 MB as fp32, 64 KiB chunks
+    enc = encode_tensor(x, get_codec("fp32"), chunk_bytes=64 << 10)
+    assert len(enc.chunks) == 37 and max(len(c.data) for c in enc.chunks) == 64 << 10
+    c = PeerClient("a", "b", s.address, LinkShaper(), TransferStats())
+    ack = c.push(OutMessage(Meta("a", "t", round=3), [("x", enc)]), timeout=10)
+    assert ack.accepted and ack.progress == 7
+    assert torch.equal(region.got[0].tensors["x"], x) and region.got[0].meta.round == 3
+    reply = c.exchange(
+        OutMessage(Meta("a", "t"), [("x", encode_tensor(torch.ones(3), get_codec("int8")))]), 10
+    )
+    assert torch.allclose(reply.tensors["y"], torch.full((3,), 2.0))
+    c.close()
+
+
+def test_errors_map_to_grpc_codes(server) -> None:  # noqa: ANN001
+    s, _ = server
+    stranger = PeerClient("zz", "b", s.address, LinkShaper(), TransferStats())
+    with pytest.raises(PeerError) as e:
+        stranger.push(OutMessage(Meta("zz", "t")), timeout=5)
+    assert e.value.status == "NOT_FOUND"
+    a = PeerClient("a", "b", s.address, LinkShaper(), TransferStats())
+    with pytest.raises(PeerError) as e:
+        a.pull("state", 1, timeout=5)
+    assert e.value.status == "FAILED_PRECONDITION"
+    with grpc.insecure_channel(s.address) as ch:  # a stream that starts with a chunk, not a header
+        stub = sync_pb2_grpc.SyncServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Push(iter([sync_pb2.Frame(chunk=sync_pb2.Chunk(part=0))]), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    stranger.close()
+    a.close()
+
+
+def test_calls_to_a_dead_peer_fail_fast_with_a_status() -> None:
+    c = PeerClient("a", "b", "127.0.0.1:1", LinkShaper(), TransferStats())
+    with pytest.raises(PeerError) as e:
+        c.push(OutMessage(Meta("a", "t")), timeout=2)
+    assert e.value.status in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+    c.close()

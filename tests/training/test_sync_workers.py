@@ -1,0 +1,52 @@
+"""Real worker processes in three regions over gRPC: a region killed mid-run is dropped, the others
+train on, and the region, started again, catches up from a peer and is included again."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from training.sync.launch import region_configs, start_region
+
+REGIONS = ["eu-west", "sa-east", "us-east"]
+
+
+@pytest.mark.slow
+def test_killed_region_is_dropped_then_rejoins(tmp_path: Path) -> None:
+    base = {
+        "job_id": "fault",
+        "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab": 16, "seq_len": 16},
+        "data": {"kind": "synthetic-markov", "seed": 1},
+        "training": {"steps": 1500, "local_batch": 4, "lr": 3e-3, "warmup": 5, "seed": 7},
+    }
+    links = {"eu-west|us-east": {"bandwidth_mbps": 100, "latency_ms": 5}}
+    cfgs = region_configs(
+        base, REGIONS, {"mode": "diloco", "every": 10, "timeout_s": 4, "links": links}, tmp_path
+    )
+    procs = {r: start_region(c, tmp_path) for r, c in cfgs.items()}
+    victim = procs["sa-east"]
+    try:
+        deadline = time.monotonic() + 120
+        while not any(m["step"] >= 40 for m in victim.metrics()):
+            assert time.monotonic() < deadline, victim.output()[-2000:]
+            time.sleep(0.2)
+        victim.kill()
+        time.sleep(6)  # longer than timeout_s: the others must drop it
+        back = start_region(cfgs["sa-east"], tmp_path, tag="-again")
+        for r in ("eu-west", "us-east"):
+            procs[r].wait(240)
+        back.wait(240)
+    finally:
+        for p in [*procs.values()]:
+            p.kill()
+    for r in ("eu-west", "us-east"):
+        res, metrics = procs[r].result(), procs[r].metrics()
+        assert res is not None and res["steps"] == 1500, procs[r].output()[-3000:]
+        assert metrics[-1]["loss"] < metrics[0]["loss"] - 0.5
+    events = [e for m in procs["eu-west"].metrics() for e in m.get("sync", {}).get("events", [])]
+    assert any(e.startswith("drop sa-east") for e in events), events
+    assert any(e.startswith("rejoin sa-east") for e in events), events
+    res = back.result()
+    assert res is not None and res["steps"] == 1500, back.output()[-3000:]

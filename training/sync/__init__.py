@@ -1,0 +1,1 @@
+"""Cross-region sync between cluster leaders over gRPC (see ``engine.SyncEngine``)."""

@@ -1,0 +1,123 @@
+"""``SyncConfig``: the ``sync`` section of a worker config, validated once with field-named errors."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from orchestration.errors import InvalidArgument
+from training.wan.shaper import LinkSpec, parse_links
+
+Mode = Literal["none", "sync", "local_sgd", "diloco", "gossip", "ssp", "async"]
+Compression = Literal["none", "fp32", "fp16", "bf16", "int8", "topk"]
+
+# DiLoCo (Douillard et al. 2023): outer Nesterov SGD, lr 0.7, momentum 0.9.
+DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM = 0.7, 0.9
+
+
+class SyncConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Mode = "none"
+    every: int = Field(default=1, gt=0, description="H: local steps between sync events")
+    compression: Compression | None = None
+    topk_ratio: float = Field(default=0.01, gt=0, le=1)
+    int8_block: int = Field(default=2048, gt=0, description="elements per int8 scale")
+    error_feedback: bool = True
+    # ssp
+    staleness: int = Field(default=1, ge=0, description="ssp: rounds a region may run ahead of the slowest")
+    # sync / local_sgd / diloco (defaults per mode: diloco 0.7 / 0.9 Nesterov, others plain averaging)
+    outer_lr: float | None = Field(default=None, gt=0)
+    outer_momentum: float | None = Field(default=None, ge=0, lt=1)
+    nesterov: bool = True
+    fragments: int = Field(default=1, gt=0, description="diloco: streamed fragments (Streaming DiLoCo)")
+    overlap: bool = False
+    overlap_steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="steps between a fragment's send and "
+        "its application (default: every // fragments // 2 with overlap)",
+    )
+    # gossip
+    gossip_protocol: Literal["pairwise", "push_sum"] = "pairwise"
+    gossip_peers: int = Field(default=1, gt=0)
+    gossip_graph: list[dict[str, list[str]]] | None = Field(
+        default=None,
+        description="per round (cycled): region -> peers it contacts; default: one-peer "
+        "exponential graph over the sorted regions",
+    )
+    gossip_weight: float | None = Field(default=None, gt=0, le=0.5)
+    # async
+    ps_region: str | None = None
+    async_damping: Literal["inverse", "sqrt", "none"] = "inverse"
+    # where and how
+    region: str | None = None
+    listen: str | None = Field(default=None, description="host:port to serve on (default 127.0.0.1:0)")
+    advertise: str | None = Field(default=None, description="host:port peers reach this region at")
+    peers: dict[str, str] = Field(
+        default_factory=dict,
+        description="region -> host:port of its leader; an empty address is looked up in rendezvous_dir",
+    )
+    rendezvous_dir: str | None = None
+    timeout_s: float = Field(default=30.0, gt=0, description="a peer missing this long is dropped")
+    startup_timeout_s: float = Field(default=120.0, gt=0)
+    links: dict[str, LinkSpec] = Field(default_factory=dict, description='"a|b" -> bandwidth and latency')
+    kernel_shaping: bool = Field(default=False, description="bandwidth is shaped by tc; latency stays here")
+    chunk_bytes: int = Field(default=1 << 20, ge=1024, le=3 << 20)
+    # how the runtime places this cluster's replicas among all of the job's (data sharding)
+    global_replicas: int | None = Field(default=None, gt=0)
+    replica_offset: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SyncConfig:
+        try:
+            parse_links(self.links, set(self.peers) | ({self.region} if self.region else set()) or None)
+        except InvalidArgument as e:
+            raise ValueError(e.message) from None
+        if self.mode == "diloco" and self.every % self.fragments:
+            raise ValueError(f"every ({self.every}) must be divisible by fragments ({self.fragments})")
+        if self.fragments > 1 and self.mode != "diloco":
+            raise ValueError("fragments applies to mode 'diloco' only")
+        if self.overlap_steps is not None and self.overlap_steps > self.round_steps:
+            raise ValueError(
+                f"overlap_steps ({self.overlap_steps}) must be <= every // fragments ({self.round_steps})"
+            )
+        if self.ps_region is not None and self.peers and self.ps_region not in self.peers:
+            raise ValueError(f"ps_region {self.ps_region!r} is not among peers {sorted(self.peers)}")
+        if self.gossip_graph is not None:
+            if not self.gossip_graph:
+                raise ValueError("gossip_graph, when given, needs at least one round")
+            for i, rnd in enumerate(self.gossip_graph):
+                for src, dsts in rnd.items():
+                    if src in dsts:
+                        raise ValueError(f"gossip_graph[{i}]: region {src!r} lists itself as a peer")
+        return self
+
+    @property
+    def codec_name(self) -> str:
+        return "fp32" if self.compression in (None, "none") else self.compression
+
+    @property
+    def round_steps(self) -> int:
+        """Steps between two sync events (a fragment's in streaming DiLoCo)."""
+        return self.every // self.fragments if self.mode == "diloco" else self.every
+
+    @property
+    def delay_steps(self) -> int:
+        """Steps between sending a round and applying its result (0: blocking)."""
+        if self.overlap_steps is not None:
+            return self.overlap_steps if self.overlap else 0
+        return max(1, self.round_steps // 2) if self.overlap else 0
+
+    @property
+    def effective_outer_lr(self) -> float:
+        if self.outer_lr is not None:
+            return self.outer_lr
+        return DILOCO_OUTER_LR if self.mode == "diloco" else 1.0
+
+    @property
+    def effective_outer_momentum(self) -> float:
+        if self.outer_momentum is not None:
+            return self.outer_momentum
+        return DILOCO_OUTER_MOMENTUM if self.mode == "diloco" else 0.0

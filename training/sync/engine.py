@@ -1,0 +1,247 @@
+"""``SyncEngine``: the train loop's cross-region hook (``training.sync_hook.CrossRegionSync``).
+
+Built on every rank; only the leader opens a server and talks to peer leaders. The leader's first
+event is a join: it waits for the peers, and if they are ahead (this region restarted, or resumed
+from an older checkpoint) it catches up from a peer's state before it trains on. A region found
+to have fallen behind or drifted later catches up the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from orchestration.errors import FailedPrecondition, InvalidArgument
+from training.sync.algorithms.schedule import anchored_event, is_start
+from training.sync.config import SyncConfig
+from training.sync.node import RegionNode
+from training.sync.stats import goodput_fraction
+from training.sync.strategies.anchored import AnchoredSync
+from training.sync.strategies.async_ps import AsyncServer
+from training.sync.strategies.base import Strategy
+from training.sync.strategies.gossip import GossipSync
+from training.sync.strategies.ssp import StaleSync
+from training.sync.transport import PeerError
+
+if TYPE_CHECKING:
+    from training.config import WorkerConfig
+    from training.sync_hook import SyncContext
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    "sync": AnchoredSync,
+    "local_sgd": AnchoredSync,
+    "diloco": AnchoredSync,
+    "ssp": StaleSync,
+    "async": AsyncServer,
+    "gossip": GossipSync,
+}
+
+
+def is_event(cfg: SyncConfig, step: int, total_steps: int) -> bool:
+    """Pure function of the step: every rank takes part in the gather/scatter when True."""
+    if cfg.mode in ("sync", "local_sgd", "diloco"):
+        return anchored_event(step, cfg.round_steps, cfg.delay_steps, total_steps)
+    return step == 1 or step == total_steps or is_start(step, cfg.every)
+
+
+class SyncEngine:
+    def __init__(
+        self,
+        cfg: SyncConfig,
+        *,
+        region: str,
+        is_leader: bool,
+        total_steps: int,
+        weight: float = 1.0,
+        theta0: Tensor | None = None,
+    ) -> None:
+        if cfg.mode not in STRATEGIES:
+            raise InvalidArgument(
+                f"sync.mode {cfg.mode!r} has no engine; expected one of {sorted(STRATEGIES)}",
+                field="sync.mode",
+            )
+        if cfg.region is not None and cfg.region != region:
+            raise InvalidArgument(
+                f"sync.region {cfg.region!r} differs from the worker's region {region!r}", field="sync.region"
+            )
+        self.cfg, self.region, self.is_leader, self.total_steps = cfg, region, is_leader, total_steps
+        self.theta0 = theta0
+        self.joined = False
+        self.blocked_s = 0.0
+        self.node: RegionNode | None = None
+        self.strategy: Strategy | None = None
+        if is_leader:
+            regions = sorted(set(cfg.peers) | {region})
+            if len(regions) < 2:
+                raise InvalidArgument("sync needs at least one peer region in sync.peers", field="sync.peers")
+            self.node = RegionNode(cfg, region, regions)
+            self.strategy = STRATEGIES[cfg.mode](self.node, cfg, weight, total_steps)
+            self.node.strategy = self.strategy
+            self.node.start()
+
+    @property
+    def address(self) -> str:
+        assert self.node is not None
+        return self.node.address
+
+    # ------------------------------------------------------------ hook
+
+    def should_sync(self, step: int) -> bool:
+        return is_event(self.cfg, step, self.total_steps)
+
+    @torch.no_grad()
+    def after_step(self, step: int, model_params: list[Tensor]) -> None:
+        if not self.is_leader or not model_params:
+            return
+        assert self.strategy is not None
+        t0 = time.monotonic()
+        flat = torch.cat([p.reshape(-1).float() for p in model_params])
+        changed = False
+        if not self.joined:
+            self.strategy.start(flat, self.theta0)
+            new = self._join(step, flat, fresh=True)
+            changed = new is not flat
+            flat = new
+        elif self.strategy.needs_catch_up:
+            flat = self._join(step, flat, fresh=False)
+            changed = True
+        out = self.strategy.on_event(step, flat)
+        if out is not None:
+            flat, changed = out, True
+        if changed:
+            offset = 0
+            for p in model_params:
+                n = p.numel()
+                p.copy_(flat[offset : offset + n].view_as(p))
+                offset += n
+        self.blocked_s += time.monotonic() - t0
+
+    def _join(self, step: int, flat: Tensor, fresh: bool) -> Tensor:
+        """Meet the peers; catch up from the most advanced one if it is ahead of us."""
+        assert self.node is not None and self.strategy is not None
+        s, node = self.strategy, self.node
+        s.needs_catch_up = False
+        deadline = time.monotonic() + (self.cfg.startup_timeout_s if fresh else self.cfg.timeout_s)
+        statuses = node.hello_all(ready=False, next_round=0, step=step, deadline=deadline)
+        while fresh and not all(st.ready for st in statuses.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # start together: wait until every reachable peer is at its first event
+            statuses = node.hello_all(ready=False, next_round=0, step=step, deadline=deadline)
+        repair = getattr(s, "repair_from", None)
+        s.repair_from = None  # type: ignore[attr-defined]
+        late: dict[str, Any] = {}
+        for _attempt in range(5):
+            _, completed = s.progress()
+            src, min_round = None, 0
+            if repair is not None and repair != self.region:
+                src, min_round = repair, completed  # its state once it has applied what we have
+            elif late:  # they opened our next round already: wait for it to complete, take that
+                src = max(late, key=lambda p: (late[p].progress, p))
+                min_round = late[src].progress
+            else:
+                ahead = {p: st for p, st in statuses.items() if st.ready and st.completed > completed}
+                hint = s.catch_up_source(statuses) if hasattr(s, "catch_up_source") else None
+                if hint in ahead:
+                    src, min_round = hint, ahead[hint].completed
+                elif ahead:
+                    src = max(ahead, key=lambda p: (ahead[p].completed, p))
+                    min_round = ahead[src].completed
+            repair = None
+            if src is not None:
+                try:
+                    flat = s.adopt(
+                        node.client(src).pull("state", min_round, timeout=self.cfg.timeout_s), flat
+                    )
+                except PeerError as e:
+                    node.mark_dead(src, f"catch-up failed: {e.status}")
+            opened, _ = s.progress()
+            replies = node.hello_all(
+                ready=True, next_round=opened, step=step, deadline=time.monotonic() + self.cfg.timeout_s
+            )
+            late = {p: st for p, st in replies.items() if not st.accepted}
+            if not late:
+                break
+        self.joined = True
+        return flat
+
+    def metrics(self) -> dict[str, Any]:
+        if not self.is_leader or self.node is None or self.strategy is None:
+            return {}
+        t = self.node.stats.take()
+        lat = self.strategy.take_latencies()
+        comm = sum(lat)
+        blocked_comm = self.strategy.blocked_on_comm
+        self.strategy.blocked_on_comm = 0.0
+        out: dict[str, Any] = {
+            "bytes_sent": t["bytes_sent"],
+            "bytes_recv": t["bytes_recv"],
+            "blocked_s": self.blocked_s,
+            "overlapped_s": max(0.0, comm - blocked_comm),
+            "alive": [p for p in self.node.peers if self.node.is_alive(p)],
+        }
+        if lat:
+            out["latency_s"] = comm / len(lat)
+            out["exchanges"] = len(lat)
+        if t["transfers"]:
+            out["transfers"] = [[n, round(sec, 6), rate] for n, sec, rate in t["transfers"]]
+            g = goodput_fraction(t["transfers"])
+            if g is not None:
+                out["goodput_fraction"] = g
+        ev = self.node.take_events()
+        if ev:
+            out["events"] = ev
+        self.blocked_s = 0.0
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {} if self.strategy is None else self.strategy.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.strategy is not None:
+            self.strategy.load_state_dict(state)
+
+    def close(self) -> None:
+        if self.node is None or self.strategy is None:
+            return
+        self.strategy.finish()
+        if getattr(self.strategy, "is_ps", False):
+            self.node.wait_all_left(self.cfg.timeout_s)  # the others still need the server
+        self.node.leave_all()
+        self.node.close()
+
+
+def initial_params(cfg: WorkerConfig, names: tuple[str, ...]) -> Tensor | None:
+    """The job's common initialisation (same seed in every region), flattened in the replica's
+    canonical order; None for a bring-your-own model (then the anchor is the leader's params at
+    its first event and a divergence is repaired from the lowest-named region)."""
+    if cfg.model is None or cfg.entrypoint is not None:
+        return None
+    from training.models.gpt import GPT
+
+    params = dict(GPT(cfg.model, seed=cfg.training.seed).named_parameters())
+    if set(names) - set(params):
+        return None
+    return torch.cat([params[n].detach().reshape(-1).float() for n in names])
+
+
+def create_sync(cfg: WorkerConfig, ctx: SyncContext) -> SyncEngine:
+    """Entry point used by ``training.sync_hook.build_sync``."""
+    sc = cfg.sync
+    if not isinstance(sc, SyncConfig):
+        sc = SyncConfig.model_validate(sc.model_dump())
+    if sc.global_replicas is None and sc.peers:
+        raise FailedPrecondition(
+            "sync.global_replicas is required with peers (weights of regions)", field="sync.global_replicas"
+        )
+    weight = ctx.local_replicas / (sc.global_replicas or ctx.local_replicas)
+    theta0 = initial_params(cfg, ctx.param_names) if ctx.is_leader else None
+    return SyncEngine(
+        sc,
+        region=cfg.region,
+        is_leader=ctx.is_leader,
+        total_steps=cfg.training.steps,
+        weight=weight,
+        theta0=theta0,
+    )

@@ -1,0 +1,254 @@
+"""One region's leader on the WAN: its server, its clients to every peer, who is alive, and the
+inbox of contributions. Requests that arrive are handed to the mode's strategy."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestration.errors import FailedPrecondition, InvalidArgument
+from proto.cpn.sync.v1 import sync_pb2
+from training.sync.config import SyncConfig
+from training.sync.messages import InMessage, OutMessage, PeerStatus, PushResult
+from training.sync.stats import TransferStats
+from training.sync.transport import PeerClient, PeerError, SyncServer
+from training.wan.shaper import LinkShaper
+
+if TYPE_CHECKING:
+    from training.sync.strategies.base import Strategy
+
+
+class RegionNode:
+    def __init__(self, cfg: SyncConfig, region: str, regions: list[str]) -> None:
+        if region not in regions:
+            raise InvalidArgument(
+                f"region {region!r} is not among the job's regions {regions}", field="region"
+            )
+        self.cfg, self.region, self.regions = cfg, region, sorted(regions)
+        self.peers = [r for r in self.regions if r != region]
+        self.shaper = LinkShaper(cfg.links, pace_bandwidth=not cfg.kernel_shaping)
+        self.stats = TransferStats()
+        self.cv = threading.Condition()
+        self.alive = dict.fromkeys(self.peers, True)
+        self.include_from = dict.fromkeys(self.peers, 0)
+        self.left: set[str] = set()
+        self.events: list[str] = []  # membership changes, for metrics
+        self.inbox: dict[tuple[str, int], dict[str, InMessage]] = defaultdict(dict)
+        self.strategy: Strategy | None = None
+        self.pool = ThreadPoolExecutor(
+            max_workers=4 + 2 * len(self.peers), thread_name_prefix=f"sync-{region}"
+        )
+        self._clients: dict[str, PeerClient] = {}
+        self.server = SyncServer(self, self.shaper, self.stats, cfg.listen or "127.0.0.1:0")
+        self.address = cfg.advertise or self.server.address
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.server.start()
+        if self.cfg.rendezvous_dir:
+            d = Path(self.cfg.rendezvous_dir)
+            d.mkdir(parents=True, exist_ok=True)
+            tmp = d / f".{self.region}.addr.{os.getpid()}"
+            tmp.write_text(self.address)
+            tmp.replace(d / f"{self.region}.addr")  # atomic: readers never see half an address
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            c.close()
+        self.server.stop(0.5)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------ peers
+
+    def _address(self, peer: str, deadline: float) -> str:
+        addr = self.cfg.peers.get(peer, "")
+        if addr:
+            return addr
+        if not self.cfg.rendezvous_dir:
+            raise InvalidArgument(
+                f"no address for region {peer!r}: set sync.peers or sync.rendezvous_dir", field="sync.peers"
+            )
+        path = Path(self.cfg.rendezvous_dir) / f"{peer}.addr"
+        while True:
+            if path.exists():
+                return path.read_text().strip()
+            if time.monotonic() > deadline:
+                raise FailedPrecondition(
+                    f"region {peer!r} never published its address in {path.parent}",
+                    field="sync.rendezvous_dir",
+                )
+            time.sleep(0.05)
+
+    def client(self, peer: str, deadline: float | None = None) -> PeerClient:
+        c = self._clients.get(peer)
+        if c is None:
+            addr = self._address(peer, deadline or time.monotonic() + self.cfg.startup_timeout_s)
+            c = self._clients[peer] = PeerClient(self.region, peer, addr, self.shaper, self.stats)
+        return c
+
+    def participants(self, round_index: int) -> list[str]:
+        """Peers whose contribution to ``round_index`` this region waits for."""
+        with self.cv:
+            return [
+                p
+                for p in self.peers
+                if self.alive[p] and p not in self.left and self.include_from[p] <= round_index
+            ]
+
+    def mark_dead(self, peer: str, why: str) -> None:
+        with self.cv:
+            if self.alive.get(peer):
+                self.alive[peer] = False
+                self.events.append(f"drop {peer}: {why}")
+                self.cv.notify_all()
+
+    def is_alive(self, peer: str) -> bool:
+        with self.cv:
+            return self.alive[peer] and peer not in self.left
+
+    # ------------------------------------------------------------ inbox
+
+    def deliver(self, msg: InMessage) -> None:
+        with self.cv:
+            self.inbox[(msg.meta.stream, msg.meta.round)][msg.meta.sender] = msg
+            self.cv.notify_all()
+
+    def collect(
+        self, stream: str, round_index: int, senders: list[str], deadline: float
+    ) -> dict[str, InMessage]:
+        """Wait until every sender's message for the round is in (or the deadline); take them."""
+        key = (stream, round_index)
+        with self.cv:
+            while True:
+                box = self.inbox.get(key, {})
+                waiting = [s for s in senders if s not in box and self.alive[s] and s not in self.left]
+                left = deadline - time.monotonic()
+                if not waiting or left <= 0:
+                    break
+                self.cv.wait(min(left, 0.5))
+            got = {s: box[s] for s in senders if s in box}
+            for k in [k for k in self.inbox if k[0] == stream and k[1] <= round_index]:
+                del self.inbox[k]
+        for s in senders:
+            if s not in got:
+                self.mark_dead(s, f"no contribution to {stream} round {round_index} in time")
+        return got
+
+    # ------------------------------------------------------------ calls out
+
+    def hello_all(self, ready: bool, next_round: int, step: int, deadline: float) -> dict[str, PeerStatus]:
+        """Ask every peer (in parallel) for its status; peers that do not answer by the deadline are
+        dropped. With ``ready`` the peers include this region from ``next_round`` if they can."""
+        opened, _ = self.strategy.progress() if self.strategy else (0, 0)
+        req = sync_pb2.HelloRequest(
+            sender=self.region,
+            address=self.address,
+            ready=ready,
+            next_round=next_round,
+            progress=opened,
+            step=step,
+        )
+
+        def one(peer: str) -> PeerStatus:
+            return self.client(peer, deadline).hello(
+                req, timeout=max(0.1, deadline - time.monotonic()), wait_for_ready=True
+            )
+
+        futs = {p: self.pool.submit(one, p) for p in self.peers if p not in self.left}
+        out = {}
+        for p, f in futs.items():
+            try:
+                out[p] = f.result()
+                if ready and out[p].accepted:
+                    with self.cv:
+                        self.alive[p] = True
+            except (PeerError, FailedPrecondition) as e:
+                self.mark_dead(p, f"hello failed: {e.message}")
+        return out
+
+    def leave_all(self) -> None:
+        for p, c in list(self._clients.items()):
+            if self.is_alive(p):
+                with contextlib.suppress(PeerError):  # gone already
+                    c.leave("finished", timeout=2.0)
+
+    # ------------------------------------------------------------ Handler (server side)
+
+    def known(self, region: str) -> bool:
+        return region in self.alive
+
+    def _strategy(self) -> Strategy:
+        if self.strategy is None:
+            raise FailedPrecondition(f"region {self.region} is not ready yet", field="sync")
+        return self.strategy
+
+    def handle_push(self, msg: InMessage) -> PushResult:
+        return self._strategy().handle_push(msg)
+
+    def handle_exchange(self, msg: InMessage) -> OutMessage:
+        return self._strategy().handle_exchange(msg)
+
+    def handle_pull(self, requester: str, what: str, min_round: int) -> OutMessage:
+        if what != "state":
+            raise InvalidArgument(f"unknown pull {what!r}; expected 'state'", field="what")
+        return self._strategy().export_state(min_round, timeout=self.cfg.timeout_s)
+
+    def handle_hello(self, req: sync_pb2.HelloRequest) -> PeerStatus:
+        s = self._strategy()
+        if req.address:
+            c = self._clients.get(req.sender)
+            if c is None:
+                self._clients[req.sender] = PeerClient(
+                    self.region, req.sender, req.address, self.shaper, self.stats
+                )
+            else:
+                c.set_address(req.address)
+        opened, completed = s.progress()
+        accepted = False
+        if req.ready:
+            with self.cv:  # still a participant of every round it was not dropped from
+                included = (
+                    self.alive[req.sender]
+                    and req.sender not in self.left
+                    and self.include_from[req.sender] <= req.next_round
+                )
+            accepted = included or s.accepts(req.next_round)
+            if accepted:
+                with self.cv:
+                    was = self.alive[req.sender] and req.sender not in self.left
+                    self.alive[req.sender] = True
+                    self.left.discard(req.sender)
+                    self.include_from[req.sender] = req.next_round
+                    if not was:
+                        self.events.append(f"rejoin {req.sender} from round {req.next_round}")
+                s.on_peer_joined(req.sender, req.next_round)
+        return PeerStatus(
+            self.region, s.ready, opened, completed, s.step, self.cfg.mode, accepted, req.next_round
+        )
+
+    def handle_leave(self, sender: str) -> None:
+        with self.cv:
+            self.left.add(sender)
+            self.events.append(f"leave {sender}")
+            self.cv.notify_all()
+
+    def wait_all_left(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while any(self.alive[p] and p not in self.left for p in self.peers):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self.cv.wait(min(left, 0.5))
+
+    def take_events(self) -> list[str]:
+        with self.cv:
+            ev, self.events = self.events, []
+        return ev

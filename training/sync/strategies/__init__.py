@@ -1,0 +1,1 @@
+"""One strategy per sync mode, run on the cluster leader (``base.Strategy``)."""

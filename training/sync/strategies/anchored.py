@@ -1,0 +1,240 @@
+"""``sync``, ``local_sgd`` and ``diloco``: every region keeps the same anchor; each round it sends
+its pseudo-gradient (anchor - local params, compressed with error feedback) to every peer, all
+average the same decoded contributions, and an outer optimizer moves the anchor.
+
+``sync`` is this every step with plain averaging, ``local_sgd`` every H steps, ``diloco`` every H
+steps with outer Nesterov SGD. With ``overlap`` a round's exchange runs in the background and is
+applied ``delay`` steps later, keeping the local progress made meanwhile (params += new anchor -
+snapshot); with ``fragments`` the parameters are split and each fragment syncs on its own
+staggered schedule (Streaming DiLoCo).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from training.compression.error_feedback import ErrorFeedback
+from training.sync.algorithms.outer import outer_step, weighted_mean
+from training.sync.algorithms.schedule import fragment_of, fragment_slices, is_start
+from training.sync.messages import InMessage, OutMessage, PushResult
+from training.sync.strategies.base import Strategy, fingerprint
+from training.sync.transport import PeerError
+
+
+@dataclass
+class _Result:
+    avg: Tensor
+    fingerprints: dict[str, str]
+    latency: float
+
+
+@dataclass
+class _Round:
+    index: int
+    fragment: int
+    snapshot: Tensor
+    residual: Tensor | None
+    apply_step: int
+    future: Any
+
+
+class AnchoredSync(Strategy):
+    stream = "anchored"
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        c = self.cfg
+        self.lr, self.mu = c.effective_outer_lr, c.effective_outer_momentum
+        self.round_steps, self.delay = c.round_steps, c.delay_steps
+        self.anchor: Tensor | None = None
+        self.slices: list[slice] = []
+        self.momentum: list[Tensor | None] = [None] * c.fragments
+        self.ef = [ErrorFeedback(self.codec, c.chunk_bytes, c.error_feedback) for _ in range(c.fragments)]
+        self.opened = self.completed = 0
+        self.inflight: deque[_Round] = deque()
+        self.public: dict[str, Tensor] = {}
+
+    # ------------------------------------------------------------ engine side
+
+    def start(self, flat: Tensor, theta0: Tensor | None) -> None:
+        if self.anchor is None:
+            self.anchor = (theta0 if theta0 is not None else flat).clone()
+        self.slices = fragment_slices(self.anchor.numel(), self.cfg.fragments)
+        self._publish()
+        super().start(flat, theta0)
+
+    def progress(self) -> tuple[int, int]:
+        return self.opened, self.completed
+
+    def accepts(self, next_round: int) -> bool:
+        return self.opened <= next_round
+
+    def on_event(self, step: int, flat: Tensor) -> Tensor | None:
+        self.step = step
+        final = step == self.total_steps
+        changed = False
+        while self.inflight and (self.inflight[0].apply_step <= step or final):
+            flat = self._apply(self.inflight.popleft(), flat)
+            changed = True
+        if final:  # end on one model: every fragment syncs once more, blocking
+            for _ in range(
+                self.cfg.fragments if self.cfg.fragments > 1 or not is_start(step, self.round_steps) else 1
+            ):
+                flat = self._apply(self._open(step, flat), flat)
+            return flat
+        if is_start(step, self.round_steps):
+            rnd = self._open(step, flat)
+            if self.delay == 0:
+                flat = self._apply(rnd, flat)
+                changed = True
+            else:
+                self.inflight.append(rnd)
+        return flat if changed else None
+
+    def _open(self, step: int, flat: Tensor) -> _Round:
+        assert self.anchor is not None
+        r = self.opened
+        f = fragment_of(r, self.cfg.fragments)
+        sl = self.slices[f]
+        snap = flat[sl].clone()
+        enc, decoded, residual = self.ef[f].compress(self.anchor[sl] - snap)
+        fp = fingerprint(self.anchor[sl])
+        msg = OutMessage(self.meta(r, weight=self.weight, fingerprint=fp), [("delta", enc)])
+        participants = self.node.participants(r)
+        self.opened += 1
+        fut = self.node.pool.submit(self._exchange, r, msg, decoded, fp, participants)
+        return _Round(r, f, snap, residual, step + self.delay, fut)
+
+    def _exchange(
+        self, r: int, msg: OutMessage, decoded: Tensor, fp: str, participants: list[str]
+    ) -> _Result:
+        t0 = time.monotonic()
+        deadline = t0 + self.cfg.timeout_s
+        pushes = {
+            p: self.node.pool.submit(self.node.client(p).push, msg, self.cfg.timeout_s) for p in participants
+        }
+        got = self.node.collect(self.stream, r, participants, deadline)
+        for p, fut in pushes.items():
+            try:
+                ack = fut.result(timeout=max(0.1, deadline - time.monotonic()))
+                if not ack.accepted and ack.reason == "stale":
+                    self.needs_catch_up = True  # the others have moved on without us
+            except PeerError as e:
+                self.node.mark_dead(p, f"push failed: {e.status}")
+            except TimeoutError:
+                self.node.mark_dead(p, "push timed out")
+        # Every region sums the same decoded contributions in the same (region) order, so all
+        # anchors stay bit-identical (their fingerprints are compared).
+        contrib = {self.me: (decoded, self.weight)} | {
+            s: (m.tensors["delta"], m.meta.weight) for s, m in got.items()
+        }
+        values = [contrib[s][0] for s in sorted(contrib)]
+        weights = [contrib[s][1] for s in sorted(contrib)]
+        fps = {self.me: fp} | {s: m.meta.fingerprint for s, m in got.items()}
+        latency = time.monotonic() - t0
+        self.record_latency(latency)
+        return _Result(weighted_mean(values, weights), fps, latency)
+
+    def _apply(self, rnd: _Round, flat: Tensor) -> Tensor:
+        assert self.anchor is not None
+        t0 = time.monotonic()
+        res: _Result = rnd.future.result()
+        self.blocked_on_comm += time.monotonic() - t0
+        sl = self.slices[rnd.fragment]
+        new_anchor, mom = outer_step(
+            self.anchor[sl], res.avg, self.momentum[rnd.fragment], self.lr, self.mu, self.cfg.nesterov
+        )
+        flat[sl] += new_anchor - rnd.snapshot  # keeps the local progress made since the snapshot
+        with self.lock:
+            self.anchor[sl] = new_anchor
+            self.momentum[rnd.fragment] = mom
+            self.ef[rnd.fragment].commit(rnd.residual)
+            self.completed += 1
+            self._publish()
+            self.lock.notify_all()
+        root = min(res.fingerprints)
+        if res.fingerprints[root] != res.fingerprints[self.me]:
+            # Our anchor drifted from the others' (a round seen by some regions but not all):
+            # take the lowest-named contributor's state, so all converge on one anchor.
+            self.repair_from = root
+            self.needs_catch_up = True
+        return flat
+
+    def _publish(self) -> None:
+        assert self.anchor is not None
+        self.public = {"anchor": self.anchor.clone()} | {
+            f"momentum{i}": m.clone() for i, m in enumerate(self.momentum) if m is not None
+        }
+        self.public_round = self.completed
+
+    def adopt(self, msg: InMessage, flat: Tensor) -> Tensor:
+        """Take a peer's anchor and outer state; local progress since our own anchor is kept."""
+        assert self.anchor is not None
+        new_anchor = msg.tensors["anchor"]
+        flat = flat + (new_anchor - self.anchor)
+        with self.lock:
+            self.anchor = new_anchor.clone()
+            self.momentum = [msg.tensors.get(f"momentum{i}") for i in range(self.cfg.fragments)]
+            for ef in self.ef:
+                ef.commit(None)
+            self.inflight.clear()  # their results are relative to the old anchor
+            self.opened = self.completed = msg.meta.round
+            self._publish()
+            self.lock.notify_all()
+        return flat
+
+    def finish(self) -> None:
+        for rnd in self.inflight:
+            rnd.future.cancel()
+
+    # ------------------------------------------------------------ node side
+
+    def handle_push(self, msg: InMessage) -> PushResult:
+        if msg.meta.round < self.completed:
+            return PushResult(False, "stale", self.opened)
+        self.node.deliver(msg)
+        return PushResult(True, "", self.opened)
+
+    def export_state(self, min_round: int, timeout: float) -> OutMessage:
+        self.wait_progress(min_round, timeout)
+        with self.lock:
+            public, rnd = self.public, self.public_round
+        parts = [(k, self.encode_exact(v)) for k, v in public.items()]
+        return OutMessage(self.meta(rnd), parts)
+
+    # ------------------------------------------------------------ checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        with self.lock:
+            return {
+                "mode": self.cfg.mode,
+                "round": self.completed,
+                "anchor": None if self.anchor is None else self.anchor.clone(),
+                "momentum": [None if m is None else m.clone() for m in self.momentum],
+                "error_feedback": [ef.state_dict() for ef in self.ef],
+            }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        if state.get("mode") not in (None, self.cfg.mode):
+            from orchestration.errors import FailedPrecondition
+
+            raise FailedPrecondition(
+                f"checkpoint has sync state of mode {state['mode']!r}, config says {self.cfg.mode!r}",
+                field="sync.mode",
+            )
+        self.anchor = (
+            None if state.get("anchor") is None else torch.as_tensor(state["anchor"]).float().clone()
+        )
+        self.momentum = [None if m is None else torch.as_tensor(m).float() for m in state.get("momentum", [])]
+        self.momentum += [None] * (self.cfg.fragments - len(self.momentum))
+        for ef, s in zip(self.ef, state.get("error_feedback", []), strict=False):
+            ef.load_state_dict(s)
+        self.opened = self.completed = int(state.get("round", 0))

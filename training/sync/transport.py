@@ -1,0 +1,370 @@
+"""gRPC transport between region leaders: framing, shaping, a servicer that converts and
+delegates, and a client whose every call carries a deadline.
+
+Tensors travel as a Header frame followed by Chunk frames encoded one at a time, so a message of
+any size is a stream of frames no larger than ``chunk_bytes`` (plus a few bytes of framing), and
+gRPC's HTTP/2 flow control keeps the sender from running ahead of the receiver.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from concurrent import futures
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from orchestration.errors import CpnError, FailedPrecondition, InvalidArgument
+from proto.cpn.sync.v1 import sync_pb2, sync_pb2_grpc
+from training.compression.codecs import EncodedChunk, decode_chunk_into, get_codec
+from training.sync.messages import InMessage, Meta, OutMessage, PeerStatus, PushResult
+from training.sync.stats import TransferStats
+from training.wan.shaper import LinkShaper
+
+SERVICE_NAME = sync_pb2.DESCRIPTOR.services_by_name["SyncService"].full_name
+_CODEC_TO_PB = {
+    "fp32": sync_pb2.CODEC_FP32,
+    "fp16": sync_pb2.CODEC_FP16,
+    "bf16": sync_pb2.CODEC_BF16,
+    "int8": sync_pb2.CODEC_INT8,
+    "topk": sync_pb2.CODEC_TOPK,
+}
+_PB_TO_CODEC = {v: k for k, v in _CODEC_TO_PB.items()}
+_GRPC_PREFIX = 5  # bytes of gRPC length-prefix per message
+MAX_MESSAGE = 8 << 20
+_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)]
+
+
+class PeerError(CpnError):
+    """A call to a peer failed; ``status`` is the gRPC status name (UNAVAILABLE, DEADLINE_EXCEEDED...)."""
+
+    code = "peer_error"
+
+    def __init__(self, peer: str, status: str, message: str) -> None:
+        super().__init__(f"{peer}: {status}: {message}", peer=peer, status=status)
+        self.peer, self.status = peer, status
+
+
+class Handler(Protocol):
+    """What the region behind a server does with what arrives (implemented by ``node.RegionNode``)."""
+
+    region: str
+
+    def known(self, region: str) -> bool: ...
+    def handle_push(self, msg: InMessage) -> PushResult: ...
+    def handle_exchange(self, msg: InMessage) -> OutMessage: ...
+    def handle_pull(self, requester: str, what: str, min_round: int) -> OutMessage: ...
+    def handle_hello(self, req: sync_pb2.HelloRequest) -> PeerStatus: ...
+    def handle_leave(self, sender: str) -> None: ...
+
+
+# ---------------------------------------------------------------- framing
+
+
+def frames(
+    msg: OutMessage, src: str, dst: str, shaper: LinkShaper, stats: TransferStats
+) -> Iterator[sync_pb2.Frame]:
+    """The frames of ``msg`` on src -> dst: latency once, then each frame paced at the link rate."""
+    shaper.propagate(src, dst)
+    m = msg.meta
+    header = sync_pb2.Header(
+        sender=m.sender,
+        stream=m.stream,
+        round=m.round,
+        weight=m.weight,
+        version=m.version,
+        seq=m.seq,
+        base_seq=m.base_seq,
+        fingerprint=m.fingerprint,
+        step=m.step,
+        sent_at=time.time(),
+        parts=[sync_pb2.TensorSpec(name=n, numel=e.numel, codec=_CODEC_TO_PB[e.codec]) for n, e in msg.parts],
+    )
+    yield _paced(sync_pb2.Frame(header=header), src, dst, shaper, stats)
+    for i, (_, enc) in enumerate(msg.parts):
+        for c in enc.chunks:
+            chunk = sync_pb2.Chunk(
+                part=i,
+                offset=c.offset,
+                numel=c.numel,
+                data=c.data,
+                scales=c.scales,
+                indices=c.indices,
+                block=c.block,
+            )
+            yield _paced(sync_pb2.Frame(chunk=chunk), src, dst, shaper, stats)
+
+
+def _paced(
+    frame: sync_pb2.Frame, src: str, dst: str, shaper: LinkShaper, stats: TransferStats
+) -> sync_pb2.Frame:
+    n = frame.ByteSize() + _GRPC_PREFIX
+    shaper.pace(src, dst, n)
+    stats.add_sent(dst, n)
+    return frame
+
+
+class Assembler:
+    """Rebuilds an ``InMessage`` from frames, decoding each chunk as it arrives."""
+
+    def __init__(self, receiver: str, stats: TransferStats, shaper: LinkShaper) -> None:
+        self.receiver, self.stats, self.shaper = receiver, stats, shaper
+
+    def run(self, it: Iterable[sync_pb2.Frame], check_sender: object = None) -> InMessage:
+        msg: InMessage | None = None
+        codecs: list = []
+        sent_at = 0.0
+        for frame in it:
+            n = frame.ByteSize() + _GRPC_PREFIX
+            kind = frame.WhichOneof("kind")
+            if msg is None:
+                if kind != "header":
+                    raise InvalidArgument(
+                        "the first frame of a stream must be a header", field="frame.header"
+                    )
+                h = frame.header
+                if callable(check_sender):
+                    check_sender(h.sender)
+                msg = InMessage(
+                    Meta(
+                        h.sender,
+                        h.stream,
+                        h.round,
+                        h.weight,
+                        h.version,
+                        h.seq,
+                        h.base_seq,
+                        h.fingerprint,
+                        h.step,
+                    )
+                )
+                for spec in h.parts:
+                    if spec.codec not in _PB_TO_CODEC:
+                        raise InvalidArgument(
+                            f"part {spec.name!r}: unknown codec {spec.codec}", field="header.parts"
+                        )
+                    if spec.numel < 0 or spec.numel > (1 << 34):
+                        raise InvalidArgument(
+                            f"part {spec.name!r}: bad numel {spec.numel}", field="header.parts"
+                        )
+                    msg.tensors[spec.name] = _zeros(spec.numel)
+                    codecs.append(get_codec(_PB_TO_CODEC[spec.codec]))
+                names = [s.name for s in h.parts]
+                sent_at = h.sent_at
+            elif kind == "chunk":
+                c = frame.chunk
+                if not 0 <= c.part < len(codecs):
+                    raise InvalidArgument(f"chunk for part {c.part} of {len(codecs)}", field="chunk.part")
+                enc = EncodedChunk(c.offset, c.numel, c.data, c.scales, c.indices, c.block)
+                decode_chunk_into(codecs[c.part], enc, msg.tensors[names[c.part]])
+            else:
+                raise InvalidArgument("a second header in one stream", field="frame.header")
+            msg.nbytes += n
+            self.stats.add_recv(msg.meta.sender, n)
+        if msg is None:
+            raise InvalidArgument("empty stream: no header", field="frame.header")
+        seconds = time.time() - sent_at
+        self.stats.add_transfer(
+            msg.nbytes, seconds, self.shaper.rate_bytes_per_s(msg.meta.sender, self.receiver)
+        )
+        return msg
+
+
+def _zeros(n: int):  # noqa: ANN202 - local helper
+    import torch
+
+    return torch.zeros(n, dtype=torch.float32)
+
+
+# ---------------------------------------------------------------- server
+
+
+class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
+    """Converts wire messages and delegates to the handler; domain errors become gRPC codes."""
+
+    def __init__(self, handler: Handler, shaper: LinkShaper, stats: TransferStats) -> None:
+        self.h, self.shaper, self.stats = handler, shaper, stats
+
+    def _assembler(self) -> Assembler:
+        return Assembler(self.h.region, self.stats, self.shaper)
+
+    def _check_sender(self, sender: str) -> None:
+        if not self.h.known(sender):
+            from orchestration.errors import NotFound
+
+            raise NotFound(f"region {sender!r} is not part of this job", field="header.sender")
+
+    def Push(self, request_iterator, context):  # noqa: N802, ANN001, ANN201
+        try:
+            msg = self._assembler().run(request_iterator, self._check_sender)
+            r = self.h.handle_push(msg)
+            return sync_pb2.PushAck(
+                receiver=self.h.region, accepted=r.accepted, reason=r.reason, progress=r.progress
+            )
+        except CpnError as e:
+            _abort(context, e)
+
+    def Exchange(self, request_iterator, context):  # noqa: N802, ANN001, ANN201
+        try:
+            msg = self._assembler().run(request_iterator, self._check_sender)
+            reply = self.h.handle_exchange(msg)
+        except CpnError as e:
+            _abort(context, e)
+        yield from frames(reply, self.h.region, msg.meta.sender, self.shaper, self.stats)
+
+    def Pull(self, request, context):  # noqa: N802, ANN001, ANN201
+        try:
+            self._check_sender(request.requester)
+            if not request.what:
+                raise InvalidArgument("pull: 'what' is required", field="what")
+            reply = self.h.handle_pull(request.requester, request.what, request.min_round)
+        except CpnError as e:
+            _abort(context, e)
+        yield from frames(reply, self.h.region, request.requester, self.shaper, self.stats)
+
+    def Hello(self, request, context):  # noqa: N802, ANN001, ANN201
+        try:
+            self._check_sender(request.sender)
+            s = self.h.handle_hello(request)
+        except CpnError as e:
+            _abort(context, e)
+        return sync_pb2.HelloResponse(
+            responder=s.region,
+            ready=s.ready,
+            progress=s.progress,
+            completed=s.completed,
+            step=s.step,
+            mode=s.mode,
+            accepted=s.accepted,
+            include_from=s.include_from,
+        )
+
+    def Leave(self, request, context):  # noqa: N802, ANN001, ANN201
+        try:
+            self._check_sender(request.sender)
+            self.h.handle_leave(request.sender)
+        except CpnError as e:
+            _abort(context, e)
+        return sync_pb2.LeaveResponse()
+
+
+def _abort(context: grpc.ServicerContext, e: CpnError) -> None:
+    code = getattr(grpc.StatusCode, e.grpc_status, grpc.StatusCode.INTERNAL)
+    context.abort(code, e.message)
+
+
+class SyncServer:
+    """The region's gRPC server: SyncService plus health and reflection."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        shaper: LinkShaper,
+        stats: TransferStats,
+        listen: str = "127.0.0.1:0",
+        max_workers: int = 16,
+    ) -> None:
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+        sync_pb2_grpc.add_SyncServiceServicer_to_server(SyncServicer(handler, shaper, stats), self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self.server,
+        )
+        self.port = self.server.add_insecure_port(listen)
+        if self.port == 0:
+            raise FailedPrecondition(f"cannot listen on {listen!r}", field="sync.listen")
+        host = listen.rsplit(":", 1)[0]
+        self.address = f"{host}:{self.port}"
+
+    def start(self) -> None:
+        self.server.start()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, grace: float = 1.0) -> None:
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait(grace + 1)
+
+
+# ---------------------------------------------------------------- client
+
+
+class PeerClient:
+    """Calls to one peer region. Every call has a deadline; failures raise ``PeerError``."""
+
+    def __init__(self, src: str, dst: str, address: str, shaper: LinkShaper, stats: TransferStats) -> None:
+        self.src, self.dst, self.shaper, self.stats = src, dst, shaper, stats
+        self._lock = threading.Lock()
+        self.address = ""
+        self._channel: grpc.Channel | None = None
+        self.set_address(address)
+
+    def set_address(self, address: str) -> None:
+        with self._lock:
+            if address == self.address:
+                return
+            if self._channel is not None:
+                self._channel.close()
+            self.address = address
+            self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+            self.stub = sync_pb2_grpc.SyncServiceStub(self._channel)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+
+    def _call(self, fn, *args, timeout: float):  # noqa: ANN001, ANN202
+        try:
+            return fn(*args, timeout=timeout)
+        except grpc.RpcError as e:
+            raise PeerError(self.dst, e.code().name, e.details() or "") from None
+
+    def push(self, msg: OutMessage, timeout: float) -> PushResult:
+        ack = self._call(
+            self.stub.Push, frames(msg, self.src, self.dst, self.shaper, self.stats), timeout=timeout
+        )
+        self.shaper.propagate(self.dst, self.src)  # the ack's way back
+        return PushResult(ack.accepted, ack.reason, ack.progress)
+
+    def exchange(self, msg: OutMessage, timeout: float) -> InMessage:
+        def run() -> InMessage:
+            replies = self.stub.Exchange(
+                frames(msg, self.src, self.dst, self.shaper, self.stats), timeout=timeout
+            )
+            return Assembler(self.src, self.stats, self.shaper).run(replies)
+
+        return self._call(lambda timeout: run(), timeout=timeout)
+
+    def pull(self, what: str, min_round: int, timeout: float) -> InMessage:
+        def run() -> InMessage:
+            self.shaper.propagate(self.src, self.dst)
+            req = sync_pb2.PullRequest(requester=self.src, what=what, min_round=min_round)
+            return Assembler(self.src, self.stats, self.shaper).run(self.stub.Pull(req, timeout=timeout))
+
+        return self._call(lambda timeout: run(), timeout=timeout)
+
+    def hello(self, req: sync_pb2.HelloRequest, timeout: float, wait_for_ready: bool = False) -> PeerStatus:
+        self.shaper.propagate(self.src, self.dst)
+        try:
+            r = self.stub.Hello(req, timeout=timeout, wait_for_ready=wait_for_ready)
+        except grpc.RpcError as e:
+            raise PeerError(self.dst, e.code().name, e.details() or "") from None
+        self.shaper.propagate(self.dst, self.src)
+        return PeerStatus(
+            r.responder, r.ready, r.progress, r.completed, r.step, r.mode, r.accepted, r.include_from
+        )
+
+    def leave(self, reason: str, timeout: float) -> None:
+        self._call(self.stub.Leave, sync_pb2.LeaveRequest(sender=self.src, reason=reason), timeout=timeout)
