@@ -60,8 +60,11 @@ def reap_once(ctx: ServerContext) -> list[str]:
 
 
 async def run_reaper(ctx: ServerContext, stop: asyncio.Event) -> None:
-    """Reap every heartbeat interval until ``stop`` is set; a failed pass is logged, not fatal."""
-    interval = ctx.settings.heartbeat_interval_s
+    """Reap four times per heartbeat interval until ``stop`` is set; a failed pass is logged, not fatal.
+
+    Polling faster than the interval keeps detection close to interval x misses after the last heartbeat.
+    """
+    interval = ctx.settings.heartbeat_interval_s / 4
     while not stop.is_set():
         try:
             await asyncio.to_thread(reap_once, ctx)

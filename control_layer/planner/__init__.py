@@ -1,0 +1,81 @@
+"""The planner: (job spec, resource snapshot) -> priced placement options. Pure: no I/O.
+
+from control_layer.planner import plan
+options = plan(spec, snapshot)          # raises NoFeasiblePlan with a structured explanation
+"""
+
+from __future__ import annotations
+
+from control_layer.planner.estimate import estimate_option
+from control_layer.planner.plan_types import (
+    Calibration,
+    CostBreakdown,
+    Estimates,
+    PlannedTask,
+    PlanOption,
+    QosCheck,
+    StepBreakdown,
+    SyncTopology,
+)
+from control_layer.planner.search import search as _search
+from control_layer.planner.snapshot import (
+    ClusterInfo,
+    DeviceSlot,
+    LinkInfo,
+    NodeInfo,
+    RegionInfo,
+    ResourceSnapshot,
+)
+from control_layer.planner.spec import (
+    DataSpec,
+    JobSpec,
+    ModelSpec,
+    ParallelismSpec,
+    QoSSpec,
+    SyncSpec,
+    TrainingSpec,
+)
+from orchestration.errors import InvalidArgument
+
+__all__ = [
+    "Calibration",
+    "ClusterInfo",
+    "CostBreakdown",
+    "DataSpec",
+    "DeviceSlot",
+    "Estimates",
+    "JobSpec",
+    "LinkInfo",
+    "ModelSpec",
+    "NodeInfo",
+    "ParallelismSpec",
+    "PlanOption",
+    "PlannedTask",
+    "QoSSpec",
+    "QosCheck",
+    "RegionInfo",
+    "ResourceSnapshot",
+    "StepBreakdown",
+    "SyncSpec",
+    "SyncTopology",
+    "TrainingSpec",
+    "estimate_option",
+    "plan",
+]
+
+
+def plan(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    calibration: Calibration | None = None,
+    max_options: int = 5,
+) -> list[PlanOption]:
+    """Priced options on the cost-vs-time Pareto front, best for spec.qos.objective first.
+
+    Each option is complete (degrees, per-device tasks, sync topology, estimates with breakdowns,
+    the QoS checks it passed). Raises orchestration.errors.NoFeasiblePlan, whose
+    details['explanation'] lists which constraint removed what, when nothing is feasible.
+    """
+    if max_options < 1:
+        raise InvalidArgument("max_options must be at least 1", field="max_options")
+    return _search(spec, snapshot, calibration, max_options)

@@ -1,0 +1,103 @@
+"""Planner benchmark: quote latency on generated fleets, and the optimality gap on small ones.
+
+    python benchmarks/planner.py [--quotes 20] [--gap-instances 40] [--sizes 10,100,1000]
+
+Prints p50/p95 quote latency per fleet size (10, 100, 1,000 clusters over 30 regions; jobs from
+125M to 70B parameters), wall clock and process CPU time (the machine may be shared), the
+optimality gap against exhaustive search on small instances, then a final JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import MODELS, fleet, job, small_instance  # noqa: E402
+
+from control_layer.planner import plan  # noqa: E402
+from control_layer.planner.exhaustive import exhaustive_best, objective_key  # noqa: E402
+from orchestration.errors import NoFeasiblePlan  # noqa: E402
+
+
+def latency(n_clusters: int, quotes: int, seed: int) -> dict:
+    snap = fleet(n_clusters, seed=seed)
+    rng = np.random.default_rng(seed)
+    times, cpu, infeasible = [], [], 0
+    for i in range(quotes):
+        spec = job(i % len(MODELS), rng)
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            plan(spec, snap)
+        except NoFeasiblePlan:
+            infeasible += 1
+        times.append((time.perf_counter() - t0) * 1000.0)
+        cpu.append((time.process_time() - c0) * 1000.0)
+    return {
+        "clusters": n_clusters,
+        "devices": sum(c.n_free for c in snap.clusters),
+        "quotes": quotes,
+        "infeasible": infeasible,
+        "p50_ms": float(np.percentile(times, 50)),
+        "p95_ms": float(np.percentile(times, 95)),
+        "max_ms": float(max(times)),
+        "p50_cpu_ms": float(np.percentile(cpu, 50)),
+        "p95_cpu_ms": float(np.percentile(cpu, 95)),
+    }
+
+
+def gap(instances: int) -> dict:
+    gaps, compared = [], 0
+    for seed in range(instances):
+        spec, snap = small_instance(seed)
+        ref = exhaustive_best(spec, snap)
+        try:
+            best = plan(spec, snap)[0]
+        except NoFeasiblePlan:
+            best = None
+        if ref is None or best is None:
+            if (ref is None) != (best is None):
+                gaps.append(float("inf"))
+            continue
+        compared += 1
+        gaps.append(objective_key(spec, best)[0] / objective_key(spec, ref)[0] - 1.0)
+    return {"instances": instances, "compared": compared, "max_gap": max(gaps, default=0.0)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quotes", type=int, default=20)
+    ap.add_argument("--gap-instances", type=int, default=40)
+    ap.add_argument("--sizes", default="10,100,1000")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    result: dict = {}
+    for n in [int(s) for s in args.sizes.split(",")]:
+        r = latency(n, args.quotes, args.seed)
+        print(
+            f"{r['clusters']:>5} clusters {r['devices']:>7} devices: p50 {r['p50_ms']:8.1f} ms  "
+            f"p95 {r['p95_ms']:8.1f} ms  max {r['max_ms']:8.1f} ms  "
+            f"(CPU p50 {r['p50_cpu_ms']:.1f}, p95 {r['p95_cpu_ms']:.1f} ms; "
+            f"{r['infeasible']}/{r['quotes']} infeasible)"
+        )
+        result[f"p50_ms_{n}_clusters"] = round(r["p50_ms"], 1)
+        result[f"p95_ms_{n}_clusters"] = round(r["p95_ms"], 1)
+        result[f"p95_cpu_ms_{n}_clusters"] = round(r["p95_cpu_ms"], 1)
+    g = gap(args.gap_instances)
+    print(
+        f"optimality gap vs exhaustive search: max {g['max_gap']:.4%} over {g['compared']} feasible instances"
+    )
+    result["max_optimality_gap"] = g["max_gap"]
+    result["gap_instances_compared"] = g["compared"]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

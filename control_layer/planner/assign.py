@@ -1,0 +1,158 @@
+"""From a unit-level solution to concrete tasks, dp ranks in ring order, and the sync topology."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from pydantic import TypeAdapter
+
+from control_layer.planner.fleet import Pool
+from control_layer.planner.plan_types import PlannedTask, SyncTopology
+from control_layer.planner.problem import PoolClass, Problem, Solution, SpanUnit
+from control_layer.planner.topology import gossip_graph, order_ring
+
+Device = tuple[Pool, str, int]  # pool, node id, device index
+_TASKS = TypeAdapter(list[PlannedTask])
+
+
+@dataclass
+class _Group:
+    """Replicas that form one sync participant (a cluster's pool, or a region's spanning pipelines)."""
+
+    region: str
+    leader: str  # cluster id
+    replicas: list[list[Device]]  # per replica: devices in (stage, tp rank) order
+
+
+def _pool_slots(
+    pool: Pool, tp: int, pp: int, want: int | None = None
+) -> tuple[list[list[Device]], list[Device]]:
+    """A pool's replica slots, in the order they are used, and its devices left over.
+
+    With TP a replica sits whole on one node. Without it, whole pipelines go inside a node first,
+    and only the rest cross nodes over the cluster fabric; what remains (fewer than pp devices)
+    is all that pipelines spanning clusters may take. With `want`, stops once that many node-local
+    slots are found (the leftovers are then incomplete).
+    """
+    per = tp * pp
+    slots: list[list[Device]] = []
+    left: list[Device] = []
+    for node, ix in pool.nodes:
+        whole = (len(ix) // per) * per
+        slots += [[(pool, node, d) for d in ix[j : j + per]] for j in range(0, whole, per)]
+        if want is not None and len(slots) >= want:
+            return slots, []
+        left += [(pool, node, d) for d in ix[whole:]]
+    if tp > 1:
+        return slots, []
+    cross = (len(left) // per) * per
+    slots += [left[j : j + per] for j in range(0, cross, per)]
+    return slots, left[cross:]
+
+
+def _pool_replicas(pool: Pool, k: int, tp: int, pp: int) -> list[list[Device]]:
+    slots, _ = _pool_slots(pool, tp, pp, want=k)
+    if k > len(slots):
+        raise ValueError(f"pool {pool.cluster.id}/{pool.model} cannot host {k} replicas")
+    return slots[:k]
+
+
+def _span_replicas(unit: SpanUnit, k: int, pp: int) -> list[list[Device]]:
+    tail: list[Device] = []
+    for pool in unit.pools:
+        tail.extend(_pool_slots(pool, 1, pp)[1])
+    out = [tail[j * pp : (j + 1) * pp] for j in range(k)]
+    if any(len(r) != pp for r in out):
+        raise ValueError(f"span unit {unit.region}/{unit.model} cannot host {k} replicas")
+    return out
+
+
+def _groups(pr: Problem, sol: Solution) -> list[_Group]:
+    tp, pp = pr.deg.tp, pr.deg.pp
+    groups: list[_Group] = []
+    for u, unit in enumerate(pr.units):
+        n1, n2, x2 = sol.n1[u], sol.n2[u], sol.x2[u]
+        if isinstance(unit, SpanUnit):
+            k = n1 + x2
+            if k:
+                reps = _span_replicas(unit, k, pp)
+                groups.append(_Group(unit.region, reps[0][0][0].cluster.id, reps))
+            continue
+        assert isinstance(unit, PoolClass)
+        counts: list[int] = []
+        if n2:
+            base, extra = divmod(x2, n2)
+            counts += [base + (1 if i < extra else 0) for i in range(n2)]
+        counts += [1] * n1
+        for pool, k in zip(unit.pools, counts, strict=False):
+            groups.append(_Group(pool.region, pool.cluster.id, _pool_replicas(pool, k, tp, pp)))
+    return groups
+
+
+@dataclass
+class Assignment:
+    tasks: list[PlannedTask]
+    replicas_per_cluster: dict[str, int]
+    sync: SyncTopology
+    regions: list[str]
+
+
+def assign(pr: Problem, sol: Solution) -> Assignment:
+    spec = pr.fleet.spec
+    tp = pr.deg.tp
+    links = pr.fleet.links
+    groups = _groups(pr, sol)
+    regions = sorted({g.region for g in groups})
+    region_ring = order_ring(regions, links.bw, links.lat)
+    pos = {r: i for i, r in enumerate(region_ring)}
+    groups.sort(key=lambda g: (pos[g.region], g.leader, g.replicas[0][0][1], g.replicas[0][0][2]))
+
+    rows: list[dict] = []
+    per_cluster: dict[str, int] = defaultdict(int)
+    rank = 0
+    for g in groups:
+        for rep in g.replicas:
+            clusters = set()
+            for i, (pool, node, dev) in enumerate(rep):
+                cid = pool.cluster.id
+                rows.append(
+                    {
+                        "dp_rank": rank,
+                        "pp_stage": i // tp,
+                        "tp_rank": i % tp,
+                        "cluster": cid,
+                        "node": node,
+                        "device": dev,
+                        "region": pool.region,
+                    }
+                )
+                clusters.add(cid)
+            for c in clusters:
+                per_cluster[c] += 1
+            rank += 1
+
+    tasks = _TASKS.validate_python(rows)  # one batched validation for thousands of tasks
+    ring = list(dict.fromkeys(g.leader for g in groups))
+    leaders: dict[str, str] = {}
+    members: dict[str, dict[str, None]] = defaultdict(dict)
+    for g in groups:
+        leaders.setdefault(g.region, g.leader)
+        if g.leader != leaders[g.region]:
+            members[g.region][g.leader] = None
+    gossip: dict[str, list[str]] = {}
+    if spec.sync.mode == "gossip":
+        graph = gossip_graph(region_ring, spec.sync.gossip_peers, links.bw)
+        for region, peers in graph.items():
+            lead = leaders[region]
+            gossip[lead] = sorted({leaders[p] for p in peers} | set(members[region]))
+            for m in members[region]:
+                gossip[m] = [lead]
+    topology = SyncTopology(
+        mode=spec.sync.mode,
+        ring=ring,
+        gossip=gossip,
+        compression=spec.sync.compression,
+        every=spec.sync.every if spec.sync.mode in ("local_sgd", "diloco", "gossip") else 1,
+    )
+    return Assignment(tasks, dict(sorted(per_cluster.items())), topology, region_ring)

@@ -1,0 +1,294 @@
+"""Lower bounds on a candidate's duration and cost, cheap enough to rank and prune candidates.
+
+A candidate whose bound point (duration, cost) cannot improve the fastest or the cheapest option
+found so far is never solved. Bounds are computed for many candidates at once: every candidate
+with the same (tp, pp, zero) shares its units, and differs only in dp (so in micro-batches per
+replica, step times and memory), which becomes the row of 2-D arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from control_layer.planner import cost_model as cm
+from control_layer.planner.problem import Fleet, Problem
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Candidates sharing one layout, one row per dp, over groups of units with equal step times
+    and price (a bound only needs how many replica slots each group offers, not which member).
+    """
+
+    fleet: Fleet
+    dp: np.ndarray  # (D,)
+    devices_per_replica: int
+    t1: np.ndarray  # (D, G) step alone on a member
+    t2: np.ndarray  # (D, G) step sharing a member
+    n_single: np.ndarray  # (D, G) members that can hold exactly one replica
+    n_multi: np.ndarray  # (D, G) replica slots on members that can hold two or more
+    price: np.ndarray  # (G,)
+    g_region: np.ndarray  # (G,) every group lies in one region
+    z_time: np.ndarray  # (D,) fastest step of one member holding every replica (inf if none can)
+    z_rate: np.ndarray  # (D,) least Σ price × step of such a member, per replica-second
+    room_all: np.ndarray  # (D, R) replicas each region can hold
+    room_one: np.ndarray  # (D, R) replicas the largest member of each region can hold
+
+
+def sum_by(x: np.ndarray, key: np.ndarray, n: int) -> np.ndarray:
+    """Per row of x (D×U), sums over columns with equal key (U,) into n bins: D×n.
+
+    (bincount, not a matrix product: a multithreaded BLAS stalls on a busy two-core machine.)
+    """
+    d = x.shape[0]
+    idx = (np.arange(d)[:, None] * n + key[None, :]).ravel()
+    return np.bincount(idx, weights=x.ravel().astype(float), minlength=d * n).reshape(d, n)
+
+
+def make_rows(
+    fleet: Fleet,
+    dp: np.ndarray,
+    devices_per_replica: int,
+    t1: np.ndarray,
+    t2: np.ndarray,
+    lo: np.ndarray,
+    count: np.ndarray,
+    cap: np.ndarray,
+    price: np.ndarray,
+    region: np.ndarray,
+    group: np.ndarray | None = None,
+) -> Rows:
+    """Rows from per-unit arrays (t1, t2, lo: D×U); group maps units to groups of equal t and price."""
+    n_u = len(count)
+    if group is None:
+        group = np.arange(n_u)
+    n_g = int(group.max()) + 1 if n_u else 0
+    usable = (lo <= np.minimum(cap[None, :], dp[:, None])) & (cap >= 1)[None, :] & (count >= 1)[None, :]
+    first = np.zeros(n_g, dtype=int)
+    first[group[::-1]] = np.arange(n_u)[::-1]
+    n_single = sum_by(np.where(usable & (lo <= 1), count[None, :], 0), group, n_g)
+    n_multi = sum_by(np.where(usable & (cap >= 2)[None, :], (count * cap)[None, :], 0), group, n_g)
+    n_reg = len(fleet.regions)
+    member_cap = np.where(usable, cap[None, :], 0)
+    room_one = np.zeros((len(dp), n_reg))
+    for r in np.unique(region):
+        room_one[:, r] = member_cap[:, region == r].max(axis=1)
+    # One member holding all dp replicas: alone (t1) when dp = 1, sharing (t2) otherwise.
+    holds = usable & (member_cap >= dp[:, None]) & (lo <= dp[:, None])
+    t_one = np.where((dp == 1)[:, None], t1, t2)
+    z_time = np.where(holds, t_one, np.inf).min(axis=1, initial=np.inf)
+    z_rate = np.where(holds, t_one * price[None, :], np.inf).min(axis=1, initial=np.inf) * dp
+    return Rows(
+        fleet=fleet,
+        dp=dp,
+        devices_per_replica=devices_per_replica,
+        t1=t1[:, first],
+        t2=t2[:, first],
+        n_single=n_single,
+        n_multi=n_multi,
+        price=price[first],
+        g_region=region[first],
+        z_time=z_time,
+        z_rate=z_rate,
+        room_all=sum_by(member_cap * count[None, :], region, n_reg),
+        room_one=room_one,
+    )
+
+
+def rows_of(pr: Problem) -> Rows:
+    return make_rows(
+        pr.fleet,
+        np.array([pr.deg.dp]),
+        pr.dev,
+        pr.t1[None, :],
+        pr.t2[None, :],
+        pr.lo[None, :],
+        pr.count,
+        pr.cap,
+        pr.price,
+        pr.region,
+    )
+
+
+def _fill(n: np.ndarray, w: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """Per row, the cheapest total weight of dp slots, with n[i] slots of weight w[i]."""
+    order = np.argsort(w, axis=1, kind="stable")
+    n_s = np.take_along_axis(n, order, axis=1)
+    w_s = np.take_along_axis(w, order, axis=1)
+    before = np.cumsum(n_s, axis=1) - n_s
+    take = np.clip(dp[:, None] - before, 0, n_s)
+    total = (take * np.where(take > 0, w_s, 0.0)).sum(axis=1)  # no inf × 0
+    return np.where(take.sum(axis=1) >= dp, total, math.inf)
+
+
+def _dp_th(n: np.ndarray, t: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """Per row, the dp-th smallest slot time, with n[i] slots of time t[i]."""
+    order = np.argsort(t, axis=1, kind="stable")
+    cum = np.cumsum(np.take_along_axis(n, order, axis=1), axis=1)
+    reach = (cum < dp[:, None]).sum(axis=1)
+    t_s = np.take_along_axis(t, order, axis=1)
+    inside = reach < t.shape[1]
+    return np.where(inside, t_s[np.arange(len(dp)), np.minimum(reach, t.shape[1] - 1)], math.inf)
+
+
+def _wan_floor(rows: Rows, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, (seconds, USD) of the cheapest WAN phase over region sets with room for dp.
+
+    k is the fewest regions whose room adds up to dp (at least 2). Any such set S contains some
+    region a, and S's slowest link is no faster than the link at which a's fastest links first
+    reach k−1 partners and room for dp (likewise for latency); each of the k leaders pays at least
+    the cheapest egress price on offer.
+    """
+    f = rows.fleet
+    dp = rows.dp
+    n_reg = len(f.regions)
+    d = len(dp)
+    k = np.maximum(2, (np.cumsum(-np.sort(-room, axis=1), axis=1) < dp[:, None]).sum(axis=1) + 1)
+    if n_reg < 2:
+        return np.full(d, math.inf), np.full(d, math.inf)
+    linked = ~np.eye(n_reg, dtype=bool) & (f.pair_bw > 0)
+    out = []
+    for values, high in ((f.pair_bw, True), (f.pair_lat, False)):
+        fill = -np.inf if high else np.inf
+        vals = np.where(linked, values, fill)
+        order = np.argsort(-vals if high else vals, axis=1, kind="stable")  # (R, R)
+        ranked = np.take_along_axis(vals, order, axis=1)
+        reach = room[:, :, None] + np.cumsum(room[:, order], axis=2)  # (D, R, R)
+        ok = (
+            np.isfinite(ranked)[None, :, :]
+            & (reach >= dp[:, None, None])
+            & (np.arange(n_reg)[None, None, :] >= (k - 2)[:, None, None])
+        )
+        first = np.argmax(ok, axis=2)
+        best = np.where(ok.any(axis=2), ranked[np.arange(n_reg)[None, :], first], fill)  # (D, R)
+        out.append(best.max(axis=1) if high else best.min(axis=1))
+    bw, lat = out
+    kk = np.minimum(k, n_reg)
+    feasible = (k <= n_reg) & np.isfinite(bw) & (bw > 0)
+    t = np.where(feasible, f.wan_factor[kk] / np.where(feasible, bw, 1.0) + f.wan_hops[kk] * lat, math.inf)
+    cheapest = float(np.where(linked, f.egress, np.inf).min())
+    egress = np.where(feasible, kk * f.per_leader[kk] / cm.GB * cheapest, math.inf)
+    return t, egress
+
+
+def wan_floor(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, (seconds, USD) one exchange costs at least when the replicas span ≥ 2 regions:
+    either one participant per region (the WAN phase alone, room counted from each region's
+    largest member) or some region holds several (its regional reduce and the WAN phase)."""
+    f = rows.fleet
+    t_b, e_b = _wan_floor(rows, rows.room_one)
+    t_c, e_c = _wan_floor(rows, rows.room_all)
+    return np.minimum(t_b, t_c + float(f.local_sync.min())), np.minimum(e_b, e_c)
+
+
+def _by_region(n: np.ndarray, key: np.ndarray, g_region: np.ndarray, n_reg: int, dp: np.ndarray):
+    """Per row and region: the dp-th smallest slot key, and the sum of the dp smallest keys.
+
+    n, key: (D, S) slot counts and keys (≥ 0); g_region: (S,). Slots are sorted by region, then key
+    (one sort per row, same region segments in every row); segment sums then give each region's
+    fill. Returns two (D, R) arrays, inf where a region has fewer than dp slots.
+    """
+    d, width = key.shape
+    out_kth = np.full((d, n_reg), np.inf)
+    out_sum = np.full((d, n_reg), np.inf)
+    if width == 0:
+        return out_kth, out_sum
+    span = float(np.nanmax(np.where(np.isfinite(key), key, 0.0))) + 1.0
+    composite = np.where(np.isfinite(key), key, span - 0.5) + g_region[None, :] * span
+    order = np.argsort(composite, axis=1, kind="stable")
+    n_s = np.take_along_axis(n, order, axis=1).astype(float)
+    k_s = np.take_along_axis(key, order, axis=1)
+    regions, starts = np.unique(g_region[order[0]], return_index=True)
+    cum = np.cumsum(n_s, axis=1)
+    base = np.concatenate([np.zeros((d, 1)), cum[:, :-1]], axis=1)[:, starts]  # before each segment
+    seg_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, width)))
+    seg_cum = cum - base[:, seg_of]
+    take = np.clip(dp[:, None] - (seg_cum - n_s), 0, n_s)
+    total = np.add.reduceat(take * np.where(take > 0, k_s, 0.0), starts, axis=1)
+    have = np.add.reduceat(n_s, starts, axis=1)
+    first = np.where(seg_cum >= dp[:, None], np.arange(width)[None, :], width)
+    reach = np.minimum.reduceat(first, starts, axis=1)
+    kth = k_s[np.arange(d)[:, None], np.minimum(reach, width - 1)]
+    enough = have >= dp[:, None]
+    out_kth[:, regions] = np.where(enough, kth, np.inf)
+    out_sum[:, regions] = np.where(enough, total, np.inf)
+    return out_kth, out_sum
+
+
+def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, (duration, cost) no placement of that candidate can beat.
+
+    The step is at least the slowest used replica's time plus (or, when the exchange overlaps,
+    at least) the amortised exchange, and the device cost at least Σ replicas × price × step.
+    Every placement falls in one of three cases, and the bound is the least of theirs:
+
+    - one member cluster holds every replica: no exchange;
+    - several participants, all in one region r: its regional reduce, and only r's slots;
+    - replicas in two or more regions: the WAN floor (``wan_floor``), and any slots.
+
+    Slots are a member's first replica (time t1, alone) and its replica slots when it holds
+    several (t2). With several regions, either every member holds one replica, or some member
+    holds several and the step is at least the smallest t2 among units that can: each case is a
+    fill of the fastest (or cheapest) slots.
+
+    quick: a weaker, cheaper bound (one participant, or any slots anywhere with no
+    synchronisation); never above the full one, so it can rule a candidate out before the full
+    bound is computed.
+    """
+    f = rows.fleet
+    steps = f.spec.training.steps
+    dp = rows.dp
+    n_reg = len(f.regions)
+    scale = rows.devices_per_replica * steps / 3600.0
+
+    def floor_at(t: np.ndarray, sync: np.ndarray) -> np.ndarray:
+        return np.maximum(t, sync) if f.overlapped else t + sync
+
+    # One participant.
+    t_z = rows.z_time
+    c_z = rows.z_rate * scale
+
+    n = np.concatenate([rows.n_single, rows.n_multi], axis=1)
+    price = np.concatenate([rows.price, rows.price])[None, :]
+    if quick:
+        # Every slot of every region, no synchronisation: below both remaining cases.
+        t = np.concatenate([rows.t1, rows.t2], axis=1)
+        t_u = _dp_th(n, t, dp)
+        c_u = _fill(n, t * price, dp) * scale
+        return np.minimum(t_z, t_u) * steps, np.minimum(c_z, c_u)
+    else:
+        # All in one region r (≥ 2 participants): slots of r only, plus r's regional reduce.
+        sync_r = f.xps * f.local_sync  # (R,)
+        t = np.concatenate([rows.t1, rows.t2], axis=1)
+        g_region = np.concatenate([rows.g_region, rows.g_region])
+        kth_t, _ = _by_region(n, t, g_region, n_reg, dp)
+        _, sum_pt = _by_region(n, t * price, g_region, n_reg, dp)
+        _, sum_p = _by_region(n, np.broadcast_to(price, n.shape), g_region, n_reg, dp)
+        t_a = floor_at(kth_t, sync_r[None, :]).min(axis=1)
+        sync_cost = sync_r[None, :] * sum_p
+        c_a = np.maximum(sum_pt, sync_cost) if f.overlapped else sum_pt + sync_cost
+        c_a = c_a.min(axis=1) * scale
+        # Two or more regions.
+        t_wan, egress = wan_floor(rows)
+        wan = (f.xps * t_wan)[:, None]
+    n_single = rows.n_single
+    t_s = _dp_th(n_single, floor_at(rows.t1, wan), dp)
+    c_s = _fill(n_single, floor_at(rows.t1, wan) * rows.price[None, :], dp)
+    multi = rows.n_multi > 0
+    least_t2 = np.where(multi, rows.t2, np.inf).min(axis=1)[:, None]
+    t_m_all = floor_at(np.concatenate([np.maximum(rows.t1, least_t2), rows.t2], axis=1), wan)
+    has_multi = multi.any(axis=1)
+    t_m = np.where(has_multi, _dp_th(n, t_m_all, dp), math.inf)
+    c_m = np.where(has_multi, _fill(n, t_m_all * price, dp), math.inf)
+    t_w = np.minimum(t_s, t_m)
+    c_w = np.minimum(c_s, c_m) * scale + steps * f.xps * egress
+
+    return np.minimum(np.minimum(t_z, t_a), t_w) * steps, np.minimum(np.minimum(c_z, c_a), c_w)
+
+
+def lower_bounds(pr: Problem) -> tuple[float, float]:
+    t, c = lower_bounds_rows(rows_of(pr))
+    return float(t[0]), float(c[0])

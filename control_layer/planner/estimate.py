@@ -1,0 +1,286 @@
+"""Estimate a concrete placement (a task list): the single source of truth for an option's numbers.
+
+The search evaluates the same formulas over whole clusters at once; this module evaluates them
+for the devices actually chosen, and the orchestration layer can call it to re-price a plan.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from control_layer.planner import cost_model as cm
+from control_layer.planner.plan_types import (
+    Calibration,
+    CostBreakdown,
+    Estimates,
+    PlannedTask,
+    StepBreakdown,
+)
+from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, ResourceSnapshot
+from control_layer.planner.spec import JobSpec
+from orchestration.errors import InvalidArgument
+
+# Key of the group of replicas that average gradients every step over one fabric: the replicas of a
+# cluster on one device model, or the pipelines of a region that span clusters on one device model.
+Participant = tuple[str, str, str]
+
+
+def device_price(cluster: ClusterInfo, spot: bool) -> float:
+    if spot and cluster.spot_price_per_device_hour is not None:
+        return min(cluster.price_per_device_hour, cluster.spot_price_per_device_hour)
+    return cluster.price_per_device_hour
+
+
+def intra_bytes_per_s(cluster: ClusterInfo, calibration: Calibration | None) -> float:
+    """The cluster fabric's achieved bandwidth (calibrated under the key "region|region")."""
+    goodput = cm.link_goodput(cluster.region, cluster.region, calibration)
+    return cm.bytes_per_s(cluster.intra_bandwidth_gbps, goodput)
+
+
+def n_micro_batches(spec: JobSpec, dp: int) -> int:
+    per_replica = spec.global_batch_sequences // dp
+    return max(1, per_replica // spec.training.micro_batch_size)
+
+
+class Links:
+    """Goodput-adjusted link numbers between regions, from a snapshot and a calibration (memoised)."""
+
+    def __init__(self, snapshot: ResourceSnapshot, calibration: Calibration | None) -> None:
+        self.snapshot = snapshot
+        self.calibration = calibration
+        self._memo: dict[tuple[str, str], tuple[float, float, float]] = {}
+
+    def _get(self, a: str, b: str) -> tuple[float, float, float]:
+        got = self._memo.get((a, b))
+        if got is None:
+            ln = self.snapshot.link(a, b)
+            if ln is None:
+                got = (0.0, math.inf, 0.0)
+            else:
+                bw = cm.bytes_per_s(ln.bandwidth_gbps, cm.link_goodput(a, b, self.calibration))
+                got = (bw, ln.latency_ms / 1000.0, ln.egress_price_per_gb)
+            self._memo[(a, b)] = got
+        return got
+
+    def bw(self, a: str, b: str) -> float:
+        """Bytes/s achieved from a to b; 0 when no link is known."""
+        return self._get(a, b)[0]
+
+    def lat(self, a: str, b: str) -> float:
+        return self._get(a, b)[1]
+
+    def egress(self, a: str, b: str) -> float:
+        return self._get(a, b)[2]
+
+
+@dataclass(frozen=True)
+class SyncCost:
+    t_sync: float  # seconds per exchange
+    egress_usd: float  # USD per exchange
+    wan_bytes: float  # bytes crossing region boundaries per exchange
+
+
+def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> SyncCost:
+    """One cross-cluster exchange among participants counted per region.
+
+    Hierarchical: a region with several participants first reduces through its leader over the
+    regional fabric; region leaders then exchange over the WAN (ring, all-gather or gossip). The
+    WAN phase is bounded by the slowest link and largest latency between any two participating
+    regions, which holds for every ring order, including the ring re-formed after a region
+    drops out; each leader's egress is priced at its dearest link to another participant.
+    """
+    sync, n = spec.sync, float(spec.model.n_params)
+    regions = sorted(region_members)
+    t_local = 0.0
+    for r in regions:
+        if region_members[r] >= 2:
+            t_local = max(t_local, cm.local_sync_s(sync, n, links.bw(r, r), links.lat(r, r)))
+    n_regions = len(regions)
+    if n_regions < 2:
+        return SyncCost(t_local, 0.0, 0.0)
+    bw_min, lat_max = float("inf"), 0.0
+    for i, a in enumerate(regions):
+        for b in regions[i + 1 :]:
+            bw = min(links.bw(a, b), links.bw(b, a))
+            if bw <= 0:
+                raise InvalidArgument(f"no link between regions {a!r} and {b!r}", regions=[a, b])
+            bw_min = min(bw_min, bw)
+            lat_max = max(lat_max, links.lat(a, b), links.lat(b, a))
+    factor = float(cm.wan_time_factor(sync, n, n_regions))
+    hops = float(cm.wan_latency_hops(sync, n_regions))
+    t_wan = factor / bw_min + hops * lat_max
+    per_leader = float(cm.wan_bytes_per_leader(sync, n, n_regions))
+    egress = 0.0
+    for a in regions:
+        egress += per_leader / cm.GB * max(links.egress(a, b) for b in regions if b != a)
+    return SyncCost(t_local + t_wan, egress, per_leader * n_regions)
+
+
+@dataclass(frozen=True)
+class _Replica:
+    rank: int
+    devices: list[tuple[ClusterInfo, DeviceSlot]]
+    participant: Participant
+
+
+def _replicas(
+    snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask], dp: int, tp: int, pp: int
+) -> list[_Replica]:
+    clusters = {c.id: c for c in snapshot.clusters}
+    wanted: dict[str, set[str]] = defaultdict(set)
+    for t in tasks:
+        wanted[t.cluster].add(t.node)
+    slots: dict[tuple[str, str, int], tuple[ClusterInfo, DeviceSlot]] = {}
+    for cid, nodes in wanted.items():
+        cluster = clusters.get(cid)
+        if cluster is None:
+            raise InvalidArgument(f"task names unknown cluster {cid!r}", cluster=cid)
+        for node in cluster.nodes:
+            if node.id in nodes:
+                for d in node.devices:
+                    slots[(cid, node.id, d.index)] = (cluster, d)
+    by_rank: dict[int, list[PlannedTask]] = defaultdict(list)
+    for t in tasks:
+        by_rank[t.dp_rank].append(t)
+    if sorted(by_rank) != list(range(dp)):
+        raise InvalidArgument(f"tasks must cover dp ranks 0..{dp - 1}", dp=dp)
+    roles_needed = [(s, r) for s in range(pp) for r in range(tp)]
+    out = []
+    for rank in range(dp):
+        group = by_rank[rank]
+        if sorted((t.pp_stage, t.tp_rank) for t in group) != roles_needed:
+            raise InvalidArgument(f"dp rank {rank} must have one task per (pp_stage, tp_rank)", dp_rank=rank)
+        devices = []
+        for t in group:
+            found = slots.get((t.cluster, t.node, t.device))
+            if found is None:
+                raise InvalidArgument(
+                    f"task names unknown device {t.cluster}/{t.node}/{t.device}", cluster=t.cluster
+                )
+            devices.append(found)
+        models = {slot.model for _, slot in devices}
+        if len(models) != 1:
+            raise InvalidArgument(f"dp rank {rank} mixes device models {sorted(models)}", dp_rank=rank)
+        model = models.pop()
+        cluster_ids = {c.id for c, _ in devices}
+        if len(cluster_ids) == 1:
+            participant: Participant = ("cluster", next(iter(cluster_ids)), model)
+        else:
+            stage0 = next(t for t in group if t.pp_stage == 0 and t.tp_rank == 0)
+            participant = ("span", clusters[stage0.cluster].region, model)
+        out.append(_Replica(rank, devices, participant))
+    return out
+
+
+def _participant_region(p: Participant, clusters: dict[str, ClusterInfo]) -> str:
+    return clusters[p[1]].region if p[0] == "cluster" else p[1]
+
+
+def estimate_option(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    tasks: Sequence[PlannedTask],
+    *,
+    dp: int,
+    tp: int,
+    pp: int,
+    zero: int,
+    pp_schedule: str = "1f1b",
+    spot: bool = False,
+    calibration: Calibration | None = None,
+) -> Estimates:
+    """Time, cost and memory of running spec on exactly these tasks.
+
+    Raises InvalidArgument when the tasks are not a complete dp×pp×tp grid, a replica mixes
+    device models, a device runs out of memory, or two participating regions have no link.
+    """
+    batch = spec.global_batch_sequences
+    if dp < 1 or batch % dp or (batch // dp) % spec.training.micro_batch_size:
+        raise InvalidArgument(
+            f"dp={dp} does not split {batch} sequences into micro-batches of "
+            f"{spec.training.micro_batch_size}",
+            field="dp",
+        )
+    links = Links(snapshot, calibration)
+    clusters = {c.id: c for c in snapshot.clusters}
+    replicas = _replicas(snapshot, tasks, dp, tp, pp)
+    n_micro = n_micro_batches(spec, dp)
+    group_size: dict[Participant, int] = defaultdict(int)
+    for rep in replicas:
+        group_size[rep.participant] += 1
+
+    slowest: cm.ReplicaTime | None = None
+    peak_bytes = 0.0
+    seen: set[tuple] = set()
+    for rep in replicas:
+        devices = rep.devices
+        model = devices[0][1].model
+        tflops = min([s.tflops for _, s in devices])
+        smallest = min([s.memory_gb for _, s in devices])
+        r = group_size[rep.participant]
+        ids = tuple(sorted({c.id for c, _ in devices}))
+        # Replicas on the same clusters with the same weakest device estimate the same.
+        key = (ids, model, tflops, smallest, r)
+        if key in seen:
+            continue
+        seen.add(key)
+        cls = [clusters[i] for i in ids]
+        flops = tflops * 1e12 * cm.device_efficiency(model, calibration)
+        intra_bw = min(intra_bytes_per_s(c, calibration) for c in cls)
+        intra_lat = max(c.intra_latency_ms for c in cls) / 1000.0
+        pp_bw, pp_lat = intra_bw, intra_lat
+        regions = sorted({c.region for c in cls})
+        if len(cls) > 1:
+            for a in regions:
+                for b in regions:
+                    pp_bw = min(pp_bw, links.bw(a, b))
+                    pp_lat = max(pp_lat, links.lat(a, b))
+            if pp_bw <= 0:
+                raise InvalidArgument(f"dp rank {rep.rank} spans regions without a link", dp_rank=rep.rank)
+        rt = cm.replica_time(spec, tp, pp, zero, n_micro, r >= 2, flops, intra_bw, intra_lat, pp_bw, pp_lat)
+        if slowest is None or float(rt.total) > float(slowest.total):
+            slowest = rt
+        mem = cm.memory_per_device(spec, tp, pp, zero, r, n_micro, pp_schedule).total
+        if not cm.fits(mem, smallest):
+            raise InvalidArgument(
+                f"dp rank {rep.rank} needs {mem / cm.GB:.2f} GB per device; smallest device has "
+                f"{smallest:g} GB ({cm.USABLE_MEMORY_FRACTION:.0%} usable)",
+                dp_rank=rep.rank,
+            )
+        peak_bytes = max(peak_bytes, mem)
+    assert slowest is not None
+
+    members: dict[str, int] = defaultdict(int)
+    for p in group_size:
+        members[_participant_region(p, clusters)] += 1
+    sc = sync_cost(spec, links, dict(members))
+    steps = spec.training.steps
+    t_local = float(slowest.total)
+    wan = float(cm.wan_sync_per_step(spec.sync, steps, sc.t_sync, t_local))
+    step = StepBreakdown(
+        compute=float(slowest.compute),
+        tp_comm=float(slowest.tp_comm),
+        dp_comm=float(slowest.dp_comm),
+        pp_bubble=float(slowest.pp_bubble),
+        pp_comm=float(slowest.pp_comm),
+        wan_sync=wan,
+    )
+    duration = steps * step.total
+    hourly = sum(device_price(c, spot) for rep in replicas for c, _ in rep.devices)
+    per_step_exchanges = cm.exchanges_per_step(spec.sync, steps)
+    cost = CostBreakdown(
+        devices=hourly * duration / 3600.0,
+        egress=sc.egress_usd * per_step_exchanges * steps,
+    )
+    return Estimates(
+        step_s=step,
+        steps=steps,
+        duration_s=duration,
+        cost=cost,
+        memory_per_device_gb=peak_bytes / cm.GB,
+        tokens_per_s=spec.training.global_batch_tokens / step.total if step.total > 0 else 0.0,
+        wan_bytes_per_step=sc.wan_bytes * per_step_exchanges,
+    )

@@ -1,0 +1,134 @@
+"""The usable fleet: free devices grouped into pools, after the QoS filters, with what each removed."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from control_layer.planner.estimate import device_price
+from control_layer.planner.snapshot import ClusterInfo, ResourceSnapshot
+from control_layer.planner.spec import JobSpec
+
+
+@dataclass(frozen=True, eq=False)
+class Pool:
+    """The free devices of one device model in one cluster.
+
+    tflops and memory_gb are the weakest device's, so any replica placed here gets at least them.
+    """
+
+    cluster: ClusterInfo
+    model: str
+    nodes: tuple[tuple[str, tuple[int, ...]], ...]  # (node id, free device indices), node order
+    tflops: float
+    memory_gb: float
+    price: float  # USD per device-hour in force for this job (spot where allowed)
+    free_per_node: tuple[int, ...] = ()
+    n_free: int = 0
+    region: str = ""
+
+    def __post_init__(self) -> None:
+        counts = tuple(len(ix) for _, ix in self.nodes)
+        object.__setattr__(self, "free_per_node", counts)
+        object.__setattr__(self, "n_free", sum(counts))
+        object.__setattr__(self, "region", self.cluster.region)
+
+
+@dataclass
+class Filtered:
+    pools: list[Pool]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
+    out = []
+    for cluster in sorted(snapshot.clusters, key=lambda c: c.id):
+        # This runs over every device of the fleet: comprehensions, and a fast path for the usual
+        # node whose free devices are all one model.
+        by_model: dict[str, list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
+        tflops: dict[str, float] = {}
+        memory: dict[str, float] = {}
+        for node in cluster.nodes:
+            if not node.alive:
+                continue
+            free = [d for d in node.devices if d.free]
+            if not free:
+                continue
+            models = {d.model for d in free}
+            for m in sorted(models):
+                mine = free if len(models) == 1 else [d for d in free if d.model == m]
+                by_model[m].append((node.id, tuple(sorted([d.index for d in mine]))))
+                tflops[m] = min(tflops.get(m, math.inf), min([d.tflops for d in mine]))
+                memory[m] = min(memory.get(m, math.inf), min([d.memory_gb for d in mine]))
+        price = device_price(cluster, spot)
+        for m in sorted(by_model):
+            out.append(Pool(cluster, m, tuple(by_model[m]), tflops[m], memory[m], price))
+    return out
+
+
+def filter_fleet(spec: JobSpec, snapshot: ResourceSnapshot) -> Filtered:
+    """Apply the QoS and data constraints one by one, recording what each removed."""
+    qos = spec.qos
+    pools = _pools(snapshot, qos.preemptible)
+    total_devices = sum(p.n_free for p in pools)
+    result = Filtered(pools)
+    result.steps.append(
+        {
+            "constraint": "free devices",
+            "detail": f"{total_devices} free devices on alive nodes in {len(snapshot.clusters)} clusters",
+            "left_devices": total_devices,
+        }
+    )
+
+    def apply(constraint: str, value: Any, keep, why: str) -> None:
+        kept = [p for p in result.pools if keep(p)]
+        removed = [p for p in result.pools if not keep(p)]
+        if removed:
+            result.steps.append(
+                {
+                    "constraint": constraint,
+                    "value": value,
+                    "removed_clusters": len({p.cluster.id for p in removed}),
+                    "removed_devices": sum(p.n_free for p in removed),
+                    "left_devices": sum(p.n_free for p in kept),
+                    "detail": why,
+                }
+            )
+        result.pools = kept
+
+    if qos.regions is not None:
+        allowed = set(qos.regions)
+        apply("qos.regions", sorted(allowed), lambda p: p.region in allowed, "region not in the allowed list")
+    if qos.exclude_regions:
+        excluded = set(qos.exclude_regions)
+        apply("qos.exclude_regions", sorted(excluded), lambda p: p.region not in excluded, "region excluded")
+    if qos.data_residency:
+        want = qos.data_residency.upper()
+        apply(
+            "qos.data_residency",
+            qos.data_residency,
+            lambda p: snapshot.jurisdiction(p.region).upper() == want,
+            f"region outside jurisdiction {qos.data_residency}",
+        )
+    if spec.data.region:
+        home = spec.data.region
+        apply(
+            "data.region",
+            home,
+            lambda p: p.region == home,
+            f"data lives in {home}; its readers must run there",
+        )
+    if qos.accelerators:
+        kinds = [a.lower() for a in qos.accelerators]
+        apply(
+            "qos.accelerators",
+            qos.accelerators,
+            lambda p: any(k in p.model.lower() for k in kinds),
+            "device model not allowed",
+        )
+    if qos.min_gpu_mem_gb is not None:
+        need = qos.min_gpu_mem_gb
+        apply("qos.min_gpu_mem_gb", need, lambda p: p.memory_gb >= need, f"device memory below {need:g} GB")
+    return result

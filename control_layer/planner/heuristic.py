@@ -1,0 +1,209 @@
+"""Fast placement: fill the cheapest eligible units at each step-time level, over a few region sets.
+
+A level τ admits the units whose replica step time is at most τ; filling the admitted units in
+price order gives the cheapest device rate at that speed. The region sets tried are: all allowed
+regions, and compact sets grown from an anchor region by adding, one at a time, the region with
+the fastest slowest link to those already in (until there is room for dp replicas) — what
+synchronous and WAN-bound modes need. Units are filled cheapest first, and also largest member
+first (fewest participants in the sync). Every (set, order, level) fill is scored at once with
+numpy; the best rows for time, cost and their balance are then split per member cluster.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from control_layer.planner import cost_model as cm
+from control_layer.planner.bounds import sum_by
+from control_layer.planner.problem import Problem, Solution
+
+MAX_LEVELS = 32  # step-time levels tried per region set (quantiles of the distinct unit times)
+ANCHORS = 3  # anchor regions by capacity, and as many by price, for compact region sets
+ROWS_PER_GOAL = 2  # best fills kept per goal (time, cost, balance)
+SET_LEVELS = (0.0, 0.25, 1.0)  # quantiles of the feasible levels to grow region sets at
+
+
+def split(
+    x: int, count: int, cap: int, lo: int, single_ok: bool, spread: bool
+) -> tuple[int, int, int] | None:
+    """Spread x replicas over a unit's members: (n1 members with one, n2 members with ≥ 2, x2)."""
+    if x == 0:
+        return (0, 0, 0)
+    low = max(2, lo)
+    if spread and single_ok and x <= count:
+        return (x, 0, 0)
+    # Pack: as few members as possible, each with ≥ low replicas; one single if that is all left.
+    for n1 in (0, 1) if single_ok else (0,):
+        rest = x - n1
+        if rest == 0:
+            return (n1, 0, 0) if n1 <= count else None
+        n2 = math.ceil(rest / cap) if cap >= 2 else 0
+        if n2 and n2 * low <= rest and n1 + n2 <= count and rest <= n2 * cap:
+            return (n1, n2, rest)
+    if single_ok and x <= count:
+        return (x, 0, 0)
+    return None
+
+
+def _levels(pr: Problem, t1_ok: np.ndarray, t2_ok: np.ndarray) -> np.ndarray:
+    levels = np.unique(np.concatenate([pr.t1[t1_ok], pr.t2[t2_ok]]))
+    if len(levels) > MAX_LEVELS:
+        pick = np.unique(np.round(np.linspace(0, len(levels) - 1, MAX_LEVELS)).astype(int))
+        levels = levels[pick]
+    return levels
+
+
+def _region_sets(pr: Problem, unit_cap: np.ndarray) -> list[np.ndarray]:
+    """Boolean region masks: all regions, then compact sets grown from anchor regions."""
+    f = pr.fleet
+    n_reg = len(f.regions)
+    reg_cap = np.bincount(pr.region, weights=unit_cap, minlength=n_reg)
+    cheapest = np.full(n_reg, np.inf)
+    has = unit_cap > 0
+    np.minimum.at(cheapest, pr.region[has], pr.price[has])
+    anchors: list[int] = []
+    for order in (np.argsort(-reg_cap, kind="stable"), np.argsort(cheapest, kind="stable")):
+        anchors += [int(a) for a in order[:ANCHORS] if reg_cap[a] > 0 and int(a) not in anchors]
+    sets = [reg_cap > 0]
+    seen = {sets[0].tobytes()}
+    for a in anchors:
+        member = np.zeros(n_reg, dtype=bool)
+        member[a] = True
+        worst = np.where(np.arange(n_reg) == a, -np.inf, f.pair_bw[a])  # slowest link into the set
+        room = reg_cap[a]
+        while room < pr.deg.dp:
+            score = np.where(member | (reg_cap <= 0) | (worst <= 0), -np.inf, worst)
+            b = int(np.argmax(score))
+            if not np.isfinite(score[b]):
+                break
+            member[b] = True
+            room += reg_cap[b]
+            worst = np.minimum(worst, f.pair_bw[b])
+        key = member.tobytes()
+        if room >= pr.deg.dp and key not in seen:
+            seen.add(key)
+            sets.append(member)
+    return sets
+
+
+def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(step seconds, cost) of every fill row with packed members, as evaluate() would score them."""
+    f = pr.fleet
+    spec = f.spec
+    cols = np.flatnonzero(x.any(axis=0))  # only the units some row uses
+    x = x[:, cols]
+    t1, t2, lo, cap = pr.t1[cols], pr.t2[cols], pr.lo[cols], pr.cap[cols]
+    single = (x == 1) & (lo <= 1)[None, :] & (t1[None, :] <= levels[:, None])
+    t_local = np.where(x > 0, np.where(single, t1[None, :], t2[None, :]), 0.0).max(axis=1)
+    members = np.where(x > 0, np.maximum(1, -(-x // np.maximum(cap, 1))), 0)
+    regs, reg_of = np.unique(pr.region[cols], return_inverse=True)
+    per_region = sum_by(members, reg_of.reshape(-1), len(regs))  # rows × used regions
+    used = per_region > 0
+    n_used = used.sum(axis=1)
+    t_loc = np.where(per_region >= 2, f.local_sync[regs][None, :], 0.0).max(axis=1)
+    sub = np.ix_(regs, regs)
+    pair = used[:, :, None] & used[:, None, :] & ~np.eye(len(regs), dtype=bool)[None, :, :]
+    bw = np.where(pair, f.pair_bw[sub][None, :, :], np.inf).min(axis=(1, 2))
+    lat = np.where(pair, f.pair_lat[sub][None, :, :], 0.0).max(axis=(1, 2))
+    eg = np.where(pair, f.egress[sub][None, :, :], 0.0).max(axis=2).sum(axis=1)
+    multi = n_used >= 2
+    safe_bw = np.where(multi & (bw > 0), bw, 1.0)
+    wan = np.where(multi, pr.wan_factor[n_used] / safe_bw + pr.wan_hops[n_used] * lat, 0.0)
+    wan = np.where(multi & (bw <= 0), np.inf, wan)
+    per_step = cm.exchanges_per_step(spec.sync, spec.training.steps) * (t_loc + wan)
+    step = np.maximum(t_local, per_step) if pr.overlapped else t_local + per_step
+    steps = spec.training.steps
+    rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev
+    cost = steps * step * rate / 3600.0 + steps * pr.xps * (pr.per_leader[n_used] / cm.GB * eg)
+    return step, cost
+
+
+def candidate_solutions(pr: Problem) -> list[Solution]:
+    """A handful of good solutions over the levels and region sets above (possibly none)."""
+    ok = pr.usable
+    if pr.capacity() < pr.deg.dp:
+        return []
+    t1_ok = ok & (pr.lo <= 1)
+    t2_ok = ok & (pr.cap >= 2)
+    levels = _levels(pr, t1_ok, t2_ok)
+    tau = levels[:, None]
+    full = np.where(t2_ok, pr.count * pr.cap, 0)
+    singles = np.where(t1_ok, pr.count, 0)
+    elig = np.where(
+        pr.t2[None, :] <= tau, full[None, :], np.where(pr.t1[None, :] <= tau, singles[None, :], 0)
+    )
+    elig = elig.astype(np.int64)
+    order = np.lexsort((np.arange(pr.n_units), pr.t2, pr.price))
+    dp = pr.deg.dp
+
+    # Region sets are grown for a few levels: what is compact at a slow level (all device kinds)
+    # differs from what is compact when only the fastest units are admitted.
+    feasible = np.flatnonzero(elig.sum(axis=1) >= dp)
+    sets: dict[bytes, np.ndarray] = {}
+    if len(feasible):
+        for q in SET_LEVELS:
+            li = int(feasible[min(len(feasible) - 1, int(q * (len(feasible) - 1)))])
+            for regions in _region_sets(pr, elig[li]):
+                sets.setdefault(regions.tobytes(), regions)
+    # Two fill orders: cheapest first, and largest members first (fewest sync participants,
+    # what per-step synchronisation rewards).
+    big_first = np.lexsort((np.arange(pr.n_units), pr.price, -pr.cap))
+    rows, row_level = [], []
+    for regions in sets.values():
+        inside = regions[pr.region]
+        for ordr in (order, big_first):
+            cols = ordr[inside[ordr]]  # this order, restricted to the set's units
+            el = elig[:, cols]
+            before = np.cumsum(el, axis=1) - el
+            take = np.clip(dp - before, 0, el)
+            good = take.sum(axis=1) == dp
+            x = np.zeros((int(good.sum()), pr.n_units), dtype=elig.dtype)
+            x[:, cols] = take[good]
+            rows.append(x)
+            row_level.append(levels[good])
+    if not any(len(r) for r in rows):
+        return []
+    x = np.concatenate(rows)
+    lv = np.concatenate(row_level)
+    # Many levels and sets give the same fill: score each distinct one once (lowest level kept).
+    key = (x * np.random.default_rng(0).random(pr.n_units)[None, :]).sum(axis=1)
+    _, first = np.unique(np.round(key, 6), return_index=True)
+    x, lv = x[first], lv[first]
+    step, cost = _score(pr, x, lv)
+    finite = np.isfinite(step)
+    if not finite.any():
+        return []
+    x, lv, step, cost = x[finite], lv[finite], step[finite], cost[finite]
+    balance = step / step.min() + cost / cost.min()
+    picks: list[int] = []
+    for goal in (cost, step, balance):
+        for i in np.argsort(goal, kind="stable")[:ROWS_PER_GOAL]:
+            if int(i) not in picks:
+                picks.append(int(i))
+    out: dict[Solution, None] = {}
+    for i in picks:
+        for spread in (False, True):
+            sol = _to_solution(pr, x[i], float(lv[i]), spread)
+            if sol is not None:
+                out[sol] = None
+    return list(out)
+
+
+def _to_solution(pr: Problem, row: np.ndarray, level: float, spread: bool) -> Solution | None:
+    n1 = [0] * pr.n_units
+    n2 = [0] * pr.n_units
+    x2 = [0] * pr.n_units
+    for u in np.flatnonzero(row):
+        x = int(row[u])
+        single_ok = bool(pr.lo[u] <= 1 and pr.t1[u] <= level)
+        if pr.t2[u] > level:
+            # Only one replica per member is fast enough here.
+            got = (x, 0, 0) if single_ok and x <= pr.count[u] else None
+        else:
+            got = split(x, int(pr.count[u]), int(pr.cap[u]), int(pr.lo[u]), single_ok, spread)
+        if got is None:
+            return None
+        n1[u], n2[u], x2[u] = got
+    return Solution(tuple(n1), tuple(n2), tuple(x2))

@@ -1,0 +1,268 @@
+"""Exact placement of one candidate as a MILP (scipy.optimize.milp, HiGHS).
+
+Variables per unit u: v1, v2 (binary: some member hosts exactly one / two or more replicas),
+y1, y2 (how many members), x2 (replicas on the y2 members). Per region: z (used), m (two or
+more participants: the in-region reduce runs). One-hot rho_k picks the number of regions k, so
+the WAN terms, which depend on k, stay linear: products rho_k·(1/bandwidth), rho_k·latency and
+rho_k·(egress price) are linearised exactly (a binary times a bounded continuous variable).
+The slowest-link, largest-latency and dearest-egress terms come from pairwise constraints over
+used regions, exactly as the estimator bounds them.
+
+Time objective: minimise theta, the step time (a tiny weight on the device rate breaks ties
+toward the cheaper plan). Cost objective: theta × rate is bilinear, so each unit's replica count
+is written in binary, x = Σ 2^j b_j, and theta·b_j is linearised exactly the same way; the cost
+is then linear and the optimum is exact for the cost model.
+
+Budgets are deterministic (a node limit, so the same input gives the same answer); a wall-clock
+limit exists only as a safety net. Problems too large for the budget are left to the heuristic,
+or solved on a reduced set of units chosen from the heuristic's answers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from control_layer.planner import cost_model as cm
+from control_layer.planner.bounds import lower_bounds
+from control_layer.planner.problem import Problem, Solution
+
+NODE_LIMIT = 1000
+SAFETY_TIME_LIMIT_S = 2.0
+
+
+@dataclass
+class _Model:
+    lb: list[float] = field(default_factory=list)
+    ub: list[float] = field(default_factory=list)
+    integer: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    cols: list[int] = field(default_factory=list)
+    vals: list[float] = field(default_factory=list)
+    row_lb: list[float] = field(default_factory=list)
+    row_ub: list[float] = field(default_factory=list)
+
+    def var(self, lb: float, ub: float, integer: bool) -> int:
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.integer.append(1 if integer else 0)
+        return len(self.lb) - 1
+
+    def row(self, terms: Sequence[tuple[int, float]], lo: float, hi: float) -> None:
+        r = len(self.row_lb)
+        for col, val in terms:
+            if val != 0.0:
+                self.rows.append(r)
+                self.cols.append(col)
+                self.vals.append(val)
+        self.row_lb.append(lo)
+        self.row_ub.append(hi)
+
+    def solve(self, c: np.ndarray) -> np.ndarray | None:
+        n = len(self.lb)
+        a = coo_matrix((self.vals, (self.rows, self.cols)), shape=(len(self.row_lb), n)).tocsr()
+        res = milp(
+            c,
+            integrality=np.array(self.integer),
+            bounds=Bounds(np.array(self.lb), np.array(self.ub)),
+            constraints=LinearConstraint(a, np.array(self.row_lb), np.array(self.row_ub)),
+            options={"node_limit": NODE_LIMIT, "time_limit": SAFETY_TIME_LIMIT_S, "presolve": True},
+        )
+        return None if res.x is None else res.x
+
+
+@dataclass
+class _Vars:
+    v1: dict[int, int]
+    v2: dict[int, int]
+    y1: dict[int, int]
+    y2: dict[int, int]
+    x2: dict[int, int]
+    theta: int
+    cost_terms: list[tuple[int, float]]  # linear cost in USD (cost objective only)
+
+
+def integer_vars(pr: Problem, objective: str) -> int:
+    """Integer variables the model would need (the budget check)."""
+    ok = np.flatnonzero(pr.usable)
+    n = 5 * len(ok)
+    if objective == "cost":
+        n += sum(int(pr.count[u] * pr.cap[u]).bit_length() for u in ok)
+    regions = len(set(pr.region[ok].tolist()))
+    return n + 3 * regions
+
+
+def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | None:
+    spec = pr.fleet.spec
+    f = pr.fleet
+    steps = spec.training.steps
+    md = _Model()
+    units = [int(u) for u in np.flatnonzero(pr.usable)]
+    if not units:
+        return None
+    v1, v2, y1, y2, x2 = {}, {}, {}, {}, {}
+    for u in units:
+        cnt, cap, lo = int(pr.count[u]), int(pr.cap[u]), int(pr.lo[u])
+        single_ok = lo <= 1
+        multi_ok = cap >= 2
+        v1[u] = md.var(0, 1 if single_ok else 0, True)
+        v2[u] = md.var(0, 1 if multi_ok else 0, True)
+        y1[u] = md.var(0, cnt if single_ok else 0, True)
+        y2[u] = md.var(0, cnt if multi_ok else 0, True)
+        x2[u] = md.var(0, cnt * cap if multi_ok else 0, True)
+        md.row([(y1[u], 1.0), (v1[u], -float(cnt))], -math.inf, 0.0)
+        md.row([(y1[u], 1.0), (v1[u], -1.0)], 0.0, math.inf)
+        md.row([(y2[u], 1.0), (v2[u], -float(cnt))], -math.inf, 0.0)
+        md.row([(y2[u], 1.0), (v2[u], -1.0)], 0.0, math.inf)
+        md.row([(y1[u], 1.0), (y2[u], 1.0)], -math.inf, float(cnt))
+        md.row([(x2[u], 1.0), (y2[u], -float(max(2, lo)))], 0.0, math.inf)
+        md.row([(x2[u], 1.0), (y2[u], -float(cap))], -math.inf, 0.0)
+    md.row([(y1[u], 1.0) for u in units] + [(x2[u], 1.0) for u in units], pr.deg.dp, pr.deg.dp)
+
+    regions = sorted({int(pr.region[u]) for u in units})
+    k_max = len(regions)
+    z, m, e = {}, {}, {}
+    for r in regions:
+        z[r] = md.var(0, 1, True)
+        m[r] = md.var(0, 1, True)
+        e[r] = md.var(0, math.inf, False)
+        mine = [u for u in units if pr.region[u] == r]
+        for u in mine:
+            md.row([(z[r], 1.0), (v1[u], -1.0)], 0.0, math.inf)
+            md.row([(z[r], 1.0), (v2[u], -1.0)], 0.0, math.inf)
+        md.row([(z[r], 1.0)] + [(v1[u], -1.0) for u in mine] + [(v2[u], -1.0) for u in mine], -math.inf, 0.0)
+        big = float(sum(int(pr.count[u]) for u in mine))
+        md.row([(y1[u], 1.0) for u in mine] + [(y2[u], 1.0) for u in mine] + [(m[r], -big)], -math.inf, 1.0)
+
+    t_loc = md.var(0, math.inf, False)
+    for r in regions:
+        md.row([(t_loc, 1.0), (m[r], -float(f.local_sync[r]))], 0.0, math.inf)
+
+    rho = {k: md.var(0, 1, True) for k in range(1, k_max + 1)}
+    md.row([(rho[k], 1.0) for k in rho], 1.0, 1.0)
+    md.row([(z[r], 1.0) for r in regions] + [(rho[k], -float(k)) for k in rho], 0.0, 0.0)
+
+    t_ibw = md.var(0, math.inf, False)
+    t_lat = md.var(0, math.inf, False)
+    big_bw, big_lat, big_eg = 0.0, 0.0, 0.0
+    for i, a in enumerate(regions):
+        for b in regions[i + 1 :]:
+            bw = float(f.pair_bw[a, b])
+            if bw <= 0:
+                md.row([(z[a], 1.0), (z[b], 1.0)], -math.inf, 1.0)
+                continue
+            lat = float(f.pair_lat[a, b])
+            inv = cm.GB / bw  # seconds per GB keeps coefficients near 1
+            big_bw, big_lat = max(big_bw, inv), max(big_lat, lat)
+            md.row([(t_ibw, 1.0), (z[a], -inv), (z[b], -inv)], -inv, math.inf)
+            md.row([(t_lat, 1.0), (z[a], -lat), (z[b], -lat)], -lat, math.inf)
+            for s, d in ((a, b), (b, a)):
+                price = float(f.egress[s, d])
+                md.row([(e[s], 1.0), (z[a], -price), (z[b], -price)], -price, math.inf)
+    for r in regions:
+        others = [float(f.egress[r, d]) for d in regions if d != r]
+        big_eg += max(others, default=0.0)
+
+    sync_terms: list[tuple[int, float]] = [(t_loc, 1.0)]
+    egress_terms: list[tuple[int, float]] = []
+    for k, rk in rho.items():
+        if k < 2:
+            continue
+        pb = md.var(0, math.inf, False)
+        pl = md.var(0, math.inf, False)
+        pe = md.var(0, math.inf, False)
+        md.row([(pb, 1.0), (t_ibw, -1.0), (rk, -big_bw)], -big_bw, math.inf)
+        md.row([(pl, 1.0), (t_lat, -1.0), (rk, -big_lat)], -big_lat, math.inf)
+        md.row([(pe, 1.0)] + [(e[r], -1.0) for r in regions] + [(rk, -big_eg)], -big_eg, math.inf)
+        sync_terms += [(pb, float(pr.wan_factor[k]) / cm.GB), (pl, float(pr.wan_hops[k]))]
+        egress_terms.append((pe, float(pr.per_leader[k]) / cm.GB))
+
+    t_max = md.var(0, math.inf, False)
+    for u in units:
+        md.row([(t_max, 1.0), (v1[u], -float(pr.t1[u]))], 0.0, math.inf)
+        md.row([(t_max, 1.0), (v2[u], -float(pr.t2[u]))], 0.0, math.inf)
+
+    # Bounds on theta keep the linearisations tight: the bound from bounds.py below, and above
+    # the deadline, the slowest unit plus the widest possible sync, and what `beat` allows.
+    sync_ub = float(f.local_sync[regions].max()) + float(pr.wan_factor[k_max]) / cm.GB * big_bw
+    sync_ub += float(pr.wan_hops[k_max]) * big_lat
+    theta_ub = float(max(pr.t1[units].max(), pr.t2[units].max())) + pr.xps * sync_ub
+    if spec.qos.max_hours is not None:
+        theta_ub = min(theta_ub, spec.qos.max_hours * 3600.0 / steps)
+    if math.isfinite(beat):
+        if objective == "time":
+            theta_ub = min(theta_ub, beat / steps)
+        else:
+            slots = np.repeat(pr.price[units], (pr.count * pr.cap)[units])
+            rate_min = float(np.sort(slots)[: pr.deg.dp].sum()) * pr.dev
+            theta_ub = min(theta_ub, beat * 3600.0 / (steps * rate_min))
+    theta_lb = min(lower_bounds(pr)[0] / steps, theta_ub)
+    theta = md.var(theta_lb, theta_ub * (1 + 1e-9), False)
+    xps = pr.xps
+    if pr.overlapped:
+        md.row([(theta, 1.0), (t_max, -1.0)], 0.0, math.inf)
+        md.row([(theta, 1.0)] + [(v, -xps * c) for v, c in sync_terms], 0.0, math.inf)
+    else:
+        md.row([(theta, 1.0), (t_max, -1.0)] + [(v, -xps * c) for v, c in sync_terms], 0.0, math.inf)
+
+    cost_terms: list[tuple[int, float]] = [(v, steps * xps * c) for v, c in egress_terms]
+    if objective == "cost" or spec.qos.max_cost is not None:
+        scale = steps / 3600.0 * pr.dev
+        for u in units:
+            total = int(pr.count[u] * pr.cap[u])
+            bits = []
+            for j in range(total.bit_length()):
+                b = md.var(0, 1, True)
+                q = md.var(0, theta_ub * (1 + 1e-9), False)
+                bits.append((b, float(1 << j)))
+                md.row([(q, 1.0), (theta, -1.0), (b, -theta_ub)], -theta_ub, math.inf)
+                md.row([(q, 1.0), (b, -theta_lb)], 0.0, math.inf)
+                cost_terms.append((q, scale * float(pr.price[u]) * float(1 << j)))
+            md.row([(y1[u], 1.0), (x2[u], 1.0)] + [(b, -w) for b, w in bits], 0.0, 0.0)
+        limit = min(spec.qos.max_cost or math.inf, beat if objective == "cost" else math.inf)
+        if math.isfinite(limit):
+            md.row(cost_terms, -math.inf, limit)
+    return md, _Vars(v1, v2, y1, y2, x2, theta, cost_terms)
+
+
+def solve(pr: Problem, objective: str, beat: float = math.inf) -> Solution | None:
+    """The exact optimum of one candidate for the objective, or None (infeasible / over budget)."""
+    built = _build(pr, objective, beat)
+    if built is None:
+        return None
+    md, vs = built
+    c = np.zeros(len(md.lb))
+    if objective == "cost":
+        for col, val in vs.cost_terms:
+            c[col] += val
+    else:
+        c[vs.theta] = 1.0
+        # Among equally fast plans prefer the cheaper device rate (weight far below one step).
+        rate_scale = float(pr.price.max()) * pr.deg.dp + 1e-12
+        tiny = 1e-7 * float(pr.t1.min()) / rate_scale
+        for u in vs.y1:
+            c[vs.y1[u]] += tiny * float(pr.price[u])
+            c[vs.x2[u]] += tiny * float(pr.price[u])
+    x = md.solve(c)
+    if x is None:
+        return None
+    n1 = [0] * pr.n_units
+    n2 = [0] * pr.n_units
+    x2 = [0] * pr.n_units
+    for u in vs.y1:
+        n1[u] = int(round(x[vs.y1[u]]))
+        n2[u] = int(round(x[vs.y2[u]]))
+        x2[u] = int(round(x[vs.x2[u]]))
+    return Solution(tuple(n1), tuple(n2), tuple(x2))
+
+
+def milp_solutions(pr: Problem, objective: str, beat: float = math.inf) -> list[Solution]:
+    """The exact optimum for the objective when something better than `beat` (seconds of
+    duration, or USD) exists; otherwise nothing."""
+    sol = solve(pr, objective, beat)
+    return [] if sol is None else [sol]

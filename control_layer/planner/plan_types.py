@@ -1,0 +1,147 @@
+"""What the planner returns: complete, priced options, and the calibration it can be given."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Plain(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _fill_and_check_total(data: Any, parts: tuple[str, ...], what: str) -> Any:
+    """Fill a missing total with the sum of its parts; refuse a total that is not that sum."""
+    if not isinstance(data, dict):
+        return data
+    total = sum(float(data.get(p, 0.0)) for p in parts)
+    given = data.get("total")
+    if given is None:
+        return {**data, "total": total}
+    if not math.isclose(float(given), total, rel_tol=1e-9, abs_tol=1e-9):
+        raise ValueError(f"{what}.total ({given}) is not the sum of its parts ({total})")
+    return data
+
+
+class PlannedTask(_Plain):
+    """One device's role: which replica, pipeline stage and tensor shard it runs, and where."""
+
+    dp_rank: int = Field(ge=0)
+    pp_stage: int = Field(ge=0)
+    tp_rank: int = Field(ge=0)
+    cluster: str
+    node: str
+    device: int = Field(ge=0)
+    region: str = ""
+
+
+STEP_PARTS = ("compute", "tp_comm", "dp_comm", "pp_bubble", "pp_comm", "wan_sync")
+
+
+class StepBreakdown(_Plain):
+    """Seconds per optimizer step on the slowest replica; total is the sum of the parts.
+
+    dp_comm is the gradient all-reduce (or ZeRO reduce-scatter/all-gather) among the replicas
+    of one cluster; wan_sync is the amortised cross-cluster synchronisation.
+    """
+
+    compute: float = Field(ge=0)
+    tp_comm: float = Field(default=0.0, ge=0)
+    dp_comm: float = Field(default=0.0, ge=0)
+    pp_bubble: float = Field(default=0.0, ge=0)
+    pp_comm: float = Field(default=0.0, ge=0)
+    wan_sync: float = Field(default=0.0, ge=0)
+    total: float = Field(ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _total(cls, data: Any) -> Any:
+        return _fill_and_check_total(data, STEP_PARTS, "step_s")
+
+
+class CostBreakdown(_Plain):
+    """USD for the whole run; total is the sum of the parts."""
+
+    devices: float = Field(ge=0)
+    egress: float = Field(default=0.0, ge=0)
+    total: float = Field(ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _total(cls, data: Any) -> Any:
+        return _fill_and_check_total(data, ("devices", "egress"), "cost")
+
+
+class Estimates(_Plain):
+    step_s: StepBreakdown
+    steps: int = Field(gt=0)
+    duration_s: float = Field(ge=0)
+    cost: CostBreakdown
+    memory_per_device_gb: float = Field(ge=0, description="Peak on the fullest device.")
+    tokens_per_s: float = Field(ge=0)
+    wan_bytes_per_step: float = Field(ge=0, description="Bytes crossing region boundaries, amortised.")
+
+    @property
+    def hours(self) -> float:
+        return self.duration_s / 3600.0
+
+
+class SyncTopology(_Plain):
+    mode: str
+    ring: list[str] = Field(default_factory=list, description="Cluster ids in ring order.")
+    gossip: dict[str, list[str]] = Field(default_factory=dict, description="Cluster id -> peer cluster ids.")
+    compression: str = "none"
+    every: int = 1
+
+
+class QosCheck(_Plain):
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+class PlanOption(_Plain):
+    id: str
+    label: Literal["cheapest", "fastest", "balanced"] | None = None
+    dp: int = Field(gt=0)
+    tp: int = Field(gt=0)
+    pp: int = Field(gt=0)
+    zero: int = Field(ge=0, le=3)
+    pp_schedule: str = "1f1b"
+    micro_batch_size: int = Field(default=1, gt=0)
+    n_micro_batches: int = Field(default=1, gt=0, description="Micro-batches per replica per step.")
+    spot: bool = False
+    replicas_per_cluster: dict[str, int]
+    tasks: list[PlannedTask]
+    sync: SyncTopology
+    estimates: Estimates
+    qos_checks: list[QosCheck] = Field(default_factory=list)
+    regions: list[str] = Field(default_factory=list)
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.tasks)
+
+
+class Calibration(_Plain):
+    """Achieved-vs-nominal factors learned from finished runs; they override the defaults.
+
+    device_efficiency: per device model (case-insensitive), achieved fraction of measured TFLOPS.
+    link_goodput: per "regionA|regionB" (either order), achieved fraction of nominal bandwidth.
+    """
+
+    device_efficiency: dict[str, float] = Field(default_factory=dict)
+    link_goodput: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _fractions(self) -> Calibration:
+        for table, name in (
+            (self.device_efficiency, "device_efficiency"),
+            (self.link_goodput, "link_goodput"),
+        ):
+            for key, value in table.items():
+                if not 0 < value <= 1.5:
+                    raise ValueError(f"{name}[{key!r}] = {value} is outside (0, 1.5]")
+        return self

@@ -1,0 +1,420 @@
+"""The placement problem of one candidate, as arrays over placement units.
+
+A unit is either a class of identical pools (same region, device model, price, speed, memory,
+fabric and node shapes: any of its member clusters is as good as another) or, for pipelines
+without TP, the leftover devices of a region's pools of one model that stages may span when the
+regional fabric is fast enough. A solution says, per unit, how many member clusters host exactly
+one replica (n1) and how many host two or more (n2, holding x2 replicas in all): the in-cluster
+gradient all-reduce and ZeRO sharding differ between the two.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from control_layer.planner import cost_model as cm
+from control_layer.planner.candidates import Degrees
+from control_layer.planner.estimate import Links, intra_bytes_per_s, n_micro_batches
+from control_layer.planner.fleet import Pool
+from control_layer.planner.plan_types import Calibration
+from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.spec import JobSpec
+
+INFEASIBLE = 1 << 30
+
+
+@dataclass(frozen=True)
+class PoolClass:
+    pools: tuple[Pool, ...]  # members, by cluster id
+
+    @property
+    def first(self) -> Pool:
+        return self.pools[0]
+
+
+def _class_key(p: Pool) -> tuple:
+    c = p.cluster
+    return (
+        p.region,
+        p.model,
+        p.price,
+        p.tflops,
+        p.memory_gb,
+        c.intra_bandwidth_gbps,
+        c.intra_latency_ms,
+        tuple(sorted(p.free_per_node, reverse=True)),
+    )
+
+
+@dataclass
+class Fleet:
+    """Plan-wide constants: pool classes, regions and the sync cost between them."""
+
+    spec: JobSpec
+    snapshot: ResourceSnapshot
+    calibration: Calibration | None
+    pools: list[Pool]
+    classes: list[PoolClass]
+    regions: list[str]
+    cls_region: np.ndarray  # class -> region index
+    cls_flops: np.ndarray  # effective FLOP/s
+    cls_intra_bw: np.ndarray
+    cls_intra_lat: np.ndarray
+    cls_memory: np.ndarray  # GB
+    cls_price: np.ndarray
+    cls_node_free: np.ndarray  # class × node: free devices per node (zero-padded)
+    cls_group: np.ndarray  # classes with equal speed, fabric and price share a group
+    cls_count: np.ndarray  # member clusters per class
+    local_sync: np.ndarray  # per region: seconds of the in-region reduce/broadcast
+    pair_bw: np.ndarray  # R×R bytes/s (min of both directions; 0 = no link)
+    pair_lat: np.ndarray  # R×R seconds (max of both directions)
+    egress: np.ndarray  # R×R USD/GB from row region to column region
+    max_node_devices: int
+    # sync constants indexed by the number of participating regions R = 0..n_regions
+    wan_factor: np.ndarray
+    wan_hops: np.ndarray
+    per_leader: np.ndarray
+    xps: float  # exchanges per step
+    overlapped: bool
+    links: Links
+    layouts: dict[tuple[int, int], Layout] = field(default_factory=dict)
+
+    @property
+    def n_devices(self) -> int:
+        return sum(p.n_free for p in self.pools)
+
+
+def _groups_of(keys: list[tuple]) -> np.ndarray:
+    ids: dict[tuple, int] = {}
+    return np.array([ids.setdefault(k, len(ids)) for k in keys], dtype=np.int64)
+
+
+def _node_matrix(shapes: list[tuple[int, ...]]) -> np.ndarray:
+    out = np.zeros((len(shapes), max((len(s) for s in shapes), default=0)), dtype=np.int64)
+    for i, s in enumerate(shapes):
+        out[i, : len(s)] = s
+    return out
+
+
+def build_fleet(
+    spec: JobSpec, snapshot: ResourceSnapshot, pools: list[Pool], calibration: Calibration | None
+) -> Fleet:
+    groups: dict[tuple, list[Pool]] = defaultdict(list)
+    for p in pools:
+        groups[_class_key(p)].append(p)
+    classes = [
+        PoolClass(tuple(sorted(g, key=lambda p: p.cluster.id)))
+        for _, g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[1][0].cluster.id))
+    ]
+    regions = sorted({p.region for p in pools})
+    ridx = {r: i for i, r in enumerate(regions)}
+    links = Links(snapshot, calibration)
+    n = float(spec.model.n_params)
+    nr = len(regions)
+    pair_bw = np.zeros((nr, nr))
+    pair_lat = np.zeros((nr, nr))
+    egress = np.zeros((nr, nr))
+    local = np.zeros(nr)
+    for i, a in enumerate(regions):
+        local[i] = cm.local_sync_s(spec.sync, n, links.bw(a, a), links.lat(a, a))
+        for j, b in enumerate(regions):
+            if i != j:
+                pair_bw[i, j] = min(links.bw(a, b), links.bw(b, a))
+                pair_lat[i, j] = max(links.lat(a, b), links.lat(b, a))
+                egress[i, j] = links.egress(a, b)
+    firsts = [c.first for c in classes]
+    return Fleet(
+        spec=spec,
+        snapshot=snapshot,
+        calibration=calibration,
+        pools=pools,
+        classes=classes,
+        regions=regions,
+        cls_region=np.array([ridx[p.region] for p in firsts], dtype=int),
+        cls_flops=np.array(
+            [p.tflops * 1e12 * cm.device_efficiency(p.model, calibration) for p in firsts], dtype=float
+        ),
+        cls_intra_bw=np.array([intra_bytes_per_s(p.cluster, calibration) for p in firsts], dtype=float),
+        cls_intra_lat=np.array([p.cluster.intra_latency_ms / 1000.0 for p in firsts], dtype=float),
+        cls_memory=np.array([p.memory_gb for p in firsts], dtype=float),
+        cls_price=np.array([p.price for p in firsts], dtype=float),
+        cls_node_free=_node_matrix([p.free_per_node for p in firsts]),
+        cls_count=np.array([len(c.pools) for c in classes], dtype=np.int64),
+        cls_group=_groups_of(
+            [
+                (
+                    p.region,
+                    p.tflops,
+                    p.model,
+                    p.price,
+                    p.cluster.intra_bandwidth_gbps,
+                    p.cluster.intra_latency_ms,
+                )
+                for p in firsts
+            ]
+        ),
+        local_sync=local,
+        pair_bw=pair_bw,
+        pair_lat=pair_lat,
+        egress=egress,
+        max_node_devices=max((max(p.free_per_node) for p in pools), default=0),
+        wan_factor=cm.wan_time_factor(spec.sync, n, np.arange(nr + 1)),
+        wan_hops=cm.wan_latency_hops(spec.sync, np.arange(nr + 1)),
+        per_leader=cm.wan_bytes_per_leader(spec.sync, n, np.arange(nr + 1)),
+        xps=cm.exchanges_per_step(spec.sync, spec.training.steps),
+        overlapped=cm.sync_overlapped(spec.sync),
+        links=links,
+    )
+
+
+@dataclass(frozen=True)
+class SpanUnit:
+    """Pipelines spanning the leftover devices of a region's pools of one model."""
+
+    region: str
+    model: str
+    pools: tuple[Pool, ...]  # contributors, cheapest first
+
+
+@dataclass
+class Problem:
+    fleet: Fleet
+    deg: Degrees
+    n_micro: int
+    # per unit (classes first, then span units)
+    units: list[PoolClass | SpanUnit]
+    count: np.ndarray  # member clusters (1 for span units)
+    cap: np.ndarray  # replicas one member can host
+    lo: np.ndarray  # fewest replicas on a member for memory to fit (ZeRO shards); INFEASIBLE if never
+    t1: np.ndarray  # step seconds of a replica alone on its member
+    t2: np.ndarray  # ... sharing its member with others (in-cluster gradient all-reduce)
+    price: np.ndarray  # USD per device-hour
+    region: np.ndarray  # region index
+    # sync constants indexed by number of participating regions R = 0..n_regions
+    wan_factor: np.ndarray
+    wan_hops: np.ndarray
+    per_leader: np.ndarray
+    xps: float  # exchanges per step
+    overlapped: bool
+
+    @property
+    def n_units(self) -> int:
+        return len(self.units)
+
+    @property
+    def dev(self) -> int:
+        return self.deg.devices_per_replica
+
+    @property
+    def usable(self) -> np.ndarray:
+        """Units that can host at least one replica (memory may need lo of the dp on one member)."""
+        return (self.lo <= np.minimum(self.cap, self.deg.dp)) & (self.cap >= 1) & (self.count >= 1)
+
+    def capacity(self) -> int:
+        return int((self.count * self.cap)[self.usable].sum())
+
+
+def _class_caps(fleet: Fleet, tp: int, pp: int) -> np.ndarray:
+    """Replicas one member of each class can host: with TP a replica sits whole in a node
+    (Σ over nodes of free // (tp·pp)); without, stages span the cluster's nodes (free // pp)."""
+    if tp > 1:
+        return (fleet.cls_node_free // (tp * pp)).sum(axis=1)
+    return fleet.cls_node_free.sum(axis=1) // pp
+
+
+def _lo(a: float, b: float, usable_bytes: np.ndarray) -> np.ndarray:
+    """Smallest r ≥ 1 with a + b/r ≤ usable (memory shrinks as ZeRO shards over r replicas)."""
+    out = np.full(usable_bytes.shape, INFEASIBLE, dtype=np.int64)
+    fits1 = a + b <= usable_bytes
+    out[fits1] = 1
+    room = usable_bytes - a
+    some = ~fits1 & (room > 0) & (b > 0)
+    r = np.ceil(b / np.where(some, room, 1.0)).astype(np.int64)
+    # Guard the float edge: step up until it really fits.
+    r = np.where(some & (a + b / np.maximum(r, 1) > usable_bytes), r + 1, r)
+    out[some] = np.minimum(r[some], INFEASIBLE)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """The units of one (tp, pp) shape: what depends on the replica's shape but not on dp or ZeRO."""
+
+    units: list[PoolClass | SpanUnit]
+    count: np.ndarray
+    cap: np.ndarray
+    flops: np.ndarray
+    intra_bw: np.ndarray
+    intra_lat: np.ndarray
+    pp_bw: np.ndarray
+    pp_lat: np.ndarray
+    memory: np.ndarray
+    price: np.ndarray
+    region: np.ndarray
+
+    speed_groups: np.ndarray  # units with equal speed, fabric and price (equal step times, rate)
+
+
+def layout(fleet: Fleet, tp: int, pp: int) -> Layout:
+    cached = fleet.layouts.get((tp, pp))
+    if cached is not None:
+        return cached
+    spec = fleet.spec
+    links = fleet.links
+    spans: list[SpanUnit] = []
+    extra: list[tuple[int, float, float, float, float, float, float, float, int]] = []
+    if tp == 1 and pp > 1:
+        leftovers: dict[tuple[str, str], list[Pool]] = defaultdict(list)
+        for p in fleet.pools:
+            if p.n_free % pp:
+                leftovers[(p.region, p.model)].append(p)
+        ridx = {r: i for i, r in enumerate(fleet.regions)}
+        for (reg, model), pools in sorted(leftovers.items()):
+            n_span = sum(p.n_free % pp for p in pools) // pp
+            if n_span < 1:
+                continue
+            eff = cm.device_efficiency(model, fleet.calibration)
+            f = min(p.tflops for p in pools) * 1e12 * eff
+            ibw = min(intra_bytes_per_s(p.cluster, fleet.calibration) for p in pools)
+            ilat = max(p.cluster.intra_latency_ms for p in pools) / 1000.0
+            lbw, llat = min(ibw, links.bw(reg, reg)), max(ilat, links.lat(reg, reg))
+            if not cm.pp_link_fast_enough(spec, tp, pp, f, lbw, llat):
+                continue
+            spans.append(SpanUnit(reg, model, tuple(sorted(pools, key=lambda p: (p.price, p.cluster.id)))))
+            mem = min(p.memory_gb for p in pools)
+            extra.append((n_span, f, ibw, ilat, lbw, llat, mem, max(p.price for p in pools), ridx[reg]))
+    ex = np.array(extra, dtype=float).reshape(len(extra), 9)
+    n_cls = len(fleet.classes)
+    out = Layout(
+        units=[*fleet.classes, *spans],
+        count=np.concatenate([fleet.cls_count, np.ones(len(spans), dtype=np.int64)]),
+        cap=np.concatenate([_class_caps(fleet, tp, pp), ex[:, 0].astype(np.int64)]),
+        flops=np.concatenate([fleet.cls_flops, ex[:, 1]]),
+        intra_bw=np.concatenate([fleet.cls_intra_bw, ex[:, 2]]),
+        intra_lat=np.concatenate([fleet.cls_intra_lat, ex[:, 3]]),
+        pp_bw=np.concatenate([fleet.cls_intra_bw, ex[:, 4]]),
+        pp_lat=np.concatenate([fleet.cls_intra_lat, ex[:, 5]]),
+        memory=np.concatenate([fleet.cls_memory, ex[:, 6]]),
+        price=np.concatenate([fleet.cls_price, ex[:, 7]]),
+        region=np.concatenate([fleet.cls_region, ex[:, 8].astype(np.int64)]),
+        speed_groups=np.concatenate(
+            [fleet.cls_group, fleet.cls_group.max(initial=-1) + 1 + np.arange(len(spans))]
+        ).astype(np.int64),
+    )
+    assert len(out.units) == n_cls + len(spans)
+    fleet.layouts[(tp, pp)] = out
+    return out
+
+
+def build_problem(fleet: Fleet, deg: Degrees) -> Problem:
+    spec = fleet.spec
+    tp, pp, zero = deg.tp, deg.pp, deg.zero
+    n_micro = n_micro_batches(spec, deg.dp)
+    lay = layout(fleet, tp, pp)
+    args = (lay.flops, lay.intra_bw, lay.intra_lat, lay.pp_bw, lay.pp_lat)
+    t1 = cm.replica_time(spec, tp, pp, zero, n_micro, False, *args).total
+    t2 = cm.replica_time(spec, tp, pp, zero, n_micro, True, *args).total
+    m1 = cm.memory_per_device(spec, tp, pp, zero, 1, n_micro, spec.pp_schedule).total
+    m2 = cm.memory_per_device(spec, tp, pp, zero, 2, n_micro, spec.pp_schedule).total
+    b = 2.0 * (m1 - m2)
+    lo = _lo(m1 - b, b, cm.USABLE_MEMORY_FRACTION * lay.memory * cm.GB)
+    ones = np.ones(len(lay.units))
+    return Problem(
+        fleet=fleet,
+        deg=deg,
+        n_micro=n_micro,
+        units=lay.units,
+        count=lay.count,
+        cap=lay.cap,
+        lo=lo,
+        t1=np.asarray(t1, dtype=float) * ones,
+        t2=np.asarray(t2, dtype=float) * ones,
+        price=lay.price,
+        region=lay.region,
+        wan_factor=fleet.wan_factor,
+        wan_hops=fleet.wan_hops,
+        per_leader=fleet.per_leader,
+        xps=fleet.xps,
+        overlapped=fleet.overlapped,
+    )
+
+
+@dataclass(frozen=True)
+class Solution:
+    """Per unit: members with one replica (n1), members with ≥ 2 (n2) and their replicas (x2)."""
+
+    n1: tuple[int, ...]
+    n2: tuple[int, ...]
+    x2: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Score:
+    step_s: float
+    t_local: float
+    t_sync: float
+    devices_cost: float
+    egress_cost: float
+    steps: int
+
+    @property
+    def cost(self) -> float:
+        return self.devices_cost + self.egress_cost
+
+    @property
+    def duration_s(self) -> float:
+        return self.step_s * self.steps
+
+
+def sync_seconds_and_egress(pr: Problem, members: np.ndarray) -> tuple[float, float]:
+    """Seconds and USD of one exchange given participants per region (the estimator's formula)."""
+    f = pr.fleet
+    used = np.flatnonzero(members > 0)
+    multi = members >= 2
+    t_local = float(f.local_sync[multi].max()) if multi.any() else 0.0
+    n_reg = len(used)
+    if n_reg < 2:
+        return t_local, 0.0
+    sub_bw = f.pair_bw[np.ix_(used, used)]
+    off = ~np.eye(n_reg, dtype=bool)
+    bw_min = float(sub_bw[off].min())
+    if bw_min <= 0:
+        return math.inf, math.inf
+    lat_max = float(f.pair_lat[np.ix_(used, used)][off].max())
+    t_wan = float(pr.wan_factor[n_reg]) / bw_min + float(pr.wan_hops[n_reg]) * lat_max
+    sub_eg = f.egress[np.ix_(used, used)]
+    egress = float(pr.per_leader[n_reg]) / cm.GB * float(np.where(off, sub_eg, -np.inf).max(axis=1).sum())
+    return t_local + t_wan, egress
+
+
+def evaluate(pr: Problem, sol: Solution) -> Score | None:
+    """Step time and cost of a unit-level solution; None when it breaks a structural rule."""
+    n1, n2, x2 = np.array(sol.n1), np.array(sol.n2), np.array(sol.x2)
+    if int((n1 + x2).sum()) != pr.deg.dp:
+        return None
+    if np.any(n1 + n2 > pr.count) or np.any(n1 < 0) or np.any(n2 < 0):
+        return None
+    if np.any((n1 > 0) & (pr.lo > 1)):
+        return None
+    low = n2 * np.maximum(2, pr.lo)
+    if np.any(x2 < np.where(n2 > 0, low, 0)) or np.any(x2 > n2 * pr.cap):
+        return None
+    t_local = max(
+        float(pr.t1[n1 > 0].max()) if (n1 > 0).any() else 0.0,
+        float(pr.t2[n2 > 0].max()) if (n2 > 0).any() else 0.0,
+    )
+    members = np.bincount(pr.region, weights=n1 + n2, minlength=len(pr.fleet.regions))
+    t_sync, egress = sync_seconds_and_egress(pr, members)
+    if not math.isfinite(t_sync):
+        return None
+    steps = pr.fleet.spec.training.steps
+    wan = float(cm.wan_sync_per_step(pr.fleet.spec.sync, steps, t_sync, t_local))
+    step = t_local + wan
+    rate = float((pr.price * (n1 + x2)).sum()) * pr.dev
+    devices_cost = steps * step * rate / 3600.0
+    egress_cost = steps * pr.xps * egress
+    return Score(step, t_local, t_sync, devices_cost, egress_cost, steps)

@@ -1,0 +1,134 @@
+"""The resource snapshot: the frozen state of the fleet a plan is made against (plain, JSON-able)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from control_layer.planner.spec import invalid_argument_from
+
+# Two clusters in the same region talk over the region's fabric unless a link says otherwise.
+LOCAL_BANDWIDTH_GBPS = 100.0
+LOCAL_LATENCY_MS = 0.5
+
+
+class _Plain(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceSlot(_Plain):
+    index: int = Field(ge=0)
+    model: str = Field(min_length=1)
+    memory_gb: float = Field(gt=0)
+    tflops: float = Field(gt=0, description="Measured dense TFLOPS at the training precision.")
+    free: bool = True
+
+
+class NodeInfo(_Plain):
+    id: str = Field(min_length=1)
+    hostname: str = ""
+    devices: list[DeviceSlot] = Field(default_factory=list)
+    alive: bool = True
+
+    def free_devices(self) -> list[DeviceSlot]:
+        return [d for d in self.devices if d.free] if self.alive else []
+
+
+class ClusterInfo(_Plain):
+    id: str = Field(min_length=1)
+    name: str = ""
+    provider: str = ""
+    region: str = Field(min_length=1)
+    nodes: list[NodeInfo] = Field(default_factory=list)
+    intra_bandwidth_gbps: float = Field(default=100.0, gt=0)
+    intra_latency_ms: float = Field(default=0.01, ge=0)
+    price_per_device_hour: float = Field(ge=0)
+    spot_price_per_device_hour: float | None = Field(default=None, ge=0)
+
+    def free_devices(self) -> list[tuple[NodeInfo, DeviceSlot]]:
+        """Free devices on alive nodes, in node then device order."""
+        return [(n, d) for n in self.nodes for d in n.free_devices()]
+
+    @property
+    def n_free(self) -> int:
+        return sum(len(n.free_devices()) for n in self.nodes)
+
+
+class RegionInfo(_Plain):
+    name: str = Field(min_length=1)
+    jurisdiction: str = ""
+
+
+class LinkInfo(_Plain):
+    """A link between two regions; one direction given means the same both ways."""
+
+    src: str = Field(min_length=1)
+    dst: str = Field(min_length=1)
+    bandwidth_gbps: float = Field(gt=0)
+    latency_ms: float = Field(ge=0)
+    egress_price_per_gb: float = Field(default=0.0, ge=0)
+
+
+class ResourceSnapshot(_Plain):
+    regions: list[RegionInfo] = Field(default_factory=list)
+    clusters: list[ClusterInfo] = Field(default_factory=list)
+    links: list[LinkInfo] = Field(default_factory=list)
+    taken_at: float | None = None
+
+    _links: dict[tuple[str, str], LinkInfo] = PrivateAttr(default_factory=dict)
+    _regions: dict[str, RegionInfo] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> ResourceSnapshot:
+        seen: set[str] = set()
+        for c in self.clusters:
+            if c.id in seen:
+                raise ValueError(f"duplicate cluster id {c.id!r}")
+            seen.add(c.id)
+        for c in self.clusters:
+            node_ids = [n.id for n in c.nodes]
+            if len(set(node_ids)) != len(node_ids):
+                raise ValueError(f"duplicate node id in cluster {c.id!r}")
+            for n in c.nodes:
+                idx = [d.index for d in n.devices]
+                if len(set(idx)) != len(idx):
+                    raise ValueError(f"duplicate device index on node {n.id!r}")
+        return self
+
+    def model_post_init(self, __context: object) -> None:
+        # Explicit directions win; a lone direction serves both ways.
+        links: dict[tuple[str, str], LinkInfo] = {}
+        for ln in self.links:
+            links[(ln.src, ln.dst)] = ln
+        for ln in self.links:
+            links.setdefault((ln.dst, ln.src), ln)
+        self._links = links
+        self._regions = {r.name: r for r in self.regions}
+
+    def link(self, a: str, b: str) -> LinkInfo | None:
+        """The link from region a to region b; same region -> the local fabric; None if unknown."""
+        found = self._links.get((a, b))
+        if found is not None:
+            return found
+        if a == b:
+            return LinkInfo(src=a, dst=b, bandwidth_gbps=LOCAL_BANDWIDTH_GBPS, latency_ms=LOCAL_LATENCY_MS)
+        return None
+
+    def jurisdiction(self, region: str) -> str:
+        r = self._regions.get(region)
+        return r.jurisdiction if r else ""
+
+    def cluster(self, cluster_id: str) -> ClusterInfo:
+        for c in self.clusters:
+            if c.id == cluster_id:
+                return c
+        raise KeyError(cluster_id)
+
+    @classmethod
+    def from_json(cls, text: str) -> ResourceSnapshot:
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as exc:
+            raise invalid_argument_from(exc, "resource snapshot") from exc
+
+    def to_json(self, indent: int | None = None) -> str:
+        return self.model_dump_json(indent=indent)

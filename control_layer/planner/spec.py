@@ -1,0 +1,190 @@
+"""The job spec: what a user asks for (also the REST request body).
+
+Every model forbids unknown keys and constrains its fields, so a bad spec fails at the edge
+with an error that names the field.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestration.errors import InvalidArgument
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    family: Literal["gpt"] = "gpt"
+    n_layers: int = Field(gt=0)
+    d_model: int = Field(gt=0)
+    n_heads: int = Field(gt=0)
+    vocab: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelSpec:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        return self
+
+    @property
+    def n_params(self) -> int:
+        """Approximate GPT parameter count with tied input/output embeddings.
+
+        Per block: attention (4·d² weights + 4·d biases) + MLP with 4·d hidden (8·d² + 5·d)
+        + two layer norms (4·d); plus token and learned position embeddings and a final norm.
+        """
+        d, n_layers = self.d_model, self.n_layers
+        return n_layers * (12 * d * d + 13 * d) + self.vocab * d + self.seq_len * d + 2 * d
+
+
+class DataSpec(_Strict):
+    kind: Literal["synthetic-markov", "tokens"] = "synthetic-markov"
+    seed: int = 0
+    path: str | None = None
+    region: str | None = Field(
+        default=None, description="Region where the data lives; the tasks that read it must run there."
+    )
+    dtype: Literal["uint16", "uint32"] = "uint16"
+
+    @model_validator(mode="after")
+    def _tokens_need_path(self) -> DataSpec:
+        if self.kind == "tokens" and not self.path:
+            raise ValueError("path is required when kind is 'tokens'")
+        return self
+
+
+class TrainingSpec(_Strict):
+    steps: int = Field(gt=0)
+    global_batch_tokens: int = Field(gt=0)
+    micro_batch_size: int = Field(default=1, gt=0, description="Sequences per micro-batch.")
+    lr: float = Field(default=3e-4, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    grad_clip: float = Field(default=1.0, ge=0)
+    seed: int = 0
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    activation_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _warmup_within_steps(self) -> TrainingSpec:
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) exceeds steps ({self.steps})")
+        return self
+
+
+class ParallelismSpec(_Strict):
+    """Pinned degrees; None leaves the choice to the planner."""
+
+    dp: int | None = Field(default=None, gt=0)
+    tp: int | None = Field(default=None, gt=0)
+    pp: int | None = Field(default=None, gt=0)
+    zero: Literal[0, 1, 2, 3] | None = None
+    pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+
+
+SyncMode = Literal["sync", "ssp", "local_sgd", "diloco", "async", "gossip"]
+Compression = Literal["none", "fp16", "bf16", "int8", "topk"]
+
+
+class SyncSpec(_Strict):
+    """How replicas in different clusters (regions) keep their weights together."""
+
+    mode: SyncMode = "diloco"
+    every: int = Field(default=100, ge=1, description="H: inner steps between outer syncs.")
+    compression: Compression = "none"
+    topk_ratio: float = Field(default=0.01, gt=0, le=1)
+    staleness: int = Field(default=2, ge=0)
+    outer_lr: float = Field(default=0.7, gt=0)
+    outer_momentum: float = Field(default=0.9, ge=0, lt=1)
+    gossip_peers: int = Field(default=2, ge=1)
+
+
+class QoSSpec(_Strict):
+    max_hours: float | None = Field(default=None, gt=0)
+    max_cost: float | None = Field(default=None, gt=0)
+    regions: list[str] | None = Field(default=None, description="Allowed regions; None means any.")
+    exclude_regions: list[str] = Field(default_factory=list)
+    data_residency: str | None = Field(
+        default=None, description="Jurisdiction code (e.g. 'EU'); every task runs in regions of it."
+    )
+    accelerators: list[str] | None = Field(
+        default=None, description="Allowed device models, matched case-insensitively as substrings."
+    )
+    min_gpu_mem_gb: float | None = Field(default=None, gt=0)
+    preemptible: bool = Field(default=False, description="Spot (preemptible) capacity allowed.")
+    objective: Literal["cost", "time"] = "cost"
+
+
+_NAME_PATTERN = r"^[a-z0-9._-]{1,64}$"
+_ENTRYPOINT_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
+
+
+class JobSpec(_Strict):
+    name: str = Field(pattern=_NAME_PATTERN)
+    model: ModelSpec
+    data: DataSpec = Field(default_factory=DataSpec)
+    training: TrainingSpec
+    parallelism: Literal["auto"] | ParallelismSpec = "auto"
+    sync: SyncSpec = Field(default_factory=SyncSpec)
+    qos: QoSSpec = Field(default_factory=QoSSpec)
+    entrypoint: str | None = Field(
+        default=None,
+        pattern=_ENTRYPOINT_PATTERN,
+        description="Bring-your-own training function as 'package.module:function'.",
+    )
+
+    @model_validator(mode="after")
+    def _batch_is_whole_sequences(self) -> JobSpec:
+        if self.training.global_batch_tokens % self.model.seq_len:
+            raise ValueError(
+                f"training.global_batch_tokens ({self.training.global_batch_tokens}) must be a "
+                f"multiple of model.seq_len ({self.model.seq_len})"
+            )
+        return self
+
+    @property
+    def global_batch_sequences(self) -> int:
+        return self.training.global_batch_tokens // self.model.seq_len
+
+    @property
+    def pinned(self) -> ParallelismSpec:
+        """The pinned degrees (all None when parallelism is 'auto')."""
+        return self.parallelism if isinstance(self.parallelism, ParallelismSpec) else ParallelismSpec()
+
+    @property
+    def pp_schedule(self) -> str:
+        return self.pinned.pp_schedule
+
+    @classmethod
+    def from_yaml_or_json(cls, text: str) -> JobSpec:
+        """Parse a YAML or JSON document; raise InvalidArgument naming each bad field."""
+        try:
+            data: Any = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:
+                raise InvalidArgument(f"job spec is neither YAML nor JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise InvalidArgument("job spec must be a mapping at the top level")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise invalid_argument_from(exc, "job spec") from exc
+
+
+def invalid_argument_from(exc: ValidationError, what: str) -> InvalidArgument:
+    """Turn a pydantic error into the domain error, one 'field.path: message' per problem."""
+    errors = [
+        {"field": ".".join(str(p) for p in err["loc"]) or "(root)", "message": err["msg"]}
+        for err in exc.errors()
+    ]
+    lines = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
+    return InvalidArgument(f"invalid {what}: {lines}", errors=errors)

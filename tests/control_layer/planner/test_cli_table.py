@@ -1,0 +1,31 @@
+"""The table `cpn plan` prints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from control_layer.planner import JobSpec, ResourceSnapshot, plan
+from control_layer.planner.cli_table import render_options
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def test_render_options_prints_every_option_and_its_breakdown() -> None:
+    spec = JobSpec.from_yaml_or_json((EXAMPLES / "job-gpt-small.yaml").read_text())
+    snap = ResourceSnapshot.from_json((EXAMPLES / "snapshot-3-regions.json").read_text())
+    options = plan(spec, snap)
+    console = Console(record=True, width=240)
+    render_options(options, console)
+    text = console.export_text()
+    for o in options:
+        assert o.id in text
+        assert f"{o.estimates.cost.total:,.2f}" in text
+        assert f"{o.dp}×{o.tp}×{o.pp}" in text
+    for word in ("cheapest", "fastest", "wan_sync", "pp_bubble", "total"):
+        assert word in text
+    # Returned as a renderable too, for console.print(render_options(options)).
+    again = Console(record=True, width=240)
+    again.print(render_options(options))
+    assert again.export_text() == text

@@ -1,0 +1,133 @@
+"""The cost model's formulas, checked against hand arithmetic and their stated properties."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from control_layer.planner import cost_model as cm
+from control_layer.planner.plan_types import Calibration
+from control_layer.planner.spec import JobSpec, SyncSpec
+
+
+def _spec(**training) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "t",
+            "model": {"n_layers": 12, "d_model": 768, "n_heads": 12, "vocab": 50304, "seq_len": 1024},
+            "training": {"steps": 100, "global_batch_tokens": 1024 * 64, **training},
+        }
+    )
+
+
+def test_flops_per_token_is_6n_plus_attention() -> None:
+    spec = _spec()
+    m = spec.model
+    assert cm.flops_per_token(m, False) == 6 * m.n_params + 12 * 12 * 1024 * 768
+    assert cm.flops_per_token(m, True) == 8 * m.n_params + 16 * 12 * 1024 * 768
+
+
+def test_memory_shrinks_with_zero_stage_and_sharding() -> None:
+    spec = _spec()
+    stages = [cm.memory_per_device(spec, 1, 1, z, 8, 1, "1f1b").total for z in range(4)]
+    assert stages == sorted(stages, reverse=True) and stages[0] > stages[3]
+    alone = cm.memory_per_device(spec, 1, 1, 3, 1, 1, "1f1b")
+    shared = cm.memory_per_device(spec, 1, 1, 3, 8, 1, "1f1b")
+    assert shared.optimizer == pytest.approx(alone.optimizer / 8)
+    # Mixed precision: 16 bytes per parameter before any sharding (2 + 2 + 12).
+    z0 = cm.memory_per_device(spec, 1, 1, 0, 1, 1, "1f1b")
+    p = cm.stage_params(spec.model, 1, 1)
+    assert z0.weights + z0.grads + z0.optimizer == pytest.approx(16 * p)
+
+
+def test_gpipe_holds_more_activations_than_1f1b() -> None:
+    spec = _spec()
+    one_f = cm.memory_per_device(spec, 1, 4, 0, 1, 16, "1f1b").activations
+    gpipe = cm.memory_per_device(spec, 1, 4, 0, 1, 16, "gpipe").activations
+    assert gpipe == pytest.approx(one_f * 16 / 4)
+
+
+def test_checkpointing_trades_memory_for_flops() -> None:
+    plain, ckpt = _spec(), _spec(activation_checkpointing=True)
+    assert (
+        cm.memory_per_device(ckpt, 1, 1, 0, 1, 1, "1f1b").activations
+        < cm.memory_per_device(plain, 1, 1, 0, 1, 1, "1f1b").activations
+    )
+
+
+def test_ring_allreduce() -> None:
+    assert cm.allreduce_s(1, 1e9, 1e9, 0.001) == 0.0
+    assert cm.allreduce_s(2, 1e9, 1e9, 0.001) == pytest.approx(1.0 + 0.002)
+    assert cm.allreduce_s(4, 1e9, 1e9, 0.0) == pytest.approx(1.5)
+
+
+def test_replica_time_parts() -> None:
+    spec = _spec()
+    flops = 100e12
+    one = cm.replica_time(spec, 1, 1, 0, 4, False, flops, 1e10, 1e-5, 1e10, 1e-5)
+    t_mb = cm.flops_per_token(spec.model, False) * 1024 / flops
+    assert one.compute == pytest.approx(4 * t_mb)
+    assert one.tp_comm == one.dp_comm == one.pp_bubble == one.pp_comm == 0
+    pipe = cm.replica_time(spec, 1, 4, 0, 4, False, flops, 1e10, 1e-5, 1e10, 1e-5)
+    assert pipe.pp_bubble == pytest.approx(3 * t_mb / 4)
+    assert pipe.pp_comm > 0
+    shared = cm.replica_time(spec, 2, 1, 0, 4, True, flops, 1e10, 1e-5, 1e10, 1e-5)
+    assert shared.tp_comm > 0 and shared.dp_comm > 0
+    parts = shared.compute + shared.tp_comm + shared.dp_comm + shared.pp_bubble + shared.pp_comm
+    assert shared.total == pytest.approx(parts)
+    z3 = cm.replica_time(spec, 2, 1, 3, 4, True, flops, 1e10, 1e-5, 1e10, 1e-5)
+    assert z3.dp_comm == pytest.approx(1.5 * shared.dp_comm)
+
+
+def test_step_time_is_affine_in_micro_batches() -> None:
+    spec = _spec()
+    args = (100e12, 1e10, 1e-5, 1e9, 1e-4)
+    t = [float(cm.replica_time(spec, 2, 4, 0, m, True, *args).total) for m in (1, 2, 5)]
+    assert t[2] - t[1] == pytest.approx(3 * (t[1] - t[0]))
+
+
+@pytest.mark.parametrize(
+    ("sync", "regions", "bytes_per_leader", "hops"),
+    [
+        (SyncSpec(mode="sync"), 1, 0.0, 0.0),
+        (SyncSpec(mode="sync"), 2, 4.0, 2.0),
+        (SyncSpec(mode="diloco", compression="int8"), 4, 2 * 3 / 4, 6.0),
+        (SyncSpec(mode="local_sgd", compression="topk", topk_ratio=0.5), 3, 2 * 4.0, 2.0),
+        (SyncSpec(mode="gossip", gossip_peers=2), 5, 2 * 4.0, 1.0),
+    ],
+)
+def test_wan_bytes_and_hops(sync: SyncSpec, regions: int, bytes_per_leader: float, hops: float) -> None:
+    assert float(cm.wan_bytes_per_leader(sync, 1.0, regions)) == pytest.approx(bytes_per_leader)
+    assert float(cm.wan_latency_hops(sync, regions)) == pytest.approx(hops)
+
+
+def test_sync_modes_amortise_and_overlap() -> None:
+    assert cm.wan_sync_per_step(SyncSpec(mode="sync"), 100, 2.0, 1.0) == pytest.approx(2.0)
+    assert cm.wan_sync_per_step(SyncSpec(mode="local_sgd", every=10), 100, 2.0, 1.0) == pytest.approx(0.2)
+    # DiLoCo overlaps the exchange with the next H inner steps.
+    assert cm.wan_sync_per_step(SyncSpec(mode="diloco", every=10), 100, 2.0, 1.0) == 0.0
+    assert cm.wan_sync_per_step(SyncSpec(mode="diloco", every=10), 100, 20.0, 1.0) == pytest.approx(1.0)
+    assert cm.wan_sync_per_step(SyncSpec(mode="ssp", staleness=0), 100, 2.0, 1.0) == pytest.approx(2.0)
+    assert cm.wan_sync_per_step(SyncSpec(mode="ssp", staleness=2), 100, 2.0, 1.0) == pytest.approx(1.0)
+    # The last round of ceil(T/H) still happens: 95 steps, H=10 -> 10 exchanges.
+    assert cm.exchanges_per_step(SyncSpec(mode="diloco", every=10), 95) == pytest.approx(10 / 95)
+
+
+def test_calibration_lookups() -> None:
+    cal = Calibration(device_efficiency={"NVIDIA H100": 0.7}, link_goodput={"eu|us": 0.4})
+    assert cm.device_efficiency("nvidia h100", cal) == 0.7
+    assert cm.device_efficiency("cpu", cal) == cm.DEFAULT_DEVICE_EFFICIENCY
+    assert cm.link_goodput("us", "eu", cal) == 0.4
+    assert cm.link_goodput("eu", "eu", None) == cm.DEFAULT_LAN_GOODPUT
+    assert cm.link_goodput("eu", "ap", None) == cm.DEFAULT_WAN_GOODPUT
+    with pytest.raises(ValueError):
+        Calibration(device_efficiency={"x": 0.0})
+
+
+def test_vectorised_over_clusters() -> None:
+    spec = _spec()
+    flops = np.array([100e12, 200e12])
+    rt = cm.replica_time(spec, 1, 1, 0, 2, False, flops, 1e10, 1e-5, 1e10, 1e-5)
+    assert rt.total.shape == (2,) and math.isclose(rt.total[0], 2 * rt.total[1])

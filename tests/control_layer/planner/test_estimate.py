@@ -1,0 +1,158 @@
+"""estimate_option on hand-written task lists: numbers by hand, and the errors it raises."""
+
+from __future__ import annotations
+
+import pytest
+
+from control_layer.planner import cost_model as cm
+from control_layer.planner.estimate import estimate_option
+from control_layer.planner.plan_types import PlannedTask
+from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.spec import JobSpec
+from orchestration.errors import InvalidArgument
+
+
+def _snap() -> ResourceSnapshot:
+    def node(nid: str, model: str, mem: float, tf: float, n: int) -> dict:
+        return {
+            "id": nid,
+            "devices": [{"index": i, "model": model, "memory_gb": mem, "tflops": tf} for i in range(n)],
+        }
+
+    return ResourceSnapshot.model_validate(
+        {
+            "regions": [{"name": "eu"}, {"name": "us"}],
+            "clusters": [
+                {
+                    "id": "a",
+                    "region": "eu",
+                    "price_per_device_hour": 2.0,
+                    "nodes": [node("a0", "H100", 80, 700, 4)],
+                },
+                {
+                    "id": "b",
+                    "region": "us",
+                    "price_per_device_hour": 1.0,
+                    "nodes": [node("b0", "A100", 40, 300, 4)],
+                },
+                {
+                    "id": "c",
+                    "region": "eu",
+                    "price_per_device_hour": 1.0,
+                    "nodes": [node("c0", "L4", 24, 120, 2)],
+                },
+            ],
+            "links": [
+                {
+                    "src": "eu",
+                    "dst": "us",
+                    "bandwidth_gbps": 8,
+                    "latency_ms": 100,
+                    "egress_price_per_gb": 0.05,
+                }
+            ],
+        }
+    )
+
+
+def _spec(**sync) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "t",
+            "model": {"n_layers": 4, "d_model": 512, "n_heads": 8, "vocab": 8192, "seq_len": 512},
+            "training": {"steps": 1000, "global_batch_tokens": 512 * 8},
+            "sync": {"mode": "sync", **sync},
+        }
+    )
+
+
+def _tasks(placement: list[tuple[str, str, int]]) -> list[PlannedTask]:
+    return [
+        PlannedTask(dp_rank=i, pp_stage=0, tp_rank=0, cluster=c, node=n, device=d)
+        for i, (c, n, d) in enumerate(placement)
+    ]
+
+
+def test_single_replica_by_hand() -> None:
+    spec = _spec()
+    est = estimate_option(spec, _snap(), _tasks([("a", "a0", 0)]), dp=1, tp=1, pp=1, zero=0)
+    t_mb = cm.flops_per_token(spec.model, False) * 512 / (700e12 * cm.DEFAULT_DEVICE_EFFICIENCY)
+    assert est.step_s.compute == pytest.approx(8 * t_mb)
+    assert est.step_s.total == pytest.approx(est.step_s.compute)
+    assert est.duration_s == pytest.approx(1000 * est.step_s.total)
+    assert est.cost.devices == pytest.approx(2.0 * est.duration_s / 3600)
+    assert est.cost.egress == 0 and est.wan_bytes_per_step == 0
+    assert est.tokens_per_s == pytest.approx(512 * 8 / est.step_s.total)
+
+
+def test_two_regions_pay_wan_sync_and_egress() -> None:
+    spec = _spec()
+    tasks = _tasks([("a", "a0", 0), ("b", "b0", 0)])
+    est = estimate_option(spec, _snap(), tasks, dp=2, tp=1, pp=1, zero=0)
+    payload = spec.model.n_params * 4.0
+    bw = cm.bytes_per_s(8, cm.DEFAULT_WAN_GOODPUT)
+    t_sync = payload / bw + 2 * 0.1  # ring of two: 2(R−1)/R·S = S bytes, 2 latency hops
+    assert est.step_s.wan_sync == pytest.approx(t_sync)
+    # The A100 replica is the slower one and sets the step.
+    t_mb = cm.flops_per_token(spec.model, False) * 512 / (300e12 * cm.DEFAULT_DEVICE_EFFICIENCY)
+    assert est.step_s.compute == pytest.approx(4 * t_mb)
+    assert est.cost.egress == pytest.approx(1000 * 2 * payload / 1e9 * 0.05)
+    assert est.cost.total == pytest.approx(est.cost.devices + est.cost.egress)
+    assert est.wan_bytes_per_step == pytest.approx(2 * payload)
+
+
+def test_replicas_sharing_a_cluster_all_reduce_there() -> None:
+    spec = _spec()
+    est = estimate_option(spec, _snap(), _tasks([("a", "a0", 0), ("a", "a0", 1)]), dp=2, tp=1, pp=1, zero=0)
+    assert est.step_s.dp_comm > 0 and est.step_s.wan_sync == 0
+
+
+def test_diloco_overlaps_what_sync_blocks_on() -> None:
+    tasks = _tasks([("a", "a0", 0), ("b", "b0", 0)])
+    blocking = estimate_option(_spec(), _snap(), tasks, dp=2, tp=1, pp=1, zero=0)
+    overlapped = estimate_option(_spec(mode="diloco", every=100), _snap(), tasks, dp=2, tp=1, pp=1, zero=0)
+    assert overlapped.step_s.wan_sync < blocking.step_s.wan_sync
+    assert overlapped.cost.egress == pytest.approx(blocking.cost.egress / 100)
+
+
+def test_tensor_parallel_replica() -> None:
+    tasks = [
+        PlannedTask(dp_rank=0, pp_stage=0, tp_rank=r, cluster="a", node="a0", device=r) for r in range(2)
+    ]
+    est = estimate_option(_spec(), _snap(), tasks, dp=1, tp=2, pp=1, zero=0)
+    assert est.step_s.tp_comm > 0
+
+
+@pytest.mark.parametrize(
+    ("tasks", "dp", "match"),
+    [
+        ([("a", "a0", 0)], 2, "dp ranks"),
+        ([("a", "a0", 0), ("z", "a0", 1)], 2, "unknown cluster"),
+        ([("a", "a0", 0), ("a", "a0", 9)], 2, "unknown device"),
+        ([("a", "a0", 0), ("a", "a0", 1), ("a", "a0", 2)], 3, "does not split"),
+    ],
+)
+def test_bad_task_lists(tasks: list, dp: int, match: str) -> None:
+    with pytest.raises(InvalidArgument, match=match):
+        estimate_option(_spec(), _snap(), _tasks(tasks), dp=dp, tp=1, pp=1, zero=0)
+
+
+def test_mixed_models_in_a_replica_are_refused() -> None:
+    tasks = [
+        PlannedTask(dp_rank=0, pp_stage=0, tp_rank=0, cluster="a", node="a0", device=0),
+        PlannedTask(dp_rank=0, pp_stage=1, tp_rank=0, cluster="c", node="c0", device=0),
+    ]
+    with pytest.raises(InvalidArgument, match="mixes device models"):
+        estimate_option(_spec(), _snap(), tasks, dp=1, tp=1, pp=2, zero=0)
+
+
+def test_out_of_memory_is_refused() -> None:
+    big = JobSpec.model_validate(
+        {
+            "name": "big",
+            "model": {"n_layers": 32, "d_model": 4096, "n_heads": 32, "vocab": 32000, "seq_len": 2048},
+            "training": {"steps": 10, "global_batch_tokens": 2048},
+        }
+    )
+    with pytest.raises(InvalidArgument, match="needs .* GB per device"):
+        estimate_option(big, _snap(), _tasks([("c", "c0", 0)]), dp=1, tp=1, pp=1, zero=0)

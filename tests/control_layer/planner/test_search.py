@@ -1,0 +1,110 @@
+"""The search against exhaustive enumeration on random small instances (at most 6 clusters).
+
+Each property checks one layer: the estimator agrees with the search's own objective, the
+lower bounds never exceed what a candidate can reach, the MILP is exact for its candidate, and
+plan()'s best option is within 1 % of the exhaustive optimum.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from control_layer.planner import plan
+from control_layer.planner.bounds import lower_bounds
+from control_layer.planner.candidates import enumerate_degrees
+from control_layer.planner.exhaustive import all_solutions, exhaustive_best, objective_key
+from control_layer.planner.fleet import filter_fleet
+from control_layer.planner.milp import solve
+from control_layer.planner.options import build_option
+from control_layer.planner.problem import SpanUnit, build_fleet, build_problem, evaluate
+from control_layer.planner.screen import screen
+from orchestration.errors import NoFeasiblePlan
+
+from .fleetgen import jobs, snapshots
+
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+def _problems(spec, snap):
+    filtered = filter_fleet(spec, snap)
+    if not filtered.pools:
+        return None, []
+    fleet = build_fleet(spec, snap, filtered.pools, None)
+    degrees, _, _ = enumerate_degrees(spec, fleet.n_devices, fleet.max_node_devices)
+    return fleet, [build_problem(fleet, d) for d in degrees]
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs(with_qos=False), pick=st.randoms(use_true_random=False))
+def test_estimator_agrees_with_the_search_objective(snap, spec, pick) -> None:
+    _, problems = _problems(spec, snap)
+    for pr in problems[:6]:
+        sols = list(all_solutions(pr))
+        for sol in pick.sample(sols, min(3, len(sols))):
+            sc = evaluate(pr, sol)
+            if sc is None:
+                continue
+            est = build_option(pr, sol).estimates
+            spans = any(
+                isinstance(pr.units[u], SpanUnit) and sol.n1[u] + sol.x2[u] for u in range(pr.n_units)
+            )
+            if spans:  # the search prices spanning pipelines at their dearest, slowest pool
+                assert est.duration_s <= sc.duration_s * (1 + 1e-9)
+                assert est.cost.total <= sc.cost * (1 + 1e-9) + 1e-12
+            else:
+                assert abs(est.duration_s - sc.duration_s) <= 1e-9 * sc.duration_s
+                assert abs(est.cost.total - sc.cost) <= 1e-9 * sc.cost + 1e-12
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs(with_qos=False))
+def test_lower_bounds_never_exceed_the_best_placement(snap, spec) -> None:
+    fleet, problems = _problems(spec, snap)
+    if fleet is None:
+        return
+    verdicts, bounds = screen(fleet, [pr.deg for pr in problems], pinned_zero=True)
+    screened = {s.deg: s for s in verdicts}
+    for pr in problems:
+        scores = [s for s in (evaluate(pr, sol) for sol in all_solutions(pr)) if s is not None]
+        lb = lower_bounds(pr)
+        if screened[pr.deg].status == "ok":  # one formula, vectorised over dp or not
+            assert bounds.full(pr.deg) == pytest.approx(lb, rel=1e-9)
+            quick = screened[pr.deg].lb
+            assert quick[0] <= lb[0] * (1 + 1e-9) and quick[1] <= lb[1] * (1 + 1e-9)
+        if scores:
+            assert lb[0] <= min(s.duration_s for s in scores) * (1 + 1e-9)
+            assert lb[1] <= min(s.cost for s in scores) * (1 + 1e-9) + 1e-12
+
+
+@FAST
+@given(snap=snapshots(max_clusters=4), spec=jobs(with_qos=False))
+def test_milp_is_exact_for_its_candidate(snap, spec) -> None:
+    _, problems = _problems(spec, snap)
+    for pr in problems[:8]:
+        scores = [s for s in (evaluate(pr, sol) for sol in all_solutions(pr)) if s is not None]
+        for objective, key in (("cost", lambda s: s.cost), ("time", lambda s: s.duration_s)):
+            sol = solve(pr, objective)
+            if not scores:
+                assert sol is None or evaluate(pr, sol) is None
+                continue
+            best = min(key(s) for s in scores)
+            assert sol is not None
+            got = evaluate(pr, sol)
+            assert got is not None and key(got) <= best * (1 + 1e-3) + 1e-12
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(snap=snapshots(), spec=jobs())
+def test_best_option_within_one_percent_of_exhaustive(snap, spec) -> None:
+    ref = exhaustive_best(spec, snap)
+    try:
+        options = plan(spec, snap)
+    except NoFeasiblePlan:
+        assert ref is None, "exhaustive search found a plan the planner missed"
+        return
+    assert ref is not None, "the planner returned a plan exhaustive search did not find"
+    got, want = objective_key(spec, options[0])[0], objective_key(spec, ref)[0]
+    assert got <= want * 1.01 + 1e-12
+    assert got >= want * 0.99 - 1e-12
