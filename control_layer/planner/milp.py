@@ -13,9 +13,9 @@ toward the cheaper plan). Cost objective: theta × rate is bilinear, so each uni
 is written in binary, x = Σ 2^j b_j, and theta·b_j is linearised exactly the same way; the cost
 is then linear and the optimum is exact for the cost model.
 
-Budgets are deterministic (a node limit, so the same input gives the same answer); a wall-clock
-limit exists only as a safety net. Problems too large for the budget are left to the heuristic,
-or solved on a reduced set of units chosen from the heuristic's answers.
+Budgets are deterministic (a node limit here, an integer-variable budget in search.py, so the same
+input gives the same answer); a wall-clock limit exists only as a safety net. Each solve is told
+the value to beat, which prunes it early; models over the budget are left to the heuristic.
 """
 
 from __future__ import annotations

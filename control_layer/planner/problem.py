@@ -226,7 +226,7 @@ def _class_caps(fleet: Fleet, tp: int, pp: int) -> np.ndarray:
     return fleet.cls_node_free.sum(axis=1) // pp
 
 
-def _lo(a: float, b: float, usable_bytes: np.ndarray) -> np.ndarray:
+def fewest_replicas(a: float, b: float, usable_bytes: np.ndarray) -> np.ndarray:
     """Smallest r ≥ 1 with a + b/r ≤ usable (memory shrinks as ZeRO shards over r replicas)."""
     out = np.full(usable_bytes.shape, INFEASIBLE, dtype=np.int64)
     fits1 = a + b <= usable_bytes
@@ -321,7 +321,7 @@ def build_problem(fleet: Fleet, deg: Degrees) -> Problem:
     m1 = cm.memory_per_device(spec, tp, pp, zero, 1, n_micro, spec.pp_schedule).total
     m2 = cm.memory_per_device(spec, tp, pp, zero, 2, n_micro, spec.pp_schedule).total
     b = 2.0 * (m1 - m2)
-    lo = _lo(m1 - b, b, cm.USABLE_MEMORY_FRACTION * lay.memory * cm.GB)
+    lo = fewest_replicas(m1 - b, b, cm.USABLE_MEMORY_FRACTION * lay.memory * cm.GB)
     ones = np.ones(len(lay.units))
     return Problem(
         fleet=fleet,

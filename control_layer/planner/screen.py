@@ -18,7 +18,7 @@ from control_layer.planner import cost_model as cm
 from control_layer.planner.bounds import Rows, lower_bounds_rows, make_rows
 from control_layer.planner.candidates import Degrees
 from control_layer.planner.estimate import n_micro_batches
-from control_layer.planner.problem import Fleet, _lo, layout
+from control_layer.planner.problem import Fleet, fewest_replicas, layout
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def _memory_floors(
             m1 = cm.memory_per_device(spec, tp, pp, zero, 1, mi, spec.pp_schedule).total
             m2 = cm.memory_per_device(spec, tp, pp, zero, 2, mi, spec.pp_schedule).total
             b = 2.0 * (m1 - m2)
-            seen[key] = (np.minimum(_lo(m1 - b, b, usable_bytes), lay.cap + 1), m1 - b, b)
+            seen[key] = (np.minimum(fewest_replicas(m1 - b, b, usable_bytes), lay.cap + 1), m1 - b, b)
         lo.append(seen[key][0])
         a, b = seen[key][1], seen[key][2]
         need.append(a + b / min(most, dp))
