@@ -28,6 +28,7 @@ REAPER_LOCK = "reaper"
 
 
 def node_alive_key(node_id: str) -> str:
+    """The bus key the resource layer touches on each heartbeat and the reaper checks."""
     return f"node.{node_id}.alive"
 
 

@@ -16,15 +16,11 @@ from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Price, Provider, Region
 from orchestration.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
+from orchestration.reaper import node_alive_key
 from resource_layer.registration import DeviceReport, NodeRegistration, device_problems, validate_registration
 from resource_layer.tokens import consume_enrollment_token, new_node_token, token_matches
 
 DEFAULT_PROVIDER = "independent"
-
-
-def node_alive_key(node_id: str) -> str:
-    """The bus liveness key a node's heartbeats keep fresh (the reaper watches it expire)."""
-    return f"node.{node_id}.alive"
 
 
 def register_node(session: Session, reg: NodeRegistration, now: datetime | None = None) -> tuple[Node, str]:
