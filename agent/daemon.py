@@ -28,7 +28,7 @@ from agent.outbox import Outbox
 from agent.settings import AgentSettings
 from agent.state import AgentState, Credentials
 from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
-from orchestration.errors import InvalidArgument
+from contracts.errors import InvalidArgument
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from resource_layer.registration import DeviceReport
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from agent.settings import DeviceRequest
-from orchestration.errors import FailedPrecondition
+from contracts.errors import FailedPrecondition
 from resource_layer.registration import DeviceReport
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-METRIC_PREFIX = "CPN_METRIC "
-RESULT_PREFIX = "CPN_RESULT "
 ERROR_PREFIX = "CPN_ERROR "
 
 

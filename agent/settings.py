@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from orchestration.errors import InvalidArgument
+from contracts.errors import InvalidArgument
 from resource_layer.registration import NAME_RE
 
 _SERVER_RE = re.compile(r"(?P<host>[A-Za-z0-9.\-_]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")

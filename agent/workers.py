@@ -22,14 +22,13 @@ from typing import Any
 
 from agent.output import (
     ERROR_PREFIX,
-    METRIC_PREFIX,
-    RESULT_PREFIX,
     LineBudget,
     MetricsTracker,
     parse_prefixed,
 )
 from agent.settings import AgentSettings
-from orchestration.errors import InvalidArgument
+from contracts.errors import InvalidArgument
+from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
 from proto.cpn.agent.v1 import agent_pb2
 
 log = logging.getLogger(__name__)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from contracts.job_spec import JobSpec
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.spec import JobSpec
 
 # (continent, jurisdiction, regions)
 CONTINENTS = [

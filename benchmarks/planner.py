@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import MODELS, fleet, job, small_instance  # noqa: E402
 
+from contracts.errors import NoFeasiblePlan  # noqa: E402
 from control_layer.planner import plan  # noqa: E402
 from control_layer.planner.exhaustive import exhaustive_best, objective_key  # noqa: E402
-from orchestration.errors import NoFeasiblePlan  # noqa: E402
 
 
 def latency(n_clusters: int, quotes: int, seed: int) -> dict:

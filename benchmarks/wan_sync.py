@@ -27,16 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 
+from contracts.links import LinkSpec  # noqa: E402
+from contracts.model import GPTConfig  # noqa: E402
+from contracts.sync_config import SyncConfig  # noqa: E402
 from training.checkpoint import latest_checkpoint  # noqa: E402
 from training.compression.codecs import encode_tensor, get_codec  # noqa: E402
 from training.data.markov import MarkovSource  # noqa: E402
-from training.models.gpt import GPT, GPTConfig  # noqa: E402
-from training.sync.config import SyncConfig  # noqa: E402
+from training.models.gpt import GPT  # noqa: E402
 from training.sync.launch import region_configs, run_regions  # noqa: E402
 from training.sync.messages import Meta, OutMessage  # noqa: E402
 from training.sync.stats import TransferStats  # noqa: E402
 from training.sync.transport import PeerClient, SyncServer  # noqa: E402
-from training.wan.shaper import LinkShaper, LinkSpec  # noqa: E402
+from training.wan.shaper import LinkShaper  # noqa: E402
 
 REGIONS = ["ap-south", "eu-west", "us-east"]
 MODEL = {"n_layers": 2, "d_model": 32, "n_heads": 4, "vocab": 32, "seq_len": 32}

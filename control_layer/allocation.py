@@ -17,22 +17,20 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from contracts.errors import Aborted
+from contracts.job_spec import JobSpec
 from control_layer.planner.plan_types import PlannedTask, PlanOption
-from control_layer.planner.spec import JobSpec
 from control_layer.snapshot import current_prices
 from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Task
-from orchestration.errors import CpnError
 from orchestration.lifecycle import TASK_ACTIVE
 
 
-class AllocationConflict(CpnError):
+class AllocationConflict(Aborted):
     """The option no longer fits the fleet (device taken, node gone, ports used): plan again."""
 
     code = "allocation_conflict"
-    http_status = 409
-    grpc_status = "ABORTED"
 
 
 def allocate(session: Session, job: Job, spec: JobSpec, option: PlanOption, attempt: int) -> list[Task]:

@@ -17,17 +17,17 @@ from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from contracts.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
+from contracts.job_spec import JobSpec
 from control_layer.allocation import AllocationConflict, allocate, release
 from control_layer.dispatch import dispatch, send_cancel
 from control_layer.planner import plan
 from control_layer.planner.plan_types import PlanOption
-from control_layer.planner.spec import JobSpec
 from control_layer.snapshot import build_snapshot
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc, session_scope
 from orchestration.db.models import Job, Quote, Task, Tenant
-from orchestration.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
 from orchestration.events import record_event
 from orchestration.ledger import record_job_cost
 from orchestration.lifecycle import JOB_STATES, JOB_TERMINAL, TASK_ACTIVE, transition

@@ -1,4 +1,4 @@
-"""Per-task worker configuration: a plan option cut into one ``training.config.WorkerConfig`` per node.
+"""Per-task worker configuration: a plan option cut into one ``WorkerConfig`` per node.
 
 Pure: (spec, option, the placed tasks) -> JSON-able dicts. Each node runs its share with
 torchrun; the replicas it holds form its data-parallel group, and its leader talks to the leaders
@@ -11,9 +11,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.errors import FailedPrecondition
+from contracts.job_spec import JobSpec
 from control_layer.planner.plan_types import PlannedTask, PlanOption
-from control_layer.planner.spec import JobSpec
-from orchestration.errors import FailedPrecondition
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def _sync(
     offset: int,
     gossip: dict[str, list[str]],
 ) -> dict[str, Any]:
-    """training.sync.config.SyncConfig for a task that has peers: it is ``key`` among them."""
+    """contracts.sync_config.SyncConfig for a task that has peers: it is ``key`` among them."""
     s = spec.sync
     explicit = s.model_fields_set
     sync: dict[str, Any] = {
@@ -246,11 +246,11 @@ def _training(spec: JobSpec, option: PlanOption, local_batch: int, global_batch:
 
 
 def validate_worker_config(config: dict[str, Any]) -> dict[str, Any]:
-    """Check a config against the worker's own schema (``training.config.WorkerConfig``) so a bad
+    """Check a config against the worker's own schema (``contracts.worker_config.WorkerConfig``) so a bad
     one fails placement with a clear reason instead of failing on the node; returns it as JSON."""
     from pydantic import ValidationError
 
-    from training.config import WorkerConfig
+    from contracts.worker_config import WorkerConfig
 
     try:
         parsed = WorkerConfig.model_validate(config)

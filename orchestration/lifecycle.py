@@ -15,10 +15,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from contracts.errors import FailedPrecondition, InvalidArgument
 from orchestration.bus.base import Bus
 from orchestration.db.base import utcnow
 from orchestration.db.models import Job
-from orchestration.errors import FailedPrecondition, InvalidArgument
 from orchestration.events import record_event
 
 JOB_STATES = ("pending", "placed", "running", "succeeded", "failed", "cancelled")

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts.errors import InvalidArgument, NotFound, PermissionDenied
 from control_layer.allocation import release
 from control_layer.dispatch import assignment_message, send_cancel
 from control_layer.jobs import place_job
@@ -22,7 +23,6 @@ from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Node, Task, TaskMetric
-from orchestration.errors import InvalidArgument, NotFound, PermissionDenied
 from orchestration.events import job_channel, publish_after_commit, record_event
 from orchestration.ledger import record_job_cost
 from orchestration.lifecycle import (

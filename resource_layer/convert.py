@@ -7,7 +7,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from orchestration.errors import InvalidArgument
+from contracts.errors import InvalidArgument
 from proto.cpn.agent.v1 import agent_pb2
 from resource_layer.registration import DeviceReport, NodeRegistration
 

@@ -4,12 +4,35 @@ from __future__ import annotations
 
 import grpc
 
-from orchestration.errors import CpnError
+from contracts.errors import (
+    Aborted,
+    Conflict,
+    CpnError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+)
+
+# Most specific first: a subclass (NoFeasiblePlan) takes its base's code unless listed itself.
+_CODES: tuple[tuple[type[CpnError], grpc.StatusCode], ...] = (
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (Conflict, grpc.StatusCode.ALREADY_EXISTS),
+    (Aborted, grpc.StatusCode.ABORTED),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+)
 
 
 def status_code_for(exc: CpnError) -> grpc.StatusCode:
-    """Each domain exception names its gRPC status; an unknown name is a bug, reported as INTERNAL."""
-    return getattr(grpc.StatusCode, exc.grpc_status, grpc.StatusCode.INTERNAL)
+    """The status a domain exception stands for; an unmapped class is a bug, reported as INTERNAL."""
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
 
 
 async def abort_with(context: grpc.aio.ServicerContext, exc: CpnError) -> None:

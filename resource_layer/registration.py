@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from orchestration.errors import InvalidArgument
+from contracts.errors import InvalidArgument
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 PROVIDER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,127}")

@@ -17,9 +17,9 @@ from typing import Any
 import grpc
 from sqlalchemy.exc import IntegrityError
 
+from contracts.errors import CpnError, InvalidArgument
 from orchestration import reactions
 from orchestration.context import ServerContext
-from orchestration.errors import CpnError, InvalidArgument
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from resource_layer import registry
 from resource_layer.convert import (

@@ -14,9 +14,9 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
+from contracts.errors import InvalidArgument, Unauthenticated
 from orchestration.db.base import utcnow
 from orchestration.db.models import EnrollmentToken
-from orchestration.errors import InvalidArgument, Unauthenticated
 
 ENROLLMENT_PREFIX = "cpn_enroll_"
 NODE_PREFIX = "cpn_node_"

@@ -15,9 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from contracts.errors import Conflict, InvalidArgument, NotFound, Unauthenticated
 from orchestration.db.base import utcnow
 from orchestration.db.models import ApiKey, Tenant
-from orchestration.errors import Conflict, InvalidArgument, NotFound, Unauthenticated
 
 KEY_PREFIX = "cpn_"
 PREFIX_LEN = 12  # "cpn_" + 8 random characters for generated keys

@@ -9,9 +9,9 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from contracts.errors import PermissionDenied
 from orchestration.context import ServerContext
 from orchestration.db.models import Tenant
-from orchestration.errors import PermissionDenied
 from service_layer.auth import authenticate
 
 _bearer = HTTPBearer(auto_error=False, description="A tenant API key: `Authorization: Bearer cpn_...`")

@@ -11,9 +11,35 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from orchestration.errors import CpnError, Unauthenticated
+from contracts.errors import (
+    Aborted,
+    Conflict,
+    CpnError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+)
 
 log = logging.getLogger(__name__)
+
+# Most specific first: a subclass (NoFeasiblePlan) takes its base's status unless listed itself.
+_STATUS: tuple[tuple[type[CpnError], int], ...] = (
+    (NotFound, 404),
+    (InvalidArgument, 422),
+    (FailedPrecondition, 409),
+    (Conflict, 409),
+    (Aborted, 409),
+    (Unauthenticated, 401),
+    (PermissionDenied, 403),
+)
+
+
+def http_status_for(exc: CpnError) -> int:
+    """The HTTP status a domain exception stands for; an unmapped class is a bug, reported as 500."""
+    return next((status for cls, status in _STATUS if isinstance(exc, cls)), 500)
+
 
 _LOCATION_ROOTS = {"body"}  # the body is the default place; query/path locations keep their prefix
 
@@ -46,7 +72,7 @@ async def _cpn_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, CpnError)
     if isinstance(exc, Unauthenticated):
         return error_response(401, exc.code, exc.message)
-    return error_response(exc.http_status, exc.code, exc.message, exc.details)
+    return error_response(http_status_for(exc), exc.code, exc.message, exc.details)
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts.errors import InvalidArgument, NotFound
 from orchestration.db.base import utcnow
 from orchestration.db.models import Link, Region
-from orchestration.errors import InvalidArgument, NotFound
 
 
 def upsert_link(

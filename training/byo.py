@@ -18,11 +18,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset, default_collate
 
-from orchestration.errors import InvalidArgument
+from contracts.errors import InvalidArgument
 from training.data.streams import derive_seed
 
 if TYPE_CHECKING:
-    from training.config import WorkerConfig
+    from contracts.worker_config import WorkerConfig
 
 
 @dataclass

@@ -13,10 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-MetricsCallback = Callable[[dict[str, Any]], None]
+from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
 
-METRIC_PREFIX = "CPN_METRIC "
-RESULT_PREFIX = "CPN_RESULT "
+MetricsCallback = Callable[[dict[str, Any]], None]
 
 
 class JsonLinesSink:
@@ -38,8 +37,3 @@ class JsonLinesSink:
 
 def emit_result(result: dict[str, Any], stream: TextIO | None = None) -> None:
     print(RESULT_PREFIX + json.dumps(result, sort_keys=True), file=stream or sys.stdout, flush=True)
-
-
-def parse_lines(text: str, prefix: str = METRIC_PREFIX) -> list[dict[str, Any]]:
-    """The JSON payloads of every ``prefix`` line in a worker's output (what the agent does)."""
-    return [json.loads(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix)]

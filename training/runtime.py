@@ -15,10 +15,10 @@ from torch import Tensor, nn
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 from torch.distributed.tensor import DTensor
 
-from orchestration.errors import InvalidArgument
+from contracts.errors import InvalidArgument
+from contracts.worker_config import WorkerConfig
 from training.byo import DatasetStream, build_byo
 from training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from training.config import WorkerConfig
 from training.data.markov import MarkovSource
 from training.data.streams import BatchStream, build_stream, derive_seed
 from training.metrics import MetricsCallback

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
-from orchestration.errors import FailedPrecondition
+from contracts.errors import FailedPrecondition
 
 if TYPE_CHECKING:
-    from training.config import WorkerConfig
+    from contracts.worker_config import WorkerConfig
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from orchestration.errors import CpnError
-from training.config import load_worker_config
+from contracts.errors import CpnError
+from contracts.worker_config import load_worker_config
 from training.metrics import JsonLinesSink, emit_result
 from training.parallel.init import compute_cleanup, compute_init
 from training.runtime import build_trainer

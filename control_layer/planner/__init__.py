@@ -6,6 +6,16 @@ options = plan(spec, snapshot)          # raises NoFeasiblePlan with a structure
 
 from __future__ import annotations
 
+from contracts.errors import InvalidArgument
+from contracts.job_spec import (
+    DataSpec,
+    JobSpec,
+    ModelSpec,
+    ParallelismSpec,
+    QoSSpec,
+    SyncSpec,
+    TrainingSpec,
+)
 from control_layer.planner.estimate import estimate_option
 from control_layer.planner.plan_types import (
     Calibration,
@@ -26,16 +36,6 @@ from control_layer.planner.snapshot import (
     RegionInfo,
     ResourceSnapshot,
 )
-from control_layer.planner.spec import (
-    DataSpec,
-    JobSpec,
-    ModelSpec,
-    ParallelismSpec,
-    QoSSpec,
-    SyncSpec,
-    TrainingSpec,
-)
-from orchestration.errors import InvalidArgument
 
 __all__ = [
     "Calibration",
@@ -73,7 +73,7 @@ def plan(
     """Priced options on the cost-vs-time Pareto front, best for spec.qos.objective first.
 
     Each option is complete (degrees, per-device tasks, sync topology, estimates with breakdowns,
-    the QoS checks it passed). Raises orchestration.errors.NoFeasiblePlan, whose
+    the QoS checks it passed). Raises contracts.errors.NoFeasiblePlan, whose
     details['explanation'] lists which constraint removed what, when nothing is feasible.
     """
     if max_options < 1:

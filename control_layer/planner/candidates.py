@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from control_layer.planner.spec import JobSpec
+from contracts.job_spec import JobSpec
 
 # Deepest pipeline considered; deeper ones only add bubble for the models this plans.
 MAX_PP = 64

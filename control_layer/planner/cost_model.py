@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from contracts.job_spec import JobSpec, ModelSpec, SyncSpec, TrainingSpec
 from control_layer.planner.plan_types import Calibration
-from control_layer.planner.spec import JobSpec, ModelSpec, SyncSpec, TrainingSpec
 
 # Fraction of measured TFLOPS a training step achieves when no calibration says otherwise.
 DEFAULT_DEVICE_EFFICIENCY = 0.5

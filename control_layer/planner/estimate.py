@@ -11,6 +11,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from contracts.errors import InvalidArgument
+from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.plan_types import (
     Calibration,
@@ -20,8 +22,6 @@ from control_layer.planner.plan_types import (
     StepBreakdown,
 )
 from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, ResourceSnapshot
-from control_layer.planner.spec import JobSpec
-from orchestration.errors import InvalidArgument
 
 # Key of the group of replicas that average gradients every step over one fabric: the replicas of a
 # cluster on one device model, or the pipelines of a region that span clusters on one device model.

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from contracts.job_spec import JobSpec
 from control_layer.planner.candidates import enumerate_degrees
 from control_layer.planner.fleet import filter_fleet
 from control_layer.planner.options import build_option
 from control_layer.planner.plan_types import Calibration, PlanOption
 from control_layer.planner.problem import Problem, Solution, build_fleet, build_problem, evaluate
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.spec import JobSpec
 
 
 def _unit_choices(pr: Problem, u: int) -> list[tuple[int, int, int]]:

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from contracts.job_spec import JobSpec
 from control_layer.planner.candidates import Degrees
 from control_layer.planner.problem import Fleet, Score
-from control_layer.planner.spec import JobSpec
 
 
 @dataclass

@@ -7,9 +7,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from contracts.job_spec import JobSpec
 from control_layer.planner.estimate import device_price
 from control_layer.planner.snapshot import ClusterInfo, ResourceSnapshot
-from control_layer.planner.spec import JobSpec
 
 
 @dataclass(frozen=True, eq=False)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 
+from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.assign import assign
 from control_layer.planner.estimate import estimate_option
 from control_layer.planner.plan_types import Estimates, PlannedTask, PlanOption, QosCheck
 from control_layer.planner.problem import Problem, Solution
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.spec import JobSpec
 
 # Relative slack when comparing an estimate with a QoS bound (float noise only).
 QOS_TOLERANCE = 1e-9

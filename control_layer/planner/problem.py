@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.candidates import Degrees
 from control_layer.planner.estimate import Links, intra_bytes_per_s, n_micro_batches
 from control_layer.planner.fleet import Pool
 from control_layer.planner.plan_types import Calibration
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.spec import JobSpec
 
 INFEASIBLE = 1 << 30
 

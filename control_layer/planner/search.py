@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.errors import NoFeasiblePlan
+from contracts.job_spec import JobSpec
 from control_layer.planner.candidates import Degrees, enumerate_degrees
 from control_layer.planner.explain import Trace, explain, too_few
 from control_layer.planner.fleet import filter_fleet
@@ -36,8 +38,6 @@ from control_layer.planner.problem import (
 )
 from control_layer.planner.screen import Bounds, screen
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.spec import JobSpec
-from orchestration.errors import NoFeasiblePlan
 
 # A heuristic answer within this fraction of the candidate's lower bound is taken as optimal,
 # and a candidate that cannot beat the objective's best option by more is not solved.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from control_layer.planner.spec import invalid_argument_from
+from contracts.job_spec import invalid_argument_from
 
 # Two clusters in the same region talk over the region's fabric unless a link says otherwise.
 LOCAL_BANDWIDTH_GBPS = 100.0

@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
-from orchestration.errors import InvalidArgument
+from contracts.errors import InvalidArgument
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 

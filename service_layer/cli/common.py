@@ -31,8 +31,8 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tab
 
 def load_spec(path: Path) -> dict[str, Any]:
     """Read and validate a YAML/JSON job spec locally, so a bad field is named before any request."""
-    from control_layer.planner.spec import JobSpec
-    from orchestration.errors import InvalidArgument
+    from contracts.errors import InvalidArgument
+    from contracts.job_spec import JobSpec
 
     try:
         text = path.read_text()

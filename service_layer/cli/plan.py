@@ -22,10 +22,10 @@ def plan_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Rank priced options for a job on a saved fleet snapshot; nothing is contacted."""
+    from contracts.errors import InvalidArgument, NoFeasiblePlan
+    from contracts.job_spec import JobSpec
     from control_layer.planner import plan
     from control_layer.planner.snapshot import ResourceSnapshot
-    from control_layer.planner.spec import JobSpec
-    from orchestration.errors import InvalidArgument, NoFeasiblePlan
 
     try:
         spec = JobSpec.from_yaml_or_json(job.read_text())

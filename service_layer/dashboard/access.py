@@ -17,8 +17,8 @@ import time
 from fastapi import Request
 from sqlalchemy.orm import Session
 
+from contracts.errors import PermissionDenied, Unauthenticated
 from orchestration.db.models import Tenant
-from orchestration.errors import PermissionDenied, Unauthenticated
 from orchestration.settings import Settings
 from service_layer.auth import authenticate
 

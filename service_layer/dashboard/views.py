@@ -13,8 +13,8 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts.errors import CpnError, PermissionDenied, Unauthenticated
 from orchestration.db.models import Job
-from orchestration.errors import CpnError, PermissionDenied, Unauthenticated
 from orchestration.lifecycle import JOB_TERMINAL
 from service_layer import queries
 from service_layer.dashboard.access import COOKIE, COOKIE_TTL_S, admin_from_key, check_access, make_cookie

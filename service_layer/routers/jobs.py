@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
+from contracts.job_spec import JobSpec
 from control_layer import jobs as job_service
 from control_layer.planner.plan_types import PlanOption
-from control_layer.planner.spec import JobSpec
 from orchestration.db.engine import as_utc
 from orchestration.db.models import Quote
 from service_layer import queries

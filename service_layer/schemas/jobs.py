@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contracts.job_spec import JobSpec
 from control_layer.planner.plan_types import PlanOption
-from control_layer.planner.spec import JobSpec
 
 Choice = Literal["cheapest", "fastest", "balanced"]
 

@@ -18,7 +18,7 @@ from agent.output import LineBudget, MetricsTracker, parse_prefixed
 from agent.settings import AgentSettings, DeviceRequest, parse_port_range
 from agent.state import AgentState, Credentials
 from agent.workers import Assignment, worker_command, worker_env
-from orchestration.errors import FailedPrecondition, InvalidArgument
+from contracts.errors import FailedPrecondition, InvalidArgument
 from proto.cpn.agent.v1 import agent_pb2
 
 

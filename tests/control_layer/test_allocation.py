@@ -6,12 +6,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.errors import FailedPrecondition
+from contracts.worker_config import parse_worker_config
 from control_layer.allocation import AllocationConflict, allocate, release
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Allocation, Job, Node
-from orchestration.errors import FailedPrecondition
 from tests.orchestration.fleet import add_cluster, add_link, add_tenant, hand_option, tiny_spec
-from training.config import parse_worker_config
 
 
 def _job(s: Session) -> Job:

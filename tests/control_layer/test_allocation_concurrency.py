@@ -9,11 +9,11 @@ from collections import Counter
 import pytest
 from sqlalchemy import func, select
 
+from contracts.errors import NoFeasiblePlan
 from control_layer.jobs import submit_job
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Accelerator, Allocation, Job, Task
-from orchestration.errors import NoFeasiblePlan
 from tests.orchestration.fleet import add_cluster, add_link, add_tenant, tiny_spec
 
 SUBMISSIONS = 50

@@ -9,13 +9,13 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
+from contracts.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
+from contracts.worker_config import parse_worker_config
 from control_layer.jobs import cancel_job, create_quote, get_job, job_tasks, list_jobs, submit_job
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Allocation, Event, Job, Quote, Tenant
-from orchestration.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
 from tests.orchestration.fleet import add_cluster, add_link, add_tenant, tiny_spec
-from training.config import parse_worker_config
 
 
 def _fleet(ctx: ServerContext) -> tuple[str, str, list[str]]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.errors import FailedPrecondition
 from control_layer.planner.plan_types import PlanOption
 from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
 from orchestration.db.models import Cluster, Node
-from orchestration.errors import FailedPrecondition
 from tests.orchestration.fleet import hand_option, tiny_spec
 
 

@@ -7,6 +7,7 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts.job_spec import JobSpec
 from control_layer.planner.plan_types import (
     CostBreakdown,
     Estimates,
@@ -15,7 +16,6 @@ from control_layer.planner.plan_types import (
     StepBreakdown,
     SyncTopology,
 )
-from control_layer.planner.spec import JobSpec
 from orchestration.db.base import utcnow
 from orchestration.db.models import (
     Accelerator,

@@ -9,9 +9,9 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from contracts.errors import InvalidArgument
 from orchestration.db.engine import make_engine, make_session_factory, normalize_url, session_scope
 from orchestration.db.models import Node, Region
-from orchestration.errors import InvalidArgument
 
 
 def test_urls_are_pinned_to_supported_drivers() -> None:

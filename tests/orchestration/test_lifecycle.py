@@ -7,10 +7,10 @@ import asyncio
 import pytest
 from sqlalchemy import select
 
+from contracts.errors import FailedPrecondition, InvalidArgument
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Event, Job
-from orchestration.errors import FailedPrecondition, InvalidArgument
 from orchestration.lifecycle import normalize_task_state, task_move_applies, transition
 from tests.orchestration.fleet import add_tenant
 

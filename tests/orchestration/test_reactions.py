@@ -9,11 +9,11 @@ import math
 import pytest
 from sqlalchemy import select
 
+from contracts.errors import InvalidArgument, NotFound, PermissionDenied
 from control_layer.jobs import job_tasks, submit_job
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Allocation, Event, Job, LedgerEntry, Node, Task, TaskMetric
-from orchestration.errors import InvalidArgument, NotFound, PermissionDenied
 from orchestration.reactions import (
     on_node_lost,
     on_task_metrics,

@@ -7,7 +7,7 @@ import json
 import grpc
 import pytest
 
-from orchestration.errors import (
+from contracts.errors import (
     Conflict,
     CpnError,
     FailedPrecondition,

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from contracts.metrics import RESULT_PREFIX, parse_lines
+from contracts.worker_config import WorkerConfig, parse_worker_config
 from training.checkpoint import latest_checkpoint
-from training.config import WorkerConfig, parse_worker_config
 from training.data.streams import build_stream
-from training.metrics import RESULT_PREFIX, parse_lines
 from training.models.gpt import GPT
 from training.runtime import build_optimizer, lr_lambda
 

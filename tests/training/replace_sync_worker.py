@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from training.config import load_worker_config
+from contracts.worker_config import load_worker_config
 from training.models.gpt import GPT
 from training.parallel.init import compute_cleanup, compute_init
 from training.runtime import build_trainer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestration.errors import InvalidArgument
+from contracts.errors import InvalidArgument
 from training.compression import ErrorFeedback, decode_tensor, encode_tensor, get_codec
 from training.compression.codecs import EncodedChunk, decode_chunk_into
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from orchestration.errors import InvalidArgument
-from training.config import load_worker_config, parse_worker_config
+from contracts.errors import InvalidArgument
+from contracts.worker_config import load_worker_config, parse_worker_config
 
 
 def raw(**over: Any) -> dict[str, Any]:

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from orchestration.errors import InvalidArgument, NotFound, PermissionDenied
+from contracts.errors import InvalidArgument, NotFound, PermissionDenied
+from contracts.worker_config import DataSpec
 from training.byo import DatasetStream
-from training.config import DataSpec
 from training.data.markov import MarkovSource
 from training.data.streams import build_stream, check_residency
 from training.data.tokens import TokenFile, write_token_file

@@ -4,7 +4,7 @@ from typing import Any
 
 import torch
 
-from training.config import parse_worker_config
+from contracts.worker_config import parse_worker_config
 from training.sync_hook import CrossRegionSync, NoOpSync, SyncContext, build_sync, other_regions
 
 

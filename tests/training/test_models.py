@@ -6,7 +6,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from training.models.gpt import GPT, GPTConfig
+from contracts.model import GPTConfig
+from training.models.gpt import GPT
 from training.parallel.pipeline import split_stage, stage_layer_ranges
 
 CFG = GPTConfig(n_layers=3, d_model=32, n_heads=4, vocab=40, seq_len=12)

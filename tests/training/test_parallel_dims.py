@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestration.errors import InvalidArgument
-from training.models.gpt import GPTConfig
+from contracts.errors import InvalidArgument
+from contracts.model import GPTConfig
 from training.parallel.dims import ParallelDims
 
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import torch
 
+from contracts.worker_config import parse_worker_config
 from tests.training import replace_sync_worker as W
 from tests.training.harness import launch, load_final_state, reference_run, tiny_config
 from training.checkpoint import latest_checkpoint
-from training.config import parse_worker_config
 from training.models.gpt import GPT
 
 # name -> (config overrides, processes). FSDP alone (with accumulation and clipping) is checked by

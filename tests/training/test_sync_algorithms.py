@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contracts.sync_config import SyncConfig
 from training.sync.algorithms.gossip import exponential_peers, peers_for_round, push_sum_combine
 from training.sync.algorithms.outer import outer_step, weighted_mean
 from training.sync.algorithms.schedule import anchored_event, fragment_slices, is_apply, is_start
 from training.sync.algorithms.staleness import async_scale, ssp_ready
-from training.sync.config import SyncConfig
 
 
 def test_outer_step_with_lr_one_and_no_momentum_is_plain_averaging() -> None:

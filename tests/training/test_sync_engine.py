@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from training.sync.config import SyncConfig
+from contracts.sync_config import SyncConfig
 from training.sync.engine import SyncEngine
 
 REGIONS = ["a", "b", "c"]

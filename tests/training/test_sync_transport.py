@@ -7,7 +7,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from orchestration.errors import FailedPrecondition
+from contracts.errors import FailedPrecondition
 from proto.cpn.sync.v1 import sync_pb2, sync_pb2_grpc
 from training.compression import encode_tensor, get_codec
 from training.sync.messages import Meta, OutMessage, PushResult

@@ -7,12 +7,13 @@ import time
 import pytest
 import torch
 
-from orchestration.errors import InvalidArgument
+from contracts.errors import InvalidArgument
+from contracts.links import LinkSpec, parse_links
 from training.compression import encode_tensor, get_codec
 from training.sync.messages import Meta, OutMessage, PushResult
 from training.sync.stats import TransferStats
 from training.sync.transport import PeerClient, SyncServer
-from training.wan.shaper import LinkShaper, LinkSpec, parse_links
+from training.wan.shaper import LinkShaper
 
 
 class Sink:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from contracts.metrics import RESULT_PREFIX, parse_lines
 from tests.training.harness import (
     REPO,
     assert_succeeded,
@@ -21,7 +22,6 @@ from tests.training.harness import (
     tiny_config,
 )
 from training.checkpoint import complete_checkpoints, step_dir
-from training.metrics import RESULT_PREFIX, parse_lines
 
 
 def test_single_process_learns_the_markov_language_down_to_its_floor(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from orchestration.errors import InvalidArgument
+from contracts.errors import InvalidArgument
 
 FP16_MAX = 65504.0
 

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from orchestration.errors import InvalidArgument, PermissionDenied
-from training.config import DataSpec
+from contracts.errors import InvalidArgument, PermissionDenied
+from contracts.worker_config import DataSpec
 from training.data.markov import MarkovSource
 from training.data.tokens import TokenFile
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from orchestration.errors import InvalidArgument, NotFound
+from contracts.errors import InvalidArgument, NotFound
 
 TokenDtype = Literal["uint16", "uint32"]
 

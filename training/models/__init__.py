@@ -1,5 +1,6 @@
 """Model definitions: pure modules, no parallelism (that lives in training.parallel)."""
 
-from training.models.gpt import GPT, GPTConfig
+from contracts.model import GPTConfig
+from training.models.gpt import GPT
 
 __all__ = ["GPT", "GPTConfig"]

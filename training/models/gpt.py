@@ -14,30 +14,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
-
-class GPTConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    n_layers: int = Field(gt=0)
-    d_model: int = Field(gt=0)
-    n_heads: int = Field(gt=0)
-    vocab: int = Field(gt=1)
-    seq_len: int = Field(gt=0)
-    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    mlp_ratio: int = Field(default=4, gt=0)
-
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> GPTConfig:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        return self
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+from contracts.model import GPTConfig
 
 
 class Attention(nn.Module):

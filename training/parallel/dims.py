@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from orchestration.errors import FailedPrecondition, InvalidArgument
-from training.models.gpt import GPTConfig
+from contracts.errors import FailedPrecondition, InvalidArgument
+from contracts.model import GPTConfig
 
 
 @dataclass

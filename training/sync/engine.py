@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from orchestration.errors import FailedPrecondition, InvalidArgument
+from contracts.errors import FailedPrecondition, InvalidArgument
+from contracts.sync_config import SyncConfig
 from training.sync.algorithms.schedule import anchored_event, is_start
-from training.sync.config import SyncConfig
 from training.sync.node import RegionNode
 from training.sync.stats import goodput_fraction
 from training.sync.strategies.anchored import AnchoredSync
@@ -27,7 +27,7 @@ from training.sync.strategies.ssp import StaleSync
 from training.sync.transport import PeerError
 
 if TYPE_CHECKING:
-    from training.config import WorkerConfig
+    from contracts.worker_config import WorkerConfig
     from training.sync_hook import SyncContext
 
 STRATEGIES: dict[str, type[Strategy]] = {

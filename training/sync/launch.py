@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.metrics import METRIC_PREFIX, RESULT_PREFIX, parse_lines
+from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX, parse_lines
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestration.errors import FailedPrecondition, InvalidArgument
+from contracts.errors import FailedPrecondition, InvalidArgument
+from contracts.sync_config import SyncConfig
 from proto.cpn.sync.v1 import sync_pb2
-from training.sync.config import SyncConfig
 from training.sync.messages import InMessage, OutMessage, PeerStatus, PushResult
 from training.sync.stats import TransferStats
 from training.sync.transport import PeerClient, PeerError, SyncServer

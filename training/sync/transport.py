@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from orchestration.errors import CpnError, FailedPrecondition, InvalidArgument
+from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from proto.cpn.sync.v1 import sync_pb2, sync_pb2_grpc
 from training.compression.codecs import EncodedChunk, decode_chunk_into, get_codec
 from training.sync.messages import InMessage, Meta, OutMessage, PeerStatus, PushResult
@@ -194,7 +194,7 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
 
     def _check_sender(self, sender: str) -> None:
         if not self.h.known(sender):
-            from orchestration.errors import NotFound
+            from contracts.errors import NotFound
 
             raise NotFound(f"region {sender!r} is not part of this job", field="header.sender")
 
@@ -252,8 +252,16 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         return sync_pb2.LeaveResponse()
 
 
+_STATUS = (
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
+)
+
+
 def _abort(context: grpc.ServicerContext, e: CpnError) -> None:
-    code = getattr(grpc.StatusCode, e.grpc_status, grpc.StatusCode.INTERNAL)
+    code = next((c for cls, c in _STATUS if isinstance(e, cls)), grpc.StatusCode.INTERNAL)
     context.abort(code, e.message)
 
 

@@ -1,5 +1,6 @@
 """WAN emulation: per-link bandwidth and latency, in the transport or in the kernel (netns + tbf)."""
 
-from training.wan.shaper import LinkShaper, LinkSpec, link_key
+from contracts.links import LinkSpec, link_key
+from training.wan.shaper import LinkShaper
 
 __all__ = ["LinkShaper", "LinkSpec", "link_key"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.estimate import estimate_option
 from control_layer.planner.plan_types import PlanOption
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.spec import JobSpec
 
 
 def check_option(spec: JobSpec, snap: ResourceSnapshot, o: PlanOption) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from contracts.job_spec import JobSpec
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.spec import JobSpec
 
 DEVICES = [("H100", 80.0, 700.0), ("A100", 40.0, 300.0), ("L4", 24.0, 120.0), ("T4", 16.0, 65.0)]
 REGIONS = [("r0", "EU"), ("r1", "EU"), ("r2", "US"), ("r3", "US")]

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from contracts.job_spec import JobSpec, SyncSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.plan_types import Calibration
-from control_layer.planner.spec import JobSpec, SyncSpec
 
 
 def _spec(**training) -> JobSpec:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.errors import InvalidArgument
+from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.estimate import estimate_option
 from control_layer.planner.plan_types import PlannedTask
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.spec import JobSpec
-from orchestration.errors import InvalidArgument
 
 
 def _snap() -> ResourceSnapshot:

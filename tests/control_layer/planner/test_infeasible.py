@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.errors import NoFeasiblePlan
 from control_layer.planner import JobSpec, ResourceSnapshot, plan
-from orchestration.errors import NoFeasiblePlan
+from service_layer.errors import http_status_for
 
 
 def _snap() -> ResourceSnapshot:
@@ -42,7 +43,7 @@ def _spec(**over) -> JobSpec:
 def _explain(spec: JobSpec) -> tuple[str, list[dict]]:
     with pytest.raises(NoFeasiblePlan) as err:
         plan(spec, _snap())
-    assert err.value.code == "no_feasible_plan" and err.value.http_status == 409
+    assert err.value.code == "no_feasible_plan" and http_status_for(err.value) == 409
     return err.value.message, err.value.details["explanation"]
 
 

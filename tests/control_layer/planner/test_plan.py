@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from contracts.errors import InvalidArgument
 from control_layer.planner import Calibration, JobSpec, ResourceSnapshot, plan
-from orchestration.errors import InvalidArgument
 
 from .checks import check_front, check_option
 

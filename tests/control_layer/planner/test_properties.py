@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 
+from contracts.errors import NoFeasiblePlan
 from control_layer.planner import plan
-from orchestration.errors import NoFeasiblePlan
 
 from .checks import check_front, check_option
 from .fleetgen import jobs, snapshots

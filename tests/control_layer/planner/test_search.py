@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contracts.errors import NoFeasiblePlan
 from control_layer.planner import plan
 from control_layer.planner.bounds import lower_bounds
 from control_layer.planner.candidates import enumerate_degrees
@@ -20,7 +21,6 @@ from control_layer.planner.milp import solve
 from control_layer.planner.options import build_option
 from control_layer.planner.problem import SpanUnit, build_fleet, build_problem, evaluate
 from control_layer.planner.screen import screen
-from orchestration.errors import NoFeasiblePlan
 
 from .fleetgen import jobs, snapshots
 

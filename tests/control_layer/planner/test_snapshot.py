@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from contracts.errors import InvalidArgument
 from control_layer.planner.snapshot import LOCAL_BANDWIDTH_GBPS, ResourceSnapshot
-from orchestration.errors import InvalidArgument
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "snapshot-3-regions.json"
 

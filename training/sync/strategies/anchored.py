@@ -224,7 +224,7 @@ class AnchoredSync(Strategy):
         if not state:
             return
         if state.get("mode") not in (None, self.cfg.mode):
-            from orchestration.errors import FailedPrecondition
+            from contracts.errors import FailedPrecondition
 
             raise FailedPrecondition(
                 f"checkpoint has sync state of mode {state['mode']!r}, config says {self.cfg.mode!r}",

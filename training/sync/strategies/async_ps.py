@@ -64,7 +64,7 @@ class AsyncServer(Strategy):
 
     def handle_exchange(self, msg: InMessage) -> OutMessage:
         if not self.is_ps or self.theta is None:
-            from orchestration.errors import FailedPrecondition
+            from contracts.errors import FailedPrecondition
 
             raise FailedPrecondition(
                 f"{self.me} is not the parameter server (that is {self.ps})", field="ps_region"

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from orchestration.errors import FailedPrecondition
+from contracts.errors import FailedPrecondition
+from contracts.sync_config import SyncConfig
 from training.compression.codecs import encode_tensor, get_codec
-from training.sync.config import SyncConfig
 from training.sync.messages import InMessage, Meta, OutMessage, PushResult
 from training.sync.node import RegionNode
 

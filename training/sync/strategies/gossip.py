@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-from orchestration.errors import FailedPrecondition
+from contracts.errors import FailedPrecondition
 from training.sync.algorithms.gossip import pairwise_correction, peers_for_round, push_sum_combine
 from training.sync.algorithms.schedule import is_start
 from training.sync.messages import InMessage, OutMessage, PushResult

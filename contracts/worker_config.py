@@ -1,6 +1,7 @@
 """The worker's whole configuration, one JSON file per job and cluster.
 
-The agent writes it; ``python -m training.worker --config cfg.json`` (or env ``CPN_WORKER_CONFIG``)
+The control plane builds it (``control_layer.worker_config``), the agent writes it, and
+``python -m training.worker --config cfg.json`` (or env ``CPN_WORKER_CONFIG``)
 reads it. Everything a worker does is decided here; nothing is read from globals.
 """
 
@@ -14,26 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchestration.errors import InvalidArgument
-from training.models.gpt import GPTConfig
-
-try:  # the cross-region engine owns its section; until it exists, accept its documented shape
-    from training.sync.config import SyncConfig  # type: ignore[import-not-found]
-except ImportError:
-
-    class SyncConfig(BaseModel):  # type: ignore[no-redef]
-        """Placeholder for ``training.sync.config.SyncConfig``: the fields the runtime relies on."""
-
-        model_config = ConfigDict(extra="allow")
-
-        mode: str = "none"
-        every: int = Field(default=1, gt=0)
-        compression: str | None = None
-        peers: dict[str, str] = Field(default_factory=dict)  # region -> host:port of its leader
-        listen: str | None = None  # host:port this cluster's leader serves on
-        global_replicas: int | None = Field(default=None, gt=0)
-        replica_offset: int = Field(default=0, ge=0)
-
+from contracts.errors import InvalidArgument
+from contracts.model import GPTConfig
+from contracts.sync_config import SyncConfig
 
 _STRICT = ConfigDict(extra="forbid")
 
@@ -70,6 +54,9 @@ class TrainingSpec(BaseModel):
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float | None = Field(default=None, gt=0)
     seed: int = 0  # model init; data streams derive from data.seed
+    # bf16: autocast matmuls to bfloat16, weights and optimizer state stay fp32 (as the planner prices)
+    precision: Literal["bf16", "fp32"] = "fp32"
+    activation_checkpointing: bool = False  # recompute each block's activations in backward
 
 
 class ParallelSpec(BaseModel):
@@ -152,7 +139,7 @@ class WorkerConfig(BaseModel):
                 f"parallel.microbatches ({self.microbatches}) must be >= pp ({self.parallel.pp})"
                 " to fill the pipeline"
             )
-        sync_region = getattr(self.sync, "region", None)
+        sync_region = self.sync.region
         if sync_region is not None and sync_region != self.region:
             raise ValueError(f"sync.region ({sync_region!r}) differs from region ({self.region!r})")
         if self.parallel.pp > 1 and self.local_batch % self.microbatches:

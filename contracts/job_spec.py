@@ -12,7 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from orchestration.errors import InvalidArgument
+from contracts.errors import InvalidArgument
+from contracts.model import gpt_param_count, model_config
 
 
 class _Strict(BaseModel):
@@ -35,13 +36,8 @@ class ModelSpec(_Strict):
 
     @property
     def n_params(self) -> int:
-        """Approximate GPT parameter count with tied input/output embeddings.
-
-        Per block: attention (4·d² weights + 4·d biases) + MLP with 4·d hidden (8·d² + 5·d)
-        + two layer norms (4·d); plus token and learned position embeddings and a final norm.
-        """
-        d, n_layers = self.d_model, self.n_layers
-        return n_layers * (12 * d * d + 13 * d) + self.vocab * d + self.seq_len * d + 2 * d
+        """Parameters of the model the worker builds from this spec (see ``contracts.model``)."""
+        return gpt_param_count(model_config(self))
 
 
 class DataSpec(_Strict):
@@ -69,8 +65,13 @@ class TrainingSpec(_Strict):
     weight_decay: float = Field(default=0.1, ge=0)
     grad_clip: float = Field(default=1.0, ge=0)
     seed: int = 0
-    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    activation_checkpointing: bool = False
+    precision: Literal["bf16", "fp32"] = Field(
+        default="bf16",
+        description="bf16: autocast matmuls in bfloat16; weights and optimizer state stay fp32.",
+    )
+    activation_checkpointing: bool = Field(
+        default=False, description="Recompute each block's activations in backward instead of keeping them."
+    )
 
     @model_validator(mode="after")
     def _warmup_within_steps(self) -> TrainingSpec:

@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from orchestration.errors import InvalidArgument
-from training.wan.shaper import LinkSpec, parse_links
+from contracts.errors import InvalidArgument
+from contracts.links import LinkSpec, parse_links
 
 Mode = Literal["none", "sync", "local_sgd", "diloco", "gossip", "ssp", "async"]
 Compression = Literal["none", "fp32", "fp16", "bf16", "int8", "topk"]

@@ -1,8 +1,8 @@
-"""Domain exceptions shared by every layer.
+"""Domain exceptions shared by every layer and by the code that runs on provider nodes.
 
-Each carries a machine-readable ``code`` and structured ``details``; the edges map them to
-HTTP status codes (service_layer) or gRPC status codes (resource_layer) and nothing else
-ever needs to know about transport.
+Each carries a machine-readable ``code`` and structured ``details``, and nothing about transport:
+the edges map classes to HTTP status codes (``service_layer.errors``) or gRPC status codes
+(``resource_layer.grpc_errors``, ``training.sync.transport``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ class CpnError(Exception):
     """Base class: a failure the caller can act on, with structured data."""
 
     code = "error"
-    http_status = 500
-    grpc_status = "INTERNAL"
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -28,38 +26,34 @@ class CpnError(Exception):
 
 class NotFound(CpnError):
     code = "not_found"
-    http_status = 404
-    grpc_status = "NOT_FOUND"
 
 
 class InvalidArgument(CpnError):
     code = "invalid_argument"
-    http_status = 422
-    grpc_status = "INVALID_ARGUMENT"
 
 
 class FailedPrecondition(CpnError):
     code = "failed_precondition"
-    http_status = 409
-    grpc_status = "FAILED_PRECONDITION"
 
 
 class Conflict(CpnError):
+    """The request collides with what exists (a duplicate), or with a concurrent change."""
+
     code = "conflict"
-    http_status = 409
-    grpc_status = "ALREADY_EXISTS"
+
+
+class Aborted(CpnError):
+    """A concurrent change won; the same request may simply be tried again."""
+
+    code = "aborted"
 
 
 class Unauthenticated(CpnError):
     code = "unauthenticated"
-    http_status = 401
-    grpc_status = "UNAUTHENTICATED"
 
 
 class PermissionDenied(CpnError):
     code = "permission_denied"
-    http_status = 403
-    grpc_status = "PERMISSION_DENIED"
 
 
 class NoFeasiblePlan(FailedPrecondition):

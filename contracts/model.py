@@ -1,0 +1,66 @@
+"""The model the worker builds, described without torch: its config, and its exact size.
+
+``model_config`` is the one way from a job's ``ModelSpec`` to the worker's ``GPTConfig``, and
+``gpt_param_count`` counts the parameters of the module ``training.models.gpt.GPT`` builds from
+it (separate ``lm_head``, no tying), so the planner prices exactly the model that trains.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from contracts.job_spec import ModelSpec
+
+
+class GPTConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    n_layers: int = Field(gt=0)
+    d_model: int = Field(gt=0)
+    n_heads: int = Field(gt=0)
+    vocab: int = Field(gt=1)
+    seq_len: int = Field(gt=0)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    mlp_ratio: int = Field(default=4, gt=0)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> GPTConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def model_config(spec: ModelSpec) -> GPTConfig:
+    """The worker's model config for a job's model spec."""
+    return GPTConfig(
+        n_layers=spec.n_layers,
+        d_model=spec.d_model,
+        n_heads=spec.n_heads,
+        vocab=spec.vocab,
+        seq_len=spec.seq_len,
+    )
+
+
+def gpt_param_count(cfg: GPTConfig) -> int:
+    """Parameters of ``GPT(cfg)``, exactly (a test builds the module over many shapes and compares).
+
+    Per block: two LayerNorms (2·2d), q/k/v/proj with biases (4·(d²+d)), MLP fc and proj with
+    biases (2·r·d² + r·d + d). Outside the blocks: token and position embeddings, the final
+    LayerNorm, and an untied ``lm_head`` without bias.
+    """
+    d, r = cfg.d_model, cfg.mlp_ratio
+    block = 4 * d + 4 * (d * d + d) + 2 * r * d * d + r * d + d
+    return cfg.n_layers * block + cfg.vocab * d + cfg.seq_len * d + 2 * d + d * cfg.vocab
+
+
+def gpt_block_param_count(cfg: GPTConfig) -> int:
+    """Parameters of one transformer block (what a pipeline stage holds per layer)."""
+    d, r = cfg.d_model, cfg.mlp_ratio
+    return 4 * d + 4 * (d * d + d) + 2 * r * d * d + r * d + d
