@@ -29,8 +29,8 @@ from agent.settings import AgentSettings
 from agent.state import AgentState, Credentials
 from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
 from contracts.errors import InvalidArgument
+from contracts.registration import DeviceReport
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
-from resource_layer.registration import DeviceReport
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agent.settings import DeviceRequest
 from contracts.errors import FailedPrecondition
-from resource_layer.registration import DeviceReport
+from contracts.registration import DeviceReport
 
 log = logging.getLogger(__name__)
 

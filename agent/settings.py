@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from contracts.errors import InvalidArgument
-from resource_layer.registration import NAME_RE
+from contracts.registration import NAME_RE
 
 _SERVER_RE = re.compile(r"(?P<host>[A-Za-z0-9.\-_]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
 

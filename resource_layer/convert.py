@@ -8,8 +8,8 @@ from typing import Any
 from google.protobuf import json_format
 
 from contracts.errors import InvalidArgument
+from contracts.registration import DeviceReport, NodeRegistration
 from proto.cpn.agent.v1 import agent_pb2
-from resource_layer.registration import DeviceReport, NodeRegistration
 
 # TaskState -> Task.status as the control layer spells it.
 TASK_STATES: dict[int, str] = {

@@ -13,11 +13,11 @@ from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from contracts.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
+from contracts.registration import DeviceReport, NodeRegistration, device_problems, validate_registration
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Price, Provider, Region
 from orchestration.reaper import node_alive_key
-from resource_layer.registration import DeviceReport, NodeRegistration, device_problems, validate_registration
 from resource_layer.tokens import consume_enrollment_token, new_node_token, token_matches
 
 DEFAULT_PROVIDER = "independent"

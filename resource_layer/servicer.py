@@ -18,6 +18,7 @@ import grpc
 from sqlalchemy.exc import IntegrityError
 
 from contracts.errors import CpnError, InvalidArgument
+from contracts.registration import NodeRegistration
 from orchestration import reactions
 from orchestration.context import ServerContext
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -31,7 +32,6 @@ from resource_layer.convert import (
     task_state_name,
 )
 from resource_layer.grpc_errors import abort_with
-from resource_layer.registration import NodeRegistration
 
 log = logging.getLogger(__name__)
 

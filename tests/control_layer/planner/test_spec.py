@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from contracts.errors import InvalidArgument
-from contracts.job_spec import JobSpec, ModelSpec, ParallelismSpec
+from contracts.job_spec import JobSpec, ParallelismSpec
 
 BASE = {
     "name": "gpt-small",
