@@ -14,6 +14,8 @@ RUN pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}"
 
 COPY pyproject.toml README.md ./
 COPY agent ./agent
+COPY contracts ./contracts
+COPY cpn ./cpn
 COPY control_layer ./control_layer
 COPY orchestration ./orchestration
 COPY proto ./proto

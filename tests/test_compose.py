@@ -14,8 +14,8 @@ import typer.main
 import yaml
 from typer.testing import CliRunner
 
+from cpn.cli import app as cli_app
 from orchestration.settings import Settings
-from service_layer.cli.main import app as cli_app
 from service_layer.routers.health import router as health_router
 
 ROOT = Path(__file__).resolve().parents[1]

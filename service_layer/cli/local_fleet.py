@@ -28,7 +28,7 @@ def start_agent(
     agent_dir = workdir / f"agent-{spec.region}-{spec.cluster}"
     agent_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "service_layer.cli.main", "agent",
+        sys.executable, "-m", "agent",
         "--server", grpc_target, "--token", token,
         "--region", spec.region, "--cluster", spec.cluster, "--provider", spec.provider,
         "--devices", spec.devices, "--price-per-device-hour", str(spec.price),

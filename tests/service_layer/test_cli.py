@@ -11,8 +11,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from cpn.cli import app
 from orchestration.reactions import on_task_metrics, on_task_status
-from service_layer.cli.main import app
 from service_layer.client import CpnClient
 from service_layer.server import ServerHandle
 from tests.service_layer.harness import ADMIN_KEY, seed_fleet, small_spec

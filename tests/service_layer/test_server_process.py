@@ -16,8 +16,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from typer.testing import CliRunner
 
+from cpn.cli import app
 from orchestration.db.migrate import current_revision, head_revision
-from service_layer.cli.main import app
 from tests.service_layer.harness import ADMIN_KEY
 
 UP = re.compile(r"control plane up: REST (\S+):(\d+), gRPC (\S+):(\d+)")
@@ -34,7 +34,7 @@ def test_server_process_serves_and_stops_cleanly(tmp_path: Path, sig: signal.Sig
     env.pop("CPN_DATABASE_URL", None)
     env.pop("CPN_REDIS_URL", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service_layer.cli.main", "server", "--port", "0", "--grpc-port", "0"],
+        [sys.executable, "-m", "cpn", "server", "--port", "0", "--grpc-port", "0"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -1,4 +1,8 @@
-"""The ``cpn`` command: server, agent, demo, and the client commands for users and admins."""
+"""The ``cpn`` command: server, agent, demo, and the client commands for users and admins.
+
+It sits above every layer (it starts the control plane and the node agent alike), so it lives
+outside them: the server layers never import the agent or torch.
+"""
 
 from __future__ import annotations
 
