@@ -1,0 +1,85 @@
+"""The benchmark lab's links are shaped by the kernel: a bulk TCP transfer runs at the tbf rate,
+and the veth counters see every payload byte (plus headers)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmarks.netlab import NetLab, netns_available
+
+pytestmark = pytest.mark.slow
+
+RECEIVER = """
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5201)); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); n = 0; t0 = None
+while True:
+    b = c.recv(1 << 16)
+    if not b: break
+    t0 = t0 or time.perf_counter(); n += len(b)
+print(n, time.perf_counter() - t0, flush=True)
+"""
+
+SENDER = """
+import socket, sys
+c = socket.create_connection((sys.argv[1], 5201), timeout=30)
+payload = b"x" * (1 << 16); left = int(sys.argv[2])
+while left > 0:
+    c.sendall(payload[: min(left, len(payload))]); left -= len(payload)
+c.close()
+"""
+
+
+@pytest.fixture(scope="module")
+def lab():
+    why = netns_available()
+    if why:
+        pytest.skip(why)
+    with NetLab(["a", "b"], rate_mbit=40) as lab:
+        yield lab
+
+
+def test_bulk_transfer_runs_at_the_shaped_rate(lab: NetLab) -> None:
+    a, b = lab.regions["a"], lab.regions["b"]
+    size = 6_000_000  # 1.2 s at 40 Mbit/s
+    before_a, before_b = a.counters(), b.counters()
+    rx = subprocess.Popen(
+        b.command([sys.executable, "-c", RECEIVER, b.ip]), stdout=subprocess.PIPE, text=True
+    )
+    assert rx.stdout is not None and rx.stdout.readline().strip() == "ready"
+    t0 = time.perf_counter()
+    subprocess.run(a.command([sys.executable, "-c", SENDER, b.ip, str(size)]), check=True, timeout=60)
+    got, secs = rx.stdout.readline().split()
+    rx.wait(timeout=30)
+    wall = time.perf_counter() - t0
+    assert int(got) == size
+    mbit = size * 8 / float(secs) / 1e6
+    assert 0.8 * 40 <= mbit <= 1.1 * 40, f"{mbit:.1f} Mbit/s through a 40 Mbit/s link ({wall:.2f}s wall)"
+    sent = a.counters()[0] - before_a[0]
+    recv = b.counters()[1] - before_b[1]
+    # TCP/IP headers add a few percent on top of the payload; nothing is lost between the ends.
+    assert size <= sent <= 1.06 * size and size <= recv <= 1.06 * size
+
+
+def test_the_root_namespace_reaches_every_region(lab: NetLab) -> None:
+    import socket
+
+    server = socket.socket()
+    server.bind((lab.hub_ip, 0))
+    server.listen(4)
+    port = server.getsockname()[1]
+    try:
+        for region in lab.regions.values():
+            connect = f"import socket; socket.create_connection(({lab.hub_ip!r}, {port}), timeout=5).close()"
+            r = subprocess.run(
+                region.command([sys.executable, "-c", connect]), capture_output=True, timeout=30
+            )
+            assert r.returncode == 0, r.stderr
+            server.accept()[0].close()
+    finally:
+        server.close()
