@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     secret_key: str = Field(_DEV_SECRET, description="Signs dashboard sessions; required outside development")
     admin_api_key: str | None = Field(None, description="Bootstrap admin API key (created at start if set)")
     public_url: str | None = Field(None, description="URL shown to users for the dashboard")
+    max_body_bytes: int = Field(
+        1 << 20, ge=1024, le=1 << 30, description="Largest request body accepted, checked before auth"
+    )
 
     @model_validator(mode="after")
     def _refuse_default_secret(self) -> Settings:

@@ -41,6 +41,11 @@ def as_utc(dt: datetime) -> datetime:
     return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
 
 
+# Ten years and a million registrations: beyond either, "never" and "unlimited" say it better.
+MAX_TOKEN_TTL_S = 10 * 365 * 86_400.0
+MAX_TOKEN_USES = 1_000_000
+
+
 def create_enrollment_token(
     session: Session, note: str = "", ttl_s: float | None = 86_400.0, max_uses: int | None = 1
 ) -> tuple[EnrollmentToken, str]:
@@ -48,13 +53,15 @@ def create_enrollment_token(
 
     ``ttl_s=None`` never expires; ``max_uses=None`` is unlimited.
     """
-    if ttl_s is not None and not ttl_s > 0:
+    if ttl_s is not None and not 0 < ttl_s <= MAX_TOKEN_TTL_S:
         raise InvalidArgument(
-            f"ttl_s: must be > 0 seconds (or null for no expiry), got {ttl_s}", field="ttl_s"
+            f"ttl_s: must be > 0 and <= {MAX_TOKEN_TTL_S:g} seconds (or null for no expiry), got {ttl_s}",
+            field="ttl_s",
         )
-    if max_uses is not None and max_uses < 1:
+    if max_uses is not None and not 1 <= max_uses <= MAX_TOKEN_USES:
         raise InvalidArgument(
-            f"max_uses: must be >= 1 (or null for unlimited), got {max_uses}", field="max_uses"
+            f"max_uses: must be 1 to {MAX_TOKEN_USES} (or null for unlimited), got {max_uses}",
+            field="max_uses",
         )
     if len(note) > 255:
         raise InvalidArgument("note: must be at most 255 characters", field="note")

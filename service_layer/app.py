@@ -9,6 +9,7 @@ from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 from orchestration.context import ServerContext
+from service_layer.body_limit import BodyLimit
 from service_layer.dashboard.views import HERE as DASHBOARD_DIR
 from service_layer.dashboard.views import router as dashboard_router
 from service_layer.errors import install_error_handlers
@@ -37,6 +38,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
             {"name": "health", "description": "Liveness of the database and bus"},
         ],
     )
+    app.add_middleware(BodyLimit, max_bytes=ctx.settings.max_body_bytes)
     app.state.ctx = ctx
     app.state.stopping = asyncio.Event()  # set by the server runner: ends open event streams
     install_error_handlers(app)

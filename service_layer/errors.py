@@ -85,7 +85,9 @@ async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed", 401: "unauthenticated", 403: "permission_denied"}
-    return error_response(exc.status_code, code.get(exc.status_code, "http_error"), str(exc.detail))
+    response = error_response(exc.status_code, code.get(exc.status_code, "http_error"), str(exc.detail))
+    response.headers.update(exc.headers or {})  # e.g. Allow on a 405
+    return response
 
 
 def install_error_handlers(app: FastAPI) -> None:

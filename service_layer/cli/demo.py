@@ -209,7 +209,7 @@ def demo(
         console.print(f"submitted job {job_id}")
         final = watch_job(client, job_id, console, timeout_s)
         _report(client, final, console)
-        console.print(f"dashboard: {handle.http_url}/dashboard?key={admin_key}", soft_wrap=True)
+        console.print(f"dashboard: {handle.http_url}/dashboard (open from this machine)", soft_wrap=True)
         ok = final["status"] == "succeeded"
         if not ok:
             console.print(f"[red]job {final['status']}: {final.get('reason')}[/]")

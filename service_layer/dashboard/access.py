@@ -1,8 +1,9 @@
 """Who may see the dashboard.
 
-An admin opens ``/dashboard?key=<admin API key>`` once (or posts the key to the login form); the
-server checks the key and sets an HttpOnly cookie holding the admin tenant's id, an expiry and an
-HMAC over both with ``settings.secret_key`` — the key itself never sits in the browser. In
+An admin signs in once on the login form, which POSTs the key (never in a URL, so it stays out of
+browser history and access logs); the server checks the key and sets an HttpOnly cookie holding
+the admin tenant's id, an expiry and an HMAC over both with ``settings.secret_key`` — the key
+itself never sits in the browser. In
 development, requests from loopback are let in without a key, so a local ``cpn server`` or
 ``cpn demo`` is one click away; any other environment or address needs the key.
 """
@@ -73,7 +74,7 @@ def check_access(session: Session, settings: Settings, request: Request) -> None
         return
     tenant_id = tenant_from_cookie(settings, request.cookies.get(COOKIE))
     if tenant_id is None:
-        raise Unauthenticated("open the dashboard with ?key=<admin API key> once")
+        raise Unauthenticated("sign in with an admin API key")
     tenant = session.get(Tenant, tenant_id)
     if tenant is None or not tenant.is_admin:
         raise PermissionDenied("the dashboard needs an admin API key")

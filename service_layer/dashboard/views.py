@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import select
@@ -110,10 +110,8 @@ def _job_context(session: Session, job: Job) -> dict[str, Any]:
 
 
 @router.get("", response_class=HTMLResponse)
-def index(request: Request, ctx: CtxDep, key: str | None = Query(None)) -> Response:
+def index(request: Request, ctx: CtxDep) -> Response:
     with ctx.session_factory() as session:
-        if key is not None:
-            return _log_in(request, ctx, session, key, "/dashboard")
         denied = _guard(session, ctx, request)
         if denied is not None:
             return denied
@@ -130,10 +128,8 @@ def overview_fragment(request: Request, ctx: CtxDep) -> Response:
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, ctx: CtxDep, job_id: str, key: str | None = Query(None)) -> Response:
+def job_page(request: Request, ctx: CtxDep, job_id: str) -> Response:
     with ctx.session_factory() as session:
-        if key is not None:
-            return _log_in(request, ctx, session, key, f"/dashboard/jobs/{job_id}")
         denied = _guard(session, ctx, request)
         if denied is not None:
             return denied
@@ -155,14 +151,19 @@ def job_fragment(request: Request, ctx: CtxDep, job_id: str) -> Response:
         return templates.TemplateResponse(request, "_job_live.html", _job_context(session, job))
 
 
-def _log_in(request: Request, ctx: CtxDep, session: Session, key: str, path: str) -> Response:
-    """Check the key, set the cookie, and redirect to the same page without the key in the URL."""
-    try:
-        tenant = admin_from_key(session, key)
-    except CpnError as exc:
-        return _login(request, 403 if isinstance(exc, PermissionDenied) else 401, exc.message, path)
-    rest = {k: v for k, v in request.query_params.items() if k != "key"}
-    response = RedirectResponse(path + ("?" + urlencode(rest) if rest else ""), status_code=303)
+@router.post("/login", response_class=HTMLResponse)
+async def log_in(request: Request, ctx: CtxDep) -> Response:
+    """The sign-in form posts the key here (never in a URL, so it stays out of history and logs);
+    a good admin key sets the cookie and redirects to the page the form came from."""
+    form = parse_qs((await request.body()).decode("utf-8", "replace"), max_num_fields=4)
+    key = (form.get("key") or [""])[0]
+    path = _safe_next((form.get("next") or ["/dashboard"])[0])
+    with ctx.session_factory() as session:
+        try:
+            tenant = admin_from_key(session, key)
+        except CpnError as exc:
+            return _login(request, 403 if isinstance(exc, PermissionDenied) else 401, exc.message, path)
+    response = RedirectResponse(path, status_code=303)
     response.set_cookie(
         COOKIE,
         make_cookie(ctx.settings, tenant.id),
@@ -173,3 +174,8 @@ def _log_in(request: Request, ctx: CtxDep, session: Session, key: str, path: str
         path="/dashboard",
     )
     return response
+
+
+def _safe_next(path: str) -> str:
+    """Only a dashboard path: a sign-in never redirects off-site."""
+    return path if path.startswith("/dashboard") and "//" not in path and "\\" not in path else "/dashboard"

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resource_layer.tokens import MAX_TOKEN_TTL_S, MAX_TOKEN_USES
 from service_layer.schemas.common import ApiModel
 
 
@@ -40,8 +41,19 @@ class TokenCreate(BaseModel):
     )
 
     note: str = Field("", max_length=255)
-    ttl_s: float | None = Field(86_400.0, gt=0, description="Seconds until it expires; null = never")
-    max_uses: int | None = Field(1, ge=1, description="Registrations it allows; null = unlimited")
+    ttl_s: float | None = Field(
+        86_400.0,
+        gt=0,
+        le=MAX_TOKEN_TTL_S,
+        allow_inf_nan=False,
+        description="Seconds until it expires (at most ten years); null = never",
+    )
+    max_uses: int | None = Field(
+        1,
+        ge=1,
+        le=MAX_TOKEN_USES,
+        description="Registrations it allows (at most a million); null = unlimited",
+    )
 
 
 class TokenCreated(BaseModel):

@@ -70,17 +70,24 @@ def test_dashboard_needs_the_admin_key_outside_development(prod_server: ServerHa
     page = httpx.get(url, timeout=10)
     assert page.status_code == 401 and "Admin sign-in" in page.text
     assert httpx.get(url + "/fragments/overview", timeout=10).status_code == 401
-    assert httpx.get(url, params={"key": "cpn_wrong-key-0123456789"}, timeout=10).status_code == 401
+    login = url + "/login"
+    wrong = httpx.post(login, data={"key": "cpn_wrong-key-0123456789", "next": "/dashboard"}, timeout=10)
+    assert wrong.status_code == 401 and "set-cookie" not in wrong.headers
+    # a key in the URL is not a sign-in: it would sit in browser history and access logs
+    in_url = httpx.get(url, params={"key": ADMIN_KEY}, timeout=10)
+    assert in_url.status_code == 401 and "set-cookie" not in in_url.headers
     with httpx.Client(base_url=prod_server.http_url, timeout=10) as browser:
-        r = browser.get("/dashboard", params={"key": ADMIN_KEY})
-        assert r.status_code == 303 and r.headers["location"] == "/dashboard"  # the key leaves the URL
+        r = browser.post("/dashboard/login", data={"key": ADMIN_KEY, "next": "/dashboard/jobs/x?y=1"})
+        assert r.status_code == 303 and r.headers["location"] == "/dashboard/jobs/x?y=1"
         assert "httponly" in r.headers["set-cookie"].lower() and ADMIN_KEY not in r.headers["set-cookie"]
         assert browser.get("/dashboard").status_code == 200
+        off_site = browser.post("/dashboard/login", data={"key": ADMIN_KEY, "next": "https://evil.example/"})
+        assert off_site.headers["location"] == "/dashboard"
     # a tenant's (non-admin) key does not open it
     with CpnClient(prod_server.http_url, ADMIN_KEY) as admin:
         tenant = admin.create_tenant("viewer")
         key = admin.create_key(tenant["id"])["key"]
-    assert httpx.get(url, params={"key": key}, timeout=10).status_code == 403
+    assert httpx.post(login, data={"key": key}, timeout=10).status_code == 403
 
 
 @needs_chromium
@@ -100,7 +107,11 @@ def test_dashboard_in_chromium_shows_fleet_jobs_and_a_live_loss_curve(
 
     browser = Browser(tmp_path / "profile")
     try:
-        browser.open(f"{server.http_url}/dashboard?key={ADMIN_KEY}", "/dashboard")
+        browser.open(f"{server.http_url}/dashboard", "/dashboard")
+        sign_in = f"document.getElementById('key').value = {ADMIN_KEY!r};"
+        browser.evaluate(sign_in + " document.querySelector('form.login').submit()")
+        browser.wait_for("document.body.innerText.includes('paris-1')", timeout_s=15)
+        assert ADMIN_KEY not in browser.evaluate("location.href")
         text = browser.evaluate("document.body.innerText")
         for name in ("eu-west", "eu-north", "paris-1", "stockholm-1", "curve-job"):
             assert name in text, name

@@ -1,0 +1,61 @@
+"""Bad or oversized input is refused at the edge, before it costs the server anything."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from service_layer.server import ServerHandle
+
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
+def test_a_body_over_the_limit_is_refused_before_authentication(server: ServerHandle) -> None:
+    limit = server.ctx.settings.max_body_bytes
+    with httpx.Client(base_url=server.http_url, timeout=30) as raw:
+        # declared length: refused without reading, and without a key
+        r = raw.post("/v1/jobs", content=b"x" * (limit + 1), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+        assert str(limit) in r.json()["message"]
+
+        # streamed (chunked, no Content-Length): cut off once it passes the limit
+        def chunks() -> Iterator[bytes]:
+            for _ in range(64):
+                yield b"y" * (limit // 8)
+
+        r = raw.post("/v1/jobs", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413
+
+        # under the limit it reaches authentication as before
+        assert (
+            raw.post("/v1/jobs", content=b"{}", headers={"content-type": "application/json"}).status_code
+            == 401
+        )
+
+
+def test_405_names_the_allowed_methods(server: ServerHandle) -> None:
+    r = httpx.delete(server.http_url + "/healthz", timeout=10)
+    assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
+    assert r.headers["allow"] == "GET"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ('{"ttl_s": 1e300}', "ttl_s"),
+        ('{"ttl_s": Infinity}', "ttl_s"),
+        ('{"ttl_s": NaN}', "ttl_s"),
+        ('{"max_uses": 2147483648}', "max_uses"),
+    ],
+)
+def test_token_numbers_out_of_bounds_get_a_422_naming_the_field(
+    server: ServerHandle, body: str, field: str
+) -> None:
+    from tests.service_layer.harness import ADMIN_KEY
+
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"}
+    r = httpx.post(server.http_url + "/v1/tokens", content=body, headers=headers, timeout=10)
+    assert r.status_code == 422, r.text
+    assert [e["field"] for e in r.json()["details"]["errors"]] == [field]
