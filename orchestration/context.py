@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from orchestration.metrics import ServerMetrics
 from orchestration.settings import Settings
 
 if TYPE_CHECKING:
@@ -18,3 +19,4 @@ class ServerContext:
     settings: Settings
     session_factory: sessionmaker[Session]
     bus: Bus
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)

@@ -13,6 +13,8 @@ from service_layer.body_limit import BodyLimit
 from service_layer.dashboard.views import HERE as DASHBOARD_DIR
 from service_layer.dashboard.views import router as dashboard_router
 from service_layer.errors import install_error_handlers
+from service_layer.metrics import RequestTimer, install_metrics
+from service_layer.metrics import router as metrics_router
 from service_layer.routers import admin, health, jobs, resources
 
 API_PREFIX = "/v1"
@@ -39,12 +41,15 @@ def create_app(ctx: ServerContext) -> FastAPI:
         ],
     )
     app.add_middleware(BodyLimit, max_bytes=ctx.settings.max_body_bytes)
+    app.add_middleware(RequestTimer, ctx=ctx)  # outermost: times every request, refused ones too
+    install_metrics(ctx)
     app.state.ctx = ctx
     app.state.stopping = asyncio.Event()  # set by the server runner: ends open event streams
     install_error_handlers(app)
     for r in (jobs.router, resources.router, admin.router):
         app.include_router(r, prefix=API_PREFIX)
     app.include_router(health.router)
+    app.include_router(metrics_router)
     app.include_router(dashboard_router)
     app.mount(
         "/dashboard/static", StaticFiles(directory=str(DASHBOARD_DIR / "static")), name="dashboard-static"

@@ -1,0 +1,70 @@
+"""/metrics speaks Prometheus' text format, needs an admin key outside development, and reports
+the database's truth (jobs by state, nodes) beside request latencies."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from service_layer.server import ServerHandle
+from tests.service_layer.harness import ADMIN_KEY
+
+pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
+def _families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Family name -> (labels, value) of its plain samples; a histogram's are its ``_count``s."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for f in text_string_to_metric_families(text):
+        keep = f.name + "_count" if f.type == "histogram" else f.name
+        out[f.name] = [(s.labels, s.value) for s in f.samples if s.name == keep]
+    return out
+
+
+def test_metrics_report_requests_jobs_and_nodes(server: ServerHandle) -> None:
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with httpx.Client(base_url=server.http_url, timeout=10, headers=auth) as client:
+        assert client.get("/v1/jobs").status_code == 200
+        assert client.get("/v1/jobs/nope").status_code == 404
+        r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    fams = _families(r.text)
+    counts = {
+        (labels["route"], labels["status"]): value
+        for labels, value in fams["cpn_http_request_duration_seconds"]
+        if "le" not in labels and labels.get("method") == "GET" and "route" in labels
+    }
+    assert counts[("/v1/jobs", "200")] >= 1
+    assert counts[("/v1/jobs/{job_id}", "404")] >= 1  # the template, not the id
+    jobs = {labels["state"]: value for labels, value in fams["cpn_jobs"]}
+    assert set(jobs) >= {"pending", "running", "succeeded", "failed"} and all(v == 0 for v in jobs.values())
+    assert fams["cpn_queue_length"] == [({}, 0.0)]
+
+
+def test_metrics_need_an_admin_key_outside_loopback_development(server: ServerHandle) -> None:
+    server.ctx.settings.environment = "production"
+    try:
+        assert httpx.get(server.http_url + "/metrics", timeout=10).status_code == 401
+        auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        assert httpx.get(server.http_url + "/metrics", headers=auth, timeout=10).status_code == 200
+    finally:
+        server.ctx.settings.environment = "development"
+
+
+def test_sample_alert_rules_name_only_metrics_the_server_exports(server: ServerHandle) -> None:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    rules = yaml.safe_load((Path(__file__).parents[2] / "deploy/prometheus/alerts.yml").read_text())
+    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    assert len(exprs) >= 6
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    text = httpx.get(server.http_url + "/metrics", headers=auth, timeout=10).text
+    exported = {m.group(1) for m in re.finditer(r"^# TYPE (\S+) (\S+)", text, flags=re.M)}
+    exported |= {f"{n}_{suffix}" for n in exported for suffix in ("bucket", "count", "sum", "total")}
+    for expr in exprs:
+        for name in re.findall(r"\b(cpn_[a-z_]+)", expr):
+            assert name in exported, f"{name} in {expr!r} is not exported"
