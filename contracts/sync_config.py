@@ -60,6 +60,11 @@ class SyncConfig(BaseModel):
         description="region -> host:port of its leader; an empty address is looked up in rendezvous_dir",
     )
     rendezvous_dir: str | None = None
+    auth_secret: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{32,128}$",
+        description="the job's shared secret: peers sign every call with it (unset: no peer check)",
+    )
     timeout_s: float = Field(default=30.0, gt=0, description="a peer missing this long is dropped")
     startup_timeout_s: float = Field(default=120.0, gt=0)
     links: dict[str, LinkSpec] = Field(default_factory=dict, description='"a|b" -> bandwidth and latency')

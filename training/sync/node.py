@@ -45,7 +45,9 @@ class RegionNode:
             max_workers=4 + 2 * len(self.peers), thread_name_prefix=f"sync-{region}"
         )
         self._clients: dict[str, PeerClient] = {}
-        self.server = SyncServer(self, self.shaper, self.stats, cfg.listen or "127.0.0.1:0")
+        self.server = SyncServer(
+            self, self.shaper, self.stats, cfg.listen or "127.0.0.1:0", auth_secret=cfg.auth_secret
+        )
         self.address = cfg.advertise or self.server.address
 
     # ------------------------------------------------------------ lifecycle
@@ -90,7 +92,9 @@ class RegionNode:
         c = self._clients.get(peer)
         if c is None:
             addr = self._address(peer, deadline or time.monotonic() + self.cfg.startup_timeout_s)
-            c = self._clients[peer] = PeerClient(self.region, peer, addr, self.shaper, self.stats)
+            c = self._clients[peer] = PeerClient(
+                self.region, peer, addr, self.shaper, self.stats, self.cfg.auth_secret
+            )
         return c
 
     def participants(self, round_index: int) -> list[str]:
@@ -206,7 +210,7 @@ class RegionNode:
             c = self._clients.get(req.sender)
             if c is None:
                 self._clients[req.sender] = PeerClient(
-                    self.region, req.sender, req.address, self.shaper, self.stats
+                    self.region, req.sender, req.address, self.shaper, self.stats, self.cfg.auth_secret
                 )
             else:
                 c.set_address(req.address)

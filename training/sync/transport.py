@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from proto.cpn.sync.v1 import sync_pb2, sync_pb2_grpc
 from training.compression.codecs import EncodedChunk, decode_chunk_into, get_codec
+from training.sync.auth import ClientAuth, ServerAuth
 from training.sync.messages import InMessage, Meta, OutMessage, PeerStatus, PushResult
 from training.sync.stats import TransferStats
 from training.wan.shaper import LinkShaper
@@ -275,8 +276,12 @@ class SyncServer:
         stats: TransferStats,
         listen: str = "127.0.0.1:0",
         max_workers: int = 16,
+        auth_secret: str | None = None,
     ) -> None:
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS)
+        interceptors = [ServerAuth(auth_secret)] if auth_secret else []
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers), options=_OPTIONS, interceptors=interceptors
+        )
         sync_pb2_grpc.add_SyncServiceServicer_to_server(SyncServicer(handler, shaper, stats), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -310,8 +315,17 @@ class SyncServer:
 class PeerClient:
     """Calls to one peer region. Every call has a deadline; failures raise ``PeerError``."""
 
-    def __init__(self, src: str, dst: str, address: str, shaper: LinkShaper, stats: TransferStats) -> None:
+    def __init__(
+        self,
+        src: str,
+        dst: str,
+        address: str,
+        shaper: LinkShaper,
+        stats: TransferStats,
+        auth_secret: str | None = None,
+    ) -> None:
         self.src, self.dst, self.shaper, self.stats = src, dst, shaper, stats
+        self.auth_secret = auth_secret
         self._lock = threading.Lock()
         self.address = ""
         self._channel: grpc.Channel | None = None
@@ -325,7 +339,10 @@ class PeerClient:
                 self._channel.close()
             self.address = address
             self._channel = grpc.insecure_channel(address, options=_OPTIONS)
-            self.stub = sync_pb2_grpc.SyncServiceStub(self._channel)
+            channel = self._channel
+            if self.auth_secret:
+                channel = grpc.intercept_channel(channel, ClientAuth(self.auth_secret, self.src))
+            self.stub = sync_pb2_grpc.SyncServiceStub(channel)
 
     def close(self) -> None:
         with self._lock:
