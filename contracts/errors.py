@@ -48,6 +48,12 @@ class Aborted(CpnError):
     code = "aborted"
 
 
+class ResourceExhausted(CpnError):
+    """A per-caller limit is reached (open streams, request rate); retry once usage drops."""
+
+    code = "resource_exhausted"
+
+
 class Unauthenticated(CpnError):
     code = "unauthenticated"
 

@@ -27,6 +27,7 @@ class Settings(BaseSettings):
     secret_key: str = Field(_DEV_SECRET, description="Signs dashboard sessions; required outside development")
     admin_api_key: str | None = Field(None, description="Bootstrap admin API key (created at start if set)")
     public_url: str | None = Field(None, description="URL shown to users for the dashboard")
+    max_streams_per_tenant: int = Field(16, ge=1, le=10_000, description="Open event streams per tenant")
     max_body_bytes: int = Field(
         1 << 20, ge=1024, le=1 << 30, description="Largest request body accepted, checked before auth"
     )

@@ -12,6 +12,7 @@ from contracts.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
     Unauthenticated,
 )
 
@@ -22,6 +23,7 @@ _CODES: tuple[tuple[type[CpnError], grpc.StatusCode], ...] = (
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (Conflict, grpc.StatusCode.ALREADY_EXISTS),
     (Aborted, grpc.StatusCode.ABORTED),
+    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
 )

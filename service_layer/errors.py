@@ -19,6 +19,7 @@ from contracts.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
     Unauthenticated,
 )
 
@@ -31,6 +32,7 @@ _STATUS: tuple[tuple[type[CpnError], int], ...] = (
     (FailedPrecondition, 409),
     (Conflict, 409),
     (Aborted, 409),
+    (ResourceExhausted, 429),
     (Unauthenticated, 401),
     (PermissionDenied, 403),
 )

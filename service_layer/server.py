@@ -138,6 +138,7 @@ async def run_control_plane(
             await grpc_server.stop(GRPC_GRACE_S)
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await reaper
+            await app.state.fanout.close()
             http_sock.close()
     finally:
         ctx.bus.close()

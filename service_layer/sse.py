@@ -20,6 +20,7 @@ from orchestration.context import ServerContext
 from orchestration.db.models import Job
 from orchestration.events import job_channel
 from orchestration.lifecycle import JOB_TERMINAL
+from service_layer.fanout import Fanout
 from service_layer.queries import job_events
 
 KEEPALIVE_S = 10.0
@@ -45,6 +46,8 @@ def _unsent(ctx: ServerContext, job_id: str, after: int) -> tuple[list[dict[str,
 
 async def job_event_stream(
     ctx: ServerContext,
+    fanout: Fanout,
+    tenant_id: str,
     job_id: str,
     *,
     after: int = 0,
@@ -55,7 +58,7 @@ async def job_event_stream(
     """Yield SSE frames: every event of the job after id ``after``; with ``follow``, keep going
     until the job ends (then a final ``end`` event) or the server stops."""
     last = after
-    async with ctx.bus.subscribe(job_channel(job_id)) as messages:
+    async with fanout.subscribe(job_channel(job_id), tenant_id) as messages:
         events, status = await asyncio.to_thread(_unsent, ctx, job_id, last)
         for e in events:
             yield format_event(e, id=e["id"])

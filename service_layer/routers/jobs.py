@@ -15,6 +15,7 @@ from orchestration.db.engine import as_utc
 from orchestration.db.models import Quote
 from service_layer import queries
 from service_layer.deps import CtxDep, CurrentTenant, SessionDep
+from service_layer.fanout import Fanout
 from service_layer.schemas.common import error_responses
 from service_layer.schemas.jobs import (
     JOB_EXAMPLES,
@@ -142,7 +143,7 @@ def job_metrics(
             },
             "description": "The persisted history, then live events; a final `event: end` when the job ends",
         },
-        **error_responses(401, 404),
+        **error_responses(401, 404, 429),
     },
 )
 async def job_events(
@@ -161,7 +162,11 @@ async def job_events(
     await asyncio.to_thread(check)
     if last_event_id and last_event_id.isdigit():
         after = max(after, int(last_event_id))
-    stream = job_event_stream(ctx, job_id, after=after, follow=follow, stopping=request.app.state.stopping)
+    fanout: Fanout = request.app.state.fanout
+    fanout.check_capacity(tenant.id)  # 429 now, not an error inside a stream that answered 200
+    stream = job_event_stream(
+        ctx, fanout, tenant.id, job_id, after=after, follow=follow, stopping=request.app.state.stopping
+    )
     return StreamingResponse(
         stream,
         media_type="text/event-stream",

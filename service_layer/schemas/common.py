@@ -40,7 +40,10 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         403: "Admin key required",
         404: "Not found (or owned by another tenant)",
         409: "Conflicts with the current state (e.g. no feasible plan, job already finished)",
+        400: "Malformed request (e.g. a Content-Length that is not a number)",
+        413: "Request body over the server's limit (CPN_MAX_BODY_BYTES)",
         422: "Invalid request; details.errors names each field",
+        429: "A per-tenant limit is reached (e.g. open event streams); retry once one closes",
         503: "Database or bus unavailable",
     }
     return {c: {"model": ErrorBody, "description": text.get(c, "Error")} for c in codes}
