@@ -67,9 +67,10 @@ class LinkUpsert(BaseModel):
 
     src: str = Field(min_length=1, max_length=64)
     dst: str = Field(min_length=1, max_length=64)
-    bandwidth_gbps: float = Field(gt=0)
-    latency_ms: float = Field(ge=0)
-    egress_price_per_gb: float = Field(0.0, ge=0)
+    # Bounds a real WAN link stays within: 10 Tbit/s, a minute of latency, $1000 per GB.
+    bandwidth_gbps: float = Field(gt=0, le=10_000, allow_inf_nan=False)
+    latency_ms: float = Field(ge=0, le=60_000, allow_inf_nan=False)
+    egress_price_per_gb: float = Field(0.0, ge=0, le=1000, allow_inf_nan=False)
 
 
 class LinkRead(ApiModel):

@@ -59,3 +59,25 @@ def test_token_numbers_out_of_bounds_get_a_422_naming_the_field(
     r = httpx.post(server.http_url + "/v1/tokens", content=body, headers=headers, timeout=10)
     assert r.status_code == 422, r.text
     assert [e["field"] for e in r.json()["details"]["errors"]] == [field]
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ('"bandwidth_gbps": Infinity', "bandwidth_gbps"),
+        ('"bandwidth_gbps": 1e300', "bandwidth_gbps"),
+        ('"latency_ms": NaN', "latency_ms"),
+        ('"egress_price_per_gb": -0.1', "egress_price_per_gb"),
+    ],
+)
+def test_link_figures_must_be_finite_and_bounded(server: ServerHandle, patch: str, field: str) -> None:
+    from tests.service_layer.harness import ADMIN_KEY
+
+    fields = {"bandwidth_gbps": "1", "latency_ms": "10", "egress_price_per_gb": "0.01"}
+    name, value = patch.split(": ")
+    fields[name.strip('"')] = value
+    body = '{"src": "a", "dst": "b", ' + ", ".join(f'"{k}": {v}' for k, v in fields.items()) + "}"
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"}
+    r = httpx.put(server.http_url + "/v1/links", content=body, headers=headers, timeout=10)
+    assert r.status_code == 422, r.text
+    assert [e["field"] for e in r.json()["details"]["errors"]] == [field]
