@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
 from contracts.registration import DeviceReport, NodeRegistration, device_problems, validate_registration
+from orchestration.audit import record_audit
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Price, Provider, Region
@@ -23,7 +24,9 @@ from resource_layer.tokens import consume_enrollment_token, new_node_token, toke
 DEFAULT_PROVIDER = "independent"
 
 
-def register_node(session: Session, reg: NodeRegistration, now: datetime | None = None) -> tuple[Node, str]:
+def register_node(
+    session: Session, reg: NodeRegistration, now: datetime | None = None, source: str = ""
+) -> tuple[Node, str]:
     """Validate, authenticate and upsert everything a registration declares; return the node and
     its plaintext token (new on every registration: the previous one stops working).
 
@@ -46,8 +49,6 @@ def register_node(session: Session, reg: NodeRegistration, now: datetime | None 
             f" to {reg.region}/{reg.cluster}",
             node_id=node.id,
         )
-    _record_price(session, cluster.id, reg.price_per_device_hour, reg.spot_price_per_device_hour or None, now)
-
     plaintext, digest = new_node_token()
     if node is None:
         node = Node(cluster_id=cluster.id, registered_at=now)
@@ -61,6 +62,15 @@ def register_node(session: Session, reg: NodeRegistration, now: datetime | None 
     if node.status == "lost":
         node.status = "alive"
     session.flush()
+    _record_price(
+        session,
+        cluster,
+        node.id,
+        reg.price_per_device_hour,
+        reg.spot_price_per_device_hour or None,
+        now,
+        source,
+    )
     _upsert_accelerators(session, node.id, reg.devices)
     return node, plaintext
 
@@ -158,26 +168,49 @@ def _upsert_provider(session: Session, name: str) -> Provider:
     return provider
 
 
-def _record_price(session: Session, cluster_id: str, price: float, spot: float | None, now: datetime) -> None:
-    """Append a price row only when the price in force changes (the table is the price history)."""
+def _record_price(
+    session: Session,
+    cluster: Cluster,
+    node_id: str,
+    price: float,
+    spot: float | None,
+    now: datetime,
+    source: str,
+) -> None:
+    """Append a price row only when the price in force changes (the table is the price history),
+    naming the node that set it, and audit the change."""
     current = session.scalar(
         select(Price)
-        .where(Price.cluster_id == cluster_id)
+        .where(Price.cluster_id == cluster.id)
         .order_by(Price.effective_from.desc(), Price.id)
         .limit(1)
     )
-    if current is None or (current.price_per_device_hour, current.spot_price_per_device_hour) != (
-        price,
-        spot,
-    ):
-        session.add(
-            Price(
-                cluster_id=cluster_id,
-                price_per_device_hour=price,
-                spot_price_per_device_hour=spot,
-                effective_from=now,
-            )
+    before = None if current is None else (current.price_per_device_hour, current.spot_price_per_device_hour)
+    if before == (price, spot):
+        return
+    session.add(
+        Price(
+            cluster_id=cluster.id,
+            price_per_device_hour=price,
+            spot_price_per_device_hour=spot,
+            effective_from=now,
+            set_by_node_id=node_id,
         )
+    )
+    record_audit(
+        session,
+        actor_kind="node",
+        actor_id=node_id,
+        action="price.changed" if before else "price.set",
+        target=f"cluster {cluster.region}/{cluster.name}",
+        source=source,
+        details={
+            "cluster_id": cluster.id,
+            "price_per_device_hour": price,
+            "spot_price_per_device_hour": spot,
+            "previous": None if before is None else {"price_per_device_hour": before[0], "spot": before[1]},
+        },
+    )
 
 
 def _upsert_accelerators(session: Session, node_id: str, devices: tuple[DeviceReport, ...]) -> None:

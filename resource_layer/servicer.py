@@ -73,7 +73,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> agent_pb2.RegisterResponse:
         try:
             node_id, token, cluster_id = await asyncio.to_thread(
-                self._register, registration_from_proto(request)
+                self._register, registration_from_proto(request), context.peer() or ""
             )
         except CpnError as exc:
             await abort_with(context, exc)
@@ -88,11 +88,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             heartbeat_interval_s=self._ctx.settings.heartbeat_interval_s,
         )
 
-    def _register(self, reg: NodeRegistration) -> tuple[str, str, str]:
+    def _register(self, reg: NodeRegistration, peer: str) -> tuple[str, str, str]:
         for attempt in range(3):
             try:
                 with self._ctx.session_factory() as session, session.begin():
-                    node, token = registry.register_node(session, reg)
+                    node, token = registry.register_node(session, reg, source=peer)
                     return node.id, token, node.cluster_id
             except IntegrityError:
                 # Two first nodes of one new region or cluster raced to create it; the loser's

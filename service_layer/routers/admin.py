@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
 from sqlalchemy import select
 
 from control_layer.planner.snapshot import ResourceSnapshot
@@ -11,20 +13,29 @@ from orchestration.db.engine import as_utc, session_scope
 from orchestration.db.models import Tenant
 from resource_layer.tokens import create_enrollment_token
 from service_layer import auth
+from service_layer.audit import audit_request, list_audit
 from service_layer.deps import AdminTenant, CtxDep, SessionDep
 from service_layer.schemas.common import error_responses
-from service_layer.schemas.tenancy import ApiKeyCreated, TenantCreate, TenantRead, TokenCreate, TokenCreated
+from service_layer.schemas.tenancy import (
+    ApiKeyCreated,
+    AuditRead,
+    TenantCreate,
+    TenantRead,
+    TokenCreate,
+    TokenCreated,
+)
 
 router = APIRouter(tags=["admin"], responses=error_responses(401, 403))
 
 
 @router.post("/tokens", status_code=201, response_model=TokenCreated, responses=error_responses(422))
-def create_token(ctx: CtxDep, _: AdminTenant, body: TokenCreate) -> TokenCreated:
+def create_token(ctx: CtxDep, admin: AdminTenant, body: TokenCreate, request: Request) -> TokenCreated:
     """An enrollment token for `cpn agent --token`; shown once."""
     with session_scope(ctx.session_factory) as session:
         row, plaintext = create_enrollment_token(
             session, note=body.note, ttl_s=body.ttl_s, max_uses=body.max_uses
         )
+        audit_request(session, request, admin, "token.created", f"token {row.id}", body.model_dump())
         return TokenCreated(
             id=row.id,
             token=plaintext,
@@ -35,9 +46,11 @@ def create_token(ctx: CtxDep, _: AdminTenant, body: TokenCreate) -> TokenCreated
 
 
 @router.post("/tenants", status_code=201, response_model=TenantRead, responses=error_responses(409, 422))
-def create_tenant(ctx: CtxDep, _: AdminTenant, body: TenantCreate) -> TenantRead:
+def create_tenant(ctx: CtxDep, admin: AdminTenant, body: TenantCreate, request: Request) -> TenantRead:
     with session_scope(ctx.session_factory) as session:
-        return TenantRead.model_validate(auth.create_tenant(session, body.name, body.is_admin))
+        tenant = auth.create_tenant(session, body.name, body.is_admin)
+        audit_request(session, request, admin, "tenant.created", f"tenant {tenant.id}", body.model_dump())
+        return TenantRead.model_validate(tenant)
 
 
 @router.get("/tenants", response_model=list[TenantRead])
@@ -48,10 +61,11 @@ def list_tenants(session: SessionDep, _: AdminTenant) -> list[TenantRead]:
 @router.post(
     "/tenants/{tenant_id}/keys", status_code=201, response_model=ApiKeyCreated, responses=error_responses(404)
 )
-def create_key(ctx: CtxDep, _: AdminTenant, tenant_id: str) -> ApiKeyCreated:
+def create_key(ctx: CtxDep, admin: AdminTenant, tenant_id: str, request: Request) -> ApiKeyCreated:
     """A new API key for the tenant; the key is in this response only."""
     with session_scope(ctx.session_factory) as session:
         row, plaintext = auth.add_api_key(session, tenant_id)
+        audit_request(session, request, admin, "key.created", f"tenant {tenant_id}", {"prefix": row.prefix})
         return ApiKeyCreated(
             id=row.id,
             tenant_id=row.tenant_id,
@@ -65,3 +79,17 @@ def create_key(ctx: CtxDep, _: AdminTenant, tenant_id: str) -> ApiKeyCreated:
 def snapshot(session: SessionDep, _: AdminTenant) -> ResourceSnapshot:
     """What the planner sees now: alive nodes, free devices, prices, links. Feed it to `cpn plan`."""
     return build_snapshot(session)
+
+
+@router.get("/audit", response_model=list[AuditRead], summary="The audit log")
+def audit_log(
+    session: SessionDep,
+    _: AdminTenant,
+    after: Annotated[int, Query(ge=0, le=2**62, description="Only entries with a larger id (a cursor)")] = 0,
+    action: Annotated[str | None, Query(max_length=64, description="e.g. price.changed")] = None,
+    actor_id: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[AuditRead]:
+    """Every admin action and price change: who, what, when, from where; oldest first."""
+    rows = list_audit(session, after=after, action=action, actor_id=actor_id, limit=limit)
+    return [AuditRead.model_validate(r) for r in rows]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from orchestration.db.engine import session_scope
 from service_layer import queries
+from service_layer.audit import audit_request
 from service_layer.deps import AdminTenant, CtxDep, CurrentTenant, SessionDep
 from service_layer.links import upsert_link
 from service_layer.schemas.common import error_responses
@@ -32,8 +33,11 @@ def list_links(session: SessionDep, _: CurrentTenant) -> list[LinkRead]:
 
 
 @router.put("/links", response_model=LinkRead, responses=error_responses(401, 403, 404, 422))
-def put_link(ctx: CtxDep, _: AdminTenant, body: LinkUpsert) -> LinkRead:
+def put_link(ctx: CtxDep, admin: AdminTenant, body: LinkUpsert, request: Request) -> LinkRead:
     """Declare (or replace) the link src→dst; one direction serves both unless both are given."""
     with session_scope(ctx.session_factory) as session:
         link = upsert_link(session, **body.model_dump())
+        audit_request(
+            session, request, admin, "link.declared", f"link {body.src}->{body.dst}", body.model_dump()
+        )
         return LinkRead.model_validate(link)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,3 +63,14 @@ class TokenCreated(BaseModel):
     note: str
     max_uses: int | None
     expires_at: datetime | None
+
+
+class AuditRead(ApiModel):
+    id: int
+    at: datetime
+    actor_kind: str = Field(description="tenant (an API key), node (an agent) or system")
+    actor_id: str
+    action: str
+    target: str
+    source: str = Field(description="Client address the action came from")
+    details: dict[str, Any]

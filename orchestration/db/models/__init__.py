@@ -1,5 +1,6 @@
 """ORM models, one module per domain; importing this package registers every table on Base.metadata."""
 
+from orchestration.db.models.audit import AuditEvent
 from orchestration.db.models.events import Event
 from orchestration.db.models.jobs import Allocation, Job, Quote, Task, TaskMetric
 from orchestration.db.models.ledger import LedgerEntry
@@ -19,6 +20,7 @@ __all__ = [
     "Accelerator",
     "Allocation",
     "ApiKey",
+    "AuditEvent",
     "Cluster",
     "EnrollmentToken",
     "Event",

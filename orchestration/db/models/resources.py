@@ -102,6 +102,7 @@ class Price(Base):
     price_per_device_hour: Mapped[float]
     spot_price_per_device_hour: Mapped[float | None] = mapped_column(default=None)
     effective_from: Mapped[datetime] = mapped_column(default=utcnow)
+    set_by_node_id: Mapped[str | None] = mapped_column(String(32), default=None)  # None: an admin
 
 
 class EnrollmentToken(Base):
