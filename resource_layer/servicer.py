@@ -19,7 +19,6 @@ from sqlalchemy.exc import IntegrityError
 
 from contracts.errors import CpnError, InvalidArgument
 from contracts.registration import NodeRegistration
-from orchestration import reactions
 from orchestration.context import ServerContext
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from resource_layer import registry
@@ -32,6 +31,7 @@ from resource_layer.convert import (
     task_state_name,
 )
 from resource_layer.grpc_errors import abort_with
+from resource_layer.handlers import ControlHandlers
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,15 @@ class _End:
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def __init__(
-        self, ctx: ServerContext, *, heartbeat_db_every_s: float | None = None, hello_timeout_s: float = 10.0
+        self,
+        ctx: ServerContext,
+        handlers: ControlHandlers,
+        *,
+        heartbeat_db_every_s: float | None = None,
+        hello_timeout_s: float = 10.0,
     ) -> None:
         self._ctx = ctx
+        self._handlers = handlers
         # last_heartbeat_at is written at most this often; the reaper trusts it for a node whose
         # liveness key it cannot see (a restarted in-process bus), so keep it well inside the TTL.
         settings = ctx.settings
@@ -120,7 +126,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 # node reads as alive only from here on, when it can be sent work.
                 try:
                     status = await asyncio.to_thread(registry.mark_connected, self._ctx, node_id)
-                    pending = await asyncio.to_thread(reactions.pending_assignments, self._ctx, node_id)
+                    pending = await asyncio.to_thread(self._handlers.pending_assignments, self._ctx, node_id)
                 except CpnError as exc:
                     await abort_with(context, exc)
                 except Exception:
@@ -243,7 +249,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         if kind == "task_status":
             s = message.task_status
             await asyncio.to_thread(
-                reactions.on_task_status,
+                self._handlers.on_task_status,
                 ctx,
                 node_id,
                 s.assignment_id,
@@ -255,7 +261,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         elif kind == "metrics":
             m = message.metrics
             await asyncio.to_thread(
-                reactions.on_task_metrics, ctx, node_id, m.assignment_id, metrics_to_dict(m)
+                self._handlers.on_task_metrics, ctx, node_id, m.assignment_id, metrics_to_dict(m)
             )
         elif kind == "log":
             entry = message.log

@@ -26,7 +26,7 @@ from orchestration.db.models import (
     Task,
     TaskMetric,
 )
-from resource_layer.registry import node_alive_key
+from resource_layer.liveness import node_alive_key
 from service_layer.floor import entropy_floor, uniform_loss
 from service_layer.schemas.jobs import (
     EstimatesRead,

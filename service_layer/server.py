@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 import uvicorn
 from sqlalchemy import Engine
 
+from control_layer.reactions import control_handlers
+from control_layer.reaper import run_reaper
 from orchestration.bus import make_bus
 from orchestration.context import ServerContext
 from orchestration.db.engine import is_sqlite, make_engine, make_session_factory, session_scope
 from orchestration.db.migrate import upgrade
-from orchestration.reaper import run_reaper
 from orchestration.settings import Settings
 from resource_layer.server import build_grpc_server
 from service_layer.app import create_app
@@ -92,7 +93,9 @@ async def run_control_plane(
         app = create_app(ctx)
         http_sock = _bind(settings.http_host, settings.http_port)
         try:
-            grpc_server, grpc_port = build_grpc_server(ctx, settings.grpc_host, settings.grpc_port)
+            grpc_server, grpc_port = build_grpc_server(
+                ctx, settings.grpc_host, settings.grpc_port, control_handlers()
+            )
         except BaseException:
             http_sock.close()
             raise

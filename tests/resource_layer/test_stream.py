@@ -16,7 +16,7 @@ from sqlalchemy import select
 from orchestration.context import ServerContext
 from orchestration.db.models import Node, Task
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
-from resource_layer.registry import node_alive_key
+from resource_layer.liveness import node_alive_key
 from tests.resource_layer.harness import GrpcServerThread, add_task, enrollment_token, wait_for
 
 Stub = agent_pb2_grpc.AgentServiceStub

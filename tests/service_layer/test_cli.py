@@ -11,7 +11,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from orchestration.reactions import on_task_metrics, on_task_status
+from control_layer.reactions import on_task_metrics, on_task_status
 from service_layer.cli.main import app
 from service_layer.client import CpnClient
 from service_layer.server import ServerHandle

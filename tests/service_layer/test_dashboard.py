@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestration.reactions import on_task_metrics, on_task_status
+from control_layer.reactions import on_task_metrics, on_task_status
 from orchestration.settings import Settings
 from service_layer.client import CpnClient
 from service_layer.dashboard.svg import loss_curve_svg

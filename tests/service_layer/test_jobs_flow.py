@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from orchestration.reactions import on_task_metrics, on_task_status
+from control_layer.reactions import on_task_metrics, on_task_status
 from service_layer.client import ApiError, CpnClient
 from service_layer.server import ServerHandle
 from tests.service_layer.harness import count_rows, new_tenant, seed_fleet, small_spec

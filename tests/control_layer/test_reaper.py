@@ -9,11 +9,12 @@ from datetime import timedelta
 from sqlalchemy import update
 
 from control_layer.jobs import job_tasks, submit_job
+from control_layer.reaper import REAPER_LOCK, reap_once, run_reaper
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Node
-from orchestration.reaper import REAPER_LOCK, node_alive_key, reap_once, run_reaper
+from resource_layer.liveness import node_alive_key
 from tests.orchestration.fleet import add_cluster, add_tenant, tiny_spec
 
 

@@ -11,15 +11,15 @@ from sqlalchemy import select
 
 from contracts.errors import InvalidArgument, NotFound, PermissionDenied
 from control_layer.jobs import job_tasks, submit_job
-from orchestration.context import ServerContext
-from orchestration.db.engine import session_scope
-from orchestration.db.models import Allocation, Event, Job, LedgerEntry, Node, Task, TaskMetric
-from orchestration.reactions import (
+from control_layer.reactions import (
     on_node_lost,
     on_task_metrics,
     on_task_status,
     pending_assignments,
 )
+from orchestration.context import ServerContext
+from orchestration.db.engine import session_scope
+from orchestration.db.models import Allocation, Event, Job, LedgerEntry, Node, Task, TaskMetric
 from tests.orchestration.fleet import add_cluster, add_tenant, tiny_spec
 
 SPEC = tiny_spec(parallelism={"dp": 2})  # two replicas: one device each on two of the three nodes

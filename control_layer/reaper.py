@@ -16,20 +16,16 @@ from datetime import timedelta
 from sqlalchemy import select
 
 from control_layer.jobs import retry_pending_jobs
+from control_layer.reactions import on_node_lost
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc, session_scope
 from orchestration.db.models import Node
-from orchestration.reactions import on_node_lost
+from resource_layer.liveness import node_alive_key
 
 log = logging.getLogger(__name__)
 
 REAPER_LOCK = "reaper"
-
-
-def node_alive_key(node_id: str) -> str:
-    """The bus key the resource layer touches on each heartbeat and the reaper checks."""
-    return f"node.{node_id}.alive"
 
 
 def reap_once(ctx: ServerContext) -> list[str]:

@@ -32,6 +32,7 @@ from orchestration.lifecycle import (
     task_move_applies,
     transition,
 )
+from resource_layer.handlers import ControlHandlers
 
 log = logging.getLogger(__name__)
 
@@ -300,3 +301,12 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
+
+
+def control_handlers() -> ControlHandlers:
+    """The reactions the resource layer's gRPC edge calls, for the composition root to register."""
+    return ControlHandlers(
+        on_task_status=on_task_status,
+        on_task_metrics=on_task_metrics,
+        pending_assignments=pending_assignments,
+    )
