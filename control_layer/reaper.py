@@ -1,4 +1,5 @@
-"""The node reaper: marks nodes lost once their liveness key has expired, and retries deferred jobs.
+"""The node reaper: marks nodes lost once their liveness key has expired. It only detects: failing a
+lost node's tasks moves their jobs back to pending, and the placer re-places them.
 
 The resource layer touches ``node.<id>.alive`` on every heartbeat with a TTL of
 interval x misses. Only one control-plane replica reaps at a time (it holds the bus lock). A node
@@ -15,7 +16,6 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from control_layer.jobs import retry_pending_jobs
 from control_layer.reactions import on_node_lost
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
@@ -52,7 +52,6 @@ def reap_once(ctx: ServerContext) -> list[str]:
         for node_id in lost:
             log.warning("node %s lost: %s", node_id, why)
             on_node_lost(ctx, node_id, why)
-        retry_pending_jobs(ctx, older_than_s=lost_after)
         return lost
 
 

@@ -265,7 +265,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             )
         elif kind == "log":
             entry = message.log
-            ctx.bus.publish(
+            # Off the event loop (the Redis publish blocks); awaited, so a node's lines keep their order.
+            await asyncio.to_thread(
+                ctx.bus.publish,
                 task_log_channel(entry.assignment_id),
                 {
                     "log": {

@@ -175,6 +175,7 @@ def _summary_fields(job: Job, tasks: Sequence[Task]) -> dict[str, Any]:
         "tenant_id": job.tenant_id,
         "status": job.status,
         "reason": job.reason,
+        "deferred": job.deferred,
         "choice": job.choice,
         "attempt": job.attempt,
         "created_at": as_utc(job.created_at),
