@@ -19,12 +19,12 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import Aborted
 from contracts.job_spec import JobSpec
+from contracts.states import TASK_ACTIVE, TaskState
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.snapshot import current_prices
 from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Task
-from orchestration.lifecycle import TASK_ACTIVE
 
 
 class AllocationConflict(Aborted):
@@ -94,7 +94,7 @@ def allocate(session: Session, job: Job, spec: JobSpec, option: PlanOption, atte
             cluster_id=slot.cluster_id,
             node_id=slot.node_id,
             region=slot.region,
-            status="pending",
+            status=TaskState.PENDING,
             device_indices=slot.device_indices,
             placement=[e.model_dump(mode="json") for e in slot.entries],
             worker_config=validate_worker_config(configs[slot.node_id]),

@@ -7,6 +7,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from contracts.states import TaskState
+from control_layer.task_states import move_task
 from orchestration.bus.base import Bus
 from orchestration.db.models import Task
 from orchestration.events import node_channel, publish_after_commit
@@ -31,7 +33,7 @@ def cancel_message(task: Task, reason: str) -> dict[str, Any]:
 
 def dispatch(session: Session, bus: Bus, task: Task) -> None:
     """Send the task to its node once the placing transaction commits."""
-    task.status = "dispatched"
+    move_task(task, TaskState.DISPATCHED)
     publish_after_commit(session, bus, node_channel(task.node_id), assignment_message(task))
 
 

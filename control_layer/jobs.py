@@ -1,9 +1,10 @@
-"""The job service functions the REST edge calls: quote, submit, place, cancel, read.
+"""The job service functions: quote, submit, place, cancel, read.
 
-All are synchronous and take the ServerContext; each opens its own short transactions. Planning
-happens outside any transaction, on a snapshot read just before; the allocation that follows
-re-checks everything under row locks (see ``allocation``), so a stale plan costs a re-plan, never
-a double booking.
+All are synchronous and take the ServerContext; each opens its own short transactions. Submission
+only stores the job: the placer (``control_layer.placer``) calls ``place_job``. Planning happens
+outside any transaction, on a snapshot read just before; the allocation that follows re-checks
+everything under row locks (see ``allocation``), so a stale plan costs a re-plan, never a double
+booking.
 """
 
 from __future__ import annotations
@@ -19,25 +20,25 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
 from contracts.job_spec import JobSpec
-from control_layer.allocation import AllocationConflict, allocate, release
-from control_layer.dispatch import dispatch, send_cancel
+from contracts.states import JOB_TERMINAL, JobState, TaskState
+from control_layer.allocation import AllocationConflict, allocate
+from control_layer.dispatch import dispatch
+from control_layer.lifecycle import transition, wake_placer
 from control_layer.planner import plan
 from control_layer.planner.plan_types import PlanOption
 from control_layer.snapshot import build_snapshot
+from control_layer.task_states import clip_message
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc, session_scope
 from orchestration.db.models import Job, Quote, Task, Tenant
 from orchestration.events import record_event
-from orchestration.ledger import record_job_cost
-from orchestration.lifecycle import JOB_STATES, JOB_TERMINAL, TASK_ACTIVE, transition
 
 log = logging.getLogger(__name__)
 
 QUOTE_TTL_S = 15 * 60.0
 PLACEMENT_TRIES = 5  # plans tried when allocations keep colliding with concurrent placements
 CHOICES = ("cheapest", "fastest", "balanced")
-CONTENDED = "devices contended"
 
 
 # -- choosing among options -----------------------------------------------------------------------
@@ -97,8 +98,8 @@ def submit_job(
     option_id: str | None = None,
     choice: str = "cheapest",
 ) -> Job:
-    """Accept a quoted option (``quote_id`` [+ ``option_id``]) or plan ``spec`` now and take the
-    ``choice``; store the job, place it, and return it as it stands after placement."""
+    """Accept a quoted option (``quote_id`` [+ ``option_id``]) or a ``spec`` whose ``choice`` the
+    placer will plan for; store the job as pending, wake the placer and return at once."""
     if choice not in CHOICES:
         raise InvalidArgument(f"choice must be one of {list(CHOICES)}, got {choice!r}", field="choice")
     if (spec is None) == (quote_id is None):
@@ -106,11 +107,10 @@ def submit_job(
     if option_id is not None and quote_id is None:
         raise InvalidArgument("option_id needs the quote_id it belongs to", field="option_id")
 
+    option: PlanOption | None = None
     if quote_id is not None:
         spec, option = _accept_quote(ctx, tenant_id, quote_id, option_id, choice)
-    else:
-        assert spec is not None
-        option = choose_option(plan_now(ctx, spec), choice)
+    assert spec is not None  # a JobSpec is validated on construction; the placer plans it
 
     with session_scope(ctx.session_factory) as session:
         _tenant(session, tenant_id)
@@ -118,12 +118,12 @@ def submit_job(
             tenant_id=tenant_id,
             name=spec.name,
             spec=spec.model_dump(mode="json"),
-            status="pending",
-            option=option.model_dump(mode="json"),
-            choice=option.label or choice,
+            status=JobState.PENDING,
+            option=option.model_dump(mode="json") if option else None,
+            choice=(option.label if option else None) or choice,
             quote_id=quote_id,
-            estimated_duration_s=option.estimates.duration_s,
-            estimated_cost=option.estimates.cost.total,
+            estimated_duration_s=option.estimates.duration_s if option else None,
+            estimated_cost=option.estimates.cost.total if option else None,
         )
         session.add(job)
         session.flush()
@@ -132,11 +132,17 @@ def submit_job(
             ctx.bus,
             "job.submitted",
             job.id,
-            {"tenant_id": tenant_id, "option_id": option.id, "choice": job.choice, "quote_id": quote_id},
+            {
+                "tenant_id": tenant_id,
+                "option_id": option.id if option else None,
+                "choice": job.choice,
+                "quote_id": quote_id,
+            },
         )
-    place_job(ctx, job.id)
+        wake_placer(session, ctx.bus, "job submitted", job.id)
+        job_id = job.id
     with session_scope(ctx.session_factory) as session:
-        return _job(session, job.id)
+        return _job(session, job_id)
 
 
 def _accept_quote(
@@ -166,26 +172,28 @@ def _accept_quote(
 # -- placement ------------------------------------------------------------------------------------
 
 
-def place_job(ctx: ServerContext, job_id: str) -> None:
+def place_job(ctx: ServerContext, job_id: str) -> str:
     """Place a pending job: allocate its option's devices (re-planning on a fresh snapshot whenever
     the fleet moved underneath), create its tasks and dispatch them. If nothing fits, the job
-    fails with the planner's reason; if placements keep colliding, it stays pending with a reason
-    and the reconciler tries again later. A job that is not pending is left alone."""
+    fails with the planner's reason; if placements keep colliding, it stays pending with its
+    ``deferred`` note and the placer tries again later. A job that is not pending is left alone.
+    Returns what happened: placed, failed, deferred or skipped."""
     with session_scope(ctx.session_factory) as session:
         job = _job(session, job_id)
-        if job.status != "pending":
-            return
+        if job.status != JobState.PENDING:
+            return "skipped"
         spec = JobSpec.model_validate(job.spec)
         # The accepted option is tried first only on the first placement; a re-placement plans anew
         # and stays off the nodes where this job's tasks failed.
         option = PlanOption.model_validate(job.option) if job.option and job.attempt == 0 else None
         avoid = frozenset(
-            session.scalars(select(Task.node_id).where(Task.job_id == job_id, Task.status == "failed"))
+            session.scalars(
+                select(Task.node_id).where(Task.job_id == job_id, Task.status == TaskState.FAILED)
+            )
         )
         choice = job.choice if job.choice in CHOICES else "cheapest"
         # On a re-placement the reason why is kept in front of whatever happens next.
-        why = job.reason.split(f"; {CONTENDED}")[0]  # without an earlier deferral's note
-        context = f"{why}; " if job.attempt > 0 and why else ""
+        context = f"{job.reason}; " if job.attempt > 0 and job.reason else ""
 
     last_conflict = ""
     for _ in range(PLACEMENT_TRIES):
@@ -194,10 +202,10 @@ def place_job(ctx: ServerContext, job_id: str) -> None:
                 option = choose_option(plan_now(ctx, spec, exclude_nodes=avoid), choice)
             except NoFeasiblePlan as exc:
                 _fail_pending(ctx, job_id, f"{context}no feasible placement: {exc.message}", exc.details)
-                return
+                return "failed"
         try:
             _place_once(ctx, job_id, spec, option)
-            return
+            return "placed"
         except AllocationConflict as exc:
             last_conflict = exc.message
         except OperationalError as exc:
@@ -206,22 +214,23 @@ def place_job(ctx: ServerContext, job_id: str) -> None:
             last_conflict = f"database contention: {exc.orig}"
         except FailedPrecondition as exc:
             _fail_pending(ctx, job_id, f"{context}cannot place: {exc.message}", exc.details)
-            return
+            return "failed"
         log.info("placement of job %s collided (%s); re-planning", job_id, last_conflict)
         option = None
     _defer(
         ctx,
         job_id,
-        f"{context}{CONTENDED}: {PLACEMENT_TRIES} placements collided; last: {last_conflict}",
+        f"devices contended: {PLACEMENT_TRIES} placements collided; last: {last_conflict}",
     )
+    return "deferred"
 
 
 def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOption) -> None:
     with session_scope(ctx.session_factory) as session:
         job = _lock_job(session, job_id)
-        if job.status != "pending":
+        if job.status != JobState.PENDING:
             return
-        previous = job.reason.split(f"; {CONTENDED}")[0]
+        previous = job.reason
         tasks = allocate(session, job, spec, option, attempt=job.attempt + 1)
         job.option = option.model_dump(mode="json")
         job.estimated_duration_s = option.estimates.duration_s
@@ -231,7 +240,7 @@ def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOpti
             session,
             ctx.bus,
             job,
-            "placed",
+            JobState.PLACED,
             reason=reason,
             payload={
                 "option_id": option.id,
@@ -250,36 +259,21 @@ def _fail_pending(
 ) -> None:
     with session_scope(ctx.session_factory) as session:
         job = _lock_job(session, job_id)
-        if job.status != "pending":
+        if job.status != JobState.PENDING:
             return  # placed meanwhile by a concurrent caller
-        transition(session, ctx.bus, job, "failed", reason=reason, payload={"details": _jsonable(details)})
-        record_job_cost(session, job)
+        transition(
+            session, ctx.bus, job, JobState.FAILED, reason=reason, payload={"details": _jsonable(details)}
+        )
 
 
 def _defer(ctx: ServerContext, job_id: str, reason: str) -> None:
     with session_scope(ctx.session_factory) as session:
         job = _lock_job(session, job_id)
-        if job.status != "pending":
+        if job.status != JobState.PENDING:
             return
-        job.reason = reason
+        job.deferred = clip_message(reason)
         job.updated_at = utcnow()
         record_event(session, ctx.bus, "job.deferred", job.id, {"reason": reason})
-
-
-def retry_pending_jobs(ctx: ServerContext, older_than_s: float) -> list[str]:
-    """Place pending jobs that have waited at least ``older_than_s`` (left pending by contention)."""
-    cutoff = utcnow() - timedelta(seconds=older_than_s)
-    with session_scope(ctx.session_factory) as session:
-        ids = list(
-            session.scalars(
-                select(Job.id)
-                .where(Job.status == "pending", Job.updated_at <= cutoff)
-                .order_by(Job.created_at)
-            )
-        )
-    for job_id in ids:
-        place_job(ctx, job_id)
-    return ids
 
 
 def _is_retryable(exc: OperationalError) -> bool:
@@ -303,15 +297,7 @@ def cancel_job(ctx: ServerContext, job_id: str, reason: str, *, tenant_id: str |
             raise NotFound(f"job {job_id} not found", field="job_id")
         if job.status in JOB_TERMINAL:
             raise FailedPrecondition(f"job {job_id} already {job.status}", job_id=job_id, status=job.status)
-        now = utcnow()
-        for task in session.scalars(select(Task).where(Task.job_id == job_id, Task.status.in_(TASK_ACTIVE))):
-            task.status = "cancelled"
-            task.message = reason[:2000]
-            task.finished_at = now
-            send_cancel(session, ctx.bus, task, reason)
-        release(session, job_id)
-        transition(session, ctx.bus, job, "cancelled", reason=reason)
-        record_job_cost(session, job)
+        transition(session, ctx.bus, job, JobState.CANCELLED, reason=reason)
     return job
 
 
@@ -327,8 +313,8 @@ def list_jobs(
     session: Session, tenant: Tenant | str, *, status: str | None = None, limit: int = 100
 ) -> list[Job]:
     """Newest first; only the tenant's own jobs (an admin sees all)."""
-    if status is not None and status not in JOB_STATES:
-        raise InvalidArgument(f"status must be one of {list(JOB_STATES)}", field="status")
+    if status is not None and status not in set(JobState):
+        raise InvalidArgument(f"status must be one of {[s.value for s in JobState]}", field="status")
     stmt = select(Job).order_by(Job.created_at.desc(), Job.id).limit(max(1, min(limit, 1000)))
     if not (isinstance(tenant, Tenant) and tenant.is_admin):
         stmt = stmt.where(Job.tenant_id == (tenant.id if isinstance(tenant, Tenant) else tenant))

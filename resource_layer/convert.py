@@ -9,15 +9,16 @@ from google.protobuf import json_format
 
 from contracts.errors import InvalidArgument
 from contracts.registration import DeviceReport, NodeRegistration
+from contracts.states import TaskState
 from proto.cpn.agent.v1 import agent_pb2
 
 # TaskState -> Task.status as the control layer spells it.
 TASK_STATES: dict[int, str] = {
-    agent_pb2.TASK_STATE_STARTING: "starting",
-    agent_pb2.TASK_STATE_RUNNING: "running",
-    agent_pb2.TASK_STATE_SUCCEEDED: "succeeded",
-    agent_pb2.TASK_STATE_FAILED: "failed",
-    agent_pb2.TASK_STATE_CANCELLED: "cancelled",
+    agent_pb2.TASK_STATE_STARTING: TaskState.STARTING,
+    agent_pb2.TASK_STATE_RUNNING: TaskState.RUNNING,
+    agent_pb2.TASK_STATE_SUCCEEDED: TaskState.SUCCEEDED,
+    agent_pb2.TASK_STATE_FAILED: TaskState.FAILED,
+    agent_pb2.TASK_STATE_CANCELLED: TaskState.CANCELLED,
 }
 SERVER_MESSAGE_KINDS = ("assignment", "cancel", "drain", "ack")
 

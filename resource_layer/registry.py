@@ -18,7 +18,7 @@ from orchestration.audit import record_audit
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Price, Provider, Region
-from orchestration.reaper import node_alive_key
+from resource_layer.liveness import node_alive_key
 from resource_layer.tokens import consume_enrollment_token, new_node_token, token_matches
 
 DEFAULT_PROVIDER = "independent"

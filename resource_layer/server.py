@@ -8,6 +8,7 @@ from grpc_reflection.v1alpha import reflection
 
 from orchestration.context import ServerContext
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from resource_layer.handlers import ControlHandlers
 from resource_layer.servicer import AgentServicer
 
 AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
@@ -33,12 +34,21 @@ class _HealthServicer(health.aio.HealthServicer):
 
 
 def build_grpc_server(
-    ctx: ServerContext, host: str, port: int, *, servicer: AgentServicer | None = None
+    ctx: ServerContext,
+    host: str,
+    port: int,
+    handlers: ControlHandlers | None = None,
+    *,
+    servicer: AgentServicer | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A configured, bound, not yet started ``grpc.aio`` server and the port it bound (``port=0``
     picks a free one). The caller runs ``await server.start()`` and ``await server.stop(grace)``."""
+    if servicer is None:
+        if handlers is None:
+            raise ValueError("build_grpc_server needs the control layer's handlers or a servicer")
+        servicer = AgentServicer(ctx, handlers)
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer or AgentServicer(ctx), server)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server)
 
     health_pb2_grpc.add_HealthServicer_to_server(_HealthServicer(("", AGENT_SERVICE)), server)
     reflection.enable_server_reflection(

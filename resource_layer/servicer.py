@@ -19,7 +19,6 @@ from sqlalchemy.exc import IntegrityError
 
 from contracts.errors import CpnError, InvalidArgument
 from contracts.registration import NodeRegistration
-from orchestration import reactions
 from orchestration.context import ServerContext
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from resource_layer import registry
@@ -32,6 +31,7 @@ from resource_layer.convert import (
     task_state_name,
 )
 from resource_layer.grpc_errors import abort_with
+from resource_layer.handlers import ControlHandlers
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +53,15 @@ class _End:
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def __init__(
-        self, ctx: ServerContext, *, heartbeat_db_every_s: float | None = None, hello_timeout_s: float = 10.0
+        self,
+        ctx: ServerContext,
+        handlers: ControlHandlers,
+        *,
+        heartbeat_db_every_s: float | None = None,
+        hello_timeout_s: float = 10.0,
     ) -> None:
         self._ctx = ctx
+        self._handlers = handlers
         # last_heartbeat_at is written at most this often; the reaper trusts it for a node whose
         # liveness key it cannot see (a restarted in-process bus), so keep it well inside the TTL.
         settings = ctx.settings
@@ -120,7 +126,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 # node reads as alive only from here on, when it can be sent work.
                 try:
                     status = await asyncio.to_thread(registry.mark_connected, self._ctx, node_id)
-                    pending = await asyncio.to_thread(reactions.pending_assignments, self._ctx, node_id)
+                    pending = await asyncio.to_thread(self._handlers.pending_assignments, self._ctx, node_id)
                 except CpnError as exc:
                     await abort_with(context, exc)
                 except Exception:
@@ -216,6 +222,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 if kind == "heartbeat":
                     persist = time.monotonic() - last_persist >= self._heartbeat_db_every_s
                     await asyncio.to_thread(registry.heartbeat, self._ctx, node_id, persist)
+                    self._ctx.metrics.heartbeats.inc()
                     if persist:
                         last_persist = time.monotonic()
                     continue
@@ -243,7 +250,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         if kind == "task_status":
             s = message.task_status
             await asyncio.to_thread(
-                reactions.on_task_status,
+                self._handlers.on_task_status,
                 ctx,
                 node_id,
                 s.assignment_id,
@@ -255,11 +262,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         elif kind == "metrics":
             m = message.metrics
             await asyncio.to_thread(
-                reactions.on_task_metrics, ctx, node_id, m.assignment_id, metrics_to_dict(m)
+                self._handlers.on_task_metrics, ctx, node_id, m.assignment_id, metrics_to_dict(m)
             )
         elif kind == "log":
             entry = message.log
-            ctx.bus.publish(
+            # Off the event loop (the Redis publish blocks); awaited, so a node's lines keep their order.
+            await asyncio.to_thread(
+                ctx.bus.publish,
                 task_log_channel(entry.assignment_id),
                 {
                     "log": {

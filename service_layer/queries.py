@@ -26,7 +26,7 @@ from orchestration.db.models import (
     Task,
     TaskMetric,
 )
-from resource_layer.registry import node_alive_key
+from resource_layer.liveness import node_alive_key
 from service_layer.floor import entropy_floor, uniform_loss
 from service_layer.schemas.jobs import (
     EstimatesRead,
@@ -175,6 +175,7 @@ def _summary_fields(job: Job, tasks: Sequence[Task]) -> dict[str, Any]:
         "tenant_id": job.tenant_id,
         "status": job.status,
         "reason": job.reason,
+        "deferred": job.deferred,
         "choice": job.choice,
         "attempt": job.attempt,
         "created_at": as_utc(job.created_at),

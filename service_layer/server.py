@@ -1,7 +1,7 @@
 """The control-plane process: REST, gRPC and background loops in ONE asyncio event loop.
 
 ``serve(settings)`` is ``cpn server``: migrate, bootstrap the admin key, then run uvicorn (FastAPI),
-the resource layer's gRPC server and the reaper until SIGINT/SIGTERM. ``start_server_in_thread``
+the resource layer's gRPC server, the reaper and the placer until SIGINT/SIGTERM. ``start_server_in_thread``
 runs the same in a background thread for tests and the demo, and reports the ports it bound
 (port 0 picks free ones).
 """
@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 import uvicorn
 from sqlalchemy import Engine
 
+from control_layer.placer import run_placer
+from control_layer.reactions import control_handlers
+from control_layer.reaper import run_reaper
 from orchestration.bus import make_bus
 from orchestration.context import ServerContext
 from orchestration.db.engine import is_sqlite, make_engine, make_session_factory, session_scope
 from orchestration.db.migrate import upgrade
-from orchestration.reaper import run_reaper
 from orchestration.settings import Settings
 from resource_layer.server import build_grpc_server
 from service_layer.app import create_app
@@ -92,7 +94,9 @@ async def run_control_plane(
         app = create_app(ctx)
         http_sock = _bind(settings.http_host, settings.http_port)
         try:
-            grpc_server, grpc_port = build_grpc_server(ctx, settings.grpc_host, settings.grpc_port)
+            grpc_server, grpc_port = build_grpc_server(
+                ctx, settings.grpc_host, settings.grpc_port, control_handlers()
+            )
         except BaseException:
             http_sock.close()
             raise
@@ -103,6 +107,7 @@ async def run_control_plane(
         )
         await grpc_server.start()
         reaper = asyncio.create_task(run_reaper(ctx, stop), name="reaper")
+        placer = asyncio.create_task(run_placer(ctx, stop), name="placer")
         serving = asyncio.create_task(http.serve(sockets=[http_sock]), name="http")
         waiting = asyncio.create_task(stop.wait(), name="stop")
         try:
@@ -123,7 +128,9 @@ async def run_control_plane(
                 )
                 if on_ready is not None:
                     on_ready(ctx, http_port, grpc_port)
-            done, _ = await asyncio.wait({waiting, serving, reaper}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {waiting, serving, reaper, placer}, return_when=asyncio.FIRST_COMPLETED
+            )
             for task in done - {waiting}:
                 if task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
@@ -138,6 +145,8 @@ async def run_control_plane(
             await grpc_server.stop(GRPC_GRACE_S)
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await reaper
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await placer
             await app.state.fanout.close()
             http_sock.close()
     finally:

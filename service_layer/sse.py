@@ -16,10 +16,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from contracts.states import JOB_TERMINAL
 from orchestration.context import ServerContext
 from orchestration.db.models import Job
 from orchestration.events import job_channel
-from orchestration.lifecycle import JOB_TERMINAL
 from service_layer.fanout import Fanout
 from service_layer.queries import job_events
 

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from contracts.states import JOB_TERMINAL, JobState
 from orchestration.settings import Settings
 from service_layer.cli.local_fleet import LocalAgent, start_agents, stop_agents
 
@@ -90,7 +91,7 @@ def watch_job(client: httpx.Client, job_id: str, console: Console, timeout_s: fl
         console=console,
         transient=False,
     ) as progress:
-        bar = progress.add_task("pending", total=None, info="", steps="")
+        bar = progress.add_task(JobState.PENDING, total=None, info="", steps="")
         while True:
             job = client.get(f"/v1/jobs/{job_id}").raise_for_status().json()
             m = job.get("progress") or {}
@@ -107,7 +108,7 @@ def watch_job(client: httpx.Client, job_id: str, console: Console, timeout_s: fl
                 info=info,
                 steps=steps,
             )
-            if job["status"] in ("succeeded", "failed", "cancelled"):
+            if job["status"] in JOB_TERMINAL:
                 return job
             if time.monotonic() > deadline:
                 raise RuntimeError(f"job {job_id} still {job['status']} after {timeout_s:.0f}s")
@@ -210,7 +211,7 @@ def demo(
         final = watch_job(client, job_id, console, timeout_s)
         _report(client, final, console)
         console.print(f"dashboard: {handle.http_url}/dashboard (open from this machine)", soft_wrap=True)
-        ok = final["status"] == "succeeded"
+        ok = final["status"] == JobState.SUCCEEDED
         if not ok:
             console.print(f"[red]job {final['status']}: {final.get('reason')}[/]")
         if keep:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from contracts.states import JobState
 from service_layer.cli.common import (
     DEFAULT_SERVER,
     ApiKeyOpt,
@@ -143,7 +144,7 @@ def submit(
         if watch:
             job = watch_job(client, job["id"])
             print_job(job)
-            raise typer.Exit(0 if job["status"] == "succeeded" else 1)
+            raise typer.Exit(0 if job["status"] == JobState.SUCCEEDED else 1)
 
 
 @jobs_app.command("list")
@@ -201,7 +202,7 @@ def watch(
     with api(server, api_key) as client:
         job = watch_job(client, job_id, interval_s=interval)
     print_job(job)
-    raise typer.Exit(0 if job["status"] == "succeeded" else 1)
+    raise typer.Exit(0 if job["status"] == JobState.SUCCEEDED else 1)
 
 
 @jobs_app.command("cancel")

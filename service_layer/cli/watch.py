@@ -7,10 +7,11 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from contracts.states import JOB_TERMINAL, JobState
 from service_layer.cli.common import console
 from service_layer.client import CpnClient
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+TERMINAL = JOB_TERMINAL
 
 
 def _describe(event: dict[str, Any]) -> str:
@@ -35,7 +36,7 @@ def watch_job(
         TimeElapsedColumn(),
         console=console,
     ) as progress:
-        bar = progress.add_task("pending", total=None, info="")
+        bar = progress.add_task(JobState.PENDING, total=None, info="")
         while True:
             job = client.job(job_id)
             for event in client.events(job_id, after=last_event, follow=False):

@@ -14,8 +14,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contracts.errors import CpnError, PermissionDenied, Unauthenticated
+from contracts.states import JOB_TERMINAL
 from orchestration.db.models import Job
-from orchestration.lifecycle import JOB_TERMINAL
 from service_layer import queries
 from service_layer.dashboard.access import COOKIE, COOKIE_TTL_S, admin_from_key, check_access, make_cookie
 from service_layer.dashboard.svg import loss_curve_svg

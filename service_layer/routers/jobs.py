@@ -58,7 +58,8 @@ def _detail(ctx: CtxDep, tenant: CurrentTenant, job_id: str) -> JobDetail:
 def create_quote(
     ctx: CtxDep, tenant: CurrentTenant, spec: Annotated[JobSpec, Body(openapi_examples=QUOTE_EXAMPLES)]
 ) -> QuoteRead:
-    """Plan the job on the current fleet. Each option is a complete plan (degrees, placement, sync
+    """Plan the job on the current fleet (a sync handler: FastAPI runs it in its threadpool, off the
+    event loop). Each option is a complete plan (degrees, placement, sync
     topology) with estimated duration and cost. No feasible plan → 409 with the planner's explanation."""
     return _quote_read(job_service.create_quote(ctx, tenant.id, spec))
 
@@ -74,7 +75,8 @@ def submit_job(
     ctx: CtxDep, tenant: CurrentTenant, body: Annotated[JobCreate, Body(openapi_examples=JOB_EXAMPLES)]
 ) -> JobDetail:
     """Accept an option of a quote (`quote_id`, `option_id`), or give a spec and a `choice`
-    (cheapest | fastest | balanced). The job is placed at once."""
+    (cheapest | fastest | balanced). The job is stored as `pending` and returned at once; the
+    placer then plans and places it (follow `/jobs/{id}` or its events)."""
     job = job_service.submit_job(
         ctx, tenant.id, spec=body.spec, quote_id=body.quote_id, option_id=body.option_id, choice=body.choice
     )

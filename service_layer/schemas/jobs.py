@@ -128,6 +128,7 @@ class JobSummary(BaseModel):
     tenant_id: str
     status: str
     reason: str
+    deferred: str | None = Field(None, description="Why placement is put off right now (devices contended)")
     choice: str
     attempt: int
     created_at: datetime

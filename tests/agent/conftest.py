@@ -16,7 +16,7 @@ from sqlalchemy import select
 from orchestration.bus import InProcessBus
 from orchestration.context import ServerContext
 from orchestration.db.models import Cluster, Node
-from resource_layer.registry import node_alive_key
+from resource_layer.liveness import node_alive_key
 from tests.resource_layer.harness import GrpcServerThread, enrollment_token, sqlite_context, wait_for
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 
 from control_layer.dispatch import assignment_message, cancel_message
 from orchestration.db.models import Accelerator, Job, Node, Task, TaskMetric
-from resource_layer.registry import node_alive_key
+from resource_layer.liveness import node_alive_key
 from tests.agent.conftest import Plane, Shared, StartAgent, node_of
 from tests.resource_layer.harness import add_task, wait_for
 

@@ -10,11 +10,10 @@ import pytest
 from sqlalchemy import func, select
 
 from contracts.errors import NoFeasiblePlan
-from control_layer.jobs import submit_job
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Accelerator, Allocation, Job, Task
-from tests.orchestration.fleet import add_cluster, add_link, add_tenant, tiny_spec
+from tests.orchestration.fleet import add_cluster, add_link, add_tenant, submit_and_place, tiny_spec
 
 SUBMISSIONS = 50
 
@@ -34,7 +33,7 @@ def test_concurrent_submissions_never_double_book(ctx: ServerContext) -> None:
     def submit(i: int) -> None:
         try:
             start.wait()
-            submit_job(ctx, tenant, spec=spec)
+            submit_and_place(ctx, tenant, spec=spec)
         except NoFeasiblePlan as exc:  # the fleet was already full when it looked
             refused.append(exc.message)
         except BaseException as exc:

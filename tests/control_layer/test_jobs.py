@@ -9,13 +9,16 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select, update
 
-from contracts.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
+from contracts.errors import FailedPrecondition, InvalidArgument, NotFound
+from contracts.states import JobState
 from contracts.worker_config import parse_worker_config
 from control_layer.jobs import cancel_job, create_quote, get_job, job_tasks, list_jobs, submit_job
+from control_layer.lifecycle import PLACER_CHANNEL
+from control_layer.placer import place_pending
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Allocation, Event, Job, Quote, Tenant
-from tests.orchestration.fleet import add_cluster, add_link, add_tenant, tiny_spec
+from tests.orchestration.fleet import add_cluster, add_link, add_tenant, submit_and_place, tiny_spec
 
 
 def _fleet(ctx: ServerContext) -> tuple[str, str, list[str]]:
@@ -36,18 +39,36 @@ def _active_allocations(ctx: ServerContext, job_id: str) -> int:
         )
 
 
-def test_submit_places_and_dispatches_to_each_node(ctx: ServerContext) -> None:
+def test_submit_only_stores_the_job_and_wakes_the_placer(ctx: ServerContext) -> None:
+    alice, _, _ = _fleet(ctx)
+
+    async def main() -> tuple[Job, tuple[str, dict]]:
+        async with ctx.bus.subscribe(PLACER_CHANNEL, "node.*") as sub:
+            job = await asyncio.to_thread(submit_job, ctx, alice, spec=tiny_spec())
+            return job, await asyncio.wait_for(sub.__anext__(), 5)
+
+    job, (channel, message) = asyncio.run(main())
+    assert (channel, message["job_id"]) == (PLACER_CHANNEL, job.id)  # no assignment went out
+    assert (job.status, job.attempt, job.option, job.estimated_cost) == (JobState.PENDING, 0, None, None)
+    with session_scope(ctx.session_factory) as s:
+        assert job_tasks(s, job.id) == []
+    assert _active_allocations(ctx, job.id) == 0
+
+
+def test_placer_places_and_dispatches_to_each_node(ctx: ServerContext) -> None:
     alice, _, _ = _fleet(ctx)
     spec = tiny_spec(parallelism={"dp": 2}, qos={"regions": ["eu-west"]})
+    job = submit_job(ctx, alice, spec=spec)
 
-    async def main() -> tuple[Job, list[tuple[str, dict]]]:
+    async def main() -> list[tuple[str, dict]]:
         async with ctx.bus.subscribe("node.*") as sub:
-            job = await asyncio.to_thread(submit_job, ctx, alice, spec=spec)
-            got = [await asyncio.wait_for(sub.__anext__(), 5) for _ in range(2)]
-            return job, got
+            assert await asyncio.to_thread(place_pending, ctx) == [job.id]
+            return [await asyncio.wait_for(sub.__anext__(), 5) for _ in range(2)]
 
-    job, messages = asyncio.run(main())
-    assert (job.status, job.attempt, job.reason) == ("placed", 1, "")
+    messages = asyncio.run(main())
+    with session_scope(ctx.session_factory) as s:
+        job = get_job(s, alice, job.id)
+    assert (job.status, job.attempt, job.reason, job.deferred) == (JobState.PLACED, 1, "", None)
     assert job.option is not None and job.estimated_cost == job.option["estimates"]["cost"]["total"]
     with session_scope(ctx.session_factory) as s:
         tasks = job_tasks(s, job.id)
@@ -76,8 +97,8 @@ def test_quote_then_accept_an_option(ctx: ServerContext) -> None:
         submit_job(ctx, bob, quote_id=quote.id, option_id=chosen["id"])  # not bob's quote
     with pytest.raises(NotFound, match="no option"):
         submit_job(ctx, alice, quote_id=quote.id, option_id="nope")
-    job = submit_job(ctx, alice, quote_id=quote.id, option_id=chosen["id"])
-    assert job.status == "placed" and job.quote_id == quote.id
+    job = submit_and_place(ctx, alice, quote_id=quote.id, option_id=chosen["id"])
+    assert job.status == JobState.PLACED and job.quote_id == quote.id
     assert job.option is not None and job.option["id"] == chosen["id"]
     assert {(t["node"], t["device"]) for t in job.option["tasks"]} == {
         (t["node"], t["device"]) for t in chosen["tasks"]
@@ -105,13 +126,18 @@ def test_bad_requests_name_the_field(ctx: ServerContext) -> None:
     with pytest.raises(NotFound) as nf:
         submit_job(ctx, "no-such-tenant", spec=tiny_spec())
     assert nf.value.details["field"] == "tenant_id"
-    with pytest.raises(NoFeasiblePlan):
-        submit_job(ctx, alice, spec=tiny_spec(qos={"regions": ["mars"]}))
+    # a spec that can never fit is accepted, then failed by the placer with the planner's reason
+    job = submit_job(ctx, alice, spec=tiny_spec(qos={"regions": ["mars"]}))
+    assert job.status == JobState.PENDING
+    place_pending(ctx)
+    with session_scope(ctx.session_factory) as s:
+        failed = get_job(s, alice, job.id)
+        assert failed.status == JobState.FAILED and "no feasible placement" in failed.reason
 
 
 def test_cancel_stops_tasks_and_frees_devices(ctx: ServerContext) -> None:
     alice, bob, _ = _fleet(ctx)
-    job = submit_job(ctx, alice, spec=tiny_spec(parallelism={"dp": 2}, qos={"regions": ["eu-west"]}))
+    job = submit_and_place(ctx, alice, spec=tiny_spec(parallelism={"dp": 2}, qos={"regions": ["eu-west"]}))
     with pytest.raises(NotFound):
         cancel_job(ctx, job.id, "not yours", tenant_id=bob)
 
@@ -146,3 +172,21 @@ def test_tenants_see_only_their_jobs(ctx: ServerContext) -> None:
         assert list_jobs(s, alice, status="failed") == []
         with pytest.raises(InvalidArgument):
             list_jobs(s, alice, status="weird")
+
+
+def test_deferral_is_its_own_column_and_placement_clears_it(ctx: ServerContext) -> None:
+    from control_layer.jobs import _defer
+
+    alice, _, _ = _fleet(ctx)
+    job = submit_job(ctx, alice, spec=tiny_spec())
+    _defer(ctx, job.id, "devices contended: 5 placements collided; last: devices already allocated")
+    with session_scope(ctx.session_factory) as s:
+        waiting = get_job(s, alice, job.id)
+        assert (waiting.status, waiting.reason) == (JobState.PENDING, "")
+        assert waiting.deferred is not None and waiting.deferred.startswith("devices contended")
+        kinds = s.scalars(select(Event.kind).where(Event.job_id == job.id)).all()
+    assert kinds[-1] == "job.deferred"
+    assert place_pending(ctx) == [job.id]
+    with session_scope(ctx.session_factory) as s:
+        placed = get_job(s, alice, job.id)
+        assert (placed.status, placed.reason, placed.deferred) == (JobState.PLACED, "", None)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contracts.job_spec import JobSpec
+from contracts.states import JobState
 from control_layer.planner.plan_types import (
     CostBreakdown,
     Estimates,
@@ -16,7 +18,9 @@ from control_layer.planner.plan_types import (
     StepBreakdown,
     SyncTopology,
 )
+from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
+from orchestration.db.engine import session_scope
 from orchestration.db.models import (
     Accelerator,
     Allocation,
@@ -220,3 +224,16 @@ def hand_option(
         ),
         regions=sorted({c.region for c, _, _ in placements}),
     )
+
+
+def submit_and_place(ctx: ServerContext, tenant_id: str, **kwargs: Any) -> Job:
+    """Submit (the job is stored pending and nothing more), then run the placer's step for it."""
+    from control_layer.jobs import place_job, submit_job
+
+    job = submit_job(ctx, tenant_id, **kwargs)
+    assert job.status == JobState.PENDING and job.attempt == 0
+    place_job(ctx, job.id)
+    with session_scope(ctx.session_factory) as s:
+        placed = s.get(Job, job.id)
+        assert placed is not None
+        return placed

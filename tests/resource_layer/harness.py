@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 from sqlalchemy.orm import Session, sessionmaker
 
+from control_layer.reactions import control_handlers
 from orchestration.bus import Bus, InProcessBus
 from orchestration.context import ServerContext
 from orchestration.db.engine import make_engine, make_session_factory
@@ -45,7 +46,7 @@ class GrpcServerThread:
         self._loop = asyncio.new_event_loop()
 
         async def serve() -> None:
-            servicer = AgentServicer(self.ctx, **self._servicer_options)
+            servicer = AgentServicer(self.ctx, control_handlers(), **self._servicer_options)
             self._server, self.port = build_grpc_server(self.ctx, "127.0.0.1", self.port, servicer=servicer)
             await self._server.start()
             self._stopping = asyncio.Event()

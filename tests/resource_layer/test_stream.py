@@ -16,7 +16,7 @@ from sqlalchemy import select
 from orchestration.context import ServerContext
 from orchestration.db.models import Node, Task
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
-from resource_layer.registry import node_alive_key
+from resource_layer.liveness import node_alive_key
 from tests.resource_layer.harness import GrpcServerThread, add_task, enrollment_token, wait_for
 
 Stub = agent_pb2_grpc.AgentServiceStub
@@ -147,6 +147,7 @@ def test_heartbeats_keep_the_node_alive_and_silence_lets_it_expire(
     with ctx.session_factory() as session:
         last = session.get(Node, node.node_id).last_heartbeat_at  # type: ignore[union-attr]
     assert last is not None and last > first_seen
+    wait_for(lambda: ctx.metrics.heartbeats._value.get() >= seq, timeout=5, what="heartbeats to be counted")
 
     s.close()
     wait_for(lambda: not ctx.bus.alive(key), timeout=3 * ttl, what="the liveness key to expire")

@@ -98,3 +98,17 @@ def count_rows(server: ServerHandle) -> tuple[int, int]:
             session.scalar(select(func.count()).select_from(Quote)) or 0,
             session.scalar(select(func.count()).select_from(Job)) or 0,
         )
+
+
+def wait_placed(client: CpnClient, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    """Submission returns a pending job; poll until the placer has moved it on (placed or beyond)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = client.job(job_id)
+        if job["status"] != "pending":
+            return job
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still pending after {timeout_s:.0f}s: {job.get('deferred')}")
+        time.sleep(0.05)

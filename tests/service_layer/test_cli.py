@@ -11,11 +11,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from control_layer.reactions import on_task_metrics, on_task_status
 from cpn.cli import app
-from orchestration.reactions import on_task_metrics, on_task_status
 from service_layer.client import CpnClient
 from service_layer.server import ServerHandle
-from tests.service_layer.harness import ADMIN_KEY, seed_fleet, small_spec
+from tests.service_layer.harness import ADMIN_KEY, seed_fleet, small_spec, wait_placed
 
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
@@ -70,7 +70,7 @@ def test_cli_from_tenant_to_finished_job(server: ServerHandle, admin: CpnClient,
         "--json",
     )
     assert code == 0, out
-    job = json.loads(out)
+    job = wait_placed(CpnClient(server.http_url, carol), json.loads(out)["id"])
     code, out = _cpn(server, carol, "jobs", "list")
     assert code == 0 and "cli-job" in out and "placed" in out, out
 

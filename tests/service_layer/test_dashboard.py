@@ -10,13 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestration.reactions import on_task_metrics, on_task_status
+from control_layer.reactions import on_task_metrics, on_task_status
 from orchestration.settings import Settings
 from service_layer.client import CpnClient
 from service_layer.dashboard.svg import loss_curve_svg
 from service_layer.server import ServerHandle, start_server_in_thread
 from tests.service_layer.browser import CHROMIUM, Browser, dump_dom
-from tests.service_layer.harness import ADMIN_KEY, seed_fleet, small_spec
+from tests.service_layer.harness import ADMIN_KEY, seed_fleet, small_spec, wait_placed
 
 pytestmark = pytest.mark.browser
 
@@ -97,7 +97,9 @@ def test_dashboard_in_chromium_shows_fleet_jobs_and_a_live_loss_curve(
     server = prod_server
     with CpnClient(server.http_url, ADMIN_KEY) as admin:
         seed_fleet(server, admin)
-        job = admin.submit(spec=small_spec("curve-job", steps=60), choice="cheapest")
+        job = wait_placed(
+            admin, admin.submit(spec=small_spec("curve-job", steps=60), choice="cheapest")["id"]
+        )
     for t in job["tasks"]:
         on_task_status(server.ctx, t["node_id"], t["id"], "running")
     _metrics(server, job, range(1, 21))

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from orchestration.reactions import on_task_metrics, on_task_status
+from control_layer.reactions import on_task_metrics, on_task_status
 from service_layer.client import ApiError, CpnClient
 from service_layer.server import ServerHandle
-from tests.service_layer.harness import count_rows, new_tenant, seed_fleet, small_spec
+from tests.service_layer.harness import count_rows, new_tenant, seed_fleet, small_spec, wait_placed
 
 
 def _expect_error(status: int, call: Any) -> ApiError:
@@ -82,7 +82,9 @@ def test_quote_then_job_through_to_success(server: ServerHandle, admin: CpnClien
         option = quote["options"][0]
         assert option["estimates"]["duration_s"] > 0 and option["estimates"]["cost"]["total"] > 0
 
-        job = alice.submit(quote_id=quote["id"], option_id=option["id"])
+        submitted = alice.submit(quote_id=quote["id"], option_id=option["id"])
+        assert submitted["status"] == "pending" and submitted["tasks"] == [], submitted  # not placed inline
+        job = wait_placed(alice, submitted["id"])
         assert job["status"] == "placed", job
         assert job["option"]["id"] == option["id"]
         assert job["estimates"]["cost_total"] == pytest.approx(option["estimates"]["cost"]["total"])
@@ -144,7 +146,7 @@ def test_quote_then_job_through_to_success(server: ServerHandle, admin: CpnClien
 
 def test_spec_and_choice_then_cancel(server: ServerHandle, admin: CpnClient) -> None:
     seed_fleet(server, admin)
-    job = admin.submit(spec=small_spec("by-choice"), choice="fastest")
+    job = wait_placed(admin, admin.submit(spec=small_spec("by-choice"), choice="fastest")["id"])
     assert job["status"] == "placed" and job["choice"] == "fastest"
     listed = admin.jobs(status="placed")
     assert [j["id"] for j in listed] == [job["id"]]

@@ -68,3 +68,23 @@ def test_sample_alert_rules_name_only_metrics_the_server_exports(server: ServerH
     for expr in exprs:
         for name in re.findall(r"\b(cpn_[a-z_]+)", expr):
             assert name in exported, f"{name} in {expr!r} is not exported"
+
+
+def test_placements_are_counted_by_outcome(server: ServerHandle) -> None:
+    from contracts.states import JobState
+    from control_layer.placer import place_pending
+    from orchestration.db.engine import session_scope
+    from orchestration.db.models import Job, Tenant
+    from tests.service_layer.harness import small_spec
+
+    with session_scope(server.ctx.session_factory) as session:
+        admin = session.query(Tenant).filter(Tenant.is_admin).one()
+        session.add(
+            Job(tenant_id=admin.id, name="lonely", spec=small_spec("lonely"), status=JobState.PENDING)
+        )
+    place_pending(server.ctx)  # no fleet: the planner finds nothing and the job fails
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    fams = _families(httpx.get(server.http_url + "/metrics", headers=auth, timeout=10).text)
+    outcomes = {labels["outcome"]: value for labels, value in fams["cpn_placement_duration_seconds"]}
+    assert outcomes == {"failed": 1.0}
+    assert {labels["state"]: v for labels, v in fams["cpn_jobs"]}["failed"] == 1

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import BigInteger, ForeignKey, Index, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
+from contracts.states import JobState, TaskState
 from orchestration.db.base import Base, new_id, utcnow
 
 
@@ -30,12 +31,14 @@ class Job(Base):
     name: Mapped[str] = mapped_column(String(64))
     spec: Mapped[dict[str, Any]]
     # pending | placed | running | succeeded | failed | cancelled
-    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    status: Mapped[str] = mapped_column(String(16), default=JobState.PENDING, index=True)
     option: Mapped[dict[str, Any] | None] = mapped_column(default=None)  # accepted PlanOption JSON
     choice: Mapped[str] = mapped_column(String(16), default="cheapest")  # how the option was chosen
     quote_id: Mapped[str | None] = mapped_column(ForeignKey("quotes.id"), default=None)
     attempt: Mapped[int] = mapped_column(default=0)
     reason: Mapped[str] = mapped_column(String(2000), default="")
+    # Why placement is put off right now (devices contended); None once placed or ended.
+    deferred: Mapped[str | None] = mapped_column(String(2000), default=None)
     estimated_duration_s: Mapped[float | None] = mapped_column(default=None)
     estimated_cost: Mapped[float | None] = mapped_column(default=None)
     actual_cost: Mapped[float | None] = mapped_column(default=None)
@@ -58,7 +61,7 @@ class Task(Base):
     node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id"), index=True)
     region: Mapped[str] = mapped_column(String(64))
     # pending | dispatched | starting | running | succeeded | failed | cancelled
-    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    status: Mapped[str] = mapped_column(String(16), default=TaskState.PENDING, index=True)
     device_indices: Mapped[list[Any]]
     placement: Mapped[list[Any]]  # the plan's {dp_rank, pp_stage, tp_rank, ...} entries on this node
     worker_config: Mapped[dict[str, Any]]

@@ -16,22 +16,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidArgument, NotFound, PermissionDenied
-from control_layer.allocation import release
+from contracts.states import JOB_ACTIVE, TASK_ACTIVE, JobState, TaskState, task_move_applies
 from control_layer.dispatch import assignment_message, send_cancel
-from control_layer.jobs import place_job
+from control_layer.lifecycle import transition
+from control_layer.task_states import move_task, normalize_task_state
 from orchestration.context import ServerContext
-from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Node, Task, TaskMetric
 from orchestration.events import job_channel, publish_after_commit, record_event
-from orchestration.ledger import record_job_cost
-from orchestration.lifecycle import (
-    JOB_TERMINAL,
-    TASK_ACTIVE,
-    normalize_task_state,
-    task_move_applies,
-    transition,
-)
+from resource_layer.handlers import ControlHandlers
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +38,9 @@ def on_task_status(
     exit_code: int | None = None,
     result: dict[str, Any] | None = None,
 ) -> None:
-    """Apply a task's reported state; move the job along; re-place it after a failure."""
+    """Apply a task's reported state and move the job along (back to pending after a failure,
+    where the placer picks it up)."""
     to = normalize_task_state(state)
-    replace_job: str | None = None
     with session_scope(ctx.session_factory) as session:
         job_id = session.scalar(select(Task.job_id).where(Task.id == assignment_id))
         if job_id is None:
@@ -61,10 +54,10 @@ def on_task_status(
             )
 
         if not task_move_applies(task.status, to):
-            if to in ("starting", "running") and task.status in ("failed", "cancelled"):
+            if to in _LIVE and task.status in (TaskState.FAILED, TaskState.CANCELLED):
                 send_cancel(session, ctx.bus, task, f"task is already {task.status}")
             return
-        _apply(task, to, message, exit_code, result)
+        move_task(task, to, message=message, exit_code=exit_code, result=_finite(result))
         record_event(
             session,
             ctx.bus,
@@ -79,35 +72,19 @@ def on_task_status(
                 "exit_code": exit_code,
             },
         )
-        if task.attempt != job.attempt or job.status in JOB_TERMINAL or job.status == "pending":
-            if to in ("starting", "running"):
+        if task.attempt != job.attempt or job.status not in JOB_ACTIVE:
+            if to in _LIVE:
                 send_cancel(session, ctx.bus, task, f"job {job.id} is {job.status} (attempt {job.attempt})")
             return
-        if to == "running":
+        if to is TaskState.RUNNING:
             _maybe_running(ctx, session, job)
-        elif to == "succeeded":
+        elif to is TaskState.SUCCEEDED:
             _maybe_succeeded(ctx, session, job)
-        elif to in ("failed", "cancelled") and _task_failed(ctx, session, job, task):
-            replace_job = job.id
-    if replace_job is not None:
-        place_job(ctx, replace_job)
+        elif to in (TaskState.FAILED, TaskState.CANCELLED):
+            _task_failed(ctx, session, job, task)
 
 
-def _apply(task: Task, to: str, message: str, exit_code: int | None, result: dict[str, Any] | None) -> None:
-    now = utcnow()
-    task.status = to
-    if message:
-        task.message = message[:2000]
-    if exit_code is not None and to in ("succeeded", "failed", "cancelled"):
-        task.exit_code = exit_code
-    if result is not None:
-        task.result = _finite(result)
-    if to == "running" and task.started_at is None:
-        task.started_at = now
-    if to in ("succeeded", "failed", "cancelled"):
-        task.finished_at = now
-        if task.started_at is None and to == "succeeded":
-            task.started_at = now  # it ran, though its running report never came
+_LIVE = (TaskState.STARTING, TaskState.RUNNING)
 
 
 def _attempt_tasks(session: Session, job: Job) -> list[Task]:
@@ -120,52 +97,42 @@ def _attempt_tasks(session: Session, job: Job) -> list[Task]:
 
 def _maybe_running(ctx: ServerContext, session: Session, job: Job) -> None:
     tasks = _attempt_tasks(session, job)
-    if job.status == "placed" and all(t.status in ("running", "succeeded") for t in tasks):
-        transition(session, ctx.bus, job, "running")
+    if job.status == JobState.PLACED and all(
+        t.status in (TaskState.RUNNING, TaskState.SUCCEEDED) for t in tasks
+    ):
+        transition(session, ctx.bus, job, JobState.RUNNING)
 
 
 def _maybe_succeeded(ctx: ServerContext, session: Session, job: Job) -> None:
     tasks = _attempt_tasks(session, job)
-    if not all(t.status == "succeeded" for t in tasks):
+    if not all(t.status == TaskState.SUCCEEDED for t in tasks):
         _maybe_running(ctx, session, job)
         return
-    if job.status == "placed":
-        transition(session, ctx.bus, job, "running")
+    if job.status == JobState.PLACED:
+        transition(session, ctx.bus, job, JobState.RUNNING)
     job.result = aggregate_results(tasks)
-    release(session, job.id)
-    transition(session, ctx.bus, job, "succeeded", reason="")
-    record_job_cost(session, job)
+    transition(session, ctx.bus, job, JobState.SUCCEEDED, reason="")
 
 
-def _task_failed(ctx: ServerContext, session: Session, job: Job, task: Task) -> bool:
-    """Stop the attempt; returns True when the job went back to pending to be re-placed."""
+def _task_failed(ctx: ServerContext, session: Session, job: Job, task: Task) -> None:
+    """Stop the attempt: back to pending for the placer while retries remain, else failed."""
     what = f"task {task.id} on node {task.node_id} ({task.region}) {task.status}"
     if task.message:
         what += f": {task.message}"
     if task.exit_code is not None:
         what += f" (exit code {task.exit_code})"
-    now = utcnow()
-    for sibling in _attempt_tasks(session, job):
-        if sibling.id != task.id and sibling.status in TASK_ACTIVE:
-            sibling.status = "cancelled"
-            sibling.message = f"stopped because {what}"[:2000]
-            sibling.finished_at = now
-            send_cancel(session, ctx.bus, sibling, f"sibling {what}")
-    release(session, job.id)
     retries_used = job.attempt - 1
     limit = ctx.settings.max_job_retries
     if retries_used < limit:
+        reason = f"{what}; re-placing (retry {retries_used + 1} of {limit})"
         transition(
-            session,
-            ctx.bus,
-            job,
-            "pending",
-            reason=f"{what}; re-placing (retry {retries_used + 1} of {limit})",
+            session, ctx.bus, job, JobState.PENDING, reason=reason, tasks_note=f"stopped because {what}"
         )
-        return True
-    transition(session, ctx.bus, job, "failed", reason=f"{what}; gave up after {job.attempt} attempt(s)")
-    record_job_cost(session, job)
-    return False
+    else:
+        reason = f"{what}; gave up after {job.attempt} attempt(s)"
+        transition(
+            session, ctx.bus, job, JobState.FAILED, reason=reason, tasks_note=f"stopped because {what}"
+        )
 
 
 _SUM_KEYS = ("wan_bytes_sent", "wan_bytes_recv", "tokens")
@@ -260,7 +227,7 @@ def on_node_lost(ctx: ServerContext, node_id: str, reason: str) -> list[str]:
             session.scalars(select(Task.id).where(Task.node_id == node_id, Task.status.in_(TASK_ACTIVE)))
         )
     for task_id in task_ids:  # one transaction per task: each may re-place its job
-        on_task_status(ctx, node_id, task_id, "failed", message=f"node lost: {reason}")
+        on_task_status(ctx, node_id, task_id, TaskState.FAILED, message=f"node lost: {reason}")
     return task_ids
 
 
@@ -274,7 +241,7 @@ def pending_assignments(ctx: ServerContext, node_id: str) -> list[dict[str, Any]
                 Task.node_id == node_id,
                 Task.status.in_(TASK_ACTIVE),
                 Task.attempt == Job.attempt,
-                Job.status.in_(("placed", "running")),
+                Job.status.in_(JOB_ACTIVE),
             )
             .order_by(Task.created_at, Task.id)
         ).scalars()
@@ -300,3 +267,12 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
+
+
+def control_handlers() -> ControlHandlers:
+    """The reactions the resource layer's gRPC edge calls, for the composition root to register."""
+    return ControlHandlers(
+        on_task_status=on_task_status,
+        on_task_metrics=on_task_metrics,
+        pending_assignments=pending_assignments,
+    )

@@ -10,17 +10,19 @@ import pytest
 from sqlalchemy import select
 
 from contracts.errors import InvalidArgument, NotFound, PermissionDenied
-from control_layer.jobs import job_tasks, submit_job
-from orchestration.context import ServerContext
-from orchestration.db.engine import session_scope
-from orchestration.db.models import Allocation, Event, Job, LedgerEntry, Node, Task, TaskMetric
-from orchestration.reactions import (
+from contracts.states import JobState
+from control_layer.jobs import job_tasks
+from control_layer.placer import place_pending
+from control_layer.reactions import (
     on_node_lost,
     on_task_metrics,
     on_task_status,
     pending_assignments,
 )
-from tests.orchestration.fleet import add_cluster, add_tenant, tiny_spec
+from orchestration.context import ServerContext
+from orchestration.db.engine import session_scope
+from orchestration.db.models import Allocation, Event, Job, LedgerEntry, Node, Task, TaskMetric
+from tests.orchestration.fleet import add_cluster, add_tenant, submit_and_place, tiny_spec
 
 SPEC = tiny_spec(parallelism={"dp": 2})  # two replicas: one device each on two of the three nodes
 
@@ -31,7 +33,7 @@ def _setup(ctx: ServerContext) -> tuple[str, list[str]]:
         tenant = add_tenant(s)
         _, nodes = add_cluster(s, region="eu-west", name="c1", nodes=3, devices_per_node=1, price=2.0)
         tenant_id, node_ids = tenant.id, [n.id for n in nodes]
-    job = submit_job(ctx, tenant_id, spec=SPEC)
+    job = submit_and_place(ctx, tenant_id, spec=SPEC)
     assert job.status == "placed"
     return job.id, node_ids
 
@@ -101,6 +103,9 @@ def test_failed_task_is_replaced_on_remaining_capacity_then_fails_when_none_rema
     async def fail_and_watch() -> list[tuple[str, dict]]:
         async with ctx.bus.subscribe("node.*") as sub:
             await asyncio.to_thread(on_task_status, ctx, bad.node_id, bad.id, "failed", "CUDA error", 1, None)
+            # the reaction only moves the job back to pending (and frees its devices): the placer re-places
+            assert (_job(ctx, job_id).status, _active(ctx, job_id)) == (JobState.PENDING, set())
+            await asyncio.to_thread(place_pending, ctx)
             return [await asyncio.wait_for(sub.__anext__(), 5) for _ in range(3)]
 
     messages = asyncio.run(fail_and_watch())
@@ -126,6 +131,8 @@ def test_failed_task_is_replaced_on_remaining_capacity_then_fails_when_none_rema
     # the second attempt fails too: only one healthy node is left, the job needs two
     failing = second[0]
     on_task_status(ctx, failing.node_id, failing.id, "failed", "segfault", 139, None)
+    assert _job(ctx, job_id).status == JobState.PENDING
+    assert place_pending(ctx) == [job_id]
     job = _job(ctx, job_id)
     assert (job.status, job.attempt) == ("failed", 2)
     assert "segfault" in job.reason and "no feasible placement" in job.reason
@@ -152,8 +159,9 @@ def test_lost_node_fails_its_tasks_and_the_job_moves_on(ctx: ServerContext) -> N
         assert node is not None and node.status == "lost"
         task = s.get(Task, lost.id)
         assert task is not None and task.status == "failed" and "node lost" in task.message
-    job = _job(ctx, job_id)
-    assert (job.status, job.attempt) == ("placed", 2)
+    assert (_job(ctx, job_id).status, _job(ctx, job_id).attempt) == (JobState.PENDING, 1)
+    assert place_pending(ctx) == [job_id]
+    assert (_job(ctx, job_id).status, _job(ctx, job_id).attempt) == (JobState.PLACED, 2)
     assert lost.node_id not in {t.node_id for t in _tasks(ctx, job_id, attempt=2)}
 
 

@@ -1,4 +1,5 @@
-"""The node reaper: marks nodes lost once their liveness key has expired, and retries deferred jobs.
+"""The node reaper: marks nodes lost once their liveness key has expired. It only detects: failing a
+lost node's tasks moves their jobs back to pending, and the placer re-places them.
 
 The resource layer touches ``node.<id>.alive`` on every heartbeat with a TTL of
 interval x misses. Only one control-plane replica reaps at a time (it holds the bus lock). A node
@@ -15,21 +16,16 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from control_layer.jobs import retry_pending_jobs
+from control_layer.reactions import on_node_lost
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc, session_scope
 from orchestration.db.models import Node
-from orchestration.reactions import on_node_lost
+from resource_layer.liveness import node_alive_key
 
 log = logging.getLogger(__name__)
 
 REAPER_LOCK = "reaper"
-
-
-def node_alive_key(node_id: str) -> str:
-    """The bus key the resource layer touches on each heartbeat and the reaper checks."""
-    return f"node.{node_id}.alive"
 
 
 def reap_once(ctx: ServerContext) -> list[str]:
@@ -56,7 +52,6 @@ def reap_once(ctx: ServerContext) -> list[str]:
         for node_id in lost:
             log.warning("node %s lost: %s", node_id, why)
             on_node_lost(ctx, node_id, why)
-        retry_pending_jobs(ctx, older_than_s=lost_after)
         return lost
 
 

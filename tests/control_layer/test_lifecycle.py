@@ -8,10 +8,12 @@ import pytest
 from sqlalchemy import select
 
 from contracts.errors import FailedPrecondition, InvalidArgument
+from contracts.states import task_move_applies
+from control_layer.lifecycle import transition
+from control_layer.task_states import clip_message, normalize_task_state
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Event, Job
-from orchestration.lifecycle import normalize_task_state, task_move_applies, transition
 from tests.orchestration.fleet import add_tenant
 
 
@@ -130,3 +132,11 @@ def test_task_states() -> None:
     assert not task_move_applies("running", "starting")  # a late report does not go backwards
     assert not task_move_applies("succeeded", "failed")  # finished is final
     assert not task_move_applies("running", "running")
+
+
+def test_stored_messages_are_clipped_by_one_helper(ctx: ServerContext) -> None:
+    assert clip_message("short") == "short"
+    long = clip_message("x" * 5000)
+    assert len(long) == 2000 and long.endswith("…")
+    job_id = _new_job(ctx)
+    assert len(_move(ctx, job_id, "cancelled", "y" * 5000).reason) == 2000

@@ -8,13 +8,16 @@ from datetime import timedelta
 
 from sqlalchemy import update
 
-from control_layer.jobs import job_tasks, submit_job
+from contracts.states import JobState
+from control_layer.jobs import job_tasks
+from control_layer.placer import place_pending
+from control_layer.reaper import REAPER_LOCK, reap_once, run_reaper
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Node
-from orchestration.reaper import REAPER_LOCK, node_alive_key, reap_once, run_reaper
-from tests.orchestration.fleet import add_cluster, add_tenant, tiny_spec
+from resource_layer.liveness import node_alive_key
+from tests.orchestration.fleet import add_cluster, add_tenant, submit_and_place, tiny_spec
 
 
 def _fleet(ctx: ServerContext) -> tuple[str, list[str]]:
@@ -35,7 +38,7 @@ def _status(ctx: ServerContext, node_id: str) -> str:
 
 def test_nodes_without_heartbeats_are_lost_and_their_jobs_replaced(ctx: ServerContext) -> None:
     tenant, (a, b, c) = _fleet(ctx)
-    job = submit_job(ctx, tenant, spec=tiny_spec())
+    job = submit_and_place(ctx, tenant, spec=tiny_spec())
     with session_scope(ctx.session_factory) as s:
         (task,) = job_tasks(s, job.id)
     ttl = ctx.settings.node_lost_after_s
@@ -50,9 +53,14 @@ def test_nodes_without_heartbeats_are_lost_and_their_jobs_replaced(ctx: ServerCo
     assert {_status(ctx, n) for n in (a, b, c) if n != task.node_id} == {"alive"}
     with session_scope(ctx.session_factory) as s:
         stored = s.get(Job, job.id)
-        assert stored is not None and (stored.status, stored.attempt) == ("placed", 2)
+        # the reaper only detects: the job waits, devices freed, for the placer
+        assert stored is not None and (stored.status, stored.attempt) == (JobState.PENDING, 1)
         assert "node lost" in stored.reason
     assert reap_once(ctx) == []  # lost once, not again
+    assert place_pending(ctx) == [job.id]
+    with session_scope(ctx.session_factory) as s:
+        stored = s.get(Job, job.id)
+        assert stored is not None and (stored.status, stored.attempt) == (JobState.PLACED, 2)
 
 
 def test_recent_heartbeat_in_the_database_gives_grace(ctx: ServerContext) -> None:
