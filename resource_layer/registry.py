@@ -12,7 +12,13 @@ from datetime import datetime
 from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
-from contracts.errors import FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
+from contracts.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+)
 from contracts.registration import DeviceReport, NodeRegistration, device_problems, validate_registration
 from orchestration.audit import record_audit
 from orchestration.context import ServerContext
@@ -37,12 +43,19 @@ def register_node(
     now = now or utcnow()
     if reg.node_id:
         node = authenticate_node(session, reg.node_id, reg.node_token)
+        provider = _provider_of(session, node)
     else:
-        consume_enrollment_token(session, reg.enrollment_token, now)
+        provider = consume_enrollment_token(session, reg.enrollment_token, now).provider
         node = None
+    # The credential, not the request, says whose node this is: a declared name must agree.
+    if reg.provider and reg.provider != provider:
+        raise PermissionDenied(
+            f"provider: these credentials enroll nodes of provider {provider!r}, not {reg.provider!r}",
+            field="provider",
+        )
 
     region = _upsert_region(session, reg.region, reg.jurisdiction)
-    cluster = _upsert_cluster(session, region.name, reg.cluster, reg.provider, reg.intra_bandwidth_gbps)
+    cluster = _upsert_cluster(session, region.name, reg.cluster, provider, reg.intra_bandwidth_gbps)
     if node is not None and node.cluster_id != cluster.id:
         raise FailedPrecondition(
             f"node {node.id} belongs to another cluster; register as a new node to move it"
@@ -73,6 +86,15 @@ def register_node(
     )
     _upsert_accelerators(session, node.id, reg.devices)
     return node, plaintext
+
+
+def _provider_of(session: Session, node: Node) -> str:
+    name = session.scalar(
+        select(Provider.name)
+        .join(Cluster, Cluster.provider_id == Provider.id)
+        .where(Cluster.id == node.cluster_id)
+    )
+    return name or DEFAULT_PROVIDER
 
 
 def authenticate_node(session: Session, node_id: str, node_token: str) -> Node:
@@ -143,14 +165,15 @@ def _upsert_cluster(
 ) -> Cluster:
     cluster = session.scalar(select(Cluster).where(Cluster.region == region, Cluster.name == name))
     if cluster is None:
-        provider_row = _upsert_provider(session, provider or DEFAULT_PROVIDER)
+        provider_row = _upsert_provider(session, provider)
         cluster = Cluster(region=region, name=name, provider_id=provider_row.id)
         session.add(cluster)
-    elif provider:
+    else:
         owner = session.get(Provider, cluster.provider_id)
-        if owner is not None and owner.name != provider:
-            raise FailedPrecondition(
-                f"provider: cluster {region}/{name} belongs to provider {owner.name!r}, not {provider!r}",
+        if owner is None or owner.name != provider:
+            raise PermissionDenied(
+                f"cluster: {region}/{name} belongs to provider {owner.name if owner else '?'!r};"
+                f" a node of provider {provider!r} cannot join it",
                 cluster_id=cluster.id,
             )
     if intra_bandwidth_gbps > 0:

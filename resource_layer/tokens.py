@@ -15,6 +15,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidArgument, Unauthenticated
+from contracts.registration import PROVIDER_RE
 from orchestration.db.base import utcnow
 from orchestration.db.models import EnrollmentToken
 
@@ -47,12 +48,21 @@ MAX_TOKEN_USES = 1_000_000
 
 
 def create_enrollment_token(
-    session: Session, note: str = "", ttl_s: float | None = 86_400.0, max_uses: int | None = 1
+    session: Session,
+    provider: str,
+    note: str = "",
+    ttl_s: float | None = 86_400.0,
+    max_uses: int | None = 1,
 ) -> tuple[EnrollmentToken, str]:
     """Add a token row (the caller commits) and return it with the plaintext, shown only once.
 
-    ``ttl_s=None`` never expires; ``max_uses=None`` is unlimited.
+    The token enrolls nodes of ``provider`` only, into that provider's clusters. ``ttl_s=None``
+    never expires; ``max_uses=None`` is unlimited.
     """
+    if not PROVIDER_RE.fullmatch(provider or ""):
+        raise InvalidArgument(
+            f"provider: must be 1-128 letters, digits, spaces or ._- , got {provider!r}", field="provider"
+        )
     if ttl_s is not None and not 0 < ttl_s <= MAX_TOKEN_TTL_S:
         raise InvalidArgument(
             f"ttl_s: must be > 0 and <= {MAX_TOKEN_TTL_S:g} seconds (or null for no expiry), got {ttl_s}",
@@ -68,6 +78,7 @@ def create_enrollment_token(
     plaintext = ENROLLMENT_PREFIX + secrets.token_urlsafe(32)
     row = EnrollmentToken(
         token_hash=hash_token(plaintext),
+        provider=provider,
         note=note,
         max_uses=max_uses,
         uses=0,

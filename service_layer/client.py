@@ -154,9 +154,10 @@ class CpnClient:
         return self._call("PUT", "/v1/links", json=link)
 
     def create_token(
-        self, note: str = "", ttl_s: float | None = 86_400.0, max_uses: int | None = 1
+        self, provider: str, note: str = "", ttl_s: float | None = 86_400.0, max_uses: int | None = 1
     ) -> dict[str, Any]:
-        return self._call("POST", "/v1/tokens", json={"note": note, "ttl_s": ttl_s, "max_uses": max_uses})
+        body = {"provider": provider, "note": note, "ttl_s": ttl_s, "max_uses": max_uses}
+        return self._call("POST", "/v1/tokens", json=body)
 
     def create_tenant(self, name: str, is_admin: bool = False) -> dict[str, Any]:
         return self._call("POST", "/v1/tenants", json={"name": name, "is_admin": is_admin})

@@ -18,6 +18,9 @@ db_app = typer.Typer(help="The control plane's database.", no_args_is_help=True)
 
 @tokens_app.command("create")
 def create_token(
+    provider: Annotated[
+        str, typer.Option(help="The provider whose nodes it enrolls (only into its clusters)")
+    ],
     note: Annotated[str, typer.Option(help="What the token is for")] = "",
     ttl_s: Annotated[float, typer.Option("--ttl-s", min=1, help="Seconds until it expires")] = 86_400.0,
     max_uses: Annotated[int, typer.Option(min=1, help="Registrations it allows")] = 1,
@@ -28,14 +31,17 @@ def create_token(
 ) -> None:
     """Issue an enrollment token (admin); give it to `cpn agent --token`."""
     with api(server, api_key) as client:
-        tok = client.create_token(note=note, ttl_s=ttl_s, max_uses=max_uses)
+        tok = client.create_token(provider=provider, note=note, ttl_s=ttl_s, max_uses=max_uses)
     if as_json:
         print_json(tok)
         return
     if quiet:
         typer.echo(tok["token"])
         return
-    console.print(f"enrollment token (shown once, {tok['max_uses']} use(s), expires {tok['expires_at']}):")
+    console.print(
+        f"enrollment token for provider {tok['provider']} (shown once, {tok['max_uses']} use(s),"
+        f" expires {tok['expires_at']}):"
+    )
     console.print(tok["token"], markup=False, highlight=False)
 
 

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from contracts.states import JOB_TERMINAL, JobState
 from orchestration.settings import Settings
-from service_layer.cli.local_fleet import LocalAgent, start_agents, stop_agents
+from service_layer.cli.local_fleet import LocalAgent, enroll, start_agents, stop_agents
 
 # Three regions, two CPU slots each, priced differently; links as a provider would declare them.
 DEMO_AGENTS: list[LocalAgent] = [
@@ -188,10 +188,8 @@ def demo(
             base_url=handle.http_url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=30
         )
         console.print(f"control plane: REST {handle.http_url}  gRPC {handle.grpc_target}")
-        token = (
-            client.post("/v1/tokens", json={"note": "demo", "max_uses": 3}).raise_for_status().json()["token"]
-        )
-        agents = start_agents(DEMO_AGENTS, handle.grpc_target, token, workdir)
+        tokens = enroll(client, DEMO_AGENTS, note="demo")
+        agents = start_agents(DEMO_AGENTS, handle.grpc_target, tokens, workdir)
         wait_for_clusters(client, len(DEMO_AGENTS))
         for link in DEMO_LINKS:  # regions exist once their agents registered
             client.put("/v1/links", json=link).raise_for_status()

@@ -7,8 +7,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+import httpx
 
 
 @dataclass(frozen=True)
@@ -42,12 +45,25 @@ def start_agent(
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
+def enroll(client: httpx.Client, specs: list[LocalAgent], note: str) -> dict[str, str]:
+    """One enrollment token per provider (a token enrolls only its provider's nodes)."""
+    uses = Counter(s.provider for s in specs)
+    return {
+        provider: client.post("/v1/tokens", json={"provider": provider, "note": note, "max_uses": n})
+        .raise_for_status()
+        .json()["token"]
+        for provider, n in uses.items()
+    }
+
+
 def start_agents(
-    specs: list[LocalAgent], grpc_target: str, token: str, workdir: Path, first_port: int = 29600
+    specs: list[LocalAgent], grpc_target: str, tokens: dict[str, str], workdir: Path, first_port: int = 29600
 ) -> list[subprocess.Popen[bytes]]:
-    """One agent per spec, each with its own block of 50 sync ports."""
+    """One agent per spec, with its provider's token and its own block of 50 sync ports."""
     return [
-        start_agent(s, grpc_target, token, workdir, (first_port + 50 * i, first_port + 50 * i + 49))
+        start_agent(
+            s, grpc_target, tokens[s.provider], workdir, (first_port + 50 * i, first_port + 50 * i + 49)
+        )
         for i, s in enumerate(specs)
     ]
 

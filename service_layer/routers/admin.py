@@ -33,12 +33,13 @@ def create_token(ctx: CtxDep, admin: AdminTenant, body: TokenCreate, request: Re
     """An enrollment token for `cpn agent --token`; shown once."""
     with session_scope(ctx.session_factory) as session:
         row, plaintext = create_enrollment_token(
-            session, note=body.note, ttl_s=body.ttl_s, max_uses=body.max_uses
+            session, provider=body.provider, note=body.note, ttl_s=body.ttl_s, max_uses=body.max_uses
         )
         audit_request(session, request, admin, "token.created", f"token {row.id}", body.model_dump())
         return TokenCreated(
             id=row.id,
             token=plaintext,
+            provider=row.provider,
             note=row.note,
             max_uses=row.max_uses,
             expires_at=as_utc(row.expires_at) if row.expires_at else None,

@@ -38,9 +38,15 @@ class ApiKeyCreated(BaseModel):
 class TokenCreate(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"note": "eu-west rack 3", "ttl_s": 3600, "max_uses": 4}]},
+        json_schema_extra={
+            "examples": [{"provider": "lumen", "note": "eu-west rack 3", "ttl_s": 3600, "max_uses": 4}]
+        },
     )
 
+    provider: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,127}$",
+        description="The provider whose nodes it enrolls: they join (and price) only its clusters",
+    )
     note: str = Field("", max_length=255)
     ttl_s: float | None = Field(
         86_400.0,
@@ -60,6 +66,7 @@ class TokenCreate(BaseModel):
 class TokenCreated(BaseModel):
     id: str
     token: str = Field(description="The enrollment token: shown once, give it to `cpn agent --token`")
+    provider: str
     note: str
     max_uses: int | None
     expires_at: datetime | None

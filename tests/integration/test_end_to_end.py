@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from orchestration.db.models import Event
 from service_layer.cli.demo import wait_for_clusters
-from service_layer.cli.local_fleet import LocalAgent, kill_agent, start_agents, stop_agents
+from service_layer.cli.local_fleet import LocalAgent, enroll, kill_agent, start_agents, stop_agents
 from service_layer.server import ServerHandle, start_server_in_thread
 from tests.conftest import (
     create_postgres_database,
@@ -70,8 +70,8 @@ def control_plane(tmp_path: Path) -> Iterator[tuple[ServerHandle, httpx.Client]]
 
 
 def launch(handle: ServerHandle, client: httpx.Client, specs: list[LocalAgent], workdir: Path) -> list[Any]:
-    token = client.post("/v1/tokens", json={"note": "e2e", "max_uses": len(specs)}).raise_for_status().json()
-    procs = start_agents(specs, handle.grpc_target, token["token"], workdir, first_port=31000)
+    tokens = enroll(client, specs, note="e2e")
+    procs = start_agents(specs, handle.grpc_target, tokens, workdir, first_port=31000)
     wait_for_clusters(client, len(specs), timeout_s=90)
     regions = [s.region for s in specs]
     for i, a in enumerate(regions):  # links as a provider declares them

@@ -96,7 +96,7 @@ def sqlite_context(tmp_path: Path, **settings: Any) -> ServerContext:
 
 def enrollment_token(ctx: ServerContext, **kwargs: Any) -> str:
     with ctx.session_factory() as session, session.begin():
-        _, plaintext = create_enrollment_token(session, **{"note": "test", **kwargs})
+        _, plaintext = create_enrollment_token(session, **{"provider": "lumen", "note": "test", **kwargs})
     return plaintext
 
 

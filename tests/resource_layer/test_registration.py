@@ -276,16 +276,29 @@ def test_used_up_token_is_unauthenticated(ctx: ServerContext, stub: agent_pb2_gr
 
 
 @SQLITE_ONLY
-def test_cluster_of_another_provider_is_a_failed_precondition(
+def test_a_token_enrolls_only_its_providers_nodes_into_its_providers_clusters(
     ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
 ) -> None:
-    token = enrollment_token(ctx, max_uses=2)
-    stub.Register(request(token), timeout=10)
+    lumen = enrollment_token(ctx, provider="lumen", max_uses=3)
+    stub.Register(request(lumen), timeout=10)  # lumen's eu-west/paris-1 at its price
+    before = counts(ctx)
+    # Another provider's token cannot join lumen's cluster, nor reprice it, whatever name it gives.
+    rival = enrollment_token(ctx, provider="rival", max_uses=3)
+    for provider in ("", "rival", "lumen"):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Register(request(rival, provider=provider, price_per_device_hour=0.0001), timeout=10)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, provider
+    assert counts(ctx) == before and token_uses(ctx, rival) == 0  # refused attempts roll back whole
+    with ctx.session_factory() as s:
+        assert [p.price_per_device_hour for p in s.scalars(select(Price))] == [1.2]
+    # A lumen token cannot enroll a node that says it belongs to someone else.
     with pytest.raises(grpc.RpcError) as err:
-        stub.Register(request(token, provider="someone-else"), timeout=10)
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "belongs to provider 'lumen'" in err.value.details()
-    assert token_uses(ctx, token) == 1  # the refused attempt's use was rolled back
+        stub.Register(request(lumen, provider="someone-else"), timeout=10)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "enroll nodes of provider 'lumen'" in err.value.details()
+    # The rival's token works for its own cluster.
+    stub.Register(request(rival, provider="rival", cluster="paris-2"), timeout=10)
+    assert token_uses(ctx, rival) == 1
 
 
 @SQLITE_ONLY

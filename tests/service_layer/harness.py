@@ -75,7 +75,7 @@ def register_node(
 
 def seed_fleet(server: ServerHandle, admin: CpnClient) -> dict[str, Registered]:
     """Two EU regions with different prices, linked; enrolled with a token issued over REST."""
-    token = admin.create_token(note="tests", max_uses=2)["token"]
+    token = admin.create_token("acme", note="tests", max_uses=2)["token"]
     nodes = {
         "eu-west": register_node(server, token, region="eu-west", cluster="paris-1", price=1.2),
         "eu-north": register_node(server, token, region="eu-north", cluster="stockholm-1", price=0.9),

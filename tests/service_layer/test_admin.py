@@ -11,13 +11,13 @@ from tests.service_layer.harness import register_node, seed_fleet
 
 
 def test_tokens_tenants_links_and_snapshot(server: ServerHandle, admin: CpnClient) -> None:
-    tok = admin.create_token(note="rack 3", ttl_s=600, max_uses=1)
+    tok = admin.create_token("acme", note="rack 3", ttl_s=600, max_uses=1)
     assert tok["token"].startswith("cpn_enroll_") and tok["max_uses"] == 1 and tok["expires_at"]
     register_node(server, tok["token"], region="us-east", cluster="virginia-1", price=2.1, jurisdiction="US")
     with pytest.raises(Exception, match="UNAUTHENTICATED"):  # used up
         register_node(server, tok["token"], region="us-east", cluster="virginia-2", price=2.1)
     with pytest.raises(ApiError) as bad:
-        admin.create_token(ttl_s=-5)
+        admin.create_token("acme", ttl_s=-5)
     assert bad.value.status == 422 and bad.value.details["errors"][0]["field"] == "ttl_s"
 
     tenant = admin.create_tenant("acme")

@@ -38,7 +38,7 @@ def _reprice(server: ServerHandle, node: Registered, price: float) -> Registered
 
 
 def test_admin_actions_and_price_changes_are_audited(server: ServerHandle, admin: CpnClient) -> None:
-    token = admin.create_token(note="rack 7", max_uses=2)["token"]
+    token = admin.create_token("acme", note="rack 7", max_uses=2)["token"]
     node = register_node(server, token, region="eu-west", cluster="paris-1", price=1.20, devices=1)
     node = _reprice(server, node, 1.20)  # the same price again is not a change
     node = _reprice(server, node, 1.50)

@@ -40,7 +40,7 @@ def test_keys_are_required_valid_and_scoped(server: ServerHandle, admin: CpnClie
     tenant, alice = new_tenant(admin, server, "alice")
     with alice:
         assert alice.jobs() == []
-        for call in (alice.create_token, lambda: alice.create_tenant("eve"), alice.snapshot):
+        for call in (lambda: alice.create_token("acme"), lambda: alice.create_tenant("eve"), alice.snapshot):
             with pytest.raises(ApiError) as denied:
                 call()
             assert denied.value.status == 403 and denied.value.code == "permission_denied"

@@ -45,7 +45,9 @@ def test_cli_from_tenant_to_finished_job(server: ServerHandle, admin: CpnClient,
     code, out = _cpn(server, ADMIN_KEY, "tenants", "create", "carol", "--json")
     assert code == 0, out
     carol = json.loads(out)["key"]["key"]
-    code, out = _cpn(server, ADMIN_KEY, "tokens", "create", "--max-uses", "3", "--quiet")
+    code, out = _cpn(
+        server, ADMIN_KEY, "tokens", "create", "--provider", "acme", "--max-uses", "3", "--quiet"
+    )
     assert code == 0 and out.strip().startswith("cpn_enroll_"), out
     seed_fleet(server, admin)
 
@@ -91,7 +93,7 @@ def test_cli_from_tenant_to_finished_job(server: ServerHandle, admin: CpnClient,
     code, out = _cpn(server, carol, "jobs", "cancel", other)
     assert code == 1 and "409" in out, out
 
-    code, out = _cpn(server, carol, "tokens", "create")
+    code, out = _cpn(server, carol, "tokens", "create", "--provider", "acme")
     assert code == 1 and "403" in out, out
     code, out = _cpn(server, "cpn_wrong-wrong-wrong-wrong", "jobs", "list")
     assert code == 1 and "401" in out, out

@@ -10,6 +10,7 @@ import pytest
 import redis
 from sqlalchemy import select
 
+from contracts.states import JobState
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Tenant
 from orchestration.events import record_event
@@ -22,7 +23,8 @@ STREAMS = 40
 
 def _job(server, tenant_id: str) -> str:  # noqa: ANN001
     with session_scope(server.ctx.session_factory) as session:
-        job = Job(tenant_id=tenant_id, name="watched", spec=small_spec("watched"))
+        # running, so the placer leaves it alone and its stream stays open
+        job = Job(tenant_id=tenant_id, name="watched", spec=small_spec("watched"), status=JobState.RUNNING)
         session.add(job)
         session.flush()
         return job.id

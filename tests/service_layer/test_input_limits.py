@@ -44,10 +44,11 @@ def test_405_names_the_allowed_methods(server: ServerHandle) -> None:
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ('{"ttl_s": 1e300}', "ttl_s"),
-        ('{"ttl_s": Infinity}', "ttl_s"),
-        ('{"ttl_s": NaN}', "ttl_s"),
-        ('{"max_uses": 2147483648}', "max_uses"),
+        ('{"provider": "acme", "ttl_s": 1e300}', "ttl_s"),
+        ('{"provider": "acme", "ttl_s": Infinity}', "ttl_s"),
+        ('{"provider": "acme", "ttl_s": NaN}', "ttl_s"),
+        ('{"provider": "acme", "max_uses": 2147483648}', "max_uses"),
+        ('{"max_uses": 2}', "provider"),
     ],
 )
 def test_token_numbers_out_of_bounds_get_a_422_naming_the_field(

@@ -110,6 +110,7 @@ class EnrollmentToken(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     token_hash: Mapped[str] = mapped_column(String(128), unique=True)
+    provider: Mapped[str] = mapped_column(String(128))  # its nodes join only this provider's clusters
     note: Mapped[str] = mapped_column(String(255), default="")
     max_uses: Mapped[int | None] = mapped_column(default=None)
     uses: Mapped[int] = mapped_column(default=0)
