@@ -113,6 +113,11 @@ class PlanOption(_Plain):
     micro_batch_size: int = Field(default=1, gt=0)
     n_micro_batches: int = Field(default=1, gt=0, description="Micro-batches per replica per step.")
     spot: bool = False
+    precision: Literal["bf16", "fp32"] = Field(
+        default="fp32",
+        description="What the workers train at: the spec's precision, resolved for these devices.",
+    )
+    activation_checkpointing: bool = False
     replicas_per_cluster: dict[str, int]
     tasks: list[PlannedTask]
     sync: SyncTopology
