@@ -125,3 +125,14 @@ def test_precision_and_checkpointing_reach_the_worker_as_priced() -> None:
         parsed = validate_worker_config(cfg)
         assert parsed["training"]["precision"] == "bf16"
         assert parsed["training"]["activation_checkpointing"] is True
+
+
+def test_the_workers_own_validation_applies_the_shared_rules() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0)])
+    cfg = build_worker_configs("job", tiny_spec(), option, _slots(option, c))[n["eu"].id]
+    with pytest.raises(FailedPrecondition, match=r"model.n_heads \(2\) must be divisible by tp \(4\)"):
+        validate_worker_config({**cfg, "parallel": {**cfg["parallel"], "tp": 4}})
+    byo = {**cfg, "entrypoint": "mypkg.train:build", "data": {**cfg["data"], "kind": "byo"}}
+    with pytest.raises(FailedPrecondition, match="bring-your-own model runs with tp = pp = 1"):
+        validate_worker_config({**byo, "parallel": {**cfg["parallel"], "pp": 2, "microbatches": 2}})
