@@ -189,7 +189,7 @@ def memory_per_device(
     The worker keeps fp32 weights, fp32 gradients and fp32 Adam moments at either precision
     (autocast only casts the matmuls): 4 + 4 + 8 = 16 bytes/param (Rajbhandari et al. 2020).
     ZeRO stage k shards optimizer state (k ≥ 1), gradients (k ≥ 2) and weights (k = 3) over the
-    shard_group replicas of one cluster; ZeRO-3 also holds two gathered layers at a time.
+    shard_group replicas of one node (one torchrun group); ZeRO-3 also holds two gathered layers at a time.
     """
     model, training = spec.model, spec.training
     p = stage_params(model, tp, pp)

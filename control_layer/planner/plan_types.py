@@ -44,7 +44,7 @@ class StepBreakdown(_Plain):
     """Seconds per optimizer step on the slowest replica; total is the sum of the parts.
 
     dp_comm is the gradient all-reduce (or ZeRO reduce-scatter/all-gather) among the replicas
-    of one cluster; wan_sync is the amortised cross-cluster synchronisation.
+    of one node; wan_sync is the amortised synchronisation between nodes and regions.
     """
 
     compute: float = Field(ge=0)

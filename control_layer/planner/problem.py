@@ -1,12 +1,14 @@
 """The placement problem of one candidate, as arrays over placement units.
 
-A unit is a class of identical pools (same region, device model, price, speed, memory, fabric
-and node shapes: any of its member clusters is as good as another). A replica always sits whole
-on one node (``contracts.feasibility.replica_node_problems``: the runtime starts one single-node
-torchrun group per node), so a member hosts Σ over its nodes of free // (tp·pp) replicas. A
-solution says, per unit, how many member clusters host exactly
-one replica (n1) and how many host two or more (n2, holding x2 replicas in all): the in-cluster
-gradient all-reduce and ZeRO sharding differ between the two.
+A member is one node's free devices of one model (a ``Pool``): the runtime starts one
+single-node torchrun group per node, so a replica sits whole on a node
+(``contracts.feasibility.replica_node_problems``), ZeRO shards and gradients are all-reduced
+every step among the replicas of that node, and nodes meet through the job's sync. A unit is a
+class of identical members (same region, device model and kind, price, speed, memory, fabric and
+free devices: any member is as good as another); a member hosts free // (tp·pp) replicas. A
+solution says, per unit, how many members host exactly one replica (n1) and how many host two
+or more (n2, holding x2 replicas in all): the in-node gradient all-reduce and ZeRO sharding
+differ between the two.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class Fleet:
     cls_price: np.ndarray
     cls_node_free: np.ndarray  # class × node: free devices per node (zero-padded)
     cls_group: np.ndarray  # classes with equal speed, fabric and price share a group
-    cls_count: np.ndarray  # member clusters per class
+    cls_count: np.ndarray  # members (nodes) per class
     local_sync: np.ndarray  # per region: seconds of the in-region reduce/broadcast
     pair_bw: np.ndarray  # R×R bytes/s (min of both directions; 0 = no link)
     pair_lat: np.ndarray  # R×R seconds (max of both directions)
@@ -187,7 +189,7 @@ class Problem:
     n_micro: int
     # per unit
     units: list[PoolClass]
-    count: np.ndarray  # member clusters
+    count: np.ndarray  # members (nodes)
     cap: np.ndarray  # replicas one member can host
     lo: np.ndarray  # fewest replicas on a member for memory to fit (ZeRO shards); INFEASIBLE if never
     t1: np.ndarray  # step seconds of a replica alone on its member
