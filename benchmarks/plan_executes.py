@@ -60,6 +60,8 @@ from training.parallel.dims import ParallelDims  # noqa: E402
 from training.parallel.pipeline import split_stage  # noqa: E402
 
 BYO_ENTRYPOINT = "plan_executes_byo:build"
+# A 2-step run takes seconds; one this slow waited out a peer (the sync startup timeout).
+SLOW_RUN_S = 60
 GPUS = [("H100", 80.0, 700.0, 3.2), ("A100-40GB", 40.0, 280.0, 1.4), ("L4", 24.0, 110.0, 0.6)]
 # name-free GPT shapes: (n_layers, d_model, n_heads, seq_len)
 BIG_MODELS = [(4, 256, 4, 256), (12, 768, 12, 1024), (24, 2048, 16, 2048), (32, 4096, 32, 2048)]
@@ -403,7 +405,9 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=520)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--run-timeout", type=float, default=120.0)
+    # Above the workers' sync startup timeout (120 s) plus a peer timeout (30 s): a run whose
+    # participant waits out a peer still ends, and is reported as slow rather than cut off.
+    ap.add_argument("--run-timeout", type=float, default=180.0)
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
@@ -445,6 +449,7 @@ def main() -> None:
 
     sample = pick_runs(runnable, args.runs, rng)
     failures: list[str] = []
+    slow: list[str] = []
     t1 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for k, r in enumerate(sample):
@@ -462,6 +467,8 @@ def main() -> None:
             )
             if why is not None:
                 failures.append(f"run {k}: {why}")
+            elif time.perf_counter() - started > SLOW_RUN_S:
+                slow.append(f"run {k}: {time.perf_counter() - started:.0f} s")
     t_runs = time.perf_counter() - t1
 
     print()
@@ -474,8 +481,9 @@ def main() -> None:
     print(f"{'options runnable on local CPUs':<40} {len(runnable):>8}")
     print(f"{'sampled runs (torchrun, 2 steps)':<40} {len(sample):>8}")
     print(f"{'sampled runs failed':<40} {len(failures):>8}")
+    print(f"{'sampled runs slower than ' + str(SLOW_RUN_S) + ' s':<40} {len(slow):>8}")
     print(f"plan + check {t_check:.1f} s, runs {t_runs:.1f} s, total {time.perf_counter() - t0:.1f} s")
-    for line in rejections[:10] + failures[:5]:
+    for line in rejections[:10] + failures[:5] + slow:
         print(line)
     print(
         json.dumps(
