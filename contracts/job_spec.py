@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from contracts.errors import InvalidArgument
+from contracts.feasibility import BYO_DEFAULT_PARALLELISM, byo_parallelism_problems, byo_problems
 from contracts.model import gpt_param_count, model_config
 
 
@@ -65,9 +66,13 @@ class TrainingSpec(_Strict):
     weight_decay: float = Field(default=0.1, ge=0)
     grad_clip: float = Field(default=1.0, ge=0)
     seed: int = 0
-    precision: Literal["bf16", "fp32"] = Field(
-        default="bf16",
-        description="bf16: autocast matmuls in bfloat16; weights and optimizer state stay fp32.",
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto",
+        description=(
+            "bf16: autocast matmuls in bfloat16; weights, gradients and optimizer state stay fp32."
+            " auto: bf16 when every device of the placement is CUDA, fp32 otherwise (each option"
+            " of a quote states the precision it resolved to)."
+        ),
     )
     activation_checkpointing: bool = Field(
         default=False, description="Recompute each block's activations in backward instead of keeping them."
@@ -140,6 +145,13 @@ class JobSpec(_Strict):
         pattern=_ENTRYPOINT_PATTERN,
         description="Bring-your-own training function as 'package.module:function'.",
     )
+    entrypoint_parallelism: list[str] | None = Field(
+        default=None,
+        description=(
+            "What the entrypoint's model supports: 'dp' (replicas, DDP) and 'zero' (FSDP2 sharding,"
+            " ZeRO 1-3). Default ['dp']. Tensor and pipeline parallelism need the built-in GPT."
+        ),
+    )
 
     @model_validator(mode="after")
     def _batch_is_whole_sequences(self) -> JobSpec:
@@ -149,6 +161,32 @@ class JobSpec(_Strict):
                 f"multiple of model.seq_len ({self.model.seq_len})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _entrypoint_parallelism(self) -> JobSpec:
+        if self.entrypoint is None:
+            if self.entrypoint_parallelism is not None:
+                raise ValueError("entrypoint_parallelism applies only with an entrypoint")
+            return self
+        problems = byo_parallelism_problems(self.byo_parallelism)
+        pins = self.pinned
+        problems += byo_problems(
+            entrypoint=True,
+            supports=self.byo_parallelism,
+            tp=pins.tp or 1,
+            pp=pins.pp or 1,
+            zero=pins.zero or 0,
+        )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def byo_parallelism(self) -> tuple[str, ...]:
+        """What the entrypoint's model supports (meaningful only with an entrypoint)."""
+        if self.entrypoint_parallelism is None:
+            return BYO_DEFAULT_PARALLELISM
+        return tuple(self.entrypoint_parallelism)
 
     @property
     def global_batch_sequences(self) -> int:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from contracts.errors import InvalidArgument
+from contracts.feasibility import BYO_PARALLELISM, byo_problems, shape_problems
 from contracts.model import GPTConfig
 from contracts.sync_config import SyncConfig
 
@@ -110,6 +111,23 @@ class WorkerConfig(BaseModel):
             raise ValueError(f"entrypoint must look like 'package.module:function', got {self.entrypoint!r}")
         if (self.data.kind == "byo") != (self.entrypoint is not None):
             raise ValueError("data.kind 'byo' and entrypoint go together: set both or neither")
+        p = self.parallel
+        # The rules the planner and the control plane apply too (contracts.feasibility).
+        problems = byo_problems(
+            entrypoint=self.entrypoint is not None, supports=BYO_PARALLELISM, tp=p.tp, pp=p.pp, zero=p.zero
+        )
+        if self.model is not None and self.entrypoint is None:
+            m = self.model
+            problems += shape_problems(
+                n_heads=m.n_heads,
+                n_layers=m.n_layers,
+                d_model=m.d_model,
+                mlp_ratio=m.mlp_ratio,
+                tp=p.tp,
+                pp=p.pp,
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
         if self.replica_offset + self.parallel.dp_local > self.global_replicas:
             raise ValueError(
                 f"sync.replica_offset ({self.replica_offset}) + parallel.dp_local ({self.parallel.dp_local})"

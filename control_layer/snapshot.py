@@ -64,6 +64,7 @@ def build_snapshot(session: Session, *, exclude_nodes: Collection[str] = ()) -> 
                 memory_gb=acc.memory_gb,
                 tflops=acc.measured_tflops,
                 free=acc.id not in busy,
+                kind=acc.kind,
             )
         )
 

@@ -12,6 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.errors import FailedPrecondition
+from contracts.feasibility import (
+    batch_problems,
+    byo_problems,
+    data_region_problems,
+    replica_node_problems,
+    shape_problems,
+    sync_port_problems,
+)
 from contracts.job_spec import JobSpec
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 
@@ -50,26 +58,47 @@ def group_by_node(option: PlanOption) -> dict[str, list[PlannedTask]]:
     return groups
 
 
-def check_node_groups(option: PlanOption) -> None:
-    """Every replica must sit whole on one node: torchrun groups do not span nodes."""
-    per_replica = option.tp * option.pp
+def option_problems(spec: JobSpec, option: PlanOption) -> list[str]:
+    """Why the runtime could not run this option (``contracts.feasibility``), empty when it can."""
+    model = spec.model
     nodes_of_replica: dict[int, set[str]] = {}
     for entry in option.tasks:
         nodes_of_replica.setdefault(entry.dp_rank, set()).add(entry.node)
-    for dp_rank, nodes in sorted(nodes_of_replica.items()):
-        if len(nodes) > 1:
-            raise FailedPrecondition(
-                f"plan option {option.id}: replica {dp_rank} spans nodes {sorted(nodes)}; "
-                "a replica's tensor/pipeline group must fit on one node",
-                option_id=option.id,
-            )
+    problems = replica_node_problems(nodes_of_replica)
+    per_replica = option.tp * option.pp
     counts = Counter(e.dp_rank for e in option.tasks)
-    short = {r: n for r, n in counts.items() if n != per_replica}
-    if short or len(counts) != option.dp:
+    if any(n != per_replica for n in counts.values()) or len(counts) != option.dp:
+        problems.append(
+            f"expected {option.dp} replicas of {per_replica} devices, got {dict(sorted(counts.items()))}"
+        )
+    if spec.entrypoint is None:
+        problems += shape_problems(
+            n_heads=model.n_heads, n_layers=model.n_layers, d_model=model.d_model, tp=option.tp, pp=option.pp
+        )
+    problems += byo_problems(
+        entrypoint=spec.entrypoint is not None,
+        supports=spec.byo_parallelism,
+        tp=option.tp,
+        pp=option.pp,
+        zero=option.zero,
+    )
+    problems += batch_problems(
+        global_batch=spec.global_batch_sequences,
+        dp=option.dp,
+        micro_batch=option.micro_batch_size,
+        pp=option.pp,
+    )
+    problems += data_region_problems(spec.data.region, [e.region for e in option.tasks if e.region])
+    return problems
+
+
+def check_node_groups(option: PlanOption, spec: JobSpec) -> None:
+    """Refuse an option the runtime cannot run: every replica whole on one node (torchrun groups do
+    not span nodes), complete replicas, and the shape, batch and data-region rules."""
+    problems = option_problems(spec, option)
+    if problems:
         raise FailedPrecondition(
-            f"plan option {option.id}: expected {option.dp} replicas of {per_replica} devices, "
-            f"got {dict(sorted(counts.items()))}",
-            option_id=option.id,
+            f"plan option {option.id}: {'; '.join(problems)}", option_id=option.id, problems=problems
         )
 
 
@@ -98,25 +127,17 @@ def build_worker_configs(
     job_id: str, spec: JobSpec, option: PlanOption, slots: list[TaskSlot]
 ) -> dict[str, dict[str, Any]]:
     """node_id -> WorkerConfig dict for every task of the option."""
-    check_node_groups(option)
+    check_node_groups(option, spec)
     slots = order_slots(slots)
     keys = sync_keys(slots)
     global_batch = spec.global_batch_sequences
-    if global_batch % option.dp:
-        raise FailedPrecondition(
-            f"training.global_batch_tokens gives {global_batch} sequences per step, which do not split "
-            f"evenly over the plan's {option.dp} replicas",
-            field="training.global_batch_tokens",
-        )
     local_batch = global_batch // option.dp
     multi = len(slots) > 1
-    if multi:
-        missing = [s.node_id for s in slots if s.listen is None]
-        if missing:
-            raise FailedPrecondition(
-                f"nodes {missing} have no sync port; a job spanning several nodes needs one per node",
-                nodes=missing,
-            )
+    missing = [s.node_id for s in slots if s.listen is None]
+    problems = sync_port_problems(len(slots), missing)
+    problems += data_region_problems(spec.data.region, [s.region for s in slots])
+    if problems:
+        raise FailedPrecondition("; ".join(problems), nodes=missing)
     gossip = _gossip_graph(option, slots, keys)
 
     configs: dict[str, dict[str, Any]] = {}
@@ -214,10 +235,6 @@ def _model(spec: JobSpec) -> dict[str, Any]:
 
 def _data(spec: JobSpec, slot: TaskSlot, key: str) -> dict[str, Any]:
     d = spec.data
-    if d.region is not None and d.region != slot.region:
-        raise FailedPrecondition(
-            f"data.region is {d.region!r} but the plan puts a task in {slot.region!r}", field="data.region"
-        )
     return {
         # a bring-your-own entrypoint supplies its own dataset
         "kind": "byo" if spec.entrypoint else d.kind,
@@ -231,8 +248,9 @@ def _data(spec: JobSpec, slot: TaskSlot, key: str) -> dict[str, Any]:
 
 def _training(spec: JobSpec, option: PlanOption, local_batch: int, global_batch: int) -> dict[str, Any]:
     t = spec.training
-    # Without pipelining the option's micro-batches are gradient-accumulation chunks of the local batch.
-    micro = option.micro_batch_size if option.pp == 1 and local_batch % option.micro_batch_size == 0 else None
+    # Without pipelining the option's micro-batches are gradient-accumulation chunks of the local
+    # batch (the rules above made them divide it); a pipeline gets them as its microbatches.
+    micro = option.micro_batch_size if option.pp == 1 else None
     return {
         "steps": t.steps,
         "global_batch": global_batch,
@@ -242,6 +260,9 @@ def _training(spec: JobSpec, option: PlanOption, local_batch: int, global_batch:
         "weight_decay": t.weight_decay,
         "grad_clip": t.grad_clip if t.grad_clip > 0 else None,
         "seed": t.seed,
+        # What the option was priced at: the spec's precision resolved for its devices.
+        "precision": option.precision,
+        "activation_checkpointing": option.activation_checkpointing,
     }
 
 

@@ -9,7 +9,7 @@ from pydantic import TypeAdapter
 
 from control_layer.planner.fleet import Pool
 from control_layer.planner.plan_types import PlannedTask, SyncTopology
-from control_layer.planner.problem import PoolClass, Problem, Solution, SpanUnit
+from control_layer.planner.problem import Problem, Solution
 from control_layer.planner.topology import gossip_graph, order_ring
 
 Device = tuple[Pool, str, int]  # pool, node id, device index
@@ -18,54 +18,24 @@ _TASKS = TypeAdapter(list[PlannedTask])
 
 @dataclass
 class _Group:
-    """Replicas that form one sync participant (a cluster's pool, or a region's spanning pipelines)."""
+    """Replicas that form one sync participant: a cluster's pool."""
 
     region: str
     leader: str  # cluster id
     replicas: list[list[Device]]  # per replica: devices in (stage, tp rank) order
 
 
-def _pool_slots(
-    pool: Pool, tp: int, pp: int, want: int | None = None
-) -> tuple[list[list[Device]], list[Device]]:
-    """A pool's replica slots, in the order they are used, and its devices left over.
-
-    With TP a replica sits whole on one node. Without it, whole pipelines go inside a node first,
-    and only the rest cross nodes over the cluster fabric; what remains (fewer than pp devices)
-    is all that pipelines spanning clusters may take. With `want`, stops once that many node-local
-    slots are found (the leftovers are then incomplete).
-    """
+def _pool_replicas(pool: Pool, k: int, tp: int, pp: int) -> list[list[Device]]:
+    """The first k replica slots of a pool: each replica whole on one node (the runtime's torchrun
+    groups do not span nodes), nodes in order."""
     per = tp * pp
     slots: list[list[Device]] = []
-    left: list[Device] = []
     for node, ix in pool.nodes:
         whole = (len(ix) // per) * per
         slots += [[(pool, node, d) for d in ix[j : j + per]] for j in range(0, whole, per)]
-        if want is not None and len(slots) >= want:
-            return slots, []
-        left += [(pool, node, d) for d in ix[whole:]]
-    if tp > 1:
-        return slots, []
-    cross = (len(left) // per) * per
-    slots += [left[j : j + per] for j in range(0, cross, per)]
-    return slots, left[cross:]
-
-
-def _pool_replicas(pool: Pool, k: int, tp: int, pp: int) -> list[list[Device]]:
-    slots, _ = _pool_slots(pool, tp, pp, want=k)
-    if k > len(slots):
-        raise ValueError(f"pool {pool.cluster.id}/{pool.model} cannot host {k} replicas")
-    return slots[:k]
-
-
-def _span_replicas(unit: SpanUnit, k: int, pp: int) -> list[list[Device]]:
-    tail: list[Device] = []
-    for pool in unit.pools:
-        tail.extend(_pool_slots(pool, 1, pp)[1])
-    out = [tail[j * pp : (j + 1) * pp] for j in range(k)]
-    if any(len(r) != pp for r in out):
-        raise ValueError(f"span unit {unit.region}/{unit.model} cannot host {k} replicas")
-    return out
+        if len(slots) >= k:
+            return slots[:k]
+    raise ValueError(f"pool {pool.cluster.id}/{pool.model} cannot host {k} replicas")
 
 
 def _groups(pr: Problem, sol: Solution) -> list[_Group]:
@@ -73,13 +43,6 @@ def _groups(pr: Problem, sol: Solution) -> list[_Group]:
     groups: list[_Group] = []
     for u, unit in enumerate(pr.units):
         n1, n2, x2 = sol.n1[u], sol.n2[u], sol.x2[u]
-        if isinstance(unit, SpanUnit):
-            k = n1 + x2
-            if k:
-                reps = _span_replicas(unit, k, pp)
-                groups.append(_Group(unit.region, reps[0][0][0].cluster.id, reps))
-            continue
-        assert isinstance(unit, PoolClass)
         counts: list[int] = []
         if n2:
             base, extra = divmod(x2, n2)

@@ -225,7 +225,7 @@ def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.n
     at least) the amortised exchange, and the device cost at least Σ replicas × price × step.
     Every placement falls in one of three cases, and the bound is the least of theirs:
 
-    - one member cluster holds every replica: no exchange;
+    - one member (node) holds every replica: no exchange;
     - several participants, all in one region r: its regional reduce, and only r's slots;
     - replicas in two or more regions: the WAN floor (``wan_floor``), and any slots.
 

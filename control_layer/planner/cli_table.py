@@ -32,6 +32,7 @@ def options_table(options: Sequence[PlanOption]) -> Table:
     table.add_column("label")
     table.add_column("dp×tp×pp", justify="right")
     table.add_column("zero", justify="right")
+    table.add_column("precision")
     table.add_column("devices", justify="right")
     table.add_column("regions")
     table.add_column("sync")
@@ -48,6 +49,7 @@ def options_table(options: Sequence[PlanOption]) -> Table:
             Text(o.label or "", style="green" if o.label else ""),
             f"{o.dp}×{o.tp}×{o.pp}",
             str(o.zero),
+            o.precision + (" +AC" if o.activation_checkpointing else ""),
             str(o.n_devices) + (" spot" if o.spot else ""),
             ", ".join(o.regions),
             f"{o.sync.mode}/{o.sync.every}"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from contracts.job_spec import JobSpec, ModelSpec, SyncSpec, TrainingSpec
+from contracts.model import gpt_block_param_count, model_config
 from control_layer.planner.plan_types import Calibration
 
 # Fraction of measured TFLOPS a training step achieves when no calibration says otherwise.
@@ -24,10 +25,34 @@ USABLE_MEMORY_FRACTION = 0.9
 # Cross-region payload before compression: fp32 parameters or pseudo-gradients.
 SYNC_BASE_BYTES_PER_PARAM = 4.0
 GB = 1e9
+# What the worker keeps per parameter at either precision: autocast computes in bf16 but keeps
+# fp32 weights (4 B), fp32 gradients (4 B) and fp32 Adam moments (8 B).
+WEIGHT_BYTES, GRAD_BYTES, ADAM_BYTES = 4.0, 4.0, 8.0
+# The residual stream between blocks stays fp32 under autocast (a bf16 branch added to an fp32
+# input), so pipeline hops and checkpointed block inputs are 4 bytes a value.
+RESIDUAL_BYTES = 4.0
+# Measured TFLOPS are at the device's native training precision (agent/devices.py): bf16 matmuls
+# on CUDA, fp32 on CPU. Running the other precision changes the rate by these factors: a CPU
+# without native bf16 runs autocast 8x slower (measured on the reference box); fp32 on CUDA
+# without TF32 runs on the CUDA cores, about 1/16 of bf16 tensor-core rate (A100: 19.5 vs 312).
+OFF_PRECISION_RATE = {("cpu", "bf16"): 1.0 / 8.0, ("cuda", "fp32"): 1.0 / 16.0}
 
 
-def precision_bytes(precision: str) -> int:
-    return 4 if precision == "fp32" else 2
+def activation_bytes(precision: str) -> float:
+    """Bytes per activation value: autocast's matmul outputs are bf16."""
+    _resolved(precision)
+    return 2.0 if precision == "bf16" else 4.0
+
+
+def _resolved(precision: str) -> None:
+    if precision not in ("bf16", "fp32"):
+        raise ValueError(f"the cost model prices a resolved precision, got {precision!r}")
+
+
+def precision_rate(kind: str, precision: str) -> float:
+    """Fraction of the measured TFLOPS a device of this kind reaches at this precision."""
+    _resolved(precision)
+    return OFF_PRECISION_RATE.get((kind, precision), 1.0)
 
 
 def sync_bytes_per_param(sync: SyncSpec) -> float:
@@ -53,6 +78,13 @@ def device_efficiency(model: str, calibration: Calibration | None) -> float:
     return DEFAULT_DEVICE_EFFICIENCY
 
 
+def effective_flops(
+    tflops: float, model: str, kind: str, precision: str, calibration: Calibration | None
+) -> float:
+    """FLOP/s a device achieves in training: measured TFLOPS × efficiency × the precision's rate."""
+    return tflops * 1e12 * device_efficiency(model, calibration) * precision_rate(kind, precision)
+
+
 def link_goodput(a: str, b: str, calibration: Calibration | None) -> float:
     if calibration:
         for key in (f"{a}|{b}", f"{b}|{a}"):
@@ -68,20 +100,25 @@ def bytes_per_s(gbps: float, goodput: float) -> float:
 # ---------------------------------------------------------------- model arithmetic
 
 
+def matmul_params(model: ModelSpec) -> int:
+    """Parameters that take part in a matmul per token: all but the embedding lookups (token and
+    position); the untied lm_head is one."""
+    return model.n_params - model.vocab * model.d_model - model.seq_len * model.d_model
+
+
 def flops_per_token(model: ModelSpec, activation_checkpointing: bool) -> float:
-    """Training FLOPs per token: 6N for the dense matmuls plus 12·L·s·d for attention scores.
+    """Training FLOPs per token: 6 per matmul parameter plus 12·L·s·d for attention scores.
 
     Recomputing the forward pass under activation checkpointing adds one forward: 8N + 16·L·s·d.
     """
     dense, attn = 6.0, 12.0
     if activation_checkpointing:
         dense, attn = 8.0, 16.0
-    return dense * model.n_params + attn * model.n_layers * model.seq_len * model.d_model
+    return dense * matmul_params(model) + attn * model.n_layers * model.seq_len * model.d_model
 
 
 def block_params(model: ModelSpec) -> int:
-    d = model.d_model
-    return 12 * d * d + 13 * d
+    return gpt_block_param_count(model_config(model))
 
 
 def layers_per_stage(model: ModelSpec, pp: int) -> int:
@@ -89,14 +126,21 @@ def layers_per_stage(model: ModelSpec, pp: int) -> int:
 
 
 def stage_params(model: ModelSpec, tp: int, pp: int) -> float:
-    """Parameters held by one device of the fullest stage.
+    """Parameters held by one device of the fullest pipeline stage.
 
-    The first stage holds the embeddings and the last the tied output head, so the fullest
-    stage is ceil(L/pp) blocks plus the embedding table; TP splits all of it tp ways.
+    The worker gives earlier stages the remainder layers, the embeddings (token and position) to
+    the first stage and the final LayerNorm and untied lm_head to the last; TP splits it tp ways.
     """
+    n = model.n_params
+    if pp == 1:
+        return n / tp
     d = model.d_model
-    embed = model.vocab * d + model.seq_len * d + 2 * d
-    return (layers_per_stage(model, pp) * block_params(model) + embed) / tp
+    block = block_params(model)
+    embed = model.vocab * d + model.seq_len * d
+    head = n - model.n_layers * block - embed
+    first = layers_per_stage(model, pp) * block + embed
+    last = (model.n_layers // pp) * block + head
+    return max(first, last) / tp
 
 
 @dataclass(frozen=True)
@@ -119,17 +163,22 @@ def in_flight_micro_batches(pp: int, n_micro: int, schedule: str) -> int:
     return n_micro if schedule == "gpipe" else min(pp, n_micro)
 
 
-def activation_bytes_per_layer(model: ModelSpec, training: TrainingSpec, tp: int) -> float:
-    """Korthikanti et al. (2022), eq. 2 without sequence parallelism: s·b·d·(10 + 24/t + 5·a·s/(d·t)).
-
-    The coefficients count 16-bit tensors; fp32 roughly doubles them. With activation
-    checkpointing a layer keeps only its 16-bit input, s·b·d·2 bytes.
-    """
+def _full_layer_values(model: ModelSpec, training: TrainingSpec, tp: int) -> float:
+    """Korthikanti et al. (2022), eq. 2 without sequence parallelism, in 2-byte units:
+    s·b·d·(10 + 24/t + 5·a·s/(d·t))."""
     s, b, d, a = model.seq_len, training.micro_batch_size, model.d_model, model.n_heads
-    scale = 2.0 if training.precision == "fp32" else 1.0
+    return s * b * d * (10.0 + 24.0 / tp + 5.0 * a * s / (d * tp))
+
+
+def activation_bytes_per_layer(model: ModelSpec, training: TrainingSpec, tp: int) -> float:
+    """What one layer keeps for backward per micro-batch.
+
+    The coefficients count 16-bit tensors (autocast's bf16); fp32 doubles them. With activation
+    checkpointing a layer keeps only its input, the fp32 residual stream: s·b·d·4 bytes.
+    """
     if training.activation_checkpointing:
-        return s * b * d * 2.0 * scale
-    return s * b * d * (10.0 + 24.0 / tp + 5.0 * a * s / (d * tp)) * scale
+        return model.seq_len * training.micro_batch_size * model.d_model * RESIDUAL_BYTES
+    return _full_layer_values(model, training, tp) * activation_bytes(training.precision) / 2.0
 
 
 def memory_per_device(
@@ -137,31 +186,27 @@ def memory_per_device(
 ) -> Memory:
     """Peak bytes on one device of the fullest stage.
 
-    Mixed precision keeps 16-bit weights and gradients and 12 bytes/param of fp32 master weights
-    plus Adam moments (Rajbhandari et al. 2020, ZeRO); fp32 keeps 4 + 4 + 8. ZeRO stage k shards
-    optimizer state (k ≥ 1), gradients (k ≥ 2) and weights (k = 3) over the shard_group replicas
-    of one cluster; ZeRO-3 also holds two gathered layers at a time.
+    The worker keeps fp32 weights, fp32 gradients and fp32 Adam moments at either precision
+    (autocast only casts the matmuls): 4 + 4 + 8 = 16 bytes/param (Rajbhandari et al. 2020).
+    ZeRO stage k shards optimizer state (k ≥ 1), gradients (k ≥ 2) and weights (k = 3) over the
+    shard_group replicas of one node (one torchrun group); ZeRO-3 also holds two gathered layers at a time.
     """
     model, training = spec.model, spec.training
-    w = precision_bytes(training.precision)
     p = stage_params(model, tp, pp)
     r = max(1, shard_group)
-    weights, grads = p * w, p * w
-    optimizer = p * (8.0 if training.precision == "fp32" else 12.0)
+    weights, grads, optimizer = p * WEIGHT_BYTES, p * GRAD_BYTES, p * ADAM_BYTES
     if zero >= 1:
         optimizer /= r
     if zero >= 2:
         grads /= r
     if zero >= 3:
-        weights = weights / r + 2.0 * block_params(model) / tp * w
+        weights = weights / r + 2.0 * block_params(model) / tp * WEIGHT_BYTES
     lps = layers_per_stage(model, pp)
     per_layer = activation_bytes_per_layer(model, training, tp)
     acts = in_flight_micro_batches(pp, n_micro, schedule) * lps * per_layer
     if training.activation_checkpointing:
         # One layer's full activations live while it is recomputed.
-        full = model.seq_len * training.micro_batch_size * model.d_model
-        full *= 10.0 + 24.0 / tp + 5.0 * model.n_heads * model.seq_len / (model.d_model * tp)
-        acts += full * (2.0 if training.precision == "fp32" else 1.0)
+        acts += _full_layer_values(model, training, tp) * activation_bytes(training.precision) / 2.0
     # fp32 logits and their gradient on the last stage (vocab-parallel under TP).
     logits = 2.0 * 4.0 * model.seq_len * training.micro_batch_size * model.vocab / tp
     return Memory(weights, grads, optimizer, acts, logits)
@@ -217,7 +262,7 @@ def replica_time(
     """
     model, training = spec.model, spec.training
     b, s, d = training.micro_batch_size, model.seq_len, model.d_model
-    w = precision_bytes(training.precision)
+    w = activation_bytes(training.precision)
     lps = layers_per_stage(model, pp)
     fpt = flops_per_token(model, training.activation_checkpointing)
     t_mb = fpt * b * s * (lps / model.n_layers) / tp / effective_flops
@@ -232,7 +277,7 @@ def replica_time(
         tp_comm = 0.0 * t_mb
 
     if pp > 1:
-        hop = pp_lat + b * s * d * w / pp_bw
+        hop = pp_lat + b * s * d * RESIDUAL_BYTES / pp_bw
         # Fill and drain put 2(p−1) hops on the critical path; in steady state a transfer hides
         # behind the opposite pass (a forward is a third of fwd+bwd) unless it is slower.
         pp_comm = 2.0 * (pp - 1) * hop + 2.0 * n_micro * np.maximum(0.0, hop - t_mb / 3.0)
@@ -240,23 +285,13 @@ def replica_time(
         pp_comm = 0.0 * t_mb
 
     if shared:
-        grad_bytes = stage_params(model, tp, pp) * w
+        # DDP and FSDP reduce the fp32 gradients the worker keeps.
+        grad_bytes = stage_params(model, tp, pp) * GRAD_BYTES
         volume = 1.5 if zero == 3 else 1.0
         dp_comm = volume * (2.0 * grad_bytes / intra_bw + 2.0 * intra_lat)
     else:
         dp_comm = 0.0 * t_mb
     return ReplicaTime(compute, tp_comm, dp_comm, bubble, pp_comm)
-
-
-def pp_link_fast_enough(spec: JobSpec, tp: int, pp: int, effective_flops: float, bw, lat) -> bool:
-    """A link may carry a stage boundary when one activation transfer hides behind a forward."""
-    model, training = spec.model, spec.training
-    b, s, d = training.micro_batch_size, model.seq_len, model.d_model
-    w = precision_bytes(training.precision)
-    lps = layers_per_stage(model, pp)
-    t_mb = flops_per_token(model, training.activation_checkpointing) * b * s * (lps / model.n_layers)
-    t_mb = t_mb / tp / effective_flops
-    return lat + b * s * d * w / bw <= t_mb / 3.0
 
 
 # ---------------------------------------------------------------- cross-cluster sync

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contracts.errors import InvalidArgument
+from contracts.feasibility import replica_node_problems, resolve_precision
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.plan_types import (
@@ -23,8 +24,8 @@ from control_layer.planner.plan_types import (
 )
 from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, ResourceSnapshot
 
-# Key of the group of replicas that average gradients every step over one fabric: the replicas of a
-# cluster on one device model, or the pipelines of a region that span clusters on one device model.
+# Key of the group of replicas that average gradients every step: the replicas on one node (one
+# torchrun group) of one device model: (cluster id, node id, device model).
 Participant = tuple[str, str, str]
 
 
@@ -164,19 +165,12 @@ def _replicas(
         models = {slot.model for _, slot in devices}
         if len(models) != 1:
             raise InvalidArgument(f"dp rank {rank} mixes device models {sorted(models)}", dp_rank=rank)
-        model = models.pop()
-        cluster_ids = {c.id for c, _ in devices}
-        if len(cluster_ids) == 1:
-            participant: Participant = ("cluster", next(iter(cluster_ids)), model)
-        else:
-            stage0 = next(t for t in group if t.pp_stage == 0 and t.tp_rank == 0)
-            participant = ("span", clusters[stage0.cluster].region, model)
-        out.append(_Replica(rank, devices, participant))
+        nodes = {(t.cluster, t.node) for t in group}
+        problems = replica_node_problems({rank: [f"{c}/{n}" for c, n in nodes]})
+        if problems:
+            raise InvalidArgument(problems[0], dp_rank=rank)
+        out.append(_Replica(rank, devices, (group[0].cluster, group[0].node, models.pop())))
     return out
-
-
-def _participant_region(p: Participant, clusters: dict[str, ClusterInfo]) -> str:
-    return clusters[p[1]].region if p[0] == "cluster" else p[1]
 
 
 def estimate_option(
@@ -194,8 +188,10 @@ def estimate_option(
 ) -> Estimates:
     """Time, cost and memory of running spec on exactly these tasks.
 
+    The spec's precision 'auto' resolves on these devices (``contracts.feasibility``).
     Raises InvalidArgument when the tasks are not a complete dp×pp×tp grid, a replica mixes
-    device models, a device runs out of memory, or two participating regions have no link.
+    device models or spans nodes, a device runs out of memory, or two participating regions have
+    no link.
     """
     batch = spec.global_batch_sequences
     if dp < 1 or batch % dp or (batch // dp) % spec.training.micro_batch_size:
@@ -207,6 +203,9 @@ def estimate_option(
     links = Links(snapshot, calibration)
     clusters = {c.id: c for c in snapshot.clusters}
     replicas = _replicas(snapshot, tasks, dp, tp, pp)
+    precision = resolve_precision(spec.training.precision, {s.kind for r in replicas for _, s in r.devices})
+    if precision != spec.training.precision:
+        spec = spec.model_copy(update={"training": spec.training.model_copy(update={"precision": precision})})
     n_micro = n_micro_batches(spec, dp)
     group_size: dict[Participant, int] = defaultdict(int)
     for rep in replicas:
@@ -219,28 +218,22 @@ def estimate_option(
         devices = rep.devices
         model = devices[0][1].model
         tflops = min([s.tflops for _, s in devices])
+        kind = devices[0][1].kind
         smallest = min([s.memory_gb for _, s in devices])
         r = group_size[rep.participant]
         ids = tuple(sorted({c.id for c, _ in devices}))
         # Replicas on the same clusters with the same weakest device estimate the same.
-        key = (ids, model, tflops, smallest, r)
+        key = (ids, model, kind, tflops, smallest, r)
         if key in seen:
             continue
         seen.add(key)
         cls = [clusters[i] for i in ids]
-        flops = tflops * 1e12 * cm.device_efficiency(model, calibration)
+        flops = cm.effective_flops(tflops, model, kind, precision, calibration)
         intra_bw = min(intra_bytes_per_s(c, calibration) for c in cls)
         intra_lat = max(c.intra_latency_ms for c in cls) / 1000.0
-        pp_bw, pp_lat = intra_bw, intra_lat
-        regions = sorted({c.region for c in cls})
-        if len(cls) > 1:
-            for a in regions:
-                for b in regions:
-                    pp_bw = min(pp_bw, links.bw(a, b))
-                    pp_lat = max(pp_lat, links.lat(a, b))
-            if pp_bw <= 0:
-                raise InvalidArgument(f"dp rank {rep.rank} spans regions without a link", dp_rank=rep.rank)
-        rt = cm.replica_time(spec, tp, pp, zero, n_micro, r >= 2, flops, intra_bw, intra_lat, pp_bw, pp_lat)
+        rt = cm.replica_time(
+            spec, tp, pp, zero, n_micro, r >= 2, flops, intra_bw, intra_lat, intra_bw, intra_lat
+        )
         if slowest is None or float(rt.total) > float(slowest.total):
             slowest = rt
         mem = cm.memory_per_device(spec, tp, pp, zero, r, n_micro, pp_schedule).total
@@ -255,7 +248,7 @@ def estimate_option(
 
     members: dict[str, int] = defaultdict(int)
     for p in group_size:
-        members[_participant_region(p, clusters)] += 1
+        members[clusters[p[0]].region] += 1
     sc = sync_cost(spec, links, dict(members))
     steps = spec.training.steps
     t_local = float(slowest.total)

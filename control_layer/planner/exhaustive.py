@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from contracts.job_spec import JobSpec
-from control_layer.planner.candidates import enumerate_degrees
+from control_layer.planner.candidates import Degrees, enumerate_degrees
 from control_layer.planner.fleet import filter_fleet
 from control_layer.planner.options import build_option
 from control_layer.planner.plan_types import Calibration, PlanOption
-from control_layer.planner.problem import Problem, Solution, build_fleet, build_problem, evaluate
+from control_layer.planner.problem import Fleet, Problem, Solution, build_fleet, build_problem, evaluate
+from control_layer.planner.search import precision_groups, with_precision
 from control_layer.planner.snapshot import ResourceSnapshot
 
 
@@ -62,9 +63,20 @@ def exhaustive_best(
     filtered = filter_fleet(spec, snapshot)
     if not filtered.pools:
         return None
-    fleet = build_fleet(spec, snapshot, filtered.pools, calibration)
-    degrees, _, _ = enumerate_degrees(spec, fleet.n_devices, fleet.max_node_devices)
-    q = spec.qos
+    scored = []
+    for precision, pools in precision_groups(spec, filtered.pools):
+        fleet = build_fleet(with_precision(spec, precision), snapshot, pools, calibration)
+        degrees, _, _ = enumerate_degrees(spec, fleet.n_devices, fleet.max_node_devices)
+        scored += _scored(fleet, degrees)
+    if not scored:
+        return None
+    scored.sort(key=lambda s: (s[0], s[1]))
+    options = [build_option(pr, sol) for _, _, sol, pr in scored[:refine]]
+    return min(options, key=lambda o: objective_key(spec, o))
+
+
+def _scored(fleet: Fleet, degrees: list[Degrees]) -> list[tuple]:
+    q = fleet.spec.qos
     scored = []
     for deg in degrees:
         pr = build_problem(fleet, deg)
@@ -78,8 +90,4 @@ def exhaustive_best(
                 continue
             key = (sc.duration_s, sc.cost) if q.objective == "time" else (sc.cost, sc.duration_s)
             scored.append((key, pr.deg, sol, pr))
-    if not scored:
-        return None
-    scored.sort(key=lambda s: (s[0], s[1]))
-    options = [build_option(pr, sol) for _, _, sol, pr in scored[:refine]]
-    return min(options, key=lambda o: objective_key(spec, o))
+    return scored

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,17 +12,21 @@ from control_layer.planner.snapshot import ClusterInfo, ResourceSnapshot
 
 @dataclass(frozen=True, eq=False)
 class Pool:
-    """The free devices of one device model in one cluster.
+    """The free devices of one device model on one node.
 
-    tflops and memory_gb are the weakest device's, so any replica placed here gets at least them.
+    A node is the unit the runtime runs: one torchrun group per node, so a replica, its ZeRO
+    shard group and its every-step gradient all-reduce stay on one node; nodes, even of one
+    cluster, meet through the job's sync. tflops and memory_gb are the weakest device's, so any
+    replica placed here gets at least them.
     """
 
     cluster: ClusterInfo
     model: str
-    nodes: tuple[tuple[str, tuple[int, ...]], ...]  # (node id, free device indices), node order
+    nodes: tuple[tuple[str, tuple[int, ...]], ...]  # ((node id, free device indices),)
     tflops: float
     memory_gb: float
     price: float  # USD per device-hour in force for this job (spot where allowed)
+    kind: str = "cuda"  # "cuda" | "cpu": what the precision resolves against
     free_per_node: tuple[int, ...] = ()
     n_free: int = 0
     region: str = ""
@@ -45,26 +47,22 @@ class Filtered:
 def _pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
     out = []
     for cluster in sorted(snapshot.clusters, key=lambda c: c.id):
+        price = device_price(cluster, spot)
         # This runs over every device of the fleet: comprehensions, and a fast path for the usual
         # node whose free devices are all one model.
-        by_model: dict[str, list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
-        tflops: dict[str, float] = {}
-        memory: dict[str, float] = {}
         for node in cluster.nodes:
             if not node.alive:
                 continue
             free = [d for d in node.devices if d.free]
             if not free:
                 continue
-            models = {d.model for d in free}
+            models = {(d.model, d.kind) for d in free}
             for m in sorted(models):
-                mine = free if len(models) == 1 else [d for d in free if d.model == m]
-                by_model[m].append((node.id, tuple(sorted([d.index for d in mine]))))
-                tflops[m] = min(tflops.get(m, math.inf), min([d.tflops for d in mine]))
-                memory[m] = min(memory.get(m, math.inf), min([d.memory_gb for d in mine]))
-        price = device_price(cluster, spot)
-        for m in sorted(by_model):
-            out.append(Pool(cluster, m, tuple(by_model[m]), tflops[m], memory[m], price))
+                mine = free if len(models) == 1 else [d for d in free if (d.model, d.kind) == m]
+                ix = tuple(sorted([d.index for d in mine]))
+                tflops = min([d.tflops for d in mine])
+                memory = min([d.memory_gb for d in mine])
+                out.append(Pool(cluster, m[0], ((node.id, ix),), tflops, memory, price, m[1]))
     return out
 
 

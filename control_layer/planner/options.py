@@ -118,6 +118,7 @@ def build_option(pr: Problem, sol: Solution) -> PlanOption:
     )
     payload = {
         "degrees": [deg.dp, deg.tp, deg.pp, deg.zero, spec.pp_schedule],
+        "precision": [spec.training.precision, spec.training.activation_checkpointing],
         "spot": spot,
         # Tasks come in (dp rank, stage, tp rank) order, so where each sits identifies the plan.
         "tasks": "\n".join(f"{t.cluster}/{t.node}/{t.device}" for t in a.tasks),
@@ -132,6 +133,8 @@ def build_option(pr: Problem, sol: Solution) -> PlanOption:
         micro_batch_size=spec.training.micro_batch_size,
         n_micro_batches=pr.n_micro,
         spot=spot,
+        precision=spec.training.precision,
+        activation_checkpointing=spec.training.activation_checkpointing,
         replicas_per_cluster=a.replicas_per_cluster,
         tasks=a.tasks,
         sync=a.sync,

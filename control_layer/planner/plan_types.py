@@ -44,7 +44,7 @@ class StepBreakdown(_Plain):
     """Seconds per optimizer step on the slowest replica; total is the sum of the parts.
 
     dp_comm is the gradient all-reduce (or ZeRO reduce-scatter/all-gather) among the replicas
-    of one cluster; wan_sync is the amortised cross-cluster synchronisation.
+    of one node; wan_sync is the amortised synchronisation between nodes and regions.
     """
 
     compute: float = Field(ge=0)
@@ -113,6 +113,11 @@ class PlanOption(_Plain):
     micro_batch_size: int = Field(default=1, gt=0)
     n_micro_batches: int = Field(default=1, gt=0, description="Micro-batches per replica per step.")
     spot: bool = False
+    precision: Literal["bf16", "fp32"] = Field(
+        default="fp32",
+        description="What the workers train at: the spec's precision, resolved for these devices.",
+    )
+    activation_checkpointing: bool = False
     replicas_per_cluster: dict[str, int]
     tasks: list[PlannedTask]
     sync: SyncTopology

@@ -1,11 +1,14 @@
 """The placement problem of one candidate, as arrays over placement units.
 
-A unit is either a class of identical pools (same region, device model, price, speed, memory,
-fabric and node shapes: any of its member clusters is as good as another) or, for pipelines
-without TP, the leftover devices of a region's pools of one model that stages may span when the
-regional fabric is fast enough. A solution says, per unit, how many member clusters host exactly
-one replica (n1) and how many host two or more (n2, holding x2 replicas in all): the in-cluster
-gradient all-reduce and ZeRO sharding differ between the two.
+A member is one node's free devices of one model (a ``Pool``): the runtime starts one
+single-node torchrun group per node, so a replica sits whole on a node
+(``contracts.feasibility.replica_node_problems``), ZeRO shards and gradients are all-reduced
+every step among the replicas of that node, and nodes meet through the job's sync. A unit is a
+class of identical members (same region, device model and kind, price, speed, memory, fabric and
+free devices: any member is as good as another); a member hosts free // (tp·pp) replicas. A
+solution says, per unit, how many members host exactly one replica (n1) and how many host two
+or more (n2, holding x2 replicas in all): the in-node gradient all-reduce and ZeRO sharding
+differ between the two.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ INFEASIBLE = 1 << 30
 
 @dataclass(frozen=True)
 class PoolClass:
-    pools: tuple[Pool, ...]  # members, by cluster id
+    pools: tuple[Pool, ...]  # members (nodes), by cluster id then node id
 
     @property
     def first(self) -> Pool:
@@ -41,6 +44,7 @@ def _class_key(p: Pool) -> tuple:
     return (
         p.region,
         p.model,
+        p.kind,
         p.price,
         p.tflops,
         p.memory_gb,
@@ -68,7 +72,7 @@ class Fleet:
     cls_price: np.ndarray
     cls_node_free: np.ndarray  # class × node: free devices per node (zero-padded)
     cls_group: np.ndarray  # classes with equal speed, fabric and price share a group
-    cls_count: np.ndarray  # member clusters per class
+    cls_count: np.ndarray  # members (nodes) per class
     local_sync: np.ndarray  # per region: seconds of the in-region reduce/broadcast
     pair_bw: np.ndarray  # R×R bytes/s (min of both directions; 0 = no link)
     pair_lat: np.ndarray  # R×R seconds (max of both directions)
@@ -107,8 +111,10 @@ def build_fleet(
     for p in pools:
         groups[_class_key(p)].append(p)
     classes = [
-        PoolClass(tuple(sorted(g, key=lambda p: p.cluster.id)))
-        for _, g in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[1][0].cluster.id))
+        PoolClass(tuple(sorted(g, key=lambda p: (p.cluster.id, p.nodes[0][0]))))
+        for _, g in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[1][0].cluster.id, kv[1][0].nodes[0][0])
+        )
     ]
     regions = sorted({p.region for p in pools})
     ridx = {r: i for i, r in enumerate(regions)}
@@ -136,7 +142,11 @@ def build_fleet(
         regions=regions,
         cls_region=np.array([ridx[p.region] for p in firsts], dtype=int),
         cls_flops=np.array(
-            [p.tflops * 1e12 * cm.device_efficiency(p.model, calibration) for p in firsts], dtype=float
+            [
+                cm.effective_flops(p.tflops, p.model, p.kind, spec.training.precision, calibration)
+                for p in firsts
+            ],
+            dtype=float,
         ),
         cls_intra_bw=np.array([intra_bytes_per_s(p.cluster, calibration) for p in firsts], dtype=float),
         cls_intra_lat=np.array([p.cluster.intra_latency_ms / 1000.0 for p in firsts], dtype=float),
@@ -150,6 +160,7 @@ def build_fleet(
                     p.region,
                     p.tflops,
                     p.model,
+                    p.kind,
                     p.price,
                     p.cluster.intra_bandwidth_gbps,
                     p.cluster.intra_latency_ms,
@@ -171,23 +182,14 @@ def build_fleet(
     )
 
 
-@dataclass(frozen=True)
-class SpanUnit:
-    """Pipelines spanning the leftover devices of a region's pools of one model."""
-
-    region: str
-    model: str
-    pools: tuple[Pool, ...]  # contributors, cheapest first
-
-
 @dataclass
 class Problem:
     fleet: Fleet
     deg: Degrees
     n_micro: int
-    # per unit (classes first, then span units)
-    units: list[PoolClass | SpanUnit]
-    count: np.ndarray  # member clusters (1 for span units)
+    # per unit
+    units: list[PoolClass]
+    count: np.ndarray  # members (nodes)
     cap: np.ndarray  # replicas one member can host
     lo: np.ndarray  # fewest replicas on a member for memory to fit (ZeRO shards); INFEASIBLE if never
     t1: np.ndarray  # step seconds of a replica alone on its member
@@ -219,11 +221,8 @@ class Problem:
 
 
 def _class_caps(fleet: Fleet, tp: int, pp: int) -> np.ndarray:
-    """Replicas one member of each class can host: with TP a replica sits whole in a node
-    (Σ over nodes of free // (tp·pp)); without, stages span the cluster's nodes (free // pp)."""
-    if tp > 1:
-        return (fleet.cls_node_free // (tp * pp)).sum(axis=1)
-    return fleet.cls_node_free.sum(axis=1) // pp
+    """Replicas one member of each class can host: each sits whole on a node, Σ free // (tp·pp)."""
+    return (fleet.cls_node_free // (tp * pp)).sum(axis=1)
 
 
 def fewest_replicas(a: float, b: float, usable_bytes: np.ndarray) -> np.ndarray:
@@ -244,7 +243,7 @@ def fewest_replicas(a: float, b: float, usable_bytes: np.ndarray) -> np.ndarray:
 class Layout:
     """The units of one (tp, pp) shape: what depends on the replica's shape but not on dp or ZeRO."""
 
-    units: list[PoolClass | SpanUnit]
+    units: list[PoolClass]
     count: np.ndarray
     cap: np.ndarray
     flops: np.ndarray
@@ -263,49 +262,20 @@ def layout(fleet: Fleet, tp: int, pp: int) -> Layout:
     cached = fleet.layouts.get((tp, pp))
     if cached is not None:
         return cached
-    spec = fleet.spec
-    links = fleet.links
-    spans: list[SpanUnit] = []
-    extra: list[tuple[int, float, float, float, float, float, float, float, int]] = []
-    if tp == 1 and pp > 1:
-        leftovers: dict[tuple[str, str], list[Pool]] = defaultdict(list)
-        for p in fleet.pools:
-            if p.n_free % pp:
-                leftovers[(p.region, p.model)].append(p)
-        ridx = {r: i for i, r in enumerate(fleet.regions)}
-        for (reg, model), pools in sorted(leftovers.items()):
-            n_span = sum(p.n_free % pp for p in pools) // pp
-            if n_span < 1:
-                continue
-            eff = cm.device_efficiency(model, fleet.calibration)
-            f = min(p.tflops for p in pools) * 1e12 * eff
-            ibw = min(intra_bytes_per_s(p.cluster, fleet.calibration) for p in pools)
-            ilat = max(p.cluster.intra_latency_ms for p in pools) / 1000.0
-            lbw, llat = min(ibw, links.bw(reg, reg)), max(ilat, links.lat(reg, reg))
-            if not cm.pp_link_fast_enough(spec, tp, pp, f, lbw, llat):
-                continue
-            spans.append(SpanUnit(reg, model, tuple(sorted(pools, key=lambda p: (p.price, p.cluster.id)))))
-            mem = min(p.memory_gb for p in pools)
-            extra.append((n_span, f, ibw, ilat, lbw, llat, mem, max(p.price for p in pools), ridx[reg]))
-    ex = np.array(extra, dtype=float).reshape(len(extra), 9)
-    n_cls = len(fleet.classes)
     out = Layout(
-        units=[*fleet.classes, *spans],
-        count=np.concatenate([fleet.cls_count, np.ones(len(spans), dtype=np.int64)]),
-        cap=np.concatenate([_class_caps(fleet, tp, pp), ex[:, 0].astype(np.int64)]),
-        flops=np.concatenate([fleet.cls_flops, ex[:, 1]]),
-        intra_bw=np.concatenate([fleet.cls_intra_bw, ex[:, 2]]),
-        intra_lat=np.concatenate([fleet.cls_intra_lat, ex[:, 3]]),
-        pp_bw=np.concatenate([fleet.cls_intra_bw, ex[:, 4]]),
-        pp_lat=np.concatenate([fleet.cls_intra_lat, ex[:, 5]]),
-        memory=np.concatenate([fleet.cls_memory, ex[:, 6]]),
-        price=np.concatenate([fleet.cls_price, ex[:, 7]]),
-        region=np.concatenate([fleet.cls_region, ex[:, 8].astype(np.int64)]),
-        speed_groups=np.concatenate(
-            [fleet.cls_group, fleet.cls_group.max(initial=-1) + 1 + np.arange(len(spans))]
-        ).astype(np.int64),
+        units=list(fleet.classes),
+        count=fleet.cls_count,
+        cap=_class_caps(fleet, tp, pp),
+        flops=fleet.cls_flops,
+        intra_bw=fleet.cls_intra_bw,
+        intra_lat=fleet.cls_intra_lat,
+        pp_bw=fleet.cls_intra_bw,
+        pp_lat=fleet.cls_intra_lat,
+        memory=fleet.cls_memory,
+        price=fleet.cls_price,
+        region=fleet.cls_region,
+        speed_groups=fleet.cls_group,
     )
-    assert len(out.units) == n_cls + len(spans)
     fleet.layouts[(tp, pp)] = out
     return out
 

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.errors import NoFeasiblePlan
+from contracts.feasibility import resolve_precision
 from contracts.job_spec import JobSpec
 from control_layer.planner.candidates import Degrees, enumerate_degrees
 from control_layer.planner.explain import Trace, explain, too_few
-from control_layer.planner.fleet import filter_fleet
+from control_layer.planner.fleet import Pool, filter_fleet
 from control_layer.planner.heuristic import candidate_solutions
 from control_layer.planner.milp import integer_vars, milp_solutions
 from control_layer.planner.options import build_option
@@ -199,29 +200,55 @@ class _Search:
             self.consider(pr, milp_solutions(pr, objective, beat=best))
 
     def options(self, max_options: int) -> list[PlanOption]:
-        """Build the chosen points of the front as options, label them and order them.
-
-        The search scores spanning pipelines conservatively, so once re-priced on their tasks a
-        point can move; the options are filtered to their own front again before labelling.
-        """
+        """Build the chosen points of the front as options (re-priced on their tasks)."""
         named = labels(self.front, lambda s: s.point)
         best = 0 if self.axis == 0 else len(self.front) - 1
         built = [
             build_option(self.front[i].problem, self.front[i].solution)
             for i in select(len(self.front), named, max_options, best)
         ]
-        built = [o for o in built if all(c.ok for c in o.qos_checks)]
-        point = lambda o: (o.estimates.duration_s, o.estimates.cost.total)  # noqa: E731
-        final = pareto_front(built, point, lambda o: (o.tp * o.pp, o.zero, o.id))
-        names = labels(final, point)
-        if len(final) == 1:  # one option is both ends; name it for the objective
-            names = {0: "fastest" if self.axis == 0 else "cheapest"}
-        out = [o.model_copy(update={"label": names.get(i)}) for i, o in enumerate(final)]
-        if self.axis == 0:
-            out.sort(key=lambda o: (o.estimates.duration_s, o.estimates.cost.total, o.id))
-        else:
-            out.sort(key=lambda o: (o.estimates.cost.total, o.estimates.duration_s, o.id))
-        return out
+        return [o for o in built if all(c.ok for c in o.qos_checks)]
+
+
+def finish(options: list[PlanOption], objective: str, max_options: int) -> list[PlanOption]:
+    """Filter options to their own front (a re-priced point can move), label and order them."""
+    axis = 0 if objective == "time" else 1
+    point = lambda o: (o.estimates.duration_s, o.estimates.cost.total)  # noqa: E731
+    final = pareto_front(options, point, lambda o: (o.tp * o.pp, o.zero, o.id))
+    if len(final) > max_options:
+        named = labels(final, point)
+        final = [final[i] for i in select(len(final), named, max_options, 0 if axis == 0 else len(final) - 1)]
+    names = labels(final, point)
+    if len(final) == 1:  # one option is both ends; name it for the objective
+        names = {0: "fastest" if axis == 0 else "cheapest"}
+    out = [o.model_copy(update={"label": names.get(i)}) for i, o in enumerate(final)]
+    if axis == 0:
+        out.sort(key=lambda o: (o.estimates.duration_s, o.estimates.cost.total, o.id))
+    else:
+        out.sort(key=lambda o: (o.estimates.cost.total, o.estimates.duration_s, o.id))
+    return out
+
+
+def with_precision(spec: JobSpec, precision: str) -> JobSpec:
+    """The spec with its precision resolved: the cost model prices one precision."""
+    if spec.training.precision == precision:
+        return spec
+    return spec.model_copy(update={"training": spec.training.model_copy(update={"precision": precision})})
+
+
+def precision_groups(spec: JobSpec, pools: list[Pool]) -> list[tuple[str, list[Pool]]]:
+    """The pools each precision is planned on. 'auto' resolves per option, bf16 only when every
+    device is CUDA: CUDA pools are planned at bf16 and CPU pools at fp32 (an option never mixes
+    the two kinds under 'auto'); a pinned precision plans every pool at it."""
+    requested = spec.training.precision
+    if requested != "auto":
+        return [(requested, pools)]
+    groups = []
+    for kinds in (("cuda",), ("cpu",)):
+        mine = [p for p in pools if p.kind in kinds]
+        if mine:
+            groups.append((resolve_precision("auto", kinds), mine))
+    return groups
 
 
 def search(
@@ -237,7 +264,32 @@ def search(
             else "no free devices"
         )
         raise NoFeasiblePlan(message, explanation=explanation)
-    fleet = build_fleet(spec, snapshot, filtered.pools, calibration)
+    options: list[PlanOption] = []
+    failures: list[NoFeasiblePlan] = []
+    for precision, pools in precision_groups(spec, filtered.pools):
+        try:
+            options += _search_pools(
+                with_precision(spec, precision), snapshot, pools, calibration, max_options, explanation
+            )
+        except NoFeasiblePlan as exc:
+            failures.append(exc)
+    if not options:
+        raise failures[0]
+    return finish(options, spec.qos.objective, max_options)
+
+
+def _search_pools(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    pools: list[Pool],
+    calibration: Calibration | None,
+    max_options: int,
+    explanation: list[dict[str, Any]],
+) -> list[PlanOption]:
+    explanation = list(explanation)
+    if spec.training.precision != "auto":
+        explanation.append({"constraint": "precision", "detail": f"planned at {spec.training.precision}"})
+    fleet = build_fleet(spec, snapshot, pools, calibration)
     degrees, notes, too_big = enumerate_degrees(spec, fleet.n_devices, fleet.max_node_devices)
     explanation += [{"constraint": "parallelism", "detail": n} for n in notes]
     if too_big is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from contracts.job_spec import invalid_argument_from
@@ -19,8 +21,22 @@ class DeviceSlot(_Plain):
     index: int = Field(ge=0)
     model: str = Field(min_length=1)
     memory_gb: float = Field(gt=0)
-    tflops: float = Field(gt=0, description="Measured dense TFLOPS at the training precision.")
+    tflops: float = Field(
+        gt=0, description="Measured dense TFLOPS at the device's native precision: bf16 on CUDA, fp32 on CPU."
+    )
     free: bool = True
+    kind: Literal["cuda", "cpu"] = Field(
+        default=None,  # type: ignore[assignment]
+        description="Device kind; when left out, 'cpu' for a device whose model is 'cpu', else 'cuda'.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_from_model(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") is None:
+            model = str(data.get("model", ""))
+            return {**data, "kind": "cpu" if model.strip().lower() == "cpu" else "cuda"}
+        return data
 
 
 class NodeInfo(_Plain):

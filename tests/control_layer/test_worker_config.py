@@ -85,9 +85,54 @@ def test_refusals_name_the_problem() -> None:
     ):
         build_worker_configs("job", tiny_spec(data={"region": "eu-west"}), option, _slots(option, c))
     spec = tiny_spec(training={"steps": 4, "global_batch_tokens": 48})  # 3 sequences over 2 replicas
-    with pytest.raises(FailedPrecondition, match="do not split evenly"):
+    with pytest.raises(FailedPrecondition, match="3 sequences does not split over 2 replicas"):
         build_worker_configs("job", spec, option, _slots(option, c))
     bad = build_worker_configs("job", tiny_spec(), option, _slots(option, c))[n["eu"].id]
     bad["training"]["micro_batch"] = 3  # does not divide the local batch of 2
     with pytest.raises(FailedPrecondition, match="micro_batch"):
         validate_worker_config(bad)
+
+
+def test_a_replica_spanning_nodes_is_refused_before_any_config_is_written() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["eu"], n["eu2"], 0)], tp=2)
+    with pytest.raises(FailedPrecondition, match=r"replica 0 spans nodes"):
+        build_worker_configs("job", tiny_spec(), option, _slots(option, c))
+
+
+def test_byo_entrypoint_gets_no_tensor_parallelism_and_zero_only_when_it_says_so() -> None:
+    c, n = _fleet()
+    byo = {"entrypoint": "mypkg.train:build"}
+    option = hand_option([(c["eu"], n["eu"], 0), (c["eu"], n["eu"], 1)], tp=2)
+    with pytest.raises(FailedPrecondition, match="bring-your-own model runs with tp = pp = 1"):
+        build_worker_configs("job", tiny_spec(**byo), option, _slots(option, c))
+    two = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0)])
+    sharded = two.model_copy(update={"zero": 2})
+    with pytest.raises(FailedPrecondition, match="needs 'zero' in entrypoint_parallelism"):
+        build_worker_configs("job", tiny_spec(**byo), sharded, _slots(sharded, c))
+    spec = tiny_spec(**byo, entrypoint_parallelism=["dp", "zero"])
+    for cfg in build_worker_configs("job", spec, sharded, _slots(sharded, c)).values():
+        assert cfg["parallel"]["zero"] == 2 and cfg["data"]["kind"] == "byo"
+        validate_worker_config(cfg)
+
+
+def test_precision_and_checkpointing_reach_the_worker_as_priced() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0)])
+    priced = option.model_copy(update={"precision": "bf16", "activation_checkpointing": True})
+    spec = tiny_spec(training={"steps": 4, "global_batch_tokens": 64, "activation_checkpointing": True})
+    for cfg in build_worker_configs("job", spec, priced, _slots(priced, c)).values():
+        parsed = validate_worker_config(cfg)
+        assert parsed["training"]["precision"] == "bf16"
+        assert parsed["training"]["activation_checkpointing"] is True
+
+
+def test_the_workers_own_validation_applies_the_shared_rules() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0)])
+    cfg = build_worker_configs("job", tiny_spec(), option, _slots(option, c))[n["eu"].id]
+    with pytest.raises(FailedPrecondition, match=r"model.n_heads \(2\) must be divisible by tp \(4\)"):
+        validate_worker_config({**cfg, "parallel": {**cfg["parallel"], "tp": 4}})
+    byo = {**cfg, "entrypoint": "mypkg.train:build", "data": {**cfg["data"], "kind": "byo"}}
+    with pytest.raises(FailedPrecondition, match="bring-your-own model runs with tp = pp = 1"):
+        validate_worker_config({**byo, "parallel": {**cfg["parallel"], "pp": 2, "microbatches": 2}})

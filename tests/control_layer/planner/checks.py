@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from contracts.feasibility import resolve_precision
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.estimate import estimate_option
@@ -35,8 +36,8 @@ def check_option(spec: JobSpec, snap: ResourceSnapshot, o: PlanOption) -> None:
         assert sorted((t.pp_stage, t.tp_rank) for t, _ in group) == [
             (s, r) for s in range(o.pp) for r in range(o.tp)
         ], rank
-        if o.tp > 1:
-            assert len({(t.cluster, t.node) for t, _ in group}) == 1, "a TP replica must sit in one node"
+        # The runtime runs one single-node torchrun group per node: a replica never spans nodes.
+        assert len({(t.cluster, t.node) for t, _ in group}) == 1, "a replica must sit in one node"
     counts = defaultdict(int)
     for group in by_rank.values():
         for c in {t.cluster for t, _ in group}:
@@ -44,6 +45,11 @@ def check_option(spec: JobSpec, snap: ResourceSnapshot, o: PlanOption) -> None:
     assert dict(counts) == o.replicas_per_cluster
     regions = {clusters[t.cluster].region for t in o.tasks}
     assert sorted(regions) == sorted(o.regions)
+    kinds = {s.kind for g in by_rank.values() for _, s in g}
+    assert o.precision == resolve_precision(spec.training.precision, kinds)
+    assert o.activation_checkpointing == spec.training.activation_checkpointing
+    if spec.entrypoint is not None:
+        assert o.tp == o.pp == 1 and (o.zero == 0 or "zero" in spec.byo_parallelism)
     slots = [s for g in by_rank.values() for _, s in g]
 
     # QoS, recomputed from the tasks.

@@ -109,7 +109,7 @@ def jobs(draw: st.DrawFn, with_qos: bool = True) -> JobSpec:
             "training": {
                 "steps": draw(st.sampled_from([100, 1000, 10000])),
                 "global_batch_tokens": seq * draw(st.sampled_from([1, 2, 4, 8, 16])),
-                "precision": draw(st.sampled_from(["bf16", "fp32"])),
+                "precision": draw(st.sampled_from(["auto", "bf16", "fp32"])),
             },
             "parallelism": draw(
                 st.sampled_from(["auto", "auto", {"pp_schedule": "gpipe"}, {"zero": 0}, {"tp": 1}])

@@ -23,6 +23,7 @@ def test_render_options_prints_every_option_and_its_breakdown() -> None:
         assert o.id in text
         assert f"{o.estimates.cost.total:,.2f}" in text
         assert f"{o.dp}×{o.tp}×{o.pp}" in text
+    assert "bf16" in text  # the precision 'auto' resolved to on these CUDA devices
     for word in ("cheapest", "fastest", "wan_sync", "pp_bubble", "total"):
         assert word in text
     # Returned as a renderable too, for console.print(render_options(options)).

@@ -17,7 +17,7 @@ def _spec(**training) -> JobSpec:
         {
             "name": "t",
             "model": {"n_layers": 12, "d_model": 768, "n_heads": 12, "vocab": 50304, "seq_len": 1024},
-            "training": {"steps": 100, "global_batch_tokens": 1024 * 64, **training},
+            "training": {"steps": 100, "global_batch_tokens": 1024 * 64, "precision": "bf16", **training},
         }
     )
 
@@ -25,8 +25,39 @@ def _spec(**training) -> JobSpec:
 def test_flops_per_token_is_6n_plus_attention() -> None:
     spec = _spec()
     m = spec.model
-    assert cm.flops_per_token(m, False) == 6 * m.n_params + 12 * 12 * 1024 * 768
-    assert cm.flops_per_token(m, True) == 8 * m.n_params + 16 * 12 * 1024 * 768
+    # N counts the parameters in a matmul: the built model's, less the token and position tables.
+    n = m.n_params - 50304 * 768 - 1024 * 768
+    assert cm.matmul_params(m) == n
+    assert cm.flops_per_token(m, False) == 6 * n + 12 * 12 * 1024 * 768
+    assert cm.flops_per_token(m, True) == 8 * n + 16 * 12 * 1024 * 768
+
+
+def test_stage_params_follow_the_workers_split() -> None:
+    m = _spec().model
+    block = cm.block_params(m)
+    embed, head = (50304 + 1024) * 768, 768 * 50304 + 2 * 768
+    assert m.n_params == 12 * block + embed + head
+    assert cm.stage_params(m, 1, 1) == m.n_params
+    # 12 layers over 5 stages: the first takes 3 (and the embeddings), the last 2 (and the head).
+    assert cm.stage_params(m, 1, 5) == max(3 * block + embed, 2 * block + head)
+    assert cm.stage_params(m, 2, 4) == max(3 * block + embed, 3 * block + head) / 2
+
+
+def test_precision_changes_rate_and_activations_not_state() -> None:
+    assert cm.precision_rate("cuda", "bf16") == cm.precision_rate("cpu", "fp32") == 1.0
+    assert cm.precision_rate("cpu", "bf16") == pytest.approx(1 / 8)
+    assert cm.precision_rate("cuda", "fp32") < 1.0
+    with pytest.raises(ValueError):
+        cm.precision_rate("cuda", "auto")
+    bf16 = cm.memory_per_device(_spec(), 1, 1, 0, 1, 1, "1f1b")
+    fp32 = cm.memory_per_device(_spec(precision="fp32"), 1, 1, 0, 1, 1, "1f1b")
+    assert bf16.weights + bf16.grads + bf16.optimizer == fp32.weights + fp32.grads + fp32.optimizer
+    assert fp32.activations == pytest.approx(2 * bf16.activations)
+    # The gradient all-reduce moves the fp32 gradients either way.
+    args = (100e12, 1e10, 1e-5, 1e10, 1e-5)
+    a = cm.replica_time(_spec(), 1, 1, 0, 1, True, *args).dp_comm
+    b = cm.replica_time(_spec(precision="fp32"), 1, 1, 0, 1, True, *args).dp_comm
+    assert a == b == pytest.approx(2 * 4 * cm.stage_params(_spec().model, 1, 1) / 1e10 + 2e-5)
 
 
 def test_memory_shrinks_with_zero_stage_and_sharding() -> None:
@@ -36,7 +67,7 @@ def test_memory_shrinks_with_zero_stage_and_sharding() -> None:
     alone = cm.memory_per_device(spec, 1, 1, 3, 1, 1, "1f1b")
     shared = cm.memory_per_device(spec, 1, 1, 3, 8, 1, "1f1b")
     assert shared.optimizer == pytest.approx(alone.optimizer / 8)
-    # Mixed precision: 16 bytes per parameter before any sharding (2 + 2 + 12).
+    # fp32 weights, gradients and Adam moments under autocast: 16 bytes per parameter (4 + 4 + 8).
     z0 = cm.memory_per_device(spec, 1, 1, 0, 1, 1, "1f1b")
     p = cm.stage_params(spec.model, 1, 1)
     assert z0.weights + z0.grads + z0.optimizer == pytest.approx(16 * p)

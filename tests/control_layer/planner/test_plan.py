@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.errors import InvalidArgument
+from contracts.errors import InvalidArgument, NoFeasiblePlan
 from control_layer.planner import Calibration, JobSpec, ResourceSnapshot, plan
 
 from .checks import check_front, check_option
@@ -90,15 +90,70 @@ def test_cpu_fleet_and_tiny_model() -> None:
         {
             "name": "demo",
             "model": {"n_layers": 2, "d_model": 64, "n_heads": 4, "vocab": 256, "seq_len": 64},
-            "training": {"steps": 50, "global_batch_tokens": 64 * 8, "precision": "fp32"},
+            "training": {"steps": 50, "global_batch_tokens": 64 * 8},
             "sync": {"mode": "diloco", "every": 10},
         }
     )
     options = plan(spec, snap)
     for o in options:
         check_option(spec, snap, o)
+        assert o.precision == "fp32"  # 'auto' on CPUs: no native bf16
     assert options[0].label == "cheapest"
     assert any(o.dp > 1 for o in options)
+    # Pinned bf16 on CPUs runs autocast without native support: priced 8x slower per FLOP.
+    bf16 = JobSpec.model_validate(
+        {**spec.model_dump(), "training": {**spec.training.model_dump(), "precision": "bf16"}}
+    )
+    slow = plan(bf16, snap, max_options=1)[0]
+    assert slow.precision == "bf16" and slow.estimates.step_s.compute > options[0].estimates.step_s.compute
+
+
+def test_auto_precision_is_bf16_on_cuda(example) -> None:
+    spec, snap = example
+    assert spec.training.precision == "auto"
+    assert {o.precision for o in plan(spec, snap)} == {"bf16"}
+
+
+def test_byo_entrypoint_is_planned_with_what_it_supports(example) -> None:
+    spec, snap = example
+    byo = JobSpec.model_validate({**spec.model_dump(), "entrypoint": "mypkg.train:build"})
+    for o in plan(byo, snap):
+        check_option(byo, snap, o)
+        assert (o.tp, o.pp, o.zero) == (1, 1, 0)
+
+
+def test_a_pipeline_never_spans_nodes() -> None:
+    # A model too big for one 16 GB device, on nodes of one device each: a pipeline would have to
+    # span nodes, which the runtime cannot run, so nothing is offered.
+    nodes = [
+        {"id": f"n{i}", "devices": [{"index": 0, "model": "T4", "memory_gb": 16, "tflops": 60}]}
+        for i in range(8)
+    ]
+    snap = ResourceSnapshot.model_validate(
+        {"clusters": [{"id": "c", "region": "r", "price_per_device_hour": 1.0, "nodes": nodes}]}
+    )
+    spec = JobSpec.model_validate(
+        {
+            "name": "big",
+            "model": {"n_layers": 8, "d_model": 4096, "n_heads": 32, "vocab": 50304, "seq_len": 1024},
+            "training": {"steps": 10, "global_batch_tokens": 1024 * 8},
+        }
+    )
+    with pytest.raises(NoFeasiblePlan):
+        plan(spec, snap)
+    # The same eight devices on one node carry the pipeline.
+    one = [
+        {
+            "id": "n0",
+            "devices": [{"index": i, "model": "T4", "memory_gb": 16, "tflops": 60} for i in range(8)],
+        }
+    ]
+    snap = ResourceSnapshot.model_validate(
+        {"clusters": [{"id": "c", "region": "r", "price_per_device_hour": 1.0, "nodes": one}]}
+    )
+    for o in plan(spec, snap):
+        check_option(spec, snap, o)
+        assert o.tp * o.pp > 1
 
 
 def test_pinned_degrees_are_respected(example) -> None:

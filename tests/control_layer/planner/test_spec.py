@@ -78,3 +78,31 @@ def test_entrypoint_accepts_module_colon_function() -> None:
 def test_not_a_mapping_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="mapping"):
         JobSpec.from_yaml_or_json("- just\n- a list\n")
+
+
+def test_precision_defaults_to_auto() -> None:
+    assert JobSpec.model_validate(BASE).training.precision == "auto"
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"entrypoint_parallelism": ["dp"]}, "applies only with an entrypoint"),
+        ({"entrypoint": "pkg.mod:fn", "entrypoint_parallelism": ["dp", "tp"]}, "'tp' is not available"),
+        ({"entrypoint": "pkg.mod:fn", "entrypoint_parallelism": ["zero"]}, "'dp' is required"),
+        ({"entrypoint": "pkg.mod:fn", "parallelism": {"pp": 2}}, "tp = pp = 1"),
+        ({"entrypoint": "pkg.mod:fn", "parallelism": {"zero": 3}}, "needs 'zero' in entrypoint_parallelism"),
+    ],
+)
+def test_entrypoint_parallelism_is_what_the_runtime_gives_a_byo_model(patch: dict, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        JobSpec.from_yaml_or_json(json.dumps({**BASE, **patch}))
+    ok = JobSpec.model_validate(
+        {
+            **BASE,
+            "entrypoint": "pkg.mod:fn",
+            "entrypoint_parallelism": ["dp", "zero"],
+            "parallelism": {"zero": 3},
+        }
+    )
+    assert ok.byo_parallelism == ("dp", "zero")

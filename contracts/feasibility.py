@@ -1,0 +1,122 @@
+"""What the runtime can execute: one set of rules for the planner, the control plane and the worker.
+
+The planner enumerates only degrees and placements these rules allow; the control plane checks a
+chosen option against them before it writes worker configs; the worker's config validation applies
+the ones it can see. Each function returns the problems it finds, as sentences naming the field,
+so every caller reports the same reason. Pure: no torch, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from typing import Literal
+
+Precision = Literal["bf16", "fp32"]
+
+# What a bring-your-own model can be given: the runtime replicates any nn.Module (DDP) and shards
+# any nn.Module (FSDP2, ZeRO 1-3); TP and PP shard the built-in GPT by its module names.
+BYO_PARALLELISM = ("dp", "zero")
+BYO_DEFAULT_PARALLELISM = ("dp",)
+
+
+def resolve_precision(requested: str, device_kinds: Iterable[str]) -> Precision:
+    """The precision a placement trains at: 'auto' is bf16 only when every device is CUDA.
+
+    CPUs without native bf16 run autocast far slower than fp32 (8x on the reference box), while
+    CUDA devices are measured, and train fastest, in bf16.
+    """
+    if requested in ("bf16", "fp32"):
+        return requested  # type: ignore[return-value]
+    if requested != "auto":
+        raise ValueError(f"unknown precision {requested!r}")
+    kinds = set(device_kinds)
+    return "bf16" if kinds and kinds == {"cuda"} else "fp32"
+
+
+def shape_problems(
+    *, n_heads: int, n_layers: int, d_model: int, mlp_ratio: int = 4, tp: int, pp: int
+) -> list[str]:
+    """The model must split over the degrees: heads and MLP over tp, at least a layer per stage."""
+    out = []
+    if n_heads % tp:
+        out.append(f"model.n_heads ({n_heads}) must be divisible by tp ({tp})")
+    if (mlp_ratio * d_model) % tp:
+        out.append(f"MLP width ({mlp_ratio * d_model}) must be divisible by tp ({tp})")
+    if n_layers < pp:
+        out.append(f"model.n_layers ({n_layers}) must be >= pp ({pp}): each stage needs a layer")
+    return out
+
+
+def batch_problems(*, global_batch: int, dp: int, micro_batch: int, pp: int) -> list[str]:
+    """Sequences per step must split over the replicas, then into micro-batches; a pipeline needs at
+    least pp micro-batches to fill (the worker runs local_batch / micro_batch of them)."""
+    if global_batch % dp:
+        return [f"the global batch of {global_batch} sequences does not split over {dp} replicas"]
+    local = global_batch // dp
+    if local % micro_batch:
+        return [f"the local batch of {local} sequences does not split into micro-batches of {micro_batch}"]
+    if pp > 1 and local // micro_batch < pp:
+        return [
+            f"{local // micro_batch} micro-batches per replica cannot fill a {pp}-stage pipeline"
+            f" (local batch {local}, micro-batch {micro_batch})"
+        ]
+    return []
+
+
+def byo_problems(*, entrypoint: bool, supports: Collection[str], tp: int, pp: int, zero: int) -> list[str]:
+    """A bring-your-own model gets data parallelism, and ZeRO/FSDP sharding when it says it supports it."""
+    if not entrypoint:
+        return []
+    out = []
+    if tp > 1 or pp > 1:
+        out.append(
+            f"a bring-your-own model runs with tp = pp = 1 (got tp={tp}, pp={pp}):"
+            " tensor and pipeline parallelism need the built-in GPT's module structure"
+        )
+    if zero > 0 and "zero" not in supports:
+        out.append(f"zero={zero} needs 'zero' in entrypoint_parallelism (it has {sorted(supports)})")
+    return out
+
+
+def byo_parallelism_problems(values: Collection[str]) -> list[str]:
+    """The values a job may declare for its entrypoint."""
+    out = [
+        f"{v!r} is not available to a bring-your-own model (allowed: {', '.join(BYO_PARALLELISM)});"
+        " tensor and pipeline parallelism need the built-in GPT's module structure"
+        for v in values
+        if v not in BYO_PARALLELISM
+    ]
+    if "dp" not in values:
+        out.append("'dp' is required: every model is replicated across clusters")
+    return out
+
+
+def replica_node_problems(nodes_of_replica: Mapping[int, Collection[str]]) -> list[str]:
+    """Each replica (its tp x pp group) sits on one node: the runtime starts one single-node torchrun
+    group per node, so a tensor or pipeline group cannot reach across nodes."""
+    return [
+        f"replica {rank} spans nodes {sorted(nodes)}; a replica's tensor/pipeline group must fit on one node"
+        for rank, nodes in sorted(nodes_of_replica.items())
+        if len(set(nodes)) > 1
+    ]
+
+
+def data_region_problems(data_region: str | None, task_regions: Iterable[str]) -> list[str]:
+    """Data pinned to a region is read only there."""
+    if data_region is None:
+        return []
+    return [
+        f"data.region is {data_region!r} but the plan puts a task in {r!r}"
+        for r in sorted(set(task_regions))
+        if r != data_region
+    ]
+
+
+def sync_port_problems(n_tasks: int, nodes_without_port: Collection[str]) -> list[str]:
+    """With several tasks every task's leader listens for its peers, so each node needs a sync port."""
+    if n_tasks > 1 and nodes_without_port:
+        return [
+            f"nodes {sorted(nodes_without_port)} have no sync port; a job spanning several nodes needs one"
+            " per node"
+        ]
+    return []
