@@ -33,7 +33,15 @@ class AllocationConflict(Aborted):
     code = "allocation_conflict"
 
 
-def allocate(session: Session, job: Job, spec: JobSpec, option: PlanOption, attempt: int) -> list[Task]:
+def allocate(
+    session: Session,
+    job: Job,
+    spec: JobSpec,
+    option: PlanOption,
+    attempt: int,
+    *,
+    sync_secret: str | None = None,
+) -> list[Task]:
     """Lock, re-check and reserve; create one Task per node with its worker config. Flushes, so a
     unique-index violation surfaces here as AllocationConflict (the caller rolls back)."""
     groups = group_by_node(option)
@@ -76,7 +84,7 @@ def allocate(session: Session, job: Job, spec: JobSpec, option: PlanOption, atte
         )
         for node_id, entries in groups.items()
     ]
-    configs = build_worker_configs(job.id, spec, option, slots)
+    configs = build_worker_configs(job.id, spec, option, slots, sync_secret=sync_secret)
     prices = current_prices(session, list(clusters))
     egress = _egress_prices(session, {s.region for s in slots})
 

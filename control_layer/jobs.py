@@ -28,6 +28,7 @@ from control_layer.planner import plan
 from control_layer.planner.plan_types import PlanOption
 from control_layer.snapshot import build_snapshot
 from control_layer.task_states import clip_message
+from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc, session_scope
@@ -231,7 +232,8 @@ def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOpti
         if job.status != JobState.PENDING:
             return
         previous = job.reason
-        tasks = allocate(session, job, spec, option, attempt=job.attempt + 1)
+        secret = job_sync_secret(ctx.settings.secret_key, job.id)
+        tasks = allocate(session, job, spec, option, attempt=job.attempt + 1, sync_secret=secret)
         job.option = option.model_dump(mode="json")
         job.estimated_duration_s = option.estimates.duration_s
         job.estimated_cost = option.estimates.cost.total

@@ -7,6 +7,8 @@ of every other task over the WAN (``sync.listen`` / ``sync.peers``).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -123,10 +125,23 @@ def order_slots(slots: list[TaskSlot]) -> list[TaskSlot]:
     return sorted(slots, key=lambda s: (s.dp_ranks[0], s.node_id))
 
 
+def job_sync_secret(server_secret: str, job_id: str) -> str:
+    """The secret a job's leaders sign their sync calls with: stable across the job's attempts (a
+    re-placed region rejoins the survivors), different for every job, known only to the control
+    plane and the job's own tasks."""
+    return hmac.new(server_secret.encode(), f"sync:{job_id}".encode(), hashlib.sha256).hexdigest()
+
+
 def build_worker_configs(
-    job_id: str, spec: JobSpec, option: PlanOption, slots: list[TaskSlot]
+    job_id: str,
+    spec: JobSpec,
+    option: PlanOption,
+    slots: list[TaskSlot],
+    *,
+    sync_secret: str | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """node_id -> WorkerConfig dict for every task of the option."""
+    """node_id -> WorkerConfig dict for every task of the option; with ``sync_secret`` the
+    leaders accept sync calls only from each other."""
     check_node_groups(option, spec)
     slots = order_slots(slots)
     keys = sync_keys(slots)
@@ -162,7 +177,11 @@ def build_worker_configs(
                 "pp_schedule": option.pp_schedule,
                 "microbatches": option.n_micro_batches if option.pp > 1 else None,
             },
-            "sync": _sync(spec, option, slot, key, peers, offset, gossip) if multi else _solo(option, offset),
+            "sync": (
+                _sync(spec, option, slot, key, peers, offset, gossip) | {"auth_secret": sync_secret}
+                if multi
+                else _solo(option, offset)
+            ),
             "entrypoint": spec.entrypoint,
         }
         offset += dp_local

@@ -6,7 +6,13 @@ import pytest
 
 from contracts.errors import FailedPrecondition
 from control_layer.planner.plan_types import PlanOption
-from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
+from control_layer.worker_config import (
+    TaskSlot,
+    build_worker_configs,
+    group_by_node,
+    job_sync_secret,
+    validate_worker_config,
+)
 from orchestration.db.models import Cluster, Node
 from tests.orchestration.fleet import hand_option, tiny_spec
 
@@ -136,3 +142,20 @@ def test_the_workers_own_validation_applies_the_shared_rules() -> None:
     byo = {**cfg, "entrypoint": "mypkg.train:build", "data": {**cfg["data"], "kind": "byo"}}
     with pytest.raises(FailedPrecondition, match="bring-your-own model runs with tp = pp = 1"):
         validate_worker_config({**byo, "parallel": {**cfg["parallel"], "pp": 2, "microbatches": 2}})
+
+
+def test_a_jobs_leaders_share_one_sync_secret_that_differs_between_jobs() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0)])
+    spec = tiny_spec()
+    secrets = []
+    for job_id in ("job-a", "job-b"):
+        secret = job_sync_secret("server-secret", job_id)
+        configs = build_worker_configs(job_id, spec, option, _slots(option, c), sync_secret=secret)
+        assert {cfg["sync"]["auth_secret"] for cfg in configs.values()} == {secret}
+        for cfg in configs.values():
+            validate_worker_config(cfg)
+        secrets.append(secret)
+    assert secrets[0] != secrets[1] and len(secrets[0]) == 64
+    assert job_sync_secret("server-secret", "job-a") == secrets[0]  # stable: a re-placed region rejoins
+    assert job_sync_secret("other-server", "job-a") != secrets[0]
