@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from control_layer.allocation import allocate
+from control_layer.worker_config import job_sync_secret
 from orchestration.db.engine import make_engine, make_session_factory, session_scope
 from orchestration.db.migrate import upgrade
 from orchestration.db.models import Job
@@ -46,11 +47,12 @@ def test_same_region_tasks_train_and_sync(tmp_path: Path) -> None:
         job = Job(tenant_id=tenant.id, name="j", spec=spec.model_dump(mode="json"))
         s.add(job)
         s.flush()
-        tasks = allocate(
-            s, job, spec, hand_option([(cluster, nodes[0], 0), (cluster, nodes[1], 0)]), attempt=1
-        )
+        option = hand_option([(cluster, nodes[0], 0), (cluster, nodes[1], 0)])
+        # signed sync calls, as the placer configures every job
+        tasks = allocate(s, job, spec, option, attempt=1, sync_secret=job_sync_secret("k", job.id))
         configs = [t.worker_config for t in tasks]
     engine.dispose()
+    assert all(c["sync"]["auth_secret"] for c in configs)
     names = sorted(c["region"] for c in configs)
     assert all(n.startswith("eu-west/c1/") for n in names) and names[0] != names[1]
 
