@@ -7,7 +7,7 @@ with an error that names the field.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -16,18 +16,23 @@ from contracts.errors import InvalidArgument
 from contracts.feasibility import BYO_DEFAULT_PARALLELISM, byo_parallelism_problems, byo_problems
 from contracts.model import gpt_param_count, model_config
 
+# Every number has bounds and every float is finite: a spec that passes here cannot make a worker,
+# a planner or a database fail later. The maxima are far beyond any real job.
+SEED_MAX = 2**63 - 1
+_Name = Annotated[str, Field(min_length=1, max_length=64)]
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
     family: Literal["gpt"] = "gpt"
-    n_layers: int = Field(gt=0)
-    d_model: int = Field(gt=0)
-    n_heads: int = Field(gt=0)
-    vocab: int = Field(gt=0)
-    seq_len: int = Field(gt=0)
+    n_layers: int = Field(gt=0, le=1024)
+    d_model: int = Field(gt=0, le=65_536)
+    n_heads: int = Field(gt=0, le=1024)
+    vocab: int = Field(gt=1, le=1 << 22)
+    seq_len: int = Field(gt=0, le=1 << 20)
 
     @model_validator(mode="after")
     def _heads_divide_width(self) -> ModelSpec:
@@ -43,10 +48,12 @@ class ModelSpec(_Strict):
 
 class DataSpec(_Strict):
     kind: Literal["synthetic-markov", "tokens"] = "synthetic-markov"
-    seed: int = 0
-    path: str | None = None
+    seed: int = Field(default=0, ge=0, le=SEED_MAX)
+    path: str | None = Field(default=None, max_length=4096)
     region: str | None = Field(
-        default=None, description="Region where the data lives; the tasks that read it must run there."
+        max_length=64,
+        default=None,
+        description="Region where the data lives; the tasks that read it must run there.",
     )
     dtype: Literal["uint16", "uint32"] = "uint16"
 
@@ -58,14 +65,14 @@ class DataSpec(_Strict):
 
 
 class TrainingSpec(_Strict):
-    steps: int = Field(gt=0)
-    global_batch_tokens: int = Field(gt=0)
-    micro_batch_size: int = Field(default=1, gt=0, description="Sequences per micro-batch.")
-    lr: float = Field(default=3e-4, gt=0)
+    steps: int = Field(gt=0, le=100_000_000)
+    global_batch_tokens: int = Field(gt=0, le=1 << 40)
+    micro_batch_size: int = Field(default=1, gt=0, le=65_536, description="Sequences per micro-batch.")
+    lr: float = Field(default=3e-4, gt=0, le=10)
     warmup_steps: int = Field(default=0, ge=0)
-    weight_decay: float = Field(default=0.1, ge=0)
-    grad_clip: float = Field(default=1.0, ge=0)
-    seed: int = 0
+    weight_decay: float = Field(default=0.1, ge=0, le=10)
+    grad_clip: float = Field(default=1.0, ge=0, le=1e6)
+    seed: int = Field(default=0, ge=0, le=SEED_MAX)
     precision: Literal["auto", "bf16", "fp32"] = Field(
         default="auto",
         description=(
@@ -88,9 +95,9 @@ class TrainingSpec(_Strict):
 class ParallelismSpec(_Strict):
     """Pinned degrees; None leaves the choice to the planner."""
 
-    dp: int | None = Field(default=None, gt=0)
-    tp: int | None = Field(default=None, gt=0)
-    pp: int | None = Field(default=None, gt=0)
+    dp: int | None = Field(default=None, gt=0, le=1 << 20)
+    tp: int | None = Field(default=None, gt=0, le=1024)
+    pp: int | None = Field(default=None, gt=0, le=1024)
     zero: Literal[0, 1, 2, 3] | None = None
     pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"
 
@@ -103,27 +110,33 @@ class SyncSpec(_Strict):
     """How replicas in different clusters (regions) keep their weights together."""
 
     mode: SyncMode = "diloco"
-    every: int = Field(default=100, ge=1, description="H: inner steps between outer syncs.")
+    every: int = Field(default=100, ge=1, le=1_000_000, description="H: inner steps between outer syncs.")
     compression: Compression = "none"
     topk_ratio: float = Field(default=0.01, gt=0, le=1)
-    staleness: int = Field(default=2, ge=0)
-    outer_lr: float = Field(default=0.7, gt=0)
+    staleness: int = Field(default=2, ge=0, le=10_000)
+    outer_lr: float = Field(default=0.7, gt=0, le=10)
     outer_momentum: float = Field(default=0.9, ge=0, lt=1)
-    gossip_peers: int = Field(default=2, ge=1)
+    gossip_peers: int = Field(default=2, ge=1, le=256)
 
 
 class QoSSpec(_Strict):
-    max_hours: float | None = Field(default=None, gt=0)
-    max_cost: float | None = Field(default=None, gt=0)
-    regions: list[str] | None = Field(default=None, description="Allowed regions; None means any.")
-    exclude_regions: list[str] = Field(default_factory=list)
+    max_hours: float | None = Field(default=None, gt=0, le=100_000)
+    max_cost: float | None = Field(default=None, gt=0, le=1e12)
+    regions: list[_Name] | None = Field(
+        default=None, max_length=1000, description="Allowed regions; None means any."
+    )
+    exclude_regions: list[_Name] = Field(default_factory=list, max_length=1000)
     data_residency: str | None = Field(
-        default=None, description="Jurisdiction code (e.g. 'EU'); every task runs in regions of it."
+        default=None,
+        max_length=16,
+        description="Jurisdiction code (e.g. 'EU'); every task runs in regions of it.",
     )
-    accelerators: list[str] | None = Field(
-        default=None, description="Allowed device models, matched case-insensitively as substrings."
+    accelerators: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+        max_length=100,
+        default=None,
+        description="Allowed device models, matched case-insensitively as substrings.",
     )
-    min_gpu_mem_gb: float | None = Field(default=None, gt=0)
+    min_gpu_mem_gb: float | None = Field(default=None, gt=0, le=100_000)
     preemptible: bool = Field(default=False, description="Spot (preemptible) capacity allowed.")
     objective: Literal["cost", "time"] = "cost"
 
@@ -219,11 +232,32 @@ class JobSpec(_Strict):
             raise invalid_argument_from(exc, "job spec") from exc
 
 
+def _is_union_tag(part: object) -> bool:
+    # pydantic names the union member it tried ("literal['auto']", "ParallelismSpec"); fields are lower-case
+    return isinstance(part, str) and (part[:1].isupper() or "[" in part or "'" in part)
+
+
 def invalid_argument_from(exc: ValidationError, what: str) -> InvalidArgument:
-    """Turn a pydantic error into the domain error, one 'field.path: message' per problem."""
-    errors = [
-        {"field": ".".join(str(p) for p in err["loc"]) or "(root)", "message": err["msg"]}
-        for err in exc.errors()
-    ]
+    """Turn a pydantic error into the domain error, one 'field.path: message' per problem.
+
+    For a union field (``parallelism: "auto" | {...}``) only the member the input was meant for
+    is reported: a mapping is not a failed attempt at the literal.
+    """
+    raw = exc.errors()
+    locs = [tuple(err["loc"]) for err in raw]
+    errors = []
+    for err, loc in zip(raw, locs, strict=True):
+        tag_at = next((i for i, part in enumerate(loc) if _is_union_tag(part)), None)
+        if (
+            tag_at is not None
+            and str(loc[tag_at]).startswith("literal[")
+            and any(
+                other[:tag_at] == loc[:tag_at] and len(other) > tag_at and other[tag_at] != loc[tag_at]
+                for other in locs
+            )
+        ):
+            continue  # the input was a mapping: the literal member was never the intent
+        field = ".".join(str(p) for p in loc if not _is_union_tag(p)) or "(root)"
+        errors.append({"field": field, "message": err["msg"]})
     lines = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
     return InvalidArgument(f"invalid {what}: {lines}", errors=errors)

@@ -8,7 +8,7 @@ from contracts.errors import InvalidArgument
 
 
 class LinkSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     bandwidth_mbps: float | None = Field(default=None, gt=0)  # None: unlimited
     latency_ms: float = Field(default=0.0, ge=0)

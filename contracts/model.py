@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 class GPTConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     n_layers: int = Field(gt=0)
     d_model: int = Field(gt=0)

@@ -17,7 +17,7 @@ DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM = 0.7, 0.9
 
 
 class SyncConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     mode: Mode = "none"
     every: int = Field(default=1, gt=0, description="H: local steps between sync events")

@@ -20,7 +20,7 @@ from contracts.feasibility import BYO_PARALLELISM, byo_problems, shape_problems
 from contracts.model import GPTConfig
 from contracts.sync_config import SyncConfig
 
-_STRICT = ConfigDict(extra="forbid")
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class DataSpec(BaseModel):

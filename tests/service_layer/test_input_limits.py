@@ -82,3 +82,26 @@ def test_link_figures_must_be_finite_and_bounded(server: ServerHandle, patch: st
     r = httpx.put(server.http_url + "/v1/links", content=body, headers=headers, timeout=10)
     assert r.status_code == 422, r.text
     assert [e["field"] for e in r.json()["details"]["errors"]] == [field]
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ('"data": {"seed": 1180591620717411303424}', "data.seed"),
+        ('"sync": {"every": 1000000000000000000}', "sync.every"),
+        ('"qos": {"max_cost": Infinity}', "qos.max_cost"),
+    ],
+)
+def test_job_spec_numbers_out_of_bounds_get_a_422_not_a_500(
+    server: ServerHandle, patch: str, field: str
+) -> None:
+    from tests.service_layer.harness import ADMIN_KEY
+
+    body = (
+        '{"name": "b", "model": {"n_layers": 1, "d_model": 8, "n_heads": 2, "vocab": 16, "seq_len": 4},'
+        ' "training": {"steps": 2, "global_batch_tokens": 8}, ' + patch + "}"
+    )
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"}
+    r = httpx.post(server.http_url + "/v1/quotes", content=body, headers=headers, timeout=10)
+    assert r.status_code == 422, r.text
+    assert [e["field"] for e in r.json()["details"]["errors"]] == [field]
