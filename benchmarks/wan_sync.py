@@ -23,8 +23,10 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _regions import region_configs, run_regions  # noqa: E402
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 
 from contracts.links import LinkSpec  # noqa: E402
@@ -34,7 +36,6 @@ from training.checkpoint import latest_checkpoint  # noqa: E402
 from training.compression.codecs import encode_tensor, get_codec  # noqa: E402
 from training.data.markov import MarkovSource  # noqa: E402
 from training.models.gpt import GPT  # noqa: E402
-from training.sync.launch import region_configs, run_regions  # noqa: E402
 from training.sync.messages import Meta, OutMessage  # noqa: E402
 from training.sync.stats import TransferStats  # noqa: E402
 from training.sync.transport import PeerClient, SyncServer  # noqa: E402

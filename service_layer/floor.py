@@ -1,45 +1,25 @@
-"""The loss floor of a job's synthetic data, read from its result or computed from the data spec."""
+"""The loss floor of a job's synthetic data and the loss of a uniform guess.
+
+The floor is the Markov source's exact entropy rate. Workers build that source, so they report it
+(``entropy_floor`` in every step's metrics and in the result); the server only reads what was
+reported and never computes it (that would bring torch onto the request path).
+"""
 
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import Any
 
-# Computing the floor solves a vocab x vocab linear system (about 2 s at 512 on a busy CPU, and
-# cubic beyond); for larger vocabularies the floor comes with the worker's result.
-MAX_COMPUTED_VOCAB = 512
 
-
-def entropy_floor(
-    spec: dict[str, Any], *results: dict[str, Any] | None, worker_config: dict[str, Any] | None = None
-) -> float | None:
-    """The floor reported by the job (or a task), else computed for a synthetic-markov spec."""
-    for result in results:
-        if result and isinstance(result.get("entropy_floor"), int | float):
-            return float(result["entropy_floor"])
-    data = spec.get("data") or {}
-    vocab = (spec.get("model") or {}).get("vocab")
-    if data.get("kind", "synthetic-markov") != "synthetic-markov" or not isinstance(vocab, int):
-        return None
-    if not 2 <= vocab <= MAX_COMPUTED_VOCAB:
-        return None
-    wc_data = (worker_config or {}).get("data") or {}
-    branching = min(int(wc_data.get("branching", 4)), vocab)
-    concentration = float(wc_data.get("concentration", 0.5))
-    return _markov_floor(vocab, int(data.get("seed", 0)), branching, concentration)
+def entropy_floor(*reports: dict[str, Any] | None) -> float | None:
+    """The first ``entropy_floor`` among the given reports (results, last metrics), if any."""
+    for report in reports:
+        value = (report or {}).get("entropy_floor")
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    return None
 
 
 def uniform_loss(spec: dict[str, Any]) -> float | None:
     vocab = (spec.get("model") or {}).get("vocab")
     return math.log(vocab) if isinstance(vocab, int) and vocab > 1 else None
-
-
-@lru_cache(maxsize=64)
-def _markov_floor(vocab: int, seed: int, branching: int, concentration: float) -> float | None:
-    try:
-        # Imports torch: the first floor a process computes takes a few seconds, later ones are cached.
-        from training.data.markov import MarkovSource
-    except ImportError:
-        return None
-    return MarkovSource(vocab, seed, branching, concentration).entropy_rate_nats

@@ -245,12 +245,7 @@ def job_detail(session: Session, job: Job, now: datetime | None = None) -> JobDe
         estimates=_estimates(job),
         actual_duration_s=actual_s,
         result=job.result,
-        entropy_floor=entropy_floor(
-            job.spec,
-            job.result,
-            *(t.result for t in tasks),
-            worker_config=tasks[0].worker_config if tasks else None,
-        ),
+        entropy_floor=entropy_floor(job.result, *(t.result for t in tasks), *(t.last_metrics for t in tasks)),
     )
 
 
@@ -269,12 +264,7 @@ def metric_series(session: Session, job: Job, max_points: int = 500) -> MetricSe
     tasks = _current_tasks(session, [job]).get(job.id, [])
     return MetricSeries(
         job_id=job.id,
-        entropy_floor=entropy_floor(
-            job.spec,
-            job.result,
-            *(t.result for t in tasks),
-            worker_config=tasks[0].worker_config if tasks else None,
-        ),
+        entropy_floor=entropy_floor(job.result, *(t.result for t in tasks), *(t.last_metrics for t in tasks)),
         uniform_loss=uniform_loss(job.spec),
         series={r: thin(points, max_points) for r, points in by_region.items()},
     )

@@ -28,7 +28,8 @@ from training.parallel.init import DistContext
 from training.parallel.parallelize import grad_sync, parallelize
 from training.parallel.pipeline import build_schedule, split_stage
 from training.parallel.replica_state import gather_full_params, replica_layout, scatter_full_params
-from training.sync_hook import CrossRegionSync, SyncContext, build_sync
+from training.sync_hook import build_sync
+from training.sync_protocol import CrossRegionSync, SyncContext
 
 ForwardLoss = Callable[[nn.Module, Any, Any], Tensor]
 

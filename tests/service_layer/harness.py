@@ -19,7 +19,7 @@ ADMIN_KEY = "cpn_admin_" + secrets.token_urlsafe(24)
 
 
 def small_spec(name: str = "tiny-gpt", steps: int = 40, **qos: Any) -> dict[str, Any]:
-    """A job small enough for CPU slots: 2 layers, vocab 64 (its entropy floor is computable)."""
+    """A job small enough for CPU slots: 2 layers, vocab 64."""
     return {
         "name": name,
         "model": {"family": "gpt", "n_layers": 2, "d_model": 64, "n_heads": 4, "vocab": 64, "seq_len": 64},

@@ -44,7 +44,13 @@ def _metrics(server: ServerHandle, job: dict, steps: range) -> None:
                 server.ctx,
                 t["node_id"],
                 t["id"],
-                {"step": step, "total_steps": 60, "loss": 1.0 + 3.2 * 0.95**step, "tokens_per_s": 2000.0},
+                {
+                    "step": step,
+                    "total_steps": 60,
+                    "loss": 1.0 + 3.2 * 0.95**step,
+                    "tokens_per_s": 2000.0,
+                    "entropy_floor": 1.05,  # the worker reports its data's floor with every step
+                },
             )
 
 
@@ -134,7 +140,7 @@ def test_dashboard_in_chromium_shows_fleet_jobs_and_a_live_loss_curve(
         assert d.startswith("M") and d.count("L") == 19
         floor = browser.evaluate("document.querySelector('svg.loss-curve line.floor').dataset.value")
         detail = CpnClient(server.http_url, ADMIN_KEY).job(job["id"])
-        assert float(floor) == pytest.approx(detail["entropy_floor"], abs=1e-5)
+        assert float(floor) == pytest.approx(detail["entropy_floor"], abs=1e-5) == pytest.approx(1.05)
         assert "entropy floor" in browser.evaluate("document.querySelector('svg.loss-curve').textContent")
 
         # the page follows the job without a reload

@@ -5,7 +5,8 @@ from typing import Any
 import torch
 
 from contracts.worker_config import parse_worker_config
-from training.sync_hook import CrossRegionSync, NoOpSync, SyncContext, build_sync, other_regions
+from training.sync_hook import NoOpSync, build_sync, other_regions
+from training.sync_protocol import CrossRegionSync, SyncContext
 
 
 def ctx() -> SyncContext:

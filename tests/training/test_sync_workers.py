@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from training.sync.launch import region_configs, start_region
+from tests.training.sync_launch import region_configs, start_region
 
 REGIONS = ["eu-west", "sa-east", "us-east"]
 

@@ -1,4 +1,4 @@
-"""``SyncEngine``: the train loop's cross-region hook (``training.sync_hook.CrossRegionSync``).
+"""``SyncEngine``: the train loop's cross-region hook (``training.sync_protocol.CrossRegionSync``).
 
 Built on every rank; only the leader opens a server and talks to peer leaders. The leader's first
 event is a join: it waits for the peers, and if they are ahead (this region restarted, or resumed
@@ -28,7 +28,7 @@ from training.sync.transport import PeerError
 
 if TYPE_CHECKING:
     from contracts.worker_config import WorkerConfig
-    from training.sync_hook import SyncContext
+    from training.sync_protocol import SyncContext
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "sync": AnchoredSync,

@@ -10,18 +10,15 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from contracts.errors import FailedPrecondition, InvalidArgument
 from contracts.sync_config import SyncConfig
 from proto.cpn.sync.v1 import sync_pb2
+from training.sync.handler import RoundHandler
 from training.sync.messages import InMessage, OutMessage, PeerStatus, PushResult
 from training.sync.stats import TransferStats
 from training.sync.transport import PeerClient, PeerError, SyncServer
 from training.wan.shaper import LinkShaper
-
-if TYPE_CHECKING:
-    from training.sync.strategies.base import Strategy
 
 
 class RegionNode:
@@ -40,7 +37,7 @@ class RegionNode:
         self.left: set[str] = set()
         self.events: list[str] = []  # membership changes, for metrics
         self.inbox: dict[tuple[str, int], dict[str, InMessage]] = defaultdict(dict)
-        self.strategy: Strategy | None = None
+        self.strategy: RoundHandler | None = None
         self.pool = ThreadPoolExecutor(
             max_workers=4 + 2 * len(self.peers), thread_name_prefix=f"sync-{region}"
         )
@@ -188,7 +185,7 @@ class RegionNode:
     def known(self, region: str) -> bool:
         return region in self.alive
 
-    def _strategy(self) -> Strategy:
+    def _strategy(self) -> RoundHandler:
         if self.strategy is None:
             raise FailedPrecondition(f"region {self.region} is not ready yet", field="sync")
         return self.strategy

@@ -1,6 +1,7 @@
 """Run a job's regions on one machine: one ``python -m training.worker`` group per region (each
 rank with torchrun's environment), each region's leader serving gRPC on 127.0.0.1 port 0 and
-publishing its address in a shared rendezvous directory. For tests and the benchmark."""
+publishing its address in a shared rendezvous directory. Test scaffolding: the product launches
+workers through the agent."""
 
 from __future__ import annotations
 
