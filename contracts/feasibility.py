@@ -63,11 +63,25 @@ def batch_problems(*, global_batch: int, dp: int, micro_batch: int, pp: int) -> 
     return []
 
 
-def byo_problems(*, entrypoint: bool, supports: Collection[str], tp: int, pp: int, zero: int) -> list[str]:
-    """A bring-your-own model gets data parallelism, and ZeRO/FSDP sharding when it says it supports it."""
+def byo_problems(
+    *,
+    entrypoint: bool,
+    supports: Collection[str],
+    tp: int,
+    pp: int,
+    zero: int,
+    activation_checkpointing: bool = False,
+) -> list[str]:
+    """A bring-your-own model gets data parallelism, and ZeRO/FSDP sharding when it says it supports
+    it; activation checkpointing needs the built-in GPT's blocks (a BYO model does its own)."""
     if not entrypoint:
         return []
     out = []
+    if activation_checkpointing:
+        out.append(
+            "activation_checkpointing applies to the built-in GPT only; a bring-your-own model"
+            " checkpoints its own activations (torch.utils.checkpoint) if it wants to"
+        )
     if tp > 1 or pp > 1:
         out.append(
             f"a bring-your-own model runs with tp = pp = 1 (got tp={tp}, pp={pp}):"

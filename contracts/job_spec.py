@@ -189,6 +189,7 @@ class JobSpec(_Strict):
             tp=pins.tp or 1,
             pp=pins.pp or 1,
             zero=pins.zero or 0,
+            activation_checkpointing=self.training.activation_checkpointing,
         )
         if problems:
             raise ValueError("; ".join(problems))

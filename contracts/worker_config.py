@@ -114,7 +114,12 @@ class WorkerConfig(BaseModel):
         p = self.parallel
         # The rules the planner and the control plane apply too (contracts.feasibility).
         problems = byo_problems(
-            entrypoint=self.entrypoint is not None, supports=BYO_PARALLELISM, tp=p.tp, pp=p.pp, zero=p.zero
+            entrypoint=self.entrypoint is not None,
+            supports=BYO_PARALLELISM,
+            tp=p.tp,
+            pp=p.pp,
+            zero=p.zero,
+            activation_checkpointing=self.training.activation_checkpointing,
         )
         if self.model is not None and self.entrypoint is None:
             m = self.model

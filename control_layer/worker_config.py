@@ -83,6 +83,7 @@ def option_problems(spec: JobSpec, option: PlanOption) -> list[str]:
         tp=option.tp,
         pp=option.pp,
         zero=option.zero,
+        activation_checkpointing=option.activation_checkpointing,
     )
     problems += batch_problems(
         global_batch=spec.global_batch_sequences,

@@ -91,7 +91,16 @@ class Trainer:
     step: int = 0  # optimizer steps completed
     history: list[float] = field(default_factory=list)
 
+    @property
+    def bf16(self) -> bool:
+        return self.cfg.training.precision == "bf16"
+
     def _forward_backward(self, x: Any, y: Any) -> Tensor:
+        # bf16: matmuls autocast to bfloat16; weights, gradients and AdamW state stay fp32.
+        with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            return self._forward_backward_in_precision(x, y)
+
+    def _forward_backward_in_precision(self, x: Any, y: Any) -> Tensor:
         if self.schedule is not None:
             losses: list[Tensor] = []
             first, last = self.dims.pp_rank == 0, self.dims.pp_rank == self.dims.pp - 1
@@ -158,6 +167,7 @@ class Trainer:
             "sync_s": t3 - t2,
             "wall_s": t3 - t0,
             "compute_util": (t2 - t1) / (t3 - t0),
+            "precision": self.cfg.training.precision,
         }
         if grad_norm is not None:
             m["grad_norm"] = grad_norm
@@ -213,6 +223,8 @@ class Trainer:
             "final_loss": self.history[-1] if self.history else None,
             "entropy_floor": self.entropy_floor,
             "wall_s": time.perf_counter() - t0,
+            "precision": self.cfg.training.precision,
+            "activation_checkpointing": self.cfg.training.activation_checkpointing,
         }
 
     def close(self) -> None:
@@ -271,6 +283,7 @@ def build_trainer(cfg: WorkerConfig, ctx: DistContext) -> Trainer:
             ).entropy_rate_nats
         if dims.pp > 1:
             split_stage(model, dims.pp_rank, dims.pp)
+        model.activation_checkpointing = cfg.training.activation_checkpointing
     # Dropout masks: one stream per replica, shared by its TP ranks (whose activations are replicas).
     torch.manual_seed(derive_seed(cfg.training.seed, replica))
     model.to(ctx.device)

@@ -15,6 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from contracts.model import GPTConfig
 
@@ -80,6 +81,9 @@ class GPT(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
         self.norm: nn.LayerNorm | None = nn.LayerNorm(cfg.d_model)
         self.lm_head: nn.Linear | None = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        # Recompute each block's activations in backward instead of keeping them (set by the
+        # runtime from the worker config; parameter names stay those of the plain model).
+        self.activation_checkpointing = False
         self.init_weights(seed)
 
     @property
@@ -109,7 +113,10 @@ class GPT(nn.Module):
         else:
             h = idx  # a later pipeline stage receives hidden states
         for layer in self.layers.values():
-            h = layer(h)
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                h = checkpoint(layer, h, use_reentrant=False)
+            else:
+                h = layer(h)
         if self.lm_head is None:
             return h
         assert self.norm is not None
