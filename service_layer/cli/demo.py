@@ -177,6 +177,9 @@ def demo(
         http_port=0,
         grpc_port=0,
         heartbeat_interval_s=1.0,
+        # Six misses, not three: on a small shared machine the agents' own start-up (importing
+        # torch, measuring devices) can hold a heartbeat back for seconds.
+        heartbeat_misses=6,
         admin_api_key=admin_key,
     )
     console.print(f"[bold]cpn demo[/] — working directory {workdir}")
