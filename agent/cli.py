@@ -39,7 +39,9 @@ def agent_command(
     intra_bandwidth_gbps: float = typer.Option(0.0, "--intra-bandwidth-gbps", min=0, help="0: not declared"),
     work_dir: Path = typer.Option(Path("./cpn-agent"), "--work-dir", help="Assignment configs and logs"),
     state_file: Path | None = typer.Option(None, "--state-file", help="Default: <work-dir>/agent-state.json"),
-    reconnect_max_s: float = typer.Option(30.0, "--reconnect-max-s", help="Longest wait between reconnects"),
+    reconnect_max_s: float = typer.Option(
+        2.0, "--reconnect-max-s", help="Longest wait between reconnects (at most the heartbeat interval)"
+    ),
     kill_grace_s: float = typer.Option(
         10.0, "--kill-grace-s", help="SIGTERM to SIGKILL when stopping workers"
     ),

@@ -4,8 +4,9 @@ Life of an agent process:
 1. stop worker groups a previous agent process left behind (from the state file);
 2. find and measure the devices;
 3. register (with stored node credentials when they fit, else with the enrollment token);
-4. hold one ``Connect`` stream; when it breaks, reconnect with exponential backoff, keeping the
-   workers running and naming them in the next Hello;
+4. hold one ``Connect`` stream; when it breaks, reconnect with exponential backoff capped below
+   the server's loss threshold, keeping the workers running (nothing in a worker depends on the
+   stream) and naming them in the next Hello, then replaying each task's state and latest metrics;
 5. on SIGTERM/SIGINT stop the workers (reported FAILED, so the control plane re-places them),
    let the last messages go up, and exit 0.
 """
@@ -52,16 +53,31 @@ class _Reregister(Exception):
     """The server no longer knows this node's credentials: register again."""
 
 
-def channel_options(settings: AgentSettings) -> list[tuple[str, int]]:
+DEFAULT_HEARTBEAT_S = 2.0  # until the server says otherwise (the server's default too)
+
+
+def reconnect_cap_s(settings: AgentSettings, heartbeat_interval_s: float) -> float:
+    """The longest wait between reconnect attempts: never more than one heartbeat interval.
+
+    The server declares a node lost after interval x misses (misses >= 1) without a heartbeat, and
+    a restarted server waits a grace of a few thresholds before judging anyone; an agent that
+    retried less often than once an interval could miss either window while its workers run fine.
+    """
+    return max(settings.reconnect_min_s, min(settings.reconnect_max_s, heartbeat_interval_s))
+
+
+def channel_options(settings: AgentSettings, cap_s: float | None = None) -> list[tuple[str, int]]:
     backoff_ms = int(settings.reconnect_min_s * 1000)
+    cap_ms = int((cap_s if cap_s is not None else settings.reconnect_max_s) * 1000)
     return [
         ("grpc.keepalive_time_ms", 20_000),
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),
-        # The channel's own reconnect backoff (default up to 120 s) must not outlast ours.
+        # The channel's own reconnect backoff (default up to 120 s) must not outlast ours: while it
+        # waits, every call fails at once without trying the server.
         ("grpc.initial_reconnect_backoff_ms", backoff_ms),
         ("grpc.min_reconnect_backoff_ms", backoff_ms),
-        ("grpc.max_reconnect_backoff_ms", int(settings.reconnect_max_s * 1000)),
+        ("grpc.max_reconnect_backoff_ms", max(backoff_ms, cap_ms)),
     ]
 
 
@@ -81,7 +97,7 @@ class Agent:
     def __init__(self, settings: AgentSettings, devices: list[DeviceReport] | None = None) -> None:
         self.settings = settings
         self.devices = devices
-        self.heartbeat_interval_s = 2.0
+        self.heartbeat_interval_s = DEFAULT_HEARTBEAT_S
         self._outbox = Outbox()
         self._runs: dict[str, WorkerRun] = {}  # live and recently finished, by assignment id
         self._finals: dict[str, tuple[agent_pb2.AgentMessage, float]] = {}  # finished runs we no longer hold
@@ -126,7 +142,9 @@ class Agent:
                 d.measured_tflops,
             )
 
-        channel = grpc.aio.insecure_channel(s.server, options=channel_options(s))
+        channel = grpc.aio.insecure_channel(
+            s.server, options=channel_options(s, reconnect_cap_s(s, self.heartbeat_interval_s))
+        )
         self._stub = agent_pb2_grpc.AgentServiceStub(channel)
         # Duties outlive ``stop``: heartbeats go on while the workers are being stopped.
         duties_stop = asyncio.Event()
@@ -192,10 +210,11 @@ class Agent:
                 return
             if acked:
                 backoff = s.reconnect_min_s  # a session that got going starts the backoff afresh
-            delay = backoff * random.uniform(0.5, 1.0)
+            # Jitter spreads a fleet's reconnects after a control-plane restart.
+            delay = min(backoff, reconnect_cap_s(s, self.heartbeat_interval_s)) * random.uniform(0.5, 1.0)
             log.info("reconnecting in %.1fs", delay)
             await asyncio.sleep(delay)
-            backoff = min(s.reconnect_max_s, backoff * 2)
+            backoff = min(reconnect_cap_s(s, self.heartbeat_interval_s), backoff * 2)
 
     async def _register(self) -> None:
         s = self.settings
@@ -310,8 +329,12 @@ class Agent:
                 inventory=agent_pb2.Inventory(devices=[device_to_proto(d) for d in self.devices])
             )
         )
-        # Whatever was said before the break may be lost: say every task's current state again.
+        # Whatever was said before the break may be lost (in flight on the broken stream, or never
+        # applied by a control plane that died): say every task's current state and newest metrics
+        # again. The control layer ignores repeated states and metrics of steps it already has.
         for run in self._runs.values():
+            if (metrics := run.latest_metrics()) is not None:
+                self._outbox.put(metrics)
             self._outbox.put(run.current)
         for message, _ in self._finals.values():
             self._outbox.put(message)

@@ -2,6 +2,9 @@
 
 Control messages (status, heartbeat, inventory) are never dropped and always go first; bulk
 messages (metrics, logs) are bounded and the oldest are dropped while the server is unreachable.
+A task's status never overtakes its own queued metrics: they move ahead of it into the control
+lane, so a task that finished while the control plane was away reports its last steps, then how
+it ended, and the job is never settled on metrics that are still on their way.
 """
 
 from __future__ import annotations
@@ -22,9 +25,26 @@ class Outbox:
         self._closed = False
 
     def put(self, message: agent_pb2.AgentMessage) -> None:
-        bulk = message.WhichOneof("kind") in BULK_KINDS
-        (self._bulk if bulk else self._control).append(message)
+        kind = message.WhichOneof("kind")
+        if kind in BULK_KINDS:
+            self._bulk.append(message)
+        else:
+            if kind == "task_status":
+                self._metrics_first(message.task_status.assignment_id)
+            self._control.append(message)
         self._ready.set()
+
+    def _metrics_first(self, assignment_id: str) -> None:
+        """Move the task's queued metrics, in order, to the end of the control lane."""
+        ahead: list[agent_pb2.AgentMessage] = []
+        kept: list[agent_pb2.AgentMessage] = []
+        for m in self._bulk:
+            mine = m.WhichOneof("kind") == "metrics" and m.metrics.assignment_id == assignment_id
+            (ahead if mine else kept).append(m)
+        if ahead:
+            self._bulk.clear()
+            self._bulk.extend(kept)
+            self._control.extend(ahead)
 
     def requeue(self, message: agent_pb2.AgentMessage) -> None:
         """Put back a message taken for a stream that ended before it could be sent."""

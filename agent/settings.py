@@ -64,7 +64,9 @@ class AgentSettings(BaseModel):
     state_file: Path | None = None  # default: <work_dir>/agent-state.json
     rpc_timeout_s: float = Field(10.0, gt=0, description="deadline of every unary call")
     reconnect_min_s: float = Field(0.5, gt=0)
-    reconnect_max_s: float = Field(30.0, gt=0)
+    reconnect_max_s: float = Field(
+        2.0, gt=0, description="longest wait between reconnects (at most the server's heartbeat interval)"
+    )
     kill_grace_s: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL when stopping workers")
     log_lines_per_s: float = Field(50.0, gt=0, description="worker log lines forwarded per second")
     log_burst: int = Field(200, ge=1)

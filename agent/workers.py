@@ -316,18 +316,21 @@ class WorkerRun:
             )
         )
 
+    def latest_metrics(self) -> agent_pb2.AgentMessage | None:
+        """The newest metrics as a message (None before the first), to send or to replay."""
+        if self._metrics.latest is None:
+            return None
+        return agent_pb2.AgentMessage(
+            metrics=agent_pb2.TaskMetrics(assignment_id=self.assignment.assignment_id, **self._metrics.latest)
+        )
+
     def flush_metrics(self, force: bool = False) -> None:
         """Send the newest metrics if some are waiting and the interval allows (or ``force``)."""
-        if not self._metrics_pending or self._metrics.latest is None:
+        message = self.latest_metrics()
+        if not self._metrics_pending or message is None:
             return
         now = time.monotonic()
         if not force and now - self._metrics_sent_at < self._settings.metrics_min_interval_s:
             return
         self._metrics_pending, self._metrics_sent_at = False, now
-        self._send(
-            agent_pb2.AgentMessage(
-                metrics=agent_pb2.TaskMetrics(
-                    assignment_id=self.assignment.assignment_id, **self._metrics.latest
-                )
-            )
-        )
+        self._send(message)

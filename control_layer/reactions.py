@@ -167,7 +167,8 @@ def aggregate_results(tasks: list[Task]) -> dict[str, Any]:
 
 
 def on_task_metrics(ctx: ServerContext, node_id: str, assignment_id: str, metrics: dict[str, Any]) -> None:
-    """Store one step's metrics, keep them as the task's latest, and publish them on the job channel."""
+    """Store one step's metrics, keep them as the task's latest, and publish them on the job channel.
+    Metrics of a step no newer than the latest stored are ignored (agents replay on reconnect)."""
     step = metrics.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise InvalidArgument(
@@ -187,6 +188,9 @@ def on_task_metrics(ctx: ServerContext, node_id: str, assignment_id: str, metric
             raise PermissionDenied(
                 f"task {assignment_id} is not assigned to node {node_id}", field="assignment_id"
             )
+        last = (task.last_metrics or {}).get("step")
+        if isinstance(last, int) and step <= last:
+            return  # a worker reports each step once: this is a replay after a reconnect, or late
         session.add(
             TaskMetric(
                 job_id=task.job_id,

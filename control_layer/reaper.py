@@ -2,9 +2,15 @@
 lost node's tasks moves their jobs back to pending, and the placer re-places them.
 
 The resource layer touches ``node.<id>.alive`` on every heartbeat with a TTL of
-interval x misses. Only one control-plane replica reaps at a time (it holds the bus lock). A node
-is also given the benefit of its last recorded heartbeat, so a control plane that has just
-restarted with an empty in-process bus does not declare its whole fleet lost at once.
+interval x misses. Only one control-plane replica reaps at a time (it holds the bus lock).
+
+A reaper that has just started judges no node until it has been up for the restart grace
+(``Settings.reaper_grace_s``). While the control plane was down (or starting, which can take longer
+than the loss threshold) no agent could heartbeat, so every liveness key may have expired and every
+recorded heartbeat may be old: that silence says nothing about the nodes, only about us. After the
+grace, a node counts as alive only on a heartbeat received within the loss threshold, which by then
+means one received since this reaper started; agents cap their reconnect backoff below the
+threshold, so every live one has been heard by then.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import timedelta
+import math
+import time
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
@@ -28,9 +36,29 @@ log = logging.getLogger(__name__)
 REAPER_LOCK = "reaper"
 
 
-def reap_once(ctx: ServerContext) -> list[str]:
-    """One pass; returns the ids of the nodes it marked lost (empty if another replica holds the lock)."""
-    lost_after = ctx.settings.node_lost_after_s
+def is_lost(
+    *,
+    up_for_s: float,
+    grace_s: float,
+    key_alive: bool,
+    last_heard: datetime,
+    now: datetime,
+    lost_after_s: float,
+) -> bool:
+    """Whether a node is lost: the reaper is past its start-up grace, the node's liveness key has
+    expired, and the last heartbeat recorded for it is older than the loss threshold. Pure."""
+    if up_for_s < grace_s or key_alive:
+        return False
+    return last_heard < now - timedelta(seconds=lost_after_s)
+
+
+def reap_once(ctx: ServerContext, *, up_for_s: float = math.inf) -> list[str]:
+    """One pass; returns the ids of the nodes it marked lost (empty if another replica holds the lock
+    or this reaper, up for ``up_for_s`` seconds, is still within its start-up grace)."""
+    settings = ctx.settings
+    lost_after = settings.node_lost_after_s
+    if up_for_s < settings.reaper_grace_s:
+        return []
     with ctx.bus.lock(REAPER_LOCK, ttl_s=max(10.0, 5 * lost_after)) as held:
         if not held:
             return []
@@ -41,14 +69,20 @@ def reap_once(ctx: ServerContext) -> list[str]:
         if not alive:
             return []
         expired = set(ctx.bus.expired([node_alive_key(row.id) for row in alive]))
-        cutoff = utcnow() - timedelta(seconds=lost_after)
+        now = utcnow()
         lost = [
             row.id
             for row in alive
-            if node_alive_key(row.id) in expired
-            and as_utc(row.last_heartbeat_at or row.registered_at) < cutoff
+            if is_lost(
+                up_for_s=up_for_s,
+                grace_s=settings.reaper_grace_s,
+                key_alive=node_alive_key(row.id) not in expired,
+                last_heard=as_utc(row.last_heartbeat_at or row.registered_at),
+                now=now,
+                lost_after_s=lost_after,
+            )
         ]
-        why = f"missed {ctx.settings.heartbeat_misses} heartbeats ({lost_after:g}s without one)"
+        why = f"missed {settings.heartbeat_misses} heartbeats ({lost_after:g}s without one)"
         for node_id in lost:
             log.warning("node %s lost: %s", node_id, why)
             on_node_lost(ctx, node_id, why)
@@ -61,9 +95,11 @@ async def run_reaper(ctx: ServerContext, stop: asyncio.Event) -> None:
     Polling faster than the interval keeps detection close to interval x misses after the last heartbeat.
     """
     interval = ctx.settings.heartbeat_interval_s / 4
+    started = time.monotonic()
+    log.info("reaper up: no node is judged lost for the first %.1fs", ctx.settings.reaper_grace_s)
     while not stop.is_set():
         try:
-            await asyncio.to_thread(reap_once, ctx)
+            await asyncio.to_thread(reap_once, ctx, up_for_s=time.monotonic() - started)
         except Exception:
             log.exception("reaper pass failed")
         with contextlib.suppress(TimeoutError):

@@ -23,6 +23,9 @@ class Settings(BaseSettings):
     grpc_port: int = 50051
     heartbeat_interval_s: float = Field(2.0, gt=0)
     heartbeat_misses: int = Field(3, ge=1, description="Missed heartbeats before a node is lost")
+    restart_grace_s: float | None = Field(
+        None, gt=0, le=3600, description="How long a starting reaper declares no node lost (unset: derived)"
+    )
     max_job_retries: int = Field(2, ge=0)
     secret_key: str = Field(_DEV_SECRET, description="Signs dashboard sessions; required outside development")
     admin_api_key: str | None = Field(None, description="Bootstrap admin API key (created at start if set)")
@@ -47,3 +50,11 @@ class Settings(BaseSettings):
     @property
     def node_lost_after_s(self) -> float:
         return self.heartbeat_interval_s * self.heartbeat_misses
+
+    @property
+    def reaper_grace_s(self) -> float:
+        """Twice the loss threshold plus two heartbeat intervals: agents retry at least once per
+        interval, so each live one reconnects and heartbeats well within it after we start."""
+        if self.restart_grace_s is not None:
+            return self.restart_grace_s
+        return 2 * self.node_lost_after_s + 2 * self.heartbeat_interval_s

@@ -14,6 +14,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -184,6 +185,7 @@ class ServerHandle:
     ctx: ServerContext
     http_port: int
     grpc_port: int
+    started_at: float  # monotonic, when it was asked to start (its reaper's grace runs from about then)
     _loop: asyncio.AbstractEventLoop = field(repr=False)
     _stop: asyncio.Event = field(repr=False)
     _thread: threading.Thread = field(repr=False)
@@ -235,6 +237,7 @@ def start_server_in_thread(settings: Settings, timeout_s: float = 60.0) -> Serve
             ready.set()
 
     thread = threading.Thread(target=run, name="cpn-control-plane", daemon=True)
+    started_at = time.monotonic()
     thread.start()
     if not ready.wait(timeout_s):
         raise TimeoutError(f"control plane did not start within {timeout_s:.0f}s")
@@ -248,6 +251,7 @@ def start_server_in_thread(settings: Settings, timeout_s: float = 60.0) -> Serve
         ctx=box["ctx"],  # type: ignore[arg-type]
         http_port=box["http_port"],  # type: ignore[arg-type]
         grpc_port=box["grpc_port"],  # type: ignore[arg-type]
+        started_at=started_at,
         _loop=box["loop"],  # type: ignore[arg-type]
         _stop=box["stop"],  # type: ignore[arg-type]
         _thread=thread,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from agent.daemon import channel_options, reconnect_cap_s
 from agent.devices import detect_devices, system_memory_bytes
 from agent.outbox import Outbox
 from agent.output import LineBudget, MetricsTracker, parse_prefixed
@@ -143,6 +144,32 @@ def test_outbox_sends_control_before_bulk_and_bounds_bulk() -> None:
     assert asyncio.run(run()) == ["task_status", "log:1", "log:2"]
 
 
+def test_outbox_sends_a_tasks_queued_metrics_before_its_status() -> None:
+    def metrics(aid: str, step: int) -> agent_pb2.AgentMessage:
+        return agent_pb2.AgentMessage(metrics=agent_pb2.TaskMetrics(assignment_id=aid, step=step))
+
+    async def run() -> list[str]:
+        box = Outbox()
+        for step in (1, 2):
+            box.put(metrics("a", step))
+            box.put(metrics("b", step))
+        box.put(agent_pb2.AgentMessage(log=agent_pb2.TaskLog(assignment_id="a", line="x")))
+        box.put(agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=1)))
+        box.put(agent_pb2.AgentMessage(task_status=agent_pb2.TaskStatus(assignment_id="a", state=3)))
+        box.close()
+        out = []
+        while (m := await box.get()) is not None:
+            kind = m.WhichOneof("kind")
+            out.append(f"{kind}:{m.metrics.assignment_id}{m.metrics.step}" if kind == "metrics" else kind)
+        return out
+
+    # a's metrics go ahead of a's status (but after what was already in the control lane); b's and
+    # the log stay in the bulk lane
+    assert asyncio.run(run()) == [
+        "heartbeat", "metrics:a1", "metrics:a2", "task_status", "metrics:b1", "metrics:b2", "log",
+    ]  # fmt: skip
+
+
 def test_state_file_roundtrip_is_private(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "state.json"
     assert AgentState.load(path) == AgentState()
@@ -179,3 +206,14 @@ def test_auto_finds_cuda_devices_or_says_how_to_declare_cpu_slots() -> None:
     else:
         with pytest.raises(FailedPrecondition, match="--devices cpu:N"):
             detect_devices(DeviceRequest.parse("auto"))
+
+
+def test_reconnect_backoff_never_outwaits_a_heartbeat_interval() -> None:
+    s = settings()
+    assert s.reconnect_max_s == 2.0
+    assert reconnect_cap_s(s, 2.0) == 2.0
+    assert reconnect_cap_s(s, 1.0) == 1.0  # a server with faster heartbeats: retry faster
+    assert reconnect_cap_s(settings(reconnect_max_s=30.0), 2.0) == 2.0  # an operator's 30 s is capped
+    assert reconnect_cap_s(s, 0.1) == s.reconnect_min_s  # never a busy loop
+    options = dict(channel_options(s, reconnect_cap_s(s, 1.0)))
+    assert options["grpc.max_reconnect_backoff_ms"] == 1000  # the channel's own backoff too

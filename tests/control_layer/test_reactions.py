@@ -198,6 +198,13 @@ def test_metrics_are_stored_published_and_sanitised(ctx: ServerContext) -> None:
     assert [(r.step, r.loss) for r in rows] == [(3, 2.5), (4, None)]
     assert rows[0].wan_bytes_sent == 3_000_000_000  # beyond 32 bits
     assert task is not None and task.last_metrics == {"step": 4, "loss": None}
+    # a replay after a reconnect (or a late copy) adds no row and does not move the latest back
+    on_task_metrics(ctx, t.node_id, t.id, {"step": 4, "loss": 9.0})
+    on_task_metrics(ctx, t.node_id, t.id, {"step": 3, "loss": 9.0})
+    with session_scope(ctx.session_factory) as s:
+        again = s.scalars(select(TaskMetric).where(TaskMetric.task_id == t.id)).all()
+        task = s.get(Task, t.id)
+    assert len(again) == 2 and task is not None and task.last_metrics == {"step": 4, "loss": None}
     with pytest.raises(InvalidArgument) as info:
         on_task_metrics(ctx, t.node_id, t.id, {"loss": 1.0})
     assert info.value.details["field"] == "metrics.step"

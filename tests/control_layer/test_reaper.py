@@ -1,4 +1,5 @@
-"""The reaper marks nodes lost when their liveness key expired, once, from one replica at a time."""
+"""The reaper marks nodes lost when their liveness key expired, once, from one replica at a time, and
+not before it has been up for its start-up grace."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from sqlalchemy import update
 from contracts.states import JobState
 from control_layer.jobs import job_tasks
 from control_layer.placer import place_pending
-from control_layer.reaper import REAPER_LOCK, reap_once, run_reaper
+from control_layer.reaper import REAPER_LOCK, is_lost, reap_once, run_reaper
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Node
+from orchestration.settings import Settings
 from resource_layer.liveness import node_alive_key
+from resource_layer.registry import heartbeat
 from tests.orchestration.fleet import add_cluster, add_tenant, submit_and_place, tiny_spec
 
 
@@ -95,3 +98,43 @@ def test_run_reaper_loop_stops_on_request(ctx: ServerContext) -> None:
 
     asyncio.run(main())
     assert {_status(ctx, n) for n in nodes} == {"lost"}
+
+
+def test_is_lost_waits_out_the_start_up_grace() -> None:
+    now = utcnow()
+    old = now - timedelta(seconds=60)
+    rule = {"grace_s": 10.0, "now": now, "lost_after_s": 6.0}
+    assert not is_lost(up_for_s=9.9, key_alive=False, last_heard=old, **rule)  # just restarted
+    assert is_lost(up_for_s=10.0, key_alive=False, last_heard=old, **rule)
+    assert not is_lost(up_for_s=100.0, key_alive=True, last_heard=old, **rule)  # key vouches
+    recent = now - timedelta(seconds=5)
+    assert not is_lost(up_for_s=100.0, key_alive=False, last_heard=recent, **rule)  # row vouches
+
+
+def test_a_restarted_reaper_spares_nodes_that_reconnect_within_the_grace(ctx: ServerContext) -> None:
+    """Every key expired and every recorded heartbeat old, as after a control-plane restart: nobody is
+    lost during the grace, nodes heard in it survive it, and the silent one is lost right after."""
+    tenant, nodes = _fleet(ctx)
+    job = submit_and_place(ctx, tenant, spec=tiny_spec())
+    with session_scope(ctx.session_factory) as s:
+        (task,) = job_tasks(s, job.id)
+    grace = ctx.settings.reaper_grace_s
+    assert grace >= 2 * ctx.settings.node_lost_after_s
+    assert reap_once(ctx, up_for_s=0.0) == []
+    assert reap_once(ctx, up_for_s=grace - 0.01) == []
+    assert {_status(ctx, n) for n in nodes} == {"alive"}
+    silent = next(n for n in nodes if n != task.node_id)
+    for node_id in nodes:
+        if node_id != silent:
+            heartbeat(ctx, node_id)  # reconnected and heard since the restart
+    assert reap_once(ctx, up_for_s=grace) == [silent]
+    assert _status(ctx, task.node_id) == "alive"
+    with session_scope(ctx.session_factory) as s:
+        stored = s.get(Job, job.id)
+        assert stored is not None and stored.status != JobState.PENDING and stored.attempt == 1
+
+
+def test_default_grace_outlasts_the_loss_threshold() -> None:
+    settings = Settings(heartbeat_interval_s=2.0, heartbeat_misses=3)
+    assert settings.reaper_grace_s == 2 * 6.0 + 2 * 2.0
+    assert Settings(restart_grace_s=30.0).reaper_grace_s == 30.0
