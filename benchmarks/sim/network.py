@@ -26,23 +26,30 @@ Callback = Callable[[], None]
 @dataclass(eq=False)
 class Flow:
     path: tuple[Resource, ...]
-    remaining: float
+    remaining: float  # bytes left at time ``since``
     latency: float
     on_done: Callback
     rate: float = 0.0
+    since: float = 0.0
+    version: int = 0  # bumped whenever the rate changes; older heap entries are stale
 
 
 @dataclass
 class Network:
-    """Capacities in bytes/s per resource; ``label_of`` maps a resource to the link it belongs to."""
+    """Capacities in bytes/s per resource; ``bytes_on`` counts the bytes sent under each label.
+
+    Rates are recomputed only for the flows that share a resource, directly or through other flows,
+    with one that started or ended: flows on disjoint paths do not affect each other's max-min rates.
+    """
 
     capacity: dict[Resource, float]
     now: float = 0.0
     bytes_on: dict[str, float] = field(default_factory=dict)
     _timers: list[tuple[float, int, Callback]] = field(default_factory=list)
-    _flows: list[Flow] = field(default_factory=list)
+    _ends: list[tuple[float, int, int, Flow]] = field(default_factory=list)
+    _users: dict[Resource, dict[Flow, None]] = field(default_factory=dict)
+    _dirty: list[Resource] = field(default_factory=list)
     _seq: int = 0
-    _dirty: bool = False
 
     def at(self, delay: float, fn: Callback) -> None:
         """Run ``fn`` ``delay`` seconds from now."""
@@ -63,20 +70,41 @@ class Network:
         if nbytes <= 0 or not path:
             self.at(latency, on_done)
             return
-        self._flows.append(Flow(tuple(path), float(nbytes), latency, on_done))
-        self._dirty = True
+        flow = Flow(tuple(path), float(nbytes), latency, on_done, since=self.now)
+        for r in flow.path:
+            self._users.setdefault(r, {})[flow] = None
+        self._dirty += flow.path
+
+    def _component(self) -> list[Flow]:
+        """Flows reachable from the dirty resources through shared resources, in a stable order."""
+        seen_r: set[Resource] = set()
+        flows: dict[Flow, None] = {}
+        stack = list(self._dirty)
+        self._dirty.clear()
+        while stack:
+            r = stack.pop()
+            if r in seen_r:
+                continue
+            seen_r.add(r)
+            for f in self._users.get(r, ()):
+                if f not in flows:
+                    flows[f] = None
+                    stack.extend(f.path)
+        return list(flows)
 
     def _allocate(self) -> None:
-        """Max-min fair rates by progressive filling."""
-        left = {}
-        users: dict[Resource, list[Flow]] = {}
-        for f in self._flows:
+        """Max-min fair rates by progressive filling, over the flows a change can affect."""
+        flows = self._component()
+        left: dict[Resource, float] = {}
+        active: dict[Resource, int] = {}
+        for f in flows:
+            f.remaining -= f.rate * (self.now - f.since)
+            f.since = self.now
             f.rate = -1.0
             for r in f.path:
-                users.setdefault(r, []).append(f)
                 left[r] = self.capacity[r]
-        active = {r: len(fs) for r, fs in users.items()}
-        unfrozen = len(self._flows)
+                active[r] = active.get(r, 0) + 1
+        unfrozen = len(flows)
         while unfrozen:
             # The resource that fills first at an equal share of what is left on it.
             bottleneck, share = None, math.inf
@@ -84,44 +112,38 @@ class Network:
                 if n and left[r] / n < share:
                     bottleneck, share = r, left[r] / n
             assert bottleneck is not None
-            for f in users[bottleneck]:
+            for f in self._users[bottleneck]:
                 if f.rate >= 0:
                     continue
                 f.rate = share
+                f.version += 1
                 unfrozen -= 1
                 for r in f.path:
                     left[r] -= share
                     active[r] -= 1
-        self._dirty = False
+                self._seq += 1
+                heapq.heappush(
+                    self._ends, (self.now + max(0.0, f.remaining) / share, self._seq, f.version, f)
+                )
 
     def run(self) -> float:
         """Run until nothing is left to happen; returns the time of the last event."""
-        while self._timers or self._flows:
+        while True:
             if self._dirty:
                 self._allocate()
-            t_flow, first = math.inf, None
-            for f in self._flows:
-                t = self.now + f.remaining / f.rate
-                if t < t_flow:
-                    t_flow, first = t, f
-            if self._timers and self._timers[0][0] <= t_flow:
+            while self._ends and self._ends[0][2] != self._ends[0][3].version:
+                heapq.heappop(self._ends)
+            if self._timers and (not self._ends or self._timers[0][0] <= self._ends[0][0]):
                 t, _, fn = heapq.heappop(self._timers)
-                self._advance(t)
+                self.now = max(self.now, t)
                 fn()
-                continue
-            self._advance(t_flow)
-            assert first is not None
-            first.remaining = 0.0
-            done = [f for f in self._flows if f.remaining <= 1e-9 * max(1.0, f.rate)]
-            self._flows = [f for f in self._flows if f.remaining > 1e-9 * max(1.0, f.rate)]
-            self._dirty = True
-            for f in done:
+            elif self._ends:
+                t, _, _, f = heapq.heappop(self._ends)
+                self.now = max(self.now, t)
+                f.version += 1  # finished: no later entry may fire
+                for r in f.path:
+                    del self._users[r][f]
+                self._dirty += f.path
                 self.at(f.latency, f.on_done)
-        return self.now
-
-    def _advance(self, t: float) -> None:
-        dt = t - self.now
-        if dt > 0:
-            for f in self._flows:
-                f.remaining -= f.rate * dt
-            self.now = t
+            else:
+                return self.now
