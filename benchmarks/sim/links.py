@@ -1,0 +1,76 @@
+"""Which resources a message between two devices crosses, and its latency.
+
+The snapshot knows a cluster's fabric (``intra_bandwidth_gbps``, ``intra_latency_ms``) and links
+between regions (``ResourceSnapshot.link``; a region's own clusters talk over its local link).
+The simulator reads that as:
+
+- every device has one port into its node's interconnect and one into the cluster fabric, each at
+  the cluster's intra bandwidth in each direction (rail-optimised GPU servers give each device its
+  own NIC, e.g. eight 400 Gb/s ConnectX-7 for eight H100 in a DGX H100; NVLink is separate from
+  the NIC). The snapshot has no node-level figure, so the node interconnect runs at the fabric's
+  rate too; the fabric itself is non-blocking (fat tree), so only the ports can be full;
+- traffic between clusters leaves through the sender's fabric port and crosses the link between
+  the two regions (one shared pipe per direction, also for two clusters of one region), whose
+  latency it pays;
+- goodput factors scale nominal bandwidth to what a transport achieves (1.0: the wire rate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from control_layer.planner.snapshot import ResourceSnapshot
+
+GBPS = 1e9 / 8  # bytes/s per Gb/s
+
+
+@dataclass(frozen=True, order=True)
+class Device:
+    cluster: str
+    node: str
+    index: int
+
+
+@dataclass
+class Topology:
+    snapshot: ResourceSnapshot
+    lan_goodput: float = 1.0
+    wan_goodput: float = 1.0
+    capacity: dict[object, float] = field(default_factory=dict)
+    _region: dict[str, str] = field(default_factory=dict)
+    _fabric: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for c in self.snapshot.clusters:
+            self._region[c.id] = c.region
+            self._fabric[c.id] = (c.intra_bandwidth_gbps * GBPS * self.lan_goodput, c.intra_latency_ms / 1e3)
+
+    def region(self, cluster: str) -> str:
+        return self._region[cluster]
+
+    def _port(self, key: tuple, rate: float) -> tuple:
+        self.capacity.setdefault(key, rate)
+        return key
+
+    def route(self, a: object, b: object) -> tuple[tuple[object, ...], float, str]:
+        """(resources, latency s, link label) for a message from device a to device b."""
+        assert isinstance(a, Device) and isinstance(b, Device)
+        if a.cluster == b.cluster:
+            rate, latency = self._fabric[a.cluster]
+            kind = "node" if a.node == b.node else "nic"
+            label = f"node:{a.cluster}/{a.node}" if a.node == b.node else f"fabric:{a.cluster}"
+            path = (self._port((kind, "out", a), rate), self._port((kind, "in", b), rate))
+            return path, latency, label
+        ra, rb = self._region[a.cluster], self._region[b.cluster]
+        link = self.snapshot.link(ra, rb)
+        if link is None:
+            raise ValueError(f"no link between regions {ra!r} and {rb!r}")
+        goodput = self.lan_goodput if ra == rb else self.wan_goodput
+        out_rate, _ = self._fabric[a.cluster]
+        in_rate, _ = self._fabric[b.cluster]
+        path = (
+            self._port(("nic", "out", a), out_rate),
+            self._port(("link", ra, rb), link.bandwidth_gbps * GBPS * goodput),
+            self._port(("nic", "in", b), in_rate),
+        )
+        return path, link.latency_ms / 1e3, f"link:{ra}->{rb}"
