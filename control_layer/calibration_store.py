@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from contracts.states import JobState
@@ -107,6 +107,18 @@ def _device_models(session: Session, tasks: list[Task]) -> dict[str, str]:
     return out
 
 
+# Advisory lock key of calibration updates (any constant unique among this database's advisory locks).
+_LOCK_KEY = 0x43504E43414C  # "CPNCAL"
+
+
+def _serialise(session: Session) -> None:
+    """One calibration update at a time: two jobs ending together would otherwise both insert a new
+    factor (a key conflict that would fail the second job's end) or lose one update. SQLite already
+    serialises writers."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
+
+
 def on_job_end(session: Session, job: Job) -> dict[str, Any] | None:
     """Record the job's estimate-vs-actual and, if it succeeded, learn from it; returns the record."""
     run = finished_run(session, job)
@@ -115,6 +127,7 @@ def on_job_end(session: Session, job: Job) -> dict[str, Any] | None:
     job.accuracy = cal.accuracy_record(run)
     if not run.succeeded:
         return job.accuracy
+    _serialise(session)
     state = load_state(session)
     new_state, changes = cal.update(state, run)
     for (kind, key), factor in new_state.factors.items():
