@@ -22,6 +22,7 @@ from contracts.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan
 from contracts.job_spec import JobSpec
 from contracts.states import JOB_TERMINAL, JobState, TaskState
 from control_layer.allocation import AllocationConflict, allocate
+from control_layer.calibration_store import load_calibration
 from control_layer.dispatch import dispatch
 from control_layer.lifecycle import transition, wake_placer
 from control_layer.planner import plan
@@ -66,10 +67,11 @@ def choose_option(options: list[PlanOption], choice: str) -> PlanOption:
 def plan_now(
     ctx: ServerContext, spec: JobSpec, *, exclude_nodes: frozenset[str] = frozenset()
 ) -> list[PlanOption]:
-    """Options on a snapshot of this moment (read in its own short transaction)."""
+    """Options on a snapshot and the calibration of this moment (read in one short transaction)."""
     with session_scope(ctx.session_factory) as session:
         snapshot = build_snapshot(session, exclude_nodes=exclude_nodes)
-    return plan(spec, snapshot)
+        calibration = load_calibration(session)
+    return plan(spec, snapshot, calibration)
 
 
 # -- quotes and submission ------------------------------------------------------------------------

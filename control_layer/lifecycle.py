@@ -8,7 +8,8 @@
 ``attempt`` counts placements: the move pending → placed increments it, and the tasks created by
 that placement carry the new number, so reports from an older attempt are recognisably stale.
 Leaving an attempt (back to pending, or to an end state) stops its still-active tasks, releases
-the job's devices and wakes the placer; an end state also charges the ledger. Callers never do
+the job's devices and wakes the placer; an end state also charges the ledger, records the
+job's estimate next to its actual, and (on success) calibrates the planner from the run. Callers never do
 any of that themselves.
 """
 
@@ -22,6 +23,7 @@ from sqlalchemy.orm import Session
 from contracts.errors import FailedPrecondition, InvalidArgument
 from contracts.states import JOB_TERMINAL, TASK_ACTIVE, JobState, TaskState, job_can_move
 from control_layer.allocation import release
+from control_layer.calibration_store import on_job_end
 from control_layer.dispatch import send_cancel
 from control_layer.task_states import clip_message, move_task
 from orchestration.bus.base import Bus
@@ -98,6 +100,9 @@ def transition(
     )
     if to in JOB_TERMINAL:
         record_job_cost(session, job)
+        # After the charge: the estimate-vs-actual record compares the quote with the ledger.
+        session.flush()
+        on_job_end(session, job)
     return job
 
 

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidArgument, NotFound, PermissionDenied
 from contracts.states import JOB_ACTIVE, TASK_ACTIVE, JobState, TaskState, task_move_applies
+from control_layer.calibration import TIMING_KEYS
 from control_layer.dispatch import assignment_message, send_cancel
 from control_layer.lifecycle import transition
 from control_layer.task_states import move_task, normalize_task_state
@@ -202,6 +203,7 @@ def on_task_metrics(ctx: ServerContext, node_id: str, assignment_id: str, metric
                 compute_utilization=_float_or_none(clean.get("compute_utilization")) or 0.0,
                 wan_bytes_sent=int(clean.get("wan_bytes_sent") or 0),
                 wan_bytes_recv=int(clean.get("wan_bytes_recv") or 0),
+                timings=_timings(clean),
             )
         )
         task.last_metrics = clean
@@ -256,6 +258,12 @@ def _lock_job(session: Session, job_id: str) -> Job:
     return session.scalars(
         select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True)
     ).one()
+
+
+def _timings(metrics: dict[str, Any]) -> dict[str, float] | None:
+    """The step's time by part, for calibration; None from a worker that reports no parts."""
+    parts = {k: v for k in TIMING_KEYS if (v := _float_or_none(metrics.get(k))) is not None}
+    return parts or None
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -167,3 +167,6 @@ class CpnClient:
 
     def snapshot(self) -> dict[str, Any]:
         return self._call("GET", "/v1/snapshot")
+
+    def calibration(self, limit: int = 500) -> dict[str, Any]:
+        return self._call("GET", "/v1/calibration", params={"limit": limit})

@@ -206,6 +206,7 @@ def _estimates(job: Job) -> EstimatesRead | None:
         step_s={k: float(v) for k, v in (est.get("step_s") or {}).items()},
         cost={k: float(v) for k, v in cost.items()},
         tokens_per_s=est.get("tokens_per_s"),
+        interval=est.get("interval"),
     )
 
 
@@ -246,6 +247,7 @@ def job_detail(session: Session, job: Job, now: datetime | None = None) -> JobDe
         actual_duration_s=actual_s,
         result=job.result,
         entropy_floor=entropy_floor(job.result, *(t.result for t in tasks), *(t.last_metrics for t in tasks)),
+        accuracy=job.accuracy,
     )
 
 

@@ -73,7 +73,8 @@ def plan(
     """Priced options on the cost-vs-time Pareto front, best for spec.qos.objective first.
 
     Each option is complete (degrees, per-device tasks, sync topology, estimates with breakdowns,
-    the QoS checks it passed). Raises contracts.errors.NoFeasiblePlan, whose
+    the QoS checks it passed), with the calibrated factors it rests on and an interval from the
+    calibration's recent errors. Raises contracts.errors.NoFeasiblePlan, whose
     details['explanation'] lists which constraint removed what, when nothing is feasible.
     """
     if max_options < 1:

@@ -69,12 +69,13 @@ def sync_bytes_per_param(sync: SyncSpec) -> float:
 # ---------------------------------------------------------------- calibration lookups
 
 
-def device_efficiency(model: str, calibration: Calibration | None) -> float:
+def device_efficiency(model: str, calibration: Calibration | None, precision: str | None = None) -> float:
+    """Calibrated efficiency for "model|precision", else for "model", else the default."""
     if calibration:
-        want = model.lower()
-        for key, value in calibration.device_efficiency.items():
-            if key.lower() == want:
-                return value
+        table = {key.lower(): value for key, value in calibration.device_efficiency.items()}
+        for want in ([f"{model}|{precision}".lower()] if precision else []) + [model.lower()]:
+            if want in table:
+                return table[want]
     return DEFAULT_DEVICE_EFFICIENCY
 
 
@@ -82,7 +83,14 @@ def effective_flops(
     tflops: float, model: str, kind: str, precision: str, calibration: Calibration | None
 ) -> float:
     """FLOP/s a device achieves in training: measured TFLOPS × efficiency × the precision's rate."""
-    return tflops * 1e12 * device_efficiency(model, calibration) * precision_rate(kind, precision)
+    return tflops * 1e12 * device_efficiency(model, calibration, precision) * precision_rate(kind, precision)
+
+
+def startup_seconds(node: str, measured: float, calibration: Calibration | None) -> float:
+    """Seconds a node takes to start a worker: calibrated from finished runs, else as measured."""
+    if calibration and node in calibration.startup_s:
+        return calibration.startup_s[node]
+    return measured
 
 
 def link_goodput(a: str, b: str, calibration: Calibration | None) -> float:

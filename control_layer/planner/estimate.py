@@ -15,6 +15,7 @@ from contracts.errors import InvalidArgument
 from contracts.feasibility import replica_node_problems, resolve_precision
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
+from control_layer.planner.intervals import basis, interval
 from control_layer.planner.plan_types import (
     Calibration,
     CostBreakdown,
@@ -276,4 +277,6 @@ def estimate_option(
         memory_per_device_gb=peak_bytes / cm.GB,
         tokens_per_s=spec.training.global_batch_tokens / step.total if step.total > 0 else 0.0,
         wan_bytes_per_step=sc.wan_bytes * per_step_exchanges,
+        interval=interval(duration, cost.total, calibration),
+        basis=basis(tasks, snapshot, precision, calibration),
     )

@@ -74,6 +74,32 @@ class CostBreakdown(_Plain):
         return _fill_and_check_total(data, ("devices", "egress"), "cost")
 
 
+class EstimateInterval(_Plain):
+    """Where the actual is expected to land: the estimate scaled by recent relative errors.
+
+    low/high are the p10/p90 of (actual − estimate) / estimate over recent finished jobs, or a wide
+    default band when there are too few of them (``residuals`` says how many were used).
+    """
+
+    duration_s_low: float = Field(ge=0)
+    duration_s_high: float = Field(ge=0)
+    cost_low: float = Field(ge=0)
+    cost_high: float = Field(ge=0)
+    residuals: int = Field(default=0, ge=0)
+
+
+class CalibrationBasis(_Plain):
+    """The factors an estimate was made with, so a finished run can be compared like with like.
+
+    efficiency: per "model|precision" of the devices used; startup_s: per node (absent when the
+    node has no calibrated figure); goodput: per "regionA|regionB" among the regions used.
+    """
+
+    efficiency: dict[str, float] = Field(default_factory=dict)
+    startup_s: dict[str, float] = Field(default_factory=dict)
+    goodput: dict[str, float] = Field(default_factory=dict)
+
+
 class Estimates(_Plain):
     step_s: StepBreakdown
     steps: int = Field(gt=0)
@@ -82,6 +108,8 @@ class Estimates(_Plain):
     memory_per_device_gb: float = Field(ge=0, description="Peak on the fullest device.")
     tokens_per_s: float = Field(ge=0)
     wan_bytes_per_step: float = Field(ge=0, description="Bytes crossing region boundaries, amortised.")
+    interval: EstimateInterval | None = None
+    basis: CalibrationBasis | None = None
 
     @property
     def hours(self) -> float:
@@ -130,15 +158,29 @@ class PlanOption(_Plain):
         return len(self.tasks)
 
 
+class ErrorBand(_Plain):
+    """p10/p90 of recent relative errors (actual − estimate) / estimate, and how many there were."""
+
+    p10: float = Field(ge=-1)
+    p90: float = Field(ge=-1)
+    n: int = Field(ge=0)
+
+
 class Calibration(_Plain):
     """Achieved-vs-nominal factors learned from finished runs; they override the defaults.
 
-    device_efficiency: per device model (case-insensitive), achieved fraction of measured TFLOPS.
+    device_efficiency: achieved fraction of measured TFLOPS, keyed "model|precision" (learned per
+    precision) or "model" (any precision); both case-insensitive, the precise key first.
     link_goodput: per "regionA|regionB" (either order), achieved fraction of nominal bandwidth.
+    startup_s: per node id, seconds from dispatch to the first step (spawn, imports, rendezvous).
+    time_error / cost_error: the spread of recent quotes' errors, for the interval every quote carries.
     """
 
     device_efficiency: dict[str, float] = Field(default_factory=dict)
     link_goodput: dict[str, float] = Field(default_factory=dict)
+    startup_s: dict[str, float] = Field(default_factory=dict)
+    time_error: ErrorBand | None = None
+    cost_error: ErrorBand | None = None
 
     @model_validator(mode="after")
     def _fractions(self) -> Calibration:
@@ -149,4 +191,7 @@ class Calibration(_Plain):
             for key, value in table.items():
                 if not 0 < value <= 1.5:
                     raise ValueError(f"{name}[{key!r}] = {value} is outside (0, 1.5]")
+        for key, value in self.startup_s.items():
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"startup_s[{key!r}] = {value} is not a non-negative number of seconds")
         return self

@@ -1,4 +1,4 @@
-"""Admin-only: enrollment tokens, tenants and their keys, the planner's snapshot."""
+"""Admin-only: enrollment tokens, tenants and their keys, the planner's snapshot and calibration."""
 
 from __future__ import annotations
 
@@ -7,14 +7,16 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from sqlalchemy import select
 
+from control_layer.calibration_store import history, load_calibration
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.snapshot import build_snapshot
 from orchestration.db.engine import as_utc, session_scope
-from orchestration.db.models import Tenant
+from orchestration.db.models import CalibrationFactor, Tenant
 from resource_layer.tokens import create_enrollment_token
 from service_layer import auth
 from service_layer.audit import audit_request, list_audit
 from service_layer.deps import AdminTenant, CtxDep, SessionDep
+from service_layer.schemas.calibration import CalibrationRead, ChangeRead, FactorRead
 from service_layer.schemas.common import error_responses
 from service_layer.schemas.tenancy import (
     ApiKeyCreated,
@@ -94,3 +96,23 @@ def audit_log(
     """Every admin action and price change: who, what, when, from where; oldest first."""
     rows = list_audit(session, after=after, action=action, actor_id=actor_id, limit=limit)
     return [AuditRead.model_validate(r) for r in rows]
+
+
+@router.get(
+    "/calibration", response_model=CalibrationRead, summary="The planner's calibration and its history"
+)
+def calibration(
+    session: SessionDep,
+    _: AdminTenant,
+    limit: Annotated[int, Query(ge=1, le=5000, description="History rows, newest first")] = 500,
+) -> CalibrationRead:
+    """Learned factors (efficiency per model|precision, start-up per node, goodput per region pair),
+    the error bands quotes carry, and every change with the job that caused it."""
+    factors = session.scalars(
+        select(CalibrationFactor).order_by(CalibrationFactor.kind, CalibrationFactor.key)
+    )
+    return CalibrationRead(
+        calibration=load_calibration(session),
+        factors=[FactorRead.model_validate(f) for f in factors],
+        history=[ChangeRead.model_validate(c) for c in history(session, limit)],
+    )

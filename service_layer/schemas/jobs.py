@@ -105,6 +105,7 @@ class EstimatesRead(BaseModel):
     step_s: dict[str, float] = Field(default_factory=dict)
     cost: dict[str, float] = Field(default_factory=dict)
     tokens_per_s: float | None = None
+    interval: dict[str, Any] | None = Field(None, description="Where the actual should land (p10..p90)")
 
 
 class TaskRead(BaseModel):
@@ -150,6 +151,9 @@ class JobDetail(JobSummary):
     actual_duration_s: float | None
     result: dict[str, Any] | None
     entropy_floor: float | None = Field(description="Loss floor of the synthetic data (nats/token), if known")
+    accuracy: dict[str, Any] | None = Field(
+        None, description="Estimate next to actual for time and cost, with breakdowns; set when the job ends"
+    )
 
 
 class MetricPoint(BaseModel):

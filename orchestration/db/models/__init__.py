@@ -1,6 +1,7 @@
 """ORM models, one module per domain; importing this package registers every table on Base.metadata."""
 
 from orchestration.db.models.audit import AuditEvent
+from orchestration.db.models.calibration import CalibrationChange, CalibrationFactor
 from orchestration.db.models.events import Event
 from orchestration.db.models.jobs import Allocation, Job, Quote, Task, TaskMetric
 from orchestration.db.models.ledger import LedgerEntry
@@ -21,6 +22,8 @@ __all__ = [
     "Allocation",
     "ApiKey",
     "AuditEvent",
+    "CalibrationChange",
+    "CalibrationFactor",
     "Cluster",
     "EnrollmentToken",
     "Event",

@@ -43,6 +43,8 @@ class Job(Base):
     estimated_cost: Mapped[float | None] = mapped_column(default=None)
     actual_cost: Mapped[float | None] = mapped_column(default=None)
     result: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    # Estimate next to actual for time and cost, with breakdowns; written when the job ends.
+    accuracy: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -118,4 +120,6 @@ class TaskMetric(Base):
     # Cumulative bytes this task's leader sent/received over the WAN since it started (can exceed 2^31).
     wan_bytes_sent: Mapped[int] = mapped_column(BigInteger, default=0)
     wan_bytes_recv: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The step's time by part (data_s, compute_s, optimizer_s, sync_s, checkpoint_s, wall_s), as reported.
+    timings: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

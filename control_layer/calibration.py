@@ -1,0 +1,267 @@
+"""Calibration from finished runs: measured step parts against the estimate they were quoted with. Pure.
+
+A finished run's leaders report a per-step breakdown (data, compute, optimizer, sync wait,
+checkpoint) and each task its start-up time. Against the option's estimate and the factors it was
+made with (``Estimates.basis``) they give an observed value per factor:
+
+- efficiency per "model|precision": basis × estimated compute / measured compute, where measured
+  compute is the median local step (compute [+ optimizer]) less the estimate's communication parts;
+- start-up seconds per node: as the task reported it;
+- goodput per region pair (runs that synced across regions): basis × estimated sync wait / measured.
+
+Each factor moves toward its observation by ALPHA (an exponential decay per run, so recent runs
+weigh more); a factor seen for the first time takes the observation. Every move is a history row
+(old, new, observed, residual), and every finished job adds its time and cost errors, whose recent
+spread is the interval of the next quotes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from control_layer.planner import cost_model as cm
+from control_layer.planner.plan_types import Calibration, ErrorBand, PlanOption
+
+ALPHA = 0.5  # weight of the newest run
+RECENT_ERRORS = 20  # time/cost residuals the interval is taken from
+TIMING_KEYS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "wall_s")
+RESULT_KEYS = ("startup_s", "train_s", "teardown_s", "steps", "task_wall_s")
+EFFICIENCY_RANGE = (1e-3, 1.5)  # what Calibration accepts
+GOODPUT_RANGE = (1e-3, 1.5)
+
+EFFICIENCY, STARTUP, GOODPUT, TIME, COST = "efficiency", "startup_s", "goodput", "time", "cost"
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """One task of the finished attempt: where it ran and what its leader measured."""
+
+    node_id: str
+    region: str
+    device_model: str
+    steps: Sequence[dict[str, Any]]  # per-step timing dicts, in step order
+    result: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    job_id: str
+    at: datetime
+    succeeded: bool
+    option: PlanOption
+    tasks: Sequence[TaskRun]
+    actual_duration_s: float | None  # the span the ledger billed
+    actual_cost: float | None
+
+
+@dataclass(frozen=True)
+class Factor:
+    value: float
+    runs: int
+
+
+@dataclass(frozen=True)
+class Change:
+    """One history row: a factor (or a job's time/cost error) and how this run moved it."""
+
+    at: datetime
+    job_id: str
+    kind: str
+    key: str
+    old: float | None
+    new: float
+    observed: float
+    residual: float | None  # (observed − old) / old; for time/cost, (actual − estimate) / estimate
+
+
+@dataclass(frozen=True)
+class State:
+    factors: dict[tuple[str, str], Factor] = field(default_factory=dict)
+    # Recent (kind, residual) for time and cost, oldest first.
+    errors: tuple[tuple[str, float], ...] = ()
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _clamp(value: float, bounds: tuple[float, float]) -> float:
+    return min(max(value, bounds[0]), bounds[1])
+
+
+def _rel(actual: float | None, estimate: float | None) -> float | None:
+    if actual is None or estimate is None or estimate <= 0:
+        return None
+    return (actual - estimate) / estimate
+
+
+def step_medians(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Median of each timing part over the steady steps (the first step warms up, unless it is all)."""
+    steady = steps[1:] if len(steps) > 1 else steps
+    out: dict[str, float] = {}
+    for key in TIMING_KEYS:
+        values = [v for s in steady if (v := _num(s.get(key))) is not None]
+        if values:
+            # Sync waits come every H steps: their mean is the per-step cost, their median often 0.
+            out[key] = statistics.fmean(values) if key == "sync_s" else statistics.median(values)
+    return out
+
+
+def _estimated_comm(option: PlanOption) -> float:
+    s = option.estimates.step_s
+    return s.tp_comm + s.dp_comm + s.pp_bubble + s.pp_comm
+
+
+def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
+    """The factor values this run implies, keyed (kind, key)."""
+    option, est = run.option, run.option.estimates
+    basis = est.basis
+    obs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    est_opt = getattr(est.step_s, "optimizer", 0.0)
+    for task in run.tasks:
+        med = step_medians(task.steps)
+        key = f"{task.device_model}|{option.precision}"
+        used = (basis.efficiency.get(key) if basis else None) or cm.device_efficiency(
+            task.device_model, None, option.precision
+        )
+        compute = med.get("compute_s")
+        if compute is not None:
+            # The estimate's compute part is what the efficiency scales; the measured compute span
+            # also holds the gradient all-reduce and, without its own figure, the optimizer step.
+            measured = compute - _estimated_comm(option)
+            estimated = est.step_s.compute + (0.0 if "optimizer_s" in med else est_opt)
+            if measured > 0 and estimated > 0:
+                obs[(EFFICIENCY, key)].append(_clamp(used * estimated / measured, EFFICIENCY_RANGE))
+        startup = _num(task.result.get("startup_s"))
+        if startup is not None and startup >= 0:
+            obs[(STARTUP, task.node_id)].append(startup)
+    regions = sorted({t.region for t in run.tasks})
+    waits = [w for t in run.tasks if (w := step_medians(t.steps).get("sync_s")) is not None]
+    if len(regions) >= 2 and est.step_s.wan_sync > 0 and waits and statistics.median(waits) > 0:
+        wait = statistics.median(waits)
+        for i, a in enumerate(regions):
+            for b in regions[i + 1 :]:
+                key = f"{a}|{b}"
+                used = (basis.goodput.get(key) if basis else None) or cm.link_goodput(a, b, None)
+                obs[(GOODPUT, key)].append(_clamp(used * est.step_s.wan_sync / wait, GOODPUT_RANGE))
+    # Several tasks on one key (replicas of one model, one node's tasks): their median.
+    return {k: statistics.median(v) for k, v in obs.items()}
+
+
+def update(state: State, run: FinishedRun, alpha: float = ALPHA) -> tuple[State, list[Change]]:
+    """The state after learning from ``run``, and the history rows that record how.
+
+    Only a succeeded run moves factors (a failed one measured a partial, disturbed run); every run
+    with an estimate and an actual adds its time and cost errors.
+    """
+    factors = dict(state.factors)
+    changes: list[Change] = []
+    if run.succeeded:
+        for (kind, key), observed in sorted(observe(run).items()):
+            old = factors.get((kind, key))
+            new = observed if old is None else old.value + alpha * (observed - old.value)
+            factors[(kind, key)] = Factor(new, (old.runs if old else 0) + 1)
+            changes.append(
+                Change(
+                    run.at,
+                    run.job_id,
+                    kind,
+                    key,
+                    old.value if old else None,
+                    new,
+                    observed,
+                    _rel(observed, old.value if old else None),
+                )
+            )
+    errors = list(state.errors)
+    if run.succeeded:
+        est = run.option.estimates
+        for kind, actual, estimate in (
+            (TIME, run.actual_duration_s, est.duration_s),
+            (COST, run.actual_cost, est.cost.total),
+        ):
+            residual = _rel(actual, estimate)
+            if residual is not None and actual is not None:
+                errors.append((kind, residual))
+                changes.append(Change(run.at, run.job_id, kind, "job", estimate, actual, actual, residual))
+    return replace(state, factors=factors, errors=tuple(_recent(errors))), changes
+
+
+def _recent(errors: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    keep: list[tuple[str, float]] = []
+    for kind in (TIME, COST):
+        keep += [e for e in errors if e[0] == kind][-RECENT_ERRORS:]
+    return keep
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default) of a non-empty sequence."""
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def error_band(residuals: Iterable[float]) -> ErrorBand | None:
+    xs = [max(-1.0, r) for r in residuals]
+    if not xs:
+        return None
+    return ErrorBand(p10=quantile(xs, 0.1), p90=quantile(xs, 0.9), n=len(xs))
+
+
+def to_calibration(state: State) -> Calibration:
+    """The planner's input: the current factors and the spread of recent errors."""
+    tables: dict[str, dict[str, float]] = {EFFICIENCY: {}, GOODPUT: {}, STARTUP: {}}
+    for (kind, key), factor in state.factors.items():
+        if kind in tables:
+            tables[kind][key] = factor.value
+    return Calibration(
+        device_efficiency=tables[EFFICIENCY],
+        link_goodput=tables[GOODPUT],
+        startup_s=tables[STARTUP],
+        time_error=error_band(r for k, r in state.errors if k == TIME),
+        cost_error=error_band(r for k, r in state.errors if k == COST),
+    )
+
+
+def accuracy_record(run: FinishedRun) -> dict[str, Any]:
+    """The job's estimate next to what happened, for time and cost, with the breakdowns."""
+    est = run.option.estimates
+    per_task = []
+    for t in run.tasks:
+        per_task.append(
+            {
+                "node_id": t.node_id,
+                "region": t.region,
+                "device_model": t.device_model,
+                "step_s": step_medians(t.steps),
+                **{k: v for k in RESULT_KEYS if (v := _num(t.result.get(k))) is not None},
+            }
+        )
+    return {
+        "estimated": {
+            "duration_s": est.duration_s,
+            "cost": est.cost.total,
+            "step_s": est.step_s.model_dump(),
+            "cost_parts": est.cost.model_dump(),
+            "interval": est.interval.model_dump() if est.interval else None,
+        },
+        "actual": {
+            "duration_s": run.actual_duration_s,
+            "cost": run.actual_cost,
+            "tasks": per_task,
+        },
+        "error": {
+            "time": _rel(run.actual_duration_s, est.duration_s),
+            "cost": _rel(run.actual_cost, est.cost.total),
+        },
+    }

@@ -1,0 +1,68 @@
+"""What each option's estimate rests on, and the interval the actual is expected to land in. Pure.
+
+The interval is the estimate scaled by the p10/p90 of recent quotes' relative errors; with fewer
+than MIN_RESIDUALS finished jobs to go on, it is the wide DEFAULT_BAND: an honest "we do not know yet".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from control_layer.planner import cost_model as cm
+from control_layer.planner.plan_types import (
+    Calibration,
+    CalibrationBasis,
+    ErrorBand,
+    EstimateInterval,
+    PlannedTask,
+)
+from control_layer.planner.snapshot import ResourceSnapshot
+
+MIN_RESIDUALS = 3
+# Relative error bounds with no history: the actual between half and twice the estimate.
+DEFAULT_BAND = (-0.5, 1.0)
+
+
+def band(error: ErrorBand | None) -> tuple[float, float, int]:
+    """(low, high, n) relative bounds; the default band when there is too little history."""
+    if error is None or error.n < MIN_RESIDUALS:
+        return DEFAULT_BAND[0], DEFAULT_BAND[1], 0 if error is None else error.n
+    return min(error.p10, 0.0), max(error.p90, 0.0), error.n
+
+
+def interval(duration_s: float, cost: float, calibration: Calibration | None) -> EstimateInterval:
+    t_lo, t_hi, n = band(calibration.time_error if calibration else None)
+    c_lo, c_hi, _ = band(calibration.cost_error if calibration else None)
+    return EstimateInterval(
+        duration_s_low=max(0.0, duration_s * (1.0 + t_lo)),
+        duration_s_high=duration_s * (1.0 + t_hi),
+        cost_low=max(0.0, cost * (1.0 + c_lo)),
+        cost_high=cost * (1.0 + c_hi),
+        residuals=n,
+    )
+
+
+def basis(
+    tasks: Sequence[PlannedTask],
+    snapshot: ResourceSnapshot,
+    precision: str,
+    calibration: Calibration | None,
+) -> CalibrationBasis:
+    """The calibrated factors in force for these tasks' devices, nodes and region pairs."""
+    clusters = {c.id: c for c in snapshot.clusters}
+    models = {(c.id, n.id, d.index): d.model for c in snapshot.clusters for n in c.nodes for d in n.devices}
+    efficiency: dict[str, float] = {}
+    startup: dict[str, float] = {}
+    for t in tasks:
+        model = models.get((t.cluster, t.node, t.device))
+        if model is not None:
+            efficiency[f"{model}|{precision}"] = cm.device_efficiency(model, calibration, precision)
+        if calibration and t.node in calibration.startup_s:
+            startup[t.node] = calibration.startup_s[t.node]
+    regions = sorted({clusters[t.cluster].region for t in tasks if t.cluster in clusters})
+    goodput = {
+        f"{a}|{b}": cm.link_goodput(a, b, calibration)
+        for i, a in enumerate(regions)
+        for b in regions[i + 1 :]
+    }
+    return CalibrationBasis(efficiency=efficiency, startup_s=startup, goodput=goodput)

@@ -1,0 +1,219 @@
+"""The calibration step on its own: finished runs in, factors, history and error bands out."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from contracts.job_spec import JobSpec
+from control_layer import calibration as cal
+from control_layer.planner import cost_model as cm
+from control_layer.planner.estimate import estimate_option
+from control_layer.planner.intervals import DEFAULT_BAND
+from control_layer.planner.plan_types import PlannedTask, PlanOption, SyncTopology
+from control_layer.planner.snapshot import ResourceSnapshot
+
+AT = datetime(2026, 11, 23, tzinfo=UTC)
+
+
+def _snap() -> ResourceSnapshot:
+    def cluster(cid: str, region: str) -> dict:
+        devices = [{"index": i, "model": "cpu", "memory_gb": 16, "tflops": 0.1} for i in range(2)]
+        return {
+            "id": cid,
+            "region": region,
+            "price_per_device_hour": 1.0,
+            "nodes": [{"id": f"{cid}0", "devices": devices}],
+        }
+
+    return ResourceSnapshot.model_validate(
+        {
+            "regions": [{"name": "eu"}, {"name": "us"}],
+            "clusters": [cluster("a", "eu"), cluster("b", "us")],
+            "links": [{"src": "eu", "dst": "us", "bandwidth_gbps": 1, "latency_ms": 10}],
+        }
+    )
+
+
+def _spec(steps: int = 20) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "t",
+            "model": {"n_layers": 2, "d_model": 64, "n_heads": 2, "vocab": 256, "seq_len": 64},
+            "training": {"steps": steps, "global_batch_tokens": 64 * 4},
+            "sync": {"mode": "sync"},
+        }
+    )
+
+
+def _option(calibration=None, regions: int = 1) -> PlanOption:
+    spec = _spec()
+    place = [("a", "a0"), ("b", "b0")][:regions]
+    tasks = [
+        PlannedTask(dp_rank=i, pp_stage=0, tp_rank=0, cluster=c, node=n, device=0)
+        for i, (c, n) in enumerate(place)
+    ]
+    est = estimate_option(spec, _snap(), tasks, dp=regions, tp=1, pp=1, zero=0, calibration=calibration)
+    return PlanOption(
+        id="o",
+        dp=regions,
+        tp=1,
+        pp=1,
+        zero=0,
+        replicas_per_cluster={c: 1 for c, _ in place},
+        tasks=tasks,
+        sync=SyncTopology(mode="sync"),
+        estimates=est,
+        regions=sorted({"a": "eu", "b": "us"}[c] for c, _ in place),
+    )
+
+
+def _run(
+    option: PlanOption,
+    *,
+    compute_s: float,
+    sync_s: float = 0.0,
+    startup_s: float | None = 5.0,
+    duration: float = 100.0,
+    cost: float = 1.0,
+    succeeded: bool = True,
+    job: str = "j1",
+) -> cal.FinishedRun:
+    steps = [
+        {"compute_s": compute_s * (3 if i == 0 else 1), "sync_s": sync_s, "data_s": 0.001} for i in range(10)
+    ]
+    result = {"startup_s": startup_s} if startup_s is not None else {}
+    tasks = [
+        cal.TaskRun(
+            node_id=t.node,
+            region={"a": "eu", "b": "us"}[t.cluster],
+            device_model="cpu",
+            steps=steps,
+            result=result,
+        )
+        for t in option.tasks
+    ]
+    return cal.FinishedRun(job, AT, succeeded, option, tasks, duration, cost)
+
+
+def test_efficiency_is_learned_from_measured_compute() -> None:
+    option = _option()
+    est = option.estimates.step_s.compute
+    # Twice as slow as estimated at the default efficiency: the implied efficiency is half of it.
+    state, changes = cal.update(cal.State(), _run(option, compute_s=2 * est))
+    got = state.factors[(cal.EFFICIENCY, "cpu|fp32")]
+    assert got.value == pytest.approx(cm.DEFAULT_DEVICE_EFFICIENCY / 2)
+    assert got.runs == 1
+    rows = {(c.kind, c.key): c for c in changes}
+    assert rows[(cal.EFFICIENCY, "cpu|fp32")].old is None
+    assert rows[(cal.STARTUP, "a0")].new == 5.0
+    assert rows[(cal.TIME, "job")].residual == pytest.approx(
+        (100.0 - option.estimates.duration_s) / option.estimates.duration_s
+    )
+
+    # Re-planned with it, the compute estimate matches what was measured.
+    calibration = cal.to_calibration(state)
+    again = _option(calibration)
+    assert again.estimates.step_s.compute == pytest.approx(2 * est)
+    assert again.estimates.basis is not None
+    assert again.estimates.basis.efficiency == {"cpu|fp32": pytest.approx(cm.DEFAULT_DEVICE_EFFICIENCY / 2)}
+    assert again.estimates.basis.startup_s == {"a0": 5.0}
+
+
+def test_recent_runs_weigh_more() -> None:
+    option = _option()
+    est = option.estimates.step_s.compute
+    state, _ = cal.update(cal.State(), _run(option, compute_s=2 * est, startup_s=4.0))
+    # The second run was quoted with the first's efficiency (its basis) and ran 4x slower than the default.
+    second = _option(cal.to_calibration(state))
+    state, changes = cal.update(state, _run(second, compute_s=4 * est, startup_s=8.0, job="j2"))
+    e0 = cm.DEFAULT_DEVICE_EFFICIENCY
+    assert state.factors[(cal.EFFICIENCY, "cpu|fp32")].value == pytest.approx(
+        e0 / 2 + cal.ALPHA * (e0 / 4 - e0 / 2)
+    )
+    assert state.factors[(cal.STARTUP, "a0")].value == pytest.approx(4.0 + cal.ALPHA * 4.0)
+    row = next(c for c in changes if c.kind == cal.STARTUP)
+    assert row.old == 4.0 and row.observed == 8.0 and row.residual == pytest.approx(1.0)
+
+
+def test_goodput_is_learned_only_from_runs_that_synced_across_regions() -> None:
+    one = _option(regions=1)
+    state, _ = cal.update(cal.State(), _run(one, compute_s=one.estimates.step_s.compute, sync_s=0.5))
+    assert not [k for k in state.factors if k[0] == cal.GOODPUT]
+
+    two = _option(regions=2)
+    wan = two.estimates.step_s.wan_sync
+    assert wan > 0
+    state, _ = cal.update(cal.State(), _run(two, compute_s=two.estimates.step_s.compute, sync_s=2 * wan))
+    assert state.factors[(cal.GOODPUT, "eu|us")].value == pytest.approx(cm.DEFAULT_WAN_GOODPUT / 2)
+    # Latency does not scale with goodput, so one run under-corrects; each next run, compared with
+    # the goodput it was quoted with, closes the gap.
+    gaps = []
+    for i in range(8):
+        quoted = _option(cal.to_calibration(state), regions=2)
+        gaps.append(abs(quoted.estimates.step_s.wan_sync - 2 * wan) / (2 * wan))
+        run = _run(quoted, compute_s=quoted.estimates.step_s.compute, sync_s=2 * wan, job=f"j{i}")
+        state, _ = cal.update(state, run)
+    assert gaps[-1] < 0.1 < gaps[0]
+    assert gaps == sorted(gaps, reverse=True)
+
+
+def test_a_failed_run_moves_no_factor_and_adds_no_error() -> None:
+    option = _option()
+    state, changes = cal.update(cal.State(), _run(option, compute_s=1.0, succeeded=False))
+    assert state == cal.State() and changes == []
+
+
+def test_old_results_without_parts_are_skipped() -> None:
+    option = _option()
+    run = cal.FinishedRun(
+        "j", AT, True, option, [cal.TaskRun("a0", "eu", "cpu", [{"loss": 1.0}], {})], 10.0, None
+    )
+    state, changes = cal.update(cal.State(), run)
+    assert state.factors == {}
+    assert [(c.kind, c.key) for c in changes] == [(cal.TIME, "job")]
+    record = cal.accuracy_record(run)
+    assert record["error"]["cost"] is None
+    assert record["actual"]["tasks"][0]["step_s"] == {}
+
+
+def test_error_bands_become_quote_intervals() -> None:
+    option = _option()
+    d, c = option.estimates.duration_s, option.estimates.cost.total
+    # No history: the wide default band.
+    assert option.estimates.interval is not None
+    assert option.estimates.interval.duration_s_low == pytest.approx(d * (1 + DEFAULT_BAND[0]))
+    assert option.estimates.interval.duration_s_high == pytest.approx(d * (1 + DEFAULT_BAND[1]))
+    state = cal.State()
+    for i, err in enumerate([0.05, -0.02, 0.1, 0.0, 0.08]):
+        run = _run(
+            option,
+            compute_s=option.estimates.step_s.compute,
+            duration=d * (1 + err),
+            cost=c * (1 + err),
+            job=f"j{i}",
+        )
+        state, _ = cal.update(state, run)
+    calibration = cal.to_calibration(state)
+    assert calibration.time_error is not None and calibration.time_error.n == 5
+    assert calibration.time_error.p10 == pytest.approx(cal.quantile([0.05, -0.02, 0.1, 0.0, 0.08], 0.1))
+    interval = _option(calibration).estimates.interval
+    assert interval is not None and interval.residuals == 5
+    assert interval.duration_s_high - interval.duration_s_low < (DEFAULT_BAND[1] - DEFAULT_BAND[0]) * d / 5
+
+
+def test_accuracy_record_has_both_breakdowns() -> None:
+    option = _option()
+    record = cal.accuracy_record(_run(option, compute_s=0.2, duration=50.0, cost=2.0))
+    assert record["estimated"]["step_s"]["compute"] == option.estimates.step_s.compute
+    assert record["estimated"]["cost_parts"]["total"] == option.estimates.cost.total
+    assert record["actual"]["tasks"][0]["step_s"]["compute_s"] == pytest.approx(0.2)
+    assert record["actual"]["tasks"][0]["startup_s"] == 5.0
+    assert record["error"]["time"] == pytest.approx(50.0 / option.estimates.duration_s - 1)
+
+
+def test_quantile_matches_linear_interpolation() -> None:
+    assert cal.quantile([3.0, 1.0, 2.0], 0.5) == 2.0
+    assert cal.quantile([0.0, 10.0], 0.1) == pytest.approx(1.0)
+    assert cal.quantile([4.0], 0.9) == 4.0
