@@ -95,31 +95,37 @@ class Trainer:
     def bf16(self) -> bool:
         return self.cfg.training.precision == "bf16"
 
-    def _forward_backward(self, x: Any, y: Any) -> Tensor:
-        # bf16: matmuls autocast to bfloat16; weights, gradients and AdamW state stay fp32.
-        with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            return self._forward_backward_in_precision(x, y)
+    def _autocast(self) -> torch.autocast:
+        """bf16: matmuls autocast to bfloat16; weights, gradients and AdamW state stay fp32."""
+        return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
-    def _forward_backward_in_precision(self, x: Any, y: Any) -> Tensor:
+    def _forward_backward(self, x: Any, y: Any) -> Tensor:
         if self.schedule is not None:
-            losses: list[Tensor] = []
-            first, last = self.dims.pp_rank == 0, self.dims.pp_rank == self.dims.pp - 1
-            if first:
-                self.schedule.step(x, target=y, losses=losses)
-            elif last:
-                self.schedule.step(target=y, losses=losses)
-            else:
-                self.schedule.step()
-            return torch.stack(losses).mean().detach() if last else torch.zeros((), device=self.ctx.device)
+            # The schedule interleaves forwards and backwards in one call, so autocast spans both;
+            # backward ops run in the dtypes autocast chose for their forwards either way.
+            with self._autocast():
+                return self._pipeline_step(x, y)
         mb = self.cfg.micro_batch
         xs, ys = x.split(mb), y.split(mb)
         total = torch.zeros((), device=self.ctx.device)
         for i, (xm, ym) in enumerate(zip(xs, ys, strict=True)):
             with grad_sync(self.model, enabled=i == len(xs) - 1):
-                loss = self.forward_loss(self.model, xm, ym) / len(xs)
+                with self._autocast():  # forward and loss only; backward outside, as autocast advises
+                    loss = self.forward_loss(self.model, xm, ym) / len(xs)
                 loss.backward()
             total += loss.detach()
         return total
+
+    def _pipeline_step(self, x: Any, y: Any) -> Tensor:
+        losses: list[Tensor] = []
+        first, last = self.dims.pp_rank == 0, self.dims.pp_rank == self.dims.pp - 1
+        if first:
+            self.schedule.step(x, target=y, losses=losses)  # type: ignore[union-attr]
+        elif last:
+            self.schedule.step(target=y, losses=losses)  # type: ignore[union-attr]
+        else:
+            self.schedule.step()  # type: ignore[union-attr]
+        return torch.stack(losses).mean().detach() if last else torch.zeros((), device=self.ctx.device)
 
     def _cluster_loss(self, local: Tensor) -> float:
         """Mean over this cluster's replicas: only last-stage ranks hold a loss (tp ranks equal)."""
