@@ -53,6 +53,7 @@ from control_layer.worker_config import (  # noqa: E402
     TaskSlot,
     build_worker_configs,
     group_by_node,
+    job_sync_secret,
     validate_worker_config,
 )
 from training.models.gpt import GPT  # noqa: E402
@@ -354,7 +355,10 @@ def pick_runs(candidates: list[Runnable], n: int, rng: np.random.Generator) -> l
 def run_option(r: Runnable, workdir: Path, timeout_s: float) -> str | None:
     """Launch every task of the option (one torchrun per node), 2 steps; None when all finish."""
     slots = task_slots(r.option, r.snap, _free_port)
-    configs = build_worker_configs("bench", r.spec, r.option, slots)
+    # signed sync calls, as the placer configures every real job
+    configs = build_worker_configs(
+        "bench", r.spec, r.option, slots, sync_secret=job_sync_secret("bench-server", "bench")
+    )
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)]),

@@ -233,7 +233,7 @@ class JobSpec(_Strict):
             raise invalid_argument_from(exc, "job spec") from exc
 
 
-def _is_union_tag(part: object) -> bool:
+def is_union_tag(part: object) -> bool:
     # pydantic names the union member it tried ("literal['auto']", "ParallelismSpec"); fields are lower-case
     return isinstance(part, str) and (part[:1].isupper() or "[" in part or "'" in part)
 
@@ -248,7 +248,7 @@ def invalid_argument_from(exc: ValidationError, what: str) -> InvalidArgument:
     locs = [tuple(err["loc"]) for err in raw]
     errors = []
     for err, loc in zip(raw, locs, strict=True):
-        tag_at = next((i for i, part in enumerate(loc) if _is_union_tag(part)), None)
+        tag_at = next((i for i, part in enumerate(loc) if is_union_tag(part)), None)
         if (
             tag_at is not None
             and str(loc[tag_at]).startswith("literal[")
@@ -258,7 +258,7 @@ def invalid_argument_from(exc: ValidationError, what: str) -> InvalidArgument:
             )
         ):
             continue  # the input was a mapping: the literal member was never the intent
-        field = ".".join(str(p) for p in loc if not _is_union_tag(p)) or "(root)"
+        field = ".".join(str(p) for p in loc if not is_union_tag(p)) or "(root)"
         errors.append({"field": field, "message": err["msg"]})
     lines = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
     return InvalidArgument(f"invalid {what}: {lines}", errors=errors)

@@ -22,6 +22,7 @@ from contracts.errors import (
     ResourceExhausted,
     Unauthenticated,
 )
+from contracts.job_spec import is_union_tag
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +47,11 @@ def http_status_for(exc: CpnError) -> int:
 _LOCATION_ROOTS = {"body"}  # the body is the default place; query/path locations keep their prefix
 
 
-def _is_union_tag(part: Any) -> bool:
-    # pydantic names the union member it tried ("literal['auto']", "ParallelismSpec"); fields are lower-case
-    return isinstance(part, str) and (part[:1].isupper() or "[" in part or "'" in part)
-
-
 def field_path(loc: tuple[Any, ...] | list[Any]) -> str:
     parts = list(loc)
     if parts and parts[0] in _LOCATION_ROOTS:
         parts = parts[1:]
-    return ".".join(str(p) for p in parts if not _is_union_tag(p)) or "(body)"
+    return ".".join(str(p) for p in parts if not is_union_tag(p)) or "(body)"
 
 
 def validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, str]]:
