@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SUBNET = "10.213.0"  # /24 inside our own namespaces only
+SUBNET = "10.213.0"  # default /24, inside our own namespaces only
 
 
 def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -87,7 +87,13 @@ class NetLab:
     rate_mbit: float = 100.0
     prefix: str = field(default_factory=lambda: f"cpn{os.getpid() % 100000}")
     regions: dict[str, Region] = field(default_factory=dict)
-    hub_ip: str = f"{SUBNET}.254"
+    # Labs running side by side (tests, benchmarks) each need their own /24: the hub's address
+    # and route live in the root namespace.
+    subnet: str = SUBNET
+
+    @property
+    def hub_ip(self) -> str:
+        return f"{self.subnet}.254"
 
     @property
     def bridge_ns(self) -> str:
@@ -122,7 +128,7 @@ class NetLab:
         _ip("link", "set", hub, "up")
         for i, name in enumerate(self.names):
             ns, dev, bdev = f"{self.prefix}-r{i}", f"{self.prefix}r{i}", f"{self.prefix}b{i}"
-            region = Region(name=name, ns=ns, ip=f"{SUBNET}.{i + 1}", dev=dev, bridge_dev=bdev)
+            region = Region(name=name, ns=ns, ip=f"{self.subnet}.{i + 1}", dev=dev, bridge_dev=bdev)
             self.regions[name] = region
             _ip("netns", "add", ns)
             _ip("link", "set", "lo", "up", ns=ns)
