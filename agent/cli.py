@@ -37,6 +37,10 @@ def agent_command(
     advertise_host: str = typer.Option("127.0.0.1", "--advertise-host", help="Where peers reach this node"),
     sync_ports: str = typer.Option("29600-29699", "--sync-ports", help="Ports for cross-region sync servers"),
     intra_bandwidth_gbps: float = typer.Option(0.0, "--intra-bandwidth-gbps", min=0, help="0: not declared"),
+    probe_port: int = typer.Option(
+        0, "--probe-port", help="Port peers probe this node's links on (0: any free one, -1: none)"
+    ),
+    probe_bind: str = typer.Option("0.0.0.0", "--probe-bind", help="Address the probe server binds"),
     work_dir: Path = typer.Option(Path("./cpn-agent"), "--work-dir", help="Assignment configs and logs"),
     state_file: Path | None = typer.Option(None, "--state-file", help="Default: <work-dir>/agent-state.json"),
     reconnect_max_s: float = typer.Option(
@@ -64,6 +68,8 @@ def agent_command(
             advertise_host=advertise_host,
             sync_ports=sync_ports,
             intra_bandwidth_gbps=intra_bandwidth_gbps,
+            probe_port=probe_port,
+            probe_bind=probe_bind,
             work_dir=work_dir,
             state_file=state_file,
             reconnect_max_s=reconnect_max_s,

@@ -26,6 +26,7 @@ import grpc
 from agent.devices import detect_devices
 from agent.duties import Duty, run_duty
 from agent.outbox import Outbox
+from agent.probe import build_probe_server, run_probe
 from agent.settings import AgentSettings
 from agent.state import AgentState, Credentials
 from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
@@ -108,6 +109,10 @@ class Agent:
         self._seq = 0
         self._stop: asyncio.Event | None = None
         self._stub: agent_pb2_grpc.AgentServiceStub | None = None
+        self._probe_key = ""  # from the latest registration; checks the tickets of probes aimed here
+        self._probe_port = 0  # where the probe server listens (0: none)
+        self._probe_tasks: set[asyncio.Task[None]] = set()
+        self._probe_lock = asyncio.Lock()  # one probe at a time: two would share the link and halve it
         self._heartbeat_duty = Duty("heartbeat", lambda: self.heartbeat_interval_s, self._heartbeat)
 
     # -- the whole life -------------------------------------------------------------------------
@@ -142,6 +147,17 @@ class Agent:
                 d.measured_tflops,
             )
 
+        probe_server = None
+        if s.probe_port >= 0:
+            try:
+                probe_server, self._probe_port = build_probe_server(
+                    self._probe_identity, s.probe_bind, s.probe_port
+                )
+            except (OSError, RuntimeError) as exc:
+                log.error("probe server: %s", exc)
+                return 2
+            await probe_server.start()
+            log.info("link probes served on %s:%d", s.probe_bind, self._probe_port)
         channel = grpc.aio.insecure_channel(
             s.server, options=channel_options(s, reconnect_cap_s(s, self.heartbeat_interval_s))
         )
@@ -162,10 +178,13 @@ class Agent:
         finally:
             stop.set()
             duties_stop.set()
-            for task in (*duties, connection, stopping):
+            probes = list(self._probe_tasks)  # a probe's result is worth nothing to a stopping agent
+            for task in (*duties, connection, stopping, *probes):
                 task.cancel()
-            await asyncio.gather(*duties, connection, stopping, return_exceptions=True)
+            await asyncio.gather(*duties, connection, stopping, *probes, return_exceptions=True)
             await channel.close(grace=0.5)
+            if probe_server is not None:
+                await probe_server.stop(0.5)
             self._save_state()  # still lists any worker group that would not stop, for the next agent
         return code
 
@@ -242,6 +261,7 @@ class Agent:
             jurisdiction=s.jurisdiction,
             node_id=creds.node_id if creds else "",
             node_token=creds.node_token if creds else "",
+            probe_port=self._probe_port,
         )
         try:
             response = await self._stub.Register(request, timeout=s.rpc_timeout_s)
@@ -263,6 +283,7 @@ class Agent:
             cluster_id=response.cluster_id,
         )
         self.heartbeat_interval_s = response.heartbeat_interval_s or self.heartbeat_interval_s
+        self._probe_key = response.probe_key
         self._save_state()
         log.info("registered as node %s in %s/%s", response.node_id, s.region, s.cluster)
 
@@ -286,6 +307,8 @@ class Agent:
                     self._on_assignment(message.assignment)
                 elif kind == "cancel":
                     self._on_cancel(message.cancel)
+                elif kind == "probe":
+                    self._on_probe(message.probe)
                 elif kind == "drain":
                     self._draining = True
                     log.warning("drain ordered: %s; accepting no new assignments", message.drain.reason)
@@ -421,6 +444,36 @@ class Agent:
                     )
                 )
             )
+
+    def _on_probe(self, order: agent_pb2.LinkProbeOrder) -> None:
+        task = asyncio.create_task(self._probe(order))
+        self._probe_tasks.add(task)
+        task.add_done_callback(self._probe_tasks.discard)
+
+    async def _probe(self, order: agent_pb2.LinkProbeOrder) -> None:
+        async with self._probe_lock:
+            result = await run_probe(order)
+        if result.error:
+            log.warning(
+                "link probe %s to %s failed: %s", order.ticket.probe_id, order.target_host, result.error
+            )
+        else:
+            log.info(
+                "link probe %s to %s:%d: rtt %.2f ms, %d bytes in %.3fs",
+                order.ticket.probe_id,
+                order.target_host,
+                order.target_port,
+                result.rtt_ms,
+                result.bulk_bytes,
+                result.bulk_s,
+            )
+        self._outbox.put(agent_pb2.AgentMessage(probe_result=result))
+
+    def _probe_identity(self) -> tuple[str, str] | None:
+        creds = self._state.credentials
+        if creds is None or not self._probe_key:
+            return None
+        return creds.node_id, self._probe_key
 
     # -- duties ---------------------------------------------------------------------------------
     def _heartbeat(self) -> None:

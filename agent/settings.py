@@ -59,6 +59,12 @@ class AgentSettings(BaseModel):
     advertise_host: str = "127.0.0.1"
     sync_ports: tuple[int, int] = (29600, 29699)
     intra_bandwidth_gbps: float = Field(0.0, ge=0)
+    probe_port: int = Field(
+        0, ge=-1, le=65535, description="LinkProbeService port (0: any free one, -1: serve no probes)"
+    )
+    probe_bind: str = Field(
+        "0.0.0.0", min_length=1, max_length=255, description="address the probe server binds"
+    )
     hostname: str = Field(default_factory=socket.gethostname)
     work_dir: Path = Path("./cpn-agent")
     state_file: Path | None = None  # default: <work_dir>/agent-state.json

@@ -49,6 +49,7 @@ class NodeRegistration:
     # Set together when a node that already holds credentials re-registers.
     node_id: str = ""
     node_token: str = ""
+    probe_port: int = 0  # its LinkProbeService on advertise_host; 0: none
 
 
 def _finite(x: float) -> bool:
@@ -109,6 +110,8 @@ def registration_problems(reg: NodeRegistration) -> list[str]:
     lo, hi = reg.sync_port_min, reg.sync_port_max
     if not (1024 <= lo <= hi <= 65535):
         p.append(f"sync_port_min/sync_port_max: need 1024 <= min <= max <= 65535, got {lo}-{hi}")
+    if reg.probe_port != 0 and not 1024 <= reg.probe_port <= 65535:
+        p.append(f"probe_port: need 0 (none) or 1024..65535, got {reg.probe_port}")
     if bool(reg.node_id) != bool(reg.node_token):
         p.append("node_id/node_token: re-registration needs both or neither")
     return p

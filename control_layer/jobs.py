@@ -69,7 +69,9 @@ def plan_now(
 ) -> list[PlanOption]:
     """Options on a snapshot and the calibration of this moment (read in one short transaction)."""
     with session_scope(ctx.session_factory) as session:
-        snapshot = build_snapshot(session, exclude_nodes=exclude_nodes)
+        snapshot = build_snapshot(
+            session, exclude_nodes=exclude_nodes, link_fresh_s=ctx.settings.effective_link_fresh_s
+        )
         calibration = load_calibration(session)
     return plan(spec, snapshot, calibration)
 

@@ -18,7 +18,10 @@ from control_layer.planner.snapshot import (
     ResourceSnapshot,
 )
 from orchestration.db.base import utcnow
-from orchestration.db.models import Accelerator, Allocation, Cluster, Link, Node, Price, Provider, Region
+from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Price, Provider, Region
+from resource_layer.link_probes import current_links
+
+DEFAULT_LINK_FRESH_S = 1800.0  # Settings.effective_link_fresh_s by default: 3 x the 600 s probe interval
 
 
 def current_prices(session: Session, cluster_ids: list[str] | None = None) -> dict[str, Price]:
@@ -36,10 +39,13 @@ def busy_accelerator_ids(session: Session) -> set[str]:
     return set(session.scalars(select(Allocation.accelerator_id).where(Allocation.active.is_(True))))
 
 
-def build_snapshot(session: Session, *, exclude_nodes: Collection[str] = ()) -> ResourceSnapshot:
+def build_snapshot(
+    session: Session, *, exclude_nodes: Collection[str] = (), link_fresh_s: float = DEFAULT_LINK_FRESH_S
+) -> ResourceSnapshot:
     """Alive nodes only; a device is free iff it has no active allocation; clusters without a price
     or without an alive node are left out (nothing could be planned on them). ``exclude_nodes`` are
-    left out too (a job's re-placement avoids the nodes its tasks failed on)."""
+    left out too (a job's re-placement avoids the nodes its tasks failed on). Link measurements
+    older than ``link_fresh_s`` give way to the declared links."""
     busy = busy_accelerator_ids(session)
     prices = current_prices(session)
     providers = {p.id: p.name for p in session.scalars(select(Provider))}
@@ -97,6 +103,7 @@ def build_snapshot(session: Session, *, exclude_nodes: Collection[str] = ()) -> 
         RegionInfo(name=r.name, jurisdiction=r.jurisdiction)
         for r in session.scalars(select(Region).order_by(Region.name))
     ]
+    # Measured where a fresh probe exists, else as an admin declared it (resource_layer.link_view).
     links = [
         LinkInfo(
             src=ln.src,
@@ -104,8 +111,9 @@ def build_snapshot(session: Session, *, exclude_nodes: Collection[str] = ()) -> 
             bandwidth_gbps=ln.bandwidth_gbps,
             latency_ms=ln.latency_ms,
             egress_price_per_gb=ln.egress_price_per_gb,
+            source=ln.source,
         )
-        for ln in session.scalars(select(Link).order_by(Link.src, Link.dst))
+        for ln in current_links(session, link_fresh_s)
         if ln.bandwidth_gbps > 0
     ]
     return ResourceSnapshot(regions=regions, clusters=clusters, links=links, taken_at=time.time())

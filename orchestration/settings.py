@@ -34,6 +34,31 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         1 << 20, ge=1024, le=1 << 30, description="Largest request body accepted, checked before auth"
     )
+    # Link probes (resource_layer/link_probes.py): agents measure the links between regions.
+    link_probe_interval_s: float = Field(
+        600.0, ge=1, le=86_400, description="Longest time between two probes of one link"
+    )
+    link_probe_budget: float = Field(
+        0.01, gt=0, le=0.01, description="Share of a link's time probes may take (at most 1 %)"
+    )
+    link_probe_bytes: int = Field(
+        4 * 1024 * 1024, ge=64 * 1024, le=64 * 1024 * 1024, description="Bulk transfer per probe"
+    )
+    link_probe_echoes: int = Field(
+        5, ge=1, le=32, description="Round trips per probe (the lowest is the RTT)"
+    )
+    link_probe_timeout_s: float = Field(
+        60.0, ge=5, le=600, description="A probe without a result by then failed"
+    )
+    link_probe_tick_s: float = Field(
+        2.0, gt=0, le=60, description="How often the scheduler looks for due links"
+    )
+    link_fresh_s: float | None = Field(
+        None,
+        gt=0,
+        le=30 * 86_400,
+        description="Measurements younger than this feed the planner (unset: 3 intervals)",
+    )
 
     @model_validator(mode="after")
     def _refuse_default_secret(self) -> Settings:
@@ -46,6 +71,10 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'cpn.sqlite').resolve()}"
+
+    @property
+    def effective_link_fresh_s(self) -> float:
+        return self.link_fresh_s if self.link_fresh_s is not None else 3 * self.link_probe_interval_s
 
     @property
     def node_lost_after_s(self) -> float:

@@ -20,7 +20,7 @@ TASK_STATES: dict[int, str] = {
     agent_pb2.TASK_STATE_FAILED: TaskState.FAILED,
     agent_pb2.TASK_STATE_CANCELLED: TaskState.CANCELLED,
 }
-SERVER_MESSAGE_KINDS = ("assignment", "cancel", "drain", "ack")
+SERVER_MESSAGE_KINDS = ("assignment", "cancel", "drain", "ack", "probe")
 
 
 def device_from_proto(d: agent_pb2.Device) -> DeviceReport:
@@ -47,6 +47,7 @@ def registration_from_proto(r: agent_pb2.RegisterRequest) -> NodeRegistration:
         jurisdiction=r.jurisdiction,
         node_id=r.node_id,
         node_token=r.node_token,
+        probe_port=r.probe_port,
     )
 
 

@@ -19,6 +19,7 @@ from contracts.errors import (
     PermissionDenied,
     Unauthenticated,
 )
+from contracts.link_probe import new_probe_key
 from contracts.registration import DeviceReport, NodeRegistration, device_problems, validate_registration
 from orchestration.audit import record_audit
 from orchestration.context import ServerContext
@@ -71,6 +72,8 @@ def register_node(
     node.advertise_host = reg.advertise_host
     node.sync_port_min = reg.sync_port_min
     node.sync_port_max = reg.sync_port_max
+    node.probe_port = reg.probe_port
+    node.probe_key = new_probe_key()  # rotated with the node token: the old agent process is gone
     node.agent_version = reg.agent_version
     if node.status == "lost":
         node.status = "alive"

@@ -21,7 +21,7 @@ from contracts.errors import CpnError, InvalidArgument
 from contracts.registration import NodeRegistration
 from orchestration.context import ServerContext
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
-from resource_layer import registry
+from resource_layer import link_probes, registry
 from resource_layer.convert import (
     device_from_proto,
     metrics_to_dict,
@@ -78,7 +78,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.RegisterResponse:
         try:
-            node_id, token, cluster_id = await asyncio.to_thread(
+            node_id, token, cluster_id, probe_key = await asyncio.to_thread(
                 self._register, registration_from_proto(request), context.peer() or ""
             )
         except CpnError as exc:
@@ -92,14 +92,15 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             node_token=token,
             cluster_id=cluster_id,
             heartbeat_interval_s=self._ctx.settings.heartbeat_interval_s,
+            probe_key=probe_key,
         )
 
-    def _register(self, reg: NodeRegistration, peer: str) -> tuple[str, str, str]:
+    def _register(self, reg: NodeRegistration, peer: str) -> tuple[str, str, str, str]:
         for attempt in range(3):
             try:
                 with self._ctx.session_factory() as session, session.begin():
                     node, token = registry.register_node(session, reg, source=peer)
-                    return node.id, token, node.cluster_id
+                    return node.id, token, node.cluster_id, node.probe_key
             except IntegrityError:
                 # Two first nodes of one new region or cluster raced to create it; the loser's
                 # transaction rolled back whole (token use included) and now finds the rows.
@@ -282,10 +283,26 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         elif kind == "inventory":
             devices = [device_from_proto(d) for d in message.inventory.devices]
             await asyncio.to_thread(self._update_inventory, node_id, devices)
+        elif kind == "probe_result":
+            r = message.probe_result
+            result = {
+                "probe_id": r.probe_id,
+                "rtt_ms": r.rtt_ms,
+                "bulk_bytes": r.bulk_bytes,
+                "bulk_s": r.bulk_s,
+                "duration_s": r.duration_s,
+                "error": r.error,
+            }
+            await asyncio.to_thread(self._record_probe, node_id, result)
         elif kind == "hello":
             raise InvalidArgument("hello: only the first message of a stream may be a Hello")
         else:
             raise InvalidArgument(f"unknown agent message kind {kind!r}")
+
+    def _record_probe(self, node_id: str, result: dict[str, Any]) -> None:
+        with self._ctx.session_factory() as session, session.begin():
+            row = link_probes.record_result(session, node_id, result)
+        log.info("link probe %s %s->%s: %s", row.id, row.src_region, row.dst_region, row.error or "ok")
 
     def _update_inventory(self, node_id: str, devices: list[Any]) -> None:
         with self._ctx.session_factory() as session, session.begin():

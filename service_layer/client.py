@@ -153,6 +153,9 @@ class CpnClient:
     def put_link(self, **link: Any) -> dict[str, Any]:
         return self._call("PUT", "/v1/links", json=link)
 
+    def link_probes(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/links/probes", params={"limit": limit})
+
     def create_token(
         self, provider: str, note: str = "", ttl_s: float | None = 86_400.0, max_uses: int | None = 1
     ) -> dict[str, Any]:

@@ -19,13 +19,14 @@ from orchestration.db.models import (
     Cluster,
     Event,
     Job,
-    Link,
+    LinkProbe,
     Node,
     Provider,
     Region,
     Task,
     TaskMetric,
 )
+from resource_layer.link_probes import current_links
 from resource_layer.liveness import node_alive_key
 from service_layer.floor import entropy_floor, uniform_loss
 from service_layer.schemas.jobs import (
@@ -38,7 +39,14 @@ from service_layer.schemas.jobs import (
     Progress,
     TaskRead,
 )
-from service_layer.schemas.resources import ClusterRead, DeviceRead, LinkRead, NodeRead, RegionRead
+from service_layer.schemas.resources import (
+    ClusterRead,
+    DeviceRead,
+    LinkProbeRead,
+    LinkRead,
+    NodeRead,
+    RegionRead,
+)
 
 _T = TypeVar("_T")
 
@@ -126,8 +134,13 @@ def list_clusters(session: Session, bus: Bus, now: datetime | None = None) -> li
     return out
 
 
-def list_links(session: Session) -> list[LinkRead]:
-    return [LinkRead.model_validate(ln) for ln in session.scalars(select(Link).order_by(Link.src, Link.dst))]
+def list_links(session: Session, fresh_s: float) -> list[LinkRead]:
+    return [LinkRead.model_validate(ln, from_attributes=True) for ln in current_links(session, fresh_s)]
+
+
+def list_link_probes(session: Session, limit: int) -> list[LinkProbeRead]:
+    rows = session.scalars(select(LinkProbe).order_by(LinkProbe.requested_at.desc()).limit(limit))
+    return [LinkProbeRead.model_validate(r) for r in rows]
 
 
 # ---------------------------------------------------------------- jobs

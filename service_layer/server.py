@@ -29,6 +29,7 @@ from orchestration.context import ServerContext
 from orchestration.db.engine import is_sqlite, make_engine, make_session_factory, session_scope
 from orchestration.db.migrate import upgrade
 from orchestration.settings import Settings
+from resource_layer.link_probes import run_link_prober
 from resource_layer.server import build_grpc_server
 from service_layer.app import create_app
 from service_layer.auth import bootstrap_admin
@@ -109,6 +110,7 @@ async def run_control_plane(
         await grpc_server.start()
         reaper = asyncio.create_task(run_reaper(ctx, stop), name="reaper")
         placer = asyncio.create_task(run_placer(ctx, stop), name="placer")
+        prober = asyncio.create_task(run_link_prober(ctx, stop), name="link-prober")
         serving = asyncio.create_task(http.serve(sockets=[http_sock]), name="http")
         waiting = asyncio.create_task(stop.wait(), name="stop")
         try:
@@ -130,7 +132,7 @@ async def run_control_plane(
                 if on_ready is not None:
                     on_ready(ctx, http_port, grpc_port)
             done, _ = await asyncio.wait(
-                {waiting, serving, reaper, placer}, return_when=asyncio.FIRST_COMPLETED
+                {waiting, serving, reaper, placer, prober}, return_when=asyncio.FIRST_COMPLETED
             )
             for task in done - {waiting}:
                 if task.exception() is not None:
@@ -148,6 +150,8 @@ async def run_control_plane(
                 await reaper
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await placer
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await prober
             await app.state.fanout.close()
             http_sock.close()
     finally:

@@ -82,6 +82,8 @@ class LinkInfo(_Plain):
     bandwidth_gbps: float = Field(gt=0)
     latency_ms: float = Field(ge=0)
     egress_price_per_gb: float = Field(default=0.0, ge=0)
+    # measured by agents' probes, or declared by an admin
+    source: Literal["measured", "declared"] = "declared"
 
 
 class ResourceSnapshot(_Plain):

@@ -79,9 +79,9 @@ def create_key(ctx: CtxDep, admin: AdminTenant, tenant_id: str, request: Request
 
 
 @router.get("/snapshot", response_model=ResourceSnapshot, summary="The planner's resource snapshot")
-def snapshot(session: SessionDep, _: AdminTenant) -> ResourceSnapshot:
+def snapshot(ctx: CtxDep, session: SessionDep, _: AdminTenant) -> ResourceSnapshot:
     """What the planner sees now: alive nodes, free devices, prices, links. Feed it to `cpn plan`."""
-    return build_snapshot(session)
+    return build_snapshot(session, link_fresh_s=ctx.settings.effective_link_fresh_s)
 
 
 @router.get("/audit", response_model=list[AuditRead], summary="The audit log")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
 
 from orchestration.db.engine import session_scope
 from service_layer import queries
@@ -10,7 +12,14 @@ from service_layer.audit import audit_request
 from service_layer.deps import AdminTenant, CtxDep, CurrentTenant, SessionDep
 from service_layer.links import upsert_link
 from service_layer.schemas.common import error_responses
-from service_layer.schemas.resources import ClusterRead, LinkRead, LinkUpsert, RegionRead
+from service_layer.schemas.resources import (
+    ClusterRead,
+    DeclaredLinkRead,
+    LinkProbeRead,
+    LinkRead,
+    LinkUpsert,
+    RegionRead,
+)
 
 router = APIRouter(tags=["resources"])
 
@@ -28,16 +37,27 @@ def list_clusters(ctx: CtxDep, session: SessionDep, _: CurrentTenant) -> list[Cl
 
 
 @router.get("/links", response_model=list[LinkRead], responses=error_responses(401))
-def list_links(session: SessionDep, _: CurrentTenant) -> list[LinkRead]:
-    return queries.list_links(session)
+def list_links(ctx: CtxDep, session: SessionDep, _: CurrentTenant) -> list[LinkRead]:
+    """The links the planner uses now, each marked `measured` (agents' probes, median of the newest
+    fresh ones) or `declared` (an admin's `PUT /v1/links`, the fallback), with when and from what."""
+    return queries.list_links(session, ctx.settings.effective_link_fresh_s)
 
 
-@router.put("/links", response_model=LinkRead, responses=error_responses(401, 403, 404, 422))
-def put_link(ctx: CtxDep, admin: AdminTenant, body: LinkUpsert, request: Request) -> LinkRead:
-    """Declare (or replace) the link src→dst; one direction serves both unless both are given."""
+@router.get("/links/probes", response_model=list[LinkProbeRead], responses=error_responses(401, 403, 422))
+def list_link_probes(
+    session: SessionDep, _: AdminTenant, limit: Annotated[int, Query(ge=1, le=500)] = 100
+) -> list[LinkProbeRead]:
+    """Admin: the newest link probes, ordered and measured (or failed), newest first."""
+    return queries.list_link_probes(session, limit)
+
+
+@router.put("/links", response_model=DeclaredLinkRead, responses=error_responses(401, 403, 404, 422))
+def put_link(ctx: CtxDep, admin: AdminTenant, body: LinkUpsert, request: Request) -> DeclaredLinkRead:
+    """Declare (or replace) the link src→dst; one direction serves both unless both are given.
+    A fresh measurement of the same direction takes precedence in the planner."""
     with session_scope(ctx.session_factory) as session:
         link = upsert_link(session, **body.model_dump())
         audit_request(
             session, request, admin, "link.declared", f"link {body.src}->{body.dst}", body.model_dump()
         )
-        return LinkRead.model_validate(link)
+        return DeclaredLinkRead.model_validate(link)

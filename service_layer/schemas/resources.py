@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -73,14 +74,51 @@ class LinkUpsert(BaseModel):
     egress_price_per_gb: float = Field(0.0, ge=0, le=1000, allow_inf_nan=False)
 
 
-class LinkRead(ApiModel):
+class DeclaredLinkRead(ApiModel):
+    """A link as an admin declared it (the fallback where no fresh measurement exists)."""
+
     id: str
     src: str
     dst: str
     bandwidth_gbps: float
     latency_ms: float
     egress_price_per_gb: float
-    measured_at: datetime
+    measured_at: datetime = Field(description="When it was declared")
+
+
+class LinkRead(BaseModel):
+    """A link as the planner uses it now."""
+
+    src: str
+    dst: str
+    bandwidth_gbps: float
+    latency_ms: float = Field(description="One way (half the measured round trip when measured)")
+    egress_price_per_gb: float = Field(description="From the declared link (either direction); 0 if none")
+    source: Literal["measured", "declared"] = Field(
+        description="measured: agents' probes within the freshness window; declared: PUT /v1/links"
+    )
+    as_of: datetime = Field(description="When it was measured (newest probe) or declared")
+    basis: str = Field(description="From what, in words")
+    samples: int = Field(description="Probes the measured figures are the median of; 0 when declared")
+
+
+class LinkProbeRead(ApiModel):
+    """One probe of the link src_region -> dst_region (the newest few per pair are kept)."""
+
+    id: str
+    src_region: str
+    dst_region: str
+    src_node_id: str = Field(description="The prober")
+    dst_node_id: str = Field(description="The target, which received the bulk transfer")
+    status: str = Field(description="pending | ok | failed")
+    bulk_bytes: int
+    echoes: int
+    rtt_ms: float | None
+    bandwidth_gbps: float | None
+    duration_s: float | None = Field(description="Link time the probe took (what the 1 % budget counts)")
+    error: str
+    requested_at: datetime
+    finished_at: datetime | None
 
 
 class Health(BaseModel):

@@ -88,14 +88,19 @@ class Launcher:
         self.started: list[AgentProcess] = []
 
     def __call__(
-        self, name: str = "a", token: str | None = None, cluster: str = "paris-1", **options: str
+        self,
+        name: str = "a",
+        token: str | None = None,
+        cluster: str = "paris-1",
+        region: str = "eu-west",
+        **options: str,
     ) -> AgentProcess:
         work_dir = self.tmp / f"agent-{name}"
         work_dir.mkdir(exist_ok=True)
         args = [
             sys.executable, "-m", "agent", "--server", self.plane.server.target,
             "--token", self.plane.token if token is None else token,
-            "--region", "eu-west", "--cluster", cluster, "--provider", "lumen", "--jurisdiction", "EU",
+            "--region", region, "--cluster", cluster, "--provider", "lumen", "--jurisdiction", "EU",
             "--devices", "cpu:2", "--price-per-device-hour", "1.5", "--sync-ports", "29600-29609",
             "--work-dir", str(work_dir), "--reconnect-max-s", "1", "--kill-grace-s", "2",
             "--allow-command-override", "--log-level", "DEBUG",

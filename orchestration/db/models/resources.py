@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, String, UniqueConstraint
+from sqlalchemy import ForeignKey, Index, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from orchestration.db.base import Base, new_id, utcnow
@@ -52,6 +52,8 @@ class Node(Base):
     advertise_host: Mapped[str] = mapped_column(String(255), default="127.0.0.1")
     sync_port_min: Mapped[int] = mapped_column(default=0)
     sync_port_max: Mapped[int] = mapped_column(default=0)
+    probe_port: Mapped[int] = mapped_column(default=0)  # its LinkProbeService; 0: none
+    probe_key: Mapped[str] = mapped_column(String(64), default="")  # signs tickets of probes aimed at it
     # alive | lost | drained
     status: Mapped[str] = mapped_column(String(16), default="alive", index=True)
     agent_version: Mapped[str] = mapped_column(String(32), default="")
@@ -90,6 +92,31 @@ class Link(Base):
     latency_ms: Mapped[float]
     egress_price_per_gb: Mapped[float] = mapped_column(default=0.0)
     measured_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class LinkProbe(Base):
+    """One probe of the link src_region -> dst_region: ordered, then measured (or failed).
+
+    History is bounded: the resource layer keeps the newest few per region pair.
+    """
+
+    __tablename__ = "link_probes"
+    __table_args__ = (Index("ix_link_probes_pair", "src_region", "dst_region", "requested_at"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    src_region: Mapped[str] = mapped_column(String(64))
+    dst_region: Mapped[str] = mapped_column(String(64))
+    src_node_id: Mapped[str] = mapped_column(String(32), index=True)  # the prober
+    dst_node_id: Mapped[str] = mapped_column(String(32))  # the target
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | ok | failed
+    bulk_bytes: Mapped[int]
+    echoes: Mapped[int]
+    rtt_ms: Mapped[float | None] = mapped_column(default=None)
+    bandwidth_gbps: Mapped[float | None] = mapped_column(default=None)
+    duration_s: Mapped[float | None] = mapped_column(default=None)  # the link time the probe took
+    error: Mapped[str] = mapped_column(String(500), default="")
+    requested_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Price(Base):

@@ -37,7 +37,7 @@ class Device(_message.Message):
     def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., memory_gb: _Optional[float] = ..., measured_tflops: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token")
+    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port")
     ENROLLMENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class RegisterRequest(_message.Message):
     JURISDICTION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
     enrollment_token: str
     region: str
     cluster: str
@@ -70,35 +71,40 @@ class RegisterRequest(_message.Message):
     jurisdiction: str
     node_id: str
     node_token: str
-    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ...) -> None: ...
+    probe_port: int
+    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("node_id", "node_token", "cluster_id", "heartbeat_interval_s")
+    __slots__ = ("node_id", "node_token", "cluster_id", "heartbeat_interval_s", "probe_key")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    PROBE_KEY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_token: str
     cluster_id: str
     heartbeat_interval_s: float
-    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cluster_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    probe_key: str
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cluster_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., probe_key: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log")
+    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log", "probe_result")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
     TASK_STATUS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
+    PROBE_RESULT_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     inventory: Inventory
     task_status: TaskStatus
     metrics: TaskMetrics
     log: TaskLog
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ...) -> None: ...
+    probe_result: LinkProbeResult
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ..., probe_result: _Optional[_Union[LinkProbeResult, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_id", "node_token", "running_assignments")
@@ -175,16 +181,18 @@ class TaskLog(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., stream: _Optional[str] = ..., line: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("assignment", "cancel", "drain", "ack")
+    __slots__ = ("assignment", "cancel", "drain", "ack", "probe")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     cancel: Cancel
     drain: Drain
     ack: Ack
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+    probe: LinkProbeOrder
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., probe: _Optional[_Union[LinkProbeOrder, _Mapping]] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("assignment_id", "job_id", "attempt", "device_indices", "nproc", "worker_config_json")
@@ -223,3 +231,71 @@ class Ack(_message.Message):
     node_id: str
     heartbeat_interval_s: float
     def __init__(self, node_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class LinkProbeTicket(_message.Message):
+    __slots__ = ("probe_id", "target_node_id", "bulk_bytes", "echoes", "expires_at", "mac")
+    PROBE_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    BULK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ECHOES_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    probe_id: str
+    target_node_id: str
+    bulk_bytes: int
+    echoes: int
+    expires_at: float
+    mac: str
+    def __init__(self, probe_id: _Optional[str] = ..., target_node_id: _Optional[str] = ..., bulk_bytes: _Optional[int] = ..., echoes: _Optional[int] = ..., expires_at: _Optional[float] = ..., mac: _Optional[str] = ...) -> None: ...
+
+class LinkProbeOrder(_message.Message):
+    __slots__ = ("ticket", "target_host", "target_port")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    TARGET_HOST_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PORT_FIELD_NUMBER: _ClassVar[int]
+    ticket: LinkProbeTicket
+    target_host: str
+    target_port: int
+    def __init__(self, ticket: _Optional[_Union[LinkProbeTicket, _Mapping]] = ..., target_host: _Optional[str] = ..., target_port: _Optional[int] = ...) -> None: ...
+
+class LinkProbeEcho(_message.Message):
+    __slots__ = ("ticket", "seq")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ticket: LinkProbeTicket
+    seq: int
+    def __init__(self, ticket: _Optional[_Union[LinkProbeTicket, _Mapping]] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class LinkProbeChunk(_message.Message):
+    __slots__ = ("ticket", "data")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    ticket: LinkProbeTicket
+    data: bytes
+    def __init__(self, ticket: _Optional[_Union[LinkProbeTicket, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class LinkProbeBulkReply(_message.Message):
+    __slots__ = ("bytes", "timed_bytes", "span_s")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIMED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPAN_S_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    timed_bytes: int
+    span_s: float
+    def __init__(self, bytes: _Optional[int] = ..., timed_bytes: _Optional[int] = ..., span_s: _Optional[float] = ...) -> None: ...
+
+class LinkProbeResult(_message.Message):
+    __slots__ = ("probe_id", "rtt_ms", "bulk_bytes", "bulk_s", "duration_s", "error")
+    PROBE_ID_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    BULK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BULK_S_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    probe_id: str
+    rtt_ms: float
+    bulk_bytes: int
+    bulk_s: float
+    duration_s: float
+    error: str
+    def __init__(self, probe_id: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bulk_bytes: _Optional[int] = ..., bulk_s: _Optional[float] = ..., duration_s: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...

@@ -141,3 +141,136 @@ class AgentService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class LinkProbeServiceStub:
+    """-- Link probes: agents measure the links between regions on the control plane's orders. --------
+
+    Served by every agent on advertise_host:probe_port. Every call carries a ticket the control plane
+    signed with the target node's probe_key, so a stranger cannot use the service to load a link.
+    UNAUTHENTICATED on a bad, expired or replayed ticket; INVALID_ARGUMENT past a ticket's bounds.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Echo = channel.unary_unary(
+                '/cpn.agent.v1.LinkProbeService/Echo',
+                request_serializer=proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.LinkProbeEcho.SerializeToString,
+                response_deserializer=proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.LinkProbeEcho.FromString,
+                _registered_method=True)
+        self.Bulk = channel.stream_unary(
+                '/cpn.agent.v1.LinkProbeService/Bulk',
+                request_serializer=proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.LinkProbeChunk.SerializeToString,
+                response_deserializer=proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.LinkProbeBulkReply.FromString,
+                _registered_method=True)
+
+
+class LinkProbeServiceServicer:
+    """-- Link probes: agents measure the links between regions on the control plane's orders. --------
+
+    Served by every agent on advertise_host:probe_port. Every call carries a ticket the control plane
+    signed with the target node's probe_key, so a stranger cannot use the service to load a link.
+    UNAUTHENTICATED on a bad, expired or replayed ticket; INVALID_ARGUMENT past a ticket's bounds.
+    """
+
+    def Echo(self, request, context):
+        """Round trip: the reply echoes the request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Bulk(self, request_iterator, context):
+        """Bulk transfer prober -> target: the first chunk carries the ticket; the reply says how many
+        bytes arrived and over what span the target saw them arrive.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_LinkProbeServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Echo': grpc.unary_unary_rpc_method_handler(
+                    servicer.Echo,
+                    request_deserializer=proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.LinkProbeEcho.FromString,
+                    response_serializer=proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.LinkProbeEcho.SerializeToString,
+            ),
+            'Bulk': grpc.stream_unary_rpc_method_handler(
+                    servicer.Bulk,
+                    request_deserializer=proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.LinkProbeChunk.FromString,
+                    response_serializer=proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.LinkProbeBulkReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'cpn.agent.v1.LinkProbeService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('cpn.agent.v1.LinkProbeService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class LinkProbeService:
+    """-- Link probes: agents measure the links between regions on the control plane's orders. --------
+
+    Served by every agent on advertise_host:probe_port. Every call carries a ticket the control plane
+    signed with the target node's probe_key, so a stranger cannot use the service to load a link.
+    UNAUTHENTICATED on a bad, expired or replayed ticket; INVALID_ARGUMENT past a ticket's bounds.
+    """
+
+    @staticmethod
+    def Echo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cpn.agent.v1.LinkProbeService/Echo',
+            proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.LinkProbeEcho.SerializeToString,
+            proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.LinkProbeEcho.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Bulk(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/cpn.agent.v1.LinkProbeService/Bulk',
+            proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.LinkProbeChunk.SerializeToString,
+            proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.LinkProbeBulkReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
