@@ -85,6 +85,7 @@ def _overview(session: Session, ctx: CtxDep) -> dict[str, Any]:
     return {
         "regions": queries.list_regions(session),
         "clusters": queries.list_clusters(session, ctx.bus),
+        "links": queries.list_links(session, ctx.settings.effective_link_fresh_s),
         "jobs": queries.job_summaries(session, jobs),
         "refresh_ms": REFRESH_MS,
     }
