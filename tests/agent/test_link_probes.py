@@ -53,16 +53,19 @@ def test_agents_probe_each_other_and_the_snapshot_uses_what_they_measured(
     with plane.ctx.session_factory() as s:
         assert [ln.source for ln in build_snapshot(s).links] == ["declared"]
 
-    # At registration: both directions are due; each node is in one probe at a time, so the
-    # second waits for the first.
-    first = schedule_once(plane.ctx)
-    assert len(first) == 1
-    assert schedule_once(plane.ctx) == []  # both nodes busy
-    row1 = finished(plane, first[0])
-    second = schedule_once(plane.ctx)
-    assert len(second) == 1
-    row2 = finished(plane, second[0])
-    rows = [row1, row2]
+    # At registration both directions are due; each node takes part in one probe at a time, so the
+    # second is ordered only once the first has reported.
+    ordered: list[str] = []
+    deadline = time.monotonic() + 90
+    while len(ordered) < 2:
+        assert time.monotonic() < deadline, f"only {ordered} ordered"
+        ordered += schedule_once(plane.ctx)
+        with plane.ctx.session_factory() as s:
+            pending = s.scalars(select(LinkProbe).where(LinkProbe.status == "pending")).all()
+        assert len(pending) <= 1
+        time.sleep(0.05)
+    rows = [finished(plane, pid) for pid in ordered]
+    row1 = rows[0]
     assert {(r.src_region, r.dst_region) for r in rows} == {("eu-west", "us-east"), ("us-east", "eu-west")}
     for r in rows:
         assert r.status == "ok", r.error
