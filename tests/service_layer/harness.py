@@ -9,8 +9,9 @@ from typing import Any
 import grpc
 from sqlalchemy import func, select
 
-from orchestration.db.models import Job, Quote
+from orchestration.db.models import Cluster, Job, LinkProbe, Node, Quote
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from resource_layer.link_probes import record_result
 from resource_layer.registry import heartbeat
 from service_layer.client import CpnClient
 from service_layer.server import ServerHandle
@@ -84,6 +85,34 @@ def seed_fleet(server: ServerHandle, admin: CpnClient) -> dict[str, Registered]:
         src="eu-west", dst="eu-north", bandwidth_gbps=1.0, latency_ms=25.0, egress_price_per_gb=0.02
     )
     return nodes
+
+
+def measure_link(server: ServerHandle, src: str, dst: str, rtt_ms: float = 20.0) -> str:
+    """A probe of src -> dst as the resource layer orders and records it, with the figures an agent
+    would report (5 MB timed over 0.5 s: 80 Mbit/s). Returns the probe id."""
+    with server.ctx.session_factory() as s, s.begin():
+        node = {
+            region: node_id for node_id, region in s.execute(select(Node.id, Cluster.region).join(Cluster))
+        }
+        row = LinkProbe(
+            src_region=src,
+            dst_region=dst,
+            src_node_id=node[src],
+            dst_node_id=node[dst],
+            bulk_bytes=8 << 20,
+            echoes=5,
+        )
+        s.add(row)
+        s.flush()
+        result = {
+            "probe_id": row.id,
+            "rtt_ms": rtt_ms,
+            "bulk_bytes": 5_000_000,
+            "bulk_s": 0.5,
+            "duration_s": 0.6,
+        }
+        record_result(s, node[src], result)
+        return row.id
 
 
 def new_tenant(admin: CpnClient, server: ServerHandle, name: str) -> tuple[dict[str, Any], CpnClient]:

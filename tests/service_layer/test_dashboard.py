@@ -9,17 +9,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import select
 
 from control_layer.reactions import on_task_metrics, on_task_status
-from orchestration.db.models import Cluster, LinkProbe, Node
 from orchestration.settings import Settings
-from resource_layer.link_probes import record_result
 from service_layer.client import CpnClient
 from service_layer.dashboard.svg import loss_curve_svg
 from service_layer.server import ServerHandle, start_server_in_thread
 from tests.service_layer.browser import CHROMIUM, Browser, dump_dom
-from tests.service_layer.harness import ADMIN_KEY, seed_fleet, small_spec, wait_placed
+from tests.service_layer.harness import ADMIN_KEY, measure_link, seed_fleet, small_spec, wait_placed
 
 pytestmark = pytest.mark.browser
 
@@ -55,30 +52,6 @@ def _metrics(server: ServerHandle, job: dict, steps: range) -> None:
                     "entropy_floor": 1.05,  # the worker reports its data's floor with every step
                 },
             )
-
-
-def _measure_link(server: ServerHandle, src: str, dst: str) -> None:
-    """A probe of src -> dst as the resource layer orders and records it (5 MB in 0.5 s: 80 Mbit/s)."""
-    with server.ctx.session_factory() as s, s.begin():
-        node = {
-            region: node_id
-            for node_id, region in s.execute(select(Node.id, Cluster.region).join(Cluster)).all()
-        }
-        row = LinkProbe(
-            src_region=src,
-            dst_region=dst,
-            src_node_id=node[src],
-            dst_node_id=node[dst],
-            bulk_bytes=8 << 20,
-            echoes=5,
-        )
-        s.add(row)
-        s.flush()
-        record_result(
-            s,
-            node[src],
-            {"probe_id": row.id, "rtt_ms": 20.0, "bulk_bytes": 5_000_000, "bulk_s": 0.5, "duration_s": 0.6},
-        )
 
 
 @pytest.fixture
@@ -136,7 +109,7 @@ def test_dashboard_in_chromium_shows_fleet_jobs_and_a_live_loss_curve(
     for t in job["tasks"]:
         on_task_status(server.ctx, t["node_id"], t["id"], "running")
     _metrics(server, job, range(1, 21))
-    _measure_link(server, "eu-north", "eu-west")
+    measure_link(server, "eu-north", "eu-west")
 
     dom = dump_dom(server.http_url + "/dashboard", tmp_path / "profile-dump")
     assert "Admin sign-in" in dom and "paris-1" not in dom  # no cookie, no data
