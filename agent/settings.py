@@ -116,6 +116,13 @@ class AgentSettings(BaseModel):
         except InvalidArgument as exc:
             raise ValueError(exc.message) from None
 
+    @field_validator("probe_port")
+    @classmethod
+    def _probe_port(cls, v: int) -> int:
+        if v not in (-1, 0) and not 1024 <= v <= 65535:
+            raise ValueError(f"--probe-port: -1 (none), 0 (any free port) or 1024..65535, got {v}")
+        return v
+
     @model_validator(mode="after")
     def _backoff(self) -> AgentSettings:
         if self.reconnect_max_s < self.reconnect_min_s:

@@ -49,7 +49,8 @@ def test_settings_name_the_bad_field() -> None:
     assert s.devices.count == 2 and s.sync_ports == (30000, 30010)
     assert s.effective_state_file == Path("./cpn-agent/agent-state.json")
     for field, value in [("server", "no-port"), ("region", "EU"), ("cluster", ""), ("devices", "tpu:1"),
-                         ("price_per_device_hour", -1), ("sync_ports", "1-2")]:  # fmt: skip
+                         ("price_per_device_hour", -1), ("sync_ports", "1-2"), ("probe_port", 80),
+                         ("probe_port", 70000), ("probe_port", -2)]:  # fmt: skip
         with pytest.raises(ValidationError) as err:
             settings(**{field: value})
         assert err.value.errors()[0]["loc"] == (field,)
