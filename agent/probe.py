@@ -134,7 +134,12 @@ async def run_probe(order: agent_pb2.LinkProbeOrder) -> agent_pb2.LinkProbeResul
     if budget <= 0:
         result.error = "the order's ticket expired before the probe started"
         return result
-    target = f"{order.target_host}:{order.target_port}"
+    host = order.target_host
+    target = (
+        f"[{host}]:{order.target_port}"
+        if ":" in host and not host.startswith("[")
+        else f"{host}:{order.target_port}"
+    )
     channel = grpc.aio.insecure_channel(target, options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
     try:
         stub = agent_pb2_grpc.LinkProbeServiceStub(channel)

@@ -3,12 +3,14 @@ the resource layer's orders; results land in the database and feed the planner's
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
 import pytest
 from sqlalchemy import select
 
+from agent.probe import run_probe
 from contracts.errors import NotFound
 from contracts.link_probe import CHUNK_BYTES, Ticket, new_probe_key, sign
 from control_layer.snapshot import build_snapshot
@@ -158,3 +160,15 @@ def test_the_probe_service_refuses_strangers_replays_and_oversized_transfers(
         )
     with plane.ctx.session_factory() as s:
         assert s.scalars(select(LinkProbe)).all() == []  # nothing the control plane ordered
+
+
+def test_a_probe_that_cannot_run_reports_why_instead_of_raising() -> None:
+    def order(expires_at: float, port: int = 1) -> agent_pb2.LinkProbeOrder:
+        t = agent_pb2.LinkProbeTicket(probe_id="p", target_node_id="n", bulk_bytes=1 << 20, echoes=2,
+                                      expires_at=expires_at, mac="00")  # fmt: skip
+        return agent_pb2.LinkProbeOrder(ticket=t, target_host="127.0.0.1", target_port=port)
+
+    late = asyncio.run(run_probe(order(time.time() - 1)))
+    assert late.probe_id == "p" and "expired" in late.error and late.bulk_bytes == 0
+    nobody = asyncio.run(run_probe(order(time.time() + 30)))  # nothing listens on port 1
+    assert "UNAVAILABLE" in nobody.error and nobody.rtt_ms == 0 and nobody.duration_s > 0
