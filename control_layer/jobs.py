@@ -25,9 +25,9 @@ from control_layer.allocation import AllocationConflict, allocate
 from control_layer.calibration_store import load_calibration
 from control_layer.dispatch import dispatch
 from control_layer.lifecycle import transition, wake_placer
+from control_layer.live_snapshot import current_snapshot
 from control_layer.planner import plan
 from control_layer.planner.plan_types import PlanOption
-from control_layer.snapshot import build_snapshot
 from control_layer.task_states import clip_message
 from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
@@ -69,7 +69,7 @@ def plan_now(
 ) -> list[PlanOption]:
     """Options on a snapshot and the calibration of this moment (read in one short transaction)."""
     with session_scope(ctx.session_factory) as session:
-        snapshot = build_snapshot(session, exclude_nodes=exclude_nodes)
+        snapshot = current_snapshot(ctx, session, exclude_nodes=exclude_nodes)
         calibration = load_calibration(session)
     return plan(spec, snapshot, calibration)
 

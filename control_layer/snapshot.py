@@ -47,7 +47,7 @@ def build_snapshot(session: Session, *, exclude_nodes: Collection[str] = ()) -> 
     devices_by_node: dict[str, list[DeviceSlot]] = defaultdict(list)
     alive_nodes = [
         n
-        for n in session.scalars(select(Node).where(Node.status == "alive").order_by(Node.id))
+        for n in sorted(session.scalars(select(Node).where(Node.status == "alive")), key=lambda n: n.id)
         if n.id not in exclude_nodes
     ]
     node_ids = [n.id for n in alive_nodes]
@@ -75,7 +75,9 @@ def build_snapshot(session: Session, *, exclude_nodes: Collection[str] = ()) -> 
         )
 
     clusters: list[ClusterInfo] = []
-    for cluster in session.scalars(select(Cluster).order_by(Cluster.region, Cluster.name)):
+    # Sorted here, not by the database, so both backends (and the live snapshot) agree on order.
+    rows = sorted(session.scalars(select(Cluster)), key=lambda c: (c.region, c.name, c.id))
+    for cluster in rows:
         price = prices.get(cluster.id)
         if price is None or not nodes_by_cluster.get(cluster.id):
             continue
@@ -95,7 +97,7 @@ def build_snapshot(session: Session, *, exclude_nodes: Collection[str] = ()) -> 
 
     regions = [
         RegionInfo(name=r.name, jurisdiction=r.jurisdiction)
-        for r in session.scalars(select(Region).order_by(Region.name))
+        for r in sorted(session.scalars(select(Region)), key=lambda r: r.name)
     ]
     links = [
         LinkInfo(
@@ -105,7 +107,7 @@ def build_snapshot(session: Session, *, exclude_nodes: Collection[str] = ()) -> 
             latency_ms=ln.latency_ms,
             egress_price_per_gb=ln.egress_price_per_gb,
         )
-        for ln in session.scalars(select(Link).order_by(Link.src, Link.dst))
+        for ln in sorted(session.scalars(select(Link)), key=lambda ln: (ln.src, ln.dst))
         if ln.bandwidth_gbps > 0
     ]
     return ResourceSnapshot(regions=regions, clusters=clusters, links=links, taken_at=time.time())
