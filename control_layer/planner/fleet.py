@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,25 +46,53 @@ class Filtered:
     steps: list[dict[str, Any]] = field(default_factory=list)
 
 
+# A cluster's pools depend on that ClusterInfo alone, and snapshots are never changed in place; the
+# server's live snapshot hands out the same object for a cluster until it changes, so a quote
+# regroups only the clusters that changed since the last one. Entries hold their cluster, so an
+# id cannot be reused while cached.
+_POOL_CACHE: OrderedDict[tuple[int, bool], tuple[ClusterInfo, list[Pool]]] = OrderedDict()
+_POOL_CACHE_SIZE = 16_384
+_POOL_CACHE_LOCK = threading.Lock()
+
+
 def _pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
-    out = []
+    out: list[Pool] = []
     for cluster in sorted(snapshot.clusters, key=lambda c: c.id):
-        price = device_price(cluster, spot)
-        # This runs over every device of the fleet: comprehensions, and a fast path for the usual
-        # node whose free devices are all one model.
-        for node in cluster.nodes:
-            if not node.alive:
-                continue
-            free = [d for d in node.devices if d.free]
-            if not free:
-                continue
-            models = {(d.model, d.kind) for d in free}
-            for m in sorted(models):
-                mine = free if len(models) == 1 else [d for d in free if (d.model, d.kind) == m]
-                ix = tuple(sorted([d.index for d in mine]))
-                tflops = min([d.tflops for d in mine])
-                memory = min([d.memory_gb for d in mine])
-                out.append(Pool(cluster, m[0], ((node.id, ix),), tflops, memory, price, m[1]))
+        key = (id(cluster), spot)
+        with _POOL_CACHE_LOCK:
+            hit = _POOL_CACHE.get(key)
+            if hit is not None and hit[0] is cluster:
+                _POOL_CACHE.move_to_end(key)
+        if hit is not None and hit[0] is cluster:
+            out.extend(hit[1])
+            continue
+        pools = _cluster_pools(cluster, spot)
+        with _POOL_CACHE_LOCK:
+            _POOL_CACHE[key] = (cluster, pools)
+            while len(_POOL_CACHE) > _POOL_CACHE_SIZE:
+                _POOL_CACHE.popitem(last=False)
+        out.extend(pools)
+    return out
+
+
+def _cluster_pools(cluster: ClusterInfo, spot: bool) -> list[Pool]:
+    out = []
+    price = device_price(cluster, spot)
+    # This runs over every device of a cluster: comprehensions, and a fast path for the usual
+    # node whose free devices are all one model.
+    for node in cluster.nodes:
+        if not node.alive:
+            continue
+        free = [d for d in node.devices if d.free]
+        if not free:
+            continue
+        models = {(d.model, d.kind) for d in free}
+        for m in sorted(models):
+            mine = free if len(models) == 1 else [d for d in free if (d.model, d.kind) == m]
+            ix = tuple(sorted([d.index for d in mine]))
+            tflops = min([d.tflops for d in mine])
+            memory = min([d.memory_gb for d in mine])
+            out.append(Pool(cluster, m[0], ((node.id, ix),), tflops, memory, price, m[1]))
     return out
 
 

@@ -23,6 +23,7 @@ from control_layer.live_snapshot import (
     detach_live_snapshot,
     run_live_snapshot,
 )
+from control_layer.planner import plan
 from control_layer.reactions import on_node_lost
 from control_layer.snapshot import build_snapshot
 from orchestration.bus import InProcessBus, RedisBus
@@ -34,7 +35,7 @@ from resource_layer.registry import heartbeat, register_node
 from resource_layer.tokens import create_enrollment_token
 from service_layer.links import upsert_link
 from tests.conftest import REDIS_URL
-from tests.orchestration.fleet import add_tenant, hold_devices
+from tests.orchestration.fleet import add_tenant, hold_devices, tiny_spec
 
 REGIONS = ("eu-west", "us-east", "ap-south")
 
@@ -188,6 +189,14 @@ def test_unchanged_clusters_keep_their_objects_and_prices_come_into_force(
     assert second["a"] is first["a"]  # re-read only what changed: what the planner derives from "a" holds
     assert second["b"] is not first["b"] and second["b"].n_free == 1
     assert_same(ctx, live)
+    # the planner's per-cluster reuse gives what planning from scratch on the database gives
+    spec = tiny_spec(qos={"objective": "time"})
+    with session_scope(ctx.session_factory) as s:
+        fresh = build_snapshot(s)
+    for _ in range(2):
+        assert [o.model_dump() for o in plan(spec, live.snapshot())] == [
+            o.model_dump() for o in plan(spec, fresh)
+        ]
 
     # a price that comes into force later is read when its time comes, with no write to announce it
     with session_scope(ctx.session_factory) as s:
