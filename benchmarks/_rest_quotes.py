@@ -35,6 +35,12 @@ POSTGRES_ADMIN_URL = os.environ.get(
 REDIS_URL = os.environ.get("CPN_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,10 +163,12 @@ def rest_latency(snap: ResourceSnapshot, specs: list[dict[str, Any]], *, workers
         offered = sum(len(n["devices"]) for c in snapshot["clusters"] for n in c["nodes"])
         times, infeasible = [], 0
         http.post("/v1/quotes", json=specs[0])  # the first quote loads the live snapshot
+        cpu = []
         for spec in specs:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), _cpu_s(server.pid)
             r = http.post("/v1/quotes", json=spec)
             times.append((time.perf_counter() - t) * 1000.0)
+            cpu.append((_cpu_s(server.pid) - c) * 1000.0)
             if r.status_code == 409:
                 infeasible += 1
             elif r.status_code != 201:
@@ -176,6 +184,8 @@ def rest_latency(snap: ResourceSnapshot, specs: list[dict[str, Any]], *, workers
             "p50_ms": float(np.percentile(times, 50)),
             "p95_ms": float(np.percentile(times, 95)),
             "max_ms": float(max(times)),
+            "p50_cpu_ms": float(np.percentile(cpu, 50)),
+            "p95_cpu_ms": float(np.percentile(cpu, 95)),
         }
     finally:
         server.terminate()

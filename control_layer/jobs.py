@@ -79,6 +79,13 @@ def plan_now(
 
 def create_quote(ctx: ServerContext, tenant_id: str, spec: JobSpec, *, ttl_s: float = QUOTE_TTL_S) -> Quote:
     """Ranked, priced options valid for ``ttl_s``; NoFeasiblePlan propagates (nothing is stored)."""
+    return quote_with_options(ctx, tenant_id, spec, ttl_s=ttl_s)[0]
+
+
+def quote_with_options(
+    ctx: ServerContext, tenant_id: str, spec: JobSpec, *, ttl_s: float = QUOTE_TTL_S
+) -> tuple[Quote, list[PlanOption]]:
+    """create_quote, also returning the options as planned (no need to re-read them from JSON)."""
     options = plan_now(ctx, spec)
     with session_scope(ctx.session_factory) as session:
         _tenant(session, tenant_id)
@@ -89,7 +96,7 @@ def create_quote(ctx: ServerContext, tenant_id: str, spec: JobSpec, *, ttl_s: fl
             expires_at=utcnow() + timedelta(seconds=ttl_s),
         )
         session.add(quote)
-    return quote
+    return quote, options
 
 
 def submit_job(

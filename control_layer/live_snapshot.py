@@ -43,7 +43,7 @@ from orchestration.resource_changes import RESOURCE_CHANGES_CHANNEL, ResourceCha
 
 log = logging.getLogger(__name__)
 
-FULL_RELOAD_S = 60.0  # the safety net for bus messages lost between replicas
+FULL_RELOAD_S = 300.0  # a safety net: a lost subscription already triggers a full reload
 _CHUNK = 900  # ids per IN (...) list: far below SQLite's and PostgreSQL's parameter limits
 
 
@@ -92,6 +92,7 @@ class _State:
     order: list[ClusterInfo] | None = None
     stale: set[str] = field(default_factory=set)  # clusters whose ClusterInfo must be rebuilt
     loaded_at: float = 0.0
+    whole: ResourceSnapshot | None = None  # handed out again while nothing changes
 
     # -- reading rows ------------------------------------------------------------------------------
 
@@ -138,6 +139,7 @@ class _State:
             ),
             key=lambda ln: (ln.src, ln.dst),
         )
+        self.whole = None
         providers = {p.id: p.name for p in session.scalars(select(Provider))}
         renamed = {pid for pid, name in self.providers.items() if providers.get(pid) != name}
         self.providers = providers
@@ -182,52 +184,55 @@ class _State:
         self.prices = prices
 
     def _nodes(self, session: Session, ids: Collection[str] | None) -> None:
+        # Columns, not ORM objects: a full read is ~50,000 rows at 1,000 clusters.
+        node_cols = select(Node.id, Node.cluster_id, Node.hostname, Node.status)
+        acc_cols = select(
+            Accelerator.id,
+            Accelerator.node_id,
+            Accelerator.index,
+            Accelerator.model,
+            Accelerator.kind,
+            Accelerator.memory_gb,
+            Accelerator.measured_tflops,
+        )
+        active = select(Allocation.accelerator_id).where(Allocation.active.is_(True))
         if ids is None:
-            node_rows = list(session.scalars(select(Node)))
-            acc_rows = list(session.scalars(select(Accelerator)))
-            busy_rows = set(
-                session.scalars(select(Allocation.accelerator_id).where(Allocation.active.is_(True)))
-            )
-            for cid in self.cluster_nodes:
-                self.stale.add(cid)
+            node_rows = list(session.execute(node_cols))
+            acc_rows = list(session.execute(acc_cols))
+            self.stale.update(self.cluster_nodes)
             self.nodes.clear()
             self.cluster_nodes.clear()
             self.devices.clear()
             self.device_node.clear()
-            self.busy = busy_rows
+            self.busy = set(session.scalars(active))
         else:
             node_rows = [
-                n for chunk in _chunks(ids) for n in session.scalars(select(Node).where(Node.id.in_(chunk)))
+                r for chunk in _chunks(ids) for r in session.execute(node_cols.where(Node.id.in_(chunk)))
             ]
             acc_rows = [
-                a
+                r
                 for chunk in _chunks(ids)
-                for a in session.scalars(select(Accelerator).where(Accelerator.node_id.in_(chunk)))
+                for r in session.execute(acc_cols.where(Accelerator.node_id.in_(chunk)))
             ]
             for nid in ids:
                 self._drop_node(nid)
-            acc_ids = [a.id for a in acc_rows]
-            for chunk in _chunks(acc_ids):
-                self.busy.update(
-                    session.scalars(
-                        select(Allocation.accelerator_id).where(
-                            Allocation.active.is_(True), Allocation.accelerator_id.in_(chunk)
-                        )
-                    )
-                )
-        for n in node_rows:
-            self.nodes[n.id] = _NodeRow(n.cluster_id, n.hostname, n.status == "alive")
-            self.cluster_nodes.setdefault(n.cluster_id, set()).add(n.id)
-            self.stale.add(n.cluster_id)
-        for a in acc_rows:
-            if a.node_id not in self.nodes:
+            for chunk in _chunks([r[0] for r in acc_rows]):
+                self.busy.update(session.scalars(active.where(Allocation.accelerator_id.in_(chunk))))
+        for node_id, cluster_id, hostname, status in node_rows:
+            self.nodes[node_id] = _NodeRow(cluster_id, hostname, status == "alive")
+            self.cluster_nodes.setdefault(cluster_id, set()).add(node_id)
+            self.stale.add(cluster_id)
+        touched: set[str] = set()
+        for acc_id, node_id, index, model, kind, memory_gb, tflops in acc_rows:
+            if node_id not in self.nodes:
                 continue
-            self.devices.setdefault(a.node_id, []).append(
-                _DeviceRow(a.id, a.index, a.model, a.kind, a.memory_gb, a.measured_tflops)
+            self.devices.setdefault(node_id, []).append(
+                _DeviceRow(acc_id, index, model, kind, memory_gb, tflops)
             )
-            self.device_node[a.id] = a.node_id
-        for devices in self.devices.values():
-            devices.sort(key=lambda d: d.index)
+            self.device_node[acc_id] = node_id
+            touched.add(node_id)
+        for node_id in touched:
+            self.devices[node_id].sort(key=lambda d: d.index)
 
     def _drop_node(self, node_id: str) -> None:
         row = self.nodes.pop(node_id, None)
@@ -241,6 +246,8 @@ class _State:
     # -- building the snapshot ---------------------------------------------------------------------
 
     def snapshot(self, exclude_nodes: Collection[str] = ()) -> ResourceSnapshot:
+        """Unchanged fleet, same object (its taken_at is when it was assembled): what the planner
+        derives from a snapshot can then be reused across quotes."""
         if self.stale:
             for cid in self.stale:
                 self.built[cid] = self._build_cluster(cid)
@@ -249,15 +256,21 @@ class _State:
         if self.order is None:
             present = [c for c in self.built.values() if c is not None]
             self.order = sorted(present, key=lambda c: (c.region, c.name, c.id))
+            self.whole = None
+        if not exclude_nodes and self.whole is not None:
+            return self.whole
         clusters = self.order
         if exclude_nodes:
             clusters = list(_without(clusters, set(exclude_nodes)))
-        return ResourceSnapshot.model_construct(
+        snap = ResourceSnapshot.model_construct(
             regions=[RegionInfo(name=n, jurisdiction=j) for n, j in sorted(self.regions.items())],
             clusters=list(clusters),
             links=list(self.links),
             taken_at=time.time(),
         )
+        if not exclude_nodes:
+            self.whole = snap
+        return snap
 
     def _build_cluster(self, cid: str) -> ClusterInfo | None:
         """As build_snapshot decides: alive nodes, measured devices, a price in force, or nothing."""

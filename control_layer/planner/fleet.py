@@ -55,7 +55,25 @@ _POOL_CACHE_SIZE = 16_384
 _POOL_CACHE_LOCK = threading.Lock()
 
 
+_FLEET_POOLS: OrderedDict[tuple[int, bool], tuple[ResourceSnapshot, list[Pool]]] = OrderedDict()
+
+
 def _pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
+    """Every free pool of the snapshot, remembered for the last few snapshot objects."""
+    key = (id(snapshot), spot)
+    with _POOL_CACHE_LOCK:
+        hit = _FLEET_POOLS.get(key)
+    if hit is not None and hit[0] is snapshot:
+        return list(hit[1])
+    out = _fleet_pools(snapshot, spot)
+    with _POOL_CACHE_LOCK:
+        _FLEET_POOLS[key] = (snapshot, out)
+        while len(_FLEET_POOLS) > 4:
+            _FLEET_POOLS.popitem(last=False)
+    return list(out)
+
+
+def _fleet_pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
     out: list[Pool] = []
     for cluster in sorted(snapshot.clusters, key=lambda c: c.id):
         key = (id(cluster), spot)
@@ -111,8 +129,9 @@ def filter_fleet(spec: JobSpec, snapshot: ResourceSnapshot) -> Filtered:
     )
 
     def apply(constraint: str, value: Any, keep, why: str) -> None:
-        kept = [p for p in result.pools if keep(p)]
-        removed = [p for p in result.pools if not keep(p)]
+        kept, removed = [], []
+        for p in result.pools:
+            (kept if keep(p) else removed).append(p)
         if removed:
             result.steps.append(
                 {
@@ -134,10 +153,11 @@ def filter_fleet(spec: JobSpec, snapshot: ResourceSnapshot) -> Filtered:
         apply("qos.exclude_regions", sorted(excluded), lambda p: p.region not in excluded, "region excluded")
     if qos.data_residency:
         want = qos.data_residency.upper()
+        inside = {r for r in {p.region for p in result.pools} if snapshot.jurisdiction(r).upper() == want}
         apply(
             "qos.data_residency",
             qos.data_residency,
-            lambda p: snapshot.jurisdiction(p.region).upper() == want,
+            lambda p: p.region in inside,
             f"region outside jurisdiction {qos.data_residency}",
         )
     if spec.data.region:
@@ -150,10 +170,11 @@ def filter_fleet(spec: JobSpec, snapshot: ResourceSnapshot) -> Filtered:
         )
     if qos.accelerators:
         kinds = [a.lower() for a in qos.accelerators]
+        allowed = {m for m in {p.model for p in result.pools} if any(k in m.lower() for k in kinds)}
         apply(
             "qos.accelerators",
             qos.accelerators,
-            lambda p: any(k in p.model.lower() for k in kinds),
+            lambda p: p.model in allowed,
             "device model not allowed",
         )
     if qos.min_gpu_mem_gb is not None:
