@@ -76,17 +76,17 @@ class ResourceChanges:
     @classmethod
     def from_message(cls, message: Message) -> ResourceChanges:
         """Malformed input (from an older or foreign publisher) reads as "everything": safe, never lost."""
-        try:
-            if message.get("everything"):
-                return cls(everything=True)
-            return cls(
-                nodes={str(x) for x in message.get("nodes", [])},
-                clusters={str(x) for x in message.get("clusters", [])},
-                accelerators={str(x) for x in message.get("accelerators", [])},
-                topology=bool(message.get("topology", False)),
-            )
-        except (AttributeError, TypeError):
+        if not isinstance(message, dict) or message.get("everything"):
             return cls(everything=True)
+        lists = [message.get(k, []) for k in ("nodes", "clusters", "accelerators")]
+        if not all(isinstance(ids, list) and all(isinstance(x, str) for x in ids) for ids in lists):
+            return cls(everything=True)
+        return cls(
+            nodes=set(lists[0]),
+            clusters=set(lists[1]),
+            accelerators=set(lists[2]),
+            topology=bool(message.get("topology", False)),
+        )
 
 
 def note_changes(
