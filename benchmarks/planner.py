@@ -1,10 +1,12 @@
 """Planner benchmark: quote latency on generated fleets, and the optimality gap on small ones.
 
-    python benchmarks/planner.py [--quotes 20] [--gap-instances 40] [--sizes 10,100,1000]
+    python benchmarks/planner.py [--quotes 20] [--gap-instances 40] [--sizes 10,100,1000] [--rest-quotes 30]
 
 Prints p50/p95 quote latency per fleet size (10, 100, 1,000 clusters over 30 regions; jobs from
-125M to 70B parameters), wall clock and process CPU time (the machine may be shared), the
-optimality gap against exhaustive search on small instances, then a final JSON line.
+125M to 70B parameters), wall clock and process CPU time (the machine may be shared), the same
+quotes at 1,000 clusters through REST on a `cpn server` process (PostgreSQL + Redis, the fleet
+registered over gRPC), the optimality gap against exhaustive search on small instances, then a
+final JSON line.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import MODELS, fleet, job, small_instance  # noqa: E402
+from _rest_quotes import rest_latency  # noqa: E402
 
 from contracts.errors import NoFeasiblePlan  # noqa: E402
 from control_layer.planner import plan  # noqa: E402
@@ -77,6 +80,9 @@ def main() -> None:
     ap.add_argument("--gap-instances", type=int, default=40)
     ap.add_argument("--sizes", default="10,100,1000")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--rest-quotes", type=int, default=30, help="quotes through REST at 1,000 clusters; 0 skips"
+    )
     args = ap.parse_args()
     result: dict = {}
     for n in [int(s) for s in args.sizes.split(",")]:
@@ -90,6 +96,19 @@ def main() -> None:
         result[f"p50_ms_{n}_clusters"] = round(r["p50_ms"], 1)
         result[f"p95_ms_{n}_clusters"] = round(r["p95_ms"], 1)
         result[f"p95_cpu_ms_{n}_clusters"] = round(r["p95_cpu_ms"], 1)
+    if args.rest_quotes > 0:
+        rng = np.random.default_rng(args.seed)  # the same job sequence as the plan-alone runs
+        specs = [job(i % len(MODELS), rng).model_dump(mode="json") for i in range(args.rest_quotes)]
+        r = rest_latency(fleet(1000, seed=args.seed), specs)
+        print(
+            f"REST {r['clusters']:>5} clusters {r['devices']:>7} devices: p50 {r['p50_ms']:8.1f} ms  "
+            f"p95 {r['p95_ms']:8.1f} ms  max {r['max_ms']:8.1f} ms  (server CPU p50 {r['p50_cpu_ms']:.1f}, "
+            f"p95 {r['p95_cpu_ms']:.1f} ms; {r['infeasible']}/{r['quotes']} infeasible; "
+            f"{r['nodes_registered']} nodes registered over gRPC in {r['register_s']:.0f} s)"
+        )
+        result["rest_quote_p50_ms_1000_clusters"] = round(r["p50_ms"], 1)
+        result["rest_quote_p95_ms_1000_clusters"] = round(r["p95_ms"], 1)
+        result["rest_quote_p95_server_cpu_ms_1000_clusters"] = round(r["p95_cpu_ms"], 1)
     g = gap(args.gap_instances)
     print(
         f"optimality gap vs exhaustive search: max {g['max_gap']:.4%} over {g['compared']} feasible instances"

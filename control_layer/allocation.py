@@ -25,6 +25,7 @@ from control_layer.snapshot import current_prices
 from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Task
+from orchestration.resource_changes import NOTED, note_changes
 
 
 class AllocationConflict(Aborted):
@@ -133,11 +134,14 @@ def release(session: Session, job_id: str, task_ids: list[str] | None = None) ->
         update(Allocation)
         .where(Allocation.job_id == job_id, Allocation.active.is_(True))
         .values(active=False, released_at=utcnow())
-        .execution_options(synchronize_session=False)
+        .returning(Allocation.accelerator_id)
+        .execution_options(synchronize_session=False, **NOTED)
     )
     if task_ids is not None:
         stmt = stmt.where(Allocation.task_id.in_(task_ids))
-    return session.execute(stmt).rowcount or 0
+    freed = session.scalars(stmt).all()
+    note_changes(session, accelerators=freed)
+    return len(freed)
 
 
 def _lock_nodes(session: Session, node_ids: list[str]) -> dict[str, Node]:

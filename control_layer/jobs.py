@@ -25,9 +25,9 @@ from control_layer.allocation import AllocationConflict, allocate
 from control_layer.calibration_store import load_calibration
 from control_layer.dispatch import dispatch
 from control_layer.lifecycle import transition, wake_placer
+from control_layer.live_snapshot import current_snapshot
 from control_layer.planner import plan
 from control_layer.planner.plan_types import PlanOption
-from control_layer.snapshot import build_snapshot
 from control_layer.task_states import clip_message
 from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
@@ -69,9 +69,7 @@ def plan_now(
 ) -> list[PlanOption]:
     """Options on a snapshot and the calibration of this moment (read in one short transaction)."""
     with session_scope(ctx.session_factory) as session:
-        snapshot = build_snapshot(
-            session, exclude_nodes=exclude_nodes, link_fresh_s=ctx.settings.effective_link_fresh_s
-        )
+        snapshot = current_snapshot(ctx, session, exclude_nodes=exclude_nodes)
         calibration = load_calibration(session)
     return plan(spec, snapshot, calibration)
 
@@ -81,6 +79,13 @@ def plan_now(
 
 def create_quote(ctx: ServerContext, tenant_id: str, spec: JobSpec, *, ttl_s: float = QUOTE_TTL_S) -> Quote:
     """Ranked, priced options valid for ``ttl_s``; NoFeasiblePlan propagates (nothing is stored)."""
+    return quote_with_options(ctx, tenant_id, spec, ttl_s=ttl_s)[0]
+
+
+def quote_with_options(
+    ctx: ServerContext, tenant_id: str, spec: JobSpec, *, ttl_s: float = QUOTE_TTL_S
+) -> tuple[Quote, list[PlanOption]]:
+    """create_quote, also returning the options as planned (no need to re-read them from JSON)."""
     options = plan_now(ctx, spec)
     with session_scope(ctx.session_factory) as session:
         _tenant(session, tenant_id)
@@ -91,7 +96,7 @@ def create_quote(ctx: ServerContext, tenant_id: str, spec: JobSpec, *, ttl_s: fl
             expires_at=utcnow() + timedelta(seconds=ttl_s),
         )
         session.add(quote)
-    return quote
+    return quote, options
 
 
 def submit_job(

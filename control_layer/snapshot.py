@@ -53,7 +53,7 @@ def build_snapshot(
     devices_by_node: dict[str, list[DeviceSlot]] = defaultdict(list)
     alive_nodes = [
         n
-        for n in session.scalars(select(Node).where(Node.status == "alive").order_by(Node.id))
+        for n in sorted(session.scalars(select(Node).where(Node.status == "alive")), key=lambda n: n.id)
         if n.id not in exclude_nodes
     ]
     node_ids = [n.id for n in alive_nodes]
@@ -81,7 +81,9 @@ def build_snapshot(
         )
 
     clusters: list[ClusterInfo] = []
-    for cluster in session.scalars(select(Cluster).order_by(Cluster.region, Cluster.name)):
+    # Sorted here, not by the database, so both backends (and the live snapshot) agree on order.
+    rows = sorted(session.scalars(select(Cluster)), key=lambda c: (c.region, c.name, c.id))
+    for cluster in rows:
         price = prices.get(cluster.id)
         if price is None or not nodes_by_cluster.get(cluster.id):
             continue
@@ -101,7 +103,7 @@ def build_snapshot(
 
     regions = [
         RegionInfo(name=r.name, jurisdiction=r.jurisdiction)
-        for r in session.scalars(select(Region).order_by(Region.name))
+        for r in sorted(session.scalars(select(Region)), key=lambda r: r.name)
     ]
     # Measured where a fresh probe exists, else as an admin declared it (resource_layer.link_view).
     links = [
@@ -113,7 +115,7 @@ def build_snapshot(
             egress_price_per_gb=ln.egress_price_per_gb,
             source=ln.source,
         )
-        for ln in current_links(session, link_fresh_s)
+        for ln in sorted(current_links(session, link_fresh_s), key=lambda ln: (ln.src, ln.dst))
         if ln.bandwidth_gbps > 0
     ]
     return ResourceSnapshot(regions=regions, clusters=clusters, links=links, taken_at=time.time())

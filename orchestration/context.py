@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestration.metrics import ServerMetrics
+from orchestration.resource_changes import ResourceChangeFeed
 from orchestration.settings import Settings
 
 if TYPE_CHECKING:
@@ -20,3 +21,10 @@ class ServerContext:
     session_factory: sessionmaker[Session]
     bus: Bus
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    # Every context announces the resource rows its sessions change (see resource_changes), so
+    # the in-memory snapshot of any replica can follow; control_layer attaches that snapshot here.
+    resource_changes: ResourceChangeFeed = field(init=False)
+    live_snapshot: Any = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.resource_changes = ResourceChangeFeed.for_factory(self.session_factory, self.bus)

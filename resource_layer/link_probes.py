@@ -27,6 +27,7 @@ from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc, session_scope
 from orchestration.db.models import Cluster, Link, LinkProbe, Node
+from orchestration.resource_changes import note_changes
 from resource_layer.link_schedule import PairHistory, ProbeEndpoint, ProbePlan, ProbePolicy, plan_round
 from resource_layer.link_view import DeclaredLink, EffectiveLink, Measurement, effective_links
 from resource_layer.liveness import node_alive_key
@@ -186,6 +187,7 @@ def record_result(
                 error = f"implausible bandwidth {gbps:.1f} Gbit/s"
             else:
                 row.rtt_ms, row.bandwidth_gbps, row.status = float(rtt_ms), gbps, "ok"
+                note_changes(session, topology=True)  # every replica's live snapshot re-reads its links
     if error:
         row.status, row.error = "failed", error
     session.flush()

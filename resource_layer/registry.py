@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import case, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from contracts.errors import (
@@ -25,6 +25,7 @@ from orchestration.audit import record_audit
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Price, Provider, Region
+from orchestration.resource_changes import NOTED, note_changes
 from resource_layer.liveness import node_alive_key
 from resource_layer.tokens import consume_enrollment_token, new_node_token, token_matches
 
@@ -141,15 +142,21 @@ def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceRep
 
 
 def _touch_row(session: Session, node_id: str, now: datetime) -> None:
-    # A lost node that speaks again is alive; a drained one stays drained.
+    # A lost node that speaks again is alive; a drained one stays drained. Only a revival changes
+    # what the planner sees, so only that is announced (heartbeats are frequent).
+    revived = session.scalars(
+        update(Node)
+        .where(Node.id == node_id, Node.status == "lost")
+        .values(status="alive")
+        .returning(Node.id)
+        .execution_options(synchronize_session=False, **NOTED)
+    ).all()
+    note_changes(session, nodes=revived)
     session.execute(
         update(Node)
         .where(Node.id == node_id)
-        .values(
-            last_heartbeat_at=now,
-            status=case((Node.status == "lost", "alive"), else_=Node.status),
-        )
-        .execution_options(synchronize_session=False)
+        .values(last_heartbeat_at=now)
+        .execution_options(synchronize_session=False, **NOTED)
     )
 
 

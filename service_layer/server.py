@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import uvicorn
 from sqlalchemy import Engine
 
+from control_layer.live_snapshot import attach_live_snapshot, run_live_snapshot
 from control_layer.placer import run_placer
 from control_layer.reactions import control_handlers
 from control_layer.reaper import run_reaper
@@ -108,6 +109,8 @@ async def run_control_plane(
             )
         )
         await grpc_server.start()
+        attach_live_snapshot(ctx)
+        snapshots = asyncio.create_task(run_live_snapshot(ctx, stop), name="live-snapshot")
         reaper = asyncio.create_task(run_reaper(ctx, stop), name="reaper")
         placer = asyncio.create_task(run_placer(ctx, stop), name="placer")
         prober = asyncio.create_task(run_link_prober(ctx, stop), name="link-prober")
@@ -132,7 +135,7 @@ async def run_control_plane(
                 if on_ready is not None:
                     on_ready(ctx, http_port, grpc_port)
             done, _ = await asyncio.wait(
-                {waiting, serving, reaper, placer, prober}, return_when=asyncio.FIRST_COMPLETED
+                {waiting, serving, reaper, placer, prober, snapshots}, return_when=asyncio.FIRST_COMPLETED
             )
             for task in done - {waiting}:
                 if task.exception() is not None:
@@ -152,6 +155,8 @@ async def run_control_plane(
                 await placer
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await prober
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await snapshots
             await app.state.fanout.close()
             http_sock.close()
     finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,25 +46,71 @@ class Filtered:
     steps: list[dict[str, Any]] = field(default_factory=list)
 
 
+# A cluster's pools depend on that ClusterInfo alone, and snapshots are never changed in place; the
+# server's live snapshot hands out the same object for a cluster until it changes, so a quote
+# regroups only the clusters that changed since the last one. Entries hold their cluster, so an
+# id cannot be reused while cached.
+_POOL_CACHE: OrderedDict[tuple[int, bool], tuple[ClusterInfo, list[Pool]]] = OrderedDict()
+_POOL_CACHE_SIZE = 16_384
+_POOL_CACHE_LOCK = threading.Lock()
+
+
+_FLEET_POOLS: OrderedDict[tuple[int, bool], tuple[ResourceSnapshot, list[Pool]]] = OrderedDict()
+
+
 def _pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
-    out = []
+    """Every free pool of the snapshot, remembered for the last few snapshot objects."""
+    key = (id(snapshot), spot)
+    with _POOL_CACHE_LOCK:
+        hit = _FLEET_POOLS.get(key)
+    if hit is not None and hit[0] is snapshot:
+        return list(hit[1])
+    out = _fleet_pools(snapshot, spot)
+    with _POOL_CACHE_LOCK:
+        _FLEET_POOLS[key] = (snapshot, out)
+        while len(_FLEET_POOLS) > 4:
+            _FLEET_POOLS.popitem(last=False)
+    return list(out)
+
+
+def _fleet_pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
+    out: list[Pool] = []
     for cluster in sorted(snapshot.clusters, key=lambda c: c.id):
-        price = device_price(cluster, spot)
-        # This runs over every device of the fleet: comprehensions, and a fast path for the usual
-        # node whose free devices are all one model.
-        for node in cluster.nodes:
-            if not node.alive:
-                continue
-            free = [d for d in node.devices if d.free]
-            if not free:
-                continue
-            models = {(d.model, d.kind) for d in free}
-            for m in sorted(models):
-                mine = free if len(models) == 1 else [d for d in free if (d.model, d.kind) == m]
-                ix = tuple(sorted([d.index for d in mine]))
-                tflops = min([d.tflops for d in mine])
-                memory = min([d.memory_gb for d in mine])
-                out.append(Pool(cluster, m[0], ((node.id, ix),), tflops, memory, price, m[1]))
+        key = (id(cluster), spot)
+        with _POOL_CACHE_LOCK:
+            hit = _POOL_CACHE.get(key)
+            if hit is not None and hit[0] is cluster:
+                _POOL_CACHE.move_to_end(key)
+        if hit is not None and hit[0] is cluster:
+            out.extend(hit[1])
+            continue
+        pools = _cluster_pools(cluster, spot)
+        with _POOL_CACHE_LOCK:
+            _POOL_CACHE[key] = (cluster, pools)
+            while len(_POOL_CACHE) > _POOL_CACHE_SIZE:
+                _POOL_CACHE.popitem(last=False)
+        out.extend(pools)
+    return out
+
+
+def _cluster_pools(cluster: ClusterInfo, spot: bool) -> list[Pool]:
+    out = []
+    price = device_price(cluster, spot)
+    # This runs over every device of a cluster: comprehensions, and a fast path for the usual
+    # node whose free devices are all one model.
+    for node in cluster.nodes:
+        if not node.alive:
+            continue
+        free = [d for d in node.devices if d.free]
+        if not free:
+            continue
+        models = {(d.model, d.kind) for d in free}
+        for m in sorted(models):
+            mine = free if len(models) == 1 else [d for d in free if (d.model, d.kind) == m]
+            ix = tuple(sorted([d.index for d in mine]))
+            tflops = min([d.tflops for d in mine])
+            memory = min([d.memory_gb for d in mine])
+            out.append(Pool(cluster, m[0], ((node.id, ix),), tflops, memory, price, m[1]))
     return out
 
 
@@ -81,8 +129,9 @@ def filter_fleet(spec: JobSpec, snapshot: ResourceSnapshot) -> Filtered:
     )
 
     def apply(constraint: str, value: Any, keep, why: str) -> None:
-        kept = [p for p in result.pools if keep(p)]
-        removed = [p for p in result.pools if not keep(p)]
+        kept, removed = [], []
+        for p in result.pools:
+            (kept if keep(p) else removed).append(p)
         if removed:
             result.steps.append(
                 {
@@ -104,10 +153,11 @@ def filter_fleet(spec: JobSpec, snapshot: ResourceSnapshot) -> Filtered:
         apply("qos.exclude_regions", sorted(excluded), lambda p: p.region not in excluded, "region excluded")
     if qos.data_residency:
         want = qos.data_residency.upper()
+        inside = {r for r in {p.region for p in result.pools} if snapshot.jurisdiction(r).upper() == want}
         apply(
             "qos.data_residency",
             qos.data_residency,
-            lambda p: snapshot.jurisdiction(p.region).upper() == want,
+            lambda p: p.region in inside,
             f"region outside jurisdiction {qos.data_residency}",
         )
     if spec.data.region:
@@ -120,10 +170,11 @@ def filter_fleet(spec: JobSpec, snapshot: ResourceSnapshot) -> Filtered:
         )
     if qos.accelerators:
         kinds = [a.lower() for a in qos.accelerators]
+        allowed = {m for m in {p.model for p in result.pools} if any(k in m.lower() for k in kinds)}
         apply(
             "qos.accelerators",
             qos.accelerators,
-            lambda p: any(k in p.model.lower() for k in kinds),
+            lambda p: p.model in allowed,
             "device model not allowed",
         )
     if qos.min_gpu_mem_gb is not None:

@@ -49,8 +49,9 @@ def basis(
     calibration: Calibration | None,
 ) -> CalibrationBasis:
     """The calibrated factors in force for these tasks' devices, nodes and region pairs."""
-    clusters = {c.id: c for c in snapshot.clusters}
-    models = {(c.id, n.id, d.index): d.model for c in snapshot.clusters for n in c.nodes for d in n.devices}
+    used = {t.cluster for t in tasks}
+    clusters = {c.id: c for c in snapshot.clusters if c.id in used}
+    models = {(c.id, n.id, d.index): d.model for c in clusters.values() for n in c.nodes for d in n.devices}
     efficiency: dict[str, float] = {}
     startup: dict[str, float] = {}
     for t in tasks:

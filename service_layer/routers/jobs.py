@@ -32,13 +32,14 @@ from service_layer.sse import job_event_stream
 router = APIRouter(tags=["jobs"])
 
 
-def _quote_read(q: Quote) -> QuoteRead:
+def _quote_read(q: Quote, options: list[PlanOption] | None = None) -> QuoteRead:
+    """``options`` as just planned, or else read back from the stored quote."""
     return QuoteRead(
         id=q.id,
         created_at=as_utc(q.created_at),
         expires_at=as_utc(q.expires_at),
         spec=q.spec,
-        options=[PlanOption.model_validate(o) for o in q.options],
+        options=options if options is not None else [PlanOption.model_validate(o) for o in q.options],
     )
 
 
@@ -61,7 +62,7 @@ def create_quote(
     """Plan the job on the current fleet (a sync handler: FastAPI runs it in its threadpool, off the
     event loop). Each option is a complete plan (degrees, placement, sync
     topology) with estimated duration and cost. No feasible plan → 409 with the planner's explanation."""
-    return _quote_read(job_service.create_quote(ctx, tenant.id, spec))
+    return _quote_read(*job_service.quote_with_options(ctx, tenant.id, spec))
 
 
 @router.post(

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from agent.probe import run_probe
 from contracts.errors import NotFound
 from contracts.link_probe import CHUNK_BYTES, Ticket, new_probe_key, sign
+from control_layer.live_snapshot import attach_live_snapshot
 from control_layer.snapshot import build_snapshot
 from orchestration.db.models import LinkProbe, Node
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -48,6 +49,7 @@ def test_agents_probe_each_other_and_the_snapshot_uses_what_they_measured(
 ) -> None:
     start_agent("a", region="eu-west", cluster="paris-1")
     start_agent("b", region="us-east", cluster="virginia-1")
+    live = attach_live_snapshot(plane.ctx)  # the server's in-memory snapshot must hear results too
     a, b = connected(plane, "paris-1"), connected(plane, "virginia-1")
     assert a.probe_port > 0 and b.probe_port > 0 and a.probe_key and a.probe_key != b.probe_key
     with plane.ctx.session_factory() as s, s.begin():
@@ -84,6 +86,10 @@ def test_agents_probe_each_other_and_the_snapshot_uses_what_they_measured(
         with pytest.raises(NotFound):
             record_result(s, b.id if row1.src_node_id == a.id else a.id, {"probe_id": row1.id})
     assert {k: v.source for k, v in links.items()} == {
+        ("eu-west", "us-east"): "measured",
+        ("us-east", "eu-west"): "measured",
+    }
+    assert {(ln.src, ln.dst): ln.source for ln in live.snapshot().links} == {
         ("eu-west", "us-east"): "measured",
         ("us-east", "eu-west"): "measured",
     }
