@@ -26,11 +26,12 @@ import grpc
 from agent.devices import detect_devices
 from agent.duties import Duty, run_duty
 from agent.outbox import Outbox
+from agent.profile import measure_profile
 from agent.settings import AgentSettings
 from agent.state import AgentState, Credentials
 from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
 from contracts.errors import InvalidArgument
-from contracts.registration import DeviceReport
+from contracts.registration import STEP_RATE_FIELDS, DeviceReport, NodeProfile
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,18 @@ def device_to_proto(d: DeviceReport) -> agent_pb2.Device:
     )
 
 
+def profile_to_proto(p: NodeProfile) -> agent_pb2.MeasuredProfile:
+    return agent_pb2.MeasuredProfile(
+        startup_s=p.startup_s,
+        teardown_s=p.teardown_s,
+        physical_cores=p.physical_cores,
+        rates=[
+            agent_pb2.MeasuredStepRate(precision=r.precision, **{k: getattr(r, k) for k in STEP_RATE_FIELDS})
+            for r in p.rates
+        ],
+    )
+
+
 class _Session:
     def __init__(self) -> None:
         self.active = True
@@ -97,6 +110,7 @@ class Agent:
     def __init__(self, settings: AgentSettings, devices: list[DeviceReport] | None = None) -> None:
         self.settings = settings
         self.devices = devices
+        self.profile: NodeProfile | None = None
         self.heartbeat_interval_s = DEFAULT_HEARTBEAT_S
         self._outbox = Outbox()
         self._runs: dict[str, WorkerRun] = {}  # live and recently finished, by assignment id
@@ -132,6 +146,12 @@ class Agent:
             except Exception as exc:
                 log.error("device detection failed: %s", exc)
                 return 2
+        if s.measure_profile and self.profile is None and self.devices:
+            self.profile = await asyncio.to_thread(
+                measure_profile, self.devices[0].kind, s.work_dir / "reference"
+            )
+            if self.profile is not None:
+                log.info("worker profile: %s", self.profile.as_dict())
         for d in self.devices:
             log.info(
                 "device %d: %s %s, %.1f GB, %.4f TFLOPS",
@@ -243,6 +263,8 @@ class Agent:
             node_id=creds.node_id if creds else "",
             node_token=creds.node_token if creds else "",
         )
+        if self.profile is not None:
+            request.measured_profile.CopyFrom(profile_to_proto(self.profile))
         try:
             response = await self._stub.Register(request, timeout=s.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:

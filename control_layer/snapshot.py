@@ -6,6 +6,7 @@ import time
 from collections import defaultdict
 from collections.abc import Collection
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -14,6 +15,7 @@ from control_layer.planner.snapshot import (
     DeviceSlot,
     LinkInfo,
     NodeInfo,
+    NodeProfileInfo,
     RegionInfo,
     ResourceSnapshot,
 )
@@ -30,6 +32,16 @@ def current_prices(session: Session, cluster_ids: list[str] | None = None) -> di
     for row in session.scalars(stmt.order_by(Price.cluster_id, Price.effective_from)):
         newest[row.cluster_id] = row  # ordered ascending, so the last one wins
     return newest
+
+
+def _profile(node: Node) -> NodeProfileInfo | None:
+    """The node's measured profile; None when it has none or one this planner cannot read."""
+    if not node.profile:
+        return None
+    try:
+        return NodeProfileInfo.model_validate(node.profile)
+    except ValidationError:
+        return None
 
 
 def busy_accelerator_ids(session: Session) -> set[str]:
@@ -71,7 +83,12 @@ def build_snapshot(session: Session, *, exclude_nodes: Collection[str] = ()) -> 
     nodes_by_cluster: dict[str, list[NodeInfo]] = defaultdict(list)
     for node in alive_nodes:
         nodes_by_cluster[node.cluster_id].append(
-            NodeInfo(id=node.id, hostname=node.hostname, devices=devices_by_node.get(node.id, []))
+            NodeInfo(
+                id=node.id,
+                hostname=node.hostname,
+                devices=devices_by_node.get(node.id, []),
+                profile=_profile(node),
+            )
         )
 
     clusters: list[ClusterInfo] = []

@@ -72,6 +72,7 @@ def register_node(
     node.sync_port_min = reg.sync_port_min
     node.sync_port_max = reg.sync_port_max
     node.agent_version = reg.agent_version
+    node.profile = reg.profile.as_dict() if reg.profile is not None else None
     if node.status == "lost":
         node.status = "alive"
     session.flush()
