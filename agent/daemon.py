@@ -93,6 +93,7 @@ def profile_to_proto(p: NodeProfile) -> agent_pb2.MeasuredProfile:
         startup_s=p.startup_s,
         teardown_s=p.teardown_s,
         physical_cores=p.physical_cores,
+        host_load_factor=p.host_load_factor,
         rates=[
             agent_pb2.MeasuredStepRate(precision=r.precision, **{k: getattr(r, k) for k in STEP_RATE_FIELDS})
             for r in p.rates

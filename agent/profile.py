@@ -117,13 +117,16 @@ def profile_from_result(result: dict[str, object], *, teardown_s: float, cores: 
     """The reference worker's result as a profile; None when it is malformed."""
     rates = result.get("rates")
     startup = result.get("startup_s")
-    if not isinstance(rates, dict) or not isinstance(startup, int | float):
+    load = result.get("host_load_factor", 0.0)
+    numbers = isinstance(startup, int | float) and isinstance(load, int | float)
+    if not isinstance(rates, dict) or not numbers:
         return None
     try:
         profile = NodeProfile(
             startup_s=float(startup),
             teardown_s=teardown_s,
             physical_cores=cores,
+            host_load_factor=float(load),
             rates=tuple(
                 StepRate(precision=str(p), **{k: float(r[k]) for k in STEP_RATE_FIELDS})
                 for p, r in sorted(rates.items())

@@ -63,12 +63,14 @@ class NodeProfile:
     teardown_s: float
     physical_cores: int
     rates: tuple[StepRate, ...] = ()
+    host_load_factor: float = 0.0  # wall / CPU time of the reference on a CPU slot; 0: not measured
 
     def as_dict(self) -> dict[str, object]:
         return {
             "startup_s": self.startup_s,
             "teardown_s": self.teardown_s,
             "physical_cores": self.physical_cores,
+            "host_load_factor": self.host_load_factor,
             "rates": {r.precision: {k: getattr(r, k) for k in STEP_RATE_FIELDS} for r in self.rates},
         }
 
@@ -130,6 +132,9 @@ def profile_problems(profile: NodeProfile, where: str = "measured_profile") -> l
         value = getattr(profile, name)
         if not (_finite(value) and 0 <= value <= MAX_SECONDS):
             p.append(f"{where}.{name}: must be a number of seconds in [0, {MAX_SECONDS:g}], got {value}")
+    if not (_finite(profile.host_load_factor) and 0 <= profile.host_load_factor <= 1000):
+        got = profile.host_load_factor
+        p.append(f"{where}.host_load_factor: must be a finite number in [0, 1000], got {got}")
     if not 0 <= profile.physical_cores <= 1_000_000:
         p.append(f"{where}.physical_cores: must be in [0, 1000000], got {profile.physical_cores}")
     seen: set[str] = set()

@@ -6,9 +6,9 @@ made with (``Estimates.basis``) they give an observed value per factor:
 
 - efficiency per "model|precision": basis × estimated compute / measured compute, where measured
   compute is the mean local step (compute [+ optimizer]) less the estimate's communication parts;
-- start-up seconds per node: as the task reported it, divided by the share of the host's cores the
-  plan was priced at (so the table holds the idle-host figure the planner scales);
-- teardown seconds per node: as the agent measured it (the result to the process group gone);
+- start-up seconds per node: as the task reported it (spawn to first step), and teardown seconds
+  per node as the agent measured it (the result to the process group gone), both divided by the
+  share of the host's cores the plan was priced at (``basis.host_share``): per idle core;
 - goodput per region pair (runs that synced across regions): basis × estimated sync wait / measured.
 
 Per-step parts are the worker's totals over the run divided by its steps when its result has them
@@ -159,14 +159,15 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
             estimated = est.step_s.compute + (0.0 if "optimizer_s" in med else est_opt)
             if measured > 0 and estimated > 0:
                 obs[(EFFICIENCY, key)].append(_clamp(used * estimated / measured, EFFICIENCY_RANGE))
+        # Start-up and teardown per idle core: the run's figure over the share of its host's cores
+        # the plan was priced at (its own slots and the host's load then).
+        share = (basis.host_share.get(task.node_id) if basis else None) or 1.0
         startup = _num(task.result.get("startup_s"))
         if startup is not None and startup >= 0:
-            # The idle-host figure: the run started with its slots sharing the host's cores.
-            share = (basis.host_share.get(task.node_id) if basis else None) or 1.0
             obs[(STARTUP, task.node_id)].append(startup / share)
         teardown = _num(task.result.get("teardown_s"))
         if teardown is not None and teardown >= 0:
-            obs[(TEARDOWN, task.node_id)].append(teardown)
+            obs[(TEARDOWN, task.node_id)].append(teardown / share)
     regions = sorted({t.region for t in run.tasks})
     waits = [w for t in run.tasks if (w := run_means(t).get("sync_s")) is not None]
     if len(regions) >= 2 and est.step_s.wan_sync > 0 and waits and statistics.median(waits) > 0:

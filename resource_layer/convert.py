@@ -57,6 +57,7 @@ def profile_from_proto(p: agent_pb2.MeasuredProfile) -> NodeProfile:
         startup_s=p.startup_s,
         teardown_s=p.teardown_s,
         physical_cores=p.physical_cores,
+        host_load_factor=p.host_load_factor,
         rates=tuple(
             StepRate(**{k: getattr(r, k) for k in ("precision", *STEP_RATE_FIELDS)}) for r in p.rates
         ),

@@ -190,33 +190,54 @@ class LocalStep:
 
 
 def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dict[str, float]:
-    """Per node of the plan: how many times slower its CPU slots run because the host's slots in
-    use (this plan's and other jobs') outnumber its physical cores. Several agents may share one
-    host (``NodeInfo.host``); the cores are what the nodes measured."""
-    used: dict[str, int] = defaultdict(int)
+    """Per node of the plan: how many times slower than on an idle core its CPU slots run, start
+    and stop. One-thread slots take turns on the host's physical cores with everything else that
+    runs there: the host's load average from heartbeats (other jobs, other tenants of the machine)
+    or, with none reported, other jobs' busy slots, plus this plan's slots. Several agents may
+    share one host (``NodeInfo.host``); with no load reported the factor is at least the load the
+    host measured under at registration. 1 on CUDA nodes and where the cores are unknown."""
     cores: dict[str, int] = {}
+    load: dict[str, float] = {}
+    busy: dict[str, int] = defaultdict(int)
+    plan: dict[str, int] = defaultdict(int)
+    measured_under: dict[str, float] = {}
     host_of: dict[str, str] = {}
+    kinds: dict[tuple[str, str, int], str] = {}
     for c in snapshot.clusters:
         for n in c.nodes:
             host_of[n.id] = n.host
             if n.profile and n.profile.physical_cores:
                 cores[n.host] = max(cores.get(n.host, 0), n.profile.physical_cores)
-            used[n.host] += sum(1 for d in n.devices if d.kind == "cpu" and not d.free)
-    kinds = {(c.id, n.id, d.index): d.kind for c in snapshot.clusters for n in c.nodes for d in n.devices}
+                measured_under[n.id] = n.profile.host_load_factor
+            if n.host_load is not None:
+                load[n.host] = max(load.get(n.host, 0.0), n.host_load)
+            for d in n.devices:
+                kinds[(c.id, n.id, d.index)] = d.kind
+                busy[n.host] += d.kind == "cpu" and not d.free
     for t in tasks:
         if kinds.get((t.cluster, t.node, t.device)) == "cpu":
-            used[host_of.get(t.node, t.node)] += 1
-    return {
-        t.node: cm.host_share(used[host_of.get(t.node, t.node)], cores.get(host_of.get(t.node, t.node), 0))
-        for t in tasks
-    }
+            plan[host_of.get(t.node, t.node)] += 1
+    out: dict[str, float] = {}
+    for t in tasks:
+        host = host_of.get(t.node, t.node)
+        if not plan[host] or not cores.get(host):
+            out[t.node] = 1.0
+        elif host in load:
+            out[t.node] = cm.host_share(load[host] + plan[host], cores[host])
+        else:
+            share = cm.host_share(busy[host] + plan[host], cores[host])
+            out[t.node] = max(share, measured_under.get(t.node, 0.0), 1.0)
+    return out
 
 
-def _startup(node: NodeInfo, share: float, calibration: Calibration | None) -> float:
-    """A node's start-up for this plan: its idle-host figure, slowed by the share of the host's
-    cores its workers start on (imports and model builds are CPU work)."""
-    measured = node.profile.startup_s if node.profile else None
-    return cm.startup_seconds(node.id, measured, calibration) * share
+def _fixed_seconds(node: NodeInfo, share: float, calibration: Calibration | None) -> tuple[float, float]:
+    """A node's start-up and teardown for this plan: per idle core (calibrated, else as measured at
+    registration divided by the load it measured under), times this plan's share of the host."""
+    prof = node.profile
+    under = max(1.0, prof.host_load_factor) if prof else 1.0
+    startup = cm.startup_seconds(node.id, prof.startup_s / under if prof else None, calibration)
+    teardown = cm.teardown_seconds(node.id, prof.teardown_s / under if prof else None, calibration)
+    return startup * share, teardown * share
 
 
 def estimate_option(
@@ -351,12 +372,11 @@ def estimate_option(
         wan_sync=wan,
         checkpoint=slowest.checkpoint,
     )
-    used_nodes = sorted({t.node for t in tasks})
-    startup = max(_startup(nodes[n], shares.get(n, 1.0), calibration) for n in used_nodes)
-    teardown = max(
-        cm.teardown_seconds(n, nodes[n].profile.teardown_s if nodes[n].profile else None, calibration)
-        for n in used_nodes
-    )
+    fixed = [
+        _fixed_seconds(nodes[n], shares.get(n, 1.0), calibration) for n in sorted({t.node for t in tasks})
+    ]
+    startup = max(f[0] for f in fixed)
+    teardown = max(f[1] for f in fixed)
     # An overlapped exchange hides behind the next steps, but the last one has none to hide behind.
     final_sync = sc.t_sync if cm.sync_overlapped(spec.sync) and len(members) >= 2 else 0.0
     duration = startup + steps * step.total + final_sync + teardown

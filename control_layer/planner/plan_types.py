@@ -113,8 +113,8 @@ class CalibrationBasis(_Plain):
     efficiency: dict[str, float] = Field(default_factory=dict)
     startup_s: dict[str, float] = Field(default_factory=dict)
     goodput: dict[str, float] = Field(default_factory=dict)
-    # Per node: how many times slower than on an idle host this plan starts and runs there (its
-    # CPU slots sharing the host's cores), so a run is compared with the idle-host figures.
+    # Per node: how many times slower than on an idle core this plan runs, starts and stops there
+    # (its CPU slots taking turns on the host's cores with what else runs there).
     host_share: dict[str, float] = Field(default_factory=dict)
     teardown_s: dict[str, float] = Field(default_factory=dict)
 
@@ -202,7 +202,7 @@ class Calibration(_Plain):
     precision) or "model" (any precision); both case-insensitive, the precise key first.
     link_goodput: per "regionA|regionB" (either order), achieved fraction of nominal bandwidth.
     startup_s: per node id, seconds from spawn to the first step (interpreter, imports, rendezvous)
-    on an idle host; teardown_s: per node id, seconds from the worker's result to its exit.
+    per idle core; teardown_s: per node id, seconds from the worker's result to its exit, likewise.
     time_error / cost_error: the spread of recent quotes' errors, for the interval every quote carries.
     """
 

@@ -191,9 +191,11 @@ def _fixed_seconds(snapshot: ResourceSnapshot, pools: list[Pool], calibration: C
     worst = 0.0
     for p in pools:
         for node_id, _ in p.nodes:
+            # Per idle core (see estimate._fixed_seconds); the search leaves the host's share out.
             prof = nodes[node_id].profile
-            startup = cm.startup_seconds(node_id, prof.startup_s if prof else None, calibration)
-            teardown = cm.teardown_seconds(node_id, prof.teardown_s if prof else None, calibration)
+            under = max(1.0, prof.host_load_factor) if prof else 1.0
+            startup = cm.startup_seconds(node_id, prof.startup_s / under if prof else None, calibration)
+            teardown = cm.teardown_seconds(node_id, prof.teardown_s / under if prof else None, calibration)
             worst = max(worst, startup + teardown)
     return worst
 

@@ -60,6 +60,9 @@ class NodeProfileInfo(_Measured):
     startup_s: float = Field(ge=0, description="Spawn to first step: interpreter, imports, rendezvous.")
     teardown_s: float = Field(default=0.0, ge=0, description="Result reported to process group gone.")
     physical_cores: int = Field(default=0, ge=0, description="0: unknown (slots are not priced as shared).")
+    host_load_factor: float = Field(
+        default=0.0, ge=0, description="Wall over CPU time of the reference on a CPU slot; 0: not measured."
+    )
     rates: dict[Literal["fp32", "bf16"], StepRateInfo] = Field(default_factory=dict)
 
 
@@ -69,6 +72,12 @@ class NodeInfo(_Plain):
     devices: list[DeviceSlot] = Field(default_factory=list)
     alive: bool = True
     profile: NodeProfileInfo | None = None
+    host_load: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="The host's 1-minute load average, from heartbeats.",
+    )
 
     @property
     def host(self) -> str:

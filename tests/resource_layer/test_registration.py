@@ -15,6 +15,7 @@ from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Cluster, EnrollmentToken, Node, Price, Provider, Region
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from resource_layer import registry
 from resource_layer.tokens import hash_token
 from tests.resource_layer.harness import GrpcServerThread, enrollment_token, sqlite_context
 
@@ -362,3 +363,18 @@ def test_health_and_reflection_are_on(server: GrpcServerThread) -> None:
         )
         names = {s.name for r in replies for s in r.list_services_response.service}
         assert "cpn.agent.v1.AgentService" in names
+
+
+def test_heartbeats_keep_the_hosts_load_and_ignore_what_is_not_one(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    resp = stub.Register(request(enrollment_token(ctx)), timeout=10)
+    registry.heartbeat(ctx, resp.node_id, persist=True, load=2.5)
+    for bad in (float("nan"), float("inf"), -1.0):
+        registry.heartbeat(ctx, resp.node_id, persist=True, load=bad)
+    registry.heartbeat(ctx, resp.node_id, persist=False, load=9.0)  # not persisted: not stored
+    with ctx.session_factory() as s:
+        node = s.get(Node, resp.node_id)
+        assert node is not None and node.host_load == 2.5
+        (info,) = [n for c in build_snapshot(s).clusters for n in c.nodes if n.id == resp.node_id]
+    assert info.host_load == 2.5
