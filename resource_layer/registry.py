@@ -153,10 +153,7 @@ def _touch_row(session: Session, node_id: str, now: datetime, load: float | None
     if load is not None and math.isfinite(load) and 0 <= load <= MAX_LOAD:
         values["host_load"] = load  # anything else is not a load average: kept out, never an error
     session.execute(
-        update(Node)
-        .where(Node.id == node_id)
-        .values(**values)
-        .execution_options(synchronize_session=False)
+        update(Node).where(Node.id == node_id).values(**values).execution_options(synchronize_session=False)
     )
 
 
