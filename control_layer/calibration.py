@@ -276,6 +276,7 @@ def accuracy_record(run: FinishedRun) -> dict[str, Any]:
     return {
         "estimated": {
             "duration_s": est.duration_s,
+            "steps": est.steps,
             "startup_s": est.startup_s,
             "final_sync_s": est.final_sync_s,
             "teardown_s": est.teardown_s,
