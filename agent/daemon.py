@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from agent import contention
 from agent.devices import detect_devices
 from agent.duties import Duty, run_duty
 from agent.outbox import Outbox
@@ -112,6 +113,7 @@ class Agent:
         self.settings = settings
         self.devices = devices
         self.profile: NodeProfile | None = None
+        self._contention = contention.Contention()
         self.heartbeat_interval_s = DEFAULT_HEARTBEAT_S
         self._outbox = Outbox()
         self._runs: dict[str, WorkerRun] = {}  # live and recently finished, by assignment id
@@ -205,6 +207,7 @@ class Agent:
         s = self.settings
         return [
             self._heartbeat_duty,
+            Duty("probe-contention", lambda: self.heartbeat_interval_s, self._probe_contention),
             Duty("flush-metrics", lambda: max(0.05, s.metrics_min_interval_s), self._flush_metrics),
             Duty("forget-finished", lambda: 30.0, self._forget_finished),
             Duty("restate-running", lambda: 30.0, self._restate_running),
@@ -452,9 +455,18 @@ class Agent:
         self._seq += 1
         self._outbox.put(
             agent_pb2.AgentMessage(
-                heartbeat=agent_pb2.Heartbeat(seq=self._seq, sent_at=time.time(), load=os.getloadavg()[0])
+                heartbeat=agent_pb2.Heartbeat(
+                    seq=self._seq,
+                    sent_at=time.time(),
+                    load=os.getloadavg()[0],
+                    cpu_contention=self._contention.value,
+                )
             )
         )
+
+    async def _probe_contention(self) -> None:
+        if self.devices and self.devices[0].kind == "cpu":  # only CPU slots take turns on cores
+            self._contention.add(await asyncio.to_thread(contention.probe))
 
     def _flush_metrics(self) -> None:
         for run in self._runs.values():

@@ -88,7 +88,7 @@ def build_snapshot(session: Session, *, exclude_nodes: Collection[str] = ()) -> 
                 hostname=node.hostname,
                 devices=devices_by_node.get(node.id, []),
                 profile=_profile(node),
-                host_load=node.host_load,
+                cpu_contention=node.cpu_contention,
             )
         )
 

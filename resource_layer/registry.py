@@ -120,12 +120,14 @@ def mark_connected(ctx: ServerContext, node_id: str) -> str:
     return status
 
 
-MAX_LOAD = 1e5  # a load average beyond this is not a measurement
+MAX_CONTENTION = 1e4  # beyond this a contention figure is not a measurement
 
 
-def heartbeat(ctx: ServerContext, node_id: str, persist: bool = True, load: float | None = None) -> None:
+def heartbeat(
+    ctx: ServerContext, node_id: str, persist: bool = True, contention: float | None = None
+) -> None:
     """Refresh the node's liveness key; with ``persist`` also record ``last_heartbeat_at`` and the
-    host's load average (the planner prices CPU slots by what the host has left).
+    host's CPU contention (the planner prices CPU slots by what the host has left of a core).
 
     The key is the source of truth for liveness; the column is for people and snapshots, so the
     caller throttles ``persist`` to keep the database out of every heartbeat.
@@ -133,7 +135,7 @@ def heartbeat(ctx: ServerContext, node_id: str, persist: bool = True, load: floa
     ctx.bus.touch(node_alive_key(node_id), ctx.settings.node_lost_after_s)
     if persist:
         with ctx.session_factory() as session, session.begin():
-            _touch_row(session, node_id, utcnow(), load)
+            _touch_row(session, node_id, utcnow(), contention)
 
 
 def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceReport]) -> None:
@@ -144,14 +146,14 @@ def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceRep
     _upsert_accelerators(session, node_id, tuple(devices))
 
 
-def _touch_row(session: Session, node_id: str, now: datetime, load: float | None = None) -> None:
+def _touch_row(session: Session, node_id: str, now: datetime, contention: float | None = None) -> None:
     # A lost node that speaks again is alive; a drained one stays drained.
     values: dict[str, Any] = {
         "last_heartbeat_at": now,
         "status": case((Node.status == "lost", "alive"), else_=Node.status),
     }
-    if load is not None and math.isfinite(load) and 0 <= load <= MAX_LOAD:
-        values["host_load"] = load  # anything else is not a load average: kept out, never an error
+    if contention is not None and math.isfinite(contention) and 1 <= contention <= MAX_CONTENTION:
+        values["cpu_contention"] = contention  # anything else is not a measurement: kept out, never an error
     session.execute(
         update(Node).where(Node.id == node_id).values(**values).execution_options(synchronize_session=False)
     )

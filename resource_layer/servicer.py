@@ -221,8 +221,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 kind = message.WhichOneof("kind")
                 if kind == "heartbeat":
                     persist = time.monotonic() - last_persist >= self._heartbeat_db_every_s
-                    load = message.heartbeat.load
-                    await asyncio.to_thread(registry.heartbeat, self._ctx, node_id, persist, load)
+                    contention = message.heartbeat.cpu_contention or None  # 0: not measured
+                    await asyncio.to_thread(registry.heartbeat, self._ctx, node_id, persist, contention)
                     self._ctx.metrics.heartbeats.inc()
                     if persist:
                         last_persist = time.monotonic()

@@ -112,7 +112,7 @@ def teardown_seconds(node: str, measured: float | None, calibration: Calibration
     return DEFAULT_TEARDOWN_S if measured is None else measured
 
 
-def host_share(slots_used: int, physical_cores: int) -> float:
+def host_share(slots_used: float, physical_cores: int) -> float:
     """How many times slower a one-thread CPU slot runs when ``slots_used`` slots share the host's
     cores: declared slots beyond its physical cores take turns (1 when the cores are unknown)."""
     if physical_cores <= 0:

@@ -192,12 +192,13 @@ class LocalStep:
 def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dict[str, float]:
     """Per node of the plan: how many times slower than on an idle core its CPU slots run, start
     and stop. One-thread slots take turns on the host's physical cores with everything else that
-    runs there: the host's load average from heartbeats (other jobs, other tenants of the machine)
-    or, with none reported, other jobs' busy slots, plus this plan's slots. Several agents may
-    share one host (``NodeInfo.host``); with no load reported the factor is at least the load the
-    host measured under at registration. 1 on CUDA nodes and where the cores are unknown."""
+    runs there. Where heartbeats report the host's contention c (a new thread gets 1/c of a core:
+    about c·cores − 1 other runnable threads), the plan's k slots make it (c·cores − 1 + k) / cores;
+    with none reported, other jobs' busy slots stand in for the others and the factor is at least
+    the contention the host measured under at registration. Several agents may share one host
+    (``NodeInfo.host``). 1 on CUDA nodes and where the cores are unknown."""
     cores: dict[str, int] = {}
-    load: dict[str, float] = {}
+    seen: dict[str, float] = {}
     busy: dict[str, int] = defaultdict(int)
     plan: dict[str, int] = defaultdict(int)
     measured_under: dict[str, float] = {}
@@ -209,8 +210,8 @@ def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dic
             if n.profile and n.profile.physical_cores:
                 cores[n.host] = max(cores.get(n.host, 0), n.profile.physical_cores)
                 measured_under[n.id] = n.profile.host_load_factor
-            if n.host_load is not None:
-                load[n.host] = max(load.get(n.host, 0.0), n.host_load)
+            if n.cpu_contention is not None:
+                seen[n.host] = max(seen.get(n.host, 0.0), n.cpu_contention)
             for d in n.devices:
                 kinds[(c.id, n.id, d.index)] = d.kind
                 busy[n.host] += d.kind == "cpu" and not d.free
@@ -220,12 +221,14 @@ def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dic
     out: dict[str, float] = {}
     for t in tasks:
         host = host_of.get(t.node, t.node)
-        if not plan[host] or not cores.get(host):
+        n_cores = cores.get(host, 0)
+        if not plan[host] or not n_cores:
             out[t.node] = 1.0
-        elif host in load:
-            out[t.node] = cm.host_share(load[host] + plan[host], cores[host])
+        elif host in seen:
+            others = max(0.0, seen[host] * n_cores - 1.0)
+            out[t.node] = cm.host_share(others + plan[host], n_cores)
         else:
-            share = cm.host_share(busy[host] + plan[host], cores[host])
+            share = cm.host_share(busy[host] + plan[host], n_cores)
             out[t.node] = max(share, measured_under.get(t.node, 0.0), 1.0)
     return out
 

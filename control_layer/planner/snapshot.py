@@ -72,11 +72,11 @@ class NodeInfo(_Plain):
     devices: list[DeviceSlot] = Field(default_factory=list)
     alive: bool = True
     profile: NodeProfileInfo | None = None
-    host_load: float | None = Field(
+    cpu_contention: float | None = Field(
         default=None,
-        ge=0,
+        ge=1,
         allow_inf_nan=False,
-        description="The host's 1-minute load average, from heartbeats.",
+        description="How many times slower than an idle core a new CPU worker runs on the host (heartbeats).",
     )
 
     @property

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from agent import contention
 from agent.daemon import channel_options, reconnect_cap_s
 from agent.devices import detect_devices, system_memory_bytes
 from agent.outbox import Outbox
@@ -264,3 +265,11 @@ def test_a_reference_result_becomes_a_profile_or_nothing() -> None:
         is None
     )
     assert 1 <= physical_cores() <= (os.cpu_count() or 1)
+
+
+def test_contention_probe_and_its_moving_average() -> None:
+    sample = contention.probe(spin_s=0.005)
+    assert 1.0 <= sample < 100.0  # wall over CPU time of a spin on this (shared) machine
+    avg = contention.Contention(smoothing=0.5)
+    assert avg.value == 0.0  # not measured: the heartbeat says 0
+    assert avg.add(2.0) == 2.0 and avg.add(4.0) == 3.0

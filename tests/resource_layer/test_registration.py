@@ -365,16 +365,16 @@ def test_health_and_reflection_are_on(server: GrpcServerThread) -> None:
         assert "cpn.agent.v1.AgentService" in names
 
 
-def test_heartbeats_keep_the_hosts_load_and_ignore_what_is_not_one(
+def test_heartbeats_keep_the_hosts_cpu_contention_and_ignore_what_is_not_one(
     ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
 ) -> None:
     resp = stub.Register(request(enrollment_token(ctx)), timeout=10)
-    registry.heartbeat(ctx, resp.node_id, persist=True, load=2.5)
-    for bad in (float("nan"), float("inf"), -1.0):
-        registry.heartbeat(ctx, resp.node_id, persist=True, load=bad)
-    registry.heartbeat(ctx, resp.node_id, persist=False, load=9.0)  # not persisted: not stored
+    registry.heartbeat(ctx, resp.node_id, persist=True, contention=2.5)
+    for bad in (float("nan"), float("inf"), 0.5, -1.0):
+        registry.heartbeat(ctx, resp.node_id, persist=True, contention=bad)
+    registry.heartbeat(ctx, resp.node_id, persist=False, contention=9.0)  # not persisted: not stored
     with ctx.session_factory() as s:
         node = s.get(Node, resp.node_id)
-        assert node is not None and node.host_load == 2.5
+        assert node is not None and node.cpu_contention == 2.5
         (info,) = [n for c in build_snapshot(s).clusters for n in c.nodes if n.id == resp.node_id]
-    assert info.host_load == 2.5
+    assert info.cpu_contention == 2.5

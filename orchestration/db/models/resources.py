@@ -60,8 +60,9 @@ class Node(Base):
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     # What the node measured at registration (contracts.registration.NodeProfile.as_dict); None: not measured.
     profile: Mapped[dict[str, Any] | None] = mapped_column(default=None)
-    # The host's 1-minute load average as the last stored heartbeat reported it.
-    host_load: Mapped[float | None] = mapped_column(default=None)
+    # How many times slower than an idle core a CPU worker runs on the host now (agent/contention.py),
+    # as the last stored heartbeat reported it; None: not reported.
+    cpu_contention: Mapped[float | None] = mapped_column(default=None)
 
     cluster: Mapped[Cluster] = relationship(back_populates="nodes", lazy="raise")
     accelerators: Mapped[list[Accelerator]] = relationship(back_populates="node", lazy="raise")

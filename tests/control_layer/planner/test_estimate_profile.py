@@ -112,16 +112,16 @@ def test_slots_beyond_the_cores_are_priced_as_shared() -> None:
     assert host_shares(_snap(cores=8, load=1.7), ONE_NODE) == {"a0": 1.7}
 
 
-def test_the_hosts_load_from_heartbeats_counts_what_else_runs_there() -> None:
+def test_the_hosts_contention_from_heartbeats_counts_what_else_runs_there() -> None:
     snap = _snap(cores=2, load=3.0)
     for node in snap.clusters[0].nodes + snap.clusters[1].nodes:
-        node.host_load = 4.0  # other tenants keep four threads runnable
-    # (4 + the plan's 2) on 2 cores; the load replaces the figure measured at registration.
-    assert host_shares(snap, ONE_NODE) == {"a0": 3.0}
+        node.cpu_contention = 2.5  # a new thread gets 1/2.5 of a core: 4 others runnable on 2 cores
+    # (4 + the plan's 2) on 2 cores; the contention now replaces the figure measured at registration.
+    assert host_shares(snap, ONE_NODE) == {"a0": pytest.approx(3.0)}
     est = estimate_option(_spec(), snap, ONE_NODE, dp=2, tp=1, pp=1, zero=0)
     idle = estimate_option(_spec(), _snap(cores=4), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
     assert est.step_s.compute == pytest.approx(3 * idle.step_s.compute)
-    # Start-up measured at registration under a load factor of 3 is 2 s per idle core: 6 s here.
+    # Start-up measured at registration under a contention of 3 is 2 s per idle core: 6 s here.
     assert est.startup_s == pytest.approx(6.0 / 3.0 * 3.0)
 
 

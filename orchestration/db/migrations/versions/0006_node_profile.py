@@ -1,5 +1,5 @@
 """Nodes keep the worker profile they measured at registration (start-up, teardown, cores, reference
-step) and the host load their heartbeats report.
+step) and the CPU contention their heartbeats report.
 
 Revision ID: 0006
 Revises: 0005
@@ -22,10 +22,10 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     with op.batch_alter_table("nodes") as batch:
         batch.add_column(sa.Column("profile", sa.JSON(), nullable=True))
-        batch.add_column(sa.Column("host_load", sa.Double(), nullable=True))
+        batch.add_column(sa.Column("cpu_contention", sa.Double(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("nodes") as batch:
-        batch.drop_column("host_load")
+        batch.drop_column("cpu_contention")
         batch.drop_column("profile")

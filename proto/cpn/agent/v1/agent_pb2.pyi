@@ -145,14 +145,16 @@ class Hello(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., running_assignments: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("seq", "sent_at", "load")
+    __slots__ = ("seq", "sent_at", "load", "cpu_contention")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
+    CPU_CONTENTION_FIELD_NUMBER: _ClassVar[int]
     seq: int
     sent_at: float
     load: float
-    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., load: _Optional[float] = ...) -> None: ...
+    cpu_contention: float
+    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., load: _Optional[float] = ..., cpu_contention: _Optional[float] = ...) -> None: ...
 
 class Inventory(_message.Message):
     __slots__ = ("devices",)
