@@ -4,7 +4,8 @@ A short CPU-bound spin timed by the wall clock and by the thread's own CPU clock
 they agree (1.0); with more runnable threads than cores the thread waits its turn and the wall
 clock runs ahead (2.0: half a core). Unlike the load average, threads that sleep or wait on I/O do
 not count, and the figure follows the host within seconds. The agent keeps a moving average and
-reports it with every heartbeat; the planner prices CPU slots by it.
+reports it with every heartbeat; the planner prices CPU slots by it. It probes only while it runs
+no workers of its own (a quote adds the new job's workers itself).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 SPIN_S = 0.02  # CPU seconds per probe: 2 % of a core at one probe a second
 MAX_WALL_S = 0.5  # a probe that cannot get its CPU time within this reports what it saw
 SMOOTHING = 0.3  # weight of the newest probe in the moving average
+QUIET_AFTER_S = 5.0  # no probe until this long after the node's own workers exited
 
 
 def probe(spin_s: float = SPIN_S, max_wall_s: float = MAX_WALL_S) -> float:

@@ -465,8 +465,16 @@ class Agent:
         )
 
     async def _probe_contention(self) -> None:
-        if self.devices and self.devices[0].kind == "cpu":  # only CPU slots take turns on cores
-            self._contention.add(await asyncio.to_thread(contention.probe))
+        """What the host leaves a new CPU worker, measured only while this node runs none of its
+        own (and not while the last one exits): a quote prices its own workers on top of it."""
+        if not self.devices or self.devices[0].kind != "cpu":  # only CPU slots take turns on cores
+            return
+        now = time.monotonic()
+        if any(
+            not r.done or now - (r.finished_at or 0.0) < contention.QUIET_AFTER_S for r in self._runs.values()
+        ):
+            return
+        self._contention.add(await asyncio.to_thread(contention.probe))
 
     def _flush_metrics(self) -> None:
         for run in self._runs.values():

@@ -211,7 +211,9 @@ def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dic
                 cores[n.host] = max(cores.get(n.host, 0), n.profile.physical_cores)
                 measured_under[n.id] = n.profile.host_load_factor
             if n.cpu_contention is not None:
-                seen[n.host] = max(seen.get(n.host, 0.0), n.cpu_contention)
+                # Agents probe while idle; on a host shared by several, the quietest saw the least
+                # of other jobs' workers.
+                seen[n.host] = min(seen.get(n.host, math.inf), n.cpu_contention)
             for d in n.devices:
                 kinds[(c.id, n.id, d.index)] = d.kind
                 busy[n.host] += d.kind == "cpu" and not d.free
