@@ -49,6 +49,9 @@ def agent_command(
     kill_grace_s: float = typer.Option(
         10.0, "--kill-grace-s", help="SIGTERM to SIGKILL when stopping workers"
     ),
+    measure_profile: bool = typer.Option(
+        True, "--measure-profile/--no-measure-profile", help="Run the reference worker step at start-up"
+    ),
     allow_command_override: bool = typer.Option(False, "--allow-command-override", hidden=True),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
@@ -75,6 +78,7 @@ def agent_command(
             reconnect_max_s=reconnect_max_s,
             reconnect_min_s=min(0.5, reconnect_max_s),
             kill_grace_s=kill_grace_s,
+            measure_profile=measure_profile,
             allow_command_override=allow_command_override,
         )
     except ValidationError as exc:

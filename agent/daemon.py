@@ -23,15 +23,17 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from agent import contention
 from agent.devices import detect_devices
 from agent.duties import Duty, run_duty
 from agent.outbox import Outbox
 from agent.probe import build_probe_server, run_probe
+from agent.profile import measure_profile
 from agent.settings import AgentSettings
 from agent.state import AgentState, Credentials
 from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
 from contracts.errors import InvalidArgument
-from contracts.registration import DeviceReport
+from contracts.registration import STEP_RATE_FIELDS, DeviceReport, NodeProfile
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,19 @@ def device_to_proto(d: DeviceReport) -> agent_pb2.Device:
     )
 
 
+def profile_to_proto(p: NodeProfile) -> agent_pb2.MeasuredProfile:
+    return agent_pb2.MeasuredProfile(
+        startup_s=p.startup_s,
+        teardown_s=p.teardown_s,
+        physical_cores=p.physical_cores,
+        host_load_factor=p.host_load_factor,
+        rates=[
+            agent_pb2.MeasuredStepRate(precision=r.precision, **{k: getattr(r, k) for k in STEP_RATE_FIELDS})
+            for r in p.rates
+        ],
+    )
+
+
 class _Session:
     def __init__(self) -> None:
         self.active = True
@@ -98,6 +113,8 @@ class Agent:
     def __init__(self, settings: AgentSettings, devices: list[DeviceReport] | None = None) -> None:
         self.settings = settings
         self.devices = devices
+        self.profile: NodeProfile | None = None
+        self._contention = contention.Contention()
         self.heartbeat_interval_s = DEFAULT_HEARTBEAT_S
         self._outbox = Outbox()
         self._runs: dict[str, WorkerRun] = {}  # live and recently finished, by assignment id
@@ -137,6 +154,12 @@ class Agent:
             except Exception as exc:
                 log.error("device detection failed: %s", exc)
                 return 2
+        if s.measure_profile and self.profile is None and self.devices:
+            self.profile = await asyncio.to_thread(
+                measure_profile, self.devices[0].kind, s.work_dir / "reference"
+            )
+            if self.profile is not None:
+                log.info("worker profile: %s", self.profile.as_dict())
         for d in self.devices:
             log.info(
                 "device %d: %s %s, %.1f GB, %.4f TFLOPS",
@@ -203,6 +226,7 @@ class Agent:
         s = self.settings
         return [
             self._heartbeat_duty,
+            Duty("probe-contention", lambda: self.heartbeat_interval_s, self._probe_contention),
             Duty("flush-metrics", lambda: max(0.05, s.metrics_min_interval_s), self._flush_metrics),
             Duty("forget-finished", lambda: 30.0, self._forget_finished),
             Duty("restate-running", lambda: 30.0, self._restate_running),
@@ -263,6 +287,8 @@ class Agent:
             node_token=creds.node_token if creds else "",
             probe_port=self._probe_port,
         )
+        if self.profile is not None:
+            request.measured_profile.CopyFrom(profile_to_proto(self.profile))
         try:
             response = await self._stub.Register(request, timeout=s.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
@@ -482,9 +508,26 @@ class Agent:
         self._seq += 1
         self._outbox.put(
             agent_pb2.AgentMessage(
-                heartbeat=agent_pb2.Heartbeat(seq=self._seq, sent_at=time.time(), load=os.getloadavg()[0])
+                heartbeat=agent_pb2.Heartbeat(
+                    seq=self._seq,
+                    sent_at=time.time(),
+                    load=os.getloadavg()[0],
+                    cpu_contention=self._contention.value,
+                )
             )
         )
+
+    async def _probe_contention(self) -> None:
+        """What the host leaves a new CPU worker, measured only while this node runs none of its
+        own (and not while the last one exits): a quote prices its own workers on top of it."""
+        if not self.devices or self.devices[0].kind != "cpu":  # only CPU slots take turns on cores
+            return
+        now = time.monotonic()
+        if any(
+            not r.done or now - (r.finished_at or 0.0) < contention.QUIET_AFTER_S for r in self._runs.values()
+        ):
+            return
+        self._contention.add(await asyncio.to_thread(contention.probe))
 
     def _flush_metrics(self) -> None:
         for run in self._runs.values():

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 ERROR_PREFIX = "CPN_ERROR "
+# TaskMetrics field -> the worker's metric name, for the step's time by part.
+STEP_PARTS = {
+    "data_s": "data_s",
+    "compute_s": "compute_s",
+    "optimizer_s": "optimizer_s",
+    "sync_s": "sync_s",
+    "checkpoint_s": "checkpoint_s",
+    "step_wall_s": "wall_s",
+}
 
 
 def parse_prefixed(line: str, prefix: str) -> dict[str, Any] | None:
@@ -63,6 +73,11 @@ class MetricsTracker:
             "sync_latency_s": _number(payload.get("sync_latency_s", sync.get("latency_s", 0))),
             "wall_time_s": _number(payload.get("wall_time_s", payload.get("wall_s"))),
         }
+        # The step's parts pass through only when the worker measured them (optional fields).
+        for key, name in STEP_PARTS.items():
+            value = payload.get(name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                self.latest[key] = float(value)
         return self.latest
 
 

@@ -82,6 +82,9 @@ class AgentSettings(BaseModel):
     finished_retention_s: float = Field(
         600.0, gt=0, description="how long final states are re-sent on reconnect"
     )
+    measure_profile: bool = Field(
+        True, description="run the reference worker at start-up and register what it measured"
+    )
     allow_command_override: bool = Field(
         False, description="honour a worker config's 'command' list instead of torchrun (tests only)"
     )

@@ -105,6 +105,8 @@ def worker_env(
         CPN_ASSIGNMENT_ID=a.assignment_id,
         CPN_JOB_ID=a.job_id,
         PYTHONUNBUFFERED="1",
+        # The worker reports its start-up against this (training.worker.SPAWNED_AT_ENV).
+        CPN_SPAWNED_AT=repr(time.time()),
     )
     if device_kind == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in a.device_indices)
@@ -181,6 +183,8 @@ class WorkerRun:
         self._metrics_sent_at = 0.0
         self._budget = LineBudget(settings.log_lines_per_s, settings.log_burst)
         self._result: dict[str, Any] | None = None
+        self._spawned_at: float | None = None  # monotonic, when the worker group was started
+        self._result_at: float | None = None  # monotonic, when its result line arrived
         self._error: str | None = None
         self._stderr_tail: deque[str] = deque(maxlen=8)
 
@@ -205,6 +209,7 @@ class WorkerRun:
             env = worker_env(os.environ, a, device_kind=self._device_kind, config_path=config_path)
             if self._stop is not None:
                 return self._finish(self._stop[0], self._stop[1], 0)
+            self._spawned_at = time.monotonic()
             self._proc = await asyncio.create_subprocess_exec(
                 *cmd,
                 cwd=self.run_dir,
@@ -247,6 +252,13 @@ class WorkerRun:
         self._finish(FAILED, f"workers exited with code {code}{suffix}: {why}".rstrip(": "), code)
 
     def _finish(self, state: int, message: str, code: int) -> None:
+        now = time.monotonic()
+        if self._result is not None and self._spawned_at is not None:
+            # What the node adds to the worker's own timings: from the result to the group gone
+            # (process-group teardown, interpreter exit), and the task's whole span.
+            self._result["task_wall_s"] = now - self._spawned_at
+            if self._result_at is not None:
+                self._result["teardown_s"] = now - self._result_at
         result = json.dumps(self._result, sort_keys=True) if self._result is not None else ""
         self._report(state, message, code, result)
         self.finished_at = time.monotonic()
@@ -296,6 +308,7 @@ class WorkerRun:
             return
         if (payload := parse_prefixed(line, RESULT_PREFIX)) is not None:
             self._result = payload
+            self._result_at = time.monotonic()
             return
         if line.startswith(ERROR_PREFIX):
             self._error = line[len(ERROR_PREFIX) :]

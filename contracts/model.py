@@ -64,3 +64,19 @@ def gpt_block_param_count(cfg: GPTConfig) -> int:
     """Parameters of one transformer block (what a pipeline stage holds per layer)."""
     d, r = cfg.d_model, cfg.mlp_ratio
     return 4 * d + 4 * (d * d + d) + 2 * r * d * d + r * d + d
+
+
+def matmul_param_count(cfg: GPTConfig) -> int:
+    """Parameters that take part in a matmul per token: all but the embedding lookups (token and
+    position); the untied lm_head is one."""
+    return gpt_param_count(cfg) - cfg.vocab * cfg.d_model - cfg.seq_len * cfg.d_model
+
+
+def train_flops_per_token(cfg: GPTConfig, activation_checkpointing: bool = False) -> float:
+    """Training FLOPs per token: 6 per matmul parameter plus 12·L·s·d for attention scores.
+
+    Recomputing the forward pass under activation checkpointing adds one forward: 8N + 16·L·s·d.
+    The planner prices work with this and the agents' reference step measures its rate with it.
+    """
+    dense, attn = (8.0, 16.0) if activation_checkpointing else (6.0, 12.0)
+    return dense * matmul_param_count(cfg) + attn * cfg.n_layers * cfg.seq_len * cfg.d_model

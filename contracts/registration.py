@@ -30,6 +30,51 @@ class DeviceReport:
     kind: str
 
 
+STEP_RATE_FIELDS = (
+    "tflops",
+    "micro_batch_s",
+    "step_s",
+    "optimizer_s_per_mparam",
+    "data_s_per_mtoken",
+    "checkpoint_s_per_mparam",
+)
+PRECISIONS = ("fp32", "bf16")
+MAX_SECONDS = 86_400.0  # no measured fixed cost of a worker is anywhere near a day
+
+
+@dataclass(frozen=True)
+class StepRate:
+    """One precision's reference training step on one device, split as the planner prices it."""
+
+    precision: str
+    tflops: float  # achieved model FLOP/s of forward+backward
+    micro_batch_s: float = 0.0  # fixed seconds per micro-batch beyond its FLOPs
+    step_s: float = 0.0  # fixed seconds per step
+    optimizer_s_per_mparam: float = 0.0
+    data_s_per_mtoken: float = 0.0
+    checkpoint_s_per_mparam: float = 0.0
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    """What a node measured by running the real worker: its fixed costs and reference step."""
+
+    startup_s: float
+    teardown_s: float
+    physical_cores: int
+    rates: tuple[StepRate, ...] = ()
+    host_load_factor: float = 0.0  # wall / CPU time of the reference on a CPU slot; 0: not measured
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "startup_s": self.startup_s,
+            "teardown_s": self.teardown_s,
+            "physical_cores": self.physical_cores,
+            "host_load_factor": self.host_load_factor,
+            "rates": {r.precision: {k: getattr(r, k) for k in STEP_RATE_FIELDS} for r in self.rates},
+        }
+
+
 @dataclass(frozen=True)
 class NodeRegistration:
     region: str
@@ -50,6 +95,7 @@ class NodeRegistration:
     node_id: str = ""
     node_token: str = ""
     probe_port: int = 0  # its LinkProbeService on advertise_host; 0: none
+    profile: NodeProfile | None = None  # None: not measured; the planner uses its defaults
 
 
 def _finite(x: float) -> bool:
@@ -79,6 +125,34 @@ def device_problems(
         if d.kind not in DEVICE_KINDS:
             problems.append(f"{at}.kind: must be one of {', '.join(DEVICE_KINDS)}, got {d.kind!r}")
     return problems
+
+
+def profile_problems(profile: NodeProfile, where: str = "measured_profile") -> list[str]:
+    p: list[str] = []
+    for name in ("startup_s", "teardown_s"):
+        value = getattr(profile, name)
+        if not (_finite(value) and 0 <= value <= MAX_SECONDS):
+            p.append(f"{where}.{name}: must be a number of seconds in [0, {MAX_SECONDS:g}], got {value}")
+    if not (_finite(profile.host_load_factor) and 0 <= profile.host_load_factor <= 1000):
+        got = profile.host_load_factor
+        p.append(f"{where}.host_load_factor: must be a finite number in [0, 1000], got {got}")
+    if not 0 <= profile.physical_cores <= 1_000_000:
+        p.append(f"{where}.physical_cores: must be in [0, 1000000], got {profile.physical_cores}")
+    seen: set[str] = set()
+    for i, r in enumerate(profile.rates):
+        at = f"{where}.rates[{i}]"
+        if r.precision not in PRECISIONS or r.precision in seen:
+            p.append(
+                f"{at}.precision: must be one of {', '.join(PRECISIONS)}, once each, got {r.precision!r}"
+            )
+        seen.add(r.precision)
+        if not (_finite(r.tflops) and 0 < r.tflops <= 1e6):
+            p.append(f"{at}.tflops: must be a finite number in (0, 1e6], got {r.tflops}")
+        for name in STEP_RATE_FIELDS[1:]:
+            value = getattr(r, name)
+            if not (_finite(value) and 0 <= value <= MAX_SECONDS):
+                p.append(f"{at}.{name}: must be a finite number in [0, {MAX_SECONDS:g}], got {value}")
+    return p
 
 
 def registration_problems(reg: NodeRegistration) -> list[str]:
@@ -112,6 +186,8 @@ def registration_problems(reg: NodeRegistration) -> list[str]:
         p.append(f"sync_port_min/sync_port_max: need 1024 <= min <= max <= 65535, got {lo}-{hi}")
     if reg.probe_port != 0 and not 1024 <= reg.probe_port <= 65535:
         p.append(f"probe_port: need 0 (none) or 1024..65535, got {reg.probe_port}")
+    if reg.profile is not None:
+        p.extend(profile_problems(reg.profile))
     if bool(reg.node_id) != bool(reg.node_token):
         p.append("node_id/node_token: re-registration needs both or neither")
     return p

@@ -5,9 +5,14 @@ checkpoint) and each task its start-up time. Against the option's estimate and t
 made with (``Estimates.basis``) they give an observed value per factor:
 
 - efficiency per "model|precision": basis × estimated compute / measured compute, where measured
-  compute is the median local step (compute [+ optimizer]) less the estimate's communication parts;
-- start-up seconds per node: as the task reported it;
+  compute is the mean local step (compute [+ optimizer]) less the estimate's communication parts;
+- start-up seconds per node: as the task reported it (spawn to first step), and teardown seconds
+  per node as the agent measured it (the result to the process group gone), both divided by the
+  share of the host's cores the plan was priced at (``basis.host_share``): per idle core;
 - goodput per region pair (runs that synced across regions): basis × estimated sync wait / measured.
+
+Per-step parts are the worker's totals over the run divided by its steps when its result has them
+(the agent forwards per-step metrics at a bounded rate, so the stored ones are a sample).
 
 Each factor moves toward its observation by ALPHA (an exponential decay per run, so recent runs
 weigh more); a factor seen for the first time takes the observation. Every move is a history row
@@ -31,11 +36,12 @@ from control_layer.planner.plan_types import Calibration, ErrorBand, PlanOption
 ALPHA = 0.5  # weight of the newest run
 RECENT_ERRORS = 20  # time/cost residuals the interval is taken from
 TIMING_KEYS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "wall_s")
-RESULT_KEYS = ("startup_s", "train_s", "teardown_s", "steps", "task_wall_s")
+RESULT_KEYS = ("startup_s", "train_s", "final_sync_s", "teardown_s", "steps", "task_wall_s")
 EFFICIENCY_RANGE = (1e-3, 1.5)  # what Calibration accepts
 GOODPUT_RANGE = (1e-3, 1.5)
 
-EFFICIENCY, STARTUP, GOODPUT, TIME, COST = "efficiency", "startup_s", "goodput", "time", "cost"
+EFFICIENCY, STARTUP, TEARDOWN, GOODPUT = "efficiency", "startup_s", "teardown_s", "goodput"
+TIME, COST = "time", "cost"
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,19 @@ def step_medians(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def run_means(task: TaskRun) -> dict[str, float]:
+    """Per-step seconds by part: the worker's totals over the whole run divided by its steps where it
+    reported them (every step counted, the sync waits of every H-th step included), else the
+    medians of the per-step metrics the control plane stored (a sample of the steps)."""
+    out = step_medians(task.steps)
+    totals, steps = task.result.get("parts_total_s"), _num(task.result.get("steps"))
+    if isinstance(totals, dict) and steps and steps > 0:
+        for key in TIMING_KEYS:
+            if (value := _num(totals.get(key))) is not None:
+                out[key] = value / steps
+    return out
+
+
 def _estimated_comm(option: PlanOption) -> float:
     s = option.estimates.step_s
     return s.tp_comm + s.dp_comm + s.pp_bubble + s.pp_comm
@@ -127,7 +146,7 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
     obs: dict[tuple[str, str], list[float]] = defaultdict(list)
     est_opt = getattr(est.step_s, "optimizer", 0.0)
     for task in run.tasks:
-        med = step_medians(task.steps)
+        med = run_means(task)
         key = f"{task.device_model}|{option.precision}"
         used = (basis.efficiency.get(key) if basis else None) or cm.device_efficiency(
             task.device_model, None, option.precision
@@ -140,11 +159,17 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
             estimated = est.step_s.compute + (0.0 if "optimizer_s" in med else est_opt)
             if measured > 0 and estimated > 0:
                 obs[(EFFICIENCY, key)].append(_clamp(used * estimated / measured, EFFICIENCY_RANGE))
+        # Start-up and teardown per idle core: the run's figure over the share of its host's cores
+        # the plan was priced at (its own slots and the host's load then).
+        share = (basis.host_share.get(task.node_id) if basis else None) or 1.0
         startup = _num(task.result.get("startup_s"))
         if startup is not None and startup >= 0:
-            obs[(STARTUP, task.node_id)].append(startup)
+            obs[(STARTUP, task.node_id)].append(startup / share)
+        teardown = _num(task.result.get("teardown_s"))
+        if teardown is not None and teardown >= 0:
+            obs[(TEARDOWN, task.node_id)].append(teardown / share)
     regions = sorted({t.region for t in run.tasks})
-    waits = [w for t in run.tasks if (w := step_medians(t.steps).get("sync_s")) is not None]
+    waits = [w for t in run.tasks if (w := run_means(t).get("sync_s")) is not None]
     if len(regions) >= 2 and est.step_s.wan_sync > 0 and waits and statistics.median(waits) > 0:
         wait = statistics.median(waits)
         for i, a in enumerate(regions):
@@ -220,7 +245,7 @@ def error_band(residuals: Iterable[float]) -> ErrorBand | None:
 
 def to_calibration(state: State) -> Calibration:
     """The planner's input: the current factors and the spread of recent errors."""
-    tables: dict[str, dict[str, float]] = {EFFICIENCY: {}, GOODPUT: {}, STARTUP: {}}
+    tables: dict[str, dict[str, float]] = {EFFICIENCY: {}, GOODPUT: {}, STARTUP: {}, TEARDOWN: {}}
     for (kind, key), factor in state.factors.items():
         if kind in tables:
             tables[kind][key] = factor.value
@@ -228,6 +253,7 @@ def to_calibration(state: State) -> Calibration:
         device_efficiency=tables[EFFICIENCY],
         link_goodput=tables[GOODPUT],
         startup_s=tables[STARTUP],
+        teardown_s=tables[TEARDOWN],
         time_error=error_band(r for k, r in state.errors if k == TIME),
         cost_error=error_band(r for k, r in state.errors if k == COST),
     )
@@ -243,13 +269,17 @@ def accuracy_record(run: FinishedRun) -> dict[str, Any]:
                 "node_id": t.node_id,
                 "region": t.region,
                 "device_model": t.device_model,
-                "step_s": step_medians(t.steps),
+                "step_s": run_means(t),
                 **{k: v for k in RESULT_KEYS if (v := _num(t.result.get(k))) is not None},
             }
         )
     return {
         "estimated": {
             "duration_s": est.duration_s,
+            "steps": est.steps,
+            "startup_s": est.startup_s,
+            "final_sync_s": est.final_sync_s,
+            "teardown_s": est.teardown_s,
             "cost": est.cost.total,
             "step_s": est.step_s.model_dump(),
             "cost_parts": est.cost.model_dump(),

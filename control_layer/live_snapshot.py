@@ -31,10 +31,11 @@ from control_layer.planner.snapshot import (
     DeviceSlot,
     LinkInfo,
     NodeInfo,
+    NodeProfileInfo,
     RegionInfo,
     ResourceSnapshot,
 )
-from control_layer.snapshot import build_snapshot
+from control_layer.snapshot import build_snapshot, node_profile
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc, session_scope
@@ -63,6 +64,8 @@ class _NodeRow:
     cluster_id: str
     hostname: str
     alive: bool
+    profile: NodeProfileInfo | None
+    cpu_contention: float | None
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,9 @@ class _State:
 
     def _nodes(self, session: Session, ids: Collection[str] | None) -> None:
         # Columns, not ORM objects: a full read is ~50,000 rows at 1,000 clusters.
-        node_cols = select(Node.id, Node.cluster_id, Node.hostname, Node.status)
+        node_cols = select(
+            Node.id, Node.cluster_id, Node.hostname, Node.status, Node.profile, Node.cpu_contention
+        )
         acc_cols = select(
             Accelerator.id,
             Accelerator.node_id,
@@ -235,8 +240,10 @@ class _State:
                 self._drop_node(nid)
             for chunk in _chunks([r[0] for r in acc_rows]):
                 self.busy.update(session.scalars(active.where(Allocation.accelerator_id.in_(chunk))))
-        for node_id, cluster_id, hostname, status in node_rows:
-            self.nodes[node_id] = _NodeRow(cluster_id, hostname, status == "alive")
+        for node_id, cluster_id, hostname, status, profile, contention in node_rows:
+            self.nodes[node_id] = _NodeRow(
+                cluster_id, hostname, status == "alive", node_profile(profile), contention
+            )
             self.cluster_nodes.setdefault(cluster_id, set()).add(node_id)
             self.stale.add(cluster_id)
         touched: set[str] = set()
@@ -299,6 +306,8 @@ class _State:
             NodeInfo(
                 id=nid,
                 hostname=self.nodes[nid].hostname,
+                profile=self.nodes[nid].profile,
+                cpu_contention=self.nodes[nid].cpu_contention,
                 devices=[
                     DeviceSlot(
                         index=d.index,

@@ -262,7 +262,9 @@ def _lock_job(session: Session, job_id: str) -> Job:
 
 def _timings(metrics: dict[str, Any]) -> dict[str, float] | None:
     """The step's time by part, for calibration; None from a worker that reports no parts."""
-    parts = {k: v for k in TIMING_KEYS if (v := _float_or_none(metrics.get(k))) is not None}
+    # The agent sends the step's wall time as step_wall_s (wall_s from a worker's own lines).
+    named = {**metrics, "wall_s": metrics.get("step_wall_s", metrics.get("wall_s"))}
+    parts = {k: v for k in TIMING_KEYS if (v := _float_or_none(named.get(k))) is not None}
     return parts or None
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Collection
+from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -14,6 +16,7 @@ from control_layer.planner.snapshot import (
     DeviceSlot,
     LinkInfo,
     NodeInfo,
+    NodeProfileInfo,
     RegionInfo,
     ResourceSnapshot,
 )
@@ -33,6 +36,16 @@ def current_prices(session: Session, cluster_ids: list[str] | None = None) -> di
     for row in session.scalars(stmt.order_by(Price.cluster_id, Price.effective_from)):
         newest[row.cluster_id] = row  # ordered ascending, so the last one wins
     return newest
+
+
+def node_profile(raw: dict[str, Any] | None) -> NodeProfileInfo | None:
+    """A node's stored measured profile; None when it has none or one this planner cannot read."""
+    if not raw:
+        return None
+    try:
+        return NodeProfileInfo.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def busy_accelerator_ids(session: Session) -> set[str]:
@@ -77,7 +90,13 @@ def build_snapshot(
     nodes_by_cluster: dict[str, list[NodeInfo]] = defaultdict(list)
     for node in alive_nodes:
         nodes_by_cluster[node.cluster_id].append(
-            NodeInfo(id=node.id, hostname=node.hostname, devices=devices_by_node.get(node.id, []))
+            NodeInfo(
+                id=node.id,
+                hostname=node.hostname,
+                devices=devices_by_node.get(node.id, []),
+                profile=node_profile(node.profile),
+                cpu_contention=node.cpu_contention,
+            )
         )
 
     clusters: list[ClusterInfo] = []

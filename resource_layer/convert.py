@@ -8,7 +8,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from contracts.errors import InvalidArgument
-from contracts.registration import DeviceReport, NodeRegistration
+from contracts.registration import STEP_RATE_FIELDS, DeviceReport, NodeProfile, NodeRegistration, StepRate
 from contracts.states import TaskState
 from proto.cpn.agent.v1 import agent_pb2
 
@@ -21,6 +21,7 @@ TASK_STATES: dict[int, str] = {
     agent_pb2.TASK_STATE_CANCELLED: TaskState.CANCELLED,
 }
 SERVER_MESSAGE_KINDS = ("assignment", "cancel", "drain", "ack", "probe")
+METRIC_PARTS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s")
 
 
 def device_from_proto(d: agent_pb2.Device) -> DeviceReport:
@@ -48,6 +49,19 @@ def registration_from_proto(r: agent_pb2.RegisterRequest) -> NodeRegistration:
         node_id=r.node_id,
         node_token=r.node_token,
         probe_port=r.probe_port,
+        profile=profile_from_proto(r.measured_profile) if r.HasField("measured_profile") else None,
+    )
+
+
+def profile_from_proto(p: agent_pb2.MeasuredProfile) -> NodeProfile:
+    return NodeProfile(
+        startup_s=p.startup_s,
+        teardown_s=p.teardown_s,
+        physical_cores=p.physical_cores,
+        host_load_factor=p.host_load_factor,
+        rates=tuple(
+            StepRate(**{k: getattr(r, k) for k in ("precision", *STEP_RATE_FIELDS)}) for r in p.rates
+        ),
     )
 
 
@@ -80,6 +94,8 @@ def metrics_to_dict(m: agent_pb2.TaskMetrics) -> dict[str, Any]:
         "wan_bytes_recv": m.wan_bytes_recv,
         "sync_latency_s": m.sync_latency_s,
         "wall_time_s": m.wall_time_s,
+        # The step's parts, only those the worker measured (optional fields).
+        **{key: getattr(m, key) for key in METRIC_PARTS if m.HasField(key)},
     }
 
 

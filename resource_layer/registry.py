@@ -6,10 +6,11 @@ also need the bus. All are synchronous; the gRPC edge runs them with ``asyncio.t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from contracts.errors import (
@@ -76,6 +77,7 @@ def register_node(
     node.probe_port = reg.probe_port
     node.probe_key = new_probe_key()  # rotated with the node token: the old agent process is gone
     node.agent_version = reg.agent_version
+    node.profile = reg.profile.as_dict() if reg.profile is not None else None
     if node.status == "lost":
         node.status = "alive"
     session.flush()
@@ -121,8 +123,15 @@ def mark_connected(ctx: ServerContext, node_id: str) -> str:
     return status
 
 
-def heartbeat(ctx: ServerContext, node_id: str, persist: bool = True) -> None:
-    """Refresh the node's liveness key; with ``persist`` also record ``last_heartbeat_at``.
+MAX_CONTENTION = 1e4  # beyond this a contention figure is not a measurement
+CONTENTION_NOTICE = 0.1  # a relative change smaller than this is noise: neither stored nor announced
+
+
+def heartbeat(
+    ctx: ServerContext, node_id: str, persist: bool = True, contention: float | None = None
+) -> None:
+    """Refresh the node's liveness key; with ``persist`` also record ``last_heartbeat_at`` and the
+    host's CPU contention (the planner prices CPU slots by what the host has left of a core).
 
     The key is the source of truth for liveness; the column is for people and snapshots, so the
     caller throttles ``persist`` to keep the database out of every heartbeat.
@@ -130,7 +139,7 @@ def heartbeat(ctx: ServerContext, node_id: str, persist: bool = True) -> None:
     ctx.bus.touch(node_alive_key(node_id), ctx.settings.node_lost_after_s)
     if persist:
         with ctx.session_factory() as session, session.begin():
-            _touch_row(session, node_id, utcnow())
+            _touch_row(session, node_id, utcnow(), contention)
 
 
 def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceReport]) -> None:
@@ -141,9 +150,10 @@ def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceRep
     _upsert_accelerators(session, node_id, tuple(devices))
 
 
-def _touch_row(session: Session, node_id: str, now: datetime) -> None:
-    # A lost node that speaks again is alive; a drained one stays drained. Only a revival changes
-    # what the planner sees, so only that is announced (heartbeats are frequent).
+def _touch_row(session: Session, node_id: str, now: datetime, contention: float | None = None) -> None:
+    # A lost node that speaks again is alive; a drained one stays drained. Only a revival or a
+    # contention change the planner would notice alters what it sees, so only those are announced
+    # (heartbeats are frequent).
     revived = session.scalars(
         update(Node)
         .where(Node.id == node_id, Node.status == "lost")
@@ -158,6 +168,22 @@ def _touch_row(session: Session, node_id: str, now: datetime) -> None:
         .values(last_heartbeat_at=now)
         .execution_options(synchronize_session=False, **NOTED)
     )
+    if contention is None or not (math.isfinite(contention) and 1 <= contention <= MAX_CONTENTION):
+        return  # not a measurement: kept out, never an error
+    moved = session.scalars(
+        update(Node)
+        .where(
+            Node.id == node_id,
+            or_(
+                Node.cpu_contention.is_(None),
+                func.abs(Node.cpu_contention - contention) > CONTENTION_NOTICE * contention,
+            ),
+        )
+        .values(cpu_contention=contention)
+        .returning(Node.id)
+        .execution_options(synchronize_session=False, **NOTED)
+    ).all()
+    note_changes(session, nodes=moved)
 
 
 def _upsert_region(session: Session, name: str, jurisdiction: str) -> Region:

@@ -216,13 +216,18 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         request_iterator: AsyncIterator[agent_pb2.AgentMessage],
         outbox: asyncio.Queue[Any],
     ) -> None:
-        last_persist = time.monotonic()  # mark_connected just wrote the row
+        # mark_connected just wrote the row; the first heartbeat is stored all the same, so the
+        # host's CPU contention is known to quotes made right after the node connects.
+        last_persist: float | None = None
         try:
             async for message in request_iterator:
                 kind = message.WhichOneof("kind")
                 if kind == "heartbeat":
-                    persist = time.monotonic() - last_persist >= self._heartbeat_db_every_s
-                    await asyncio.to_thread(registry.heartbeat, self._ctx, node_id, persist)
+                    persist = (
+                        last_persist is None or time.monotonic() - last_persist >= self._heartbeat_db_every_s
+                    )
+                    contention = message.heartbeat.cpu_contention or None  # 0: not measured
+                    await asyncio.to_thread(registry.heartbeat, self._ctx, node_id, persist, contention)
                     self._ctx.metrics.heartbeats.inc()
                     if persist:
                         last_persist = time.monotonic()

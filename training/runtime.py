@@ -31,6 +31,8 @@ from training.parallel.replica_state import gather_full_params, replica_layout, 
 from training.sync_hook import build_sync
 from training.sync_protocol import CrossRegionSync, SyncContext
 
+STEP_PART_KEYS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "wall_s")
+
 ForwardLoss = Callable[[nn.Module, Any, Any], Tensor]
 
 
@@ -144,9 +146,13 @@ class Trainer:
         if self.cfg.training.grad_clip is not None:
             grad_norm = clip_grad_norm(list(self.model.parameters()), self.cfg.training.grad_clip, self.dims)
         lr = self.optimizer.param_groups[0]["lr"]
+        self._device_sync()
+        t_opt = time.perf_counter()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        self._device_sync()
+        t_opt_end = time.perf_counter()
         loss = self._cluster_loss(local_loss)  # also the point where the step's compute has finished
         t2 = time.perf_counter()
         if self.sync.should_sync(step):
@@ -169,7 +175,8 @@ class Trainer:
             "tokens_per_s": tokens / (t3 - t0),
             "samples_per_s": samples / (t3 - t0),
             "data_s": t1 - t0,
-            "compute_s": t2 - t1,
+            "compute_s": (t2 - t1) - (t_opt_end - t_opt),
+            "optimizer_s": t_opt_end - t_opt,
             "sync_s": t3 - t2,
             "wall_s": t3 - t0,
             "compute_util": (t2 - t1) / (t3 - t0),
@@ -184,6 +191,11 @@ class Trainer:
             if sync_metrics:
                 m["sync"] = sync_metrics
         return m
+
+    def _device_sync(self) -> None:
+        """Wait for queued device work so a timed span holds its own kernels (CUDA is asynchronous)."""
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
 
     def save(self) -> None:
         ck = self.cfg.checkpoint
@@ -209,18 +221,32 @@ class Trainer:
             self.sync.load_state_dict(meta.get("sync", {}))
         return True
 
-    def run(self, callback: MetricsCallback | None = None) -> dict[str, Any]:
-        start, t0 = self.step, time.perf_counter()
-        every = self.cfg.checkpoint.every
-        while self.step < self.cfg.training.steps:
+    def run(self, callback: MetricsCallback | None = None, spawned_at: float | None = None) -> dict[str, Any]:
+        """Train to the configured step count. ``spawned_at`` (unix seconds): when the node started
+        this worker, so the result can say how long start-up took."""
+        start, t0, first_at = self.step, time.perf_counter(), time.time()
+        every, last = self.cfg.checkpoint.every, self.cfg.training.steps
+        totals: dict[str, float] = {}
+        while self.step < last:
             m = self.train_step()
+            periodic = bool(every) and self.step % every == 0 and self.step < last
+            if self.cfg.checkpoint.dir is not None and (periodic or self.step == last):
+                t_save = time.perf_counter()
+                self.save()
+                m["checkpoint_s"] = time.perf_counter() - t_save
+                m["wall_s"] += m["checkpoint_s"]
             if callback is not None and self.ctx.is_leader:
                 callback(m)
-            if every and self.step % every == 0 and self.step < self.cfg.training.steps:
-                self.save()
-        if self.cfg.checkpoint.dir is not None and self.step > start:
-            self.save()
+            for key in STEP_PART_KEYS:
+                totals[key] = totals.get(key, 0.0) + m.get(key, 0.0)
+        train_s = time.perf_counter() - t0
+        # Totals over the run: the agent forwards per-step metrics at a bounded rate, so a sampled
+        # step says little about parts that come every H steps (sync, checkpoints).
+        timing: dict[str, Any] = {"train_s": train_s, "parts_total_s": totals}
+        if spawned_at is not None:
+            timing["startup_s"] = max(0.0, first_at - spawned_at)
         return {
+            **timing,
             "job_id": self.cfg.job_id,
             "region": self.cfg.region,
             "cluster": self.cfg.cluster,

@@ -7,13 +7,26 @@ leader (rank 0) reports ``CPN_METRIC {json}`` per step and ``CPN_RESULT {json}``
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+import time
 
 from contracts.errors import CpnError
 from contracts.worker_config import load_worker_config
 from training.metrics import JsonLinesSink, emit_result
 from training.parallel.init import compute_cleanup, compute_init
 from training.runtime import build_trainer
+
+SPAWNED_AT_ENV = "CPN_SPAWNED_AT"  # unix seconds at which the agent started this worker group
+
+
+def spawned_at() -> float | None:
+    try:
+        value = float(os.environ.get(SPAWNED_AT_ENV, ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,9 +47,11 @@ def main(argv: list[str] | None = None) -> int:
             if resumed and ctx.is_leader:
                 print(f"resumed from step {trainer.step}", flush=True)
             sink = JsonLinesSink(cfg.metrics_path) if ctx.is_leader else None
-            result = trainer.run(sink)
+            result = trainer.run(sink, spawned_at=spawned_at())
         finally:
-            trainer.close()
+            t_close = time.perf_counter()
+            trainer.close()  # the final exchange and leaving the peers
+        result["final_sync_s"] = time.perf_counter() - t_close
         if ctx.is_leader:
             emit_result(result)
         ok = True

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from contracts.job_spec import JobSpec, ModelSpec, SyncSpec, TrainingSpec
-from contracts.model import gpt_block_param_count, model_config
+from contracts.model import gpt_block_param_count, matmul_param_count, model_config, train_flops_per_token
 from control_layer.planner.plan_types import Calibration
 
 # Fraction of measured TFLOPS a training step achieves when no calibration says otherwise.
@@ -69,14 +69,19 @@ def sync_bytes_per_param(sync: SyncSpec) -> float:
 # ---------------------------------------------------------------- calibration lookups
 
 
-def device_efficiency(model: str, calibration: Calibration | None, precision: str | None = None) -> float:
-    """Calibrated efficiency for "model|precision", else for "model", else the default."""
+def device_efficiency(
+    model: str,
+    calibration: Calibration | None,
+    precision: str | None = None,
+    default: float = DEFAULT_DEVICE_EFFICIENCY,
+) -> float:
+    """Calibrated efficiency for "model|precision", else for "model", else ``default``."""
     if calibration:
         table = {key.lower(): value for key, value in calibration.device_efficiency.items()}
         for want in ([f"{model}|{precision}".lower()] if precision else []) + [model.lower()]:
             if want in table:
                 return table[want]
-    return DEFAULT_DEVICE_EFFICIENCY
+    return default
 
 
 def effective_flops(
@@ -86,11 +91,41 @@ def effective_flops(
     return tflops * 1e12 * device_efficiency(model, calibration, precision) * precision_rate(kind, precision)
 
 
-def startup_seconds(node: str, measured: float, calibration: Calibration | None) -> float:
-    """Seconds a node takes to start a worker: calibrated from finished runs, else as measured."""
+# A node that measured nothing: a worker's start (interpreter, `import torch`, rendezvous, model
+# build) and its exit still cost seconds, about this much on a small CPU host.
+DEFAULT_STARTUP_S = 8.0
+DEFAULT_TEARDOWN_S = 1.0
+
+
+def startup_seconds(node: str, measured: float | None, calibration: Calibration | None) -> float:
+    """Seconds a node takes to start a worker on an idle host: calibrated from finished runs, else
+    as the node measured it at registration, else the default."""
     if calibration and node in calibration.startup_s:
         return calibration.startup_s[node]
-    return measured
+    return DEFAULT_STARTUP_S if measured is None else measured
+
+
+def teardown_seconds(node: str, measured: float | None, calibration: Calibration | None) -> float:
+    """Seconds from a worker's result to its process group gone, as for ``startup_seconds``."""
+    if calibration and node in calibration.teardown_s:
+        return calibration.teardown_s[node]
+    return DEFAULT_TEARDOWN_S if measured is None else measured
+
+
+def host_share(slots_used: float, physical_cores: int) -> float:
+    """How many times slower a one-thread CPU slot runs when ``slots_used`` slots share the host's
+    cores: declared slots beyond its physical cores take turns (1 when the cores are unknown)."""
+    if physical_cores <= 0:
+        return 1.0
+    return max(1.0, slots_used / physical_cores)
+
+
+def checkpoint_writes(steps: int, every: int | None) -> int:
+    """Checkpoints a run of ``steps`` writes when asked to keep one every ``every`` steps: each
+    multiple of it before the end, and the final step (``training.runtime.Trainer.run``)."""
+    if not every:
+        return 0
+    return (steps - 1) // every + 1
 
 
 def link_goodput(a: str, b: str, calibration: Calibration | None) -> float:
@@ -109,20 +144,13 @@ def bytes_per_s(gbps: float, goodput: float) -> float:
 
 
 def matmul_params(model: ModelSpec) -> int:
-    """Parameters that take part in a matmul per token: all but the embedding lookups (token and
-    position); the untied lm_head is one."""
-    return model.n_params - model.vocab * model.d_model - model.seq_len * model.d_model
+    return matmul_param_count(model_config(model))
 
 
 def flops_per_token(model: ModelSpec, activation_checkpointing: bool) -> float:
-    """Training FLOPs per token: 6 per matmul parameter plus 12·L·s·d for attention scores.
-
-    Recomputing the forward pass under activation checkpointing adds one forward: 8N + 16·L·s·d.
-    """
-    dense, attn = 6.0, 12.0
-    if activation_checkpointing:
-        dense, attn = 8.0, 16.0
-    return dense * matmul_params(model) + attn * model.n_layers * model.seq_len * model.d_model
+    """Training FLOPs per token (``contracts.model.train_flops_per_token``, the formula the agents'
+    reference step measures its rate with)."""
+    return train_flops_per_token(model_config(model), activation_checkpointing)
 
 
 def block_params(model: ModelSpec) -> int:
@@ -261,20 +289,24 @@ def replica_time(
     intra_lat,
     pp_bw,
     pp_lat,
+    micro_batch_s=0.0,
+    step_s=0.0,
 ) -> ReplicaTime:
     """One replica's step on devices of effective_flops (FLOP/s, measured × efficiency).
 
     intra_bw/intra_lat (bytes/s, s) carry TP and the in-cluster gradient all-reduce; pp_bw/pp_lat
     carry activations between stages. shared: the replica syncs gradients with at least one
     other replica of its cluster every step, bounded by the full ring volume 2·G.
+    micro_batch_s / step_s: fixed seconds per micro-batch and per step beyond the FLOPs (kernel
+    launches, Python, the loss all-reduce), as the node's reference step measured them.
     """
     model, training = spec.model, spec.training
     b, s, d = training.micro_batch_size, model.seq_len, model.d_model
     w = activation_bytes(training.precision)
     lps = layers_per_stage(model, pp)
     fpt = flops_per_token(model, training.activation_checkpointing)
-    t_mb = fpt * b * s * (lps / model.n_layers) / tp / effective_flops
-    compute = n_micro * t_mb
+    t_mb = fpt * b * s * (lps / model.n_layers) / tp / effective_flops + micro_batch_s
+    compute = n_micro * t_mb + step_s
     bubble = (pp - 1) * t_mb
 
     if tp > 1:
@@ -363,13 +395,14 @@ def local_sync_s(sync: SyncSpec, n_params: float, bw, lat):
 
 
 def sync_overlapped(sync: SyncSpec) -> bool:
-    """Whether the exchange runs concurrently with local compute.
+    """Whether the exchange runs concurrently with local compute, as the control plane configures it.
 
-    DiLoCo applies the outer update one round late so the exchange overlaps the next H inner
-    steps; SSP with staleness ≥ 1 and async overlap per-step traffic; sync, local SGD and gossip
-    rounds stop the replicas while they exchange.
+    SSP with staleness ≥ 1 and async overlap per-step traffic. Sync, local SGD and gossip rounds
+    stop the replicas while they exchange, and so does DiLoCo: its overlapped variant (the outer
+    update applied a round late) exists in the worker but the control plane does not configure
+    it (``control_layer/worker_config.py`` leaves ``sync.overlap`` off), so real jobs block.
     """
-    if sync.mode == "diloco" or sync.mode == "async":
+    if sync.mode == "async":
         return True
     return sync.mode == "ssp" and sync.staleness >= 1
 

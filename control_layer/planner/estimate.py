@@ -23,7 +23,7 @@ from control_layer.planner.plan_types import (
     PlannedTask,
     StepBreakdown,
 )
-from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, ResourceSnapshot
+from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, NodeInfo, ResourceSnapshot
 
 # Key of the group of replicas that average gradients every step: the replicas on one node (one
 # torchrun group) of one device model: (cluster id, node id, device model).
@@ -174,6 +174,77 @@ def _replicas(
     return out
 
 
+@dataclass(frozen=True)
+class LocalStep:
+    """One replica's step before the cross-region exchange: the replica's compute and
+    communication, and the parts the node's reference step measured (0 where it measured none)."""
+
+    replica: cm.ReplicaTime
+    data: float
+    optimizer: float
+    checkpoint: float
+
+    @property
+    def total(self) -> float:
+        return float(self.replica.total) + self.data + self.optimizer + self.checkpoint
+
+
+def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dict[str, float]:
+    """Per node of the plan: how many times slower than on an idle core its CPU slots run, start
+    and stop. One-thread slots take turns on the host's physical cores with everything else that
+    runs there. Where heartbeats report the host's contention c (a new thread gets 1/c of a core:
+    about c·cores − 1 other runnable threads), the plan's k slots make it (c·cores − 1 + k) / cores;
+    with none reported, other jobs' busy slots stand in for the others and the factor is at least
+    the contention the host measured under at registration. Several agents may share one host
+    (``NodeInfo.host``). 1 on CUDA nodes and where the cores are unknown."""
+    cores: dict[str, int] = {}
+    seen: dict[str, float] = {}
+    busy: dict[str, int] = defaultdict(int)
+    plan: dict[str, int] = defaultdict(int)
+    measured_under: dict[str, float] = {}
+    host_of: dict[str, str] = {}
+    kinds: dict[tuple[str, str, int], str] = {}
+    for c in snapshot.clusters:
+        for n in c.nodes:
+            host_of[n.id] = n.host
+            if n.profile and n.profile.physical_cores:
+                cores[n.host] = max(cores.get(n.host, 0), n.profile.physical_cores)
+                measured_under[n.id] = n.profile.host_load_factor
+            if n.cpu_contention is not None:
+                # Agents probe while idle; on a host shared by several, the quietest saw the least
+                # of other jobs' workers.
+                seen[n.host] = min(seen.get(n.host, math.inf), n.cpu_contention)
+            for d in n.devices:
+                kinds[(c.id, n.id, d.index)] = d.kind
+                busy[n.host] += d.kind == "cpu" and not d.free
+    for t in tasks:
+        if kinds.get((t.cluster, t.node, t.device)) == "cpu":
+            plan[host_of.get(t.node, t.node)] += 1
+    out: dict[str, float] = {}
+    for t in tasks:
+        host = host_of.get(t.node, t.node)
+        n_cores = cores.get(host, 0)
+        if not plan[host] or not n_cores:
+            out[t.node] = 1.0
+        elif host in seen:
+            others = max(0.0, seen[host] * n_cores - 1.0)
+            out[t.node] = cm.host_share(others + plan[host], n_cores)
+        else:
+            share = cm.host_share(busy[host] + plan[host], n_cores)
+            out[t.node] = max(share, measured_under.get(t.node, 0.0), 1.0)
+    return out
+
+
+def _fixed_seconds(node: NodeInfo, share: float, calibration: Calibration | None) -> tuple[float, float]:
+    """A node's start-up and teardown for this plan: per idle core (calibrated, else as measured at
+    registration divided by the load it measured under), times this plan's share of the host."""
+    prof = node.profile
+    under = max(1.0, prof.host_load_factor) if prof else 1.0
+    startup = cm.startup_seconds(node.id, prof.startup_s / under if prof else None, calibration)
+    teardown = cm.teardown_seconds(node.id, prof.teardown_s / under if prof else None, calibration)
+    return startup * share, teardown * share
+
+
 def estimate_option(
     spec: JobSpec,
     snapshot: ResourceSnapshot,
@@ -212,7 +283,13 @@ def estimate_option(
     for rep in replicas:
         group_size[rep.participant] += 1
 
-    slowest: cm.ReplicaTime | None = None
+    nodes = {n.id: n for c in snapshot.clusters for n in c.nodes}
+    shares = host_shares(snapshot, tasks)
+    steps = spec.training.steps
+    every = getattr(spec.training, "checkpoint_every", None)
+    writes_per_step = cm.checkpoint_writes(steps, every) / steps
+
+    slowest: LocalStep | None = None
     peak_bytes = 0.0
     seen: set[tuple] = set()
     for rep in replicas:
@@ -222,21 +299,56 @@ def estimate_option(
         kind = devices[0][1].kind
         smallest = min([s.memory_gb for _, s in devices])
         r = group_size[rep.participant]
+        node = rep.participant[1]
         ids = tuple(sorted({c.id for c, _ in devices}))
-        # Replicas on the same clusters with the same weakest device estimate the same.
-        key = (ids, model, kind, tflops, smallest, r)
+        # Replicas on the same clusters and node with the same weakest device estimate the same.
+        key = (ids, node, model, kind, tflops, smallest, r)
         if key in seen:
             continue
         seen.add(key)
         cls = [clusters[i] for i in ids]
-        flops = cm.effective_flops(tflops, model, kind, precision, calibration)
+        profile = nodes[node].profile
+        rate = profile.rates.get(precision) if profile else None
+        share = shares.get(node, 1.0) if kind == "cpu" else 1.0
         intra_bw = min(intra_bytes_per_s(c, calibration) for c in cls)
         intra_lat = max(c.intra_latency_ms for c in cls) / 1000.0
-        rt = cm.replica_time(
-            spec, tp, pp, zero, n_micro, r >= 2, flops, intra_bw, intra_lat, intra_bw, intra_lat
-        )
-        if slowest is None or float(rt.total) > float(slowest.total):
-            slowest = rt
+        if rate is None:
+            flops = cm.effective_flops(tflops, model, kind, precision, calibration)
+            rt = cm.replica_time(
+                spec, tp, pp, zero, n_micro, r >= 2, flops / share, intra_bw, intra_lat, intra_bw, intra_lat
+            )
+            local = LocalStep(rt, 0.0, 0.0, 0.0)
+        else:
+            # The node's reference step: its FLOP rate (the calibrated efficiency scales it, 1 until
+            # runs say otherwise) and fixed costs, slowed by the share of the host's cores.
+            eff = cm.device_efficiency(model, calibration, precision, default=1.0)
+            flops = rate.tflops * 1e12 * eff / share
+            rt = cm.replica_time(
+                spec,
+                tp,
+                pp,
+                zero,
+                n_micro,
+                r >= 2,
+                flops,
+                intra_bw,
+                intra_lat,
+                intra_bw,
+                intra_lat,
+                micro_batch_s=rate.micro_batch_s * share / eff,
+                step_s=rate.step_s * share / eff,
+            )
+            p = cm.stage_params(spec.model, tp, pp) / 1e6
+            opt_params = p / r if zero >= 1 else p
+            local_tokens = n_micro * spec.training.micro_batch_size * spec.model.seq_len
+            local = LocalStep(
+                rt,
+                data=rate.data_s_per_mtoken * local_tokens / 1e6 * share,
+                optimizer=rate.optimizer_s_per_mparam * opt_params * share,
+                checkpoint=rate.checkpoint_s_per_mparam * p * writes_per_step,
+            )
+        if slowest is None or local.total > slowest.total:
+            slowest = local
         mem = cm.memory_per_device(spec, tp, pp, zero, r, n_micro, pp_schedule).total
         if not cm.fits(mem, smallest):
             raise InvalidArgument(
@@ -248,21 +360,31 @@ def estimate_option(
     assert slowest is not None
 
     members: dict[str, int] = defaultdict(int)
-    for p in group_size:
-        members[clusters[p[0]].region] += 1
+    for p_ in group_size:
+        members[clusters[p_[0]].region] += 1
     sc = sync_cost(spec, links, dict(members))
-    steps = spec.training.steps
-    t_local = float(slowest.total)
+    t_local = slowest.total
     wan = float(cm.wan_sync_per_step(spec.sync, steps, sc.t_sync, t_local))
+    rt = slowest.replica
     step = StepBreakdown(
-        compute=float(slowest.compute),
-        tp_comm=float(slowest.tp_comm),
-        dp_comm=float(slowest.dp_comm),
-        pp_bubble=float(slowest.pp_bubble),
-        pp_comm=float(slowest.pp_comm),
+        data=slowest.data,
+        compute=float(rt.compute),
+        optimizer=slowest.optimizer,
+        tp_comm=float(rt.tp_comm),
+        dp_comm=float(rt.dp_comm),
+        pp_bubble=float(rt.pp_bubble),
+        pp_comm=float(rt.pp_comm),
         wan_sync=wan,
+        checkpoint=slowest.checkpoint,
     )
-    duration = steps * step.total
+    fixed = [
+        _fixed_seconds(nodes[n], shares.get(n, 1.0), calibration) for n in sorted({t.node for t in tasks})
+    ]
+    startup = max(f[0] for f in fixed)
+    teardown = max(f[1] for f in fixed)
+    # An overlapped exchange hides behind the next steps, but the last one has none to hide behind.
+    final_sync = sc.t_sync if cm.sync_overlapped(spec.sync) and len(members) >= 2 else 0.0
+    duration = startup + steps * step.total + final_sync + teardown
     hourly = sum(device_price(c, spot) for rep in replicas for c, _ in rep.devices)
     per_step_exchanges = cm.exchanges_per_step(spec.sync, steps)
     cost = CostBreakdown(
@@ -272,11 +394,14 @@ def estimate_option(
     return Estimates(
         step_s=step,
         steps=steps,
+        startup_s=startup,
+        final_sync_s=final_sync,
+        teardown_s=teardown,
         duration_s=duration,
         cost=cost,
         memory_per_device_gb=peak_bytes / cm.GB,
         tokens_per_s=spec.training.global_batch_tokens / step.total if step.total > 0 else 0.0,
         wan_bytes_per_step=sc.wan_bytes * per_step_exchanges,
         interval=interval(duration, cost.total, calibration),
-        basis=basis(tasks, snapshot, precision, calibration),
+        basis=basis(tasks, snapshot, precision, calibration, shares),
     )

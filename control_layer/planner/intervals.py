@@ -47,23 +47,39 @@ def basis(
     snapshot: ResourceSnapshot,
     precision: str,
     calibration: Calibration | None,
+    host_share: dict[str, float] | None = None,
 ) -> CalibrationBasis:
-    """The calibrated factors in force for these tasks' devices, nodes and region pairs."""
+    """The calibrated factors in force for these tasks' devices, nodes and region pairs, and the
+    share of its host's cores each node was priced at."""
     used = {t.cluster for t in tasks}
     clusters = {c.id: c for c in snapshot.clusters if c.id in used}
     models = {(c.id, n.id, d.index): d.model for c in clusters.values() for n in c.nodes for d in n.devices}
+    profiled = {
+        n.id for c in clusters.values() for n in c.nodes if n.profile and precision in n.profile.rates
+    }
     efficiency: dict[str, float] = {}
     startup: dict[str, float] = {}
+    teardown: dict[str, float] = {}
     for t in tasks:
         model = models.get((t.cluster, t.node, t.device))
         if model is not None:
-            efficiency[f"{model}|{precision}"] = cm.device_efficiency(model, calibration, precision)
+            # Relative to the node's reference step where it measured one, else to its matmul rate.
+            default = 1.0 if t.node in profiled else cm.DEFAULT_DEVICE_EFFICIENCY
+            efficiency[f"{model}|{precision}"] = cm.device_efficiency(model, calibration, precision, default)
         if calibration and t.node in calibration.startup_s:
             startup[t.node] = calibration.startup_s[t.node]
+        if calibration and t.node in calibration.teardown_s:
+            teardown[t.node] = calibration.teardown_s[t.node]
     regions = sorted({clusters[t.cluster].region for t in tasks if t.cluster in clusters})
     goodput = {
         f"{a}|{b}": cm.link_goodput(a, b, calibration)
         for i, a in enumerate(regions)
         for b in regions[i + 1 :]
     }
-    return CalibrationBasis(efficiency=efficiency, startup_s=startup, goodput=goodput)
+    return CalibrationBasis(
+        efficiency=efficiency,
+        startup_s=startup,
+        goodput=goodput,
+        host_share=dict(host_share or {}),
+        teardown_s=teardown,
+    )

@@ -37,22 +37,37 @@ class PlannedTask(_Plain):
     region: str = ""
 
 
-STEP_PARTS = ("compute", "tp_comm", "dp_comm", "pp_bubble", "pp_comm", "wan_sync")
+STEP_PARTS = (
+    "data",
+    "compute",
+    "optimizer",
+    "tp_comm",
+    "dp_comm",
+    "pp_bubble",
+    "pp_comm",
+    "wan_sync",
+    "checkpoint",
+)
 
 
 class StepBreakdown(_Plain):
     """Seconds per optimizer step on the slowest replica; total is the sum of the parts.
 
-    dp_comm is the gradient all-reduce (or ZeRO reduce-scatter/all-gather) among the replicas
-    of one node; wan_sync is the amortised synchronisation between nodes and regions.
+    data is sampling the step's batch; compute is forward and backward (with the fixed costs per
+    micro-batch and per step); optimizer the AdamW step; dp_comm is the gradient all-reduce (or
+    ZeRO reduce-scatter/all-gather) among the replicas of one node; wan_sync is the amortised
+    synchronisation between nodes and regions; checkpoint the amortised checkpoint writes.
     """
 
+    data: float = Field(default=0.0, ge=0)
     compute: float = Field(ge=0)
+    optimizer: float = Field(default=0.0, ge=0)
     tp_comm: float = Field(default=0.0, ge=0)
     dp_comm: float = Field(default=0.0, ge=0)
     pp_bubble: float = Field(default=0.0, ge=0)
     pp_comm: float = Field(default=0.0, ge=0)
     wan_sync: float = Field(default=0.0, ge=0)
+    checkpoint: float = Field(default=0.0, ge=0)
     total: float = Field(ge=0)
 
     @model_validator(mode="before")
@@ -98,11 +113,25 @@ class CalibrationBasis(_Plain):
     efficiency: dict[str, float] = Field(default_factory=dict)
     startup_s: dict[str, float] = Field(default_factory=dict)
     goodput: dict[str, float] = Field(default_factory=dict)
+    # Per node: how many times slower than on an idle core this plan runs, starts and stops there
+    # (its CPU slots taking turns on the host's cores with what else runs there).
+    host_share: dict[str, float] = Field(default_factory=dict)
+    teardown_s: dict[str, float] = Field(default_factory=dict)
 
 
 class Estimates(_Plain):
+    """What a run of the option takes and costs.
+
+    duration_s is the span the ledger bills: startup_s (the slowest node's spawn to first step) +
+    steps × step_s.total + final_sync_s (the exchange that produces the final model and leaving the
+    peers, where not already in the steps) + teardown_s (the result to the processes gone).
+    """
+
     step_s: StepBreakdown
     steps: int = Field(gt=0)
+    startup_s: float = Field(default=0.0, ge=0)
+    final_sync_s: float = Field(default=0.0, ge=0)
+    teardown_s: float = Field(default=0.0, ge=0)
     duration_s: float = Field(ge=0)
     cost: CostBreakdown
     memory_per_device_gb: float = Field(ge=0, description="Peak on the fullest device.")
@@ -172,13 +201,15 @@ class Calibration(_Plain):
     device_efficiency: achieved fraction of measured TFLOPS, keyed "model|precision" (learned per
     precision) or "model" (any precision); both case-insensitive, the precise key first.
     link_goodput: per "regionA|regionB" (either order), achieved fraction of nominal bandwidth.
-    startup_s: per node id, seconds from dispatch to the first step (spawn, imports, rendezvous).
+    startup_s: per node id, seconds from spawn to the first step (interpreter, imports, rendezvous)
+    per idle core; teardown_s: per node id, seconds from the worker's result to its exit, likewise.
     time_error / cost_error: the spread of recent quotes' errors, for the interval every quote carries.
     """
 
     device_efficiency: dict[str, float] = Field(default_factory=dict)
     link_goodput: dict[str, float] = Field(default_factory=dict)
     startup_s: dict[str, float] = Field(default_factory=dict)
+    teardown_s: dict[str, float] = Field(default_factory=dict)
     time_error: ErrorBand | None = None
     cost_error: ErrorBand | None = None
 
@@ -191,7 +222,8 @@ class Calibration(_Plain):
             for key, value in table.items():
                 if not 0 < value <= 1.5:
                     raise ValueError(f"{name}[{key!r}] = {value} is outside (0, 1.5]")
-        for key, value in self.startup_s.items():
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"startup_s[{key!r}] = {value} is not a non-negative number of seconds")
+        for name, seconds in (("startup_s", self.startup_s), ("teardown_s", self.teardown_s)):
+            for key, value in seconds.items():
+                if not (math.isfinite(value) and value >= 0):
+                    raise ValueError(f"{name}[{key!r}] = {value} is not a non-negative number of seconds")
         return self

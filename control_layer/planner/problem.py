@@ -85,6 +85,9 @@ class Fleet:
     xps: float  # exchanges per step
     overlapped: bool
     links: Links
+    # Start-up and teardown of the slowest candidate node: a run's fixed seconds as the search
+    # ranks placements (the estimator prices the chosen nodes exactly).
+    fixed_s: float = 0.0
     layouts: dict[tuple[int, int], Layout] = field(default_factory=dict)
 
     @property
@@ -179,7 +182,22 @@ def build_fleet(
         xps=cm.exchanges_per_step(spec.sync, spec.training.steps),
         overlapped=cm.sync_overlapped(spec.sync),
         links=links,
+        fixed_s=_fixed_seconds(snapshot, pools, calibration),
     )
+
+
+def _fixed_seconds(snapshot: ResourceSnapshot, pools: list[Pool], calibration: Calibration | None) -> float:
+    nodes = {n.id: n for c in snapshot.clusters for n in c.nodes}
+    worst = 0.0
+    for p in pools:
+        for node_id, _ in p.nodes:
+            # Per idle core (see estimate._fixed_seconds); the search leaves the host's share out.
+            prof = nodes[node_id].profile
+            under = max(1.0, prof.host_load_factor) if prof else 1.0
+            startup = cm.startup_seconds(node_id, prof.startup_s / under if prof else None, calibration)
+            teardown = cm.teardown_seconds(node_id, prof.teardown_s / under if prof else None, calibration)
+            worst = max(worst, startup + teardown)
+    return worst
 
 
 @dataclass
@@ -330,6 +348,7 @@ class Score:
     devices_cost: float
     egress_cost: float
     steps: int
+    fixed_s: float = 0.0  # start-up, the final exchange where overlapped, teardown
 
     @property
     def cost(self) -> float:
@@ -337,7 +356,7 @@ class Score:
 
     @property
     def duration_s(self) -> float:
-        return self.step_s * self.steps
+        return self.fixed_s + self.step_s * self.steps
 
 
 def sync_seconds_and_egress(pr: Problem, members: np.ndarray) -> tuple[float, float]:
@@ -384,7 +403,8 @@ def evaluate(pr: Problem, sol: Solution) -> Score | None:
     steps = pr.fleet.spec.training.steps
     wan = float(cm.wan_sync_per_step(pr.fleet.spec.sync, steps, t_sync, t_local))
     step = t_local + wan
+    fixed = pr.fleet.fixed_s + (t_sync if pr.overlapped and int((members > 0).sum()) >= 2 else 0.0)
     rate = float((pr.price * (n1 + x2)).sum()) * pr.dev
-    devices_cost = steps * step * rate / 3600.0
+    devices_cost = (fixed + steps * step) * rate / 3600.0
     egress_cost = steps * pr.xps * egress
-    return Score(step, t_local, t_sync, devices_cost, egress_cost, steps)
+    return Score(step, t_local, t_sync, devices_cost, egress_cost, steps, fixed)

@@ -39,11 +39,50 @@ class DeviceSlot(_Plain):
         return data
 
 
+class _Measured(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class StepRateInfo(_Measured):
+    """One precision's reference training step on one of the node's devices (``agent/profile.py``)."""
+
+    tflops: float = Field(gt=0, description="Achieved model FLOP/s of forward+backward, TFLOPS.")
+    micro_batch_s: float = Field(default=0.0, ge=0, description="Fixed seconds per micro-batch.")
+    step_s: float = Field(default=0.0, ge=0, description="Fixed seconds per step.")
+    optimizer_s_per_mparam: float = Field(default=0.0, ge=0)
+    data_s_per_mtoken: float = Field(default=0.0, ge=0)
+    checkpoint_s_per_mparam: float = Field(default=0.0, ge=0)
+
+
+class NodeProfileInfo(_Measured):
+    """What the node measured by running the real worker at registration."""
+
+    startup_s: float = Field(ge=0, description="Spawn to first step: interpreter, imports, rendezvous.")
+    teardown_s: float = Field(default=0.0, ge=0, description="Result reported to process group gone.")
+    physical_cores: int = Field(default=0, ge=0, description="0: unknown (slots are not priced as shared).")
+    host_load_factor: float = Field(
+        default=0.0, ge=0, description="Wall over CPU time of the reference on a CPU slot; 0: not measured."
+    )
+    rates: dict[Literal["fp32", "bf16"], StepRateInfo] = Field(default_factory=dict)
+
+
 class NodeInfo(_Plain):
     id: str = Field(min_length=1)
     hostname: str = ""
     devices: list[DeviceSlot] = Field(default_factory=list)
     alive: bool = True
+    profile: NodeProfileInfo | None = None
+    cpu_contention: float | None = Field(
+        default=None,
+        ge=1,
+        allow_inf_nan=False,
+        description="How many times slower than an idle core a new CPU worker runs on the host (heartbeats).",
+    )
+
+    @property
+    def host(self) -> str:
+        """Nodes on one machine (several agents on one host) share its cores."""
+        return self.hostname or self.id
 
     def free_devices(self) -> list[DeviceSlot]:
         return [d for d in self.devices if d.free] if self.alive else []

@@ -67,7 +67,12 @@ def demo_job_spec(steps: int) -> dict[str, Any]:
     }
 
 
-def wait_for_clusters(client: httpx.Client, n: int, timeout_s: float = 60) -> None:
+# Agents register once they have measured the real worker (``agent/profile.py``): tens of seconds
+# on a small shared machine.
+REGISTRATION_TIMEOUT_S = 300.0
+
+
+def wait_for_clusters(client: httpx.Client, n: int, timeout_s: float = REGISTRATION_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         clusters = client.get("/v1/clusters").raise_for_status().json()
@@ -193,6 +198,7 @@ def demo(
         console.print(f"control plane: REST {handle.http_url}  gRPC {handle.grpc_target}")
         tokens = enroll(client, DEMO_AGENTS, note="demo")
         agents = start_agents(DEMO_AGENTS, handle.grpc_target, tokens, workdir)
+        console.print("agents are measuring a reference training step before they register ...")
         wait_for_clusters(client, len(DEMO_AGENTS))
         for link in DEMO_LINKS:  # regions exist once their agents registered
             client.put("/v1/links", json=link).raise_for_status()

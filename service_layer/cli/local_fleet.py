@@ -22,6 +22,7 @@ class LocalAgent:
     price: float
     jurisdiction: str = ""
     devices: str = "cpu:2"
+    measure_profile: bool = True  # run the reference worker step before registering
 
 
 def start_agent(
@@ -40,6 +41,8 @@ def start_agent(
     ]  # fmt: skip
     if spec.jurisdiction:
         cmd += ["--jurisdiction", spec.jurisdiction]
+    if not spec.measure_profile:
+        cmd += ["--no-measure-profile"]
     log = open(agent_dir / "agent.log", "wb")  # noqa: SIM115 - the child owns it for its lifetime
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -15,8 +15,9 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import CpnError, PermissionDenied, Unauthenticated
 from contracts.states import JOB_TERMINAL
-from orchestration.db.models import Job
+from orchestration.db.models import CalibrationChange, CalibrationFactor, Job
 from service_layer import queries
+from service_layer.dashboard import accuracy
 from service_layer.dashboard.access import COOKIE, COOKIE_TTL_S, admin_from_key, check_access, make_cookie
 from service_layer.dashboard.svg import loss_curve_svg
 from service_layer.deps import CtxDep
@@ -26,6 +27,8 @@ templates = Jinja2Templates(directory=str(HERE / "templates"))
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 
 JOBS_SHOWN = 50
+ACCURACY_JOBS = 500  # the accuracy panel summarises the newest this many ended jobs
+ERRORS_SHOWN = 20  # newest time/cost errors in the calibration panel
 REFRESH_MS = 2000
 
 
@@ -82,11 +85,29 @@ def _guard(session: Session, ctx: CtxDep, request: Request) -> Response | None:
 
 def _overview(session: Session, ctx: CtxDep) -> dict[str, Any]:
     jobs = list(session.scalars(select(Job).order_by(Job.created_at.desc()).limit(JOBS_SHOWN)))
+    records = session.scalars(
+        select(Job.accuracy)
+        .where(Job.accuracy.is_not(None))
+        .order_by(Job.created_at.desc())
+        .limit(ACCURACY_JOBS)
+    ).all()
+    factors = session.scalars(
+        select(CalibrationFactor).order_by(CalibrationFactor.kind, CalibrationFactor.key)
+    )
+    errors = session.scalars(
+        select(CalibrationChange)
+        .where(CalibrationChange.kind.in_(("time", "cost")))
+        .order_by(CalibrationChange.id.desc())
+        .limit(ERRORS_SHOWN)
+    )
     return {
         "regions": queries.list_regions(session),
         "clusters": queries.list_clusters(session, ctx.bus),
         "links": queries.list_links(session, ctx.settings.effective_link_fresh_s),
         "jobs": queries.job_summaries(session, jobs),
+        "accuracy": accuracy.summary(records),
+        "factors": list(factors),
+        "errors": list(errors),
         "refresh_ms": REFRESH_MS,
     }
 
@@ -103,6 +124,7 @@ def _job_context(session: Session, job: Job) -> dict[str, Any]:
     )
     return {
         "job": detail,
+        "breakdown": accuracy.breakdown(job.accuracy),
         "svg": svg,
         "series": series,
         "final": job.status in JOB_TERMINAL,

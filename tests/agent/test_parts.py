@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -12,15 +13,18 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from agent import contention
 from agent.daemon import channel_options, reconnect_cap_s
 from agent.devices import detect_devices, system_memory_bytes
 from agent.outbox import Outbox
 from agent.output import LineBudget, MetricsTracker, parse_prefixed
+from agent.profile import physical_cores, profile_from_result
 from agent.settings import AgentSettings, DeviceRequest, parse_port_range
 from agent.state import AgentState, Credentials
 from agent.workers import Assignment, worker_command, worker_env
 from contracts.errors import FailedPrecondition, InvalidArgument
 from proto.cpn.agent.v1 import agent_pb2
+from resource_layer.convert import metrics_to_dict
 
 
 def settings(**kw: object) -> AgentSettings:
@@ -218,3 +222,55 @@ def test_reconnect_backoff_never_outwaits_a_heartbeat_interval() -> None:
     assert reconnect_cap_s(s, 0.1) == s.reconnect_min_s  # never a busy loop
     options = dict(channel_options(s, reconnect_cap_s(s, 1.0)))
     assert options["grpc.max_reconnect_backoff_ms"] == 1000  # the channel's own backoff too
+
+
+def test_metrics_tracker_passes_the_steps_parts_only_when_measured() -> None:
+    t = MetricsTracker(total_steps=10)
+    assert "compute_s" not in t.update({"step": 1, "loss": 3.0})
+    m = t.update({"step": 2, "data_s": 0.01, "compute_s": 0.2, "optimizer_s": 0.03, "sync_s": 0.5,
+                  "checkpoint_s": 0.0, "wall_s": 0.74, "sync": {}})  # fmt: skip
+    parts = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s")
+    assert {k: m[k] for k in parts} == {
+        "data_s": 0.01, "compute_s": 0.2, "optimizer_s": 0.03, "sync_s": 0.5, "checkpoint_s": 0.0,
+        "step_wall_s": 0.74,
+    }  # fmt: skip
+    # What the agent sends: the optional TaskMetrics fields are set, and the server reads them back.
+    msg = agent_pb2.TaskMetrics(assignment_id="a", **m)
+    back = metrics_to_dict(msg)
+    assert back["sync_s"] == 0.5 and back["step_wall_s"] == 0.74
+    assert "compute_s" not in metrics_to_dict(agent_pb2.TaskMetrics(assignment_id="a", step=1))
+    assert "compute_s" not in t.update({"step": 3, "compute_s": float("nan")})
+
+
+def test_a_reference_result_becomes_a_profile_or_nothing() -> None:
+    rate = {"tflops": 0.05, "micro_batch_s": 0.004, "step_s": 0.001, "optimizer_s_per_mparam": 0.005,
+            "data_s_per_mtoken": 9.0, "checkpoint_s_per_mparam": 0.1}  # fmt: skip
+    result = {
+        "startup_s": 7.5,
+        "host_load_factor": 1.2,
+        "rates": {"fp32": rate, "bf16": {**rate, "tflops": 0.08}},
+    }
+    p = profile_from_result(result, teardown_s=1.5, cores=2)
+    assert p is not None and (p.startup_s, p.teardown_s, p.physical_cores, p.host_load_factor) == (
+        7.5,
+        1.5,
+        2,
+        1.2,
+    )
+    assert {r.precision: r.tflops for r in p.rates} == {"bf16": 0.08, "fp32": 0.05}
+    assert p.as_dict()["rates"]["fp32"] == rate  # type: ignore[index]
+    assert profile_from_result({**result, "startup_s": None}, teardown_s=1.0, cores=2) is None
+    assert profile_from_result({**result, "rates": {"fp32": {"tflops": 1}}}, teardown_s=1.0, cores=2) is None
+    assert (
+        profile_from_result({**result, "rates": {"fp32": {**rate, "tflops": -1}}}, teardown_s=1, cores=2)
+        is None
+    )
+    assert 1 <= physical_cores() <= (os.cpu_count() or 1)
+
+
+def test_contention_probe_and_its_moving_average() -> None:
+    sample = contention.probe(spin_s=0.005)
+    assert 1.0 <= sample < 100.0  # wall over CPU time of a spin on this (shared) machine
+    avg = contention.Contention(smoothing=0.5)
+    assert avg.value == 0.0  # not measured: the heartbeat says 0
+    assert avg.add(2.0) == 2.0 and avg.add(4.0) == 3.0

@@ -217,3 +217,31 @@ def test_quantile_matches_linear_interpolation() -> None:
     assert cal.quantile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert cal.quantile([0.0, 10.0], 0.1) == pytest.approx(1.0)
     assert cal.quantile([4.0], 0.9) == 4.0
+
+
+def test_run_totals_count_every_step_and_teardown_is_learned() -> None:
+    option = _option(regions=2)
+    est = option.estimates.step_s
+    run = _run(option, compute_s=est.compute, sync_s=0.0)
+    # The stored per-step metrics are a sample that missed the sync waits; the worker's totals over
+    # all 20 steps hold them (every step waited 0.5 s on average) and a 3 s teardown.
+    totals = {"compute_s": 20 * est.compute, "sync_s": 10.0, "data_s": 0.02}
+    tasks = [
+        cal.TaskRun(
+            t.node_id,
+            t.region,
+            t.device_model,
+            t.steps,
+            {"steps": 20, "parts_total_s": totals, "teardown_s": 3.0},
+        )
+        for t in run.tasks
+    ]
+    run = cal.FinishedRun(run.job_id, run.at, True, option, tasks, 100.0, 1.0)
+    assert cal.run_means(tasks[0])["sync_s"] == pytest.approx(0.5)
+    observed = cal.observe(run)
+    assert observed[(cal.GOODPUT, "eu|us")] == pytest.approx(cm.DEFAULT_WAN_GOODPUT * est.wan_sync / 0.5)
+    assert observed[(cal.TEARDOWN, "a0")] == 3.0
+    calibration = cal.to_calibration(cal.update(cal.State(), run)[0])
+    assert calibration.teardown_s == {"a0": 3.0, "b0": 3.0}
+    again = _option(calibration, regions=2)
+    assert again.estimates.teardown_s == 3.0

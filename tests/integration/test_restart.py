@@ -140,8 +140,9 @@ def test_kill_9_and_restart_mid_job_fails_no_task(server: tuple[ServerProcess, h
                                                   tmp_path: Path) -> None:  # fmt: skip
     proc, client, settings = server
     specs = [
-        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU"),
-        LocalAgent("us-east", "virginia-1", "atlas", 2.0, "US"),
+        # Restart safety is under test, not pricing: the agents register without measuring.
+        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU", measure_profile=False),
+        LocalAgent("us-east", "virginia-1", "atlas", 2.0, "US", measure_profile=False),
     ]
     tokens = enroll(client, specs, note="restart")
     agents = start_agents(specs, f"127.0.0.1:{proc.grpc_port}", tokens, tmp_path, first_port=31500)

@@ -10,10 +10,12 @@ import grpc
 import pytest
 from sqlalchemy import func, select
 
+from control_layer.snapshot import build_snapshot
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Cluster, EnrollmentToken, Node, Price, Provider, Region
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from resource_layer import registry
 from resource_layer.tokens import hash_token
 from tests.resource_layer.harness import GrpcServerThread, enrollment_token, sqlite_context
 
@@ -208,7 +210,51 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     ("lower-case jurisdiction", {"jurisdiction": "eu"}, "jurisdiction"),
     ("negative bandwidth", {"intra_bandwidth_gbps": -5}, "intra_bandwidth_gbps"),
     ("node id without token", {"node_id": "abc"}, "node_id/node_token"),
+    (
+        "profile with negative start-up",
+        {"measured_profile": agent_pb2.MeasuredProfile(startup_s=-1.0)},
+        "measured_profile.startup_s",
+    ),
+    (
+        "profile rate of zero TFLOPS",
+        {"measured_profile": agent_pb2.MeasuredProfile(rates=[agent_pb2.MeasuredStepRate(precision="fp32")])},
+        "measured_profile.rates[0].tflops",
+    ),
+    (
+        "profile rate with NaN overhead",
+        {
+            "measured_profile": agent_pb2.MeasuredProfile(
+                rates=[agent_pb2.MeasuredStepRate(precision="fp32", tflops=0.05, step_s=float("nan"))]
+            )
+        },
+        "measured_profile.rates[0].step_s",
+    ),
+    (
+        "profile rate of an unknown precision",
+        {"measured_profile": agent_pb2.MeasuredProfile(rates=[agent_pb2.MeasuredStepRate(precision="fp8")])},
+        "measured_profile.rates[0].precision",
+    ),
 ]
+
+
+def test_a_measured_profile_is_stored_and_reaches_the_planners_snapshot(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    rate = agent_pb2.MeasuredStepRate(
+        precision="fp32", tflops=0.04, micro_batch_s=0.004, step_s=0.001, optimizer_s_per_mparam=0.005,
+        data_s_per_mtoken=9.0, checkpoint_s_per_mparam=0.1,
+    )  # fmt: skip
+    profile = agent_pb2.MeasuredProfile(startup_s=6.5, teardown_s=0.8, physical_cores=2, rates=[rate])
+    resp = stub.Register(request(enrollment_token(ctx), measured_profile=profile), timeout=10)
+    with ctx.session_factory() as s:
+        node = s.get(Node, resp.node_id)
+        assert node is not None and node.profile is not None
+        assert (node.profile["startup_s"], node.profile["physical_cores"]) == (6.5, 2)
+        snap = build_snapshot(s)
+    (info,) = [n for c in snap.clusters for n in c.nodes if n.id == resp.node_id]
+    assert info.profile is not None and info.profile.teardown_s == pytest.approx(0.8)
+    assert info.profile.rates["fp32"].data_s_per_mtoken == pytest.approx(9.0)
+    assert info.host == "node-a"
 
 
 @pytest.mark.parametrize(("case", "overrides", "reason"), MALFORMED, ids=[m[0] for m in MALFORMED])
@@ -317,3 +363,18 @@ def test_health_and_reflection_are_on(server: GrpcServerThread) -> None:
         )
         names = {s.name for r in replies for s in r.list_services_response.service}
         assert "cpn.agent.v1.AgentService" in names
+
+
+def test_heartbeats_keep_the_hosts_cpu_contention_and_ignore_what_is_not_one(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    resp = stub.Register(request(enrollment_token(ctx)), timeout=10)
+    registry.heartbeat(ctx, resp.node_id, persist=True, contention=2.5)
+    for bad in (float("nan"), float("inf"), 0.5, -1.0):
+        registry.heartbeat(ctx, resp.node_id, persist=True, contention=bad)
+    registry.heartbeat(ctx, resp.node_id, persist=False, contention=9.0)  # not persisted: not stored
+    with ctx.session_factory() as s:
+        node = s.get(Node, resp.node_id)
+        assert node is not None and node.cpu_contention == 2.5
+        (info,) = [n for c in build_snapshot(s).clusters for n in c.nodes if n.id == resp.node_id]
+    assert info.cpu_contention == 2.5

@@ -75,10 +75,15 @@ def test_a_finished_job_calibrates_the_next_quote(server: ServerHandle, admin: C
         kinds = {(c["kind"], c["key"]) for c in table["history"]}
         assert {("efficiency", "cpu|fp32"), ("startup_s", node), ("time", "job"), ("cost", "job")} <= kinds
         assert all(c["job_id"] == done["id"] for c in table["history"])
-        assert {f["kind"] for f in table["factors"]} == {"efficiency", "startup_s"}
+        assert {f["kind"] for f in table["factors"]} == {"efficiency", "startup_s", "teardown_s"}
+        assert table["calibration"]["teardown_s"][node] == pytest.approx(0.2)
 
         # The next quote is planned with it: the same cheapest placement, four times the compute.
         option = tenant.quote(spec)["options"][0]
         assert option["estimates"]["basis"]["efficiency"] == {"cpu|fp32": pytest.approx(0.125)}
         assert option["tasks"] == done["option"]["tasks"]
         assert option["estimates"]["step_s"]["compute"] == pytest.approx(4.0 * first["step_s"]["compute"])
+        # ... and the node's start-up and teardown as the run measured them.
+        assert (option["estimates"]["startup_s"], option["estimates"]["teardown_s"]) == pytest.approx(
+            (3.5, 0.2)
+        )

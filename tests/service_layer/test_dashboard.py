@@ -170,3 +170,65 @@ def test_dashboard_in_chromium_shows_fleet_jobs_and_a_live_loss_curve(
         assert shot.stat().st_size > 10_000
     finally:
         browser.close()
+
+
+@needs_chromium
+def test_job_page_shows_where_the_time_went_and_the_overview_the_accuracy_of_all_quotes(
+    prod_server: ServerHandle, tmp_path: Path
+) -> None:
+    server = prod_server
+    with CpnClient(server.http_url, ADMIN_KEY) as admin:
+        seed_fleet(server, admin)
+        job = wait_placed(
+            admin, admin.submit(spec=small_spec("timed-job", steps=20), choice="cheapest")["id"]
+        )
+    for t in job["tasks"]:
+        on_task_status(server.ctx, t["node_id"], t["id"], "running")
+    parts = {"data_s": 0.01, "compute_s": 0.2, "optimizer_s": 0.03, "sync_s": 0.05, "checkpoint_s": 0.0}
+    for step in range(1, 21):
+        for t in job["tasks"]:
+            on_task_metrics(
+                server.ctx, t["node_id"], t["id"], {"step": step, "loss": 2.0, **parts, "wall_s": 0.29}
+            )
+    for t in job["tasks"]:
+        result = {"steps": 20, "startup_s": 7.0, "train_s": 5.8, "final_sync_s": 0.1, "teardown_s": 1.5,
+                  "parts_total_s": {k: 20 * v for k, v in parts.items()}}  # fmt: skip
+        on_task_status(server.ctx, t["node_id"], t["id"], "succeeded", exit_code=0, result=result)
+    detail = CpnClient(server.http_url, ADMIN_KEY).job(job["id"])
+    assert detail["status"] == "succeeded" and detail["accuracy"]["estimated"]["steps"] == 20
+
+    browser = Browser(tmp_path / "profile")
+    try:
+        browser.open(f"{server.http_url}/dashboard", "/dashboard")
+        sign_in = f"document.getElementById('key').value = {ADMIN_KEY!r};"
+        browser.evaluate(sign_in + " document.querySelector('form.login').submit()")
+        browser.wait_for("document.body.textContent.includes('Quote accuracy')", timeout_s=15)
+        rows = "document.querySelectorAll('#accuracy .accuracy-row').length"
+        assert browser.evaluate(rows) == 2
+        assert "over 1 job" in browser.evaluate("document.getElementById('accuracy').textContent")
+        assert browser.evaluate("document.querySelectorAll('#error-history tbody tr').length") == 2
+        # The run taught the calibration its nodes' start-up and teardown and the devices' efficiency.
+        rows_js = "Array.from(document.querySelectorAll('#calibration .factor-row'))"
+        kinds = browser.evaluate(rows_js + ".map(r => r.dataset.kind).join(',')")
+        assert {"efficiency", "startup_s", "teardown_s"} <= set(kinds.split(","))
+        browser.screenshot(tmp_path / "overview.png")
+
+        browser.open(f"{server.http_url}/dashboard/jobs/{job['id']}", f"/dashboard/jobs/{job['id']}")
+        text = browser.evaluate("document.getElementById('time-breakdown').textContent")
+        for label in (
+            "start-up",
+            "training steps",
+            "teardown",
+            "billed span",
+            "forward/backward",
+            "sync wait",
+        ):
+            assert label in text, label
+        startup = browser.evaluate(
+            "document.querySelector('#time-breakdown tr[data-part=\"start-up\"]').textContent"
+        )
+        assert "7.0s" in startup  # what the tasks reported, next to the quote's start-up
+        shot = browser.screenshot(tmp_path / "job-accuracy.png")
+        assert shot.stat().st_size > 10_000
+    finally:
+        browser.close()

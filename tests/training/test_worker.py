@@ -47,6 +47,12 @@ def test_single_process_learns_the_markov_language_down_to_its_floor(tmp_path: P
     m = lines[-1]
     assert m["tokens"] == 16 * 32 and m["tokens_per_s"] > 0 and 0 < m["compute_util"] <= 1
     assert m["compute_s"] <= m["wall_s"]
+    # The step by part as the planner prices it, and the run's totals the calibration reads.
+    assert m["data_s"] + m["compute_s"] + m["optimizer_s"] + m["sync_s"] == pytest.approx(m["wall_s"])
+    result = run.result or {}
+    assert result["parts_total_s"]["compute_s"] == pytest.approx(sum(x["compute_s"] for x in lines))
+    assert result["train_s"] > 0 and result["final_sync_s"] >= 0
+    assert "startup_s" not in result  # started without CPN_SPAWNED_AT: nothing to measure from
 
 
 @pytest.mark.slow

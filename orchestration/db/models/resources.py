@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import ForeignKey, Index, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
@@ -59,6 +60,11 @@ class Node(Base):
     agent_version: Mapped[str] = mapped_column(String(32), default="")
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # What the node measured at registration (contracts.registration.NodeProfile.as_dict); None: not measured.
+    profile: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    # How many times slower than an idle core a CPU worker runs on the host now (agent/contention.py),
+    # as the last stored heartbeat reported it; None: not reported.
+    cpu_contention: Mapped[float | None] = mapped_column(default=None)
 
     cluster: Mapped[Cluster] = relationship(back_populates="nodes", lazy="raise")
     accelerators: Mapped[list[Accelerator]] = relationship(back_populates="node", lazy="raise")

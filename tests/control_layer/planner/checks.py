@@ -79,8 +79,9 @@ def check_option(spec: JobSpec, snap: ResourceSnapshot, o: PlanOption) -> None:
     )
     assert again == e
     s = e.step_s
-    assert math.isclose(s.total, s.compute + s.tp_comm + s.dp_comm + s.pp_bubble + s.pp_comm + s.wan_sync)
-    assert math.isclose(e.duration_s, e.steps * s.total)
+    parts = s.data + s.compute + s.optimizer + s.tp_comm + s.dp_comm + s.pp_bubble + s.pp_comm
+    assert math.isclose(s.total, parts + s.wan_sync + s.checkpoint)
+    assert math.isclose(e.duration_s, e.startup_s + e.steps * s.total + e.final_sync_s + e.teardown_s)
     assert math.isclose(e.cost.total, e.cost.devices + e.cost.egress)
     assert e.memory_per_device_gb <= cm.USABLE_MEMORY_FRACTION * min(x.memory_gb for x in slots) * (1 + 1e-9)
     assert set(o.sync.ring) <= {t.cluster for t in o.tasks}

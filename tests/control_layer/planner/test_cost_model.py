@@ -137,9 +137,10 @@ def test_wan_bytes_and_hops(sync: SyncSpec, regions: int, bytes_per_leader: floa
 def test_sync_modes_amortise_and_overlap() -> None:
     assert cm.wan_sync_per_step(SyncSpec(mode="sync"), 100, 2.0, 1.0) == pytest.approx(2.0)
     assert cm.wan_sync_per_step(SyncSpec(mode="local_sgd", every=10), 100, 2.0, 1.0) == pytest.approx(0.2)
-    # DiLoCo overlaps the exchange with the next H inner steps.
-    assert cm.wan_sync_per_step(SyncSpec(mode="diloco", every=10), 100, 2.0, 1.0) == 0.0
-    assert cm.wan_sync_per_step(SyncSpec(mode="diloco", every=10), 100, 20.0, 1.0) == pytest.approx(1.0)
+    # DiLoCo blocks as the control plane configures it (no sync.overlap): every H-th step waits.
+    assert cm.wan_sync_per_step(SyncSpec(mode="diloco", every=10), 100, 2.0, 1.0) == pytest.approx(0.2)
+    assert not cm.sync_overlapped(SyncSpec(mode="diloco", every=10))
+    assert cm.wan_sync_per_step(SyncSpec(mode="async"), 100, 2.0, 1.0) == pytest.approx(1.0)
     assert cm.wan_sync_per_step(SyncSpec(mode="ssp", staleness=0), 100, 2.0, 1.0) == pytest.approx(2.0)
     assert cm.wan_sync_per_step(SyncSpec(mode="ssp", staleness=2), 100, 2.0, 1.0) == pytest.approx(1.0)
     # The last round of ceil(T/H) still happens: 95 steps, H=10 -> 10 exchanges.

@@ -79,7 +79,11 @@ def test_single_replica_by_hand() -> None:
     t_mb = cm.flops_per_token(spec.model, False) * 512 / (700e12 * cm.DEFAULT_DEVICE_EFFICIENCY)
     assert est.step_s.compute == pytest.approx(8 * t_mb)
     assert est.step_s.total == pytest.approx(est.step_s.compute)
-    assert est.duration_s == pytest.approx(1000 * est.step_s.total)
+    # Nothing measured: the default start-up and teardown of a worker, around the steps.
+    assert est.startup_s == cm.DEFAULT_STARTUP_S and est.teardown_s == cm.DEFAULT_TEARDOWN_S
+    assert est.duration_s == pytest.approx(
+        cm.DEFAULT_STARTUP_S + 1000 * est.step_s.total + cm.DEFAULT_TEARDOWN_S
+    )
     assert est.cost.devices == pytest.approx(2.0 * est.duration_s / 3600)
     assert est.cost.egress == 0 and est.wan_bytes_per_step == 0
     assert est.tokens_per_s == pytest.approx(512 * 8 / est.step_s.total)

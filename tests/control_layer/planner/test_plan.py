@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from contracts.errors import InvalidArgument, NoFeasiblePlan
-from control_layer.planner import Calibration, JobSpec, ResourceSnapshot, plan
+from control_layer.planner import Calibration, JobSpec, ResourceSnapshot, estimate_option, plan
 
 from .checks import check_front, check_option
 
@@ -173,11 +173,15 @@ def test_calibration_slows_what_it_measures(example) -> None:
         {**spec.model_dump(), "parallelism": {"dp": 32, "tp": 1, "pp": 1, "zero": 0}}
     )
     base = plan(spec, snap, max_options=1)[0]
+    assert base.estimates.basis is not None
     slow = Calibration(
-        device_efficiency={"NVIDIA H100 80GB HBM3": 0.25}, link_goodput={"eu-west|us-east": 0.05}
+        device_efficiency={key: 0.25 for key in base.estimates.basis.efficiency},
+        link_goodput={key: 0.05 for key in base.estimates.basis.goodput},
     )
-    cal = plan(spec, snap, calibration=slow, max_options=1)[0]
-    assert cal.estimates.duration_s > base.estimates.duration_s
+    again = estimate_option(
+        spec, snap, base.tasks, dp=base.dp, tp=base.tp, pp=base.pp, zero=base.zero, calibration=slow
+    )
+    assert again.duration_s > base.estimates.duration_s
 
 
 def test_max_options(example) -> None:

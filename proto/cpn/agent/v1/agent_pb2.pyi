@@ -37,7 +37,7 @@ class Device(_message.Message):
     def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., memory_gb: _Optional[float] = ..., measured_tflops: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port")
+    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port", "measured_profile")
     ENROLLMENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class RegisterRequest(_message.Message):
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_PROFILE_FIELD_NUMBER: _ClassVar[int]
     enrollment_token: str
     region: str
     cluster: str
@@ -72,7 +73,40 @@ class RegisterRequest(_message.Message):
     node_id: str
     node_token: str
     probe_port: int
-    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ...) -> None: ...
+    measured_profile: MeasuredProfile
+    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ..., measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ...) -> None: ...
+
+class MeasuredProfile(_message.Message):
+    __slots__ = ("startup_s", "teardown_s", "physical_cores", "rates", "host_load_factor")
+    STARTUP_S_FIELD_NUMBER: _ClassVar[int]
+    TEARDOWN_S_FIELD_NUMBER: _ClassVar[int]
+    PHYSICAL_CORES_FIELD_NUMBER: _ClassVar[int]
+    RATES_FIELD_NUMBER: _ClassVar[int]
+    HOST_LOAD_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    startup_s: float
+    teardown_s: float
+    physical_cores: int
+    rates: _containers.RepeatedCompositeFieldContainer[MeasuredStepRate]
+    host_load_factor: float
+    def __init__(self, startup_s: _Optional[float] = ..., teardown_s: _Optional[float] = ..., physical_cores: _Optional[int] = ..., rates: _Optional[_Iterable[_Union[MeasuredStepRate, _Mapping]]] = ..., host_load_factor: _Optional[float] = ...) -> None: ...
+
+class MeasuredStepRate(_message.Message):
+    __slots__ = ("precision", "tflops", "micro_batch_s", "step_s", "optimizer_s_per_mparam", "data_s_per_mtoken", "checkpoint_s_per_mparam")
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    TFLOPS_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_S_PER_MPARAM_FIELD_NUMBER: _ClassVar[int]
+    DATA_S_PER_MTOKEN_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_S_PER_MPARAM_FIELD_NUMBER: _ClassVar[int]
+    precision: str
+    tflops: float
+    micro_batch_s: float
+    step_s: float
+    optimizer_s_per_mparam: float
+    data_s_per_mtoken: float
+    checkpoint_s_per_mparam: float
+    def __init__(self, precision: _Optional[str] = ..., tflops: _Optional[float] = ..., micro_batch_s: _Optional[float] = ..., step_s: _Optional[float] = ..., optimizer_s_per_mparam: _Optional[float] = ..., data_s_per_mtoken: _Optional[float] = ..., checkpoint_s_per_mparam: _Optional[float] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("node_id", "node_token", "cluster_id", "heartbeat_interval_s", "probe_key")
@@ -117,14 +151,16 @@ class Hello(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., running_assignments: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("seq", "sent_at", "load")
+    __slots__ = ("seq", "sent_at", "load", "cpu_contention")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
+    CPU_CONTENTION_FIELD_NUMBER: _ClassVar[int]
     seq: int
     sent_at: float
     load: float
-    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., load: _Optional[float] = ...) -> None: ...
+    cpu_contention: float
+    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., load: _Optional[float] = ..., cpu_contention: _Optional[float] = ...) -> None: ...
 
 class Inventory(_message.Message):
     __slots__ = ("devices",)
@@ -147,7 +183,7 @@ class TaskStatus(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ..., result_json: _Optional[str] = ...) -> None: ...
 
 class TaskMetrics(_message.Message):
-    __slots__ = ("assignment_id", "step", "total_steps", "loss", "tokens_per_s", "compute_utilization", "wan_bytes_sent", "wan_bytes_recv", "sync_latency_s", "wall_time_s")
+    __slots__ = ("assignment_id", "step", "total_steps", "loss", "tokens_per_s", "compute_utilization", "wan_bytes_sent", "wan_bytes_recv", "sync_latency_s", "wall_time_s", "data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s")
     ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +194,12 @@ class TaskMetrics(_message.Message):
     WAN_BYTES_RECV_FIELD_NUMBER: _ClassVar[int]
     SYNC_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    DATA_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_S_FIELD_NUMBER: _ClassVar[int]
+    SYNC_S_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_WALL_S_FIELD_NUMBER: _ClassVar[int]
     assignment_id: str
     step: int
     total_steps: int
@@ -168,7 +210,13 @@ class TaskMetrics(_message.Message):
     wan_bytes_recv: int
     sync_latency_s: float
     wall_time_s: float
-    def __init__(self, assignment_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., wan_bytes_sent: _Optional[int] = ..., wan_bytes_recv: _Optional[int] = ..., sync_latency_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ...) -> None: ...
+    data_s: float
+    compute_s: float
+    optimizer_s: float
+    sync_s: float
+    checkpoint_s: float
+    step_wall_s: float
+    def __init__(self, assignment_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., wan_bytes_sent: _Optional[int] = ..., wan_bytes_recv: _Optional[int] = ..., sync_latency_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., data_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., sync_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ..., step_wall_s: _Optional[float] = ...) -> None: ...
 
 class TaskLog(_message.Message):
     __slots__ = ("assignment_id", "stream", "line")

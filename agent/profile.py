@@ -1,0 +1,142 @@
+"""The node's worker profile: the real worker's start-up, teardown and reference training step.
+
+At registration the agent launches ``training.reference_step`` exactly as it launches a job's
+worker (torchrun, the worker environment, one process), so the figures are what a job pays here:
+spawn to first step (interpreter, imports, rendezvous), the result to the process group gone, and
+per precision the step split into FLOP rate and fixed costs. The host's real parallelism is
+counted too: declared CPU slots beyond it share cores, and the planner prices them as shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from agent.output import parse_prefixed
+from contracts.metrics import RESULT_PREFIX
+from contracts.registration import STEP_RATE_FIELDS, NodeProfile, StepRate, profile_problems
+
+log = logging.getLogger(__name__)
+
+REFERENCE_TIMEOUT_S = 300.0
+
+
+def physical_cores() -> int:
+    """CPUs this process may run on, capped by a cgroup CPU quota when one is set."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, math.floor(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def reference_env(base: dict[str, str], device_kind: str) -> dict[str, str]:
+    """The worker's environment (``agent.workers.worker_env``) for one device of this kind."""
+    env = dict(base, PYTHONUNBUFFERED="1", CPN_SPAWNED_AT=repr(time.time()))
+    if device_kind == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = "0"
+    else:
+        env["OMP_NUM_THREADS"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def measure_profile(
+    device_kind: str, work_dir: Path, timeout_s: float = REFERENCE_TIMEOUT_S
+) -> NodeProfile | None:
+    """Run the reference worker once; None (with a warning) if it fails: the planner then prices
+    this node with its defaults."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "1",
+        "-m",
+        "training.reference_step",
+        "--device",
+        device_kind,
+    ]
+    result, result_at = None, None
+    env = reference_env(dict(os.environ), device_kind)
+    with open(work_dir / "reference-step.log", "w") as logfile:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=work_dir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=logfile,
+            text=True,
+            start_new_session=True,
+        )
+        # A reference step that hangs is stopped as a whole after the timeout.
+        timer = threading.Timer(timeout_s, _kill_group, (proc.pid,))
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                logfile.write(line)
+                if (payload := parse_prefixed(line.rstrip("\n"), RESULT_PREFIX)) is not None:
+                    result, result_at = payload, time.monotonic()
+            proc.wait()
+        finally:
+            timer.cancel()
+            _kill_group(proc.pid)  # whatever the group left behind
+            proc.wait()
+    exited = time.monotonic()
+    if proc.returncode != 0 or result is None or result_at is None:
+        log.warning(
+            "reference step failed (exit %s); see %s", proc.returncode, work_dir / "reference-step.log"
+        )
+        return None
+    return profile_from_result(result, teardown_s=exited - result_at, cores=physical_cores())
+
+
+def profile_from_result(result: dict[str, object], *, teardown_s: float, cores: int) -> NodeProfile | None:
+    """The reference worker's result as a profile; None when it is malformed."""
+    rates = result.get("rates")
+    startup = result.get("startup_s")
+    load = result.get("host_load_factor", 0.0)
+    numbers = isinstance(startup, int | float) and isinstance(load, int | float)
+    if not isinstance(rates, dict) or not numbers:
+        return None
+    try:
+        profile = NodeProfile(
+            startup_s=float(startup),
+            teardown_s=teardown_s,
+            physical_cores=cores,
+            host_load_factor=float(load),
+            rates=tuple(
+                StepRate(precision=str(p), **{k: float(r[k]) for k in STEP_RATE_FIELDS})
+                for p, r in sorted(rates.items())
+                if isinstance(r, dict)
+            ),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    problems = profile_problems(profile)
+    if problems:
+        log.warning("reference step result refused: %s", "; ".join(problems))
+        return None
+    return profile

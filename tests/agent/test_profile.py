@@ -1,0 +1,23 @@
+"""The agent's registration measurement, for real: the reference worker under torchrun, as jobs run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.profile import measure_profile
+from contracts.registration import profile_problems
+
+
+def test_the_reference_worker_measures_start_up_teardown_and_each_precision(tmp_path: Path) -> None:
+    profile = measure_profile("cpu", tmp_path / "reference")
+    assert profile is not None, (tmp_path / "reference" / "reference-step.log").read_text()[-2000:]
+    assert profile_problems(profile) == []
+    # Start-up covers at least `import torch` in a fresh interpreter; the cores are this host's.
+    assert profile.startup_s > 0.5 and profile.teardown_s >= 0 and profile.physical_cores >= 1
+    assert profile.host_load_factor >= 1.0
+    rates = {r.precision: r for r in profile.rates}
+    assert set(rates) == {"fp32", "bf16"}
+    for r in rates.values():
+        # A real GPT step on one CPU thread: well under a TFLOPS, well over a MFLOPS.
+        assert 1e-6 < r.tflops < 1.0
+        assert r.optimizer_s_per_mparam > 0 and r.data_s_per_mtoken > 0 and r.checkpoint_s_per_mparam > 0

@@ -1,0 +1,155 @@
+"""estimate_option on nodes that measured a worker profile: every term by hand, shared hosts,
+checkpoint writes, blocking sync and the calibrated start-up."""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts.job_spec import JobSpec
+from contracts.model import gpt_param_count, model_config, train_flops_per_token
+from control_layer.planner import cost_model as cm
+from control_layer.planner.estimate import estimate_option, host_shares
+from control_layer.planner.plan_types import Calibration, PlannedTask
+from control_layer.planner.snapshot import ResourceSnapshot
+
+RATE = {
+    "tflops": 0.05,
+    "micro_batch_s": 0.004,
+    "step_s": 0.002,
+    "optimizer_s_per_mparam": 0.01,
+    "data_s_per_mtoken": 10.0,
+    "checkpoint_s_per_mparam": 0.2,
+}
+
+
+def _snap(cores: int = 2, load: float = 0.0, busy: int = 0) -> ResourceSnapshot:
+    """Two agents on one host ("box"), two CPU slots each, in two regions."""
+
+    def node(nid: str, startup: float) -> dict:
+        return {
+            "id": nid,
+            "hostname": "box",
+            "devices": [
+                {"index": i, "model": "cpu", "memory_gb": 4, "tflops": 0.05, "free": i >= busy}
+                for i in range(2)
+            ],
+            "profile": {
+                "startup_s": startup,
+                "teardown_s": 0.5,
+                "physical_cores": cores,
+                "host_load_factor": load,
+                "rates": {"fp32": RATE},
+            },
+        }
+
+    return ResourceSnapshot.model_validate(
+        {
+            "regions": [{"name": "eu"}, {"name": "us"}],
+            "clusters": [
+                {"id": "a", "region": "eu", "price_per_device_hour": 1.0, "nodes": [node("a0", 6.0)]},
+                {"id": "b", "region": "us", "price_per_device_hour": 1.0, "nodes": [node("b0", 9.0)]},
+            ],
+            "links": [{"src": "eu", "dst": "us", "bandwidth_gbps": 0.1, "latency_ms": 20}],
+        }
+    )
+
+
+def _spec(steps: int = 40, **extra) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "t",
+            "model": {"n_layers": 2, "d_model": 128, "n_heads": 4, "vocab": 256, "seq_len": 64},
+            "training": {"steps": steps, "global_batch_tokens": 64 * 8, **extra},
+            "sync": {"mode": "diloco", "every": 10},
+        }
+    )
+
+
+def _tasks(nodes: list[tuple[str, str, int]]) -> list[PlannedTask]:
+    return [
+        PlannedTask(dp_rank=i, pp_stage=0, tp_rank=0, cluster=c, node=n, device=d)
+        for i, (c, n, d) in enumerate(nodes)
+    ]
+
+
+ONE_NODE = _tasks([("a", "a0", 0), ("a", "a0", 1)])
+TWO_NODES = _tasks([("a", "a0", 0), ("a", "a0", 1), ("b", "b0", 0), ("b", "b0", 1)])
+
+
+def test_one_node_by_hand() -> None:
+    spec = _spec()
+    est = estimate_option(spec, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
+    cfg = model_config(spec.model)
+    # 8 sequences over 2 replicas: 4 micro-batches of one sequence each; 2 slots on 2 cores.
+    t_mb = train_flops_per_token(cfg) * 64 / (RATE["tflops"] * 1e12) + RATE["micro_batch_s"]
+    assert est.step_s.compute == pytest.approx(4 * t_mb + RATE["step_s"])
+    assert est.step_s.data == pytest.approx(RATE["data_s_per_mtoken"] * 4 * 64 / 1e6)
+    assert est.step_s.optimizer == pytest.approx(RATE["optimizer_s_per_mparam"] * gpt_param_count(cfg) / 1e6)
+    assert est.step_s.checkpoint == 0.0 and est.step_s.wan_sync == 0.0
+    assert (est.startup_s, est.teardown_s, est.final_sync_s) == (6.0, 0.5, 0.0)
+    assert est.duration_s == pytest.approx(6.0 + 40 * est.step_s.total + 0.5)
+    assert est.cost.devices == pytest.approx(2 * 1.0 * est.duration_s / 3600)
+    assert est.basis is not None and est.basis.efficiency == {"cpu|fp32": 1.0}
+
+
+def test_slots_beyond_the_cores_are_priced_as_shared() -> None:
+    # Four slots on one two-core host: each runs at half speed; the slowest node starts last.
+    spec = _spec()
+    alone = estimate_option(spec, _snap(cores=4), TWO_NODES, dp=4, tp=1, pp=1, zero=0)
+    shared = estimate_option(spec, _snap(cores=2), TWO_NODES, dp=4, tp=1, pp=1, zero=0)
+    assert host_shares(_snap(cores=2), TWO_NODES) == {"a0": 2.0, "b0": 2.0}
+    assert shared.step_s.compute == pytest.approx(2 * alone.step_s.compute)
+    assert shared.step_s.data == pytest.approx(2 * alone.step_s.data)
+    # The workers start and stop on the shared cores too; the slowest node starts last.
+    assert (alone.startup_s, shared.startup_s) == (9.0, 18.0)
+    assert shared.teardown_s == 2 * alone.teardown_s == 1.0
+    # Slots busy with another job count too, and so does the load the host measured under.
+    # (one slot of each node busy: 2 + the plan's 2 on 3 cores)
+    assert host_shares(_snap(cores=3, busy=1), _tasks([("a", "a0", 1), ("b", "b0", 1)])) == {
+        "a0": pytest.approx(4 / 3),
+        "b0": pytest.approx(4 / 3),
+    }
+    assert host_shares(_snap(cores=8, load=1.7), ONE_NODE) == {"a0": 1.7}
+
+
+def test_the_hosts_contention_from_heartbeats_counts_what_else_runs_there() -> None:
+    snap = _snap(cores=2, load=3.0)
+    for node in snap.clusters[0].nodes + snap.clusters[1].nodes:
+        node.cpu_contention = 2.5  # a new thread gets 1/2.5 of a core: 4 others runnable on 2 cores
+    # (4 + the plan's 2) on 2 cores; the contention now replaces the figure measured at registration.
+    assert host_shares(snap, ONE_NODE) == {"a0": pytest.approx(3.0)}
+    est = estimate_option(_spec(), snap, ONE_NODE, dp=2, tp=1, pp=1, zero=0)
+    idle = estimate_option(_spec(), _snap(cores=4), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
+    assert est.step_s.compute == pytest.approx(3 * idle.step_s.compute)
+    # Start-up measured at registration under a contention of 3 is 2 s per idle core: 6 s here.
+    assert est.startup_s == pytest.approx(6.0 / 3.0 * 3.0)
+
+
+def test_diloco_blocks_every_h_steps_as_configured() -> None:
+    est = estimate_option(_spec(), _snap(cores=4), TWO_NODES, dp=4, tp=1, pp=1, zero=0)
+    # 4 exchanges in 40 steps, each a blocking ring all-reduce of fp32 parameters over 0.1 Gbps.
+    assert est.step_s.wan_sync > 0
+    assert est.final_sync_s == 0.0  # a blocking exchange at the last step is already in the steps
+
+
+def test_checkpoint_writes_are_priced_from_checkpoint_every() -> None:
+    spec = _spec(steps=40)
+    plain = estimate_option(spec, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
+    assert plain.step_s.checkpoint == 0.0
+    every = spec.model_copy(update={"training": spec.training.model_copy()})
+    object.__setattr__(every.training, "checkpoint_every", 10)  # the JobSpec field as the jobs API sets it
+    est = estimate_option(every, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
+    writes = cm.checkpoint_writes(40, 10)
+    assert writes == 4  # steps 10, 20, 30 and the final one
+    per_write = RATE["checkpoint_s_per_mparam"] * spec.model.n_params / 1e6
+    assert est.step_s.checkpoint * 40 == pytest.approx(writes * per_write)
+
+
+def test_calibration_replaces_the_measured_startup_and_scales_the_rate() -> None:
+    spec = _spec()
+    base = estimate_option(spec, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
+    cal = Calibration(device_efficiency={"cpu|fp32": 0.5}, startup_s={"a0": 20.0}, teardown_s={"a0": 2.0})
+    est = estimate_option(spec, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0, calibration=cal)
+    assert est.startup_s == 20.0 and est.teardown_s == 2.0
+    assert est.step_s.compute == pytest.approx(2 * base.step_s.compute)
+    assert est.basis is not None and est.basis.efficiency == {"cpu|fp32": 0.5}

@@ -1,0 +1,167 @@
+"""A node's reference measurement: the real worker's train step on two small GPTs, at each precision.
+
+    torchrun --standalone --nproc-per-node 1 -m training.reference_step --device cpu
+
+The agent runs this at registration the way it runs a job's worker (same launcher, same
+environment), so what it prints is what a job pays on this node: the start-up (spawn to the first
+step: interpreter, imports, rendezvous, model build) and, per precision, the step split as the
+planner prices it. Two model sizes and two micro-batch counts separate the FLOP rate from the
+fixed costs per micro-batch and per step; the optimizer, data and checkpoint costs are fitted per
+parameter or token. Prints one ``CPN_RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from contracts.model import GPTConfig, gpt_param_count, train_flops_per_token
+from contracts.worker_config import CheckpointSpec, WorkerConfig
+from training.metrics import emit_result
+from training.parallel.init import compute_cleanup, compute_init
+from training.runtime import build_trainer
+from training.worker import spawned_at
+
+# (n_layers, d_model, n_heads, vocab, seq_len): a small and a larger model per device kind, so the
+# difference in FLOPs between them is well above the fixed costs.
+SHAPES = {
+    "cpu": ((2, 128, 4, 256, 64), (4, 256, 8, 512, 128)),
+    "cuda": ((4, 512, 8, 8192, 256), (8, 1024, 16, 16384, 512)),
+}
+MICRO_BATCHES = (1, 3)
+TIMED_STEPS = {"fp32": 3, "bf16": 2}  # after one warm-up step
+
+
+def _config(shape: tuple[int, ...], precision: str, micro: int, ckpt_dir: str | None) -> WorkerConfig:
+    n_layers, d_model, n_heads, vocab, seq_len = shape
+    return WorkerConfig(
+        job_id="reference",
+        region="reference",
+        cluster="reference",
+        model=GPTConfig(n_layers=n_layers, d_model=d_model, n_heads=n_heads, vocab=vocab, seq_len=seq_len),
+        training={
+            "steps": 1 + TIMED_STEPS[precision],
+            "local_batch": micro,
+            "micro_batch": 1,
+            "precision": precision,
+        },
+        checkpoint=CheckpointSpec(dir=ckpt_dir, keep_last=1),
+    )
+
+
+CLOCKS = {"wall": 0.0, "cpu": 0.0}  # over every timed step: how much of a core the steps got
+
+
+def _timed_step(trainer: Any, cpu_clock: bool) -> dict[str, float]:
+    """One train step's parts. On a CPU slot (one thread) each part is scaled by the share of the
+    step the process was on a core: the slot's own speed, not what neighbours left of it (other
+    agents measuring at the same time, other jobs); the host's load is reported apart."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    m = trainer.train_step()
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    CLOCKS["wall"] += wall
+    CLOCKS["cpu"] += cpu
+    scale = min(1.0, cpu / wall) if cpu_clock and wall > 0 else 1.0
+    return {k: m[k] * scale for k in ("data_s", "compute_s", "optimizer_s")}
+
+
+def _run(cfg: WorkerConfig, ctx: Any) -> tuple[dict[str, float], float | None, int]:
+    """Median step parts over the timed steps, the checkpoint write time, the parameter count."""
+    trainer = build_trainer(cfg, ctx)
+    cpu_clock = ctx.device.type == "cpu"
+    try:
+        steps = [_timed_step(trainer, cpu_clock) for _ in range(cfg.training.steps)][1:]
+        parts = {k: statistics.median(s[k] for s in steps) for k in ("data_s", "compute_s", "optimizer_s")}
+        saved = None
+        if cfg.checkpoint.dir is not None:
+            t0 = time.perf_counter()
+            trainer.save()
+            saved = time.perf_counter() - t0
+    finally:
+        trainer.close()
+    assert cfg.model is not None
+    return parts, saved, gpt_param_count(cfg.model)
+
+
+def measure_precision(kind: str, precision: str, ctx: Any) -> dict[str, float]:
+    """One precision's rate and fixed costs (see the module docstring)."""
+    per_mb, fixed, flops, params, opt, data, ckpt = [], [], [], [], [], [], []
+    with tempfile.TemporaryDirectory(prefix="cpn-reference-") as tmp:
+        for i, shape in enumerate(SHAPES[kind]):
+            t: dict[int, dict[str, float]] = {}
+            for m in MICRO_BATCHES:
+                last = m == MICRO_BATCHES[-1]
+                t[m], saved, n = _run(_config(shape, precision, m, f"{tmp}/{i}" if last else None), ctx)
+                if saved is not None:
+                    ckpt.append((n, saved))
+            lo, hi = MICRO_BATCHES
+            u = max(0.0, (t[hi]["compute_s"] - t[lo]["compute_s"]) / (hi - lo))
+            per_mb.append(u)
+            fixed.append(max(0.0, t[lo]["compute_s"] - lo * u))
+            cfg = _config(shape, precision, 1, None).model
+            assert cfg is not None
+            flops.append(train_flops_per_token(cfg) * cfg.seq_len)
+            params.append(n)
+            opt.append(statistics.median(t[m]["optimizer_s"] for m in MICRO_BATCHES))
+            data.append((hi * cfg.seq_len, t[hi]["data_s"]))
+    # Per micro-batch u = o + f / R: the two sizes give the rate R and the fixed part o.
+    if per_mb[1] > per_mb[0] and flops[1] > flops[0]:
+        rate = (flops[1] - flops[0]) / (per_mb[1] - per_mb[0])
+        overhead = max(0.0, per_mb[0] - flops[0] / rate)
+    else:  # too noisy to separate: all of it is FLOPs at the larger size's rate
+        rate, overhead = flops[1] / max(per_mb[1], 1e-9), 0.0
+    opt_slope = max(0.0, opt[1] - opt[0]) / (params[1] - params[0])
+    opt_fixed = max(0.0, opt[0] - opt_slope * params[0])
+    tokens, data_s = data[1]
+    ck_params, ck_s = ckpt[-1]
+    return {
+        "tflops": rate / 1e12,
+        "micro_batch_s": overhead,
+        # The optimizer's fixed part (one call over every parameter group) counts with the step's.
+        "step_s": statistics.median(fixed) + opt_fixed,
+        "optimizer_s_per_mparam": opt_slope * 1e6,
+        "data_s_per_mtoken": data_s / tokens * 1e6,
+        "checkpoint_s_per_mparam": ck_s / ck_params * 1e6,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.reference_step", description=__doc__)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    args = parser.parse_args(argv)
+    ctx = compute_init(args.device)
+    ready = time.time()
+    spawned = spawned_at()
+    # Wall time, on the host as it is: start-up is mostly waiting for the host (imports, a parent
+    # process and its children, rendezvous), not something one idle core's speed would predict.
+    startup = ready - spawned if spawned is not None else None
+    ok = False
+    try:
+        rates = {p: measure_precision(args.device, p, ctx) for p in args.precisions.split(",") if p}
+        if ctx.is_leader:
+            emit_result(
+                {
+                    # The real worker also builds its model before the first step: the small
+                    # reference model's build is inside the per-step figures, close enough.
+                    "startup_s": startup,
+                    "host_load_factor": max(1.0, CLOCKS["wall"] / CLOCKS["cpu"])
+                    if args.device == "cpu" and CLOCKS["cpu"] > 0
+                    else 0.0,
+                    "rates": rates,
+                    "torch_threads": torch.get_num_threads(),
+                }
+            )
+        ok = True
+    finally:
+        compute_cleanup(ok)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
