@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 from pydantic import Field, model_validator
@@ -25,6 +27,15 @@ class Settings(BaseSettings):
     heartbeat_misses: int = Field(3, ge=1, description="Missed heartbeats before a node is lost")
     restart_grace_s: float | None = Field(
         None, gt=0, le=3600, description="How long a starting reaper declares no node lost (unset: derived)"
+    )
+    leader_lease_s: float = Field(
+        5.0, ge=0.5, le=300, description="Silence after which a standby replica takes over the singletons"
+    )
+    replica_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}",
+        min_length=1,
+        max_length=200,
+        description="This replica's name in the leader lease (default host:pid)",
     )
     max_job_retries: int = Field(2, ge=0)
     secret_key: str = Field(_DEV_SECRET, description="Signs dashboard sessions; required outside development")

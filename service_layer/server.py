@@ -1,7 +1,8 @@
 """The control-plane process: REST, gRPC and background loops in ONE asyncio event loop.
 
 ``serve(settings)`` is ``cpn server``: migrate, bootstrap the admin key, then run uvicorn (FastAPI),
-the resource layer's gRPC server, the reaper and the placer until SIGINT/SIGTERM. ``start_server_in_thread``
+the resource layer's gRPC server and, while this replica is the elected leader, the reaper and the
+placer, until SIGINT/SIGTERM. ``start_server_in_thread``
 runs the same in a background thread for tests and the demo, and reports the ports it bound
 (port 0 picks free ones).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import socket
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 import uvicorn
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
 
 from control_layer.placer import run_placer
 from control_layer.reactions import control_handlers
@@ -28,6 +31,7 @@ from orchestration.bus import make_bus
 from orchestration.context import ServerContext
 from orchestration.db.engine import is_sqlite, make_engine, make_session_factory, session_scope
 from orchestration.db.migrate import upgrade
+from orchestration.leadership import lead_when_elected
 from orchestration.settings import Settings
 from resource_layer.server import build_grpc_server
 from service_layer.app import create_app
@@ -84,6 +88,42 @@ def _bootstrap(ctx: ServerContext) -> None:
             bootstrap_admin(session, key)
 
 
+async def run_singletons(ctx: ServerContext, factory: sessionmaker[Session], deposed: asyncio.Event) -> None:
+    """The leader's part: the reaper and the placer, writing only through the fenced ``factory``,
+    until ``deposed`` is set (this replica stopped or lost the lease)."""
+    fenced = dataclasses.replace(ctx, session_factory=factory)
+    parts = [
+        asyncio.create_task(run_reaper(fenced, deposed), name="reaper"),
+        asyncio.create_task(run_placer(fenced, deposed), name="placer"),
+    ]
+    try:
+        await asyncio.gather(*parts)
+    finally:
+        for part in parts:
+            part.cancel()
+
+
+def run_leadership(ctx: ServerContext, stop: asyncio.Event) -> asyncio.Task[None]:
+    """Campaign for the singletons (every replica does; the embedded SQLite file has one process)."""
+    settings = ctx.settings
+
+    def changed(leading: bool) -> None:
+        ctx.metrics.leader.set(1 if leading else 0)
+
+    return asyncio.create_task(
+        lead_when_elected(
+            ctx.session_factory,
+            stop,
+            lambda factory, deposed: run_singletons(ctx, factory, deposed),
+            holder=settings.replica_id,
+            lease_s=settings.leader_lease_s,
+            take_over_at_once=is_sqlite(settings.effective_database_url),
+            on_change=changed,
+        ),
+        name="leadership",
+    )
+
+
 async def run_control_plane(
     settings: Settings, stop: asyncio.Event, on_ready: ReadyCallback | None = None
 ) -> None:
@@ -107,8 +147,7 @@ async def run_control_plane(
             )
         )
         await grpc_server.start()
-        reaper = asyncio.create_task(run_reaper(ctx, stop), name="reaper")
-        placer = asyncio.create_task(run_placer(ctx, stop), name="placer")
+        leadership = run_leadership(ctx, stop)
         serving = asyncio.create_task(http.serve(sockets=[http_sock]), name="http")
         waiting = asyncio.create_task(stop.wait(), name="stop")
         try:
@@ -129,9 +168,7 @@ async def run_control_plane(
                 )
                 if on_ready is not None:
                     on_ready(ctx, http_port, grpc_port)
-            done, _ = await asyncio.wait(
-                {waiting, serving, reaper, placer}, return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await asyncio.wait({waiting, serving, leadership}, return_when=asyncio.FIRST_COMPLETED)
             for task in done - {waiting}:
                 if task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
@@ -145,9 +182,7 @@ async def run_control_plane(
                 await serving
             await grpc_server.stop(GRPC_GRACE_S)
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await reaper
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await placer
+                await leadership
             await app.state.fanout.close()
             http_sock.close()
     finally:
