@@ -23,6 +23,17 @@ class Settings(BaseSettings):
     http_port: int = 8080
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 50051
+    grpc_enroll_port: int = Field(
+        50052, ge=0, le=65535, description="Enrollment port (server TLS only), opened under mTLS"
+    )
+    tls_cert_file: Path | None = Field(None, description="PEM certificate of REST and the agent port (TLS)")
+    tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file")
+    tls_client_ca_file: Path | None = Field(
+        None, description="Node CA: the agent port then requires client certificates it signed (mTLS)"
+    )
+    tls_client_ca_key_file: Path | None = Field(
+        None, description="Node CA's key: nodes get their certificates at enrollment"
+    )
     heartbeat_interval_s: float = Field(2.0, gt=0)
     heartbeat_misses: int = Field(3, ge=1, description="Missed heartbeats before a node is lost")
     restart_grace_s: float | None = Field(
@@ -50,6 +61,16 @@ class Settings(BaseSettings):
     def _refuse_default_secret(self) -> Settings:
         if self.environment != "development" and self.secret_key == _DEV_SECRET:
             raise ValueError("CPN_SECRET_KEY must be set when CPN_ENVIRONMENT is not 'development'")
+        return self
+
+    @model_validator(mode="after")
+    def _tls_files_go_together(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("CPN_TLS_CERT_FILE and CPN_TLS_KEY_FILE are set together or not at all")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("CPN_TLS_CLIENT_CA_FILE (mTLS) needs CPN_TLS_CERT_FILE and CPN_TLS_KEY_FILE")
+        if self.tls_client_ca_key_file is not None and self.tls_client_ca_file is None:
+            raise ValueError("CPN_TLS_CLIENT_CA_KEY_FILE needs CPN_TLS_CLIENT_CA_FILE")
         return self
 
     @property

@@ -24,45 +24,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eproto/cpn/agent/v1/agent.proto\x12\x0c\x63pn.agent.v1\"`\n\x06\x44\x65vice\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tmemory_gb\x18\x03 \x01(\x01\x12\x17\n\x0fmeasured_tflops\x18\x04 \x01(\x01\x12\x0c\n\x04kind\x18\x05 \x01(\t\"\x90\x03\n\x0fRegisterRequest\x12\x18\n\x10\x65nrollment_token\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0f\n\x07\x63luster\x18\x03 \x01(\t\x12\x10\n\x08provider\x18\x04 \x01(\t\x12\x10\n\x08hostname\x18\x05 \x01(\t\x12%\n\x07\x64\x65vices\x18\x06 \x03(\x0b\x32\x14.cpn.agent.v1.Device\x12\x1d\n\x15price_per_device_hour\x18\x07 \x01(\x01\x12\"\n\x1aspot_price_per_device_hour\x18\x08 \x01(\x01\x12\x15\n\ragent_version\x18\t \x01(\t\x12\x16\n\x0e\x61\x64vertise_host\x18\n \x01(\t\x12\x15\n\rsync_port_min\x18\x0b \x01(\x05\x12\x15\n\rsync_port_max\x18\x0c \x01(\x05\x12\x1c\n\x14intra_bandwidth_gbps\x18\r \x01(\x01\x12\x14\n\x0cjurisdiction\x18\x0e \x01(\t\x12\x0f\n\x07node_id\x18\x0f \x01(\t\x12\x12\n\nnode_token\x18\x10 \x01(\t\"i\n\x10RegisterResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x12\n\ncluster_id\x18\x03 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x04 \x01(\x01\"\x9d\x02\n\x0c\x41gentMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.cpn.agent.v1.HelloH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.cpn.agent.v1.HeartbeatH\x00\x12,\n\tinventory\x18\x03 \x01(\x0b\x32\x17.cpn.agent.v1.InventoryH\x00\x12/\n\x0btask_status\x18\x04 \x01(\x0b\x32\x18.cpn.agent.v1.TaskStatusH\x00\x12,\n\x07metrics\x18\x05 \x01(\x0b\x32\x19.cpn.agent.v1.TaskMetricsH\x00\x12$\n\x03log\x18\x06 \x01(\x0b\x32\x15.cpn.agent.v1.TaskLogH\x00\x42\x06\n\x04kind\"I\n\x05Hello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x1b\n\x13running_assignments\x18\x03 \x03(\t\"7\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0f\n\x07sent_at\x18\x02 \x01(\x01\x12\x0c\n\x04load\x18\x03 \x01(\x01\"2\n\tInventory\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.cpn.agent.v1.Device\"\x84\x01\n\nTaskStatus\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.cpn.agent.v1.TaskState\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x13\n\x0bresult_json\x18\x05 \x01(\t\"\xe5\x01\n\x0bTaskMetrics\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x03 \x01(\x03\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x05 \x01(\x01\x12\x1b\n\x13\x63ompute_utilization\x18\x06 \x01(\x01\x12\x16\n\x0ewan_bytes_sent\x18\x07 \x01(\x03\x12\x16\n\x0ewan_bytes_recv\x18\x08 \x01(\x03\x12\x16\n\x0esync_latency_s\x18\t \x01(\x01\x12\x13\n\x0bwall_time_s\x18\n \x01(\x01\">\n\x07TaskLog\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\t\"\xb7\x01\n\rServerMessage\x12.\n\nassignment\x18\x01 \x01(\x0b\x32\x18.cpn.agent.v1.AssignmentH\x00\x12&\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x14.cpn.agent.v1.CancelH\x00\x12$\n\x05\x64rain\x18\x03 \x01(\x0b\x32\x13.cpn.agent.v1.DrainH\x00\x12 \n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x11.cpn.agent.v1.AckH\x00\x42\x06\n\x04kind\"\x87\x01\n\nAssignment\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x16\n\x0e\x64\x65vice_indices\x18\x04 \x03(\x05\x12\r\n\x05nproc\x18\x05 \x01(\x05\x12\x1a\n\x12worker_config_json\x18\x06 \x01(\t\"/\n\x06\x43\x61ncel\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x17\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\"4\n\x03\x41\x63k\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01*\xa3\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13TASK_STATE_STARTING\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x03\x12\x15\n\x11TASK_STATE_FAILED\x10\x04\x12\x18\n\x14TASK_STATE_CANCELLED\x10\x05\x32\xa1\x01\n\x0c\x41gentService\x12I\n\x08Register\x12\x1d.cpn.agent.v1.RegisterRequest\x1a\x1e.cpn.agent.v1.RegisterResponse\x12\x46\n\x07\x43onnect\x12\x1a.cpn.agent.v1.AgentMessage\x1a\x1b.cpn.agent.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eproto/cpn/agent/v1/agent.proto\x12\x0c\x63pn.agent.v1\"`\n\x06\x44\x65vice\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05model\x18\x02 \x01(\t\x12\x11\n\tmemory_gb\x18\x03 \x01(\x01\x12\x17\n\x0fmeasured_tflops\x18\x04 \x01(\x01\x12\x0c\n\x04kind\x18\x05 \x01(\t\"\xa1\x03\n\x0fRegisterRequest\x12\x18\n\x10\x65nrollment_token\x18\x01 \x01(\t\x12\x0e\n\x06region\x18\x02 \x01(\t\x12\x0f\n\x07\x63luster\x18\x03 \x01(\t\x12\x10\n\x08provider\x18\x04 \x01(\t\x12\x10\n\x08hostname\x18\x05 \x01(\t\x12%\n\x07\x64\x65vices\x18\x06 \x03(\x0b\x32\x14.cpn.agent.v1.Device\x12\x1d\n\x15price_per_device_hour\x18\x07 \x01(\x01\x12\"\n\x1aspot_price_per_device_hour\x18\x08 \x01(\x01\x12\x15\n\ragent_version\x18\t \x01(\t\x12\x16\n\x0e\x61\x64vertise_host\x18\n \x01(\t\x12\x15\n\rsync_port_min\x18\x0b \x01(\x05\x12\x15\n\rsync_port_max\x18\x0c \x01(\x05\x12\x1c\n\x14intra_bandwidth_gbps\x18\r \x01(\x01\x12\x14\n\x0cjurisdiction\x18\x0e \x01(\t\x12\x0f\n\x07node_id\x18\x0f \x01(\t\x12\x12\n\nnode_token\x18\x10 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18P \x01(\t\"\x87\x01\n\x10RegisterResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x12\n\ncluster_id\x18\x03 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x04 \x01(\x01\x12\x1c\n\x14node_certificate_pem\x18P \x01(\t\"\x9d\x02\n\x0c\x41gentMessage\x12$\n\x05hello\x18\x01 \x01(\x0b\x32\x13.cpn.agent.v1.HelloH\x00\x12,\n\theartbeat\x18\x02 \x01(\x0b\x32\x17.cpn.agent.v1.HeartbeatH\x00\x12,\n\tinventory\x18\x03 \x01(\x0b\x32\x17.cpn.agent.v1.InventoryH\x00\x12/\n\x0btask_status\x18\x04 \x01(\x0b\x32\x18.cpn.agent.v1.TaskStatusH\x00\x12,\n\x07metrics\x18\x05 \x01(\x0b\x32\x19.cpn.agent.v1.TaskMetricsH\x00\x12$\n\x03log\x18\x06 \x01(\x0b\x32\x15.cpn.agent.v1.TaskLogH\x00\x42\x06\n\x04kind\"I\n\x05Hello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x1b\n\x13running_assignments\x18\x03 \x03(\t\"7\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12\x0f\n\x07sent_at\x18\x02 \x01(\x01\x12\x0c\n\x04load\x18\x03 \x01(\x01\"2\n\tInventory\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.cpn.agent.v1.Device\"\x84\x01\n\nTaskStatus\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12&\n\x05state\x18\x02 \x01(\x0e\x32\x17.cpn.agent.v1.TaskState\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x13\n\x0bresult_json\x18\x05 \x01(\t\"\xe5\x01\n\x0bTaskMetrics\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x03 \x01(\x03\x12\x0c\n\x04loss\x18\x04 \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x05 \x01(\x01\x12\x1b\n\x13\x63ompute_utilization\x18\x06 \x01(\x01\x12\x16\n\x0ewan_bytes_sent\x18\x07 \x01(\x03\x12\x16\n\x0ewan_bytes_recv\x18\x08 \x01(\x03\x12\x16\n\x0esync_latency_s\x18\t \x01(\x01\x12\x13\n\x0bwall_time_s\x18\n \x01(\x01\">\n\x07TaskLog\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06stream\x18\x02 \x01(\t\x12\x0c\n\x04line\x18\x03 \x01(\t\"\xb7\x01\n\rServerMessage\x12.\n\nassignment\x18\x01 \x01(\x0b\x32\x18.cpn.agent.v1.AssignmentH\x00\x12&\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x14.cpn.agent.v1.CancelH\x00\x12$\n\x05\x64rain\x18\x03 \x01(\x0b\x32\x13.cpn.agent.v1.DrainH\x00\x12 \n\x03\x61\x63k\x18\x04 \x01(\x0b\x32\x11.cpn.agent.v1.AckH\x00\x42\x06\n\x04kind\"\x87\x01\n\nAssignment\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x16\n\x0e\x64\x65vice_indices\x18\x04 \x03(\x05\x12\r\n\x05nproc\x18\x05 \x01(\x05\x12\x1a\n\x12worker_config_json\x18\x06 \x01(\t\"/\n\x06\x43\x61ncel\x12\x15\n\rassignment_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x17\n\x05\x44rain\x12\x0e\n\x06reason\x18\x01 \x01(\t\"4\n\x03\x41\x63k\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01*\xa3\x01\n\tTaskState\x12\x1a\n\x16TASK_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13TASK_STATE_STARTING\x10\x01\x12\x16\n\x12TASK_STATE_RUNNING\x10\x02\x12\x18\n\x14TASK_STATE_SUCCEEDED\x10\x03\x12\x15\n\x11TASK_STATE_FAILED\x10\x04\x12\x18\n\x14TASK_STATE_CANCELLED\x10\x05\x32\xa1\x01\n\x0c\x41gentService\x12I\n\x08Register\x12\x1d.cpn.agent.v1.RegisterRequest\x1a\x1e.cpn.agent.v1.RegisterResponse\x12\x46\n\x07\x43onnect\x12\x1a.cpn.agent.v1.AgentMessage\x1a\x1b.cpn.agent.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.cpn.agent.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TASKSTATE']._serialized_start=2012
-  _globals['_TASKSTATE']._serialized_end=2175
+  _globals['_TASKSTATE']._serialized_start=2060
+  _globals['_TASKSTATE']._serialized_end=2223
   _globals['_DEVICE']._serialized_start=48
   _globals['_DEVICE']._serialized_end=144
   _globals['_REGISTERREQUEST']._serialized_start=147
-  _globals['_REGISTERREQUEST']._serialized_end=547
-  _globals['_REGISTERRESPONSE']._serialized_start=549
-  _globals['_REGISTERRESPONSE']._serialized_end=654
-  _globals['_AGENTMESSAGE']._serialized_start=657
-  _globals['_AGENTMESSAGE']._serialized_end=942
-  _globals['_HELLO']._serialized_start=944
-  _globals['_HELLO']._serialized_end=1017
-  _globals['_HEARTBEAT']._serialized_start=1019
-  _globals['_HEARTBEAT']._serialized_end=1074
-  _globals['_INVENTORY']._serialized_start=1076
-  _globals['_INVENTORY']._serialized_end=1126
-  _globals['_TASKSTATUS']._serialized_start=1129
-  _globals['_TASKSTATUS']._serialized_end=1261
-  _globals['_TASKMETRICS']._serialized_start=1264
-  _globals['_TASKMETRICS']._serialized_end=1493
-  _globals['_TASKLOG']._serialized_start=1495
-  _globals['_TASKLOG']._serialized_end=1557
-  _globals['_SERVERMESSAGE']._serialized_start=1560
-  _globals['_SERVERMESSAGE']._serialized_end=1743
-  _globals['_ASSIGNMENT']._serialized_start=1746
-  _globals['_ASSIGNMENT']._serialized_end=1881
-  _globals['_CANCEL']._serialized_start=1883
-  _globals['_CANCEL']._serialized_end=1930
-  _globals['_DRAIN']._serialized_start=1932
-  _globals['_DRAIN']._serialized_end=1955
-  _globals['_ACK']._serialized_start=1957
-  _globals['_ACK']._serialized_end=2009
-  _globals['_AGENTSERVICE']._serialized_start=2178
-  _globals['_AGENTSERVICE']._serialized_end=2339
+  _globals['_REGISTERREQUEST']._serialized_end=564
+  _globals['_REGISTERRESPONSE']._serialized_start=567
+  _globals['_REGISTERRESPONSE']._serialized_end=702
+  _globals['_AGENTMESSAGE']._serialized_start=705
+  _globals['_AGENTMESSAGE']._serialized_end=990
+  _globals['_HELLO']._serialized_start=992
+  _globals['_HELLO']._serialized_end=1065
+  _globals['_HEARTBEAT']._serialized_start=1067
+  _globals['_HEARTBEAT']._serialized_end=1122
+  _globals['_INVENTORY']._serialized_start=1124
+  _globals['_INVENTORY']._serialized_end=1174
+  _globals['_TASKSTATUS']._serialized_start=1177
+  _globals['_TASKSTATUS']._serialized_end=1309
+  _globals['_TASKMETRICS']._serialized_start=1312
+  _globals['_TASKMETRICS']._serialized_end=1541
+  _globals['_TASKLOG']._serialized_start=1543
+  _globals['_TASKLOG']._serialized_end=1605
+  _globals['_SERVERMESSAGE']._serialized_start=1608
+  _globals['_SERVERMESSAGE']._serialized_end=1791
+  _globals['_ASSIGNMENT']._serialized_start=1794
+  _globals['_ASSIGNMENT']._serialized_end=1929
+  _globals['_CANCEL']._serialized_start=1931
+  _globals['_CANCEL']._serialized_end=1978
+  _globals['_DRAIN']._serialized_start=1980
+  _globals['_DRAIN']._serialized_end=2003
+  _globals['_ACK']._serialized_start=2005
+  _globals['_ACK']._serialized_end=2057
+  _globals['_AGENTSERVICE']._serialized_start=2226
+  _globals['_AGENTSERVICE']._serialized_end=2387
 # @@protoc_insertion_point(module_scope)

@@ -37,7 +37,7 @@ class Device(_message.Message):
     def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., memory_gb: _Optional[float] = ..., measured_tflops: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token")
+    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "csr_pem")
     ENROLLMENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class RegisterRequest(_message.Message):
     JURISDICTION_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
     enrollment_token: str
     region: str
     cluster: str
@@ -70,19 +71,22 @@ class RegisterRequest(_message.Message):
     jurisdiction: str
     node_id: str
     node_token: str
-    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ...) -> None: ...
+    csr_pem: str
+    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., csr_pem: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("node_id", "node_token", "cluster_id", "heartbeat_interval_s")
+    __slots__ = ("node_id", "node_token", "cluster_id", "heartbeat_interval_s", "node_certificate_pem")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    NODE_CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_token: str
     cluster_id: str
     heartbeat_interval_s: float
-    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cluster_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    node_certificate_pem: str
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cluster_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., node_certificate_pem: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log")
