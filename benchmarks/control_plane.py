@@ -154,6 +154,12 @@ class Replica:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    def cpu_s(self) -> float:
+        """CPU seconds the server process has used (user + system)."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def heartbeats(self) -> float:
         body = httpx.get(f"http://127.0.0.1:{self.http_port}/metrics", timeout=10).text
         m = re.search(r"^cpn_heartbeats_total ([0-9.e+]+)$", body, re.M)
@@ -229,7 +235,10 @@ def _simulator(target: str, creds: list[tuple[str, str]], seconds: float, ready:
     asyncio.run(_simulate(target, creds, seconds, ready, go))
 
 
-def bench_heartbeats(replica: Replica, admin: httpx.Client, nodes: int, procs: int, seconds: float) -> float:
+def bench_heartbeats(
+    replica: Replica, admin: httpx.Client, nodes: int, procs: int, seconds: float
+) -> tuple[float, float]:
+    """Heartbeats ingested per second of wall time, and per CPU second of the server process."""
     token = admin.post("/v1/tokens", json={"provider": "sim", "note": "bench", "max_uses": nodes}).json()[
         "token"
     ]
@@ -260,12 +269,12 @@ def bench_heartbeats(replica: Replica, admin: httpx.Client, nodes: int, procs: i
         ready.acquire()
     go.set()
     time.sleep(3)  # every stream acked and streaming
-    before, t0 = replica.heartbeats(), time.monotonic()
+    before, t0, cpu0 = replica.heartbeats(), time.monotonic(), replica.cpu_s()
     time.sleep(seconds)
-    after, t1 = replica.heartbeats(), time.monotonic()
+    after, t1, cpu1 = replica.heartbeats(), time.monotonic(), replica.cpu_s()
     for w in workers:
         w.join(60)
-    return (after - before) / (t1 - t0)
+    return (after - before) / (t1 - t0), (after - before) / max(1e-9, cpu1 - cpu0)
 
 
 # ------------------------------------------------------------------ 2. submissions
@@ -308,14 +317,15 @@ async def _submit(base: str, key: str, seconds: float, concurrency: int) -> list
 
 def bench_submissions(
     replica: Replica, admin_key: str, seconds: float, concurrency: int
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
+    """Submissions/s, their p99 in ms, and submissions per CPU second of the server process."""
     base = f"http://127.0.0.1:{replica.http_port}"
     asyncio.run(_submit(base, admin_key, 2.0, concurrency))  # warm-up: connections, caches
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), replica.cpu_s()
     lat = asyncio.run(_submit(base, admin_key, seconds, concurrency))
-    elapsed = time.monotonic() - t0
+    elapsed, cpu = time.monotonic() - t0, replica.cpu_s() - cpu0
     lat.sort()
-    return len(lat) / elapsed, lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000
+    return len(lat) / elapsed, lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000, len(lat) / max(1e-9, cpu)
 
 
 # ------------------------------------------------------------------ 3. chaos
@@ -483,10 +493,13 @@ def main() -> None:
         try:
             replica.start()
             with admin_client(replica, admin_key) as admin:
-                hb = bench_heartbeats(replica, admin, args.nodes, args.client_procs, seconds)
-            print(f"heartbeats: {hb:,.0f}/s ingested from {args.nodes} streams")
-            subs, p99 = bench_submissions(replica, admin_key, seconds, args.concurrency)
-            print(f"submissions: {subs:,.0f}/s, p99 {p99:.1f} ms ({args.concurrency} concurrent clients)")
+                hb, hb_cpu = bench_heartbeats(replica, admin, args.nodes, args.client_procs, seconds)
+            print(f"heartbeats: {hb:,.0f}/s from {args.nodes} streams ({hb_cpu:,.0f} per server CPU-s)")
+            subs, p99, subs_cpu = bench_submissions(replica, admin_key, seconds, args.concurrency)
+            print(
+                f"submissions: {subs:,.0f}/s, p99 {p99:.1f} ms ({args.concurrency} concurrent clients; "
+                f"{subs_cpu:,.0f} per server CPU-s)"
+            )
         finally:
             replica.stop()
             db.drop()
@@ -495,6 +508,9 @@ def main() -> None:
         ("heartbeats/s", f"{hb:,.0f}", ">= 5,000"),
         ("submissions/s", f"{subs:,.0f}", ">= 200"),
         ("submit p99 ms", f"{p99:.1f}", "<= 100"),
+        ("heartbeats/server CPU-s", f"{hb_cpu:,.0f}", ""),
+        ("submissions/server CPU-s", f"{subs_cpu:,.0f}", ""),
+        ("load average (1 min)", f"{os.getloadavg()[0]:.1f}", f"{os.cpu_count()} cores"),
     ]
     if ch:
         rows += [
@@ -510,6 +526,8 @@ def main() -> None:
         "heartbeats_per_s": round(hb, 1),
         "submissions_per_s": round(subs, 1),
         "submit_p99_ms": round(p99, 2),
+        "heartbeats_per_server_cpu_s": round(hb_cpu, 1),
+        "submissions_per_server_cpu_s": round(subs_cpu, 1),
         "failover_s": round(ch["failover_s"], 2) if ch else None,
         "jobs_lost_on_restart": ch["restart"]["lost"] + ch["restart"]["stuck"] if ch else None,
         "jobs_lost_on_failover": ch["failover"]["lost"] + ch["failover"]["stuck"] if ch else None,

@@ -129,6 +129,12 @@ def heartbeat(ctx: ServerContext, node_id: str, persist: bool = True) -> None:
             _touch_row(session, node_id, utcnow())
 
 
+def persist_heartbeat(ctx: ServerContext, node_id: str) -> None:
+    """Record ``last_heartbeat_at`` (the liveness key is refreshed separately, in batches)."""
+    with ctx.session_factory() as session, session.begin():
+        _touch_row(session, node_id, utcnow())
+
+
 def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceReport]) -> None:
     """Replace a node's device list with what it reports now (re-measured after a restart)."""
     problems = device_problems(list(devices), where="inventory.devices")

@@ -33,6 +33,7 @@ from resource_layer.convert import (
 )
 from resource_layer.grpc_errors import abort_with
 from resource_layer.handlers import ControlHandlers
+from resource_layer.liveness import LivenessBatcher
 from resource_layer.tls import AgentTls, peer_common_name
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         )
         self._hello_timeout_s = hello_timeout_s
         self._streams: dict[str, asyncio.Queue[Any]] = {}  # node_id -> outbox of its live stream
+        self._liveness = LivenessBatcher(ctx.bus, settings.node_lost_after_s)
 
     # -- Register -------------------------------------------------------------------------------
     async def Register(
@@ -260,11 +262,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             async for message in request_iterator:
                 kind = message.WhichOneof("kind")
                 if kind == "heartbeat":
-                    persist = time.monotonic() - last_persist >= self._heartbeat_db_every_s
-                    await asyncio.to_thread(registry.heartbeat, self._ctx, node_id, persist)
-                    self._ctx.metrics.heartbeats.inc()
-                    if persist:
+                    self._liveness.touch(node_id)
+                    if time.monotonic() - last_persist >= self._heartbeat_db_every_s:
+                        await asyncio.to_thread(registry.persist_heartbeat, self._ctx, node_id)
                         last_persist = time.monotonic()
+                    self._ctx.metrics.heartbeats.inc()
                     continue
                 try:
                     await self._handle(node_id, kind, message)
