@@ -88,3 +88,16 @@ def test_placements_are_counted_by_outcome(server: ServerHandle) -> None:
     outcomes = {labels["outcome"]: value for labels, value in fams["cpn_placement_duration_seconds"]}
     assert outcomes == {"failed": 1.0}
     assert {labels["state"]: v for labels, v in fams["cpn_jobs"]}["failed"] == 1
+
+
+def test_the_only_replica_leads_and_says_so(server: ServerHandle) -> None:
+    import time
+
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    deadline = time.monotonic() + 20
+    while True:
+        fams = _families(httpx.get(server.http_url + "/metrics", headers=auth, timeout=10).text)
+        if fams["cpn_leader"] == [({}, 1.0)]:
+            break
+        assert time.monotonic() < deadline, fams["cpn_leader"]
+        time.sleep(0.1)
