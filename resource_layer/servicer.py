@@ -80,7 +80,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         )
         self._hello_timeout_s = hello_timeout_s
         self._streams: dict[str, asyncio.Queue[Any]] = {}  # node_id -> outbox of its live stream
-        self._liveness = LivenessBatcher(ctx.bus, settings.node_lost_after_s)
+        # a heartbeat counts as ingested once its node's liveness key is refreshed
+        self._liveness = LivenessBatcher(
+            ctx.bus, settings.node_lost_after_s, on_flushed=ctx.metrics.heartbeats.inc
+        )
 
     # -- Register -------------------------------------------------------------------------------
     async def Register(
@@ -266,7 +269,6 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     if time.monotonic() - last_persist >= self._heartbeat_db_every_s:
                         await asyncio.to_thread(registry.persist_heartbeat, self._ctx, node_id)
                         last_persist = time.monotonic()
-                    self._ctx.metrics.heartbeats.inc()
                     continue
                 try:
                     await self._handle(node_id, kind, message)

@@ -82,7 +82,8 @@ def test_touch_many_and_the_heartbeat_batcher_refresh_every_key(bus: Bus) -> Non
     assert bus.expired(["node.a.alive", "node.b.alive", "node.c.alive"]) == ["node.c.alive"]
 
     async def main() -> None:
-        batcher = LivenessBatcher(bus, ttl_s=30, flush_every_s=0.01)
+        counted: list[int] = []
+        batcher = LivenessBatcher(bus, ttl_s=30, flush_every_s=0.01, on_flushed=counted.append)
         for node in ("x", "y", "x"):
             batcher.touch(node)
         assert bus.expired([node_alive_key("x"), node_alive_key("y")]) == [node_alive_key(n) for n in "xy"]
@@ -91,6 +92,7 @@ def test_touch_many_and_the_heartbeat_batcher_refresh_every_key(bus: Bus) -> Non
             assert time.monotonic() < deadline, "the batch was never flushed"
             await asyncio.sleep(0.01)
         await batcher.close()
+        assert sum(counted) == 3  # every heartbeat counted once, when its key was refreshed
 
     asyncio.run(main())
 

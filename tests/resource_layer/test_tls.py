@@ -179,6 +179,9 @@ def test_mtls_node_certificate_issued_at_enrollment_names_the_node(
                 _code(lambda: list(stub.Connect(iter([hello]), timeout=5)))
                 == grpc.StatusCode.PERMISSION_DENIED
             )
+            again = _register_request()  # nor re-register as it
+            again.node_id, again.node_token = node.id, node_token
+            assert _code(lambda: stub.Register(again, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
         assert _alive_node(handle) is not None
 
 
