@@ -48,12 +48,24 @@ class AgentTls:
             return None
         ca = settings.tls_client_ca_file
         ca_key = settings.tls_client_ca_key_file
-        return cls(
+        tls = cls(
             cert_pem=_read(settings.tls_cert_file, "tls_cert_file"),
             key_pem=_read(settings.tls_key_file, "tls_key_file"),
             client_ca_pem=_read(ca, "tls_client_ca_file") if ca else None,
             client_ca_key_pem=_read(ca_key, "tls_client_ca_key_file") if ca_key else None,
         )
+        # Parsed now, so a bad node CA stops the start rather than failing a registration later
+        # (after its enrollment token was used).
+        try:
+            if tls.client_ca_pem is not None:
+                x509.load_pem_x509_certificate(tls.client_ca_pem)
+            if tls.client_ca_key_pem is not None:
+                serialization.load_pem_private_key(tls.client_ca_key_pem, password=None)
+        except (ValueError, TypeError) as exc:
+            raise FailedPrecondition(
+                f"tls_client_ca_file / tls_client_ca_key_file: not usable PEM: {exc}"
+            ) from None
+        return tls
 
     @property
     def mutual(self) -> bool:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from contracts.errors import CpnError
 from service_layer.cli.common import fail
 
 
@@ -55,3 +56,5 @@ def server_command(
         serve(settings)
     except OSError as exc:
         fail(f"cannot start: {exc}")
+    except CpnError as exc:  # e.g. an unreadable TLS file
+        fail(f"cannot start: {exc.message}")

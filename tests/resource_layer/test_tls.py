@@ -18,11 +18,11 @@ from cryptography.x509.oid import NameOID
 from pydantic import ValidationError
 
 from agent.tls import certificate_request, load_or_create_key
-from contracts.errors import InvalidArgument
+from contracts.errors import FailedPrecondition, InvalidArgument
 from orchestration.db.models import Node
 from orchestration.settings import Settings
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
-from resource_layer.tls import issue_client_certificate, load_csr
+from resource_layer.tls import AgentTls, issue_client_certificate, load_csr
 from service_layer.server import ServerHandle, start_server_in_thread
 from tests.certs import Ca
 from tests.resource_layer.harness import enrollment_token, wait_for
@@ -203,3 +203,12 @@ def test_tls_settings_are_complete_or_refused(tmp_path: Path) -> None:
         Settings(tls_cert_file=tmp_path / "c.pem")
     with pytest.raises(ValidationError, match="needs CPN_TLS_CERT_FILE"):
         Settings(tls_client_ca_file=tmp_path / "ca.pem")
+    cert, key = Ca().issue("cp").write(tmp_path, "server")
+    (tmp_path / "bad.key").write_text("not a key")
+    ca_file, _ = Ca().pair.write(tmp_path, "ca")
+    bad = Settings(tls_cert_file=cert, tls_key_file=key, tls_client_ca_file=ca_file,
+                   tls_client_ca_key_file=tmp_path / "bad.key")  # fmt: skip
+    with pytest.raises(FailedPrecondition, match="not usable PEM"):
+        AgentTls.from_settings(bad)
+    with pytest.raises(FailedPrecondition, match="cannot read"):
+        AgentTls.from_settings(Settings(tls_cert_file=tmp_path / "none.crt", tls_key_file=key))
