@@ -119,7 +119,9 @@ def release(factory: sessionmaker[Session], name: str, holder: str, epoch: int) 
 def fenced_session_factory(factory: sessionmaker[Session], name: str, epoch: int) -> sessionmaker[Session]:
     """Sessions like ``factory``'s whose every transaction is refused (``Deposed``) once ``epoch``
     is no longer the lease's, and holds the lease row FOR SHARE until it ends (see the module)."""
-    fenced: sessionmaker[Session] = sessionmaker(**factory.kw)
+    # A subclass of the factory's own Session class: every listener on ``factory`` (before or after
+    # this call) still hears these sessions; the fence below applies to them alone.
+    fenced: sessionmaker[Session] = sessionmaker(class_=factory.class_, **factory.kw)
 
     @event.listens_for(fenced, "after_begin")
     def _check(_session: Session, _transaction: Any, connection: Any) -> None:

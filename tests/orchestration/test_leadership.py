@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import text, update
+from sqlalchemy import event, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestration.db.engine import session_scope
@@ -70,6 +70,24 @@ def test_fenced_transactions_of_a_deposed_leader_are_refused(session_factory: se
     with pytest.raises(Deposed), session_scope(fenced) as s:
         s.execute(update(LeaderLease).values(holder="late write"))
     assert _view(session_factory) == LeaseView(2, 0, "r2")
+
+
+def test_fenced_sessions_keep_the_factorys_listeners_and_only_they_are_fenced(
+    session_factory: sessionmaker[Session],
+) -> None:
+    heard: list[str] = []
+    event.listen(session_factory, "after_commit", lambda s: heard.append("commit"))
+    assert try_acquire(session_factory, SINGLETONS, "r1", None) == 1
+    fenced = fenced_session_factory(session_factory, SINGLETONS, 1)
+    heard.clear()
+    with session_scope(fenced) as s:
+        s.execute(text("SELECT 1"))
+    assert heard == ["commit"]  # e.g. a change feed attached to the factory sees the leader's commits
+    assert try_acquire(session_factory, SINGLETONS, "r2", _view(session_factory)) == 2
+    with session_scope(session_factory) as s:  # plain sessions are not fenced
+        s.execute(text("SELECT 1"))
+    with pytest.raises(Deposed), session_scope(fenced) as s:
+        s.execute(text("SELECT 1"))
 
 
 @pytest.mark.postgres
