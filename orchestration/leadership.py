@@ -7,10 +7,13 @@ bumps ``beat`` every ``lease_s / 5``. A standby watches the row; once it has see
 machines), it takes over with a compare-and-set that also increments the epoch. A leader that
 stops cleanly releases the row, so a standby takes over at its next look.
 
-Fencing: the leader's singletons use ``fenced_session_factory``, whose every transaction first
-reads the row FOR SHARE and refuses to go on unless the epoch is still its own. A takeover's
-UPDATE waits for those row locks, so once it commits no transaction of the deposed leader can
-commit a write: the ones in flight finished before it, and every later one sees the new epoch.
+Fencing: the leader's singletons run under ``fenced(name, epoch)`` (a context variable, which
+their asyncio tasks and ``asyncio.to_thread`` calls inherit); every transaction they begin on a
+factory with ``install_fence`` first reads the row FOR SHARE and refuses to go on (``Deposed``)
+unless the epoch is still theirs. A takeover's UPDATE waits for those row locks, so once it commits
+no transaction of the deposed leader can commit a write: the ones in flight finished before it,
+and every later one sees the new epoch. The singletons keep the process's one session factory and
+context (and whatever listens to them); only the code running under the fence is checked.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,25 +120,41 @@ def release(factory: sessionmaker[Session], name: str, holder: str, epoch: int) 
         )
 
 
-def fenced_session_factory(factory: sessionmaker[Session], name: str, epoch: int) -> sessionmaker[Session]:
-    """Sessions like ``factory``'s whose every transaction is refused (``Deposed``) once ``epoch``
-    is no longer the lease's, and holds the lease row FOR SHARE until it ends (see the module)."""
-    # A subclass of the factory's own Session class: every listener on ``factory`` (before or after
-    # this call) still hears these sessions; the fence below applies to them alone.
-    fenced: sessionmaker[Session] = sessionmaker(class_=factory.class_, **factory.kw)
+_FENCE: ContextVar[tuple[str, int] | None] = ContextVar("cpn_leader_fence", default=None)
 
-    @event.listens_for(fenced, "after_begin")
+
+@contextlib.contextmanager
+def fenced(name: str, epoch: int) -> Iterator[None]:
+    """Run the block (and the tasks and threads it starts) as the leader of ``name`` at ``epoch``."""
+    token = _FENCE.set((name, epoch))
+    try:
+        yield
+    finally:
+        _FENCE.reset(token)
+
+
+def install_fence(factory: sessionmaker[Session]) -> None:
+    """Check the fence at the start of every transaction of ``factory``'s sessions begun under
+    ``fenced`` (idempotent; sessions outside a fence are untouched)."""
+    if getattr(factory, "_cpn_fence_installed", False):
+        return
+
+    @event.listens_for(factory, "after_begin")
     def _check(_session: Session, _transaction: Any, connection: Any) -> None:
+        fence = _FENCE.get()
+        if fence is None:
+            return
+        name, epoch = fence
         current = connection.execute(
             select(LeaderLease.epoch).where(LeaderLease.name == name).with_for_update(read=True)
         ).scalar_one_or_none()
         if current != epoch:
             raise Deposed(f"leadership of {name!r} moved from epoch {epoch} to {current}")
 
-    return fenced
+    factory._cpn_fence_installed = True  # type: ignore[attr-defined]
 
 
-Singletons = Callable[[sessionmaker[Session], asyncio.Event], Awaitable[None]]
+Singletons = Callable[[asyncio.Event], Awaitable[None]]
 
 
 async def lead_when_elected(
@@ -148,12 +168,13 @@ async def lead_when_elected(
     take_over_at_once: bool = False,
     on_change: Callable[[bool], None] | None = None,
 ) -> None:
-    """Campaign until elected, then run ``run(fenced_factory, deposed)`` while renewing the lease;
+    """Campaign until elected, then run ``run(deposed)`` under the fence while renewing the lease;
     on losing it, stop the singletons and campaign again. Returns once ``stop`` is set.
 
     ``take_over_at_once`` (the embedded SQLite database, which one process serves) skips waiting
     out a lease left by a previous run of this control plane.
     """
+    install_fence(factory)
     tick = lease_s / 5
     watch = Watch(lease_s)
     first = True
@@ -190,7 +211,8 @@ async def _lead(
     lease_s: float,
 ) -> None:
     deposed = asyncio.Event()
-    singletons = asyncio.create_task(run(fenced_session_factory(factory, name, epoch), deposed))
+    with fenced(name, epoch):  # the task copies the context now: it, and only it, runs fenced
+        singletons = asyncio.create_task(run(deposed))
     last_renewed = time.monotonic()
     try:
         while not stop.is_set() and not singletons.done():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import signal
 import socket
@@ -23,7 +22,6 @@ from dataclasses import dataclass, field
 import grpc
 import uvicorn
 from sqlalchemy import Engine
-from sqlalchemy.orm import Session, sessionmaker
 
 from control_layer.placer import run_placer
 from control_layer.reactions import control_handlers
@@ -90,13 +88,12 @@ def _bootstrap(ctx: ServerContext) -> None:
             bootstrap_admin(session, key)
 
 
-async def run_singletons(ctx: ServerContext, factory: sessionmaker[Session], deposed: asyncio.Event) -> None:
-    """The leader's part: the reaper and the placer, writing only through the fenced ``factory``,
-    until ``deposed`` is set (this replica stopped or lost the lease)."""
-    fenced = dataclasses.replace(ctx, session_factory=factory)
+async def run_singletons(ctx: ServerContext, deposed: asyncio.Event) -> None:
+    """The leader's part: the reaper and the placer (their writes fenced: see
+    ``orchestration.leadership``), until ``deposed`` is set (this replica stopped or lost the lease)."""
     parts = [
-        asyncio.create_task(run_reaper(fenced, deposed), name="reaper"),
-        asyncio.create_task(run_placer(fenced, deposed), name="placer"),
+        asyncio.create_task(run_reaper(ctx, deposed), name="reaper"),
+        asyncio.create_task(run_placer(ctx, deposed), name="placer"),
     ]
     try:
         await asyncio.gather(*parts)
@@ -116,7 +113,7 @@ def run_leadership(ctx: ServerContext, stop: asyncio.Event) -> asyncio.Task[None
         lead_when_elected(
             ctx.session_factory,
             stop,
-            lambda factory, deposed: run_singletons(ctx, factory, deposed),
+            lambda deposed: run_singletons(ctx, deposed),
             holder=settings.replica_id,
             lease_s=settings.leader_lease_s,
             take_over_at_once=is_sqlite(settings.effective_database_url),

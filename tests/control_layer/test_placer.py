@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 
 import pytest
@@ -14,7 +13,7 @@ from control_layer.placer import place_pending, run_placer
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job
-from orchestration.leadership import SINGLETONS, Deposed, fenced_session_factory, read_lease, try_acquire
+from orchestration.leadership import SINGLETONS, Deposed, fenced, install_fence, read_lease, try_acquire
 from tests.orchestration.fleet import add_cluster, add_tenant, tiny_spec
 
 
@@ -57,14 +56,10 @@ def test_a_deposed_leaders_placer_places_nothing(ctx: ServerContext) -> None:
     with ctx.session_factory() as s:
         view = read_lease(s, SINGLETONS)
     assert try_acquire(ctx.session_factory, SINGLETONS, "b", view) == old + 1
-    deposed = dataclasses.replace(
-        ctx, session_factory=fenced_session_factory(ctx.session_factory, SINGLETONS, old)
-    )
-    with pytest.raises(Deposed):
-        place_pending(deposed)
+    install_fence(ctx.session_factory)
+    with fenced(SINGLETONS, old), pytest.raises(Deposed):
+        place_pending(ctx)
     assert _status(ctx, job.id) == JobState.PENDING
-    leader = dataclasses.replace(
-        ctx, session_factory=fenced_session_factory(ctx.session_factory, SINGLETONS, old + 1)
-    )
-    assert place_pending(leader) == [job.id]
+    with fenced(SINGLETONS, old + 1):
+        assert place_pending(ctx) == [job.id]
     assert _status(ctx, job.id) == JobState.PLACED

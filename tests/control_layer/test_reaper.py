@@ -4,7 +4,6 @@ not before it has been up for its start-up grace."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from datetime import timedelta
 
@@ -19,7 +18,7 @@ from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Node
-from orchestration.leadership import SINGLETONS, Deposed, fenced_session_factory, read_lease, try_acquire
+from orchestration.leadership import SINGLETONS, Deposed, fenced, install_fence, read_lease, try_acquire
 from orchestration.settings import Settings
 from resource_layer.liveness import node_alive_key
 from resource_layer.registry import heartbeat
@@ -80,21 +79,17 @@ def test_recent_heartbeat_in_the_database_gives_grace(ctx: ServerContext) -> Non
 
 def test_a_deposed_leaders_reaper_changes_nothing(ctx: ServerContext) -> None:
     _, nodes = _fleet(ctx)
+    install_fence(ctx.session_factory)
     old = try_acquire(ctx.session_factory, SINGLETONS, "a", None)
     assert old is not None
-    deposed = dataclasses.replace(
-        ctx, session_factory=fenced_session_factory(ctx.session_factory, SINGLETONS, old)
-    )
     with ctx.session_factory() as s:
         view = read_lease(s, SINGLETONS)
     assert try_acquire(ctx.session_factory, SINGLETONS, "b", view) == old + 1  # "b" takes over
-    with pytest.raises(Deposed):
-        reap_once(deposed)
+    with fenced(SINGLETONS, old), pytest.raises(Deposed):
+        reap_once(ctx)
     assert {_status(ctx, n) for n in nodes} == {"alive"}
-    leader = dataclasses.replace(
-        ctx, session_factory=fenced_session_factory(ctx.session_factory, SINGLETONS, old + 1)
-    )
-    assert set(reap_once(leader)) == set(nodes)
+    with fenced(SINGLETONS, old + 1):
+        assert set(reap_once(ctx)) == set(nodes)
 
 
 def test_run_reaper_loop_stops_on_request(ctx: ServerContext) -> None:

@@ -18,7 +18,8 @@ from orchestration.leadership import (
     Deposed,
     LeaseView,
     Watch,
-    fenced_session_factory,
+    fenced,
+    install_fence,
     lead_when_elected,
     read_lease,
     release,
@@ -62,32 +63,47 @@ def test_acquire_renew_takeover_release(session_factory: sessionmaker[Session]) 
 
 
 def test_fenced_transactions_of_a_deposed_leader_are_refused(session_factory: sessionmaker[Session]) -> None:
+    install_fence(session_factory)
     assert try_acquire(session_factory, SINGLETONS, "r1", None) == 1
-    fenced = fenced_session_factory(session_factory, SINGLETONS, 1)
-    with session_scope(fenced) as s:  # the leader writes
+    with fenced(SINGLETONS, 1), session_scope(session_factory) as s:  # the leader writes
         s.execute(update(LeaderLease).values(holder="r1"))
     assert try_acquire(session_factory, SINGLETONS, "r2", _view(session_factory)) == 2
-    with pytest.raises(Deposed), session_scope(fenced) as s:
+    with fenced(SINGLETONS, 1), pytest.raises(Deposed), session_scope(session_factory) as s:
         s.execute(update(LeaderLease).values(holder="late write"))
     assert _view(session_factory) == LeaseView(2, 0, "r2")
+    with session_scope(session_factory) as s:  # outside a fence nothing is checked
+        s.execute(text("SELECT 1"))
 
 
-def test_fenced_sessions_keep_the_factorys_listeners_and_only_they_are_fenced(
+def test_the_fence_follows_tasks_and_threads_and_keeps_the_factorys_listeners(
     session_factory: sessionmaker[Session],
 ) -> None:
+    install_fence(session_factory)
     heard: list[str] = []
     event.listen(session_factory, "after_commit", lambda s: heard.append("commit"))
     assert try_acquire(session_factory, SINGLETONS, "r1", None) == 1
-    fenced = fenced_session_factory(session_factory, SINGLETONS, 1)
     heard.clear()
-    with session_scope(fenced) as s:
-        s.execute(text("SELECT 1"))
-    assert heard == ["commit"]  # e.g. a change feed attached to the factory sees the leader's commits
-    assert try_acquire(session_factory, SINGLETONS, "r2", _view(session_factory)) == 2
-    with session_scope(session_factory) as s:  # plain sessions are not fenced
-        s.execute(text("SELECT 1"))
-    with pytest.raises(Deposed), session_scope(fenced) as s:
-        s.execute(text("SELECT 1"))
+
+    def write() -> None:
+        with session_scope(session_factory) as s:
+            s.execute(text("SELECT 1"))
+
+    async def leader() -> None:
+        await asyncio.to_thread(write)  # a singleton's work, as the reaper and placer do it
+
+    async def main() -> None:
+        with fenced(SINGLETONS, 1):
+            task = asyncio.create_task(leader())
+        await task
+        assert heard == ["commit"]  # e.g. a change feed on the factory hears the leader's commits
+        assert try_acquire(session_factory, SINGLETONS, "r2", _view(session_factory)) == 2
+        with fenced(SINGLETONS, 1):
+            task = asyncio.create_task(leader())
+        with pytest.raises(Deposed):
+            await task
+        await asyncio.to_thread(write)  # this task never ran fenced
+
+    asyncio.run(main())
 
 
 @pytest.mark.postgres
@@ -98,9 +114,9 @@ def test_takeover_waits_for_the_leaders_transaction_in_flight(
         pytest.skip("SQLite serialises every write transaction already")
     assert try_acquire(session_factory, SINGLETONS, "r1", None) == 1
     seen = _view(session_factory)
-    fenced = fenced_session_factory(session_factory, SINGLETONS, 1)
+    install_fence(session_factory)
     result: list[int | None] = []
-    with session_scope(fenced) as s:
+    with fenced(SINGLETONS, 1), session_scope(session_factory) as s:
         s.execute(text("SELECT 1"))  # begun: the fence check holds the lease row FOR SHARE
         taker = threading.Thread(
             target=lambda: result.append(try_acquire(session_factory, SINGLETONS, "r2", seen))
@@ -117,10 +133,10 @@ def test_two_replicas_one_leader_then_failover(session_factory: sessionmaker[Ses
     running: list[str] = []
 
     def singletons(name: str):  # noqa: ANN202
-        async def run(factory: sessionmaker[Session], deposed: asyncio.Event) -> None:
+        async def run(deposed: asyncio.Event) -> None:
             running.append(name)
             try:
-                with session_scope(factory) as s:  # a fenced write works while leading
+                with session_scope(session_factory) as s:  # a fenced write works while leading
                     s.execute(update(LeaderLease).values(beat=LeaderLease.beat))
                 await deposed.wait()
             finally:
