@@ -23,7 +23,22 @@ def run_agent(settings: AgentSettings) -> int:
 
 
 def agent_command(
-    server: str = typer.Option(..., "--server", help="Control plane gRPC address, HOST:PORT"),
+    server: str = typer.Option(
+        ...,
+        "--server",
+        help="Control plane gRPC HOST:PORT; replicas as HOST:PORT,HOST:PORT (failover)",
+    ),
+    tls_ca_file: Path | None = typer.Option(
+        None, "--tls-ca-file", help="CA of the control plane's certificate (TLS; unset: plaintext)"
+    ),
+    tls_server_name: str | None = typer.Option(
+        None, "--tls-server-name", help="Name to verify in the server certificate (default: the host)"
+    ),
+    enroll_server: str | None = typer.Option(
+        None,
+        "--enroll-server",
+        help="mTLS: enrollment HOST:PORT[,...], where the node gets its certificate",
+    ),
     token: str = typer.Option(
         "", "--token", envvar="CPN_AGENT_TOKEN", help="Enrollment token (not needed once registered)"
     ),
@@ -60,6 +75,9 @@ def agent_command(
     try:
         settings = AgentSettings(
             server=server,
+            tls_ca_file=tls_ca_file,
+            tls_server_name=tls_server_name,
+            enroll_server=enroll_server,
             token=token,
             region=region,
             cluster=cluster,

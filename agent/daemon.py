@@ -20,6 +20,7 @@ import random
 import signal
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -31,6 +32,7 @@ from agent.probe import build_probe_server, run_probe
 from agent.profile import measure_profile
 from agent.settings import AgentSettings
 from agent.state import AgentState, Credentials
+from agent.tls import certificate_request, channel_credentials, load_or_create_key, read_pem
 from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
 from contracts.errors import InvalidArgument
 from contracts.registration import STEP_RATE_FIELDS, DeviceReport, NodeProfile
@@ -84,6 +86,23 @@ def channel_options(settings: AgentSettings, cap_s: float | None = None) -> list
     ]
 
 
+def make_channel(
+    settings: AgentSettings,
+    target: str,
+    options: list[tuple[str, int]],
+    client: tuple[bytes, bytes] | None = None,
+) -> grpc.aio.Channel:
+    """Plaintext without a CA; else TLS verifying the server, presenting ``client`` (key, cert) if given."""
+    if settings.tls_ca_file is None:
+        return grpc.aio.insecure_channel(target, options=options)
+    ca = read_pem(settings.tls_ca_file, "--tls-ca-file")
+    credentials = channel_credentials(ca, *client) if client else channel_credentials(ca)
+    extra: list[tuple[str, Any]] = []
+    if settings.tls_server_name:
+        extra.append(("grpc.ssl_target_name_override", settings.tls_server_name))
+    return grpc.aio.secure_channel(target, credentials, options=[*options, *extra])
+
+
 def device_to_proto(d: DeviceReport) -> agent_pb2.Device:
     return agent_pb2.Device(
         index=d.index, model=d.model, memory_gb=d.memory_gb, measured_tflops=d.measured_tflops, kind=d.kind
@@ -130,6 +149,9 @@ class Agent:
         self._probe_port = 0  # where the probe server listens (0: none)
         self._probe_tasks: set[asyncio.Task[None]] = set()
         self._probe_lock = asyncio.Lock()  # one probe at a time: two would share the link and halve it
+        self._channels: dict[str, grpc.aio.Channel] = {}  # one per control-plane replica, made on first use
+        self._server_index = 0
+        self._client_pair: tuple[bytes, bytes] | None = None  # mTLS: the node's key and certificate
         self._heartbeat_duty = Duty("heartbeat", lambda: self.heartbeat_interval_s, self._heartbeat)
 
     # -- the whole life -------------------------------------------------------------------------
@@ -181,10 +203,7 @@ class Agent:
                 return 2
             await probe_server.start()
             log.info("link probes served on %s:%d", s.probe_bind, self._probe_port)
-        channel = grpc.aio.insecure_channel(
-            s.server, options=channel_options(s, reconnect_cap_s(s, self.heartbeat_interval_s))
-        )
-        self._stub = agent_pb2_grpc.AgentServiceStub(channel)
+        self._use_server(0)
         # Duties outlive ``stop``: heartbeats go on while the workers are being stopped.
         duties_stop = asyncio.Event()
         duties = [asyncio.create_task(run_duty(d, duties_stop)) for d in self._duties()]
@@ -205,7 +224,8 @@ class Agent:
             for task in (*duties, connection, stopping, *probes):
                 task.cancel()
             await asyncio.gather(*duties, connection, stopping, *probes, return_exceptions=True)
-            await channel.close(grace=0.5)
+            for channel in self._channels.values():
+                await channel.close(grace=0.5)
             if probe_server is not None:
                 await probe_server.stop(0.5)
             self._save_state()  # still lists any worker group that would not stop, for the next agent
@@ -248,16 +268,60 @@ class Agent:
             except _Reregister:
                 registered = False
             except grpc.aio.AioRpcError as exc:
-                log.warning("control plane %s unreachable: %s %s", s.server, exc.code().name, exc.details())
+                log.warning(
+                    "control plane %s unreachable: %s %s", self._target, exc.code().name, exc.details()
+                )
             if self._stop.is_set():
                 return
+            if len(s.servers) > 1:
+                # Fail over: the next try goes to the next replica (a restarted or killed one may
+                # not be back; any replica serves every node).
+                self._use_server(self._server_index + 1)
             if acked:
                 backoff = s.reconnect_min_s  # a session that got going starts the backoff afresh
             # Jitter spreads a fleet's reconnects after a control-plane restart.
             delay = min(backoff, reconnect_cap_s(s, self.heartbeat_interval_s)) * random.uniform(0.5, 1.0)
-            log.info("reconnecting in %.1fs", delay)
+            log.info("reconnecting to %s in %.1fs", self._target, delay)
             await asyncio.sleep(delay)
             backoff = min(reconnect_cap_s(s, self.heartbeat_interval_s), backoff * 2)
+
+    @property
+    def _target(self) -> str:
+        return self.settings.servers[self._server_index]
+
+    def _use_server(self, index: int) -> None:
+        s = self.settings
+        self._server_index = index % len(s.servers)
+        target = self._target
+        channel = self._channels.get(target)
+        if channel is None:
+            options = channel_options(s, reconnect_cap_s(s, self.heartbeat_interval_s))
+            channel = self._channels[target] = make_channel(s, target, options, self._client_pair)
+        self._stub = agent_pb2_grpc.AgentServiceStub(channel)
+
+    async def _enroll_stub(self) -> tuple[agent_pb2_grpc.AgentServiceStub, grpc.aio.Channel | None]:
+        """Where to register: the enrollment port under mTLS (a fresh channel, closed after), else
+        the current replica."""
+        s = self.settings
+        if not s.enroll_servers:
+            assert self._stub is not None
+            return self._stub, None
+        target = s.enroll_servers[self._server_index % len(s.enroll_servers)]
+        channel = make_channel(s, target, channel_options(s, reconnect_cap_s(s, self.heartbeat_interval_s)))
+        return agent_pb2_grpc.AgentServiceStub(channel), channel
+
+    async def _take_certificate(self, cert_pem: str) -> None:
+        """Use the certificate the control plane issued from now on (new channels carry it)."""
+        s = self.settings
+        if not cert_pem:
+            raise AgentFatal("the control plane issued no node certificate (does it run a node CA?)")
+        assert self._client_pair is not None
+        s.node_cert_file.write_text(cert_pem)
+        self._client_pair = (self._client_pair[0], cert_pem.encode())
+        old, self._channels = self._channels, {}
+        for channel in old.values():
+            await channel.close(grace=0.5)
+        self._use_server(self._server_index)
 
     async def _register(self) -> None:
         s = self.settings
@@ -289,8 +353,13 @@ class Agent:
         )
         if self.profile is not None:
             request.measured_profile.CopyFrom(profile_to_proto(self.profile))
+        if s.enroll_servers:
+            key = await asyncio.to_thread(load_or_create_key, s.node_key_file)
+            self._client_pair = (key, self._client_pair[1] if self._client_pair else b"")
+            request.csr_pem = certificate_request(key, s.hostname).decode()
+        stub, enroll_channel = await self._enroll_stub()
         try:
-            response = await self._stub.Register(request, timeout=s.rpc_timeout_s)
+            response = await stub.Register(request, timeout=s.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAUTHENTICATED and creds is not None:
                 log.warning("stored node credentials were refused; registering with the enrollment token")
@@ -300,6 +369,11 @@ class Agent:
             if exc.code() in FATAL_REGISTER_CODES:
                 raise AgentFatal(f"registration refused ({exc.code().name}): {exc.details()}") from None
             raise
+        finally:
+            if enroll_channel is not None:
+                await enroll_channel.close(grace=0.5)
+        if s.enroll_servers:
+            await self._take_certificate(response.node_certificate_pem)
         self._state.credentials = Credentials(
             server=s.server,
             region=s.region,

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from contracts.errors import InvalidArgument
 from contracts.registration import NAME_RE
 
+MAX_SERVERS = 16
 _SERVER_RE = re.compile(r"(?P<host>[A-Za-z0-9.\-_]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
 
 
@@ -44,10 +45,36 @@ def parse_port_range(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def _addresses(v: str, flag: str) -> str:
+    """One or more control-plane replicas, HOST:PORT[,HOST:PORT...] (tried in order, then around)."""
+    parts = [p.strip() for p in v.split(",")]
+    if not 1 <= len(parts) <= MAX_SERVERS:
+        raise ValueError(f"{flag}: 1 to {MAX_SERVERS} addresses, got {len(parts)}")
+    for part in parts:
+        if not _SERVER_RE.fullmatch(part):
+            raise ValueError(f"{flag}: expected HOST:PORT[,HOST:PORT...], got {part!r} in {v!r}")
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"{flag}: an address is listed twice in {v!r}")
+    return ",".join(parts)
+
+
 class AgentSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    server: str = Field(description="control plane gRPC address, HOST:PORT")
+    server: str = Field(
+        description="control plane gRPC address, HOST:PORT, or several replicas' as HOST:PORT,HOST:PORT"
+    )
+    tls_ca_file: Path | None = Field(
+        None, description="CA that signed the control plane's certificate: TLS when set, else plaintext"
+    )
+    tls_server_name: str | None = Field(
+        None, max_length=253, description="name to verify in the server's certificate (default: its host)"
+    )
+    enroll_server: str | None = Field(
+        None,
+        description="mTLS: the enrollment port(s), HOST:PORT[,...]; the node registers there with a CSR "
+        "and connects to --server with the certificate it gets",
+    )
     token: str = Field("", description="enrollment token; not needed once the state file holds credentials")
     region: str
     cluster: str
@@ -92,9 +119,12 @@ class AgentSettings(BaseModel):
     @field_validator("server")
     @classmethod
     def _server(cls, v: str) -> str:
-        if not _SERVER_RE.fullmatch(v):
-            raise ValueError(f"--server: expected HOST:PORT, got {v!r}")
-        return v
+        return _addresses(v, "--server")
+
+    @field_validator("enroll_server")
+    @classmethod
+    def _enroll_server(cls, v: str | None) -> str | None:
+        return None if v is None else _addresses(v, "--enroll-server")
 
     @field_validator("region", "cluster")
     @classmethod
@@ -130,7 +160,26 @@ class AgentSettings(BaseModel):
     def _backoff(self) -> AgentSettings:
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ValueError("reconnect_max_s must be >= reconnect_min_s")
+        if self.enroll_server is not None and self.tls_ca_file is None:
+            raise ValueError("--enroll-server (mTLS) needs --tls-ca-file")
         return self
+
+    @property
+    def enroll_servers(self) -> list[str]:
+        return self.enroll_server.split(",") if self.enroll_server else []
+
+    @property
+    def node_key_file(self) -> Path:
+        return self.work_dir / "node-key.pem"
+
+    @property
+    def node_cert_file(self) -> Path:
+        return self.work_dir / "node-cert.pem"
+
+    @property
+    def servers(self) -> list[str]:
+        """The control-plane replicas to try, in order."""
+        return self.server.split(",")
 
     @property
     def effective_state_file(self) -> Path:

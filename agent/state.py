@@ -20,8 +20,11 @@ class Credentials:
     cluster_id: str = ""
 
     def fits(self, server: str, region: str, cluster: str) -> bool:
-        """Credentials only stand for the node they were issued to: same server, region, cluster."""
-        return (self.server, self.region, self.cluster) == (server, region, cluster)
+        """Credentials only stand for the node they were issued to: same control plane, region and
+        cluster. A control plane is a list of replica addresses: listing one more replica (or one
+        fewer) is the same control plane as long as an address is shared."""
+        same_plane = bool(set(self.server.split(",")) & set(server.split(",")))
+        return same_plane and (self.region, self.cluster) == (region, cluster)
 
 
 @dataclass

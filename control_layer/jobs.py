@@ -150,9 +150,7 @@ def submit_job(
             },
         )
         wake_placer(session, ctx.bus, "job submitted", job.id)
-        job_id = job.id
-    with session_scope(ctx.session_factory) as session:
-        return _job(session, job_id)
+    return job  # every column was set at flush and stays loaded (expire_on_commit=False): no re-read
 
 
 def _accept_quote(

@@ -2,8 +2,9 @@
 
 Submission stores a job as pending and wakes the placer on the bus (``lifecycle.PLACER_CHANNEL``);
 so does a job going back to pending after a failure and any release of devices. The placer also
-polls, so a lost wake-up only delays placement. Only one control-plane replica places at a time
-(it holds the bus lock), which keeps replicas from planning the same job against each other.
+polls, so a lost wake-up only delays placement. Only the elected leader replica places
+(``orchestration.leadership``), which keeps replicas from planning the same job against each other;
+its writes are fenced, so a deposed leader's late placement commits nothing.
 """
 
 from __future__ import annotations
@@ -16,40 +17,35 @@ import time
 from sqlalchemy import select
 
 from contracts.states import JobState
-from control_layer.jobs import PLACEMENT_TRIES, place_job
+from control_layer.jobs import place_job
 from control_layer.lifecycle import PLACER_CHANNEL
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job
+from orchestration.leadership import Deposed
 
 log = logging.getLogger(__name__)
 
-PLACER_LOCK = "placer"
-PLAN_BUDGET_S = 5.0  # a generous bound on one plan (the solver's own limit is lower)
-
 
 def place_pending(ctx: ServerContext) -> list[str]:
-    """One pass over the pending jobs, oldest first; returns their ids (empty if another replica
-    holds the lock)."""
+    """One pass over the pending jobs, oldest first; returns their ids."""
     with session_scope(ctx.session_factory) as session:
         ids = list(
             session.scalars(select(Job.id).where(Job.status == JobState.PENDING).order_by(Job.created_at))
         )
     if not ids:
         return []
-    ttl = max(30.0, len(ids) * PLACEMENT_TRIES * PLAN_BUDGET_S)
-    with ctx.bus.lock(PLACER_LOCK, ttl_s=ttl) as held:
-        if not held:
-            return []
-        for job_id in ids:
-            start = time.perf_counter()
-            outcome = "error"
-            try:
-                outcome = place_job(ctx, job_id)
-            except Exception:  # one job's failure must not hold up the others
-                log.exception("placing job %s failed; it stays pending", job_id)
-            ctx.metrics.placements.labels(outcome).observe(time.perf_counter() - start)
-        return ids
+    for job_id in ids:
+        start = time.perf_counter()
+        outcome = "error"
+        try:
+            outcome = place_job(ctx, job_id)
+        except Deposed:
+            raise  # no longer the leader: the next one places the rest
+        except Exception:  # one job's failure must not hold up the others
+            log.exception("placing job %s failed; it stays pending", job_id)
+        ctx.metrics.placements.labels(outcome).observe(time.perf_counter() - start)
+    return ids
 
 
 async def run_placer(ctx: ServerContext, stop: asyncio.Event, *, interval_s: float | None = None) -> None:

@@ -2,7 +2,8 @@
 lost node's tasks moves their jobs back to pending, and the placer re-places them.
 
 The resource layer touches ``node.<id>.alive`` on every heartbeat with a TTL of
-interval x misses. Only one control-plane replica reaps at a time (it holds the bus lock).
+interval x misses. Only the elected leader replica reaps (``orchestration.leadership``), and its
+writes are fenced: a deposed leader's late pass commits nothing.
 
 A reaper that has just started judges no node until it has been up for the restart grace
 (``Settings.reaper_grace_s``). While the control plane was down (or starting, which can take longer
@@ -33,8 +34,6 @@ from resource_layer.liveness import node_alive_key
 
 log = logging.getLogger(__name__)
 
-REAPER_LOCK = "reaper"
-
 
 def is_lost(
     *,
@@ -53,40 +52,37 @@ def is_lost(
 
 
 def reap_once(ctx: ServerContext, *, up_for_s: float = math.inf) -> list[str]:
-    """One pass; returns the ids of the nodes it marked lost (empty if another replica holds the lock
-    or this reaper, up for ``up_for_s`` seconds, is still within its start-up grace)."""
+    """One pass; returns the ids of the nodes it marked lost (empty while this reaper, up for
+    ``up_for_s`` seconds, is still within its start-up grace)."""
     settings = ctx.settings
     lost_after = settings.node_lost_after_s
     if up_for_s < settings.reaper_grace_s:
         return []
-    with ctx.bus.lock(REAPER_LOCK, ttl_s=max(10.0, 5 * lost_after)) as held:
-        if not held:
-            return []
-        with session_scope(ctx.session_factory) as session:
-            alive = session.execute(
-                select(Node.id, Node.last_heartbeat_at, Node.registered_at).where(Node.status == "alive")
-            ).all()
-        if not alive:
-            return []
-        expired = set(ctx.bus.expired([node_alive_key(row.id) for row in alive]))
-        now = utcnow()
-        lost = [
-            row.id
-            for row in alive
-            if is_lost(
-                up_for_s=up_for_s,
-                grace_s=settings.reaper_grace_s,
-                key_alive=node_alive_key(row.id) not in expired,
-                last_heard=as_utc(row.last_heartbeat_at or row.registered_at),
-                now=now,
-                lost_after_s=lost_after,
-            )
-        ]
-        why = f"missed {settings.heartbeat_misses} heartbeats ({lost_after:g}s without one)"
-        for node_id in lost:
-            log.warning("node %s lost: %s", node_id, why)
-            on_node_lost(ctx, node_id, why)
-        return lost
+    with session_scope(ctx.session_factory) as session:
+        alive = session.execute(
+            select(Node.id, Node.last_heartbeat_at, Node.registered_at).where(Node.status == "alive")
+        ).all()
+    if not alive:
+        return []
+    expired = set(ctx.bus.expired([node_alive_key(row.id) for row in alive]))
+    now = utcnow()
+    lost = [
+        row.id
+        for row in alive
+        if is_lost(
+            up_for_s=up_for_s,
+            grace_s=settings.reaper_grace_s,
+            key_alive=node_alive_key(row.id) not in expired,
+            last_heard=as_utc(row.last_heartbeat_at or row.registered_at),
+            now=now,
+            lost_after_s=lost_after,
+        )
+    ]
+    why = f"missed {settings.heartbeat_misses} heartbeats ({lost_after:g}s without one)"
+    for node_id in lost:
+        log.warning("node %s lost: %s", node_id, why)
+        on_node_lost(ctx, node_id, why)
+    return lost
 
 
 async def run_reaper(ctx: ServerContext, stop: asyncio.Event) -> None:

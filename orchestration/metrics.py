@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Request and placement latencies span sub-millisecond reads to multi-second plans.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -36,4 +36,7 @@ class ServerMetrics:
             ["outcome"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
+        )
+        self.leader = Gauge(
+            "cpn_leader", "1 while this replica leads (runs the reaper and placer)", registry=r
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 from pydantic import Field, model_validator
@@ -21,10 +23,30 @@ class Settings(BaseSettings):
     http_port: int = 8080
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 50051
+    grpc_enroll_port: int = Field(
+        50052, ge=0, le=65535, description="Enrollment port (server TLS only), opened under mTLS"
+    )
+    tls_cert_file: Path | None = Field(None, description="PEM certificate of REST and the agent port (TLS)")
+    tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file")
+    tls_client_ca_file: Path | None = Field(
+        None, description="Node CA: the agent port then requires client certificates it signed (mTLS)"
+    )
+    tls_client_ca_key_file: Path | None = Field(
+        None, description="Node CA's key: nodes get their certificates at enrollment"
+    )
     heartbeat_interval_s: float = Field(2.0, gt=0)
     heartbeat_misses: int = Field(3, ge=1, description="Missed heartbeats before a node is lost")
     restart_grace_s: float | None = Field(
         None, gt=0, le=3600, description="How long a starting reaper declares no node lost (unset: derived)"
+    )
+    leader_lease_s: float = Field(
+        5.0, ge=0.5, le=300, description="Silence after which a standby replica takes over the singletons"
+    )
+    replica_id: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}",
+        min_length=1,
+        max_length=200,
+        description="This replica's name in the leader lease (default host:pid)",
     )
     max_job_retries: int = Field(2, ge=0)
     secret_key: str = Field(_DEV_SECRET, description="Signs dashboard sessions; required outside development")
@@ -64,6 +86,16 @@ class Settings(BaseSettings):
     def _refuse_default_secret(self) -> Settings:
         if self.environment != "development" and self.secret_key == _DEV_SECRET:
             raise ValueError("CPN_SECRET_KEY must be set when CPN_ENVIRONMENT is not 'development'")
+        return self
+
+    @model_validator(mode="after")
+    def _tls_files_go_together(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("CPN_TLS_CERT_FILE and CPN_TLS_KEY_FILE are set together or not at all")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("CPN_TLS_CLIENT_CA_FILE (mTLS) needs CPN_TLS_CERT_FILE and CPN_TLS_KEY_FILE")
+        if self.tls_client_ca_key_file is not None and self.tls_client_ca_file is None:
+            raise ValueError("CPN_TLS_CLIENT_CA_KEY_FILE needs CPN_TLS_CLIENT_CA_FILE")
         return self
 
     @property

@@ -138,8 +138,14 @@ def heartbeat(
     """
     ctx.bus.touch(node_alive_key(node_id), ctx.settings.node_lost_after_s)
     if persist:
-        with ctx.session_factory() as session, session.begin():
-            _touch_row(session, node_id, utcnow(), contention)
+        persist_heartbeat(ctx, node_id, contention)
+
+
+def persist_heartbeat(ctx: ServerContext, node_id: str, contention: float | None = None) -> None:
+    """Record ``last_heartbeat_at`` and the host's contention (the gRPC stream refreshes the
+    liveness key separately, in batches)."""
+    with ctx.session_factory() as session, session.begin():
+        _touch_row(session, node_id, utcnow(), contention)
 
 
 def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceReport]) -> None:

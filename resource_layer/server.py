@@ -10,6 +10,7 @@ from orchestration.context import ServerContext
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from resource_layer.handlers import ControlHandlers
 from resource_layer.servicer import AgentServicer
+from resource_layer.tls import AgentTls
 
 AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
 
@@ -40,13 +41,18 @@ def build_grpc_server(
     handlers: ControlHandlers | None = None,
     *,
     servicer: AgentServicer | None = None,
+    tls: AgentTls | None = None,
+    enrollment_only: bool = False,
 ) -> tuple[grpc.aio.Server, int]:
     """A configured, bound, not yet started ``grpc.aio`` server and the port it bound (``port=0``
-    picks a free one). The caller runs ``await server.start()`` and ``await server.stop(grace)``."""
+    picks a free one). The caller runs ``await server.start()`` and ``await server.stop(grace)``.
+
+    With ``tls`` the port speaks TLS only (mTLS when it carries a node CA); ``enrollment_only``
+    builds the enrollment port of an mTLS deployment (server TLS, Register only)."""
     if servicer is None:
         if handlers is None:
             raise ValueError("build_grpc_server needs the control layer's handlers or a servicer")
-        servicer = AgentServicer(ctx, handlers)
+        servicer = AgentServicer(ctx, handlers, tls=tls, enrollment_only=enrollment_only)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server)
 
@@ -55,7 +61,13 @@ def build_grpc_server(
         (AGENT_SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if tls is None:
+        bound = server.add_insecure_port(address)
+    elif enrollment_only:
+        bound = server.add_secure_port(address, tls.enrollment_credentials())
+    else:
+        bound = server.add_secure_port(address, tls.server_credentials())
     if bound == 0:
         raise OSError(f"gRPC server could not bind {host}:{port}")
     return server, bound

@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from cryptography import x509
 from sqlalchemy.exc import IntegrityError
 
-from contracts.errors import CpnError, InvalidArgument
+from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, PermissionDenied
 from contracts.registration import NodeRegistration
 from orchestration.context import ServerContext
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -32,6 +33,8 @@ from resource_layer.convert import (
 )
 from resource_layer.grpc_errors import abort_with
 from resource_layer.handlers import ControlHandlers
+from resource_layer.liveness import LivenessBatcher
+from resource_layer.tls import AgentTls, peer_common_name
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         *,
         heartbeat_db_every_s: float | None = None,
         hello_timeout_s: float = 10.0,
+        tls: AgentTls | None = None,
+        enrollment_only: bool = False,
     ) -> None:
         self._ctx = ctx
+        self._tls = tls
+        # The enrollment port (mTLS deployments): Register only, for nodes without a certificate yet.
+        self._enrollment_only = enrollment_only
         self._handlers = handlers
         # last_heartbeat_at is written at most this often; the reaper trusts it for a node whose
         # liveness key it cannot see (a restarted in-process bus), so keep it well inside the TTL.
@@ -72,15 +80,24 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         )
         self._hello_timeout_s = hello_timeout_s
         self._streams: dict[str, asyncio.Queue[Any]] = {}  # node_id -> outbox of its live stream
+        # a heartbeat counts as ingested once its node's liveness key is refreshed
+        self._liveness = LivenessBatcher(
+            ctx.bus, settings.node_lost_after_s, on_flushed=ctx.metrics.heartbeats.inc
+        )
 
     # -- Register -------------------------------------------------------------------------------
     async def Register(
         self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.RegisterResponse:
+        certificate = b""
         try:
+            csr = self._check_csr(request, context)
             node_id, token, cluster_id, probe_key = await asyncio.to_thread(
                 self._register, registration_from_proto(request), context.peer() or ""
             )
+            if csr is not None:
+                assert self._tls is not None
+                certificate = await asyncio.to_thread(self._tls.issue_node_certificate, csr, node_id)
         except CpnError as exc:
             await abort_with(context, exc)
         except Exception:
@@ -93,7 +110,25 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             cluster_id=cluster_id,
             heartbeat_interval_s=self._ctx.settings.heartbeat_interval_s,
             probe_key=probe_key,
+            node_certificate_pem=certificate.decode(),
         )
+
+    def _check_csr(
+        self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext
+    ) -> x509.CertificateSigningRequest | None:
+        """Refuse, before anything is written, a CSR this control plane cannot sign and a
+        re-registration whose client certificate names another node."""
+        if self._tls is not None and self._tls.mutual and not self._enrollment_only and request.node_id:
+            named = peer_common_name(context)
+            if named != request.node_id:
+                raise PermissionDenied(
+                    f"node_id: the client certificate is for node {named!r}", field="node_id"
+                )
+        if not request.csr_pem:
+            return None
+        if self._tls is None:
+            raise FailedPrecondition("csr_pem: this control plane runs without TLS", field="csr_pem")
+        return self._tls.check_can_issue(request.csr_pem.encode())
 
     def _register(self, reg: NodeRegistration, peer: str) -> tuple[str, str, str, str]:
         for attempt in range(3):
@@ -112,8 +147,18 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def Connect(
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[agent_pb2.ServerMessage]:
+        if self._enrollment_only:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "this is the enrollment port: connect to the agent port with the node's certificate",
+            )
         hello = await self._read_hello(request_iterator, context)
         node_id = hello.node_id
+        if self._tls is not None and self._tls.mutual and peer_common_name(context) != node_id:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the client certificate is for node {peer_common_name(context)!r}, not {node_id!r}",
+            )
         outbox: asyncio.Queue[Any] = asyncio.Queue()
         previous = self._streams.get(node_id)
         if previous is not None:
@@ -223,13 +268,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             async for message in request_iterator:
                 kind = message.WhichOneof("kind")
                 if kind == "heartbeat":
-                    persist = (
-                        last_persist is None or time.monotonic() - last_persist >= self._heartbeat_db_every_s
-                    )
-                    contention = message.heartbeat.cpu_contention or None  # 0: not measured
-                    await asyncio.to_thread(registry.heartbeat, self._ctx, node_id, persist, contention)
-                    self._ctx.metrics.heartbeats.inc()
-                    if persist:
+                    self._liveness.touch(node_id)
+                    if last_persist is None or time.monotonic() - last_persist >= self._heartbeat_db_every_s:
+                        contention = message.heartbeat.cpu_contention or None  # 0: not measured
+                        await asyncio.to_thread(registry.persist_heartbeat, self._ctx, node_id, contention)
                         last_persist = time.monotonic()
                     continue
                 try:

@@ -68,14 +68,15 @@ def authenticate(session: Session, plaintext: str | None) -> Tenant:
     if not plaintext:
         raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'")
     digest = hash_key(plaintext)
-    candidates = session.scalars(
-        select(ApiKey).where(ApiKey.prefix == key_prefix(plaintext), ApiKey.revoked_at.is_(None))
-    )
-    for key in candidates:
-        if hmac.compare_digest(key.key_hash, digest):
-            tenant = session.get(Tenant, key.tenant_id)
-            if tenant is not None:
-                return tenant
+    # One round trip for key and tenant: every authenticated request pays it.
+    candidates = session.execute(
+        select(ApiKey.key_hash, Tenant)
+        .join(Tenant, Tenant.id == ApiKey.tenant_id)
+        .where(ApiKey.prefix == key_prefix(plaintext), ApiKey.revoked_at.is_(None))
+    ).all()
+    for key_hash, tenant in candidates:
+        if hmac.compare_digest(key_hash, digest):
+            return tenant
     raise Unauthenticated("invalid API key")
 
 

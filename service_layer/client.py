@@ -72,10 +72,20 @@ class CpnClient:
         timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.base_url = base_url.rstrip("/")
+        # Several replicas: "https://a:8080,https://b:8080". A call that cannot connect to one
+        # (nothing was sent, so even a POST is safe to repeat) goes to the next.
+        self._urls = [u.strip().rstrip("/") for u in base_url.split(",") if u.strip()]
+        if not self._urls:
+            raise ValueError("no server URL given")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout, self._transport = timeout, transport
+        self._use(0)
+
+    def _use(self, index: int) -> None:
+        self._index = index % len(self._urls)
+        self.base_url = self._urls[self._index]
         self._http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+            base_url=self.base_url, headers=self._headers, timeout=self._timeout, transport=self._transport
         )
 
     def close(self) -> None:
@@ -88,7 +98,15 @@ class CpnClient:
         self.close()
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._http.request(method, path, **kwargs)
+        for tried in range(len(self._urls)):
+            try:
+                response = self._http.request(method, path, **kwargs)
+                break
+            except httpx.ConnectError:
+                if tried == len(self._urls) - 1:
+                    raise
+                self._http.close()
+                self._use(self._index + 1)
         if response.status_code >= 400:
             raise ApiError.from_response(response)
         return response.json() if response.content else None

@@ -225,10 +225,14 @@ def _estimates(job: Job) -> EstimatesRead | None:
 
 def job_detail(session: Session, job: Job, now: datetime | None = None) -> JobDetail:
     tasks = _current_tasks(session, [job]).get(job.id, [])
-    names = dict(
-        session.execute(
-            select(Cluster.id, Cluster.name).where(Cluster.id.in_({t.cluster_id for t in tasks}))
-        ).all()
+    names = (
+        dict(
+            session.execute(
+                select(Cluster.id, Cluster.name).where(Cluster.id.in_({t.cluster_id for t in tasks}))
+            ).all()
+        )
+        if tasks
+        else {}  # a pending job (every fresh submission): no query
     )
     actual_s = None
     if job.started_at is not None:

@@ -1,7 +1,8 @@
 """The control-plane process: REST, gRPC and background loops in ONE asyncio event loop.
 
 ``serve(settings)`` is ``cpn server``: migrate, bootstrap the admin key, then run uvicorn (FastAPI),
-the resource layer's gRPC server, the reaper and the placer until SIGINT/SIGTERM. ``start_server_in_thread``
+the resource layer's gRPC server and, while this replica is the elected leader, the reaper and the
+placer, until SIGINT/SIGTERM. ``start_server_in_thread``
 runs the same in a background thread for tests and the demo, and reports the ports it bound
 (port 0 picks free ones).
 """
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import grpc
 import uvicorn
 from sqlalchemy import Engine
 
@@ -29,9 +31,11 @@ from orchestration.bus import make_bus
 from orchestration.context import ServerContext
 from orchestration.db.engine import is_sqlite, make_engine, make_session_factory, session_scope
 from orchestration.db.migrate import upgrade
+from orchestration.leadership import lead_when_elected
 from orchestration.settings import Settings
 from resource_layer.link_probes import run_link_prober
 from resource_layer.server import build_grpc_server
+from resource_layer.tls import AgentTls
 from service_layer.app import create_app
 from service_layer.auth import bootstrap_admin
 
@@ -40,7 +44,7 @@ log = logging.getLogger(__name__)
 GRPC_GRACE_S = 3.0
 HTTP_GRACE_S = 5.0
 
-ReadyCallback = Callable[[ServerContext, int, int], None]
+ReadyCallback = Callable[[ServerContext, int, int, int | None], None]
 
 
 class _Uvicorn(uvicorn.Server):
@@ -86,6 +90,42 @@ def _bootstrap(ctx: ServerContext) -> None:
             bootstrap_admin(session, key)
 
 
+async def run_singletons(ctx: ServerContext, deposed: asyncio.Event) -> None:
+    """The leader's part: the reaper, the placer and the link prober (their writes fenced: see
+    ``orchestration.leadership``), until ``deposed`` is set (this replica stopped or lost the lease)."""
+    parts = [
+        asyncio.create_task(run_reaper(ctx, deposed), name="reaper"),
+        asyncio.create_task(run_placer(ctx, deposed), name="placer"),
+        asyncio.create_task(run_link_prober(ctx, deposed), name="link-prober"),
+    ]
+    try:
+        await asyncio.gather(*parts)
+    finally:
+        for part in parts:
+            part.cancel()
+
+
+def run_leadership(ctx: ServerContext, stop: asyncio.Event) -> asyncio.Task[None]:
+    """Campaign for the singletons (every replica does; the embedded SQLite file has one process)."""
+    settings = ctx.settings
+
+    def changed(leading: bool) -> None:
+        ctx.metrics.leader.set(1 if leading else 0)
+
+    return asyncio.create_task(
+        lead_when_elected(
+            ctx.session_factory,
+            stop,
+            lambda deposed: run_singletons(ctx, deposed),
+            holder=settings.replica_id,
+            lease_s=settings.leader_lease_s,
+            take_over_at_once=is_sqlite(settings.effective_database_url),
+            on_change=changed,
+        ),
+        name="leadership",
+    )
+
+
 async def run_control_plane(
     settings: Settings, stop: asyncio.Event, on_ready: ReadyCallback | None = None
 ) -> None:
@@ -95,25 +135,41 @@ async def run_control_plane(
     try:
         await asyncio.to_thread(_bootstrap, ctx)
         app = create_app(ctx)
+        tls = AgentTls.from_settings(settings)
         http_sock = _bind(settings.http_host, settings.http_port)
+        grpc_servers: list[grpc.aio.Server] = []
+        enroll_port: int | None = None
         try:
             grpc_server, grpc_port = build_grpc_server(
-                ctx, settings.grpc_host, settings.grpc_port, control_handlers()
+                ctx, settings.grpc_host, settings.grpc_port, control_handlers(), tls=tls
             )
+            grpc_servers.append(grpc_server)
+            if tls is not None and tls.mutual:
+                enroll_server, enroll_port = build_grpc_server(
+                    ctx, settings.grpc_host, settings.grpc_enroll_port, control_handlers(), tls=tls,
+                    enrollment_only=True,
+                )  # fmt: skip
+                grpc_servers.append(enroll_server)
         except BaseException:
             http_sock.close()
             raise
         http = _Uvicorn(
             uvicorn.Config(
-                app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=HTTP_GRACE_S
+                app,
+                lifespan="off",
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=HTTP_GRACE_S,
+                # REST TLS: the same certificate as the agent port, through uvicorn's own settings
+                ssl_certfile=settings.tls_cert_file,
+                ssl_keyfile=settings.tls_key_file,
             )
         )
-        await grpc_server.start()
-        attach_live_snapshot(ctx)
+        for server in grpc_servers:
+            await server.start()
+        attach_live_snapshot(ctx)  # every replica keeps its own; the singletons run on the leader only
         snapshots = asyncio.create_task(run_live_snapshot(ctx, stop), name="live-snapshot")
-        reaper = asyncio.create_task(run_reaper(ctx, stop), name="reaper")
-        placer = asyncio.create_task(run_placer(ctx, stop), name="placer")
-        prober = asyncio.create_task(run_link_prober(ctx, stop), name="link-prober")
+        leadership = run_leadership(ctx, stop)
         serving = asyncio.create_task(http.serve(sockets=[http_sock]), name="http")
         waiting = asyncio.create_task(stop.wait(), name="stop")
         try:
@@ -122,20 +178,24 @@ async def run_control_plane(
             if http.started:
                 http_port = http_sock.getsockname()[1]
                 log.info(
-                    "control plane up: REST %s:%d, gRPC %s:%d",
+                    "control plane up: REST %s:%d, gRPC %s:%d%s",
                     settings.http_host,
                     http_port,
                     settings.grpc_host,
                     grpc_port,
+                    _tls_note(tls, enroll_port),
                 )
-                public = settings.public_url or f"http://{_url_host(settings.http_host)}:{http_port}"
+                public = (
+                    settings.public_url
+                    or f"{_scheme(settings)}://{_url_host(settings.http_host)}:{http_port}"
+                )
                 log.info(
                     "dashboard: %s/dashboard (API docs: %s/docs)", public.rstrip("/"), public.rstrip("/")
                 )
                 if on_ready is not None:
-                    on_ready(ctx, http_port, grpc_port)
+                    on_ready(ctx, http_port, grpc_port, enroll_port)
             done, _ = await asyncio.wait(
-                {waiting, serving, reaper, placer, prober, snapshots}, return_when=asyncio.FIRST_COMPLETED
+                {waiting, serving, leadership, snapshots}, return_when=asyncio.FIRST_COMPLETED
             )
             for task in done - {waiting}:
                 if task.exception() is not None:
@@ -148,13 +208,10 @@ async def run_control_plane(
             waiting.cancel()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await serving
-            await grpc_server.stop(GRPC_GRACE_S)
+            for server in grpc_servers:
+                await server.stop(GRPC_GRACE_S)
             with contextlib.suppress(Exception, asyncio.CancelledError):
-                await reaper
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await placer
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await prober
+                await leadership
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await snapshots
             await app.state.fanout.close()
@@ -177,6 +234,18 @@ def serve(settings: Settings) -> None:
     asyncio.run(main())
 
 
+def _scheme(settings: Settings) -> str:
+    return "https" if settings.tls_cert_file is not None else "http"
+
+
+def _tls_note(tls: AgentTls | None, enroll_port: int | None) -> str:
+    if tls is None:
+        return " (no TLS)"
+    if enroll_port is None:
+        return " (TLS)"
+    return f" (mTLS; enrollment port {enroll_port})"
+
+
 def _url_host(host: str) -> str:
     """Where a local client reaches a server bound to ``host`` (wildcards mean this machine)."""
     if host in ("0.0.0.0", ""):
@@ -194,6 +263,7 @@ class ServerHandle:
     ctx: ServerContext
     http_port: int
     grpc_port: int
+    enroll_port: int | None  # the enrollment port under mTLS
     started_at: float  # monotonic, when it was asked to start (its reaper's grace runs from about then)
     _loop: asyncio.AbstractEventLoop = field(repr=False)
     _stop: asyncio.Event = field(repr=False)
@@ -201,7 +271,7 @@ class ServerHandle:
 
     @property
     def http_url(self) -> str:
-        return f"http://{_url_host(self.settings.http_host)}:{self.http_port}"
+        return f"{_scheme(self.settings)}://{_url_host(self.settings.http_host)}:{self.http_port}"
 
     @property
     def grpc_target(self) -> str:
@@ -227,8 +297,14 @@ def start_server_in_thread(settings: Settings, timeout_s: float = 60.0) -> Serve
     ready = threading.Event()
     box: dict[str, object] = {}
 
-    def on_ready(ctx: ServerContext, http_port: int, grpc_port: int) -> None:
-        box.update(ctx=ctx, http_port=http_port, grpc_port=grpc_port, loop=asyncio.get_running_loop())
+    def on_ready(ctx: ServerContext, http_port: int, grpc_port: int, enroll_port: int | None) -> None:
+        box.update(
+            ctx=ctx,
+            http_port=http_port,
+            grpc_port=grpc_port,
+            enroll_port=enroll_port,
+            loop=asyncio.get_running_loop(),
+        )
         ready.set()
 
     def run() -> None:
@@ -260,6 +336,7 @@ def start_server_in_thread(settings: Settings, timeout_s: float = 60.0) -> Serve
         ctx=box["ctx"],  # type: ignore[arg-type]
         http_port=box["http_port"],  # type: ignore[arg-type]
         grpc_port=box["grpc_port"],  # type: ignore[arg-type]
+        enroll_port=box["enroll_port"],  # type: ignore[arg-type]
         started_at=started_at,
         _loop=box["loop"],  # type: ignore[arg-type]
         _stop=box["stop"],  # type: ignore[arg-type]

@@ -26,6 +26,9 @@ class Bus(Protocol):
     def touch(self, key: str, ttl_s: float) -> None:
         """Mark ``key`` alive for ``ttl_s`` seconds from now."""
 
+    def touch_many(self, keys: Iterable[str], ttl_s: float) -> None:
+        """``touch`` each key, in one round trip where the backend has them."""
+
     def alive(self, key: str) -> bool:
         """Whether ``key`` was touched and its TTL has not run out."""
 

@@ -63,6 +63,12 @@ class InProcessBus:
         with self._lock:
             self._expiry[key] = time.monotonic() + ttl_s
 
+    def touch_many(self, keys: Iterable[str], ttl_s: float) -> None:
+        until = time.monotonic() + ttl_s
+        with self._lock:
+            for key in keys:
+                self._expiry[key] = until
+
     def alive(self, key: str) -> bool:
         with self._lock:
             return self._expiry.get(key, 0.0) > time.monotonic()

@@ -73,6 +73,13 @@ class RedisBus:
     def touch(self, key: str, ttl_s: float) -> None:
         self._client.set(self.prefix + key, "1", px=max(1, int(ttl_s * 1000)))
 
+    def touch_many(self, keys: Iterable[str], ttl_s: float) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        ms = max(1, int(ttl_s * 1000))
+        for key in keys:
+            pipe.set(self.prefix + key, "1", px=ms)
+        pipe.execute()
+
     def alive(self, key: str) -> bool:
         return bool(self._client.exists(self.prefix + key))
 

@@ -47,6 +47,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     url = normalize_url(url)
     if not is_sqlite(url):
         kwargs.setdefault("pool_pre_ping", True)
+        # Sync REST handlers run on up to 40 worker threads, beside the gRPC edge and the leader's
+        # loops: SQLAlchemy's default of 5 (+10 overflow) queued concurrent requests for a connection.
+        kwargs.setdefault("pool_size", 10)
+        kwargs.setdefault("max_overflow", 30)
         return create_engine(url, **kwargs)
 
     connect_args: dict[str, Any] = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from contracts.errors import CpnError
 from service_layer.cli.common import fail
 
 
@@ -20,9 +21,13 @@ def server_command(
         str | None, typer.Option("--grpc-host", help="gRPC bind address [CPN_GRPC_HOST]")
     ] = None,
     grpc_port: Annotated[int | None, typer.Option("--grpc-port", help="gRPC port [CPN_GRPC_PORT]")] = None,
+    grpc_enroll_port: Annotated[
+        int | None, typer.Option("--grpc-enroll-port", help="mTLS enrollment port [CPN_GRPC_ENROLL_PORT]")
+    ] = None,
     log_level: Annotated[str, typer.Option("--log-level", envvar="CPN_LOG_LEVEL")] = "INFO",
 ) -> None:
-    """Run the control plane until SIGINT/SIGTERM. Everything else comes from CPN_* variables."""
+    """Run the control plane until SIGINT/SIGTERM. Everything else comes from CPN_* variables
+    (TLS: CPN_TLS_CERT_FILE, CPN_TLS_KEY_FILE, CPN_TLS_CLIENT_CA_FILE, CPN_TLS_CLIENT_CA_KEY_FILE)."""
     from orchestration.settings import Settings
     from service_layer.server import serve
 
@@ -34,6 +39,7 @@ def server_command(
             "http_port": http_port,
             "grpc_host": grpc_host,
             "grpc_port": grpc_port,
+            "grpc_enroll_port": grpc_enroll_port,
         }.items()
         if v is not None
     }
@@ -50,3 +56,5 @@ def server_command(
         serve(settings)
     except OSError as exc:
         fail(f"cannot start: {exc}")
+    except CpnError as exc:  # e.g. an unreadable TLS file
+        fail(f"cannot start: {exc.message}")

@@ -60,6 +60,18 @@ def test_settings_name_the_bad_field() -> None:
         assert err.value.errors()[0]["loc"] == (field,)
 
 
+def test_several_replicas_and_the_tls_flags() -> None:
+    s = settings(server=" a.example:50051, 10.0.0.2:50051 ")
+    assert s.servers == ["a.example:50051", "10.0.0.2:50051"] and s.server == "a.example:50051,10.0.0.2:50051"
+    for bad in ("a:1,a:1", "a:1,", "a:1,no-port", ",".join(f"h{i}:1" for i in range(17))):
+        with pytest.raises(ValidationError, match="--server"):
+            settings(server=bad)
+    with pytest.raises(ValidationError, match="needs --tls-ca-file"):
+        settings(enroll_server="a:50052")
+    m = settings(enroll_server="a:50052,b:50052", tls_ca_file="/etc/ca.crt")
+    assert m.enroll_servers == ["a:50052", "b:50052"]
+
+
 def assignment(config: dict[str, object], devices: tuple[int, ...] = (0, 1)) -> Assignment:
     return Assignment.from_proto(
         agent_pb2.Assignment(
@@ -184,6 +196,8 @@ def test_state_file_roundtrip_is_private(tmp_path: Path) -> None:
     assert loaded.credentials == creds and loaded.workers == {"a": {"pgid": 5, "dir": "/x"}}
     assert path.stat().st_mode & 0o777 == 0o600
     assert creds.fits("h:1", "eu-west", "paris-1") and not creds.fits("h:1", "eu-west", "other")
+    # a second replica listed later is the same control plane; an unrelated one is not
+    assert creds.fits("h:1,h2:1", "eu-west", "paris-1") and not creds.fits("other:1", "eu-west", "paris-1")
     path.write_text("{oops")
     with pytest.raises(ValueError, match="remove it to register afresh"):
         AgentState.load(path)

@@ -1,16 +1,19 @@
-"""The placer loop: woken by submission on the bus (not only its poll), one replica at a time."""
+"""The placer loop: woken by submission on the bus (not only its poll), only on the current leader."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import pytest
+
 from contracts.states import JobState
 from control_layer.jobs import submit_job
-from control_layer.placer import PLACER_LOCK, place_pending, run_placer
+from control_layer.placer import place_pending, run_placer
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job
+from orchestration.leadership import SINGLETONS, Deposed, fenced, install_fence, read_lease, try_acquire
 from tests.orchestration.fleet import add_cluster, add_tenant, tiny_spec
 
 
@@ -43,14 +46,20 @@ def test_submission_wakes_the_placer_long_before_its_poll(ctx: ServerContext) ->
     assert asyncio.run(main()) < 20
 
 
-def test_only_the_lock_holder_places(ctx: ServerContext) -> None:
+def test_a_deposed_leaders_placer_places_nothing(ctx: ServerContext) -> None:
     with session_scope(ctx.session_factory) as s:
         tenant = add_tenant(s).id
         add_cluster(s, region="eu-west", name="c1", nodes=1, devices_per_node=2, price=1.0)
     job = submit_job(ctx, tenant, spec=tiny_spec())
-    with ctx.bus.lock(PLACER_LOCK, ttl_s=30) as held:
-        assert held
-        assert place_pending(ctx) == []  # another replica is placing
-        assert _status(ctx, job.id) == JobState.PENDING
-    assert place_pending(ctx) == [job.id]
+    old = try_acquire(ctx.session_factory, SINGLETONS, "a", None)
+    assert old is not None
+    with ctx.session_factory() as s:
+        view = read_lease(s, SINGLETONS)
+    assert try_acquire(ctx.session_factory, SINGLETONS, "b", view) == old + 1
+    install_fence(ctx.session_factory)
+    with fenced(SINGLETONS, old), pytest.raises(Deposed):
+        place_pending(ctx)
+    assert _status(ctx, job.id) == JobState.PENDING
+    with fenced(SINGLETONS, old + 1):
+        assert place_pending(ctx) == [job.id]
     assert _status(ctx, job.id) == JobState.PLACED

@@ -1,4 +1,4 @@
-"""The reaper marks nodes lost when their liveness key expired, once, from one replica at a time, and
+"""The reaper marks nodes lost when their liveness key expired, once, only as the current leader, and
 not before it has been up for its start-up grace."""
 
 from __future__ import annotations
@@ -7,16 +7,18 @@ import asyncio
 import time
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import update
 
 from contracts.states import JobState
 from control_layer.jobs import job_tasks
 from control_layer.placer import place_pending
-from control_layer.reaper import REAPER_LOCK, is_lost, reap_once, run_reaper
+from control_layer.reaper import is_lost, reap_once, run_reaper
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Node
+from orchestration.leadership import SINGLETONS, Deposed, fenced, install_fence, read_lease, try_acquire
 from orchestration.settings import Settings
 from resource_layer.liveness import node_alive_key
 from resource_layer.registry import heartbeat
@@ -75,13 +77,19 @@ def test_recent_heartbeat_in_the_database_gives_grace(ctx: ServerContext) -> Non
     assert _status(ctx, nodes[0]) == "alive"
 
 
-def test_only_the_lock_holder_reaps(ctx: ServerContext) -> None:
+def test_a_deposed_leaders_reaper_changes_nothing(ctx: ServerContext) -> None:
     _, nodes = _fleet(ctx)
-    with ctx.bus.lock(REAPER_LOCK, 30) as held:
-        assert held
-        assert reap_once(ctx) == []  # another replica is reaping
-        assert {_status(ctx, n) for n in nodes} == {"alive"}
-    assert set(reap_once(ctx)) == set(nodes)
+    install_fence(ctx.session_factory)
+    old = try_acquire(ctx.session_factory, SINGLETONS, "a", None)
+    assert old is not None
+    with ctx.session_factory() as s:
+        view = read_lease(s, SINGLETONS)
+    assert try_acquire(ctx.session_factory, SINGLETONS, "b", view) == old + 1  # "b" takes over
+    with fenced(SINGLETONS, old), pytest.raises(Deposed):
+        reap_once(ctx)
+    assert {_status(ctx, n) for n in nodes} == {"alive"}
+    with fenced(SINGLETONS, old + 1):
+        assert set(reap_once(ctx)) == set(nodes)
 
 
 def test_run_reaper_loop_stops_on_request(ctx: ServerContext) -> None:

@@ -11,6 +11,7 @@ import pytest
 from orchestration.bus import Bus, InProcessBus, default_prefix, make_bus
 from orchestration.bus.redis_bus import RedisBus
 from orchestration.settings import Settings
+from resource_layer.liveness import LivenessBatcher, node_alive_key
 
 
 async def _next(it, timeout: float = 5.0):  # type: ignore[no-untyped-def]
@@ -74,6 +75,26 @@ def test_ttl_keys_expire(bus: Bus) -> None:
     assert bus.expired(["node.a.alive", "node.b.alive"]) == ["node.a.alive"]
     bus.touch("node.a.alive", 30)  # a heartbeat revives it
     assert bus.alive("node.a.alive")
+
+
+def test_touch_many_and_the_heartbeat_batcher_refresh_every_key(bus: Bus) -> None:
+    bus.touch_many(["node.a.alive", "node.b.alive"], 30)
+    assert bus.expired(["node.a.alive", "node.b.alive", "node.c.alive"]) == ["node.c.alive"]
+
+    async def main() -> None:
+        counted: list[int] = []
+        batcher = LivenessBatcher(bus, ttl_s=30, flush_every_s=0.01, on_flushed=counted.append)
+        for node in ("x", "y", "x"):
+            batcher.touch(node)
+        assert bus.expired([node_alive_key("x"), node_alive_key("y")]) == [node_alive_key(n) for n in "xy"]
+        deadline = time.monotonic() + 10
+        while bus.expired([node_alive_key("x"), node_alive_key("y")]):
+            assert time.monotonic() < deadline, "the batch was never flushed"
+            await asyncio.sleep(0.01)
+        await batcher.close()
+        assert sum(counted) == 3  # every heartbeat counted once, when its key was refreshed
+
+    asyncio.run(main())
 
 
 def test_lock_is_exclusive_and_released(bus: Bus) -> None:

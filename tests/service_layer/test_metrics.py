@@ -3,6 +3,8 @@ the database's truth (jobs by state, nodes) beside request latencies."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -72,7 +74,6 @@ def test_sample_alert_rules_name_only_metrics_the_server_exports(server: ServerH
 
 def test_placements_are_counted_by_outcome(server: ServerHandle) -> None:
     from contracts.states import JobState
-    from control_layer.placer import place_pending
     from orchestration.db.engine import session_scope
     from orchestration.db.models import Job, Tenant
     from tests.service_layer.harness import small_spec
@@ -82,9 +83,27 @@ def test_placements_are_counted_by_outcome(server: ServerHandle) -> None:
         session.add(
             Job(tenant_id=admin.id, name="lonely", spec=small_spec("lonely"), status=JobState.PENDING)
         )
-    place_pending(server.ctx)  # no fleet: the planner finds nothing and the job fails
+    # The server's own placer (it leads) takes the job: no fleet, so the planner finds nothing and
+    # the job fails. Calling place_pending here would race it: only the leader places.
     auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    fams = _families(httpx.get(server.http_url + "/metrics", headers=auth, timeout=10).text)
-    outcomes = {labels["outcome"]: value for labels, value in fams["cpn_placement_duration_seconds"]}
+    deadline = time.monotonic() + 30
+    while True:
+        fams = _families(httpx.get(server.http_url + "/metrics", headers=auth, timeout=10).text)
+        outcomes = {labels["outcome"]: value for labels, value in fams["cpn_placement_duration_seconds"]}
+        if outcomes:  # observed once the placement is over
+            break
+        assert time.monotonic() < deadline, "the placer did not take the job"
+        time.sleep(0.1)
     assert outcomes == {"failed": 1.0}
     assert {labels["state"]: v for labels, v in fams["cpn_jobs"]}["failed"] == 1
+
+
+def test_the_only_replica_leads_and_says_so(server: ServerHandle) -> None:
+    auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    deadline = time.monotonic() + 20
+    while True:
+        fams = _families(httpx.get(server.http_url + "/metrics", headers=auth, timeout=10).text)
+        if fams["cpn_leader"] == [({}, 1.0)]:
+            break
+        assert time.monotonic() < deadline, fams["cpn_leader"]
+        time.sleep(0.1)

@@ -24,6 +24,7 @@ from training.compression.codecs import EncodedChunk, decode_chunk_into, get_cod
 from training.sync.auth import ClientAuth, ServerAuth
 from training.sync.messages import InMessage, Meta, OutMessage, PeerStatus, PushResult
 from training.sync.stats import TransferStats
+from training.sync.tls import SyncTls
 from training.wan.shaper import LinkShaper
 
 SERVICE_NAME = sync_pb2.DESCRIPTOR.services_by_name["SyncService"].full_name
@@ -277,6 +278,7 @@ class SyncServer:
         listen: str = "127.0.0.1:0",
         max_workers: int = 16,
         auth_secret: str | None = None,
+        tls: SyncTls | None = None,
     ) -> None:
         interceptors = [ServerAuth(auth_secret)] if auth_secret else []
         self.server = grpc.server(
@@ -293,7 +295,10 @@ class SyncServer:
             ),
             self.server,
         )
-        self.port = self.server.add_insecure_port(listen)
+        if tls is None:
+            self.port = self.server.add_insecure_port(listen)
+        else:
+            self.port = self.server.add_secure_port(listen, tls.server_credentials())
         if self.port == 0:
             raise FailedPrecondition(f"cannot listen on {listen!r}", field="sync.listen")
         host = listen.rsplit(":", 1)[0]
@@ -323,9 +328,11 @@ class PeerClient:
         shaper: LinkShaper,
         stats: TransferStats,
         auth_secret: str | None = None,
+        tls: SyncTls | None = None,
     ) -> None:
         self.src, self.dst, self.shaper, self.stats = src, dst, shaper, stats
         self.auth_secret = auth_secret
+        self.tls = tls
         self._lock = threading.Lock()
         self.address = ""
         self._channel: grpc.Channel | None = None
@@ -338,7 +345,12 @@ class PeerClient:
             if self._channel is not None:
                 self._channel.close()
             self.address = address
-            self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+            if self.tls is None:
+                self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+            else:
+                self._channel = grpc.secure_channel(
+                    address, self.tls.channel_credentials(), options=[*_OPTIONS, *self.tls.channel_options()]
+                )
             channel = self._channel
             if self.auth_secret:
                 channel = grpc.intercept_channel(channel, ClientAuth(self.auth_secret, self.src))

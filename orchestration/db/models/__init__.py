@@ -4,6 +4,7 @@ from orchestration.db.models.audit import AuditEvent
 from orchestration.db.models.calibration import CalibrationChange, CalibrationFactor
 from orchestration.db.models.events import Event
 from orchestration.db.models.jobs import Allocation, Job, Quote, Task, TaskMetric
+from orchestration.db.models.leadership import LeaderLease
 from orchestration.db.models.ledger import LedgerEntry
 from orchestration.db.models.resources import (
     Accelerator,
@@ -29,6 +30,7 @@ __all__ = [
     "EnrollmentToken",
     "Event",
     "Job",
+    "LeaderLease",
     "LedgerEntry",
     "Link",
     "LinkProbe",

@@ -37,7 +37,7 @@ class Device(_message.Message):
     def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., memory_gb: _Optional[float] = ..., measured_tflops: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port", "measured_profile")
+    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port", "measured_profile", "csr_pem")
     ENROLLMENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class RegisterRequest(_message.Message):
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
     MEASURED_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
     enrollment_token: str
     region: str
     cluster: str
@@ -74,7 +75,8 @@ class RegisterRequest(_message.Message):
     node_token: str
     probe_port: int
     measured_profile: MeasuredProfile
-    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ..., measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ...) -> None: ...
+    csr_pem: str
+    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ..., measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ..., csr_pem: _Optional[str] = ...) -> None: ...
 
 class MeasuredProfile(_message.Message):
     __slots__ = ("startup_s", "teardown_s", "physical_cores", "rates", "host_load_factor")
@@ -109,18 +111,20 @@ class MeasuredStepRate(_message.Message):
     def __init__(self, precision: _Optional[str] = ..., tflops: _Optional[float] = ..., micro_batch_s: _Optional[float] = ..., step_s: _Optional[float] = ..., optimizer_s_per_mparam: _Optional[float] = ..., data_s_per_mtoken: _Optional[float] = ..., checkpoint_s_per_mparam: _Optional[float] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("node_id", "node_token", "cluster_id", "heartbeat_interval_s", "probe_key")
+    __slots__ = ("node_id", "node_token", "cluster_id", "heartbeat_interval_s", "probe_key", "node_certificate_pem")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     PROBE_KEY_FIELD_NUMBER: _ClassVar[int]
+    NODE_CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_token: str
     cluster_id: str
     heartbeat_interval_s: float
     probe_key: str
-    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cluster_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., probe_key: _Optional[str] = ...) -> None: ...
+    node_certificate_pem: str
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cluster_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., probe_key: _Optional[str] = ..., node_certificate_pem: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log", "probe_result")

@@ -1,0 +1,540 @@
+"""The control plane under load and under chaos, on PostgreSQL + Redis, as `cpn server` processes.
+
+1. Heartbeats: simulated agents (several client processes) register over gRPC and hold real
+   ``Connect`` streams, each sending heartbeats as fast as its stream takes them; the figure is
+   what the server counted as ingested (``cpn_heartbeats_total`` on /metrics) per second.
+2. Submissions: concurrent REST clients POST /v1/jobs for a while; submissions/s and the p99 of
+   their latency (the placer runs meanwhile, rejecting each job: no cluster is in its region).
+3. Chaos, with real `cpn agent` processes and real training jobs:
+   - restart: one replica, killed with SIGKILL while jobs train, started again on the same database;
+   - failover: two replicas, the leader killed with SIGKILL while jobs train. ``failover_s`` runs
+     from the kill until the survivor leads and every agent's stream is back on it.
+   A job is lost if it does not succeed on its first attempt with every task succeeded,
+   duplicated if it got more tasks than its plan or stored a metric step twice, stuck if it is
+   not finished in time.
+
+    python benchmarks/control_plane.py            # full run (about 5 minutes)
+    python benchmarks/control_plane.py --quick    # shorter load phases, one job per chaos phase
+
+Prints a table and a final JSON line. Needs PostgreSQL and Redis (CPN_BENCH_POSTGRES_URL,
+CPN_BENCH_REDIS_URL; local defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestration.bus import RedisBus, default_prefix  # noqa: E402
+from orchestration.db.base import utcnow  # noqa: E402
+from orchestration.db.engine import as_utc, make_engine, make_session_factory, normalize_url  # noqa: E402
+from orchestration.db.migrate import upgrade  # noqa: E402
+from orchestration.db.models import LeaderLease, Node, Task, TaskMetric  # noqa: E402
+from orchestration.leadership import SINGLETONS  # noqa: E402
+from orchestration.settings import Settings  # noqa: E402
+from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
+from service_layer.cli.demo import wait_for_clusters  # noqa: E402
+from service_layer.cli.local_fleet import LocalAgent, enroll, start_agents, stop_agents  # noqa: E402
+
+POSTGRES = os.environ.get("CPN_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS = os.environ.get("CPN_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+UP = re.compile(r"control plane up: REST \S+:(\d+), gRPC \S+:(\d+)")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ------------------------------------------------------------------ the deployment
+
+
+class Database:
+    """A fresh PostgreSQL database (migrated) and its Redis prefix, removed at the end."""
+
+    def __init__(self) -> None:
+        self.admin = create_engine(normalize_url(POSTGRES), isolation_level="AUTOCOMMIT")
+        self.name = f"cpn_bench_{secrets.token_hex(5)}"
+        with self.admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{self.name}"'))
+        self.url = (
+            make_url(normalize_url(POSTGRES)).set(database=self.name).render_as_string(hide_password=False)
+        )
+        upgrade(self.url)
+        self.engine = make_engine(self.url)
+        self.sessions = make_session_factory(self.engine)
+
+    def drop(self) -> None:
+        self.engine.dispose()
+        bus = RedisBus(REDIS, prefix=default_prefix(Settings(database_url=self.url)))
+        bus.delete_prefixed()
+        bus.close()
+        with self.admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
+        self.admin.dispose()
+
+
+@dataclass
+class Replica:
+    """One `cpn server` process on fixed ports, restartable."""
+
+    name: str
+    env: dict[str, str]
+    log_dir: Path
+    http_port: int = 0
+    grpc_port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def __post_init__(self) -> None:
+        self.http_port, self.grpc_port = free_port(), free_port()
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self, timeout_s: float = 120.0) -> float:
+        self.starts += 1
+        log = self.log_dir / f"{self.name}-{self.starts}.log"
+        began = time.monotonic()
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cpn", "server", "--port", str(self.http_port),
+                 "--grpc-port", str(self.grpc_port), "--log-level", "WARNING"],
+                env={**self.env, "CPN_REPLICA_ID": self.name}, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        # --log-level WARNING hides the "up" line: poll the health endpoint instead
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"replica {self.name} exited:\n{log.read_text(errors='replace')[-3000:]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.http_port}/healthz", timeout=2).status_code == 200:
+                    return time.monotonic() - began
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - began > timeout_s:
+                raise RuntimeError(f"replica {self.name} not up in {timeout_s:.0f}s")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def cpu_s(self) -> float:
+        """CPU seconds the server process has used (user + system)."""
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def heartbeats(self) -> float:
+        body = httpx.get(f"http://127.0.0.1:{self.http_port}/metrics", timeout=10).text
+        m = re.search(r"^cpn_heartbeats_total ([0-9.e+]+)$", body, re.M)
+        return float(m.group(1)) if m else 0.0
+
+
+def server_env(db: Database, workdir: Path, admin_key: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CPN_")}
+    env.update(
+        CPN_ENVIRONMENT="development", CPN_DATABASE_URL=db.url, CPN_REDIS_URL=REDIS,
+        CPN_DATA_DIR=str(workdir), CPN_ADMIN_API_KEY=admin_key, PYTHONUNBUFFERED="1", **extra,
+    )  # fmt: skip
+    return env
+
+
+def admin_client(replica: Replica, admin_key: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=f"http://127.0.0.1:{replica.http_port}",
+        headers={"Authorization": f"Bearer {admin_key}"},
+        timeout=60,
+    )
+
+
+# ------------------------------------------------------------------ 1. heartbeats
+
+
+def _register_request(token: str, i: int) -> agent_pb2.RegisterRequest:
+    return agent_pb2.RegisterRequest(
+        enrollment_token=token, region="sim", cluster=f"sim-{i // 50}", provider="sim", hostname=f"sim-{i}",
+        devices=[agent_pb2.Device(index=0, model="cpu", memory_gb=1, measured_tflops=0.1, kind="cpu")],
+        price_per_device_hour=1.0, agent_version="bench", advertise_host="127.0.0.1",
+        sync_port_min=40000, sync_port_max=40009,
+    )  # fmt: skip
+
+
+async def _simulate(target: str, creds: list[tuple[str, str]], seconds: float, ready: Any, go: Any) -> None:
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = agent_pb2_grpc.AgentServiceStub(channel)
+        end = asyncio.Event()
+
+        async def node(node_id: str, token: str) -> None:
+            acked = asyncio.Event()
+
+            async def messages() -> Any:
+                yield agent_pb2.AgentMessage(hello=agent_pb2.Hello(node_id=node_id, node_token=token))
+                await acked.wait()
+                seq = 0
+                while not end.is_set():
+                    seq += 1
+                    yield agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat(seq=seq, sent_at=time.time()))
+                    if seq % 16 == 0:
+                        await asyncio.sleep(0)  # let the other streams of this process take turns
+
+            call = stub.Connect(messages())
+            async for msg in call:
+                if msg.WhichOneof("kind") == "ack":
+                    acked.set()
+                if end.is_set():
+                    break
+            call.cancel()
+
+        streams = [asyncio.create_task(node(n, t)) for n, t in creds]
+        ready.release()
+        await asyncio.to_thread(go.wait)
+        await asyncio.sleep(seconds)
+        end.set()
+        await asyncio.wait(streams, timeout=10)
+        for s in streams:
+            s.cancel()
+
+
+def _simulator(target: str, creds: list[tuple[str, str]], seconds: float, ready: Any, go: Any) -> None:
+    asyncio.run(_simulate(target, creds, seconds, ready, go))
+
+
+def bench_heartbeats(
+    replica: Replica, admin: httpx.Client, nodes: int, procs: int, seconds: float
+) -> tuple[float, float]:
+    """Heartbeats ingested per second of wall time, and per CPU second of the server process."""
+    token = admin.post("/v1/tokens", json={"provider": "sim", "note": "bench", "max_uses": nodes}).json()[
+        "token"
+    ]
+
+    async def register_all() -> list[tuple[str, str]]:
+        async with grpc.aio.insecure_channel(replica.grpc_target) as ch:
+            stub = agent_pb2_grpc.AgentServiceStub(ch)
+            sem = asyncio.Semaphore(16)
+
+            async def one(i: int) -> tuple[str, str]:
+                async with sem:
+                    r = await stub.Register(_register_request(token, i), timeout=60)
+                    return r.node_id, r.node_token
+
+            return list(await asyncio.gather(*(one(i) for i in range(nodes))))
+
+    creds = asyncio.run(register_all())
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Semaphore(0), ctx.Event()
+    window = seconds + 5  # streams connect during the first seconds; the count uses the middle
+    workers = [
+        ctx.Process(target=_simulator, args=(replica.grpc_target, creds[i::procs], window, ready, go))
+        for i in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    for _ in workers:
+        ready.acquire()
+    go.set()
+    time.sleep(3)  # every stream acked and streaming
+    before, t0, cpu0 = replica.heartbeats(), time.monotonic(), replica.cpu_s()
+    time.sleep(seconds)
+    after, t1, cpu1 = replica.heartbeats(), time.monotonic(), replica.cpu_s()
+    for w in workers:
+        w.join(60)
+    return (after - before) / (t1 - t0), (after - before) / max(1e-9, cpu1 - cpu0)
+
+
+# ------------------------------------------------------------------ 2. submissions
+
+
+def bench_job(steps: int, dp: int, regions: list[str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": "bench",
+        "model": {"family": "gpt", "n_layers": 1, "d_model": 32, "n_heads": 2, "vocab": 32, "seq_len": 32},
+        "data": {"kind": "synthetic-markov", "seed": 1},
+        "training": {"steps": steps, "global_batch_tokens": dp * 4 * 32, "lr": 3e-3},
+        "parallelism": {"dp": dp, "tp": 1, "pp": 1, "zero": 0},
+        "sync": {"mode": "local_sgd", "every": 5},
+        "qos": {"max_hours": 1, "objective": "cost"},
+    }
+    if regions:
+        spec["qos"]["regions"] = regions
+    return spec
+
+
+async def _submit(base: str, key: str, seconds: float, concurrency: int) -> list[float]:
+    latencies: list[float] = []
+    spec = bench_job(10, 1, regions=["nowhere"])
+    end = time.monotonic() + seconds
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {key}"}, limits=limits,
+                                 timeout=30) as client:  # fmt: skip
+
+        async def loop() -> None:
+            while time.monotonic() < end:
+                t = time.perf_counter()
+                r = await client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"})
+                latencies.append(time.perf_counter() - t)
+                if r.status_code != 201 and r.status_code != 200:
+                    raise RuntimeError(f"submission answered {r.status_code}: {r.text[:300]}")
+
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return latencies
+
+
+def bench_submissions(
+    replica: Replica, admin_key: str, seconds: float, concurrency: int
+) -> tuple[float, float, float]:
+    """Submissions/s, their p99 in ms, and submissions per CPU second of the server process."""
+    base = f"http://127.0.0.1:{replica.http_port}"
+    asyncio.run(_submit(base, admin_key, 2.0, concurrency))  # warm-up: connections, caches
+    t0, cpu0 = time.monotonic(), replica.cpu_s()
+    lat = asyncio.run(_submit(base, admin_key, seconds, concurrency))
+    elapsed, cpu = time.monotonic() - t0, replica.cpu_s() - cpu0
+    lat.sort()
+    return len(lat) / elapsed, lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000, len(lat) / max(1e-9, cpu)
+
+
+# ------------------------------------------------------------------ 3. chaos
+
+
+@dataclass
+class Outcome:
+    lost: int = 0
+    duplicated: int = 0
+    stuck: int = 0
+
+
+def judge(
+    db: Database, client: httpx.Client, job_ids: list[str], expected_tasks: int, timeout_s: float
+) -> Outcome:
+    out = Outcome()
+    deadline = time.monotonic() + timeout_s
+    for job_id in job_ids:
+        while True:
+            job = client.get(f"/v1/jobs/{job_id}").raise_for_status().json()
+            if job["status"] in TERMINAL or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        if job["status"] not in TERMINAL:
+            out.stuck += 1
+        elif (
+            job["status"] != "succeeded"
+            or job["attempt"] != 1
+            or any(t["status"] != "succeeded" for t in job["tasks"])
+        ):
+            out.lost += 1
+            print(f"  lost: job {job_id} {job['status']} attempt {job['attempt']}: {job['reason']}")
+        with db.sessions() as s:
+            tasks = len(s.scalars(select(Task.id).where(Task.job_id == job_id)).all())
+            steps = Counter(
+                s.execute(
+                    select(TaskMetric.task_id, TaskMetric.step).join(Task).where(Task.job_id == job_id)
+                ).all()
+            )
+        if tasks > expected_tasks or (steps and max(steps.values()) > 1):
+            out.duplicated += 1
+    return out
+
+
+def wait_training(client: httpx.Client, job_ids: list[str], timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    for job_id in job_ids:
+        while True:
+            job = client.get(f"/v1/jobs/{job_id}").raise_for_status().json()
+            series = client.get(f"/v1/jobs/{job_id}/metrics").raise_for_status().json()["series"]
+            if (
+                job["status"] == "running"
+                and series
+                and all(p and p[-1]["step"] >= 2 for p in series.values())
+            ):
+                break
+            if job["status"] in TERMINAL or time.monotonic() > deadline:
+                raise RuntimeError(f"job {job_id} is {job['status']} before the chaos: {job.get('reason')}")
+            time.sleep(0.3)
+
+
+def leader_of(db: Database) -> str:
+    with db.sessions() as s:
+        lease = s.get(LeaderLease, SINGLETONS)
+        return lease.holder if lease else ""
+
+
+def all_back_since(db: Database, since: Any) -> bool:
+    with db.sessions() as s:
+        rows = s.scalars(
+            select(Node.last_heartbeat_at)
+        ).all()  # the chaos database holds the real agents only
+    return bool(rows) and all(r is not None and as_utc(r) >= since for r in rows)
+
+
+def chaos(workdir: Path, jobs: int, steps: int) -> dict[str, Any]:
+    db = Database()
+    admin_key = "cpn_admin_" + secrets.token_urlsafe(16)
+    env = server_env(db, workdir, admin_key, CPN_HEARTBEAT_INTERVAL_S="1", CPN_HEARTBEAT_MISSES="3")
+    (workdir / "logs").mkdir(exist_ok=True)
+    r1, r2 = Replica("r1", env, workdir / "logs"), Replica("r2", env, workdir / "logs")
+    agents: list[subprocess.Popen[bytes]] = []
+    result: dict[str, Any] = {}
+    try:
+        r1.start()
+        client = admin_client(r1, admin_key)
+        specs = [
+            LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU", devices=f"cpu:{jobs}"),
+            LocalAgent("us-east", "virginia-1", "atlas", 2.0, "US", devices=f"cpu:{jobs}"),
+        ]
+        tokens = enroll(client, specs, note="chaos")
+        # Every agent knows both replicas from the start; r2 joins for the failover phase.
+        agents = start_agents(specs, f"{r1.grpc_target},{r2.grpc_target}", tokens, workdir, first_port=32500)
+        wait_for_clusters(client, len(specs), timeout_s=120)
+        link = {"src": "eu-west", "dst": "us-east", "bandwidth_gbps": 1.0, "latency_ms": 40.0,
+                "egress_price_per_gb": 0.02}  # fmt: skip
+        client.put("/v1/links", json=link).raise_for_status()
+
+        def submit(c: httpx.Client) -> list[str]:
+            body = {"spec": bench_job(steps, 2), "choice": "cheapest"}
+            return [c.post("/v1/jobs", json=body).raise_for_status().json()["id"] for _ in range(jobs)]
+
+        # restart: the only replica, killed mid-job, back on the same database
+        ids = submit(client)
+        wait_training(client, ids)
+        r1.kill()
+        time.sleep(3 + 1)  # away longer than the loss threshold: every liveness key expires
+        restart_s = r1.start()
+        restarted = judge(db, client, ids, expected_tasks=2, timeout_s=600)
+        result.update(restart_s=restart_s, restart=restarted.__dict__)
+        print(f"restart: replica back in {restart_s:.1f}s; {restarted}")
+
+        # failover: two replicas, the leader killed mid-job
+        r2.start()
+        leader = r1 if leader_of(db) == "r1" else r2
+        survivor = r2 if leader is r1 else r1
+        ids = submit(client)
+        wait_training(client, ids)
+        killed_wall, killed = utcnow(), time.monotonic()
+        leader.kill()
+        led_s = back_s = None
+        while led_s is None or back_s is None:
+            now = time.monotonic() - killed
+            if led_s is None and leader_of(db) == survivor.name:
+                led_s = now
+            if back_s is None and all_back_since(db, killed_wall):
+                back_s = now
+            if now > 120:
+                break
+            time.sleep(0.05)
+        client.close()
+        client = admin_client(survivor, admin_key)
+        failed_over = judge(db, client, ids, expected_tasks=2, timeout_s=600)
+        failover_s = max(led_s or float("inf"), back_s or float("inf"))
+        result.update(
+            failover_s=failover_s, leader_s=led_s, agents_back_s=back_s, failover=failed_over.__dict__
+        )
+        print(f"failover: survivor led after {led_s}s, agents back after {back_s}s; {failed_over}")
+        client.close()
+    finally:
+        stop_agents(agents)
+        for r in (r1, r2):
+            r.stop()
+        db.drop()
+    return result
+
+
+# ------------------------------------------------------------------ main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--nodes", type=int, default=200, help="simulated agents (streams)")
+    ap.add_argument("--client-procs", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=16, help="concurrent REST submitters")
+    ap.add_argument("--no-chaos", action="store_true")
+    args = ap.parse_args()
+    seconds = 5.0 if args.quick else 15.0
+    with tempfile.TemporaryDirectory(prefix="cpn-bench-cp-") as tmp:
+        workdir = Path(tmp)
+        db = Database()
+        admin_key = "cpn_admin_" + secrets.token_urlsafe(16)
+        replica = Replica("load", server_env(db, workdir, admin_key), workdir)
+        try:
+            replica.start()
+            with admin_client(replica, admin_key) as admin:
+                hb, hb_cpu = bench_heartbeats(replica, admin, args.nodes, args.client_procs, seconds)
+            print(f"heartbeats: {hb:,.0f}/s from {args.nodes} streams ({hb_cpu:,.0f} per server CPU-s)")
+            subs, p99, subs_cpu = bench_submissions(replica, admin_key, seconds, args.concurrency)
+            print(
+                f"submissions: {subs:,.0f}/s, p99 {p99:.1f} ms ({args.concurrency} concurrent clients; "
+                f"{subs_cpu:,.0f} per server CPU-s)"
+            )
+        finally:
+            replica.stop()
+            db.drop()
+        ch = {} if args.no_chaos else chaos(workdir, jobs=1 if args.quick else 2, steps=300)
+    rows = [
+        ("heartbeats/s", f"{hb:,.0f}", ">= 5,000"),
+        ("submissions/s", f"{subs:,.0f}", ">= 200"),
+        ("submit p99 ms", f"{p99:.1f}", "<= 100"),
+        ("heartbeats/server CPU-s", f"{hb_cpu:,.0f}", ""),
+        ("submissions/server CPU-s", f"{subs_cpu:,.0f}", ""),
+        ("load average (1 min)", f"{os.getloadavg()[0]:.1f}", f"{os.cpu_count()} cores"),
+    ]
+    if ch:
+        rows += [
+            ("failover s", f"{ch['failover_s']:.2f}", "<= 10"),
+            ("jobs lost on restart", str(ch["restart"]["lost"] + ch["restart"]["stuck"]), "0"),
+            ("jobs lost on failover", str(ch["failover"]["lost"] + ch["failover"]["stuck"]), "0"),
+            ("jobs duplicated", str(ch["restart"]["duplicated"] + ch["failover"]["duplicated"]), "0"),
+        ]
+    print(f"\n{'figure':<24}{'measured':>12}{'target':>12}")
+    for name, value, target in rows:
+        print(f"{name:<24}{value:>12}{target:>12}")
+    final = {
+        "heartbeats_per_s": round(hb, 1),
+        "submissions_per_s": round(subs, 1),
+        "submit_p99_ms": round(p99, 2),
+        "heartbeats_per_server_cpu_s": round(hb_cpu, 1),
+        "submissions_per_server_cpu_s": round(subs_cpu, 1),
+        "failover_s": round(ch["failover_s"], 2) if ch else None,
+        "jobs_lost_on_restart": ch["restart"]["lost"] + ch["restart"]["stuck"] if ch else None,
+        "jobs_lost_on_failover": ch["failover"]["lost"] + ch["failover"]["stuck"] if ch else None,
+        "jobs_duplicated": ch["restart"]["duplicated"] + ch["failover"]["duplicated"] if ch else None,
+    }
+    print(json.dumps(final))
+
+
+if __name__ == "__main__":
+    main()
