@@ -19,6 +19,9 @@ from control_layer.planner.plan_types import Calibration
 DEFAULT_DEVICE_EFFICIENCY = 0.5
 # Achieved fraction of nominal bandwidth: WAN streams lose more to TCP and chunking than a LAN.
 DEFAULT_WAN_GOODPUT = 0.7
+# A measured link's figure is already what one gRPC stream achieved (resource_layer.link_probes):
+# discounting it again as if it were nominal would price the WAN 30 % slow.
+MEASURED_WAN_GOODPUT = 1.0
 DEFAULT_LAN_GOODPUT = 0.9
 # Allocator fragmentation, runtime context and communication buffers take the rest.
 USABLE_MEMORY_FRACTION = 0.9
@@ -128,12 +131,14 @@ def checkpoint_writes(steps: int, every: int | None) -> int:
     return (steps - 1) // every + 1
 
 
-def link_goodput(a: str, b: str, calibration: Calibration | None) -> float:
+def link_goodput(a: str, b: str, calibration: Calibration | None, measured: bool = False) -> float:
     if calibration:
         for key in (f"{a}|{b}", f"{b}|{a}"):
             if key in calibration.link_goodput:
                 return calibration.link_goodput[key]
-    return DEFAULT_LAN_GOODPUT if a == b else DEFAULT_WAN_GOODPUT
+    if a == b:
+        return DEFAULT_LAN_GOODPUT
+    return MEASURED_WAN_GOODPUT if measured else DEFAULT_WAN_GOODPUT
 
 
 def bytes_per_s(gbps: float, goodput: float) -> float:

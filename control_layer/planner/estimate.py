@@ -62,7 +62,8 @@ class Links:
             if ln is None:
                 got = (0.0, math.inf, 0.0)
             else:
-                bw = cm.bytes_per_s(ln.bandwidth_gbps, cm.link_goodput(a, b, self.calibration))
+                goodput = cm.link_goodput(a, b, self.calibration, measured=ln.source == "measured")
+                bw = cm.bytes_per_s(ln.bandwidth_gbps, goodput)
                 got = (bw, ln.latency_ms / 1000.0, ln.egress_price_per_gb)
             self._memo[(a, b)] = got
         return got

@@ -72,7 +72,7 @@ def basis(
             teardown[t.node] = calibration.teardown_s[t.node]
     regions = sorted({clusters[t.cluster].region for t in tasks if t.cluster in clusters})
     goodput = {
-        f"{a}|{b}": cm.link_goodput(a, b, calibration)
+        f"{a}|{b}": cm.link_goodput(a, b, calibration, measured=_measured(snapshot, a, b))
         for i, a in enumerate(regions)
         for b in regions[i + 1 :]
     }
@@ -83,3 +83,8 @@ def basis(
         host_share=dict(host_share or {}),
         teardown_s=teardown,
     )
+
+
+def _measured(snapshot: ResourceSnapshot, a: str, b: str) -> bool:
+    ln = snapshot.link(a, b)
+    return ln is not None and ln.source == "measured"

@@ -160,3 +160,18 @@ def test_out_of_memory_is_refused() -> None:
     )
     with pytest.raises(InvalidArgument, match="needs .* GB per device"):
         estimate_option(big, _snap(), _tasks([("c", "c0", 0)]), dp=1, tp=1, pp=1, zero=0)
+
+
+def test_a_measured_link_is_not_discounted_again() -> None:
+    """A probe's figure is already what a stream achieved; only a declared figure is nominal."""
+    spec = _spec()
+    tasks = _tasks([("a", "a0", 0), ("b", "b0", 0)])
+    declared = estimate_option(spec, _snap(), tasks, dp=2, tp=1, pp=1, zero=0)
+    data = _snap().model_dump()
+    data["links"] = [{**ln, "source": "measured"} for ln in data["links"]]
+    measured = ResourceSnapshot.model_validate(data)
+    est = estimate_option(spec, measured, tasks, dp=2, tp=1, pp=1, zero=0)
+    payload = spec.model.n_params * 4.0
+    assert est.step_s.wan_sync == pytest.approx(payload / cm.bytes_per_s(8, 1.0) + 2 * 0.1)
+    assert est.step_s.wan_sync < declared.step_s.wan_sync
+    assert est.basis is not None and set(est.basis.goodput.values()) == {cm.MEASURED_WAN_GOODPUT}
