@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from contracts.errors import Aborted
 from contracts.job_spec import JobSpec
 from contracts.states import TASK_ACTIVE, TaskState
+from control_layer.checkpoints import job_checkpoints
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.snapshot import current_prices
 from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
@@ -84,7 +85,9 @@ def allocate(
         )
         for node_id, entries in groups.items()
     ]
-    configs = build_worker_configs(job.id, spec, option, slots, sync_secret=sync_secret)
+    configs = build_worker_configs(
+        job.id, spec, option, slots, sync_secret=sync_secret, checkpoints=job_checkpoints(session, job.id)
+    )
     prices = current_prices(session, list(clusters))
     egress = _egress_prices(session, {s.region for s in slots})
 

@@ -59,6 +59,7 @@ def on_task_status(
                 send_cancel(session, ctx.bus, task, f"task is already {task.status}")
             return
         move_task(task, to, message=message, exit_code=exit_code, result=_finite(result))
+        _note_checkpoint(task, (result or {}).get("checkpoint_step"))
         record_event(
             session,
             ctx.bus,
@@ -207,6 +208,7 @@ def on_task_metrics(ctx: ServerContext, node_id: str, assignment_id: str, metric
             )
         )
         task.last_metrics = clean
+        _note_checkpoint(task, clean.get("checkpoint_step"))
         publish_after_commit(
             session,
             ctx.bus,
@@ -252,6 +254,12 @@ def pending_assignments(ctx: ServerContext, node_id: str) -> list[dict[str, Any]
             .order_by(Task.created_at, Task.id)
         ).scalars()
         return [assignment_message(t) for t in rows]
+
+
+def _note_checkpoint(task: Task, step: Any) -> None:
+    """Keep the newest complete checkpoint a task reported (0 or nothing: none yet)."""
+    if isinstance(step, int) and not isinstance(step, bool) and step > 0:
+        task.checkpoint_step = max(step, task.checkpoint_step or 0)
 
 
 def _lock_job(session: Session, job_id: str) -> Job:

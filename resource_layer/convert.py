@@ -79,6 +79,7 @@ def metrics_to_dict(m: agent_pb2.TaskMetrics) -> dict[str, Any]:
         "wan_bytes_recv": m.wan_bytes_recv,
         "sync_latency_s": m.sync_latency_s,
         "wall_time_s": m.wall_time_s,
+        "checkpoint_step": m.checkpoint_step,
     }
 
 

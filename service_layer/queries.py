@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from control_layer.checkpoints import job_checkpoints
 from control_layer.snapshot import busy_accelerator_ids, current_prices
 from orchestration.bus.base import Bus
 from orchestration.db.base import utcnow
@@ -240,9 +241,11 @@ def job_detail(session: Session, job: Job, now: datetime | None = None) -> JobDe
                 message=t.message,
                 placement=list(t.placement or []),
                 last_metrics=t.last_metrics,
+                checkpoint_step=t.checkpoint_step,
             )
             for t in tasks
         ],
+        checkpoints=job_checkpoints(session, job.id),
         estimates=_estimates(job),
         actual_duration_s=actual_s,
         result=job.result,

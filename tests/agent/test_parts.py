@@ -115,8 +115,9 @@ def test_metrics_tracker_keeps_running_wan_totals_and_maps_names() -> None:
     m = t.update({"step": 2, "loss": 2.5, "sync": {"bytes_sent": {"a": 10}}})
     assert m == {"step": 2, "total_steps": 10, "loss": 2.5, "tokens_per_s": 0.0, "compute_utilization": 0.0,
                  "wan_bytes_sent": 160, "wan_bytes_recv": 30, "sync_latency_s": 0.0,
-                 "wall_time_s": 0.0}  # fmt: skip
+                 "wall_time_s": 0.0, "checkpoint_step": 0}  # fmt: skip
     assert t.update({"step": 3, "wan_bytes_sent": 7, "total_steps": 12})["wan_bytes_sent"] == 7
+    assert t.update({"step": 4, "checkpoint_step": 3})["checkpoint_step"] == 3
     assert t.update({"step": "x"})["step"] == 0  # garbage is zero, never a crash
 
 

@@ -75,6 +75,8 @@ class Task(Base):
     message: Mapped[str] = mapped_column(String(2000), default="")
     last_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     result: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    # The step of the latest complete checkpoint in the task's directory on its node.
+    checkpoint_step: Mapped[int | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)

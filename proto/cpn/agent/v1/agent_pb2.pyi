@@ -141,7 +141,7 @@ class TaskStatus(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ..., result_json: _Optional[str] = ...) -> None: ...
 
 class TaskMetrics(_message.Message):
-    __slots__ = ("assignment_id", "step", "total_steps", "loss", "tokens_per_s", "compute_utilization", "wan_bytes_sent", "wan_bytes_recv", "sync_latency_s", "wall_time_s")
+    __slots__ = ("assignment_id", "step", "total_steps", "loss", "tokens_per_s", "compute_utilization", "wan_bytes_sent", "wan_bytes_recv", "sync_latency_s", "wall_time_s", "checkpoint_step")
     ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,7 @@ class TaskMetrics(_message.Message):
     WAN_BYTES_RECV_FIELD_NUMBER: _ClassVar[int]
     SYNC_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     WALL_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     assignment_id: str
     step: int
     total_steps: int
@@ -162,7 +163,8 @@ class TaskMetrics(_message.Message):
     wan_bytes_recv: int
     sync_latency_s: float
     wall_time_s: float
-    def __init__(self, assignment_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., wan_bytes_sent: _Optional[int] = ..., wan_bytes_recv: _Optional[int] = ..., sync_latency_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ...) -> None: ...
+    checkpoint_step: int
+    def __init__(self, assignment_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., wan_bytes_sent: _Optional[int] = ..., wan_bytes_recv: _Optional[int] = ..., sync_latency_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., checkpoint_step: _Optional[int] = ...) -> None: ...
 
 class TaskLog(_message.Message):
     __slots__ = ("assignment_id", "stream", "line")
