@@ -25,22 +25,24 @@ def checkpoint_write_s(n_params: int, replicas_per_node: int = 1) -> float:
 def checkpoint_every(
     step_s: float, write_s: float, steps: int, max_fraction: float = MAX_CHECKPOINT_FRACTION
 ) -> int:
-    """The smallest interval N (steps) with write_s / (N * step_s) <= max_fraction, at most
-    ``steps`` (the final step is always saved). Smaller N loses less work on a failure."""
+    """The smallest interval N (steps) whose writes, the final step's included, take at most
+    ``max_fraction`` of the run; ``steps`` when even the final write alone takes more. A smaller
+    N loses less work on a failure."""
     if not (math.isfinite(step_s) and math.isfinite(write_s)) or step_s < 0 or write_s < 0:
         raise ValueError(f"step_s ({step_s}) and write_s ({write_s}) must be finite and >= 0")
-    if steps < 1 or not 0 < max_fraction <= 1:
-        raise ValueError(f"steps ({steps}) must be >= 1 and max_fraction ({max_fraction}) in (0, 1]")
+    if steps < 1 or not 0 < max_fraction < 1:
+        raise ValueError(f"steps ({steps}) must be >= 1 and max_fraction ({max_fraction}) in (0, 1)")
     if write_s == 0:
         return 1
-    if step_s == 0:
+    # k writes of write_s within the fraction: k * w <= f / (1 - f) * steps * step_s
+    k_max = math.floor(max_fraction / (1 - max_fraction) * steps * step_s / write_s + 1e-9)
+    if k_max < 1:
         return steps
-    n = math.ceil(write_s / (max_fraction * step_s) - 1e-9)
-    return max(1, min(steps, n))
+    return max(1, min(steps, math.ceil(steps / k_max)))
 
 
 def checkpoint_fraction(step_s: float, write_s: float, every: int, steps: int) -> float:
     """Share of the run spent writing checkpoints at interval ``every`` (final save included)."""
-    writes = steps // every + (1 if steps % every else 0)
+    writes = math.ceil(steps / every)
     total = steps * step_s + writes * write_s
     return writes * write_s / total if total > 0 else 0.0
