@@ -19,6 +19,7 @@ from contracts.errors import InvalidArgument, NotFound, PermissionDenied
 from contracts.states import JOB_ACTIVE, TASK_ACTIVE, JobState, TaskState, task_move_applies
 from control_layer.calibration import TIMING_KEYS
 from control_layer.dispatch import assignment_message, send_cancel
+from control_layer.elastic import handle_lost_task
 from control_layer.lifecycle import transition
 from control_layer.task_states import move_task, normalize_task_state
 from orchestration.context import ServerContext
@@ -92,7 +93,9 @@ _LIVE = (TaskState.STARTING, TaskState.RUNNING)
 def _attempt_tasks(session: Session, job: Job) -> list[Task]:
     return list(
         session.scalars(
-            select(Task).where(Task.job_id == job.id, Task.attempt == job.attempt).order_by(Task.id)
+            select(Task)
+            .where(Task.job_id == job.id, Task.attempt == job.attempt, Task.dropped.is_(False))
+            .order_by(Task.id)
         )
     )
 
@@ -117,12 +120,16 @@ def _maybe_succeeded(ctx: ServerContext, session: Session, job: Job) -> None:
 
 
 def _task_failed(ctx: ServerContext, session: Session, job: Job, task: Task) -> None:
-    """Stop the attempt: back to pending for the placer while retries remain, else failed."""
+    """An elastic job goes on without the task (``control_layer.elastic``); otherwise stop the
+    attempt: back to pending for the placer while retries remain, else failed."""
     what = f"task {task.id} on node {task.node_id} ({task.region}) {task.status}"
     if task.message:
         what += f": {task.message}"
     if task.exit_code is not None:
         what += f" (exit code {task.exit_code})"
+    if handle_lost_task(ctx, session, job, task, what):
+        _maybe_succeeded(ctx, session, job)  # the others may all have finished already
+        return
     retries_used = job.attempt - 1
     limit = ctx.settings.max_job_retries
     if retries_used < limit:

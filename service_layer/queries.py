@@ -135,14 +135,15 @@ def list_links(session: Session) -> list[LinkRead]:
 
 
 def _current_tasks(session: Session, jobs: Sequence[Job]) -> dict[str, list[Task]]:
-    """Tasks of each job's current attempt."""
+    """Tasks of each job's current attempt, less those it dropped (lost in an elastic job; the
+    job's events name them)."""
     if not jobs:
         return {}
     attempts = {j.id: j.attempt for j in jobs}
     out: dict[str, list[Task]] = defaultdict(list)
     rows = session.scalars(select(Task).where(Task.job_id.in_(list(attempts))).order_by(Task.region, Task.id))
     for t in rows:
-        if t.attempt == attempts[t.job_id]:
+        if t.attempt == attempts[t.job_id] and not t.dropped:
             out[t.job_id].append(t)
     return out
 

@@ -1,8 +1,10 @@
-"""Checkpoints on the real job path: a job submitted over REST checkpoints into its agents' work
-dirs, the control plane records each task's latest complete checkpoint, and after a node dies
-(kill -9 of its agent and workers) the re-placed job resumes from the checkpoints, never from
-step 0: the survivor from its own, the replacement in another region at the same step with the
-survivor's model."""
+"""Checkpoints and elastic regions on the real job path (REST, PostgreSQL + Redis, `cpn agent`
+processes, torchrun workers). A job checkpoints into its agents' work dirs and the control plane
+records each task's latest complete checkpoint. When a node dies (kill -9 of its agent and
+workers): a sync-mode job pauses and is re-placed whole, resuming from the checkpoints (the
+survivor from its own, the replacement at the same step with the survivor's model); a diloco job
+goes on, only the lost region is re-placed and its replacement joins at the survivor's step.
+Neither restarts from step 0."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from service_layer.cli.local_fleet import LocalAgent, kill_agent, stop_agents
 from tests.integration.test_end_to_end import (  # noqa: F401 - control_plane is a fixture
     TERMINAL,
     control_plane,
+    job_event_kinds,
     job_spec,
     launch,
     wait_job,
@@ -40,7 +43,7 @@ def wait_checkpoint(client: Any, job_id: str, min_step: int, timeout_s: float) -
     raise AssertionError(f"job {job_id} did not checkpoint step {min_step} within {timeout_s}s")
 
 
-def test_a_replaced_job_resumes_from_its_checkpoints(control_plane: Any, tmp_path: Path) -> None:  # noqa: F811
+def test_a_paused_sync_job_resumes_from_its_checkpoints(control_plane: Any, tmp_path: Path) -> None:  # noqa: F811
     handle, client = control_plane
     specs = [
         LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU"),
@@ -49,7 +52,7 @@ def test_a_replaced_job_resumes_from_its_checkpoints(control_plane: Any, tmp_pat
     ]
     procs = launch(handle, client, specs, tmp_path)
     by_region = dict(zip([s.region for s in specs], procs, strict=True))
-    spec = job_spec(400) | {"sync": {"mode": "diloco", "every": 10}}
+    spec = job_spec(400) | {"sync": {"mode": "sync", "every": 1}}
     spec["training"] = spec["training"] | {"checkpoint_every": EVERY}
     try:
         job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
@@ -92,5 +95,50 @@ def test_a_replaced_job_resumes_from_its_checkpoints(control_plane: Any, tmp_pat
             }
         assert all(step > lost_ckpt for step in firsts.values()), firsts
         assert recorded["us-east"]["step"] == 400 and recorded["eu-west"]["step"] == 400
+        kinds = job_event_kinds(handle, job["id"])
+        assert kinds.index("job.paused") < kinds.index("job.pending") and "job.region_lost" not in kinds
+    finally:
+        stop_agents(procs)
+
+
+def test_an_elastic_job_replaces_only_the_lost_region(control_plane: Any, tmp_path: Path) -> None:  # noqa: F811
+    handle, client = control_plane
+    specs = [
+        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU"),
+        LocalAgent("eu-north", "stockholm-1", "fjord", 1.5, "EU"),
+        LocalAgent("us-east", "virginia-1", "atlas", 3.0, "US"),
+    ]
+    procs = launch(handle, client, specs, tmp_path)
+    by_region = dict(zip([s.region for s in specs], procs, strict=True))
+    spec = job_spec(400) | {"sync": {"mode": "diloco", "every": 10}}
+    spec["training"] = spec["training"] | {"checkpoint_every": EVERY}
+    try:
+        job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
+        running = wait_checkpoint(client, job["id"], EVERY, timeout_s=200)
+        first = {t["region"]: t for t in running["tasks"]}
+        assert set(first) == {"eu-west", "eu-north"}
+        time.sleep(max(0.0, handle.settings.reaper_grace_s - (time.monotonic() - handle.started_at)))
+        kill_agent(by_region["eu-north"])
+
+        done = wait_job(client, job["id"], TERMINAL, timeout_s=300)
+        assert done["status"] == "succeeded", done["reason"]
+        assert done["attempt"] == running["attempt"]  # never stopped as a whole
+        final = {t["region"]: t for t in done["tasks"]}
+        assert set(final) == {"eu-west", "us-east"}
+        assert final["eu-west"]["id"] == first["eu-west"]["id"]  # the survivor trained on
+        kinds = job_event_kinds(handle, job["id"])
+        assert "job.region_lost" in kinds and "job.region_replaced" in kinds
+        assert "job.pending" not in kinds and "job.paused" not in kinds
+        per_task = done["result"]["per_task"]
+        assert per_task[final["eu-west"]["id"]]["resumed_from"] is None
+        joined_at = per_task[final["us-east"]["id"]]["resumed_from"]
+        assert joined_at is not None and joined_at >= EVERY  # it began at the survivor's step
+        with handle.ctx.session_factory() as session:
+            first_step = session.scalar(
+                select(TaskMetric.step)
+                .where(TaskMetric.task_id == final["us-east"]["id"])
+                .order_by(TaskMetric.step)
+            )
+        assert first_step is not None and first_step > joined_at
     finally:
         stop_agents(procs)
