@@ -18,7 +18,7 @@ from agent.outbox import Outbox
 from agent.output import LineBudget, MetricsTracker, parse_prefixed
 from agent.settings import AgentSettings, DeviceRequest, parse_port_range
 from agent.state import AgentState, Credentials
-from agent.workers import Assignment, worker_command, worker_env
+from agent.workers import Assignment, resolve_checkpoint_dir, worker_command, worker_env
 from contracts.errors import FailedPrecondition, InvalidArgument
 from proto.cpn.agent.v1 import agent_pb2
 
@@ -218,3 +218,14 @@ def test_reconnect_backoff_never_outwaits_a_heartbeat_interval() -> None:
     assert reconnect_cap_s(s, 0.1) == s.reconnect_min_s  # never a busy loop
     options = dict(channel_options(s, reconnect_cap_s(s, 1.0)))
     assert options["grpc.max_reconnect_backoff_ms"] == 1000  # the channel's own backoff too
+
+
+def test_checkpoint_dir_is_resolved_under_the_work_dir_and_may_not_leave_it(tmp_path: Path) -> None:
+    cfg = {"job_id": "j", "checkpoint": {"dir": "checkpoints/j/eu-west", "every": 5}}
+    out = resolve_checkpoint_dir(cfg, tmp_path)
+    assert out["checkpoint"] == {"dir": str(tmp_path.resolve() / "checkpoints/j/eu-west"), "every": 5}
+    assert cfg["checkpoint"]["dir"] == "checkpoints/j/eu-west"  # the assignment's own copy is untouched
+    assert resolve_checkpoint_dir({"job_id": "j"}, tmp_path) == {"job_id": "j"}
+    for bad in ("/etc/cpn", "checkpoints/../../x"):
+        with pytest.raises(InvalidArgument, match="checkpoint.dir"):
+            resolve_checkpoint_dir({"checkpoint": {"dir": bad}}, tmp_path)
