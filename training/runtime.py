@@ -156,6 +156,8 @@ class Trainer:
             params = gather_full_params(self.model, self.dims)
             self.sync.after_step(step, params)
             scatter_full_params(self.model, self.dims, params)
+            if step == self.first_step:
+                step = self._catch_up(step)
         t3 = time.perf_counter()
         self.step = step
         self.history.append(loss)
@@ -190,6 +192,26 @@ class Trainer:
                 m["sync"] = sync_metrics
         return m
 
+    def _catch_up(self, step: int) -> int:
+        """After the first exchange: if the leader took a peer's state from further on, the whole
+        cluster moves on to that peer's step, so its rounds and its end line up with the others'."""
+        ahead = getattr(self.sync, "caught_up_step", 0) if self.ctx.is_leader else 0
+        t = torch.tensor([ahead], dtype=torch.int64, device=self.ctx.device)
+        dist.broadcast(t, src=0)  # global rank 0 is the leader
+        ahead = min(int(t.item()), self.cfg.training.steps - 1)  # the last step (its final sync) is ours
+        if ahead <= step:
+            return step
+        self._set_schedule(ahead)
+        return ahead
+
+    def _set_schedule(self, step: int) -> None:
+        """The LR schedule where it is at ``step`` (no optimizer step is replayed)."""
+        sched = self.scheduler
+        lrs = [base * f(step) for base, f in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        sched.last_epoch, sched._last_lr = step, lrs
+
     def save(self) -> None:
         ck = self.cfg.checkpoint
         if ck.dir is None:
@@ -216,11 +238,7 @@ class Trainer:
                 self.sync.load_state_dict(meta.get("sync", {}))
         elif ck.start_step:
             self.step = min(ck.start_step, self.cfg.training.steps)
-            sched = self.scheduler
-            lrs = [base * f(self.step) for base, f in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]
-            for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
-                group["lr"] = lr
-            sched.last_epoch, sched._last_lr = self.step, lrs
+            self._set_schedule(self.step)
         self.first_step = self.step + 1
         return self.step > 0
 
