@@ -92,3 +92,20 @@ def test_checkpoint_every_is_validated_naming_the_field() -> None:
     with pytest.raises(InvalidArgument) as exc:
         JobSpec.from_yaml_or_json(text)
     assert "training.checkpoint_every" in exc.value.message
+
+
+def test_the_quote_table_shows_the_runtime_settings() -> None:
+    from rich.console import Console
+
+    from service_layer.cli.jobs import options_table
+
+    spec = JobSpec.from_yaml_or_json((EXAMPLES / "job-gpt-small.yaml").read_text())
+    snap = ResourceSnapshot.from_json((EXAMPLES / "snapshot-3-regions.json").read_text())
+    options = [o.model_dump(mode="json") for o in plan(spec, snap)]
+    console = Console(width=250, record=True)
+    console.print(options_table(options))
+    text = console.export_text()
+    for o in options:
+        rt = o["runtime"]
+        assert f"every {rt['checkpoint_every']} " in text
+        assert f"overlap {rt['overlap_steps']} steps" in text
