@@ -13,6 +13,7 @@ import copy
 import logging
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -58,7 +59,10 @@ def elastic_refusal(mode: str, tasks: list[Task], lost: Task, max_drops: int) ->
 def handle_lost_task(ctx: ServerContext, session: Session, job: Job, lost: Task, what: str) -> bool:
     """Keep the job going without ``lost`` when its mode allows; True when handled here (the job's
     other tasks keep running), False when the caller must stop the attempt."""
-    spec = JobSpec.model_validate(job.spec)
+    try:
+        spec = JobSpec.model_validate(job.spec)
+    except ValidationError:
+        return False  # a job stored without a spec the planner understands: stop it the usual way
     tasks = list(
         session.scalars(
             select(Task).where(Task.job_id == job.id, Task.attempt == job.attempt, Task.dropped.is_(False))
