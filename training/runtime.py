@@ -151,12 +151,14 @@ class Trainer:
         self.scheduler.step()
         loss = self._cluster_loss(local_loss)  # also the point where the step's compute has finished
         t2 = time.perf_counter()
-        # A process that starts mid-run (resumed, or a replacement) joins its peers at once.
-        if self.sync.should_sync(step) or step == self.first_step:
+        # A process that starts mid-run (resumed, or a replacement) joins its peers at once; a
+        # fresh one at its first event (step 1 for every engine).
+        joining = step == self.first_step
+        if self.sync.should_sync(step) or (joining and step > 1):
             params = gather_full_params(self.model, self.dims)
             self.sync.after_step(step, params)
             scatter_full_params(self.model, self.dims, params)
-            if step == self.first_step:
+            if joining:
                 step = self._catch_up(step)
         t3 = time.perf_counter()
         self.step = step
