@@ -72,6 +72,7 @@ class MetricsTracker:
             "wan_bytes_recv": int(self.wan_recv),
             "sync_latency_s": _number(payload.get("sync_latency_s", sync.get("latency_s", 0))),
             "wall_time_s": _number(payload.get("wall_time_s", payload.get("wall_s"))),
+            "checkpoint_step": int(_number(payload.get("checkpoint_step", 0))),
         }
         # The step's parts pass through only when the worker measured them (optional fields).
         for key, name in STEP_PARTS.items():

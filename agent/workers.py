@@ -116,6 +116,21 @@ def worker_env(
     return env
 
 
+def resolve_checkpoint_dir(config: dict[str, Any], work_dir: Path) -> dict[str, Any]:
+    """A relative ``checkpoint.dir`` is under the agent's work dir, where it outlives the
+    assignment (a task re-placed on this node resumes from it). The control plane may not name a
+    place outside it."""
+    ck = config.get("checkpoint")
+    if not isinstance(ck, dict) or not isinstance(ck.get("dir"), str):
+        return config
+    path = Path(ck["dir"])
+    if path.is_absolute() or ".." in path.parts:
+        raise InvalidArgument(
+            f"worker_config.checkpoint.dir: must be relative to the agent's work dir, got {ck['dir']!r}"
+        )
+    return config | {"checkpoint": ck | {"dir": str(work_dir.resolve() / path)}}
+
+
 def _signal_group(pgid: int, sig: int) -> bool:
     try:
         os.killpg(pgid, sig)
@@ -204,6 +219,7 @@ class WorkerRun:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             config_path = self.run_dir / "worker_config.json"
             config = {k: v for k, v in a.worker_config.items() if k != COMMAND_KEY}
+            config = resolve_checkpoint_dir(config, self._settings.work_dir)
             config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
             cmd = worker_command(a, config_path, allow_override=self._settings.allow_command_override)
             env = worker_env(os.environ, a, device_kind=self._device_kind, config_path=config_path)

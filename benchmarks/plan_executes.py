@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
+from agent.workers import resolve_checkpoint_dir  # noqa: E402
 from contracts.errors import CpnError, NoFeasiblePlan  # noqa: E402
 from contracts.job_spec import JobSpec  # noqa: E402
 from contracts.model import model_config  # noqa: E402
@@ -367,7 +368,11 @@ def run_option(r: Runnable, workdir: Path, timeout_s: float) -> str | None:
     procs = []
     for i, slot in enumerate(slots):
         path = workdir / f"worker{i}.json"
-        path.write_text(json.dumps({**validate_worker_config(configs[slot.node_id]), "device": "cpu"}))
+        # as the node's agent does: checkpoints under its own work dir
+        cfg = resolve_checkpoint_dir(
+            {**validate_worker_config(configs[slot.node_id]), "device": "cpu"}, workdir / f"node{i}"
+        )
+        path.write_text(json.dumps(cfg))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(len(slot.device_indices)),
                "-m", "training.worker", "--config", str(path)]  # fmt: skip

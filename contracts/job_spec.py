@@ -84,6 +84,15 @@ class TrainingSpec(_Strict):
     activation_checkpointing: bool = Field(
         default=False, description="Recompute each block's activations in backward instead of keeping them."
     )
+    checkpoint_every: int | None = Field(
+        default=None,
+        gt=0,
+        le=100_000_000,
+        description=(
+            "Steps between checkpoints. None: the planner picks the interval that keeps checkpoint"
+            " writes to at most 2 % of the run (each option of a quote states it)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _warmup_within_steps(self) -> TrainingSpec:

@@ -78,10 +78,14 @@ class ParallelSpec(BaseModel):
 class CheckpointSpec(BaseModel):
     model_config = _STRICT
 
-    dir: str | None = None
+    # A relative dir is under the agent's work dir (the agent resolves it before launching).
+    dir: str | None = Field(default=None, max_length=4096)
     every: int | None = Field(default=None, gt=0)  # steps; the final step is always saved
     keep_last: int = Field(default=2, gt=0)
     resume: bool = True
+    # With no checkpoint in dir: the step to begin at, the model coming from the job's surviving
+    # regions at the first exchange (a replacement task on a node without its checkpoint).
+    start_step: int | None = Field(default=None, ge=0)
 
 
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

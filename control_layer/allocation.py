@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session
 from contracts.errors import Aborted
 from contracts.job_spec import JobSpec
 from contracts.states import TASK_ACTIVE, TaskState
+from control_layer.checkpoints import job_checkpoints
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.snapshot import current_prices
 from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
@@ -85,7 +87,9 @@ def allocate(
         )
         for node_id, entries in groups.items()
     ]
-    configs = build_worker_configs(job.id, spec, option, slots, sync_secret=sync_secret)
+    configs = build_worker_configs(
+        job.id, spec, option, slots, sync_secret=sync_secret, checkpoints=job_checkpoints(session, job.id)
+    )
     prices = current_prices(session, list(clusters))
     egress = _egress_prices(session, {s.region for s in slots})
 
@@ -126,6 +130,84 @@ def allocate(
     except IntegrityError as exc:
         raise AllocationConflict(f"a device was allocated concurrently: {exc.orig}") from exc
     return tasks
+
+
+def allocate_replacement(
+    session: Session,
+    job: Job,
+    lost: Task,
+    node_id: str,
+    devices: tuple[int, ...],
+    configure: Callable[[TaskSlot], dict[str, Any]],
+) -> Task:
+    """Reserve ``devices`` of ``node_id`` for a task that takes over ``lost``'s share (same replicas,
+    stages and shards) in the job's current attempt; ``configure`` gives its worker config for the
+    slot. Locks and re-checks as ``allocate`` does; AllocationConflict when it no longer fits."""
+    old = sorted(lost.placement or [], key=lambda e: (e["dp_rank"], e["pp_stage"], e["tp_rank"]))
+    if len(old) != len(devices):
+        raise AllocationConflict(f"task {lost.id} ran {len(old)} devices, the replacement has {len(devices)}")
+    nodes = _lock_nodes(session, [node_id])
+    node = nodes[node_id]
+    cluster = session.get(Cluster, node.cluster_id)
+    assert cluster is not None
+    entries = tuple(
+        PlannedTask.model_validate(
+            e | {"cluster": cluster.id, "node": node_id, "device": d, "region": cluster.region}
+        )
+        for e, d in zip(old, devices, strict=True)
+    )
+    accelerators = _lock_accelerators(session, {node_id: list(entries)})
+    busy = set(
+        session.scalars(
+            select(Allocation.accelerator_id).where(
+                Allocation.active.is_(True),
+                Allocation.accelerator_id.in_([a.id for a in accelerators.values()]),
+            )
+        )
+    )
+    if busy:
+        raise AllocationConflict(f"devices of node {node_id} were allocated meanwhile")
+    port = _assign_sync_ports(session, [node]).get(node_id) if lost.sync_port is not None else None
+    slot = TaskSlot(
+        node_id=node_id,
+        cluster_id=cluster.id,
+        cluster_name=cluster.name,
+        region=cluster.region,
+        host=node.advertise_host,
+        sync_port=port,
+        entries=entries,
+    )
+    price = current_prices(session, [cluster.id]).get(cluster.id)
+    if price is None:
+        raise AllocationConflict(f"cluster {cluster.id} has no price in force")
+    unit = price.price_per_device_hour
+    if (job.option or {}).get("spot") and price.spot_price_per_device_hour is not None:
+        unit = price.spot_price_per_device_hour
+    task = Task(
+        job_id=job.id,
+        attempt=lost.attempt,
+        cluster_id=cluster.id,
+        node_id=node_id,
+        region=cluster.region,
+        status=TaskState.PENDING,
+        device_indices=list(slot.device_indices),
+        placement=[e.model_dump(mode="json") for e in entries],
+        worker_config=validate_worker_config(configure(slot)),
+        sync_port=port,
+        price_per_device_hour=unit,
+        egress_price_per_gb=lost.egress_price_per_gb,
+    )
+    session.add(task)
+    session.flush()
+    for index in task.device_indices:
+        session.add(
+            Allocation(job_id=job.id, task_id=task.id, accelerator_id=accelerators[(node_id, index)].id)
+        )
+    try:
+        session.flush()
+    except IntegrityError as exc:
+        raise AllocationConflict(f"a device was allocated concurrently: {exc.orig}") from exc
+    return task
 
 
 def release(session: Session, job_id: str, task_ids: list[str] | None = None) -> int:

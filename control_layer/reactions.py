@@ -19,6 +19,7 @@ from contracts.errors import InvalidArgument, NotFound, PermissionDenied
 from contracts.states import JOB_ACTIVE, TASK_ACTIVE, JobState, TaskState, task_move_applies
 from control_layer.calibration import TIMING_KEYS
 from control_layer.dispatch import assignment_message, send_cancel
+from control_layer.elastic import handle_lost_task
 from control_layer.lifecycle import transition
 from control_layer.task_states import move_task, normalize_task_state
 from orchestration.context import ServerContext
@@ -59,6 +60,7 @@ def on_task_status(
                 send_cancel(session, ctx.bus, task, f"task is already {task.status}")
             return
         move_task(task, to, message=message, exit_code=exit_code, result=_finite(result))
+        _note_checkpoint(task, (result or {}).get("checkpoint_step"))
         record_event(
             session,
             ctx.bus,
@@ -91,7 +93,9 @@ _LIVE = (TaskState.STARTING, TaskState.RUNNING)
 def _attempt_tasks(session: Session, job: Job) -> list[Task]:
     return list(
         session.scalars(
-            select(Task).where(Task.job_id == job.id, Task.attempt == job.attempt).order_by(Task.id)
+            select(Task)
+            .where(Task.job_id == job.id, Task.attempt == job.attempt, Task.dropped.is_(False))
+            .order_by(Task.id)
         )
     )
 
@@ -116,12 +120,16 @@ def _maybe_succeeded(ctx: ServerContext, session: Session, job: Job) -> None:
 
 
 def _task_failed(ctx: ServerContext, session: Session, job: Job, task: Task) -> None:
-    """Stop the attempt: back to pending for the placer while retries remain, else failed."""
+    """An elastic job goes on without the task (``control_layer.elastic``); otherwise stop the
+    attempt: back to pending for the placer while retries remain, else failed."""
     what = f"task {task.id} on node {task.node_id} ({task.region}) {task.status}"
     if task.message:
         what += f": {task.message}"
     if task.exit_code is not None:
         what += f" (exit code {task.exit_code})"
+    if handle_lost_task(ctx, session, job, task, what):
+        _maybe_succeeded(ctx, session, job)  # the others may all have finished already
+        return
     retries_used = job.attempt - 1
     limit = ctx.settings.max_job_retries
     if retries_used < limit:
@@ -207,6 +215,7 @@ def on_task_metrics(ctx: ServerContext, node_id: str, assignment_id: str, metric
             )
         )
         task.last_metrics = clean
+        _note_checkpoint(task, clean.get("checkpoint_step"))
         publish_after_commit(
             session,
             ctx.bus,
@@ -252,6 +261,12 @@ def pending_assignments(ctx: ServerContext, node_id: str) -> list[dict[str, Any]
             .order_by(Task.created_at, Task.id)
         ).scalars()
         return [assignment_message(t) for t in rows]
+
+
+def _note_checkpoint(task: Task, step: Any) -> None:
+    """Keep the newest complete checkpoint a task reported (0 or nothing: none yet)."""
+    if isinstance(step, int) and not isinstance(step, bool) and step > 0:
+        task.checkpoint_step = max(step, task.checkpoint_step or 0)
 
 
 def _lock_job(session: Session, job_id: str) -> Job:

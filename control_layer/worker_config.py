@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,8 @@ from contracts.feasibility import (
     sync_port_problems,
 )
 from contracts.job_spec import JobSpec
-from control_layer.planner.plan_types import PlannedTask, PlanOption
+from control_layer.planner.plan_types import PlannedTask, PlanOption, RuntimeSettings
+from control_layer.planner.runtime_settings import runtime_settings
 
 
 @dataclass(frozen=True)
@@ -140,9 +142,12 @@ def build_worker_configs(
     slots: list[TaskSlot],
     *,
     sync_secret: str | None = None,
+    checkpoints: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """node_id -> WorkerConfig dict for every task of the option; with ``sync_secret`` the
-    leaders accept sync calls only from each other."""
+    leaders accept sync calls only from each other. ``checkpoints`` are the job's latest complete
+    checkpoints by participant key (``control_layer.checkpoints``): where a task has none of its
+    own on its node but the job has peers to take the model from, it starts at their step."""
     check_node_groups(option, spec)
     slots = order_slots(slots)
     keys = sync_keys(slots)
@@ -155,6 +160,7 @@ def build_worker_configs(
     if problems:
         raise FailedPrecondition("; ".join(problems), nodes=missing)
     gossip = _gossip_graph(option, slots, keys)
+    runtime = option.runtime or runtime_settings(spec, option)
 
     configs: dict[str, dict[str, Any]] = {}
     offset = 0
@@ -179,9 +185,14 @@ def build_worker_configs(
                 "microbatches": option.n_micro_batches if option.pp > 1 else None,
             },
             "sync": (
-                _sync(spec, option, slot, key, peers, offset, gossip) | {"auth_secret": sync_secret}
+                _sync(spec, option, slot, key, peers, offset, gossip)
+                | _overlap(runtime)
+                | {"auth_secret": sync_secret}
                 if multi
                 else _solo(option, offset)
+            ),
+            "checkpoint": _checkpoint(
+                job_id, key, slot, runtime, checkpoints or {}, multi, spec.training.steps
             ),
             "entrypoint": spec.entrypoint,
         }
@@ -223,6 +234,47 @@ def _sync(
     if s.mode == "gossip" and gossip:
         sync["gossip_graph"] = [gossip]
     return sync
+
+
+def _overlap(runtime: RuntimeSettings) -> dict[str, Any]:
+    """The planner's overlap and streaming choices for this mode (``planner.sync_settings``)."""
+    if not runtime.overlap:
+        return {}
+    return {"overlap": True, "overlap_steps": runtime.overlap_steps, "fragments": runtime.fragments}
+
+
+def checkpoint_dir(job_id: str, key: str) -> str:
+    """Where a task keeps its checkpoints, relative to its agent's work dir: one directory per job
+    and participant, so the task that replaces it on the same node finds them."""
+    return f"checkpoints/{job_id}/{re.sub(r'[^A-Za-z0-9._-]', '_', key)}"
+
+
+def _checkpoint(
+    job_id: str,
+    key: str,
+    slot: TaskSlot,
+    runtime: RuntimeSettings,
+    checkpoints: dict[str, dict[str, Any]],
+    multi: bool,
+    steps: int,
+) -> dict[str, Any]:
+    own = checkpoints.get(key)
+    start_step = None
+    if multi and not (own and own.get("node_id") == slot.node_id):
+        # No checkpoint of its own here: begin where the job's checkpoints are and take the
+        # survivors' model at the first exchange (the engine catches a late joiner up).
+        done = [int(c["step"]) for c in checkpoints.values() if isinstance(c.get("step"), int)]
+        if own and isinstance(own.get("step"), int):
+            start_step = int(own["step"])
+        elif done:
+            start_step = min(done)
+    if start_step is not None and start_step >= steps:
+        start_step = None  # nothing left to train: a fresh start is the only meaningful one
+    return {
+        "dir": checkpoint_dir(job_id, key),
+        "every": runtime.checkpoint_every,
+        "start_step": start_step,
+    }
 
 
 def _solo(option: PlanOption, offset: int) -> dict[str, Any]:

@@ -96,6 +96,7 @@ def metrics_to_dict(m: agent_pb2.TaskMetrics) -> dict[str, Any]:
         "wall_time_s": m.wall_time_s,
         # The step's parts, only those the worker measured (optional fields).
         **{key: getattr(m, key) for key in METRIC_PARTS if m.HasField(key)},
+        "checkpoint_step": m.checkpoint_step,
     }
 
 

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from control_layer.checkpoints import job_checkpoints
 from control_layer.snapshot import busy_accelerator_ids, current_prices
 from orchestration.bus.base import Bus
 from orchestration.db.base import utcnow
@@ -147,14 +148,15 @@ def list_link_probes(session: Session, limit: int) -> list[LinkProbeRead]:
 
 
 def _current_tasks(session: Session, jobs: Sequence[Job]) -> dict[str, list[Task]]:
-    """Tasks of each job's current attempt."""
+    """Tasks of each job's current attempt, less those it dropped (lost in an elastic job; the
+    job's events name them)."""
     if not jobs:
         return {}
     attempts = {j.id: j.attempt for j in jobs}
     out: dict[str, list[Task]] = defaultdict(list)
     rows = session.scalars(select(Task).where(Task.job_id.in_(list(attempts))).order_by(Task.region, Task.id))
     for t in rows:
-        if t.attempt == attempts[t.job_id]:
+        if t.attempt == attempts[t.job_id] and not t.dropped:
             out[t.job_id].append(t)
     return out
 
@@ -257,9 +259,11 @@ def job_detail(session: Session, job: Job, now: datetime | None = None) -> JobDe
                 message=t.message,
                 placement=list(t.placement or []),
                 last_metrics=t.last_metrics,
+                checkpoint_step=t.checkpoint_step,
             )
             for t in tasks
         ],
+        checkpoints=job_checkpoints(session, job.id),
         estimates=_estimates(job),
         actual_duration_s=actual_s,
         result=job.result,

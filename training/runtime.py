@@ -92,6 +92,8 @@ class Trainer:
     tokens_per_sample: int = 1  # the GPT's seq_len; a BYO sample counts as one
     step: int = 0  # optimizer steps completed
     history: list[float] = field(default_factory=list)
+    checkpoint_step: int | None = None  # the latest complete checkpoint this run wrote or resumed
+    first_step: int = 1  # the first step this process runs: it meets the peers there
 
     @property
     def bf16(self) -> bool:
@@ -155,10 +157,15 @@ class Trainer:
         t_opt_end = time.perf_counter()
         loss = self._cluster_loss(local_loss)  # also the point where the step's compute has finished
         t2 = time.perf_counter()
-        if self.sync.should_sync(step):
+        # A process that starts mid-run (resumed, or a replacement) joins its peers at once; a
+        # fresh one at its first event (step 1 for every engine).
+        joining = step == self.first_step
+        if self.sync.should_sync(step) or (joining and step > 1):
             params = gather_full_params(self.model, self.dims)
             self.sync.after_step(step, params)
             scatter_full_params(self.model, self.dims, params)
+            if joining:
+                step = self._catch_up(step)
         t3 = time.perf_counter()
         self.step = step
         self.history.append(loss)
@@ -184,6 +191,8 @@ class Trainer:
         }
         if grad_norm is not None:
             m["grad_norm"] = grad_norm
+        if self.checkpoint_step is not None:
+            m["checkpoint_step"] = self.checkpoint_step
         if self.entropy_floor is not None:
             m["entropy_floor"] = self.entropy_floor
         if self.ctx.is_leader:
@@ -197,6 +206,26 @@ class Trainer:
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
 
+    def _catch_up(self, step: int) -> int:
+        """After the first exchange: if the leader took a peer's state from further on, the whole
+        cluster moves on to that peer's step, so its rounds and its end line up with the others'."""
+        ahead = getattr(self.sync, "caught_up_step", 0) if self.ctx.is_leader else 0
+        t = torch.tensor([ahead], dtype=torch.int64, device=self.ctx.device)
+        dist.broadcast(t, src=0)  # global rank 0 is the leader
+        ahead = min(int(t.item()), self.cfg.training.steps - 1)  # the last step (its final sync) is ours
+        if ahead <= step:
+            return step
+        self._set_schedule(ahead)
+        return ahead
+
+    def _set_schedule(self, step: int) -> None:
+        """The LR schedule where it is at ``step`` (no optimizer step is replayed)."""
+        sched = self.scheduler
+        lrs = [base * f(step) for base, f in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        sched.last_epoch, sched._last_lr = step, lrs
+
     def save(self) -> None:
         ck = self.cfg.checkpoint
         if ck.dir is None:
@@ -206,20 +235,26 @@ class Trainer:
             "sync": self.sync.state_dict() if self.ctx.is_leader else {},
         }
         save_checkpoint(ck.dir, self.step, self.model, self.optimizer, extra, ck.keep_last)
+        self.checkpoint_step = self.step
 
     def maybe_resume(self) -> bool:
+        """From the latest complete checkpoint in the dir; else, with ``start_step``, begin at that
+        step (fresh optimizer state, the LR schedule where it would be) and take the model from
+        the peers at the first exchange. True when the run does not start at step 0."""
         ck = self.cfg.checkpoint
-        if ck.dir is None or not ck.resume:
-            return False
-        path = latest_checkpoint(ck.dir)
-        if path is None:
-            return False
-        meta = load_checkpoint(path, self.model, self.optimizer)
-        self.scheduler.load_state_dict(meta["scheduler"])
-        self.step = int(meta["step"])
-        if self.ctx.is_leader:
-            self.sync.load_state_dict(meta.get("sync", {}))
-        return True
+        path = latest_checkpoint(ck.dir) if ck.dir is not None and ck.resume else None
+        if path is not None:
+            meta = load_checkpoint(path, self.model, self.optimizer)
+            self.scheduler.load_state_dict(meta["scheduler"])
+            self.step = int(meta["step"])
+            self.checkpoint_step = self.step
+            if self.ctx.is_leader:
+                self.sync.load_state_dict(meta.get("sync", {}))
+        elif ck.start_step:
+            self.step = min(ck.start_step, self.cfg.training.steps)
+            self._set_schedule(self.step)
+        self.first_step = self.step + 1
+        return self.step > 0
 
     def run(self, callback: MetricsCallback | None = None, spawned_at: float | None = None) -> dict[str, Any]:
         """Train to the configured step count. ``spawned_at`` (unix seconds): when the node started
@@ -252,6 +287,7 @@ class Trainer:
             "cluster": self.cfg.cluster,
             "steps": self.step,
             "resumed_from": start or None,
+            "checkpoint_step": self.checkpoint_step,
             "final_loss": self.history[-1] if self.history else None,
             "entropy_floor": self.entropy_floor,
             "wall_s": time.perf_counter() - t0,

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             resumed = trainer.maybe_resume()
             if resumed and ctx.is_leader:
-                print(f"resumed from step {trainer.step}", flush=True)
+                source = "checkpoint" if trainer.checkpoint_step == trainer.step else "the peers' model"
+                print(f"resumed from step {trainer.step} ({source})", flush=True)
             sink = JsonLinesSink(cfg.metrics_path) if ctx.is_leader else None
             result = trainer.run(sink, spawned_at=spawned_at())
         finally:

@@ -27,6 +27,7 @@ from control_layer.planner.plan_types import (
     StepBreakdown,
     SyncTopology,
 )
+from control_layer.planner.runtime_settings import with_runtime
 from control_layer.planner.search import search as _search
 from control_layer.planner.snapshot import (
     ClusterInfo,
@@ -73,10 +74,11 @@ def plan(
     """Priced options on the cost-vs-time Pareto front, best for spec.qos.objective first.
 
     Each option is complete (degrees, per-device tasks, sync topology, estimates with breakdowns,
-    the QoS checks it passed), with the calibrated factors it rests on and an interval from the
-    calibration's recent errors. Raises contracts.errors.NoFeasiblePlan, whose
+    the QoS checks it passed), with the calibrated factors it rests on, an interval from the
+    calibration's recent errors, and the runtime settings its workers get (checkpoint interval,
+    overlap, streamed fragments). Raises contracts.errors.NoFeasiblePlan, whose
     details['explanation'] lists which constraint removed what, when nothing is feasible.
     """
     if max_options < 1:
         raise InvalidArgument("max_options must be at least 1", field="max_options")
-    return _search(spec, snapshot, calibration, max_options)
+    return with_runtime(spec, _search(spec, snapshot, calibration, max_options), snapshot)

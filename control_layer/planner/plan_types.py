@@ -153,6 +153,22 @@ class SyncTopology(_Plain):
     every: int = 1
 
 
+class RuntimeSettings(_Plain):
+    """What the runtime is told beyond the plan's shape: how often to checkpoint and how to
+    overlap the WAN exchange (``control_layer.planner.runtime_settings``); the workers get exactly
+    these (``control_layer.worker_config``)."""
+
+    checkpoint_every: int = Field(gt=0, description="Steps between checkpoints.")
+    checkpoint_write_s: float = Field(ge=0, description="Estimated seconds one checkpoint write takes.")
+    checkpoint_fraction: float = Field(ge=0, description="Estimated share of the run spent writing them.")
+    overlap: bool = Field(default=False, description="The WAN exchange runs behind the next steps.")
+    overlap_steps: int | None = Field(
+        default=None, ge=0, description="Steps between a round's send and its application (with overlap)."
+    )
+    fragments: int = Field(default=1, gt=0, description="DiLoCo: streamed fragments per outer round.")
+    reason: str = ""
+
+
 class QosCheck(_Plain):
     name: str
     ok: bool
@@ -181,6 +197,7 @@ class PlanOption(_Plain):
     estimates: Estimates
     qos_checks: list[QosCheck] = Field(default_factory=list)
     regions: list[str] = Field(default_factory=list)
+    runtime: RuntimeSettings | None = None
 
     @property
     def n_devices(self) -> int:

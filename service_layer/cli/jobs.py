@@ -40,7 +40,18 @@ def _secs(v: float | None) -> str:
 
 def options_table(options: list[dict[str, Any]]) -> Table:
     table = Table(title="options")
-    for col in ("id", "label", "dp·tp·pp·zero", "regions", "devices", "est. time", "est. cost"):
+    cols = (
+        "id",
+        "label",
+        "dp·tp·pp·zero",
+        "regions",
+        "devices",
+        "est. time",
+        "est. cost",
+        "checkpoint",
+        "sync",
+    )
+    for col in cols:
         table.add_column(col, no_wrap=col != "regions")
     for o in options:
         e = o["estimates"]
@@ -52,8 +63,20 @@ def options_table(options: list[dict[str, Any]]) -> Table:
             str(len(o.get("tasks") or [])),
             _secs(e.get("duration_s")),
             _money((e.get("cost") or {}).get("total")),
+            *_runtime_cells(o.get("runtime") or {}),
         )
     return table
+
+
+def _runtime_cells(rt: dict[str, Any]) -> tuple[str, str]:
+    """What the workers get beyond the shape: checkpoint interval, overlap and fragments."""
+    if not rt:
+        return "–", "–"
+    ckpt = f"every {rt['checkpoint_every']} ({rt.get('checkpoint_fraction', 0) * 100:.1f} %)"
+    if not rt.get("overlap"):
+        return ckpt, "blocking"
+    frag = f", {rt['fragments']} fragments" if rt.get("fragments", 1) > 1 else ""
+    return ckpt, f"overlap {rt.get('overlap_steps') or '½ round'} steps{frag}"
 
 
 def print_job(job: dict[str, Any]) -> None:

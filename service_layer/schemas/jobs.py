@@ -121,6 +121,7 @@ class TaskRead(BaseModel):
     message: str
     placement: list[dict[str, Any]]
     last_metrics: dict[str, Any] | None
+    checkpoint_step: int | None = Field(None, description="Latest complete checkpoint on its node")
 
 
 class JobSummary(BaseModel):
@@ -147,6 +148,10 @@ class JobDetail(JobSummary):
     spec: dict[str, Any]
     option: dict[str, Any] | None = Field(description="The accepted PlanOption")
     tasks: list[TaskRead] = Field(description="Tasks of the current attempt: the placement")
+    checkpoints: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Latest complete checkpoint per sync participant over all attempts: step, node, task",
+    )
     estimates: EstimatesRead | None
     actual_duration_s: float | None
     result: dict[str, Any] | None

@@ -21,7 +21,7 @@ from agent.output import LineBudget, MetricsTracker, parse_prefixed
 from agent.profile import physical_cores, profile_from_result
 from agent.settings import AgentSettings, DeviceRequest, parse_port_range
 from agent.state import AgentState, Credentials
-from agent.workers import Assignment, worker_command, worker_env
+from agent.workers import Assignment, resolve_checkpoint_dir, worker_command, worker_env
 from contracts.errors import FailedPrecondition, InvalidArgument
 from proto.cpn.agent.v1 import agent_pb2
 from resource_layer.convert import metrics_to_dict
@@ -132,8 +132,9 @@ def test_metrics_tracker_keeps_running_wan_totals_and_maps_names() -> None:
     m = t.update({"step": 2, "loss": 2.5, "sync": {"bytes_sent": {"a": 10}}})
     assert m == {"step": 2, "total_steps": 10, "loss": 2.5, "tokens_per_s": 0.0, "compute_utilization": 0.0,
                  "wan_bytes_sent": 160, "wan_bytes_recv": 30, "sync_latency_s": 0.0,
-                 "wall_time_s": 0.0}  # fmt: skip
+                 "wall_time_s": 0.0, "checkpoint_step": 0}  # fmt: skip
     assert t.update({"step": 3, "wan_bytes_sent": 7, "total_steps": 12})["wan_bytes_sent"] == 7
+    assert t.update({"step": 4, "checkpoint_step": 3})["checkpoint_step"] == 3
     assert t.update({"step": "x"})["step"] == 0  # garbage is zero, never a crash
 
 
@@ -288,3 +289,14 @@ def test_contention_probe_and_its_moving_average() -> None:
     avg = contention.Contention(smoothing=0.5)
     assert avg.value == 0.0  # not measured: the heartbeat says 0
     assert avg.add(2.0) == 2.0 and avg.add(4.0) == 3.0
+
+
+def test_checkpoint_dir_is_resolved_under_the_work_dir_and_may_not_leave_it(tmp_path: Path) -> None:
+    cfg = {"job_id": "j", "checkpoint": {"dir": "checkpoints/j/eu-west", "every": 5}}
+    out = resolve_checkpoint_dir(cfg, tmp_path)
+    assert out["checkpoint"] == {"dir": str(tmp_path.resolve() / "checkpoints/j/eu-west"), "every": 5}
+    assert cfg["checkpoint"]["dir"] == "checkpoints/j/eu-west"  # the assignment's own copy is untouched
+    assert resolve_checkpoint_dir({"job_id": "j"}, tmp_path) == {"job_id": "j"}
+    for bad in ("/etc/cpn", "checkpoints/../../x"):
+        with pytest.raises(InvalidArgument, match="checkpoint.dir"):
+            resolve_checkpoint_dir({"checkpoint": {"dir": bad}}, tmp_path)

@@ -24,7 +24,9 @@ from orchestration.db.engine import session_scope
 from orchestration.db.models import Allocation, Event, Job, LedgerEntry, Node, Task, TaskMetric
 from tests.orchestration.fleet import add_cluster, add_tenant, submit_and_place, tiny_spec
 
-SPEC = tiny_spec(parallelism={"dp": 2})  # two replicas: one device each on two of the three nodes
+# Two replicas: one device each on two of the three nodes. Sync mode: a lost task stops the attempt
+# (elastic modes go on without it: tests/control_layer/test_elastic.py).
+SPEC = tiny_spec(parallelism={"dp": 2}, sync={"mode": "sync", "every": 1})
 
 
 def _setup(ctx: ServerContext) -> tuple[str, list[str]]:

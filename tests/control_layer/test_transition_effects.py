@@ -23,7 +23,9 @@ def _placed_two_task_job(ctx: ServerContext) -> tuple[str, str, list[Task]]:
     with session_scope(ctx.session_factory) as s:
         tenant = add_tenant(s).id
         add_cluster(s, region="eu-west", name="c1", nodes=2, devices_per_node=1, price=2.0)
-    job = submit_and_place(ctx, tenant, spec=tiny_spec(parallelism={"dp": 2}))
+    # sync mode: a failed task ends the attempt (elastic modes go on without it: test_elastic.py)
+    spec = tiny_spec(parallelism={"dp": 2}, sync={"mode": "sync", "every": 1})
+    job = submit_and_place(ctx, tenant, spec=spec)
     with session_scope(ctx.session_factory) as s:
         tasks = job_tasks(s, job.id)
     for t in tasks:

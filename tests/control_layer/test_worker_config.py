@@ -6,6 +6,7 @@ import pytest
 
 from contracts.errors import FailedPrecondition
 from control_layer.planner.plan_types import PlanOption
+from control_layer.planner.runtime_settings import runtime_settings
 from control_layer.worker_config import (
     TaskSlot,
     build_worker_configs,
@@ -159,3 +160,49 @@ def test_a_jobs_leaders_share_one_sync_secret_that_differs_between_jobs() -> Non
     assert secrets[0] != secrets[1] and len(secrets[0]) == 64
     assert job_sync_secret("server-secret", "job-a") == secrets[0]  # stable: a re-placed region rejoins
     assert job_sync_secret("other-server", "job-a") != secrets[0]
+
+
+def test_configs_carry_the_checkpoint_interval_dir_and_the_modes_overlap() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0)])
+    spec = tiny_spec(sync={"mode": "diloco", "every": 4}, training={"steps": 8, "global_batch_tokens": 64})
+    configs = build_worker_configs("job1", spec, option, _slots(option, c))
+    rt = runtime_settings(spec, option)
+    for cfg in configs.values():
+        checked = validate_worker_config(cfg)
+        assert checked["checkpoint"]["dir"] == f"checkpoints/job1/{cfg['region']}"
+        assert checked["checkpoint"]["every"] == rt.checkpoint_every
+        assert checked["checkpoint"]["start_step"] is None
+        assert checked["sync"]["overlap"] is True and checked["sync"]["fragments"] == rt.fragments
+        assert checked["sync"]["overlap_steps"] == rt.overlap_steps
+    pinned = tiny_spec(
+        sync={"mode": "sync"}, training={"steps": 8, "global_batch_tokens": 64, "checkpoint_every": 3}
+    )
+    for cfg in build_worker_configs("job1", pinned, option, _slots(option, c)).values():
+        assert cfg["checkpoint"]["every"] == 3 and "overlap" not in cfg["sync"]
+    solo = hand_option([(c["eu"], n["eu"], 0)])
+    (cfg,) = build_worker_configs("job1", spec, solo, _slots(solo, c)).values()
+    assert cfg["checkpoint"]["dir"] == "checkpoints/job1/eu-west" and cfg["sync"]["mode"] == "none"
+
+
+def test_a_task_without_its_checkpoint_starts_at_the_jobs_step_and_one_with_it_resumes() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0), (c["ap"], n["ap"], 0)])
+    spec = tiny_spec(training={"steps": 40, "global_batch_tokens": 48})
+    records = {
+        "eu-west": {"step": 12, "node_id": n["eu"].id},  # same node: its own directory has it
+        "us-east": {"step": 12, "node_id": "gone-node"},  # its node is gone
+    }
+    configs = build_worker_configs("job", spec, option, _slots(option, c), checkpoints=records)
+    starts = {cfg["region"]: cfg["checkpoint"]["start_step"] for cfg in configs.values()}
+    # ap-south never checkpointed: it begins with the others and takes their model
+    assert starts == {"eu-west": None, "us-east": 12, "ap-south": 12}
+    for cfg in configs.values():
+        validate_worker_config(cfg)
+    # alone, a task has nobody to take a model from: it never starts mid-run without its checkpoint
+    solo = hand_option([(c["us"], n["us"], 0)])
+    (cfg,) = build_worker_configs("job", spec, solo, _slots(solo, c), checkpoints=records).values()
+    assert cfg["checkpoint"]["start_step"] is None
+    finished = {"eu-west": {"step": 40, "node_id": "x"}}
+    configs = build_worker_configs("job", spec, option, _slots(option, c), checkpoints=finished)
+    assert {cfg["checkpoint"]["start_step"] for cfg in configs.values()} == {None}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.workers import resolve_checkpoint_dir
 from control_layer.allocation import allocate
 from control_layer.worker_config import job_sync_secret
 from orchestration.db.engine import make_engine, make_session_factory, session_scope
@@ -58,7 +59,8 @@ def test_same_region_tasks_train_and_sync(tmp_path: Path) -> None:
 
     procs = []
     for i, cfg in enumerate(configs):
-        cfg = {**cfg, "device": "cpu"}
+        # as each node's agent does: checkpoints under its own work dir
+        cfg = resolve_checkpoint_dir({**cfg, "device": "cpu"}, tmp_path / f"node{i}")
         path = tmp_path / f"worker{i}.json"
         path.write_text(json.dumps(cfg))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
@@ -78,6 +80,7 @@ def test_same_region_tasks_train_and_sync(tmp_path: Path) -> None:
         assert results, f"worker for {cfg['region']} reported no result:\n{out[-3000:]}"
         result = results[-1]
         assert result["steps"] == 4 and math.isfinite(result["final_loss"]), result
+        assert result["checkpoint_step"] == 4  # the final step is saved, in the node's work dir
         metrics = [
             json.loads(line.split(" ", 1)[1]) for line in out.splitlines() if line.startswith("CPN_METRIC ")
         ]

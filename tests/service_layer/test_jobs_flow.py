@@ -84,6 +84,13 @@ def test_quote_then_job_through_to_success(server: ServerHandle, admin: CpnClien
         assert quote["options"], quote
         option = quote["options"][0]
         assert option["estimates"]["duration_s"] > 0 and option["estimates"]["cost"]["total"] > 0
+        # the quote shows the runtime settings its workers will get
+        runtime = option["runtime"]
+        assert 1 <= runtime["checkpoint_every"] <= small_spec()["training"]["steps"]
+        assert (
+            runtime["checkpoint_fraction"] <= 0.02
+            or runtime["checkpoint_every"] == small_spec()["training"]["steps"]
+        )
 
         submitted = alice.submit(quote_id=quote["id"], option_id=option["id"])
         # Submission stores the job and wakes the placer; by the time the answer is read back the

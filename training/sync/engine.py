@@ -70,6 +70,7 @@ class SyncEngine:
         self.cfg, self.region, self.is_leader, self.total_steps = cfg, region, is_leader, total_steps
         self.theta0 = theta0
         self.joined = False
+        self.caught_up_step = 0  # the step of the peer this region last took its state from
         self.blocked_s = 0.0
         self.node: RegionNode | None = None
         self.strategy: Strategy | None = None
@@ -154,6 +155,8 @@ class SyncEngine:
                     flat = s.adopt(
                         node.client(src).pull("state", min_round, timeout=self.cfg.timeout_s), flat
                     )
+                    peer = late.get(src) or statuses.get(src)
+                    self.caught_up_step = max(self.caught_up_step, peer.step if peer else 0)
                 except PeerError as e:
                     node.mark_dead(src, f"catch-up failed: {e.status}")
             opened, _ = s.progress()

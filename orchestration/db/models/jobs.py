@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, ForeignKey, Index, String, text
+from sqlalchemy import BigInteger, ForeignKey, Index, String, false, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from contracts.states import JobState, TaskState
@@ -75,6 +75,10 @@ class Task(Base):
     message: Mapped[str] = mapped_column(String(2000), default="")
     last_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     result: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    # The step of the latest complete checkpoint in the task's directory on its node.
+    checkpoint_step: Mapped[int | None] = mapped_column(default=None)
+    # Lost from an elastic job: no longer one of its attempt's tasks (the others went on without it).
+    dropped: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)

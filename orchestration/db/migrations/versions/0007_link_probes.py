@@ -1,7 +1,7 @@
 """Measured links: each node's probe endpoint and key, and the probes' bounded history.
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-11-23
 """
 

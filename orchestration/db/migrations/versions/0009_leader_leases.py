@@ -1,7 +1,7 @@
 """Leader leases: leader election and fencing tokens for the control plane's singletons.
 
 Revision ID: 0009
-Revises: 0005
+Revises: 0008
 Create Date: 2026-11-23
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0009"
-down_revision: str | None = "0007"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,197 @@
+"""Elastic regions: when a task of a running local_sgd, diloco, gossip, ssp or async job is lost,
+the others train on; only the lost task is re-placed, and its replacement starts at the survivors'
+step and takes their current model at its first exchange (the sync engine catches a late joiner
+up). Sync mode has no such tolerance: its job pauses and resumes from its checkpoints
+(``reactions._task_failed`` re-places the whole attempt). Every case is an event on the job.
+
+Runs inside the caller's transaction, with the job row locked.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from contracts.job_spec import JobSpec
+from contracts.states import TASK_ACTIVE
+from control_layer.allocation import AllocationConflict, allocate_replacement, release
+from control_layer.checkpoints import job_checkpoints
+from control_layer.dispatch import dispatch
+from control_layer.lifecycle import wake_placer
+from control_layer.planner.replacement import pick_replacement
+from control_layer.snapshot import build_snapshot
+from control_layer.worker_config import TaskSlot
+from orchestration.context import ServerContext
+from orchestration.db.models import Accelerator, Job, Task
+from orchestration.events import record_event
+
+log = logging.getLogger(__name__)
+
+ELASTIC_MODES = ("local_sgd", "diloco", "gossip", "ssp", "async")
+
+
+def participant(task: Task) -> str:
+    return str((task.worker_config or {}).get("region") or task.region)
+
+
+def elastic_refusal(mode: str, tasks: list[Task], lost: Task, max_drops: int) -> str | None:
+    """Why losing ``lost`` must stop the whole attempt, or None when the others can go on.
+    ``tasks`` are the attempt's tasks that were not dropped before (``lost`` among them)."""
+    if mode not in ELASTIC_MODES:
+        return f"mode {mode} exchanges every step in lockstep"
+    others = [t for t in tasks if t.id != lost.id]
+    if not any(t.status in TASK_ACTIVE for t in others):
+        return "no other task is still training"
+    names = sorted({participant(t) for t in tasks})
+    ps = (lost.worker_config.get("sync") or {}).get("ps_region") or names[0]
+    if mode == "async" and participant(lost) == ps:
+        return "it was the parameter server, which holds the model"
+    if max_drops < 1:
+        return "no retries are allowed"
+    return None
+
+
+def handle_lost_task(ctx: ServerContext, session: Session, job: Job, lost: Task, what: str) -> bool:
+    """Keep the job going without ``lost`` when its mode allows; True when handled here (the job's
+    other tasks keep running), False when the caller must stop the attempt."""
+    try:
+        spec = JobSpec.model_validate(job.spec)
+    except ValidationError:
+        return False  # a job stored without a spec the planner understands: stop it the usual way
+    tasks = list(
+        session.scalars(
+            select(Task).where(Task.job_id == job.id, Task.attempt == job.attempt, Task.dropped.is_(False))
+        )
+    )
+    dropped = session.scalar(
+        select(func.count())
+        .select_from(Task)
+        .where(Task.job_id == job.id, Task.attempt == job.attempt, Task.dropped.is_(True))
+    )
+    # Each lost task spends one of the job's retries, as a whole re-placement would.
+    budget = ctx.settings.max_job_retries - (job.attempt - 1) - int(dropped or 0)
+    refusal = elastic_refusal(spec.sync.mode, tasks, lost, budget)
+    if refusal is not None:
+        if len(tasks) > 1:
+            record_event(
+                session,
+                ctx.bus,
+                "job.paused",
+                job.id,
+                {
+                    "participant": participant(lost),
+                    "task_id": lost.id,
+                    "why": refusal,
+                    "resume_from": job_checkpoints(session, job.id),
+                },
+            )
+        return False
+    key = participant(lost)
+    lost.dropped = True
+    release(session, job.id, [lost.id])
+    wake_placer(session, ctx.bus, "devices released", job.id)
+    record_event(
+        session,
+        ctx.bus,
+        "job.region_lost",
+        job.id,
+        {
+            "participant": key,
+            "task_id": lost.id,
+            "node_id": lost.node_id,
+            "region": lost.region,
+            "reason": what,
+        },
+    )
+    others = [t for t in tasks if t.id != lost.id]
+    replacement = _replace(ctx, session, job, spec, lost, others)
+    if replacement is None:
+        record_event(
+            session,
+            ctx.bus,
+            "job.region_dropped",
+            job.id,
+            {"participant": key, "task_id": lost.id, "why": "no node can take its place; the others go on"},
+        )
+    return True
+
+
+def _replace(
+    ctx: ServerContext, session: Session, job: Job, spec: JobSpec, lost: Task, others: list[Task]
+) -> Task | None:
+    failed_nodes = set(
+        session.scalars(select(Task.node_id).where(Task.job_id == job.id, Task.status == "failed"))
+    )
+    busy_nodes = {t.node_id for t in others if t.status in TASK_ACTIVE}
+    kinds = frozenset(
+        session.scalars(
+            select(Accelerator.kind).where(
+                Accelerator.node_id == lost.node_id, Accelerator.index.in_(list(lost.device_indices))
+            )
+        )
+    ) or frozenset({"cpu", "cuda"})
+    snapshot = build_snapshot(session, exclude_nodes=failed_nodes | busy_nodes | {lost.node_id})
+    pick = pick_replacement(
+        spec,
+        snapshot,
+        devices=len(lost.device_indices),
+        kinds=kinds,
+        prefer_region=lost.region,
+        exclude_nodes=frozenset(failed_nodes | busy_nodes | {lost.node_id}),
+    )
+    if pick is None:
+        return None
+    steps = spec.training.steps
+    survivors_at = [
+        int(s)
+        for t in others
+        if isinstance(s := (t.last_metrics or {}).get("step"), int) and t.status in TASK_ACTIVE
+    ]
+    start = max(survivors_at, default=0)
+    if not start:
+        done = [int(c["step"]) for c in job_checkpoints(session, job.id).values()]
+        start = min(done, default=0)
+    start_step = start if 0 < start < steps else None
+    peers = {participant(t): (t.worker_config.get("sync") or {}).get("listen") for t in others}
+
+    def configure(slot: TaskSlot) -> dict[str, Any]:
+        cfg = copy.deepcopy(lost.worker_config)
+        cfg["cluster"] = slot.cluster_name
+        sync = cfg.get("sync") or {}
+        if slot.listen:
+            sync["listen"] = sync["advertise"] = slot.listen
+        # The survivors' addresses as they are now (one of them may itself be a replacement).
+        sync["peers"] = {k: v for k, v in (sync.get("peers") or {}).items()} | {
+            k: v for k, v in peers.items() if v
+        }
+        cfg["sync"] = sync
+        cfg["checkpoint"] = (cfg.get("checkpoint") or {}) | {"start_step": start_step}
+        return cfg
+
+    try:
+        with session.begin_nested():
+            task = allocate_replacement(session, job, lost, pick.node_id, pick.devices, configure)
+    except AllocationConflict as exc:
+        log.info("job %s: replacement of task %s collided (%s)", job.id, lost.id, exc.message)
+        return None
+    dispatch(session, ctx.bus, task)
+    record_event(
+        session,
+        ctx.bus,
+        "job.region_replaced",
+        job.id,
+        {
+            "participant": participant(lost),
+            "lost_task_id": lost.id,
+            "task_id": task.id,
+            "node_id": task.node_id,
+            "region": task.region,
+            "start_step": start_step,
+        },
+    )
+    return task

@@ -1,0 +1,146 @@
+"""Checkpoints and elastic regions on the real job path (REST, PostgreSQL + Redis, `cpn agent`
+processes, torchrun workers). A job checkpoints into its agents' work dirs and the control plane
+records each task's latest complete checkpoint. When a node dies (kill -9 of its agent and
+workers): a sync-mode job pauses and is re-placed whole, resuming from the checkpoints (the
+survivor from its own, the replacement at the same step with the survivor's model); a diloco job
+goes on, only the lost region is re-placed and its replacement joins at the survivor's step.
+Neither restarts from step 0."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from orchestration.db.models import TaskMetric
+from service_layer.cli.local_fleet import LocalAgent, kill_agent, stop_agents
+from tests.integration.test_end_to_end import (  # noqa: F401 - control_plane is a fixture
+    TERMINAL,
+    control_plane,
+    job_event_kinds,
+    job_spec,
+    launch,
+    wait_job,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(420)]
+
+EVERY = 10
+
+
+def wait_checkpoint(client: Any, job_id: str, min_step: int, timeout_s: float) -> dict[str, Any]:
+    """Until every task of the current attempt has reported a complete checkpoint of ``min_step``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").raise_for_status().json()
+        assert job["status"] not in TERMINAL, f"job ended early: {job['status']} {job['reason']}"
+        if job["tasks"] and all((t["checkpoint_step"] or 0) >= min_step for t in job["tasks"]):
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not checkpoint step {min_step} within {timeout_s}s")
+
+
+def test_a_paused_sync_job_resumes_from_its_checkpoints(control_plane: Any, tmp_path: Path) -> None:  # noqa: F811
+    handle, client = control_plane
+    specs = [
+        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU"),
+        LocalAgent("eu-north", "stockholm-1", "fjord", 1.5, "EU"),
+        LocalAgent("us-east", "virginia-1", "atlas", 3.0, "US"),
+    ]
+    procs = launch(handle, client, specs, tmp_path)
+    by_region = dict(zip([s.region for s in specs], procs, strict=True))
+    spec = job_spec(400) | {"sync": {"mode": "sync", "every": 1}}
+    spec["training"] = spec["training"] | {"checkpoint_every": EVERY}
+    try:
+        job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
+        running = wait_checkpoint(client, job["id"], 2 * EVERY, timeout_s=200)
+        assert {t["region"] for t in running["tasks"]} == {"eu-west", "eu-north"}
+        assert running["option"]["runtime"]["checkpoint_every"] == EVERY
+        first = {t["region"]: t for t in running["tasks"]}
+        for region in first:  # under each agent's work dir, one directory per participant
+            (ckpt_dir,) = tmp_path.glob(f"agent-{region}-*/checkpoints/{job['id']}/{region}")
+            assert any(ckpt_dir.glob("step_*/COMPLETE"))
+        time.sleep(max(0.0, handle.settings.reaper_grace_s - (time.monotonic() - handle.started_at)))
+        kill_agent(by_region["eu-north"])  # the node dies with its workers
+        killed = client.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
+        at_kill = {t["region"]: (t["last_metrics"] or {}).get("step", 0) for t in killed["tasks"]}
+
+        done = wait_job(client, job["id"], TERMINAL, timeout_s=300)
+        assert done["status"] == "succeeded", done["reason"]
+        assert done["attempt"] > running["attempt"]
+        recorded = done["checkpoints"]
+        assert recorded["eu-north"]["node_id"] == first["eu-north"]["node_id"]
+        lost_ckpt = recorded["eu-north"]["step"]
+        assert lost_ckpt >= 2 * EVERY and lost_ckpt % EVERY == 0
+        final = {t["region"]: t for t in done["tasks"]}
+        assert set(final) == {"eu-west", "us-east"}
+        per_task = done["result"]["per_task"]
+        resumed = {per_task[t["id"]]["region"]: per_task[t["id"]]["resumed_from"] for t in done["tasks"]}
+        # Nobody restarted from step 0, and no more than one interval of work was lost.
+        for step in resumed.values():
+            assert step is not None and step >= lost_ckpt, resumed
+            assert step % EVERY == 0
+        # The lost node was at most one interval past its recorded checkpoint (plus the steps its
+        # last reports may lag behind: a report carries the checkpoint of the step before).
+        assert 0 <= at_kill["eu-north"] - lost_ckpt <= 2 * EVERY, (at_kill, lost_ckpt)
+        with handle.ctx.session_factory() as session:
+            firsts = {
+                t["region"]: session.scalar(
+                    select(TaskMetric.step).where(TaskMetric.task_id == t["id"]).order_by(TaskMetric.step)
+                )
+                for t in done["tasks"]
+            }
+        assert all(step > lost_ckpt for step in firsts.values()), firsts
+        assert recorded["us-east"]["step"] == 400 and recorded["eu-west"]["step"] == 400
+        kinds = job_event_kinds(handle, job["id"])
+        assert kinds.index("job.paused") < kinds.index("job.pending") and "job.region_lost" not in kinds
+    finally:
+        stop_agents(procs)
+
+
+def test_an_elastic_job_replaces_only_the_lost_region(control_plane: Any, tmp_path: Path) -> None:  # noqa: F811
+    handle, client = control_plane
+    specs = [
+        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU"),
+        LocalAgent("eu-north", "stockholm-1", "fjord", 1.5, "EU"),
+        LocalAgent("us-east", "virginia-1", "atlas", 3.0, "US"),
+    ]
+    procs = launch(handle, client, specs, tmp_path)
+    by_region = dict(zip([s.region for s in specs], procs, strict=True))
+    spec = job_spec(400) | {"sync": {"mode": "diloco", "every": 10}}
+    spec["training"] = spec["training"] | {"checkpoint_every": EVERY}
+    try:
+        job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
+        running = wait_checkpoint(client, job["id"], EVERY, timeout_s=200)
+        first = {t["region"]: t for t in running["tasks"]}
+        assert set(first) == {"eu-west", "eu-north"}
+        time.sleep(max(0.0, handle.settings.reaper_grace_s - (time.monotonic() - handle.started_at)))
+        kill_agent(by_region["eu-north"])
+
+        done = wait_job(client, job["id"], TERMINAL, timeout_s=300)
+        assert done["status"] == "succeeded", done["reason"]
+        assert done["attempt"] == running["attempt"]  # never stopped as a whole
+        final = {t["region"]: t for t in done["tasks"]}
+        assert set(final) == {"eu-west", "us-east"}
+        assert final["eu-west"]["id"] == first["eu-west"]["id"]  # the survivor trained on
+        kinds = job_event_kinds(handle, job["id"])
+        assert "job.region_lost" in kinds and "job.region_replaced" in kinds
+        assert "job.pending" not in kinds and "job.paused" not in kinds
+        per_task = done["result"]["per_task"]
+        assert per_task[final["eu-west"]["id"]]["resumed_from"] is None
+        joined_at = per_task[final["us-east"]["id"]]["resumed_from"]
+        assert joined_at is not None and joined_at >= EVERY  # it began at the survivor's step
+        with handle.ctx.session_factory() as session:
+            first_step = session.scalar(
+                select(TaskMetric.step)
+                .where(TaskMetric.task_id == final["us-east"]["id"])
+                .order_by(TaskMetric.step)
+            )
+        # It trained on from there (further still when the survivor had moved on while it started:
+        # its first exchange takes the survivor's step with its state), never from step 0.
+        assert first_step is not None and first_step > joined_at, (first_step, joined_at)
+    finally:
+        stop_agents(procs)
