@@ -81,4 +81,5 @@ def plan(
     """
     if max_options < 1:
         raise InvalidArgument("max_options must be at least 1", field="max_options")
-    return with_runtime(spec, _search(spec, snapshot, calibration, max_options), snapshot)
+    options = _search(spec, snapshot, calibration, max_options)
+    return with_runtime(spec, options, snapshot, calibration, max_options)

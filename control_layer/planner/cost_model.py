@@ -400,16 +400,27 @@ def local_sync_s(sync: SyncSpec, n_params: float, bw, lat):
 
 
 def sync_overlapped(sync: SyncSpec) -> bool:
-    """Whether the exchange runs concurrently with local compute, as the control plane configures it.
+    """Whether the exchange runs concurrently with local compute by the mode's nature.
 
     SSP with staleness ≥ 1 and async overlap per-step traffic. Sync, local SGD and gossip rounds
-    stop the replicas while they exchange, and so does DiLoCo: its overlapped variant (the outer
-    update applied a round late) exists in the worker but the control plane does not configure
-    it (``control_layer/worker_config.py`` leaves ``sync.overlap`` off), so real jobs block.
+    stop the replicas while they exchange. DiLoCo blocks unless the option's runtime settings
+    overlap it (``runtime_settings``; priced by ``overlapped_wan_per_step``), which the search's
+    bound does not assume.
     """
     if sync.mode == "async":
         return True
     return sync.mode == "ssp" and sync.staleness >= 1
+
+
+def overlapped_wan_per_step(
+    sync: SyncSpec, steps: int, t_sync: float, t_local: float, delay_steps: int, fragments: int
+) -> float:
+    """Seconds an overlapped DiLoCo exchange adds to an average step: each of a round's
+    ``fragments`` carries 1/fragments of the payload and hides behind the ``delay_steps`` local
+    steps before it is applied; what does not fit blocks (the runtime waits for it then)."""
+    f = max(1, fragments)
+    exposed = f * max(0.0, t_sync / f - delay_steps * t_local)
+    return exposed * exchanges_per_step(sync, steps)
 
 
 def wan_sync_per_step(sync: SyncSpec, steps: int, t_sync, t_local):

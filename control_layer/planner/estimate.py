@@ -21,6 +21,7 @@ from control_layer.planner.plan_types import (
     CostBreakdown,
     Estimates,
     PlannedTask,
+    RuntimeSettings,
     StepBreakdown,
 )
 from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, NodeInfo, ResourceSnapshot
@@ -258,8 +259,10 @@ def estimate_option(
     pp_schedule: str = "1f1b",
     spot: bool = False,
     calibration: Calibration | None = None,
+    runtime: RuntimeSettings | None = None,
 ) -> Estimates:
-    """Time, cost and memory of running spec on exactly these tasks.
+    """Time, cost and memory of running spec on exactly these tasks, with the runtime settings the
+    workers get (checkpoint interval, overlap); without them, as the spec alone says.
 
     The spec's precision 'auto' resolves on these devices (``contracts.feasibility``).
     Raises InvalidArgument when the tasks are not a complete dp×pp×tp grid, a replica mixes
@@ -287,7 +290,7 @@ def estimate_option(
     nodes = {n.id: n for c in snapshot.clusters for n in c.nodes}
     shares = host_shares(snapshot, tasks)
     steps = spec.training.steps
-    every = getattr(spec.training, "checkpoint_every", None)
+    every = runtime.checkpoint_every if runtime is not None else spec.training.checkpoint_every
     writes_per_step = cm.checkpoint_writes(steps, every) / steps
 
     slowest: LocalStep | None = None
@@ -318,7 +321,9 @@ def estimate_option(
             rt = cm.replica_time(
                 spec, tp, pp, zero, n_micro, r >= 2, flops / share, intra_bw, intra_lat, intra_bw, intra_lat
             )
-            local = LocalStep(rt, 0.0, 0.0, 0.0)
+            # No reference step measured here: checkpoint writes at the runtime's own estimate.
+            write_s = runtime.checkpoint_write_s if runtime is not None else 0.0
+            local = LocalStep(rt, 0.0, 0.0, write_s * writes_per_step)
         else:
             # The node's reference step: its FLOP rate (the calibrated efficiency scales it, 1 until
             # runs say otherwise) and fixed costs, slowed by the share of the host's cores.
@@ -365,7 +370,14 @@ def estimate_option(
         members[clusters[p_[0]].region] += 1
     sc = sync_cost(spec, links, dict(members))
     t_local = slowest.total
-    wan = float(cm.wan_sync_per_step(spec.sync, steps, sc.t_sync, t_local))
+    overlapped_diloco = runtime is not None and runtime.overlap and spec.sync.mode == "diloco"
+    if overlapped_diloco:
+        assert runtime is not None
+        wan = cm.overlapped_wan_per_step(
+            spec.sync, steps, sc.t_sync, t_local, runtime.overlap_steps or 0, runtime.fragments
+        )
+    else:
+        wan = float(cm.wan_sync_per_step(spec.sync, steps, sc.t_sync, t_local))
     rt = slowest.replica
     step = StepBreakdown(
         data=slowest.data,
@@ -384,7 +396,8 @@ def estimate_option(
     startup = max(f[0] for f in fixed)
     teardown = max(f[1] for f in fixed)
     # An overlapped exchange hides behind the next steps, but the last one has none to hide behind.
-    final_sync = sc.t_sync if cm.sync_overlapped(spec.sync) and len(members) >= 2 else 0.0
+    overlapped = overlapped_diloco or cm.sync_overlapped(spec.sync)
+    final_sync = sc.t_sync if overlapped and len(members) >= 2 else 0.0
     duration = startup + steps * step.total + final_sync + teardown
     hourly = sum(device_price(c, spot) for rep in replicas for c, _ in rep.devices)
     per_step_exchanges = cm.exchanges_per_step(spec.sync, steps)

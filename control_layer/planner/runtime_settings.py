@@ -9,15 +9,20 @@ from control_layer.planner.checkpoint_policy import (
     checkpoint_fraction,
     checkpoint_write_s,
 )
-from control_layer.planner.plan_types import PlanOption, RuntimeSettings
+from control_layer.planner.estimate import estimate_option
+from control_layer.planner.options import qos_checks
+from control_layer.planner.plan_types import Calibration, PlanOption, RuntimeSettings
+from control_layer.planner.search import finish
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.sync_settings import payload_bytes, sync_settings
 
 
 def _compute_step_s(option: PlanOption) -> float:
-    """Seconds per step excluding the WAN exchange (what overlap hides it behind)."""
+    """Seconds per step excluding the WAN exchange and checkpoint writes: what overlap hides the
+    exchange behind, and what the checkpoint share is measured against (neither depends on the
+    runtime settings chosen from it, so re-pricing with them leaves it unchanged)."""
     s = option.estimates.step_s
-    return max(0.0, s.total - s.wan_sync)
+    return max(0.0, s.total - s.wan_sync - s.checkpoint)
 
 
 def _weakest_link(option: PlanOption, snapshot: ResourceSnapshot | None) -> tuple[float | None, float]:
@@ -39,7 +44,7 @@ def runtime_settings(
 ) -> RuntimeSettings:
     """Checkpoint interval (the spec's, else the largest share of 2 % of the run) and the sync
     mode's overlap/fragments for this option."""
-    step_s = option.estimates.step_s.total
+    step_s = _compute_step_s(option)
     nodes = {t.node for t in option.tasks}
     per_node = max(1, option.dp // max(1, len(nodes)))
     write_s = checkpoint_write_s(spec.model.n_params, per_node)
@@ -52,7 +57,7 @@ def runtime_settings(
         every=spec.sync.every,
         n_regions=len(nodes),
         payload=payload_bytes(spec.model.n_params, spec.sync.compression, spec.sync.topk_ratio),
-        step_s=_compute_step_s(option),
+        step_s=step_s,
         bandwidth_bps=bandwidth,
         latency_s=latency,
     )
@@ -67,5 +72,34 @@ def runtime_settings(
     )
 
 
-def with_runtime(spec: JobSpec, options: list[PlanOption], snapshot: ResourceSnapshot) -> list[PlanOption]:
-    return [o.model_copy(update={"runtime": runtime_settings(spec, o, snapshot)}) for o in options]
+def with_runtime(
+    spec: JobSpec,
+    options: list[PlanOption],
+    snapshot: ResourceSnapshot,
+    calibration: Calibration | None = None,
+    max_options: int = 5,
+) -> list[PlanOption]:
+    """Each option with its runtime settings, re-priced as its workers will run: the quote covers
+    the checkpoints they write and the exchange time that overlap hides (or does not). Re-pricing
+    can move a point, so the front is filtered and labelled again."""
+    out: list[PlanOption] = []
+    for o in options:
+        runtime = runtime_settings(spec, o, snapshot)
+        est = estimate_option(
+            spec,
+            snapshot,
+            o.tasks,
+            dp=o.dp,
+            tp=o.tp,
+            pp=o.pp,
+            zero=o.zero,
+            pp_schedule=o.pp_schedule,
+            spot=o.spot,
+            calibration=calibration,
+            runtime=runtime,
+        )
+        checks = qos_checks(spec, snapshot, o.tasks, est, o.spot)
+        out.append(o.model_copy(update={"runtime": runtime, "estimates": est, "qos_checks": checks}))
+    # Checkpoints can tip an option over a deadline or budget it met when priced without them.
+    kept = [o for o in out if all(c.ok for c in o.qos_checks)]
+    return finish(kept or out, spec.qos.objective, max_options)

@@ -8,7 +8,7 @@ from contracts.errors import InvalidArgument
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.estimate import estimate_option
-from control_layer.planner.plan_types import PlannedTask
+from control_layer.planner.plan_types import PlannedTask, RuntimeSettings
 from control_layer.planner.snapshot import ResourceSnapshot
 
 
@@ -175,3 +175,24 @@ def test_a_measured_link_is_not_discounted_again() -> None:
     assert est.step_s.wan_sync == pytest.approx(payload / cm.bytes_per_s(8, 1.0) + 2 * 0.1)
     assert est.step_s.wan_sync < declared.step_s.wan_sync
     assert est.basis is not None and set(est.basis.goodput.values()) == {cm.MEASURED_WAN_GOODPUT}
+
+
+def test_the_runtime_settings_are_priced_as_the_workers_run_them() -> None:
+    """Overlap hides the exchange behind the delay's local steps (what does not fit blocks) and
+    the final round has nothing to hide behind; checkpoints are priced at the runtime's interval."""
+    spec = _spec(mode="diloco", every=10)
+    tasks = _tasks([("a", "a0", 0), ("b", "b0", 0)])
+    kw = {"dp": 2, "tp": 1, "pp": 1, "zero": 0}
+    blocking = estimate_option(spec, _snap(), tasks, **kw)
+    base = {"checkpoint_every": spec.training.steps, "checkpoint_write_s": 0.0, "checkpoint_fraction": 0.0}
+    overlap = RuntimeSettings(**base, overlap=True, overlap_steps=5, fragments=1)
+    hidden = estimate_option(spec, _snap(), tasks, **kw, runtime=overlap)
+    t_local = blocking.step_s.total - blocking.step_s.wan_sync
+    t_sync = blocking.step_s.wan_sync * 10  # one blocking exchange every 10 steps
+    exposed = max(0.0, t_sync - 5 * t_local)
+    assert hidden.step_s.wan_sync == pytest.approx(exposed / 10)
+    assert hidden.final_sync_s == pytest.approx(t_sync)
+    assert blocking.final_sync_s == 0.0
+    every_step = RuntimeSettings(**{**base, "checkpoint_every": 1, "checkpoint_write_s": 0.5})
+    often = estimate_option(spec, _snap(), tasks, **kw, runtime=every_step)
+    assert often.step_s.checkpoint == pytest.approx(0.5) and blocking.step_s.checkpoint == 0.0
