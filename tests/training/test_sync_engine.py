@@ -39,7 +39,10 @@ def train(
 ) -> torch.Tensor:
     x = torch.zeros(3)
     for step in range(start, steps + 1):
-        x -= lr * (x - TARGETS[r])
+        grad = x - TARGETS[r]
+        if eng.syncs_gradients(step):
+            eng.reduce_gradients(step, [grad])  # in place: the regions' weighted mean
+        x -= lr * grad
         time.sleep(dt)  # compute
         if eng.should_sync(step):
             ps = [x]
@@ -70,10 +73,24 @@ def run_all(
     return out, logs
 
 
+def test_sync_averages_gradients_so_regions_follow_one_trajectory(tmp_path: Path) -> None:
+    # Gradient descent on the mean of the regions' objectives, computed in one place: the same
+    # trajectory, and the regions hold the same bits after every step.
+    steps, lr = 30, 0.1
+    out, logs = run_all(tmp_path, steps, lr=lr, mode="sync", ring_order=["c", "a", "b"])
+    x = torch.zeros(3)
+    for _ in range(steps):
+        x -= lr * torch.stack([(x - TARGETS[r]) / 3 for r in REGIONS]).sum(0)
+    assert torch.equal(out["a"], out["b"]) and torch.equal(out["a"], out["c"])
+    assert torch.allclose(out["a"], x, atol=1e-6), (out["a"], x)
+    final = [m for _, m in logs["b"] if "replicas_identical" in m]
+    assert final and all(m["replicas_identical"] for m in final)
+    assert sum(m.get("exchanges", 0) for _, m in logs["a"]) == steps  # one gradient exchange a step
+
+
 @pytest.mark.parametrize(
     "sync",
     [
-        {"mode": "sync"},
         {"mode": "local_sgd", "every": 5, "compression": "topk", "topk_ratio": 0.67},
         {"mode": "diloco", "every": 10, "compression": "int8", "outer_lr": 1.0, "outer_momentum": 0.5},
         {
@@ -119,7 +136,9 @@ def test_metrics_report_bytes_latency_and_blocking(tmp_path: Path) -> None:
     _, logs = run_all(tmp_path, 20, mode="diloco", every=10, overlap=True, compression="int8")
     merged = [m for _, m in logs["b"] if m.get("latency_s") is not None]
     assert merged and all(m["latency_s"] > 0 for m in merged)
-    assert {"a", "c"} <= set().union(*(m["bytes_recv"].keys() for _, m in logs["b"]))
+    # A ring a -> b -> c -> a (3 regions): b hears from its predecessor and sends to its successor.
+    assert set().union(*(m["bytes_recv"].keys() for _, m in logs["b"])) == {"a"}
+    assert set().union(*(m["bytes_sent"].keys() for _, m in logs["b"])) == {"c"}
     assert all(m["blocked_s"] >= 0 and m["overlapped_s"] >= 0 for _, m in logs["b"])
 
 
