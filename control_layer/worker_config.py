@@ -155,6 +155,7 @@ def build_worker_configs(
     if problems:
         raise FailedPrecondition("; ".join(problems), nodes=missing)
     gossip = _gossip_graph(option, slots, keys)
+    ring = _ring_order(option, slots, keys)
 
     configs: dict[str, dict[str, Any]] = {}
     offset = 0
@@ -179,7 +180,8 @@ def build_worker_configs(
                 "microbatches": option.n_micro_batches if option.pp > 1 else None,
             },
             "sync": (
-                _sync(spec, option, slot, key, peers, offset, gossip) | {"auth_secret": sync_secret}
+                _sync(spec, option, slot, key, peers, offset, gossip)
+                | {"auth_secret": sync_secret, "ring_order": ring}
                 if multi
                 else _solo(option, offset)
             ),
@@ -228,6 +230,15 @@ def _sync(
 def _solo(option: PlanOption, offset: int) -> dict[str, Any]:
     """A job's only task has nobody to sync with."""
     return {"mode": "none", "peers": {}, "global_replicas": option.dp, "replica_offset": offset}
+
+
+def _ring_order(option: PlanOption, slots: list[TaskSlot], keys: list[str]) -> list[str]:
+    """The planner's ring of clusters, in task keys: the order dense modes reduce around."""
+    by_cluster: dict[str, list[str]] = {}
+    for slot, key in zip(slots, keys, strict=True):
+        by_cluster.setdefault(slot.cluster_id, []).append(key)
+    order = [k for cid in option.sync.ring for k in by_cluster.get(cid, [])]
+    return order + [k for k in keys if k not in order]
 
 
 def _gossip_graph(option: PlanOption, slots: list[TaskSlot], keys: list[str]) -> dict[str, list[str]]:

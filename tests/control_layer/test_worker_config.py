@@ -159,3 +159,16 @@ def test_a_jobs_leaders_share_one_sync_secret_that_differs_between_jobs() -> Non
     assert secrets[0] != secrets[1] and len(secrets[0]) == 64
     assert job_sync_secret("server-secret", "job-a") == secrets[0]  # stable: a re-placed region rejoins
     assert job_sync_secret("other-server", "job-a") != secrets[0]
+
+
+def test_dense_modes_get_the_planners_ring_order_in_participant_names() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0), (c["ap"], n["ap"], 0)])
+    option = option.model_copy(update={"sync": option.sync.model_copy(update={
+        "mode": "diloco", "ring": ["cus", "cap", "ceu"],
+    })})  # fmt: skip
+    spec = tiny_spec(sync={"mode": "diloco", "every": 2}, training={"steps": 4, "global_batch_tokens": 48})
+    configs = build_worker_configs("job", spec, option, _slots(option, c))
+    for cfg in configs.values():
+        assert cfg["sync"]["ring_order"] == ["us-east", "ap-south", "eu-west"]
+        validate_worker_config(cfg)
