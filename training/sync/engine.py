@@ -51,6 +51,24 @@ def is_event(cfg: SyncConfig, step: int, total_steps: int) -> bool:
 
 
 class SyncEngine:
+    """Cross-region sync for any training loop (public API, exported by ``training.sync``).
+
+    Build one per process with the mode's ``SyncConfig``: ``region`` is this region's name among
+    ``cfg.peers``; only the leader (``is_leader``) opens a server on ``cfg.listen`` (any address,
+    e.g. ``0.0.0.0:7000``; peers reach it at ``cfg.advertise``); ``weight`` is this region's share
+    of the job's replicas; ``theta0`` the job's common initial parameters, flattened (without it
+    every region starts from the lowest-named region's). Each step, on the leader:
+
+        if engine.syncs_gradients(step):      # mode "sync": before the optimizer step
+            engine.reduce_gradients(step, grads)
+        ...optimizer step...
+        if engine.should_sync(step):
+            engine.after_step(step, params)   # in place
+        engine.metrics()
+
+    and ``close()`` at the end. ``examples/sync_regions.py`` runs one.
+    """
+
     def __init__(
         self,
         cfg: SyncConfig,
@@ -133,6 +151,10 @@ class SyncEngine:
         changed = False
         if not self.joined:
             self.strategy.start(flat, self.theta0)
+            if self.theta0 is None and isinstance(self.strategy, AnchoredSync):
+                # No common initialisation given: every region starts from the lowest-named
+                # region's anchor before its first round (its local progress is kept).
+                self.strategy.repair_from = min(self.node.regions)  # type: ignore[union-attr]
             new = self._join(step, flat, fresh=True)
             changed = new is not flat
             flat = new

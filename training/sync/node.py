@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -19,6 +20,20 @@ from training.sync.messages import InMessage, OutMessage, PeerStatus, PushResult
 from training.sync.stats import TransferStats
 from training.sync.transport import PeerClient, PeerError, SyncServer
 from training.wan.shaper import LinkShaper
+
+WILDCARDS = ("0.0.0.0", "::", "[::]", "")
+
+
+def reachable(address: str) -> str:
+    """A server bound to every interface is reached at this host's address, not the wildcard."""
+    host, _, port = address.rpartition(":")
+    if host not in WILDCARDS:
+        return address
+    try:
+        host = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        host = "127.0.0.1"
+    return f"{host}:{port}"
 
 
 class RegionNode:
@@ -45,7 +60,7 @@ class RegionNode:
         self.server = SyncServer(
             self, self.shaper, self.stats, cfg.listen or "127.0.0.1:0", auth_secret=cfg.auth_secret
         )
-        self.address = cfg.advertise or self.server.address
+        self.address = cfg.advertise or reachable(self.server.address)
 
     # ------------------------------------------------------------ lifecycle
 
