@@ -196,6 +196,8 @@ class Trainer:
             sync_metrics = self.sync.metrics()
             if sync_metrics:
                 m["sync"] = sync_metrics
+                if "gossip_spread" in sync_metrics:  # top level: the job page plots it over time
+                    m["gossip_spread"] = sync_metrics["gossip_spread"]
         return m
 
     def save(self) -> None:

@@ -6,6 +6,13 @@ all-gather in which each chunk's owner encodes the averaged chunk once and the o
 those exact bytes, so every region decodes the same values. Each region then sends 2(R-1)/R of
 the payload. With fewer live regions, or if a ring hop fails, every region pushes its own
 contribution to every other and all sum the same decoded values in region order.
+
+Only a failed call drops a peer: a contribution missing at the deadline makes the region probe
+its sender, which is dropped if it does not answer. Regions may briefly disagree on who takes
+part (a region readmitted by some peers first, a ring one region finished and another saw
+break), so a broken ring falls back to all-to-all on the plain stream, and a slow but live peer
+is only left out of that round: its averages may then differ, and the anchors' fingerprints,
+compared every round, repair that from the lowest-named region.
 """
 
 from __future__ import annotations
@@ -77,17 +84,9 @@ class DenseReducer:
                 return self._ring(r, x, weight, fingerprint, step, members, deadline)
             except RingBroken:
                 participants = self.node.participants(r)
-                return self._all_to_all(
-                    f"{self.stream}.fb",
-                    r,
-                    x,
-                    weight,
-                    fingerprint,
-                    step,
-                    participants,
-                    time.monotonic() + timeout,
-                )
-        return self._all_to_all(self.stream, r, x, weight, fingerprint, step, participants, deadline)
+                deadline = time.monotonic() + timeout
+                return self._all_to_all(r, x, weight, fingerprint, step, participants, deadline)
+        return self._all_to_all(r, x, weight, fingerprint, step, participants, deadline)
 
     def _send(self, peer: str, msg: OutMessage, timeout: float) -> Future:
         return self.node.pool.submit(self.node.client(peer).push, msg, timeout)
@@ -108,7 +107,6 @@ class DenseReducer:
 
     def _all_to_all(
         self,
-        stream: str,
         r: int,
         x: Tensor,
         weight: float,
@@ -117,13 +115,17 @@ class DenseReducer:
         participants: list[str],
         deadline: float,
     ) -> Reduced:
+        stream = self.stream
         enc, decoded, residual = self.own.compress(x)
         meta = Meta(self.me, stream, r, weight, fingerprint=fingerprint, step=step)
         msg = OutMessage(meta, [("x", enc)])
         timeout = max(0.1, deadline - time.monotonic())
         pushes = {p: self._send(p, msg, timeout) for p in participants}
-        got = self.node.collect(stream, r, participants, deadline)
-        stale, _ = self._acks(pushes, deadline)
+        got = self.node.collect(stream, r, participants, deadline, mark_missing=False)
+        stale, failed = self._acks(pushes, deadline)
+        for p in participants:
+            if p not in got and p not in failed:
+                self.node.probe(p)
         contrib = {self.me: (decoded, weight)} | {s: (m.tensors["x"], m.meta.weight) for s, m in got.items()}
         order = sorted(contrib)
         avg = weighted_mean([contrib[s][0] for s in order], [contrib[s][1] for s in order])
@@ -143,8 +145,10 @@ class DenseReducer:
         self, stream: str, r: int, nxt: str, prv: str, msg: OutMessage, deadline: float
     ) -> tuple[InMessage, bool]:
         push = self._send(nxt, msg, max(0.1, deadline - time.monotonic()))
-        got = self.node.collect(stream, r, [prv], deadline)
+        got = self.node.collect(stream, r, [prv], deadline, mark_missing=False)
         stale, failed = self._acks({nxt: push}, deadline)
+        if prv not in got and prv not in failed:
+            self.node.probe(prv)
         if failed or prv not in got:
             raise RingBroken(f"ring hop {stream} round {r}: {failed or prv} missing")
         return got[prv], stale

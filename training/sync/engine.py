@@ -244,6 +244,10 @@ class SyncEngine:
         if lat:
             out["latency_s"] = comm / len(lat)
             out["exchanges"] = len(lat)
+        if isinstance(self.strategy, GossipSync):
+            spread = self.strategy.take_spread()
+            if spread is not None:
+                out["gossip_spread"] = spread
         identical = getattr(self.strategy, "identical", None)
         if identical is not None:
             out["replicas_identical"] = identical

@@ -46,6 +46,7 @@ class _Round:
 
 class AnchoredSync(Strategy):
     stream = "anchored"
+    admits_late = True  # a peer that joins mid-round is included from the next round
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
