@@ -57,15 +57,18 @@ DATA = {"kind": "synthetic-markov", "seed": 3}
 
 
 def modes() -> list[tuple[str, dict[str, Any]]]:
-    stream = {"fragments": 5, "compression": "int8", "overlap": True}
+    int8 = {"compression": "int8", "overlap": True}
+    stream = {"fragments": 5, **int8}
     return [
         ("sync", {"mode": "sync"}),
-        ("local_sgd H20", {"mode": "local_sgd", "every": 20}),
         ("diloco H20 fp32", {"mode": "diloco", "every": 20}),
-        ("diloco H20 int8 overlap", {"mode": "diloco", "every": 20, "compression": "int8", "overlap": True}),
+        ("diloco H20 int8 overlap", {"mode": "diloco", "every": 20, **int8}),
+        ("diloco H20 int8 overlap mix", {"mode": "diloco", "every": 20, **int8, "overlap_merge": "mix"}),
+        ("gossip", {"mode": "gossip", "every": 10}),
         ("diloco H100 fp32", {"mode": "diloco", "every": 100}),
         ("diloco H100 stream int8", {"mode": "diloco", "every": 100, **stream}),
-        ("gossip", {"mode": "gossip", "every": 10}),
+        ("diloco H100 stream int8 mix", {"mode": "diloco", "every": 100, **stream, "overlap_merge": "mix"}),
+        ("local_sgd H20", {"mode": "local_sgd", "every": 20}),
     ]
 
 
@@ -263,6 +266,8 @@ def main() -> int:
         "gossip_final_spread": rows["gossip"]["final_spread"] if "gossip" in rows else None,
         "diloco_int8_overlap_h20_loss_ratio": ratio("diloco H20 int8 overlap", "diloco H20 fp32"),
         "diloco_stream_int8_h100_loss_ratio": ratio("diloco H100 stream int8", "diloco H100 fp32"),
+        "diloco_int8_overlap_mix_h20_loss_ratio": ratio("diloco H20 int8 overlap mix", "diloco H20 fp32"),
+        "diloco_stream_int8_mix_h100_loss_ratio": ratio("diloco H100 stream int8 mix", "diloco H100 fp32"),
         "steps": args.steps,
         "quick": args.quick,
     }

@@ -39,6 +39,13 @@ class SyncConfig(BaseModel):
         description="steps between a fragment's send and "
         "its application (default: every // fragments // 2 with overlap)",
     )
+    overlap_merge: Literal["progress", "mix"] = Field(
+        default="progress",
+        description="how an overlapped round lands: 'progress' puts the local steps made since the "
+        "snapshot on the new anchor; 'mix' sets params = overlap_mix * params + (1 - overlap_mix) * "
+        "new anchor (Streaming DiLoCo, Douillard et al. 2025)",
+    )
+    overlap_mix: float = Field(default=0.5, ge=0, le=1)
     # gossip
     gossip_protocol: Literal["pairwise", "push_sum"] = "pairwise"
     gossip_peers: int = Field(default=1, gt=0)

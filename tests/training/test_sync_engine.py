@@ -102,6 +102,15 @@ def test_sync_averages_gradients_so_regions_follow_one_trajectory(tmp_path: Path
             "outer_lr": 1.0,
             "outer_momentum": 0.5,
         },
+        {
+            "mode": "diloco",
+            "every": 10,
+            "overlap": True,
+            "overlap_merge": "mix",
+            "compression": "int8",
+            "outer_lr": 1.0,
+            "outer_momentum": 0.5,
+        },
     ],
     ids=lambda s: "-".join(str(v) for v in s.values()),
 )

@@ -40,7 +40,7 @@ class _Round:
     fragment: int
     snapshot: Tensor
     apply_step: int
-    open_step: int
+    blocking: bool  # applied at once: the new anchor is assigned
     future: Any
 
 
@@ -90,10 +90,10 @@ class AnchoredSync(Strategy):
             for _ in range(
                 self.cfg.fragments if self.cfg.fragments > 1 or not is_start(step, self.round_steps) else 1
             ):
-                flat = self._apply(self._open(step, flat), flat)
+                flat = self._apply(self._open(step, flat, blocking=True), flat)
             return flat
         if is_start(step, self.round_steps):
-            rnd = self._open(step, flat)
+            rnd = self._open(step, flat, blocking=self.delay == 0)
             if self.delay == 0:
                 flat = self._apply(rnd, flat)
                 changed = True
@@ -101,7 +101,7 @@ class AnchoredSync(Strategy):
                 self.inflight.append(rnd)
         return flat if changed else None
 
-    def _open(self, step: int, flat: Tensor) -> _Round:
+    def _open(self, step: int, flat: Tensor, blocking: bool) -> _Round:
         assert self.anchor is not None
         r = self.opened
         f = fragment_of(r, self.cfg.fragments)
@@ -110,7 +110,7 @@ class AnchoredSync(Strategy):
         fp = fingerprint(self.anchor[sl])
         self.opened += 1
         fut = self.node.pool.submit(self._exchange, r, f, self.anchor[sl] - snap, fp, step)
-        return _Round(r, f, snap, step + self.delay, step, fut)
+        return _Round(r, f, snap, step if blocking else step + self.delay, blocking, fut)
 
     def _exchange(self, r: int, f: int, delta: Tensor, fp: str, step: int) -> _Result:
         t0 = time.monotonic()
@@ -130,8 +130,11 @@ class AnchoredSync(Strategy):
         new_anchor, mom = outer_step(
             self.anchor[sl], res.avg, self.momentum[rnd.fragment], self.lr, self.mu, self.cfg.nesterov
         )
-        if rnd.apply_step == rnd.open_step:
+        if rnd.blocking:
             flat[sl] = new_anchor  # blocking: every region now holds exactly the same parameters
+        elif self.cfg.overlap_merge == "mix":  # Streaming DiLoCo's merge of the late outer step
+            a = self.cfg.overlap_mix
+            flat[sl] = a * flat[sl] + (1 - a) * new_anchor
         else:  # overlapped: keep the local progress made since the snapshot on the new anchor
             flat[sl] = new_anchor + (flat[sl] - rnd.snapshot)
         with self.lock:
