@@ -39,6 +39,13 @@ class SyncConfig(BaseModel):
         description="steps between a fragment's send and "
         "its application (default: every // fragments // 2 with overlap)",
     )
+    overlap_merge: Literal["progress", "mix"] = Field(
+        default="progress",
+        description="how an overlapped round lands: 'progress' puts the local steps made since the "
+        "snapshot on the new anchor; 'mix' sets params = overlap_mix * params + (1 - overlap_mix) * "
+        "new anchor (Streaming DiLoCo, Douillard et al. 2025)",
+    )
+    overlap_mix: float = Field(default=0.5, ge=0, le=1)
     # gossip
     gossip_protocol: Literal["pairwise", "push_sum"] = "pairwise"
     gossip_peers: int = Field(default=1, gt=0)
@@ -48,6 +55,20 @@ class SyncConfig(BaseModel):
         "exponential graph over the sorted regions",
     )
     gossip_weight: float | None = Field(default=None, gt=0, le=0.5)
+    gossip_check_every: int = Field(
+        default=10, gt=0, le=100_000, description="gossip: rounds between spread checks"
+    )
+    gossip_max_spread: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e6,
+        description="gossip: a check that finds the regions' max parameter difference above this "
+        "averages them exactly (default: only measure)",
+    )
+    # sync / local_sgd / diloco with 3+ regions: reduce-scatter then all-gather around this ring
+    ring_order: list[str] | None = Field(
+        default=None, max_length=1024, description="regions in ring order (default: sorted names)"
+    )
     # async
     ps_region: str | None = None
     async_damping: Literal["inverse", "sqrt", "none"] = "inverse"
@@ -90,6 +111,14 @@ class SyncConfig(BaseModel):
             )
         if self.ps_region is not None and self.peers and self.ps_region not in self.peers:
             raise ValueError(f"ps_region {self.ps_region!r} is not among peers {sorted(self.peers)}")
+        if self.ring_order is not None:
+            if len(set(self.ring_order)) != len(self.ring_order):
+                raise ValueError(f"ring_order lists a region twice: {self.ring_order}")
+            known = set(self.peers) | {self.region}
+            if self.region and set(self.ring_order) != known:
+                raise ValueError(
+                    f"ring_order {self.ring_order} must list exactly the regions {sorted(known)}"
+                )
         if self.gossip_graph is not None:
             if not self.gossip_graph:
                 raise ValueError("gossip_graph, when given, needs at least one round")

@@ -161,6 +161,7 @@ def build_worker_configs(
         raise FailedPrecondition("; ".join(problems), nodes=missing)
     gossip = _gossip_graph(option, slots, keys)
     runtime = option.runtime or runtime_settings(spec, option)
+    ring = _ring_order(option, slots, keys)
 
     configs: dict[str, dict[str, Any]] = {}
     offset = 0
@@ -186,8 +187,8 @@ def build_worker_configs(
             },
             "sync": (
                 _sync(spec, option, slot, key, peers, offset, gossip)
-                | _overlap(runtime)
-                | {"auth_secret": sync_secret}
+                | _overlap(runtime, spec.sync.mode)
+                | {"auth_secret": sync_secret, "ring_order": ring}
                 if multi
                 else _solo(option, offset)
             ),
@@ -236,11 +237,20 @@ def _sync(
     return sync
 
 
-def _overlap(runtime: RuntimeSettings) -> dict[str, Any]:
-    """The planner's overlap and streaming choices for this mode (``planner.sync_settings``)."""
+def _overlap(runtime: RuntimeSettings, mode: str) -> dict[str, Any]:
+    """The planner's overlap and streaming choices for this mode (``planner.sync_settings``).
+    Overlapped DiLoCo lands each round with Streaming DiLoCo's mix, which lost less held-out
+    loss than carrying the local progress over (BENCHMARKS.md, "Sync quality")."""
     if not runtime.overlap:
         return {}
-    return {"overlap": True, "overlap_steps": runtime.overlap_steps, "fragments": runtime.fragments}
+    out: dict[str, Any] = {
+        "overlap": True,
+        "overlap_steps": runtime.overlap_steps,
+        "fragments": runtime.fragments,
+    }
+    if mode == "diloco":
+        out["overlap_merge"] = "mix"
+    return out
 
 
 def checkpoint_dir(job_id: str, key: str) -> str:
@@ -280,6 +290,15 @@ def _checkpoint(
 def _solo(option: PlanOption, offset: int) -> dict[str, Any]:
     """A job's only task has nobody to sync with."""
     return {"mode": "none", "peers": {}, "global_replicas": option.dp, "replica_offset": offset}
+
+
+def _ring_order(option: PlanOption, slots: list[TaskSlot], keys: list[str]) -> list[str]:
+    """The planner's ring of clusters, in task keys: the order dense modes reduce around."""
+    by_cluster: dict[str, list[str]] = {}
+    for slot, key in zip(slots, keys, strict=True):
+        by_cluster.setdefault(slot.cluster_id, []).append(key)
+    order = [k for cid in option.sync.ring for k in by_cluster.get(cid, [])]
+    return order + [k for k in keys if k not in order]
 
 
 def _gossip_graph(option: PlanOption, slots: list[TaskSlot], keys: list[str]) -> dict[str, list[str]]:

@@ -18,6 +18,12 @@ class NoOpSync:
     def should_sync(self, step: int) -> bool:
         return False
 
+    def syncs_gradients(self, step: int) -> bool:
+        return False
+
+    def reduce_gradients(self, step: int, grads: list[Tensor]) -> None:
+        return None
+
     def after_step(self, step: int, model_params: list[Tensor]) -> None:
         return None
 

@@ -1,7 +1,14 @@
 """The seam between the intra-cluster train loop and the cross-region sync engine: what both sides
 agree on, in a module of its own so that neither imports the other.
 
-Per step, after the local optimizer step, the train loop (``training.runtime``) does on EVERY rank:
+Per step, after backward and before the optimizer step, on EVERY rank (synchronous mode only):
+
+    if sync.syncs_gradients(step):                    # same answer on every rank
+        grads = gather_full_grads(model, dims)        # leader: the cluster's averaged gradients
+        sync.reduce_gradients(step, grads)            # leader: averaged with the other regions
+        scatter_full_grads(model, dims, grads)        # every rank steps on the same gradient
+
+Then, after the local optimizer step, the train loop (``training.runtime``) does on EVERY rank:
 
     if sync.should_sync(step):                        # same answer on every rank (collectives follow)
         params = gather_full_params(model, dims)      # leader: full replica, CPU, canonical order
@@ -54,6 +61,10 @@ class SyncContext:
 @runtime_checkable
 class CrossRegionSync(Protocol):
     def should_sync(self, step: int) -> bool: ...
+
+    def syncs_gradients(self, step: int) -> bool: ...
+
+    def reduce_gradients(self, step: int, grads: list[Tensor]) -> None: ...
 
     def after_step(self, step: int, model_params: list[Tensor]) -> None: ...
 

@@ -10,6 +10,7 @@ from pydantic import TypeAdapter
 from control_layer.planner.fleet import Pool
 from control_layer.planner.plan_types import PlannedTask, SyncTopology
 from control_layer.planner.problem import Problem, Solution
+from control_layer.planner.quality import quality
 from control_layer.planner.topology import gossip_graph, order_ring
 
 Device = tuple[Pool, str, int]  # pool, node id, device index
@@ -111,11 +112,15 @@ def assign(pr: Problem, sol: Solution) -> Assignment:
             gossip[lead] = sorted({leaders[p] for p in peers} | set(members[region]))
             for m in members[region]:
                 gossip[m] = [lead]
+    every = spec.sync.every if spec.sync.mode in ("local_sgd", "diloco", "gossip") else 1
+    q = quality(spec.sync.mode, every, spec.sync.compression)
     topology = SyncTopology(
         mode=spec.sync.mode,
         ring=ring,
         gossip=gossip,
         compression=spec.sync.compression,
-        every=spec.sync.every if spec.sync.mode in ("local_sgd", "diloco", "gossip") else 1,
+        every=every,
+        loss_ratio=None if q is None else q.loss_ratio,
+        loss_ratio_basis="" if q is None else q.measured_as,
     )
     return Assignment(tasks, dict(sorted(per_cluster.items())), topology, region_ring)

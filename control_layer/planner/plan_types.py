@@ -151,6 +151,12 @@ class SyncTopology(_Plain):
     gossip: dict[str, list[str]] = Field(default_factory=dict, description="Cluster id -> peer cluster ids.")
     compression: str = "none"
     every: int = 1
+    loss_ratio: float | None = Field(
+        default=None,
+        description="Expected held-out loss over synchronous data parallelism at equal tokens "
+        "(control_layer.planner.quality; None: not measured for this setting).",
+    )
+    loss_ratio_basis: str = Field(default="", description="The measured setting loss_ratio comes from.")
 
 
 class RuntimeSettings(_Plain):

@@ -12,6 +12,7 @@ from control_layer.planner.checkpoint_policy import (
 from control_layer.planner.estimate import estimate_option
 from control_layer.planner.options import qos_checks
 from control_layer.planner.plan_types import Calibration, PlanOption, RuntimeSettings
+from control_layer.planner.quality import quality
 from control_layer.planner.search import finish
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.sync_settings import payload_bytes, sync_settings
@@ -99,7 +100,16 @@ def with_runtime(
             runtime=runtime,
         )
         checks = qos_checks(spec, snapshot, o.tasks, est, o.spot)
-        out.append(o.model_copy(update={"runtime": runtime, "estimates": est, "qos_checks": checks}))
+        q = quality(o.sync.mode, o.sync.every, o.sync.compression, overlap=runtime.overlap)
+        sync = o.sync.model_copy(
+            update={
+                "loss_ratio": None if q is None else q.loss_ratio,
+                "loss_ratio_basis": "" if q is None else q.measured_as,
+            }
+        )
+        out.append(
+            o.model_copy(update={"runtime": runtime, "estimates": est, "qos_checks": checks, "sync": sync})
+        )
     # Checkpoints can tip an option over a deadline or budget it met when priced without them.
     kept = [o for o in out if all(c.ok for c in o.qos_checks)]
     return finish(kept or out, spec.qos.objective, max_options)

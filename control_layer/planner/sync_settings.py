@@ -36,10 +36,13 @@ def payload_bytes(n_params: int, compression: str, topk_ratio: float) -> float:
 
 
 def exchange_s(payload: float, n_regions: int, bandwidth_bps: float, latency_s: float) -> float:
-    """One region's exchange of ``payload`` with every other region over its shared uplink."""
+    """One region's share of a ring all-reduce of ``payload`` (reduce-scatter then all-gather over
+    the planner's ring, ``training.sync.collective``): 2(R-1)/R of the payload over its uplink, in
+    2(R-1) hops."""
     if n_regions < 2:
         return 0.0
-    return 2 * latency_s + (n_regions - 1) * payload * 8 / bandwidth_bps
+    hops = 2 * (n_regions - 1)
+    return hops * latency_s + hops / n_regions * payload * 8 / bandwidth_bps
 
 
 def sync_settings(

@@ -206,3 +206,16 @@ def test_a_task_without_its_checkpoint_starts_at_the_jobs_step_and_one_with_it_r
     finished = {"eu-west": {"step": 40, "node_id": "x"}}
     configs = build_worker_configs("job", spec, option, _slots(option, c), checkpoints=finished)
     assert {cfg["checkpoint"]["start_step"] for cfg in configs.values()} == {None}
+
+
+def test_dense_modes_get_the_planners_ring_order_in_participant_names() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0), (c["ap"], n["ap"], 0)])
+    option = option.model_copy(update={"sync": option.sync.model_copy(update={
+        "mode": "diloco", "ring": ["cus", "cap", "ceu"],
+    })})  # fmt: skip
+    spec = tiny_spec(sync={"mode": "diloco", "every": 2}, training={"steps": 4, "global_batch_tokens": 48})
+    configs = build_worker_configs("job", spec, option, _slots(option, c))
+    for cfg in configs.values():
+        assert cfg["sync"]["ring_order"] == ["us-east", "ap-south", "eu-west"]
+        validate_worker_config(cfg)

@@ -29,6 +29,12 @@ class ReplaceAt:
     def should_sync(self, step: int) -> bool:
         return step == AT
 
+    def syncs_gradients(self, step: int) -> bool:
+        return False
+
+    def reduce_gradients(self, step: int, grads: list[Tensor]) -> None:
+        raise AssertionError("not called: syncs_gradients is False")
+
     def after_step(self, step: int, model_params: list[Tensor]) -> None:
         self.calls.append((step, len(model_params)))
         if self.is_leader:

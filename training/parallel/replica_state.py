@@ -54,12 +54,37 @@ def full_param_names(model: nn.Module, dims: ParallelDims) -> list[str]:
     return [p.name for p in replica_layout(model, dims)]
 
 
+def _grads(model: nn.Module) -> dict[str, Tensor]:
+    """Each parameter's gradient (zeros where backward left none), sharded like the parameter."""
+    out = {}
+    for n, p in unwrap(model).named_parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        out[n] = p.grad
+    return out
+
+
 @torch.no_grad()
-def gather_full_params(model: nn.Module, dims: ParallelDims) -> list[Tensor]:
+def gather_full_grads(model: nn.Module, dims: ParallelDims) -> list[Tensor]:
+    """``gather_full_params`` for the gradients (after the cluster's data-parallel reduction)."""
+    return gather_full_params(model, dims, _grads(model))
+
+
+@torch.no_grad()
+def scatter_full_grads(model: nn.Module, dims: ParallelDims, tensors: list[Tensor]) -> None:
+    """``scatter_full_params`` for the gradients: the leader's values replace every rank's."""
+    scatter_full_params(model, dims, tensors, _grads(model))
+
+
+@torch.no_grad()
+def gather_full_params(
+    model: nn.Module, dims: ParallelDims, tensors: dict[str, Tensor] | None = None
+) -> list[Tensor]:
     """Collective on all ranks. Leader: fresh contiguous CPU tensors, one per parameter of the
-    replica in ``replica_layout`` order. Other ranks: ``[]``."""
+    replica in ``replica_layout`` order. Other ranks: ``[]``. ``tensors`` (name -> tensor shaped
+    and sharded like the parameter) gathers those instead of the parameters."""
     layout = replica_layout(model, dims)
-    local = dict(unwrap(model).named_parameters())
+    local = tensors if tensors is not None else dict(unwrap(model).named_parameters())
     rank, my_stage = dist.get_rank(), dims.pp_rank
     device = next(iter(local.values())).device
     out: list[Tensor] = []
@@ -80,11 +105,14 @@ def gather_full_params(model: nn.Module, dims: ParallelDims) -> list[Tensor]:
 
 
 @torch.no_grad()
-def scatter_full_params(model: nn.Module, dims: ParallelDims, tensors: list[Tensor]) -> None:
+def scatter_full_params(
+    model: nn.Module, dims: ParallelDims, tensors: list[Tensor], targets: dict[str, Tensor] | None = None
+) -> None:
     """Collective on all ranks: the leader's ``tensors`` (``replica_layout`` order) overwrite every
-    rank's parameters or parameter shards. ``tensors`` is ignored off the leader."""
+    rank's parameters or parameter shards (or ``targets``, shaped and sharded like them).
+    ``tensors`` is ignored off the leader."""
     layout = replica_layout(model, dims)
-    local = dict(unwrap(model).named_parameters())
+    local = targets if targets is not None else dict(unwrap(model).named_parameters())
     rank, my_stage = dist.get_rank(), dims.pp_rank
     device = next(iter(local.values())).device
     if rank == 0 and len(tensors) != len(layout):

@@ -23,6 +23,7 @@ from training.sync.strategies.anchored import AnchoredSync
 from training.sync.strategies.async_ps import AsyncServer
 from training.sync.strategies.base import Strategy
 from training.sync.strategies.gossip import GossipSync
+from training.sync.strategies.grad import GradSync
 from training.sync.strategies.ssp import StaleSync
 from training.sync.transport import PeerError
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from training.sync_protocol import SyncContext
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    "sync": AnchoredSync,
+    "sync": GradSync,
     "local_sgd": AnchoredSync,
     "diloco": AnchoredSync,
     "ssp": StaleSync,
@@ -42,12 +43,32 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 def is_event(cfg: SyncConfig, step: int, total_steps: int) -> bool:
     """Pure function of the step: every rank takes part in the gather/scatter when True."""
-    if cfg.mode in ("sync", "local_sgd", "diloco"):
+    if cfg.mode == "sync":  # gradients every step; parameters only checked at both ends
+        return step == 1 or step == total_steps
+    if cfg.mode in ("local_sgd", "diloco"):
         return anchored_event(step, cfg.round_steps, cfg.delay_steps, total_steps)
     return step == 1 or step == total_steps or is_start(step, cfg.every)
 
 
 class SyncEngine:
+    """Cross-region sync for any training loop (public API, exported by ``training.sync``).
+
+    Build one per process with the mode's ``SyncConfig``: ``region`` is this region's name among
+    ``cfg.peers``; only the leader (``is_leader``) opens a server on ``cfg.listen`` (any address,
+    e.g. ``0.0.0.0:7000``; peers reach it at ``cfg.advertise``); ``weight`` is this region's share
+    of the job's replicas; ``theta0`` the job's common initial parameters, flattened (without it
+    every region starts from the lowest-named region's). Each step, on the leader:
+
+        if engine.syncs_gradients(step):      # mode "sync": before the optimizer step
+            engine.reduce_gradients(step, grads)
+        ...optimizer step...
+        if engine.should_sync(step):
+            engine.after_step(step, params)   # in place
+        engine.metrics()
+
+    and ``close()`` at the end. ``examples/sync_regions.py`` runs one.
+    """
+
     def __init__(
         self,
         cfg: SyncConfig,
@@ -93,6 +114,34 @@ class SyncEngine:
     def should_sync(self, step: int) -> bool:
         return is_event(self.cfg, step, self.total_steps)
 
+    def syncs_gradients(self, step: int) -> bool:
+        return self.cfg.mode == "sync"
+
+    @torch.no_grad()
+    def reduce_gradients(self, step: int, grads: list[Tensor]) -> None:
+        """``sync`` mode, before the optimizer step: replace the cluster's gradients (leader: full
+        replica, CPU, canonical order) with their weighted average over the regions, in place."""
+        if not self.is_leader or not grads:
+            return
+        assert isinstance(self.strategy, GradSync)
+        t0 = time.monotonic()
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        if not self.joined:
+            self.strategy.start(flat, self.theta0)
+            self._meet(step, fresh=True)
+            assert self.node is not None
+            self.node.hello_all(
+                ready=True, next_round=step, step=step, deadline=time.monotonic() + self.cfg.timeout_s
+            )
+            self.joined = True
+        avg = self.strategy.reduce(step, flat)
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(avg[offset : offset + n].view_as(g))
+            offset += n
+        self.blocked_s += time.monotonic() - t0
+
     @torch.no_grad()
     def after_step(self, step: int, model_params: list[Tensor]) -> None:
         if not self.is_leader or not model_params:
@@ -103,6 +152,10 @@ class SyncEngine:
         changed = False
         if not self.joined:
             self.strategy.start(flat, self.theta0)
+            if self.theta0 is None and isinstance(self.strategy, AnchoredSync):
+                # No common initialisation given: every region starts from the lowest-named
+                # region's anchor before its first round (its local progress is kept).
+                self.strategy.repair_from = min(self.node.regions)  # type: ignore[union-attr]
             new = self._join(step, flat, fresh=True)
             changed = new is not flat
             flat = new
@@ -120,16 +173,23 @@ class SyncEngine:
                 offset += n
         self.blocked_s += time.monotonic() - t0
 
-    def _join(self, step: int, flat: Tensor, fresh: bool) -> Tensor:
-        """Meet the peers; catch up from the most advanced one if it is ahead of us."""
-        assert self.node is not None and self.strategy is not None
-        s, node = self.strategy, self.node
-        s.needs_catch_up = False
+    def _meet(self, step: int, fresh: bool) -> dict[str, Any]:
+        """Ask every peer for its status; a fresh start waits until every reachable one is ready."""
+        assert self.node is not None
+        node = self.node
         deadline = time.monotonic() + (self.cfg.startup_timeout_s if fresh else self.cfg.timeout_s)
         statuses = node.hello_all(ready=False, next_round=0, step=step, deadline=deadline)
         while fresh and not all(st.ready for st in statuses.values()) and time.monotonic() < deadline:
             time.sleep(0.05)  # start together: wait until every reachable peer is at its first event
             statuses = node.hello_all(ready=False, next_round=0, step=step, deadline=deadline)
+        return statuses
+
+    def _join(self, step: int, flat: Tensor, fresh: bool) -> Tensor:
+        """Meet the peers; catch up from the most advanced one if it is ahead of us."""
+        assert self.node is not None and self.strategy is not None
+        s, node = self.strategy, self.node
+        s.needs_catch_up = False
+        statuses = self._meet(step, fresh)
         repair = getattr(s, "repair_from", None)
         s.repair_from = None  # type: ignore[attr-defined]
         late: dict[str, Any] = {}
@@ -187,6 +247,14 @@ class SyncEngine:
         if lat:
             out["latency_s"] = comm / len(lat)
             out["exchanges"] = len(lat)
+        if isinstance(self.strategy, GossipSync):
+            spread = self.strategy.take_spread()
+            if spread is not None:
+                out["gossip_spread"] = spread
+        identical = getattr(self.strategy, "identical", None)
+        if identical is not None:
+            out["replicas_identical"] = identical
+            self.strategy.identical = None  # type: ignore[attr-defined]
         if t["transfers"]:
             out["transfers"] = [[n, round(sec, 6), rate] for n, sec, rate in t["transfers"]]
             g = goodput_fraction(t["transfers"])

@@ -36,11 +36,13 @@ class OutMessage:
 
 @dataclass
 class InMessage:
-    """Received: metadata and named decoded float32 tensors."""
+    """Received: metadata, named decoded float32 tensors, and the encodings they came in (a ring
+    forwards those bytes unchanged, so every region decodes exactly the same values)."""
 
     meta: Meta
     tensors: dict[str, Tensor] = field(default_factory=dict)
     nbytes: int = 0
+    encoded: dict[str, EncodedTensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -19,6 +20,20 @@ from training.sync.messages import InMessage, OutMessage, PeerStatus, PushResult
 from training.sync.stats import TransferStats
 from training.sync.transport import PeerClient, PeerError, SyncServer
 from training.wan.shaper import LinkShaper
+
+WILDCARDS = ("0.0.0.0", "::", "[::]", "")
+
+
+def reachable(address: str) -> str:
+    """A server bound to every interface is reached at this host's address, not the wildcard."""
+    host, _, port = address.rpartition(":")
+    if host not in WILDCARDS:
+        return address
+    try:
+        host = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        host = "127.0.0.1"
+    return f"{host}:{port}"
 
 
 class RegionNode:
@@ -45,7 +60,7 @@ class RegionNode:
         self.server = SyncServer(
             self, self.shaper, self.stats, cfg.listen or "127.0.0.1:0", auth_secret=cfg.auth_secret
         )
-        self.address = cfg.advertise or self.server.address
+        self.address = cfg.advertise or reachable(self.server.address)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -122,9 +137,10 @@ class RegionNode:
             self.cv.notify_all()
 
     def collect(
-        self, stream: str, round_index: int, senders: list[str], deadline: float
+        self, stream: str, round_index: int, senders: list[str], deadline: float, mark_missing: bool = True
     ) -> dict[str, InMessage]:
-        """Wait until every sender's message for the round is in (or the deadline); take them."""
+        """Wait until every sender's message for the round is in (or the deadline); take them.
+        A sender still missing then is marked dead unless ``mark_missing`` is False."""
         key = (stream, round_index)
         with self.cv:
             while True:
@@ -138,7 +154,7 @@ class RegionNode:
             for k in [k for k in self.inbox if k[0] == stream and k[1] <= round_index]:
                 del self.inbox[k]
         for s in senders:
-            if s not in got:
+            if s not in got and mark_missing:
                 self.mark_dead(s, f"no contribution to {stream} round {round_index} in time")
         return got
 
@@ -173,6 +189,20 @@ class RegionNode:
             except (PeerError, FailedPrecondition) as e:
                 self.mark_dead(p, f"hello failed: {e.message}")
         return out
+
+    def probe(self, peer: str, timeout: float = 2.0) -> bool:
+        """Is the peer's server answering? A peer that does not is marked dead."""
+        req = sync_pb2.HelloRequest(sender=self.region, address=self.address, ready=False, step=0)
+        client = self.client(peer)
+        probed = client.address
+        try:
+            client.hello(req, timeout=timeout)
+            return True
+        except (PeerError, FailedPrecondition) as e:
+            if client.address != probed:
+                return True  # it came back at a new address meanwhile (its hello re-admitted it)
+            self.mark_dead(peer, f"unreachable after a missed contribution: {e.message}")
+            return False
 
     def leave_all(self) -> None:
         for p, c in list(self._clients.items()):
@@ -221,17 +251,29 @@ class RegionNode:
                     and self.include_from[req.sender] <= req.next_round
                 )
             accepted = included or s.accepts(req.next_round)
+            start = req.next_round
+            if not accepted and getattr(s, "admits_late", False):
+                # We opened that round already without it: include it from our next one (its
+                # rounds in between differ from ours and are repaired by the fingerprint check).
+                accepted, start = True, opened
             if accepted:
                 with self.cv:
                     was = self.alive[req.sender] and req.sender not in self.left
                     self.alive[req.sender] = True
                     self.left.discard(req.sender)
-                    self.include_from[req.sender] = req.next_round
+                    self.include_from[req.sender] = start
                     if not was:
-                        self.events.append(f"rejoin {req.sender} from round {req.next_round}")
-                s.on_peer_joined(req.sender, req.next_round)
+                        self.events.append(f"rejoin {req.sender} from round {start}")
+                s.on_peer_joined(req.sender, start)
         return PeerStatus(
-            self.region, s.ready, opened, completed, s.step, self.cfg.mode, accepted, req.next_round
+            self.region,
+            s.ready,
+            opened,
+            completed,
+            s.step,
+            self.cfg.mode,
+            accepted,
+            start if req.ready else 0,
         )
 
     def handle_leave(self, sender: str) -> None:

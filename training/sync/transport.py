@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from proto.cpn.sync.v1 import sync_pb2, sync_pb2_grpc
-from training.compression.codecs import EncodedChunk, decode_chunk_into, get_codec
+from training.compression.codecs import EncodedChunk, EncodedTensor, decode_chunk_into, get_codec
 from training.sync.auth import ClientAuth, ServerAuth
 from training.sync.messages import InMessage, Meta, OutMessage, PeerStatus, PushResult
 from training.sync.stats import TransferStats
@@ -154,6 +154,7 @@ class Assembler:
                             f"part {spec.name!r}: bad numel {spec.numel}", field="header.parts"
                         )
                     msg.tensors[spec.name] = _zeros(spec.numel)
+                    msg.encoded[spec.name] = EncodedTensor(_PB_TO_CODEC[spec.codec], spec.numel)
                     codecs.append(get_codec(_PB_TO_CODEC[spec.codec]))
                 names = [s.name for s in h.parts]
                 sent_at = h.sent_at
@@ -163,6 +164,7 @@ class Assembler:
                     raise InvalidArgument(f"chunk for part {c.part} of {len(codecs)}", field="chunk.part")
                 enc = EncodedChunk(c.offset, c.numel, c.data, c.scales, c.indices, c.block)
                 decode_chunk_into(codecs[c.part], enc, msg.tensors[names[c.part]])
+                msg.encoded[names[c.part]].chunks.append(enc)
             else:
                 raise InvalidArgument("a second header in one stream", field="frame.header")
             msg.nbytes += n

@@ -1,12 +1,13 @@
-"""``sync``, ``local_sgd`` and ``diloco``: every region keeps the same anchor; each round it sends
-its pseudo-gradient (anchor - local params, compressed with error feedback) to every peer, all
-average the same decoded contributions, and an outer optimizer moves the anchor.
+"""``local_sgd`` and ``diloco``: every region keeps the same anchor; each round the regions
+average their pseudo-gradients (anchor - local params, compressed with error feedback; a ring with
+3+ regions, ``training.sync.collective``) and an outer optimizer moves the anchor.
 
-``sync`` is this every step with plain averaging, ``local_sgd`` every H steps, ``diloco`` every H
-steps with outer Nesterov SGD. With ``overlap`` a round's exchange runs in the background and is
-applied ``delay`` steps later, keeping the local progress made meanwhile (params += new anchor -
+``local_sgd`` averages every H steps, ``diloco`` every H steps with outer Nesterov SGD. A blocking
+round assigns the new anchor to the parameters, so the regions hold bit-identical replicas after
+it. With ``overlap`` a round's exchange runs in the background and is applied ``delay`` steps
+later, keeping the local progress made meanwhile (params = new anchor + progress since the
 snapshot); with ``fragments`` the parameters are split and each fragment syncs on its own
-staggered schedule (Streaming DiLoCo).
+staggered schedule (Streaming DiLoCo). The last step always ends with a blocking round.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from training.compression.error_feedback import ErrorFeedback
-from training.sync.algorithms.outer import outer_step, weighted_mean
+from training.sync.algorithms.outer import outer_step
 from training.sync.algorithms.schedule import fragment_of, fragment_slices, is_start
+from training.sync.collective import DenseReducer
 from training.sync.messages import InMessage, OutMessage, PushResult
 from training.sync.strategies.base import Strategy, fingerprint
-from training.sync.transport import PeerError
 
 
 @dataclass
@@ -39,13 +39,14 @@ class _Round:
     index: int
     fragment: int
     snapshot: Tensor
-    residual: Tensor | None
     apply_step: int
+    blocking: bool  # applied at once: the new anchor is assigned
     future: Any
 
 
 class AnchoredSync(Strategy):
     stream = "anchored"
+    admits_late = True  # a peer that joins mid-round is included from the next round
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -55,7 +56,10 @@ class AnchoredSync(Strategy):
         self.anchor: Tensor | None = None
         self.slices: list[slice] = []
         self.momentum: list[Tensor | None] = [None] * c.fragments
-        self.ef = [ErrorFeedback(self.codec, c.chunk_bytes, c.error_feedback) for _ in range(c.fragments)]
+        self.reducers = [
+            DenseReducer(self.node, f"anchored{f}", self.codec, c.chunk_bytes, c.error_feedback, c.ring_order)
+            for f in range(c.fragments)
+        ]
         self.opened = self.completed = 0
         self.inflight: deque[_Round] = deque()
         self.public: dict[str, Tensor] = {}
@@ -86,10 +90,10 @@ class AnchoredSync(Strategy):
             for _ in range(
                 self.cfg.fragments if self.cfg.fragments > 1 or not is_start(step, self.round_steps) else 1
             ):
-                flat = self._apply(self._open(step, flat), flat)
+                flat = self._apply(self._open(step, flat, blocking=True), flat)
             return flat
         if is_start(step, self.round_steps):
-            rnd = self._open(step, flat)
+            rnd = self._open(step, flat, blocking=self.delay == 0)
             if self.delay == 0:
                 flat = self._apply(rnd, flat)
                 changed = True
@@ -97,49 +101,25 @@ class AnchoredSync(Strategy):
                 self.inflight.append(rnd)
         return flat if changed else None
 
-    def _open(self, step: int, flat: Tensor) -> _Round:
+    def _open(self, step: int, flat: Tensor, blocking: bool) -> _Round:
         assert self.anchor is not None
         r = self.opened
         f = fragment_of(r, self.cfg.fragments)
         sl = self.slices[f]
         snap = flat[sl].clone()
-        enc, decoded, residual = self.ef[f].compress(self.anchor[sl] - snap)
         fp = fingerprint(self.anchor[sl])
-        msg = OutMessage(self.meta(r, weight=self.weight, fingerprint=fp), [("delta", enc)])
-        participants = self.node.participants(r)
         self.opened += 1
-        fut = self.node.pool.submit(self._exchange, r, msg, decoded, fp, participants)
-        return _Round(r, f, snap, residual, step + self.delay, fut)
+        fut = self.node.pool.submit(self._exchange, r, f, self.anchor[sl] - snap, fp, step)
+        return _Round(r, f, snap, step if blocking else step + self.delay, blocking, fut)
 
-    def _exchange(
-        self, r: int, msg: OutMessage, decoded: Tensor, fp: str, participants: list[str]
-    ) -> _Result:
+    def _exchange(self, r: int, f: int, delta: Tensor, fp: str, step: int) -> _Result:
         t0 = time.monotonic()
-        deadline = t0 + self.cfg.timeout_s
-        pushes = {
-            p: self.node.pool.submit(self.node.client(p).push, msg, self.cfg.timeout_s) for p in participants
-        }
-        got = self.node.collect(self.stream, r, participants, deadline)
-        for p, fut in pushes.items():
-            try:
-                ack = fut.result(timeout=max(0.1, deadline - time.monotonic()))
-                if not ack.accepted and ack.reason == "stale":
-                    self.needs_catch_up = True  # the others have moved on without us
-            except PeerError as e:
-                self.node.mark_dead(p, f"push failed: {e.status}")
-            except TimeoutError:
-                self.node.mark_dead(p, "push timed out")
-        # Every region sums the same decoded contributions in the same (region) order, so all
-        # anchors stay bit-identical (their fingerprints are compared).
-        contrib = {self.me: (decoded, self.weight)} | {
-            s: (m.tensors["delta"], m.meta.weight) for s, m in got.items()
-        }
-        values = [contrib[s][0] for s in sorted(contrib)]
-        weights = [contrib[s][1] for s in sorted(contrib)]
-        fps = {self.me: fp} | {s: m.meta.fingerprint for s, m in got.items()}
+        res = self.reducers[f].reduce(r, delta, self.weight, fp, step, self.cfg.timeout_s)
+        if res.stale:
+            self.needs_catch_up = True  # the others have moved on without us
         latency = time.monotonic() - t0
         self.record_latency(latency)
-        return _Result(weighted_mean(values, weights), fps, latency)
+        return _Result(res.avg, res.fingerprints, latency)
 
     def _apply(self, rnd: _Round, flat: Tensor) -> Tensor:
         assert self.anchor is not None
@@ -150,11 +130,16 @@ class AnchoredSync(Strategy):
         new_anchor, mom = outer_step(
             self.anchor[sl], res.avg, self.momentum[rnd.fragment], self.lr, self.mu, self.cfg.nesterov
         )
-        flat[sl] += new_anchor - rnd.snapshot  # keeps the local progress made since the snapshot
+        if rnd.blocking:
+            flat[sl] = new_anchor  # blocking: every region now holds exactly the same parameters
+        elif self.cfg.overlap_merge == "mix":  # Streaming DiLoCo's merge of the late outer step
+            a = self.cfg.overlap_mix
+            flat[sl] = a * flat[sl] + (1 - a) * new_anchor
+        else:  # overlapped: keep the local progress made since the snapshot on the new anchor
+            flat[sl] = new_anchor + (flat[sl] - rnd.snapshot)
         with self.lock:
             self.anchor[sl] = new_anchor
             self.momentum[rnd.fragment] = mom
-            self.ef[rnd.fragment].commit(rnd.residual)
             self.completed += 1
             self._publish()
             self.lock.notify_all()
@@ -181,8 +166,8 @@ class AnchoredSync(Strategy):
         with self.lock:
             self.anchor = new_anchor.clone()
             self.momentum = [msg.tensors.get(f"momentum{i}") for i in range(self.cfg.fragments)]
-            for ef in self.ef:
-                ef.commit(None)
+            for red in self.reducers:
+                red.reset()
             self.inflight.clear()  # their results are relative to the old anchor
             self.opened = self.completed = msg.meta.round
             self._publish()
@@ -217,7 +202,7 @@ class AnchoredSync(Strategy):
                 "round": self.completed,
                 "anchor": None if self.anchor is None else self.anchor.clone(),
                 "momentum": [None if m is None else m.clone() for m in self.momentum],
-                "error_feedback": [ef.state_dict() for ef in self.ef],
+                "reducers": [red.state_dict() for red in self.reducers],
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -235,6 +220,6 @@ class AnchoredSync(Strategy):
         )
         self.momentum = [None if m is None else torch.as_tensor(m).float() for m in state.get("momentum", [])]
         self.momentum += [None] * (self.cfg.fragments - len(self.momentum))
-        for ef, s in zip(self.ef, state.get("error_feedback", []), strict=False):
-            ef.load_state_dict(s)
+        for red, s in zip(self.reducers, state.get("reducers", []), strict=False):
+            red.load_state_dict(s)
         self.opened = self.completed = int(state.get("round", 0))

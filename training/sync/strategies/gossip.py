@@ -6,6 +6,12 @@
 - ``push_sum``: the region keeps a mass ``w``; it keeps ``1/(k+1)`` of it and pushes ``(params,
   w/(k+1))`` to each of its k out-peers; received shares are folded as ``x += w_j z_j``,
   ``w += w_j`` and the parameters are ``x / w`` (Kempe et al. 2003; SGP, Assran et al. 2019).
+
+Gossip alone never ends on one model, so every ``gossip_check_every`` rounds the regions measure
+their spread (the largest distance of a region's parameters from the regions' mean, on a sample
+of coordinates every region draws alike) and, when it is above ``gossip_max_spread``, replace their
+parameters by the exact mean. The last step always ends with the exact mean, so the job's result is
+one model. Checks and the final mean are barriers, bounded by the timeouts like any exchange.
 """
 
 from __future__ import annotations
@@ -14,11 +20,14 @@ import threading
 import time
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from contracts.errors import FailedPrecondition
+from training.compression.codecs import get_codec
 from training.sync.algorithms.gossip import pairwise_correction, peers_for_round, push_sum_combine
 from training.sync.algorithms.schedule import is_start
+from training.sync.collective import DenseReducer
 from training.sync.messages import InMessage, OutMessage, PushResult
 from training.sync.strategies.base import Strategy
 from training.sync.transport import PeerError
@@ -38,6 +47,37 @@ class GossipSync(Strategy):
         self.mass = 1.0
         self.busy: set[str] = set()
         self.busy_lock = threading.Lock()
+        fp32, c = get_codec("fp32"), self.cfg
+        self.averager = DenseReducer(self.node, "gavg", fp32, c.chunk_bytes, False, c.ring_order)
+        self.checker = DenseReducer(self.node, "gcheck", fp32, c.chunk_bytes, False, c.ring_order)
+        self.exact = DenseReducer(self.node, "gexact", fp32, c.chunk_bytes, False, c.ring_order)
+        self.spread: float | None = None  # at the last check, since the last metrics call
+
+    SAMPLE = 65_536  # coordinates a periodic check compares
+
+    def _deviations(self, r: int, step: int, x: Tensor, mine: Tensor, timeout: float) -> float:
+        """Every region's max distance from the mean (over ``x``'s coordinates), the largest."""
+        dev = float((mine - x).abs().max()) if x.numel() else 0.0
+        res = self.checker.reduce(r, torch.zeros(1), self.weight, repr(dev), step, timeout)
+        return max(float(v) for v in res.fingerprints.values())
+
+    def _check(self, r: int, step: int, flat: Tensor, final: bool) -> Tensor:
+        """Measure the spread; return the exact mean if it is the end or the spread is too large."""
+        timeout = max(self.cfg.timeout_s, self.cfg.startup_timeout_s) if final else self.cfg.timeout_s
+        if final or flat.numel() <= self.SAMPLE:
+            idx = None
+        else:
+            gen = torch.Generator().manual_seed(r)
+            idx = torch.randperm(flat.numel(), generator=gen)[: self.SAMPLE]
+        sample = flat if idx is None else flat[idx]
+        mean = self.averager.reduce(r, sample, self.weight, "", step, timeout).avg
+        self.spread = self._deviations(r, step, mean, sample, timeout)
+        bound = self.cfg.gossip_max_spread
+        if final:
+            return mean  # the same bits in every region: the job's one model
+        if bound is not None and self.spread > bound:
+            return mean if idx is None else self.exact.reduce(r, flat, self.weight, "", step, timeout).avg
+        return flat
 
     def progress(self) -> tuple[int, int]:
         return self.rounds, self.rounds
@@ -60,8 +100,11 @@ class GossipSync(Strategy):
                 x, self.mass = push_sum_combine(flat * self.mass, self.mass, self.shares)
                 flat = x / self.mass
                 self.shares = []
-            self.public = flat.clone()
             r = self.rounds
+        if final or (r > 0 and r % self.cfg.gossip_check_every == 0):
+            flat = self._check(r, step, flat, final)
+        with self.lock:
+            self.public = flat.clone()
             self.rounds += 1
             self.lock.notify_all()
         if not final:
@@ -138,6 +181,9 @@ class GossipSync(Strategy):
         return OutMessage(self.meta(self.rounds), [("params", self.encode_params(mine))])
 
     def handle_push(self, msg: InMessage) -> PushResult:
+        if msg.meta.stream.startswith(("gavg", "gcheck", "gexact")):
+            self.node.deliver(msg)
+            return PushResult(True, "", self.rounds)
         with self.lock:
             self.shares.append((msg.tensors["params"], msg.meta.weight))
         return PushResult(True, "", self.rounds)
@@ -155,6 +201,10 @@ class GossipSync(Strategy):
             self.corrections, self.shares, self.mass = [], [], 1.0
             self.public = msg.tensors["params"].clone()
         return self.public.clone()
+
+    def take_spread(self) -> float | None:
+        out, self.spread = self.spread, None
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"mode": "gossip", "rounds": self.rounds, "mass": self.mass}

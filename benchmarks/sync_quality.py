@@ -1,0 +1,279 @@
+"""Cross-region sync semantics on kernel-shaped links: what each mode's final model is worth.
+
+    python benchmarks/sync_quality.py [--steps 300] [--quick]
+
+3 regions in network namespaces (benchmarks/netlab.py: veth through a bridge, tc tbf 100 Mbit/s
+on both ends; no latency emulation), each one real worker process (``python -m training.worker``)
+with the sync section the control plane builds (listen/advertise on the region's address, peers
+by address, the ring order, kernel shaping). A 4-layer GPT of 1.34M parameters on synthetic
+Markov data, 1,024 tokens per region per step (8 x 128), AdamW lr 1e-3, equal tokens per mode.
+
+Figures: held-out loss of the final model (every region's, averaged; 16 x 64 sequences from a
+generator no training stream uses), utilisation (compute time / train-loop wall time, per region,
+from the metrics), WAN bytes (the veth counters, and the workers' own count). Checks:
+- ``sync`` for 20 steps against one process training on the combined batch (an independent loop
+  written here): relative parameter difference over the whole model;
+- ``sync`` replicas bit-identical at the end (final checkpoints compared);
+- gossip's final spread: the largest parameter difference between regions' final checkpoints;
+- DiLoCo int8 + overlap at H=20, and streaming DiLoCo (5 fragments) int8 + overlap at H=100, each
+  over blocking fp32 DiLoCo at the same H.
+Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from netlab import NetLab, netns_available  # noqa: E402
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
+
+from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX, parse_lines  # noqa: E402
+from contracts.model import GPTConfig  # noqa: E402
+from contracts.worker_config import parse_worker_config  # noqa: E402
+from training.checkpoint import latest_checkpoint  # noqa: E402
+from training.data.markov import MarkovSource  # noqa: E402
+from training.data.streams import build_stream  # noqa: E402
+from training.models.gpt import GPT  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+REGIONS = ["ap-south", "eu-west", "us-east"]
+SUBNET, PREFIX, PORT = "10.213.21", "cpnsq", 29700
+MODEL = {"n_layers": 4, "d_model": 160, "n_heads": 4, "vocab": 256, "seq_len": 128}
+QUICK_MODEL = {"n_layers": 2, "d_model": 32, "n_heads": 4, "vocab": 32, "seq_len": 32}
+DATA = {"kind": "synthetic-markov", "seed": 3}
+
+
+def modes() -> list[tuple[str, dict[str, Any]]]:
+    int8 = {"compression": "int8", "overlap": True}
+    stream = {"fragments": 5, **int8}
+    return [
+        ("sync", {"mode": "sync"}),
+        ("diloco H20 fp32", {"mode": "diloco", "every": 20}),
+        ("diloco H20 int8 overlap", {"mode": "diloco", "every": 20, **int8}),
+        ("diloco H20 int8 overlap mix", {"mode": "diloco", "every": 20, **int8, "overlap_merge": "mix"}),
+        ("gossip", {"mode": "gossip", "every": 10}),
+        ("diloco H100 fp32", {"mode": "diloco", "every": 100}),
+        ("diloco H100 stream int8", {"mode": "diloco", "every": 100, **stream}),
+        ("diloco H100 stream int8 mix", {"mode": "diloco", "every": 100, **stream, "overlap_merge": "mix"}),
+        ("local_sgd H20", {"mode": "local_sgd", "every": 20}),
+    ]
+
+
+def configs(model: dict, batch: int, steps: int, sync: dict, lab: NetLab, wd: Path) -> dict[str, dict]:
+    """What the control plane gives each region's worker (control_layer.worker_config)."""
+    addr = {r: f"{lab.regions[r].ip}:{PORT}" for r in REGIONS}
+    out = {}
+    for i, r in enumerate(REGIONS):
+        out[r] = {
+            "job_id": "sync-quality",
+            "region": r,
+            "cluster": f"{r}-c0",
+            "model": model,
+            "data": DATA,
+            "training": {"steps": steps, "local_batch": batch, "lr": 1e-3, "warmup": 10, "seed": 7},
+            "metrics_path": str(wd / r / "metrics.jsonl"),
+            "checkpoint": {"dir": str(wd / r / "ckpt"), "resume": False},
+            "device": "cpu",
+            "sync": {
+                **sync,
+                "region": r,
+                "listen": addr[r],
+                "advertise": addr[r],
+                "peers": {p: a for p, a in addr.items() if p != r},
+                "ring_order": REGIONS,
+                "kernel_shaping": True,
+                "global_replicas": len(REGIONS),
+                "replica_offset": i,
+                "timeout_s": 120.0,
+                "startup_timeout_s": 300.0,
+            },
+        }
+    return out
+
+
+def final_state(ckpt: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    path = latest_checkpoint(ckpt)
+    if path is None:
+        raise RuntimeError(f"no checkpoint under {ckpt}")
+    out = tmp / "final.pt"
+    dcp_to_torch_save(str(path), str(out))
+    return torch.load(out, weights_only=False)["model"]
+
+
+def held_out_loss(model_cfg: dict, state: dict[str, torch.Tensor], batches: int = 16) -> float:
+    model = GPT(GPTConfig(**model_cfg))
+    model.load_state_dict(state)
+    model.eval()
+    src = MarkovSource(model_cfg["vocab"], DATA["seed"])
+    gen = torch.Generator().manual_seed(12345)  # held out: no training stream uses this generator
+    total = 0.0
+    with torch.no_grad():
+        for _ in range(batches):
+            x = src.sample(64, model_cfg["seq_len"] + 1, gen)
+            total += float(model(x[:, :-1], x[:, 1:])[1])
+    return total / batches
+
+
+def run(name: str, cfgs: dict[str, dict], lab: NetLab, wd: Path, timeout: float) -> dict[str, Any]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    before = lab.counters()
+    t0 = time.monotonic()
+    procs = {}
+    for r, cfg in cfgs.items():
+        d = wd / r
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text(json.dumps(cfg))
+        argv = [sys.executable, "-m", "training.worker", "--config", str(d / "config.json")]
+        procs[r] = lab.popen(r, argv, log=d / "worker.log", env=env, cwd=REPO)
+    try:
+        for p in procs.values():
+            p.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    elapsed = time.monotonic() - t0
+    after = lab.counters()
+    steps = next(iter(cfgs.values()))["training"]["steps"]
+    metrics, states = {}, {}
+    for r in REGIONS:
+        text = (wd / r / "worker.log").read_text()
+        m = parse_lines(text, METRIC_PREFIX)
+        if not parse_lines(text, RESULT_PREFIX) or len(m) != steps:
+            raise RuntimeError(f"{name}/{r} did not finish:\n{text[-3000:]}")
+        metrics[r] = m
+        states[r] = final_state(wd / r / "ckpt", wd / r)
+    timed = {r: [x for x in m if x["step"] > 1] for r, m in metrics.items()}  # step 1 waits for all
+    util = {r: sum(x["compute_s"] for x in t) / sum(x["wall_s"] for x in t) for r, t in timed.items()}
+    model_cfg = next(iter(cfgs.values()))["model"]
+    losses = [held_out_loss(model_cfg, states[r]) for r in REGIONS]
+    spread = max(
+        float((states[a][n] - states[b][n]).abs().max()) for a in REGIONS for b in REGIONS for n in states[a]
+    )
+    return {
+        "mode": name,
+        "elapsed_s": elapsed,
+        "loss": sum(losses) / len(losses),
+        "utilization": min(util.values()),
+        "wan_bytes_veth": sum(after[r][0] - before[r][0] for r in REGIONS),
+        "wan_bytes_metrics": sum(
+            sum(x.get("sync", {}).get("bytes_sent", {}).values()) for m in metrics.values() for x in m
+        ),
+        "final_spread": spread,
+        "identical": spread == 0.0,
+        "states": states,
+        "gossip_spread": [x["gossip_spread"] for x in metrics[REGIONS[0]] if "gossip_spread" in x],
+    }
+
+
+def single_process(cfg: dict, steps: int) -> dict[str, torch.Tensor]:
+    """The combined batch of every region's replica, one process, one AdamW step per step."""
+    wc = parse_worker_config(cfg)
+    assert wc.model is not None
+    model = GPT(wc.model, seed=wc.training.seed)
+    t = wc.training
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+        lr=t.lr,
+        betas=t.betas,
+    )
+
+    def lr_at(s: int) -> float:  # linear warmup, cosine to min_lr_ratio
+        if s < t.warmup:
+            return (s + 1) / t.warmup
+        prog = min(1.0, (s - t.warmup) / max(1, steps - t.warmup))
+        return t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * prog))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    streams = [
+        build_stream(wc.data, worker_region=r, vocab=wc.model.vocab, seq_len=wc.model.seq_len, replica=i,
+                     replicas=len(REGIONS))
+        for i, r in enumerate(REGIONS)
+    ]  # fmt: skip
+    for step in range(1, steps + 1):
+        xs, ys = zip(*(s.batch(step, wc.local_batch) for s in streams), strict=True)
+        _, loss = model(torch.cat(xs), torch.cat(ys))
+        loss.backward()
+        if t.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--quick", action="store_true", help="a tiny model and batch: checks the script")
+    ap.add_argument("--only", nargs="*", help="run only these modes (names as in the table)")
+    args = ap.parse_args()
+    why = netns_available()
+    if why:
+        print(f"needs network namespaces: {why}", file=sys.stderr)
+        return 2
+    model, batch = (QUICK_MODEL, 4) if args.quick else (MODEL, 8)
+    rows: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as tmp, NetLab(REGIONS, 100.0, prefix=PREFIX, subnet=SUBNET) as lab:
+        root = Path(tmp)
+        print(lab.describe(), flush=True)
+        check_steps = min(20, args.steps)
+        cfgs = configs(model, batch, check_steps, {"mode": "sync"}, lab, root / "check")
+        check = run("sync (20 steps)", cfgs, lab, root / "check", 1800)
+        want = single_process(cfgs[REGIONS[0]], check_steps)
+        got, ref = check["states"][REGIONS[1]], want
+        num = sum(float((got[n] - ref[n]).pow(2).sum()) for n in ref) ** 0.5
+        den = sum(float(ref[n].pow(2).sum()) for n in ref) ** 0.5
+        rel = num / den
+        print(f"sync vs one process after {check_steps} steps: relative difference {rel:.3e}", flush=True)
+        for name, sync in modes():
+            if args.only and name not in args.only:
+                continue
+            wd = root / name.replace(" ", "_")
+            rows[name] = run(name, configs(model, batch, args.steps, sync, lab, wd), lab, wd, 7200)
+            r = rows[name]
+            print(f"{name}: loss {r['loss']:.4f} util {r['utilization']:.3f} veth {r['wan_bytes_veth']} "
+                  f"spread {r['final_spread']:.3g} ({r['elapsed_s']:.0f} s)", flush=True)  # fmt: skip
+    print()
+    print("| mode | held-out loss | utilisation | WAN MB (veth) | WAN MB (metrics) | final spread |")
+    print("|---|---|---|---|---|---|")
+    for r in rows.values():
+        print(f"| {r['mode']} | {r['loss']:.4f} | {r['utilization']:.3f} | {r['wan_bytes_veth'] / 1e6:.2f} | "
+              f"{r['wan_bytes_metrics'] / 1e6:.2f} | {r['final_spread']:.3g} |")  # fmt: skip
+
+    def ratio(a: str, b: str) -> float | None:
+        return rows[a]["loss"] / rows[b]["loss"] if a in rows and b in rows else None
+
+    summary = {
+        "sync_vs_single_process_max_rel_diff": rel,
+        "sync_replicas_identical": rows["sync"]["identical"] if "sync" in rows else check["identical"],
+        "gossip_final_spread": rows["gossip"]["final_spread"] if "gossip" in rows else None,
+        "diloco_int8_overlap_h20_loss_ratio": ratio("diloco H20 int8 overlap", "diloco H20 fp32"),
+        "diloco_stream_int8_h100_loss_ratio": ratio("diloco H100 stream int8", "diloco H100 fp32"),
+        "diloco_int8_overlap_mix_h20_loss_ratio": ratio("diloco H20 int8 overlap mix", "diloco H20 fp32"),
+        "diloco_stream_int8_mix_h100_loss_ratio": ratio("diloco H100 stream int8 mix", "diloco H100 fp32"),
+        "steps": args.steps,
+        "quick": args.quick,
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""A weighted average of one flat tensor over the live regions, bit-identical in every region.
+
+With 3 or more live regions it is a ring over the configured order: a reduce-scatter (each hop
+sends a running partial sum of one chunk, compressed with error feedback kept per hop) and an
+all-gather in which each chunk's owner encodes the averaged chunk once and the others forward
+those exact bytes, so every region decodes the same values. Each region then sends 2(R-1)/R of
+the payload. With fewer live regions, or if a ring hop fails, every region pushes its own
+contribution to every other and all sum the same decoded values in region order.
+
+Only a failed call drops a peer: a contribution missing at the deadline makes the region probe
+its sender, which is dropped if it does not answer. Regions may briefly disagree on who takes
+part (a region readmitted by some peers first, a ring one region finished and another saw
+break), so a broken ring falls back to all-to-all on the plain stream, and a slow but live peer
+is only left out of that round: its averages may then differ, and the anchors' fingerprints,
+compared every round, repair that from the lowest-named region.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from training.compression.codecs import Codec
+from training.compression.error_feedback import ErrorFeedback
+from training.sync.algorithms.outer import weighted_mean
+from training.sync.algorithms.ring import all_gather_step, owned_chunk, reduce_scatter_step, ring_members
+from training.sync.algorithms.schedule import fragment_slices
+from training.sync.messages import InMessage, Meta, OutMessage
+from training.sync.node import RegionNode
+from training.sync.transport import PeerError
+
+
+class RingBroken(Exception):
+    """A ring hop failed (its peer is marked dead): the round falls back to all-to-all."""
+
+
+@dataclass
+class Reduced:
+    avg: Tensor
+    fingerprints: dict[str, str]
+    ring: bool
+    stale: bool = False  # a peer had completed this round already: we are behind
+    members: list[str] = field(default_factory=list)
+
+
+class DenseReducer:
+    def __init__(
+        self,
+        node: RegionNode,
+        stream: str,
+        codec: Codec,
+        chunk_bytes: int,
+        error_feedback: bool,
+        ring_order: list[str] | None,
+    ) -> None:
+        self.node, self.stream, self.codec = node, stream, codec
+        self.chunk_bytes, self.error_feedback, self.ring_order = chunk_bytes, error_feedback, ring_order
+        self.me = node.region
+        self.own = self._ef()
+        self.hops: dict[str, ErrorFeedback] = {}  # ring: one residual per (ring, hop), see _hop
+
+    def _ef(self) -> ErrorFeedback:
+        return ErrorFeedback(self.codec, self.chunk_bytes, self.error_feedback)
+
+    def reset(self) -> None:
+        """Drop carried residuals (after adopting a peer's state they no longer apply)."""
+        self.own.commit(None)
+        self.hops.clear()
+
+    # ------------------------------------------------------------ the round
+
+    def reduce(
+        self, r: int, x: Tensor, weight: float, fingerprint: str, step: int, timeout: float
+    ) -> Reduced:
+        deadline = time.monotonic() + timeout
+        participants = self.node.participants(r)
+        members = ring_members(self.ring_order, [self.me, *participants])
+        if len(members) >= 3:
+            try:
+                return self._ring(r, x, weight, fingerprint, step, members, deadline)
+            except RingBroken:
+                participants = self.node.participants(r)
+                deadline = time.monotonic() + timeout
+                return self._all_to_all(r, x, weight, fingerprint, step, participants, deadline)
+        return self._all_to_all(r, x, weight, fingerprint, step, participants, deadline)
+
+    def _send(self, peer: str, msg: OutMessage, timeout: float) -> Future:
+        return self.node.pool.submit(self.node.client(peer).push, msg, timeout)
+
+    def _acks(self, pushes: dict[str, Future], deadline: float) -> tuple[bool, list[str]]:
+        stale, failed = False, []
+        for p, fut in pushes.items():
+            try:
+                ack = fut.result(timeout=max(0.1, deadline - time.monotonic()))
+                stale = stale or (not ack.accepted and ack.reason == "stale")
+            except PeerError as e:
+                self.node.mark_dead(p, f"push failed: {e.status}")
+                failed.append(p)
+            except TimeoutError:
+                self.node.mark_dead(p, "push timed out")
+                failed.append(p)
+        return stale, failed
+
+    def _all_to_all(
+        self,
+        r: int,
+        x: Tensor,
+        weight: float,
+        fingerprint: str,
+        step: int,
+        participants: list[str],
+        deadline: float,
+    ) -> Reduced:
+        stream = self.stream
+        enc, decoded, residual = self.own.compress(x)
+        meta = Meta(self.me, stream, r, weight, fingerprint=fingerprint, step=step)
+        msg = OutMessage(meta, [("x", enc)])
+        timeout = max(0.1, deadline - time.monotonic())
+        pushes = {p: self._send(p, msg, timeout) for p in participants}
+        got = self.node.collect(stream, r, participants, deadline, mark_missing=False)
+        stale, failed = self._acks(pushes, deadline)
+        for p in participants:
+            if p not in got and p not in failed:
+                self.node.probe(p)
+        contrib = {self.me: (decoded, weight)} | {s: (m.tensors["x"], m.meta.weight) for s, m in got.items()}
+        order = sorted(contrib)
+        avg = weighted_mean([contrib[s][0] for s in order], [contrib[s][1] for s in order])
+        self.own.commit(residual)
+        fps = {self.me: fingerprint} | {s: m.meta.fingerprint for s, m in got.items()}
+        return Reduced(avg, fps, ring=False, stale=stale, members=order)
+
+    def _hop(self, members: list[str], phase: str, k: int) -> ErrorFeedback:
+        # The chunk a region sends at a given hop is fixed by the ring and the hop, so the residual
+        # of that hop is the one to carry into the same hop of the next round.
+        key = f"{phase}{k}:{','.join(members)}"
+        if key not in self.hops:
+            self.hops[key] = self._ef()
+        return self.hops[key]
+
+    def _exchange(
+        self, stream: str, r: int, nxt: str, prv: str, msg: OutMessage, deadline: float
+    ) -> tuple[InMessage, bool]:
+        push = self._send(nxt, msg, max(0.1, deadline - time.monotonic()))
+        got = self.node.collect(stream, r, [prv], deadline, mark_missing=False)
+        stale, failed = self._acks({nxt: push}, deadline)
+        if prv not in got and prv not in failed:
+            self.node.probe(prv)
+        if failed or prv not in got:
+            raise RingBroken(f"ring hop {stream} round {r}: {failed or prv} missing")
+        return got[prv], stale
+
+    def _ring(
+        self,
+        r: int,
+        x: Tensor,
+        weight: float,
+        fingerprint: str,
+        step: int,
+        members: list[str],
+        deadline: float,
+    ) -> Reduced:
+        size = len(members)
+        i = members.index(self.me)
+        nxt, prv = members[(i + 1) % size], members[(i - 1) % size]
+        sl = fragment_slices(x.numel(), size)
+        acc = [x[s] * weight for s in sl]
+        wacc = [weight] * size
+        residuals: list[tuple[ErrorFeedback, Tensor | None]] = []
+        stale = False
+        for k in range(size - 1):
+            send_c, recv_c = reduce_scatter_step(i, k, size)
+            ef = self._hop(members, "rs", k)
+            enc, _, res = ef.compress(acc[send_c])
+            residuals.append((ef, res))
+            stream = f"{self.stream}.rs{k}"
+            msg = OutMessage(Meta(self.me, stream, r, wacc[send_c], step=step), [("x", enc)])
+            got, st = self._exchange(stream, r, nxt, prv, msg, deadline)
+            stale = stale or st
+            acc[recv_c] = got.tensors["x"] + x[sl[recv_c]] * weight
+            wacc[recv_c] = got.meta.weight + weight
+        out = torch.empty_like(x)
+        fps = {self.me: fingerprint}
+        own = owned_chunk(i, size)
+        ef = self._hop(members, "ag", 0)
+        enc, decoded, res = ef.compress(acc[own] / wacc[own])
+        residuals.append((ef, res))
+        out[sl[own]] = decoded
+        origin = f"{self.me}={fingerprint}"
+        for k in range(size - 1):
+            _, recv_c = all_gather_step(i, k, size)
+            stream = f"{self.stream}.ag{k}"
+            msg = OutMessage(Meta(self.me, stream, r, fingerprint=origin, step=step), [("x", enc)])
+            got, st = self._exchange(stream, r, nxt, prv, msg, deadline)
+            stale = stale or st
+            out[sl[recv_c]] = got.tensors["x"]
+            origin = got.meta.fingerprint
+            region, _, fp = origin.partition("=")
+            fps[region] = fp
+            enc = got.encoded["x"]  # forwarded as received: every region decodes the same bytes
+        for ef, res in residuals:
+            ef.commit(res)
+        return Reduced(out, fps, ring=True, stale=stale, members=members)
+
+    # ------------------------------------------------------------ checkpoint
+
+    def state_dict(self) -> dict[str, object]:
+        return {"own": self.own.state_dict(), "hops": {k: ef.state_dict() for k, ef in self.hops.items()}}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.own.load_state_dict(state.get("own", {}))  # type: ignore[arg-type]
+        self.hops = {}
+        for k, s in dict(state.get("hops", {})).items():  # type: ignore[call-overload]
+            self.hops[k] = self._ef()
+            self.hops[k].load_state_dict(s)
