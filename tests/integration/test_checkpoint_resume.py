@@ -46,9 +46,10 @@ def wait_checkpoint(client: Any, job_id: str, min_step: int, timeout_s: float) -
 def test_a_paused_sync_job_resumes_from_its_checkpoints(control_plane: Any, tmp_path: Path) -> None:  # noqa: F811
     handle, client = control_plane
     specs = [
-        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU"),
-        LocalAgent("eu-north", "stockholm-1", "fjord", 1.5, "EU"),
-        LocalAgent("us-east", "virginia-1", "atlas", 3.0, "US"),
+        # checkpoint_every is pinned, so nothing here depends on the agents' reference measurement
+        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU", measure_profile=False),
+        LocalAgent("eu-north", "stockholm-1", "fjord", 1.5, "EU", measure_profile=False),
+        LocalAgent("us-east", "virginia-1", "atlas", 3.0, "US", measure_profile=False),
     ]
     procs = launch(handle, client, specs, tmp_path)
     by_region = dict(zip([s.region for s in specs], procs, strict=True))
@@ -104,9 +105,9 @@ def test_a_paused_sync_job_resumes_from_its_checkpoints(control_plane: Any, tmp_
 def test_an_elastic_job_replaces_only_the_lost_region(control_plane: Any, tmp_path: Path) -> None:  # noqa: F811
     handle, client = control_plane
     specs = [
-        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU"),
-        LocalAgent("eu-north", "stockholm-1", "fjord", 1.5, "EU"),
-        LocalAgent("us-east", "virginia-1", "atlas", 3.0, "US"),
+        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU", measure_profile=False),
+        LocalAgent("eu-north", "stockholm-1", "fjord", 1.5, "EU", measure_profile=False),
+        LocalAgent("us-east", "virginia-1", "atlas", 3.0, "US", measure_profile=False),
     ]
     procs = launch(handle, client, specs, tmp_path)
     by_region = dict(zip([s.region for s in specs], procs, strict=True))

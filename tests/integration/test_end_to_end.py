@@ -152,10 +152,12 @@ def job_event_kinds(handle: ServerHandle, job_id: str) -> list[str]:
 
 def test_lost_node_fails_its_tasks_and_job_is_replaced(control_plane: Any, tmp_path: Path) -> None:
     handle, client = control_plane
+    # The job's lifecycle is under test, not its price: test_job_spans_two_regions_and_succeeds
+    # runs the agents' reference measurement, so these skip it.
     specs = [
-        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU"),
-        LocalAgent("eu-north", "stockholm-1", "fjord", 1.5, "EU"),
-        LocalAgent("us-east", "virginia-1", "atlas", 3.0, "US"),
+        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU", measure_profile=False),
+        LocalAgent("eu-north", "stockholm-1", "fjord", 1.5, "EU", measure_profile=False),
+        LocalAgent("us-east", "virginia-1", "atlas", 3.0, "US", measure_profile=False),
     ]
     procs = launch(handle, client, specs, tmp_path)
     by_region = dict(zip([s.region for s in specs], procs, strict=True))
@@ -205,8 +207,8 @@ def test_job_fails_with_reason_when_nothing_remains(control_plane: Any, tmp_path
     it fails saying why (an elastic mode would go on without the region)."""
     handle, client = control_plane
     specs = [
-        LocalAgent("eu-west", "paris-1", "lumen", 1.0),
-        LocalAgent("us-east", "virginia-1", "atlas", 2.0),
+        LocalAgent("eu-west", "paris-1", "lumen", 1.0, measure_profile=False),
+        LocalAgent("us-east", "virginia-1", "atlas", 2.0, measure_profile=False),
     ]
     procs: list[subprocess.Popen[bytes]] = launch(handle, client, specs, tmp_path)
     try:
