@@ -24,6 +24,8 @@ from control_layer.planner.plan_types import (
     RuntimeSettings,
     StepBreakdown,
 )
+from control_layer.planner.runtime_pricing import final_sync_s, runtime_terms, wan_per_step
+from control_layer.planner.runtime_settings import settings_for, weakest_link
 from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, NodeInfo, ResourceSnapshot
 
 # Key of the group of replicas that average gradients every step: the replicas on one node (one
@@ -179,16 +181,21 @@ def _replicas(
 @dataclass(frozen=True)
 class LocalStep:
     """One replica's step before the cross-region exchange: the replica's compute and
-    communication, and the parts the node's reference step measured (0 where it measured none)."""
+    communication, the parts the node's reference step measured (0 where it measured none), and
+    the seconds one checkpoint write takes there (amortised once the interval is known)."""
 
     replica: cm.ReplicaTime
     data: float
     optimizer: float
-    checkpoint: float
+    write_s: float
 
     @property
-    def total(self) -> float:
-        return float(self.replica.total) + self.data + self.optimizer + self.checkpoint
+    def work(self) -> float:
+        """Seconds per step without checkpoint writes: what the runtime settings are chosen from."""
+        return float(self.replica.total) + self.data + self.optimizer
+
+    def total(self, writes_per_step: float) -> float:
+        return self.work + self.write_s * writes_per_step
 
 
 def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dict[str, float]:
@@ -261,14 +268,54 @@ def estimate_option(
     calibration: Calibration | None = None,
     runtime: RuntimeSettings | None = None,
 ) -> Estimates:
-    """Time, cost and memory of running spec on exactly these tasks, with the runtime settings the
-    workers get (checkpoint interval, overlap); without them, as the spec alone says.
+    """Time, cost and memory of running spec on exactly these tasks, with the given runtime
+    settings (checkpoint interval, overlap); without them, as the spec alone says.
 
     The spec's precision 'auto' resolves on these devices (``contracts.feasibility``).
     Raises InvalidArgument when the tasks are not a complete dp×pp×tp grid, a replica mixes
     device models or spans nodes, a device runs out of memory, or two participating regions have
     no link.
     """
+    kw = dict(dp=dp, tp=tp, pp=pp, zero=zero, pp_schedule=pp_schedule, spot=spot, calibration=calibration)
+    return _estimate(spec, snapshot, tasks, runtime=runtime, derive=False, **kw)[0]
+
+
+def estimate_planned(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    tasks: Sequence[PlannedTask],
+    *,
+    dp: int,
+    tp: int,
+    pp: int,
+    zero: int,
+    pp_schedule: str = "1f1b",
+    spot: bool = False,
+    calibration: Calibration | None = None,
+) -> tuple[Estimates, RuntimeSettings]:
+    """The runtime settings these tasks get (``runtime_settings.settings_for``, from their own
+    local step, nodes and links) and the estimates priced with them, in one pass."""
+    kw = dict(dp=dp, tp=tp, pp=pp, zero=zero, pp_schedule=pp_schedule, spot=spot, calibration=calibration)
+    est, runtime = _estimate(spec, snapshot, tasks, runtime=None, derive=True, **kw)
+    assert runtime is not None
+    return est, runtime
+
+
+def _estimate(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    tasks: Sequence[PlannedTask],
+    *,
+    dp: int,
+    tp: int,
+    pp: int,
+    zero: int,
+    pp_schedule: str,
+    spot: bool,
+    calibration: Calibration | None,
+    runtime: RuntimeSettings | None,
+    derive: bool,
+) -> tuple[Estimates, RuntimeSettings | None]:
     batch = spec.global_batch_sequences
     if dp < 1 or batch % dp or (batch // dp) % spec.training.micro_batch_size:
         raise InvalidArgument(
@@ -290,10 +337,12 @@ def estimate_option(
     nodes = {n.id: n for c in snapshot.clusters for n in c.nodes}
     shares = host_shares(snapshot, tasks)
     steps = spec.training.steps
-    every = runtime.checkpoint_every if runtime is not None else spec.training.checkpoint_every
-    writes_per_step = cm.checkpoint_writes(steps, every) / steps
+    # No reference step measured: checkpoint writes at the runtime's own estimate.
+    default_write_s = (
+        runtime_terms(spec).write_s if derive else runtime.checkpoint_write_s if runtime is not None else 0.0
+    )
 
-    slowest: LocalStep | None = None
+    locals_: list[LocalStep] = []
     peak_bytes = 0.0
     seen: set[tuple] = set()
     for rep in replicas:
@@ -321,9 +370,7 @@ def estimate_option(
             rt = cm.replica_time(
                 spec, tp, pp, zero, n_micro, r >= 2, flops / share, intra_bw, intra_lat, intra_bw, intra_lat
             )
-            # No reference step measured here: checkpoint writes at the runtime's own estimate.
-            write_s = runtime.checkpoint_write_s if runtime is not None else 0.0
-            local = LocalStep(rt, 0.0, 0.0, write_s * writes_per_step)
+            locals_.append(LocalStep(rt, 0.0, 0.0, default_write_s))
         else:
             # The node's reference step: its FLOP rate (the calibrated efficiency scales it, 1 until
             # runs say otherwise) and fixed costs, slowed by the share of the host's cores.
@@ -347,14 +394,14 @@ def estimate_option(
             p = cm.stage_params(spec.model, tp, pp) / 1e6
             opt_params = p / r if zero >= 1 else p
             local_tokens = n_micro * spec.training.micro_batch_size * spec.model.seq_len
-            local = LocalStep(
-                rt,
-                data=rate.data_s_per_mtoken * local_tokens / 1e6 * share,
-                optimizer=rate.optimizer_s_per_mparam * opt_params * share,
-                checkpoint=rate.checkpoint_s_per_mparam * p * writes_per_step,
+            locals_.append(
+                LocalStep(
+                    rt,
+                    data=rate.data_s_per_mtoken * local_tokens / 1e6 * share,
+                    optimizer=rate.optimizer_s_per_mparam * opt_params * share,
+                    write_s=rate.checkpoint_s_per_mparam * p,
+                )
             )
-        if slowest is None or local.total > slowest.total:
-            slowest = local
         mem = cm.memory_per_device(spec, tp, pp, zero, r, n_micro, pp_schedule).total
         if not cm.fits(mem, smallest):
             raise InvalidArgument(
@@ -363,21 +410,31 @@ def estimate_option(
                 dp_rank=rep.rank,
             )
         peak_bytes = max(peak_bytes, mem)
-    assert slowest is not None
 
     members: dict[str, int] = defaultdict(int)
     for p_ in group_size:
         members[clusters[p_[0]].region] += 1
     sc = sync_cost(spec, links, dict(members))
-    t_local = slowest.total
-    overlapped_diloco = runtime is not None and runtime.overlap and spec.sync.mode == "diloco"
-    if overlapped_diloco:
-        assert runtime is not None
-        wan = cm.overlapped_wan_per_step(
-            spec.sync, steps, sc.t_sync, t_local, runtime.overlap_steps or 0, runtime.fragments
+    if derive:
+        work = max(loc.work for loc in locals_)
+        bandwidth, latency = weakest_link(set(members), snapshot)
+        runtime = settings_for(spec, work, len({t.node for t in tasks}), bandwidth, latency)
+    every = runtime.checkpoint_every if runtime is not None else spec.training.checkpoint_every
+    wps = cm.checkpoint_writes(steps, every) / steps
+    slowest = max(locals_, key=lambda loc: loc.total(wps))
+    t_local = slowest.total(wps)
+    terms = runtime_terms(spec)
+    overlapped = runtime is not None and runtime.overlap and terms.diloco
+    wan = float(
+        wan_per_step(
+            terms,
+            sc.t_sync,
+            t_local,
+            overlapped,
+            runtime.overlap_steps or 0 if runtime is not None else 0,
+            runtime.fragments if runtime is not None else 1,
         )
-    else:
-        wan = float(cm.wan_sync_per_step(spec.sync, steps, sc.t_sync, t_local))
+    )
     rt = slowest.replica
     step = StepBreakdown(
         data=slowest.data,
@@ -388,16 +445,14 @@ def estimate_option(
         pp_bubble=float(rt.pp_bubble),
         pp_comm=float(rt.pp_comm),
         wan_sync=wan,
-        checkpoint=slowest.checkpoint,
+        checkpoint=slowest.write_s * wps,
     )
     fixed = [
         _fixed_seconds(nodes[n], shares.get(n, 1.0), calibration) for n in sorted({t.node for t in tasks})
     ]
     startup = max(f[0] for f in fixed)
     teardown = max(f[1] for f in fixed)
-    # An overlapped exchange hides behind the next steps, but the last one has none to hide behind.
-    overlapped = overlapped_diloco or cm.sync_overlapped(spec.sync)
-    final_sync = sc.t_sync if overlapped and len(members) >= 2 else 0.0
+    final_sync = float(final_sync_s(terms, sc.t_sync, overlapped, len(members)))
     duration = startup + steps * step.total + final_sync + teardown
     hourly = sum(device_price(c, spot) for rep in replicas for c, _ in rep.devices)
     per_step_exchanges = cm.exchanges_per_step(spec.sync, steps)
@@ -405,7 +460,7 @@ def estimate_option(
         devices=hourly * duration / 3600.0,
         egress=sc.egress_usd * per_step_exchanges * steps,
     )
-    return Estimates(
+    est = Estimates(
         step_s=step,
         steps=steps,
         startup_s=startup,
@@ -419,3 +474,4 @@ def estimate_option(
         interval=interval(duration, cost.total, calibration),
         basis=basis(tasks, snapshot, precision, calibration, shares),
     )
+    return est, runtime
