@@ -135,19 +135,19 @@ class _Replica:
 def _replicas(
     snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask], dp: int, tp: int, pp: int
 ) -> list[_Replica]:
-    clusters = {c.id: c for c in snapshot.clusters}
-    wanted: dict[str, set[str]] = defaultdict(set)
-    for t in tasks:
-        wanted[t.cluster].add(t.node)
-    slots: dict[tuple[str, str, int], tuple[ClusterInfo, DeviceSlot]] = {}
-    for cid, nodes in wanted.items():
-        cluster = clusters.get(cid)
-        if cluster is None:
-            raise InvalidArgument(f"task names unknown cluster {cid!r}", cluster=cid)
-        for node in cluster.nodes:
-            if node.id in nodes:
-                for d in node.devices:
-                    slots[(cid, node.id, d.index)] = (cluster, d)
+    clusters = snapshot.clusters_by_id()
+    node_slots: dict[tuple[str, str], dict[int, DeviceSlot]] = {}
+
+    def slots_of(cid: str, node_id: str) -> dict[int, DeviceSlot]:
+        found = node_slots.get((cid, node_id))
+        if found is None:
+            cluster = clusters.get(cid)
+            if cluster is None:
+                raise InvalidArgument(f"task names unknown cluster {cid!r}", cluster=cid)
+            found = {d.index: d for n in cluster.nodes if n.id == node_id for d in n.devices}
+            node_slots[(cid, node_id)] = found
+        return found
+
     by_rank: dict[int, list[PlannedTask]] = defaultdict(list)
     for t in tasks:
         by_rank[t.dp_rank].append(t)
@@ -161,18 +161,18 @@ def _replicas(
             raise InvalidArgument(f"dp rank {rank} must have one task per (pp_stage, tp_rank)", dp_rank=rank)
         devices = []
         for t in group:
-            found = slots.get((t.cluster, t.node, t.device))
+            found = slots_of(t.cluster, t.node).get(t.device)
             if found is None:
                 raise InvalidArgument(
                     f"task names unknown device {t.cluster}/{t.node}/{t.device}", cluster=t.cluster
                 )
-            devices.append(found)
+            devices.append((clusters[t.cluster], found))
         models = {slot.model for _, slot in devices}
         if len(models) != 1:
             raise InvalidArgument(f"dp rank {rank} mixes device models {sorted(models)}", dp_rank=rank)
         nodes = {(t.cluster, t.node) for t in group}
-        problems = replica_node_problems({rank: [f"{c}/{n}" for c, n in nodes]})
-        if problems:
+        if len(nodes) > 1:
+            problems = replica_node_problems({rank: [f"{c}/{n}" for c, n in nodes]})
             raise InvalidArgument(problems[0], dp_rank=rank)
         out.append(_Replica(rank, devices, (group[0].cluster, group[0].node, models.pop())))
     return out
@@ -198,6 +198,38 @@ class LocalStep:
         return self.work + self.write_s * writes_per_step
 
 
+@dataclass(frozen=True)
+class _Hosts:
+    """Per host of a snapshot, what its CPU slots' share depends on (built once per snapshot)."""
+
+    host_of: dict[str, str]  # node id -> host
+    cores: dict[str, int]  # host -> physical cores (0: unknown)
+    seen: dict[str, float]  # host -> the quietest contention its agents report
+    busy: dict[str, int]  # host -> CPU slots busy with other jobs
+    measured_under: dict[str, float]  # node id -> contention it measured its profile under
+
+
+def _hosts(snapshot: ResourceSnapshot) -> _Hosts:
+    cores: dict[str, int] = {}
+    seen: dict[str, float] = {}
+    busy: dict[str, int] = defaultdict(int)
+    measured_under: dict[str, float] = {}
+    host_of: dict[str, str] = {}
+    for c in snapshot.clusters:
+        for n in c.nodes:
+            host = n.host
+            host_of[n.id] = host
+            if n.profile and n.profile.physical_cores:
+                cores[host] = max(cores.get(host, 0), n.profile.physical_cores)
+                measured_under[n.id] = n.profile.host_load_factor
+            if n.cpu_contention is not None:
+                # Agents probe while idle; on a host shared by several, the quietest saw the least
+                # of other jobs' workers.
+                seen[host] = min(seen.get(host, math.inf), n.cpu_contention)
+            busy[host] += sum(d.kind == "cpu" and not d.free for d in n.devices)
+    return _Hosts(host_of, cores, seen, dict(busy), measured_under)
+
+
 def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dict[str, float]:
     """Per node of the plan: how many times slower than on an idle core its CPU slots run, start
     and stop. One-thread slots take turns on the host's physical cores with everything else that
@@ -206,41 +238,34 @@ def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dic
     with none reported, other jobs' busy slots stand in for the others and the factor is at least
     the contention the host measured under at registration. Several agents may share one host
     (``NodeInfo.host``). 1 on CUDA nodes and where the cores are unknown."""
-    cores: dict[str, int] = {}
-    seen: dict[str, float] = {}
-    busy: dict[str, int] = defaultdict(int)
+    nodes = snapshot.nodes_by_id()
+    kinds: dict[str, dict[int, str]] = {}
+    cpu_slots: dict[str, int] = defaultdict(int)  # node id -> the plan's CPU slots there
+    for t in tasks:
+        node = nodes.get(t.node)
+        if node is None:
+            continue
+        if t.node not in kinds:
+            kinds[t.node] = {d.index: d.kind for d in node.devices}
+        cpu_slots[t.node] += kinds[t.node].get(t.device) == "cpu"
+    out = {t.node: 1.0 for t in tasks}
+    if not any(cpu_slots.values()):
+        return out
+    hosts = snapshot.derived("hosts", _hosts)
     plan: dict[str, int] = defaultdict(int)
-    measured_under: dict[str, float] = {}
-    host_of: dict[str, str] = {}
-    kinds: dict[tuple[str, str, int], str] = {}
-    for c in snapshot.clusters:
-        for n in c.nodes:
-            host_of[n.id] = n.host
-            if n.profile and n.profile.physical_cores:
-                cores[n.host] = max(cores.get(n.host, 0), n.profile.physical_cores)
-                measured_under[n.id] = n.profile.host_load_factor
-            if n.cpu_contention is not None:
-                # Agents probe while idle; on a host shared by several, the quietest saw the least
-                # of other jobs' workers.
-                seen[n.host] = min(seen.get(n.host, math.inf), n.cpu_contention)
-            for d in n.devices:
-                kinds[(c.id, n.id, d.index)] = d.kind
-                busy[n.host] += d.kind == "cpu" and not d.free
-    for t in tasks:
-        if kinds.get((t.cluster, t.node, t.device)) == "cpu":
-            plan[host_of.get(t.node, t.node)] += 1
-    out: dict[str, float] = {}
-    for t in tasks:
-        host = host_of.get(t.node, t.node)
-        n_cores = cores.get(host, 0)
+    for node_id, k in cpu_slots.items():
+        plan[hosts.host_of.get(node_id, node_id)] += k
+    for node_id in out:
+        host = hosts.host_of.get(node_id, node_id)
+        n_cores = hosts.cores.get(host, 0)
         if not plan[host] or not n_cores:
-            out[t.node] = 1.0
-        elif host in seen:
-            others = max(0.0, seen[host] * n_cores - 1.0)
-            out[t.node] = cm.host_share(others + plan[host], n_cores)
+            continue
+        if host in hosts.seen:
+            others = max(0.0, hosts.seen[host] * n_cores - 1.0)
+            out[node_id] = cm.host_share(others + plan[host], n_cores)
         else:
-            share = cm.host_share(busy[host] + plan[host], n_cores)
-            out[t.node] = max(share, measured_under.get(t.node, 0.0), 1.0)
+            share = cm.host_share(hosts.busy.get(host, 0) + plan[host], n_cores)
+            out[node_id] = max(share, hosts.measured_under.get(node_id, 0.0), 1.0)
     return out
 
 
@@ -324,7 +349,7 @@ def _estimate(
             field="dp",
         )
     links = Links(snapshot, calibration)
-    clusters = {c.id: c for c in snapshot.clusters}
+    clusters = snapshot.clusters_by_id()
     replicas = _replicas(snapshot, tasks, dp, tp, pp)
     precision = resolve_precision(spec.training.precision, {s.kind for r in replicas for _, s in r.devices})
     if precision != spec.training.precision:
@@ -334,7 +359,7 @@ def _estimate(
     for rep in replicas:
         group_size[rep.participant] += 1
 
-    nodes = {n.id: n for c in snapshot.clusters for n in c.nodes}
+    nodes = snapshot.nodes_by_id()
     shares = host_shares(snapshot, tasks)
     steps = spec.training.steps
     # No reference step measured: checkpoint writes at the runtime's own estimate.
@@ -354,13 +379,15 @@ def _estimate(
         r = group_size[rep.participant]
         node = rep.participant[1]
         ids = tuple(sorted({c.id for c, _ in devices}))
-        # Replicas on the same clusters and node with the same weakest device estimate the same.
-        key = (ids, node, model, kind, tflops, smallest, r)
+        profile = nodes[node].profile
+        # Replicas on the same clusters with the same weakest device and group size estimate the
+        # same, unless their node's own measurements or host share set them apart.
+        own = node if profile is not None or kind == "cpu" else None
+        key = (ids, own, model, kind, tflops, smallest, r)
         if key in seen:
             continue
         seen.add(key)
         cls = [clusters[i] for i in ids]
-        profile = nodes[node].profile
         rate = profile.rates.get(precision) if profile else None
         share = shares.get(node, 1.0) if kind == "cpu" else 1.0
         intra_bw = min(intra_bytes_per_s(c, calibration) for c in cls)

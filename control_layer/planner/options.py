@@ -28,7 +28,7 @@ def qos_checks(
 ) -> list[QosCheck]:
     """Check every constraint against the tasks themselves (not against the filters that chose them)."""
     qos = spec.qos
-    clusters = {c.id: c for c in snapshot.clusters}
+    clusters = snapshot.clusters_by_id()
     regions = sorted({clusters[t.cluster].region for t in tasks})
     index = {
         (cid, n.id, d.index): d
@@ -99,7 +99,7 @@ def build_option(pr: Problem, sol: Solution) -> PlanOption:
     spec, snapshot = fleet.spec, fleet.snapshot
     deg = pr.deg
     a = assign(pr, sol)
-    clusters = {c.id: c for c in snapshot.clusters}
+    clusters = snapshot.clusters_by_id()
     spot = spec.qos.preemptible and any(
         clusters[t.cluster].spot_price_per_device_hour is not None
         and clusters[t.cluster].spot_price_per_device_hour < clusters[t.cluster].price_per_device_hour

@@ -204,7 +204,7 @@ def build_fleet(
 
 
 def _fixed_seconds(snapshot: ResourceSnapshot, pools: list[Pool], calibration: Calibration | None) -> float:
-    nodes = {n.id: n for c in snapshot.clusters for n in c.nodes}
+    nodes = snapshot.nodes_by_id()
     worst = 0.0
     for p in pools:
         for node_id, _ in p.nodes:
