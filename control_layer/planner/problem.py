@@ -48,21 +48,6 @@ class PoolClass:
         return self.pools[0]
 
 
-def _class_key(p: Pool) -> tuple:
-    c = p.cluster
-    return (
-        p.region,
-        p.model,
-        p.kind,
-        p.price,
-        p.tflops,
-        p.memory_gb,
-        c.intra_bandwidth_gbps,
-        c.intra_latency_ms,
-        tuple(sorted(p.free_per_node, reverse=True)),
-    )
-
-
 @dataclass
 class Fleet:
     """Plan-wide constants: pool classes, regions and the sync cost between them."""
@@ -123,7 +108,7 @@ def build_fleet(
 ) -> Fleet:
     groups: dict[tuple, list[Pool]] = defaultdict(list)
     for p in pools:
-        groups[_class_key(p)].append(p)
+        groups[p.class_key].append(p)
     classes = [
         PoolClass(tuple(sorted(g, key=lambda p: (p.cluster.id, p.nodes[0][0]))))
         for _, g in sorted(
@@ -199,21 +184,20 @@ def build_fleet(
         overlapped=cm.sync_overlapped(spec.sync),
         links=links,
         runtime=runtime_terms(spec),
-        fixed_s=_fixed_seconds(snapshot, pools, calibration),
+        fixed_s=_fixed_seconds(pools, calibration),
     )
 
 
-def _fixed_seconds(snapshot: ResourceSnapshot, pools: list[Pool], calibration: Calibration | None) -> float:
-    nodes = snapshot.nodes_by_id()
+def _fixed_seconds(pools: list[Pool], calibration: Calibration | None) -> float:
+    # Per idle core (see estimate._fixed_seconds); the search leaves the host's share out.
     worst = 0.0
     for p in pools:
-        for node_id, _ in p.nodes:
-            # Per idle core (see estimate._fixed_seconds); the search leaves the host's share out.
-            prof = nodes[node_id].profile
-            under = max(1.0, prof.host_load_factor) if prof else 1.0
-            startup = cm.startup_seconds(node_id, prof.startup_s / under if prof else None, calibration)
-            teardown = cm.teardown_seconds(node_id, prof.teardown_s / under if prof else None, calibration)
-            worst = max(worst, startup + teardown)
+        for node_id, startup, teardown in p.measured_fixed:
+            worst = max(
+                worst,
+                cm.startup_seconds(node_id, startup, calibration)
+                + cm.teardown_seconds(node_id, teardown, calibration),
+            )
     return worst
 
 
