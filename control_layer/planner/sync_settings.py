@@ -73,7 +73,8 @@ def overlap_delay(
     step = np.asarray(step_s, dtype=float)
     known = (bw > 0) & (step > 0) & np.isfinite(step)
     t = exchange_s(fragment_bytes, n_regions, np.where(known, bw, 1.0), latency_s)
-    need = np.maximum(1, np.ceil(t / np.where(known, step, 1.0) - 1e-9))
+    with np.errstate(over="ignore"):  # a vanishing step needs more than a round: capped below
+        need = np.maximum(1, np.ceil(t / np.where(known, step, 1.0) - 1e-9))
     return np.where(known, np.minimum(round_steps, need), max(1, round_steps // 2)).astype(np.int64)
 
 
@@ -103,7 +104,8 @@ def sync_settings(
         why = "link or step time unknown: half a round"
     else:
         t = exchange_s(payload / fragments, n_regions, bw, latency_s)
-        need = max(1, math.ceil(t / step_s - 1e-9))
+        ratio = t / step_s
+        need = max(1, math.ceil(ratio - 1e-9)) if math.isfinite(ratio) else math.inf
         why = f"an exchange takes ~{t:.3g} s, {need} step(s) of {step_s:.3g} s"
         if need > round_steps:
             why += f"; more than a round ({round_steps} steps): the rest blocks"
