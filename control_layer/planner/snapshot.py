@@ -182,6 +182,9 @@ class ResourceSnapshot(_Plain):
         """What ``build`` derives from this snapshot, built on first use and kept with it: a
         snapshot is never changed in place (the server hands out the same object while the fleet
         is unchanged), so quotes on it share the work."""
+        if self._derived.get("__owner__") != id(self):
+            # A copy (model_copy) shares its original's dict, not its contents' validity.
+            self._derived = {"__owner__": id(self)}
         if name not in self._derived:
             self._derived[name] = build(self)
         return self._derived[name]
