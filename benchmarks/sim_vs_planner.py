@@ -40,6 +40,8 @@ from benchmarks.sim import simulate  # noqa: E402
 def iteration_s(step) -> float:
     """The planner's step without its amortised checkpoint writes: one iteration, as simulated."""
     return step.total - step.checkpoint
+
+
 from contracts.errors import CpnError  # noqa: E402
 from contracts.job_spec import JobSpec  # noqa: E402
 from control_layer.planner import estimate_option, plan  # noqa: E402
