@@ -13,7 +13,9 @@ The simulator is given the planner's own device efficiency (0.5) and link goodpu
 region, 0.7 between regions) as inputs, so differences come from what each models, not from
 those constants. Ends with a JSON line:
 {"instances", "options", "sim_estimate_err_p50", "sim_estimate_err_p90", "rank_corr", ...}
-where err = |planner step_s - sim step_s| / sim step_s over every option.
+where err = |planner iteration - sim step_s| / sim step_s over every option. The planner's
+iteration is its step without the amortised checkpoint writes, which the simulator (one training
+iteration) does not model; the error with them is reported too.
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import fleet, job, small_instance  # noqa: E402
 
 from benchmarks.sim import simulate  # noqa: E402
+
+
+def iteration_s(step) -> float:
+    """The planner's step without its amortised checkpoint writes: one iteration, as simulated."""
+    return step.total - step.checkpoint
+
+
 from contracts.errors import CpnError  # noqa: E402
 from contracts.job_spec import JobSpec  # noqa: E402
 from control_layer.planner import estimate_option, plan  # noqa: E402
@@ -105,7 +114,7 @@ def run(args: argparse.Namespace) -> dict:
         # rank agreement over random placements of the first option's degrees
         rng = np.random.default_rng(args.seed + n_inst)
         o = options[0]
-        pairs = [(o.estimates.step_s.total, rows[-len(options)][3].step_s)]
+        pairs = [(iteration_s(o.estimates.step_s), rows[-len(options)][3].step_s)]
         for _ in range(args.shuffles):
             tasks = shuffled(o, snap, rng)
             if tasks is None:
@@ -125,7 +134,7 @@ def run(args: argparse.Namespace) -> dict:
                 sim = simulate(spec, o.model_copy(update={"tasks": tasks}), snap, **GOODPUT)
             except CpnError:  # the planner refuses it (memory, mixed models, no link)
                 continue
-            pairs.append((est.step_s.total, sim.step_s))
+            pairs.append((iteration_s(est.step_s), sim.step_s))
         p, s = np.array(pairs).T
         if len(pairs) >= 3 and np.ptp(s) > 1e-9 * s.max():
             # an estimate that does not move while the reference does ranks nothing: correlation 0
@@ -143,12 +152,13 @@ def report(res: dict) -> dict:
     rows = res["rows"]
     head = f"{'instance':<12} {'dp':>3} {'tp':>2} {'pp':>2} {'sync':<9}"
     print(f"{head} {'planner s':>10} {'sim s':>10} {'err':>7}")
-    errs = []
+    errs, with_ckpt = [], []
     for name, o, est, sim in rows:
-        err = abs(est.total - sim.step_s) / sim.step_s
+        err = abs(iteration_s(est) - sim.step_s) / sim.step_s
         errs.append(err)
+        with_ckpt.append(abs(est.total - sim.step_s) / sim.step_s)
         print(
-            f"{name:<12} {o.dp:>3} {o.tp:>2} {o.pp:>2} {o.sync.mode:<9} {est.total:>10.4f} "
+            f"{name:<12} {o.dp:>3} {o.tp:>2} {o.pp:>2} {o.sync.mode:<9} {iteration_s(est):>10.4f} "
             f"{sim.step_s:>10.4f} {err:>7.1%}"
         )
     print("\nper term: median planner/sim where both > 0; summed |term error| / sim step")
@@ -177,6 +187,7 @@ def report(res: dict) -> dict:
         "options": len(rows),
         "sim_estimate_err_p50": round(float(np.percentile(errs, 50)), 4),
         "sim_estimate_err_p90": round(float(np.percentile(errs, 90)), 4),
+        "sim_estimate_err_p90_with_checkpoints": round(float(np.percentile(with_ckpt, 90)), 4),
         "rank_corr": round(float(np.mean(res["corrs"])), 3) if res["corrs"] else None,
         "largest_error_term": worst,
     }

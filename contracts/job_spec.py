@@ -6,6 +6,7 @@ with an error that names the field.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated, Any, Literal
 
@@ -43,7 +44,13 @@ class ModelSpec(_Strict):
     @property
     def n_params(self) -> int:
         """Parameters of the model the worker builds from this spec (see ``contracts.model``)."""
-        return gpt_param_count(model_config(self))
+        return _param_count(self)
+
+
+@functools.lru_cache(maxsize=256)
+def _param_count(spec: ModelSpec) -> int:
+    # Specs are frozen (hashable); the planner asks for the count thousands of times per quote.
+    return gpt_param_count(model_config(spec))
 
 
 class DataSpec(_Strict):

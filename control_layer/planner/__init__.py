@@ -27,7 +27,6 @@ from control_layer.planner.plan_types import (
     StepBreakdown,
     SyncTopology,
 )
-from control_layer.planner.runtime_settings import with_runtime
 from control_layer.planner.search import search as _search
 from control_layer.planner.snapshot import (
     ClusterInfo,
@@ -81,5 +80,4 @@ def plan(
     """
     if max_options < 1:
         raise InvalidArgument("max_options must be at least 1", field="max_options")
-    options = _search(spec, snapshot, calibration, max_options)
-    return with_runtime(spec, options, snapshot, calibration, max_options)
+    return _search(spec, snapshot, calibration, max_options)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from control_layer.planner import cost_model as cm
-from control_layer.planner.problem import Fleet, Problem
+from control_layer.planner.problem import Fleet, Problem, local_share
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,14 @@ def make_rows(
     region: np.ndarray,
     group: np.ndarray | None = None,
 ) -> Rows:
-    """Rows from per-unit arrays (t1, t2, lo: D×U); group maps units to groups of equal t and price."""
+    """Rows from per-unit arrays (t1, t2, lo: D×U); group maps units to groups of equal t and price.
+
+    Step times gain the checkpoint writes the runtime would make at that step and the run's
+    fixed seconds per step (``local_share``): both rise with the step, so the bounds taken over
+    them below stay bounds.
+    """
+    t1 = local_share(fleet, t1)
+    t2 = local_share(fleet, t2)
     n_u = len(count)
     if group is None:
         group = np.arange(n_u)
@@ -221,8 +228,10 @@ def _by_region(n: np.ndarray, key: np.ndarray, g_region: np.ndarray, n_reg: int,
 def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Per row, (duration, cost) no placement of that candidate can beat.
 
-    The step is at least the slowest used replica's time plus (or, when the exchange overlaps,
-    at least) the amortised exchange, and the device cost at least Σ replicas × price × step.
+    The step is at least the slowest used replica's time (with its checkpoint writes) plus (or,
+    when the exchange overlaps, at least) the amortised exchange, or that time alone for DiLoCo,
+    whose overlapped exchange can hide entirely; the device cost at least Σ replicas × price ×
+    step.
     Every placement falls in one of three cases, and the bound is the least of theirs:
 
     - one member (node) holds every replica: no exchange;
@@ -244,7 +253,13 @@ def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.n
     n_reg = len(f.regions)
     scale = rows.devices_per_replica * steps / 3600.0
 
+    # DiLoCo's runtime overlaps its exchange with the next steps: it can hide entirely, so only
+    # its egress is bounded.
+    hidden = f.runtime.diloco
+
     def floor_at(t: np.ndarray, sync: np.ndarray) -> np.ndarray:
+        if hidden:
+            return t
         return np.maximum(t, sync) if f.overlapped else t + sync
 
     # One participant.
@@ -268,7 +283,7 @@ def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.n
         _, sum_pt = _by_region(n, t * price, g_region, n_reg, dp)
         _, sum_p = _by_region(n, np.broadcast_to(price, n.shape), g_region, n_reg, dp)
         t_a = floor_at(kth_t, sync_r[None, :]).min(axis=1)
-        sync_cost = sync_r[None, :] * sum_p
+        sync_cost = 0.0 if hidden else sync_r[None, :] * sum_p
         c_a = np.maximum(sum_pt, sync_cost) if f.overlapped else sum_pt + sync_cost
         c_a = c_a.min(axis=1) * scale
         # Two or more regions.

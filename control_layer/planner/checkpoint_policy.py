@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 MAX_CHECKPOINT_FRACTION = 0.02  # at most 2 % of the run goes to writing checkpoints
 # A checkpoint holds fp32 weights and AdamW's two fp32 moments per parameter.
 CHECKPOINT_BYTES_PER_PARAM = 12
@@ -34,13 +36,20 @@ def checkpoint_every(
         raise ValueError(f"step_s ({step_s}) and write_s ({write_s}) must be finite and >= 0")
     if steps < 1 or not 0 < max_fraction < 1:
         raise ValueError(f"steps ({steps}) must be >= 1 and max_fraction ({max_fraction}) in (0, 1)")
+    return int(checkpoint_intervals(np.asarray(step_s, dtype=float), write_s, steps, max_fraction))
+
+
+def checkpoint_intervals(
+    step_s: np.ndarray, write_s: float, steps: int, max_fraction: float = MAX_CHECKPOINT_FRACTION
+) -> np.ndarray:
+    """``checkpoint_every`` over an array of step times (the search's placements), unchecked:
+    step times are finite and ≥ 0 there."""
     if write_s == 0:
-        return 1
+        return np.ones(np.shape(step_s), dtype=np.int64)
     # k writes of write_s within the fraction: k * w <= f / (1 - f) * steps * step_s
-    k_max = math.floor(max_fraction / (1 - max_fraction) * steps * step_s / write_s + 1e-9)
-    if k_max < 1:
-        return steps
-    return max(1, min(steps, math.ceil(steps / k_max)))
+    k_max = np.floor(max_fraction / (1 - max_fraction) * steps * step_s / write_s + 1e-9)
+    every = np.clip(np.ceil(steps / np.maximum(k_max, 1)), 1, steps)
+    return np.where(k_max < 1, steps, every).astype(np.int64)
 
 
 def checkpoint_fraction(step_s: float, write_s: float, every: int, steps: int) -> float:

@@ -404,23 +404,12 @@ def sync_overlapped(sync: SyncSpec) -> bool:
 
     SSP with staleness ≥ 1 and async overlap per-step traffic. Sync, local SGD and gossip rounds
     stop the replicas while they exchange. DiLoCo blocks unless the option's runtime settings
-    overlap it (``runtime_settings``; priced by ``overlapped_wan_per_step``), which the search's
-    bound does not assume.
+    overlap it, which the runtime does whenever two or more nodes sync (priced in
+    ``runtime_pricing``).
     """
     if sync.mode == "async":
         return True
     return sync.mode == "ssp" and sync.staleness >= 1
-
-
-def overlapped_wan_per_step(
-    sync: SyncSpec, steps: int, t_sync: float, t_local: float, delay_steps: int, fragments: int
-) -> float:
-    """Seconds an overlapped DiLoCo exchange adds to an average step: each of a round's
-    ``fragments`` carries 1/fragments of the payload and hides behind the ``delay_steps`` local
-    steps before it is applied; what does not fit blocks (the runtime waits for it then)."""
-    f = max(1, fragments)
-    exposed = f * max(0.0, t_sync / f - delay_steps * t_local)
-    return exposed * exchanges_per_step(sync, steps)
 
 
 def wan_sync_per_step(sync: SyncSpec, steps: int, t_sync, t_local):

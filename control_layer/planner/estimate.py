@@ -24,6 +24,8 @@ from control_layer.planner.plan_types import (
     RuntimeSettings,
     StepBreakdown,
 )
+from control_layer.planner.runtime_pricing import final_sync_s, runtime_terms, wan_per_step
+from control_layer.planner.runtime_settings import settings_for, weakest_link
 from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, NodeInfo, ResourceSnapshot
 
 # Key of the group of replicas that average gradients every step: the replicas on one node (one
@@ -133,19 +135,19 @@ class _Replica:
 def _replicas(
     snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask], dp: int, tp: int, pp: int
 ) -> list[_Replica]:
-    clusters = {c.id: c for c in snapshot.clusters}
-    wanted: dict[str, set[str]] = defaultdict(set)
-    for t in tasks:
-        wanted[t.cluster].add(t.node)
-    slots: dict[tuple[str, str, int], tuple[ClusterInfo, DeviceSlot]] = {}
-    for cid, nodes in wanted.items():
-        cluster = clusters.get(cid)
-        if cluster is None:
-            raise InvalidArgument(f"task names unknown cluster {cid!r}", cluster=cid)
-        for node in cluster.nodes:
-            if node.id in nodes:
-                for d in node.devices:
-                    slots[(cid, node.id, d.index)] = (cluster, d)
+    clusters = snapshot.clusters_by_id()
+    node_slots: dict[tuple[str, str], dict[int, DeviceSlot]] = {}
+
+    def slots_of(cid: str, node_id: str) -> dict[int, DeviceSlot]:
+        found = node_slots.get((cid, node_id))
+        if found is None:
+            cluster = clusters.get(cid)
+            if cluster is None:
+                raise InvalidArgument(f"task names unknown cluster {cid!r}", cluster=cid)
+            found = {d.index: d for n in cluster.nodes if n.id == node_id for d in n.devices}
+            node_slots[(cid, node_id)] = found
+        return found
+
     by_rank: dict[int, list[PlannedTask]] = defaultdict(list)
     for t in tasks:
         by_rank[t.dp_rank].append(t)
@@ -159,18 +161,18 @@ def _replicas(
             raise InvalidArgument(f"dp rank {rank} must have one task per (pp_stage, tp_rank)", dp_rank=rank)
         devices = []
         for t in group:
-            found = slots.get((t.cluster, t.node, t.device))
+            found = slots_of(t.cluster, t.node).get(t.device)
             if found is None:
                 raise InvalidArgument(
                     f"task names unknown device {t.cluster}/{t.node}/{t.device}", cluster=t.cluster
                 )
-            devices.append(found)
+            devices.append((clusters[t.cluster], found))
         models = {slot.model for _, slot in devices}
         if len(models) != 1:
             raise InvalidArgument(f"dp rank {rank} mixes device models {sorted(models)}", dp_rank=rank)
         nodes = {(t.cluster, t.node) for t in group}
-        problems = replica_node_problems({rank: [f"{c}/{n}" for c, n in nodes]})
-        if problems:
+        if len(nodes) > 1:
+            problems = replica_node_problems({rank: [f"{c}/{n}" for c, n in nodes]})
             raise InvalidArgument(problems[0], dp_rank=rank)
         out.append(_Replica(rank, devices, (group[0].cluster, group[0].node, models.pop())))
     return out
@@ -179,16 +181,53 @@ def _replicas(
 @dataclass(frozen=True)
 class LocalStep:
     """One replica's step before the cross-region exchange: the replica's compute and
-    communication, and the parts the node's reference step measured (0 where it measured none)."""
+    communication, the parts the node's reference step measured (0 where it measured none), and
+    the seconds one checkpoint write takes there (amortised once the interval is known)."""
 
     replica: cm.ReplicaTime
     data: float
     optimizer: float
-    checkpoint: float
+    write_s: float
 
     @property
-    def total(self) -> float:
-        return float(self.replica.total) + self.data + self.optimizer + self.checkpoint
+    def work(self) -> float:
+        """Seconds per step without checkpoint writes: what the runtime settings are chosen from."""
+        return float(self.replica.total) + self.data + self.optimizer
+
+    def total(self, writes_per_step: float) -> float:
+        return self.work + self.write_s * writes_per_step
+
+
+@dataclass(frozen=True)
+class _Hosts:
+    """Per host of a snapshot, what its CPU slots' share depends on (built once per snapshot)."""
+
+    host_of: dict[str, str]  # node id -> host
+    cores: dict[str, int]  # host -> physical cores (0: unknown)
+    seen: dict[str, float]  # host -> the quietest contention its agents report
+    busy: dict[str, int]  # host -> CPU slots busy with other jobs
+    measured_under: dict[str, float]  # node id -> contention it measured its profile under
+
+
+def _hosts(snapshot: ResourceSnapshot) -> _Hosts:
+    cores: dict[str, int] = {}
+    seen: dict[str, float] = {}
+    busy: dict[str, int] = defaultdict(int)
+    measured_under: dict[str, float] = {}
+    host_of: dict[str, str] = {}
+    for c in snapshot.clusters:
+        for n in c.nodes:
+            host = n.host
+            host_of[n.id] = host
+            if n.profile and n.profile.physical_cores:
+                cores[host] = max(cores.get(host, 0), n.profile.physical_cores)
+                measured_under[n.id] = n.profile.host_load_factor
+            if n.cpu_contention is not None:
+                # Agents probe while idle; on a host shared by several, the quietest saw the least
+                # of other jobs' workers.
+                seen[host] = min(seen.get(host, math.inf), n.cpu_contention)
+            busy[host] += sum(d.kind == "cpu" and not d.free for d in n.devices)
+    return _Hosts(host_of, cores, seen, dict(busy), measured_under)
 
 
 def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dict[str, float]:
@@ -199,41 +238,34 @@ def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dic
     with none reported, other jobs' busy slots stand in for the others and the factor is at least
     the contention the host measured under at registration. Several agents may share one host
     (``NodeInfo.host``). 1 on CUDA nodes and where the cores are unknown."""
-    cores: dict[str, int] = {}
-    seen: dict[str, float] = {}
-    busy: dict[str, int] = defaultdict(int)
+    nodes = snapshot.nodes_by_id()
+    kinds: dict[str, dict[int, str]] = {}
+    cpu_slots: dict[str, int] = defaultdict(int)  # node id -> the plan's CPU slots there
+    for t in tasks:
+        node = nodes.get(t.node)
+        if node is None:
+            continue
+        if t.node not in kinds:
+            kinds[t.node] = {d.index: d.kind for d in node.devices}
+        cpu_slots[t.node] += kinds[t.node].get(t.device) == "cpu"
+    out = {t.node: 1.0 for t in tasks}
+    if not any(cpu_slots.values()):
+        return out
+    hosts = snapshot.derived("hosts", _hosts)
     plan: dict[str, int] = defaultdict(int)
-    measured_under: dict[str, float] = {}
-    host_of: dict[str, str] = {}
-    kinds: dict[tuple[str, str, int], str] = {}
-    for c in snapshot.clusters:
-        for n in c.nodes:
-            host_of[n.id] = n.host
-            if n.profile and n.profile.physical_cores:
-                cores[n.host] = max(cores.get(n.host, 0), n.profile.physical_cores)
-                measured_under[n.id] = n.profile.host_load_factor
-            if n.cpu_contention is not None:
-                # Agents probe while idle; on a host shared by several, the quietest saw the least
-                # of other jobs' workers.
-                seen[n.host] = min(seen.get(n.host, math.inf), n.cpu_contention)
-            for d in n.devices:
-                kinds[(c.id, n.id, d.index)] = d.kind
-                busy[n.host] += d.kind == "cpu" and not d.free
-    for t in tasks:
-        if kinds.get((t.cluster, t.node, t.device)) == "cpu":
-            plan[host_of.get(t.node, t.node)] += 1
-    out: dict[str, float] = {}
-    for t in tasks:
-        host = host_of.get(t.node, t.node)
-        n_cores = cores.get(host, 0)
+    for node_id, k in cpu_slots.items():
+        plan[hosts.host_of.get(node_id, node_id)] += k
+    for node_id in out:
+        host = hosts.host_of.get(node_id, node_id)
+        n_cores = hosts.cores.get(host, 0)
         if not plan[host] or not n_cores:
-            out[t.node] = 1.0
-        elif host in seen:
-            others = max(0.0, seen[host] * n_cores - 1.0)
-            out[t.node] = cm.host_share(others + plan[host], n_cores)
+            continue
+        if host in hosts.seen:
+            others = max(0.0, hosts.seen[host] * n_cores - 1.0)
+            out[node_id] = cm.host_share(others + plan[host], n_cores)
         else:
-            share = cm.host_share(busy[host] + plan[host], n_cores)
-            out[t.node] = max(share, measured_under.get(t.node, 0.0), 1.0)
+            share = cm.host_share(hosts.busy.get(host, 0) + plan[host], n_cores)
+            out[node_id] = max(share, hosts.measured_under.get(node_id, 0.0), 1.0)
     return out
 
 
@@ -261,14 +293,54 @@ def estimate_option(
     calibration: Calibration | None = None,
     runtime: RuntimeSettings | None = None,
 ) -> Estimates:
-    """Time, cost and memory of running spec on exactly these tasks, with the runtime settings the
-    workers get (checkpoint interval, overlap); without them, as the spec alone says.
+    """Time, cost and memory of running spec on exactly these tasks, with the given runtime
+    settings (checkpoint interval, overlap); without them, as the spec alone says.
 
     The spec's precision 'auto' resolves on these devices (``contracts.feasibility``).
     Raises InvalidArgument when the tasks are not a complete dp×pp×tp grid, a replica mixes
     device models or spans nodes, a device runs out of memory, or two participating regions have
     no link.
     """
+    kw = dict(dp=dp, tp=tp, pp=pp, zero=zero, pp_schedule=pp_schedule, spot=spot, calibration=calibration)
+    return _estimate(spec, snapshot, tasks, runtime=runtime, derive=False, **kw)[0]
+
+
+def estimate_planned(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    tasks: Sequence[PlannedTask],
+    *,
+    dp: int,
+    tp: int,
+    pp: int,
+    zero: int,
+    pp_schedule: str = "1f1b",
+    spot: bool = False,
+    calibration: Calibration | None = None,
+) -> tuple[Estimates, RuntimeSettings]:
+    """The runtime settings these tasks get (``runtime_settings.settings_for``, from their own
+    local step, nodes and links) and the estimates priced with them, in one pass."""
+    kw = dict(dp=dp, tp=tp, pp=pp, zero=zero, pp_schedule=pp_schedule, spot=spot, calibration=calibration)
+    est, runtime = _estimate(spec, snapshot, tasks, runtime=None, derive=True, **kw)
+    assert runtime is not None
+    return est, runtime
+
+
+def _estimate(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    tasks: Sequence[PlannedTask],
+    *,
+    dp: int,
+    tp: int,
+    pp: int,
+    zero: int,
+    pp_schedule: str,
+    spot: bool,
+    calibration: Calibration | None,
+    runtime: RuntimeSettings | None,
+    derive: bool,
+) -> tuple[Estimates, RuntimeSettings | None]:
     batch = spec.global_batch_sequences
     if dp < 1 or batch % dp or (batch // dp) % spec.training.micro_batch_size:
         raise InvalidArgument(
@@ -277,7 +349,7 @@ def estimate_option(
             field="dp",
         )
     links = Links(snapshot, calibration)
-    clusters = {c.id: c for c in snapshot.clusters}
+    clusters = snapshot.clusters_by_id()
     replicas = _replicas(snapshot, tasks, dp, tp, pp)
     precision = resolve_precision(spec.training.precision, {s.kind for r in replicas for _, s in r.devices})
     if precision != spec.training.precision:
@@ -287,13 +359,15 @@ def estimate_option(
     for rep in replicas:
         group_size[rep.participant] += 1
 
-    nodes = {n.id: n for c in snapshot.clusters for n in c.nodes}
+    nodes = snapshot.nodes_by_id()
     shares = host_shares(snapshot, tasks)
     steps = spec.training.steps
-    every = runtime.checkpoint_every if runtime is not None else spec.training.checkpoint_every
-    writes_per_step = cm.checkpoint_writes(steps, every) / steps
+    # No reference step measured: checkpoint writes at the runtime's own estimate.
+    default_write_s = (
+        runtime_terms(spec).write_s if derive else runtime.checkpoint_write_s if runtime is not None else 0.0
+    )
 
-    slowest: LocalStep | None = None
+    locals_: list[LocalStep] = []
     peak_bytes = 0.0
     seen: set[tuple] = set()
     for rep in replicas:
@@ -305,13 +379,15 @@ def estimate_option(
         r = group_size[rep.participant]
         node = rep.participant[1]
         ids = tuple(sorted({c.id for c, _ in devices}))
-        # Replicas on the same clusters and node with the same weakest device estimate the same.
-        key = (ids, node, model, kind, tflops, smallest, r)
+        profile = nodes[node].profile
+        # Replicas on the same clusters with the same weakest device and group size estimate the
+        # same, unless their node's own measurements or host share set them apart.
+        own = node if profile is not None or kind == "cpu" else None
+        key = (ids, own, model, kind, tflops, smallest, r)
         if key in seen:
             continue
         seen.add(key)
         cls = [clusters[i] for i in ids]
-        profile = nodes[node].profile
         rate = profile.rates.get(precision) if profile else None
         share = shares.get(node, 1.0) if kind == "cpu" else 1.0
         intra_bw = min(intra_bytes_per_s(c, calibration) for c in cls)
@@ -321,9 +397,7 @@ def estimate_option(
             rt = cm.replica_time(
                 spec, tp, pp, zero, n_micro, r >= 2, flops / share, intra_bw, intra_lat, intra_bw, intra_lat
             )
-            # No reference step measured here: checkpoint writes at the runtime's own estimate.
-            write_s = runtime.checkpoint_write_s if runtime is not None else 0.0
-            local = LocalStep(rt, 0.0, 0.0, write_s * writes_per_step)
+            locals_.append(LocalStep(rt, 0.0, 0.0, default_write_s))
         else:
             # The node's reference step: its FLOP rate (the calibrated efficiency scales it, 1 until
             # runs say otherwise) and fixed costs, slowed by the share of the host's cores.
@@ -347,14 +421,14 @@ def estimate_option(
             p = cm.stage_params(spec.model, tp, pp) / 1e6
             opt_params = p / r if zero >= 1 else p
             local_tokens = n_micro * spec.training.micro_batch_size * spec.model.seq_len
-            local = LocalStep(
-                rt,
-                data=rate.data_s_per_mtoken * local_tokens / 1e6 * share,
-                optimizer=rate.optimizer_s_per_mparam * opt_params * share,
-                checkpoint=rate.checkpoint_s_per_mparam * p * writes_per_step,
+            locals_.append(
+                LocalStep(
+                    rt,
+                    data=rate.data_s_per_mtoken * local_tokens / 1e6 * share,
+                    optimizer=rate.optimizer_s_per_mparam * opt_params * share,
+                    write_s=rate.checkpoint_s_per_mparam * p,
+                )
             )
-        if slowest is None or local.total > slowest.total:
-            slowest = local
         mem = cm.memory_per_device(spec, tp, pp, zero, r, n_micro, pp_schedule).total
         if not cm.fits(mem, smallest):
             raise InvalidArgument(
@@ -363,21 +437,31 @@ def estimate_option(
                 dp_rank=rep.rank,
             )
         peak_bytes = max(peak_bytes, mem)
-    assert slowest is not None
 
     members: dict[str, int] = defaultdict(int)
     for p_ in group_size:
         members[clusters[p_[0]].region] += 1
     sc = sync_cost(spec, links, dict(members))
-    t_local = slowest.total
-    overlapped_diloco = runtime is not None and runtime.overlap and spec.sync.mode == "diloco"
-    if overlapped_diloco:
-        assert runtime is not None
-        wan = cm.overlapped_wan_per_step(
-            spec.sync, steps, sc.t_sync, t_local, runtime.overlap_steps or 0, runtime.fragments
+    if derive:
+        work = max(loc.work for loc in locals_)
+        bandwidth, latency = weakest_link(set(members), snapshot)
+        runtime = settings_for(spec, work, len({t.node for t in tasks}), bandwidth, latency)
+    every = runtime.checkpoint_every if runtime is not None else spec.training.checkpoint_every
+    wps = cm.checkpoint_writes(steps, every) / steps
+    slowest = max(locals_, key=lambda loc: loc.total(wps))
+    t_local = slowest.total(wps)
+    terms = runtime_terms(spec)
+    overlapped = runtime is not None and runtime.overlap and terms.diloco
+    wan = float(
+        wan_per_step(
+            terms,
+            sc.t_sync,
+            t_local,
+            overlapped,
+            runtime.overlap_steps or 0 if runtime is not None else 0,
+            runtime.fragments if runtime is not None else 1,
         )
-    else:
-        wan = float(cm.wan_sync_per_step(spec.sync, steps, sc.t_sync, t_local))
+    )
     rt = slowest.replica
     step = StepBreakdown(
         data=slowest.data,
@@ -388,16 +472,14 @@ def estimate_option(
         pp_bubble=float(rt.pp_bubble),
         pp_comm=float(rt.pp_comm),
         wan_sync=wan,
-        checkpoint=slowest.checkpoint,
+        checkpoint=slowest.write_s * wps,
     )
     fixed = [
         _fixed_seconds(nodes[n], shares.get(n, 1.0), calibration) for n in sorted({t.node for t in tasks})
     ]
     startup = max(f[0] for f in fixed)
     teardown = max(f[1] for f in fixed)
-    # An overlapped exchange hides behind the next steps, but the last one has none to hide behind.
-    overlapped = overlapped_diloco or cm.sync_overlapped(spec.sync)
-    final_sync = sc.t_sync if overlapped and len(members) >= 2 else 0.0
+    final_sync = float(final_sync_s(terms, sc.t_sync, overlapped, len(members)))
     duration = startup + steps * step.total + final_sync + teardown
     hourly = sum(device_price(c, spot) for rep in replicas for c, _ in rep.devices)
     per_step_exchanges = cm.exchanges_per_step(spec.sync, steps)
@@ -405,7 +487,7 @@ def estimate_option(
         devices=hourly * duration / 3600.0,
         egress=sc.egress_usd * per_step_exchanges * steps,
     )
-    return Estimates(
+    est = Estimates(
         step_s=step,
         steps=steps,
         startup_s=startup,
@@ -419,3 +501,4 @@ def estimate_option(
         interval=interval(duration, cost.total, calibration),
         basis=basis(tasks, snapshot, precision, calibration, shares),
     )
+    return est, runtime

@@ -14,7 +14,6 @@ from control_layer.planner.fleet import filter_fleet
 from control_layer.planner.options import build_option
 from control_layer.planner.plan_types import Calibration, PlanOption
 from control_layer.planner.problem import Fleet, Problem, Solution, build_fleet, build_problem, evaluate
-from control_layer.planner.runtime_settings import with_runtime
 from control_layer.planner.search import precision_groups, with_precision
 from control_layer.planner.snapshot import ResourceSnapshot
 
@@ -58,8 +57,8 @@ def exhaustive_best(
 ) -> PlanOption | None:
     """The best option for spec.qos.objective over every degree and every placement, or None.
 
-    Placements are ranked by the search's objective; the best few are then priced by the
-    estimator on their concrete tasks with their runtime settings, which is what options report.
+    Placements are ranked by the search's objective (runtime settings included); the best few are
+    then priced by the estimator on their concrete tasks, which is what options report.
     """
     filtered = filter_fleet(spec, snapshot)
     if not filtered.pools:
@@ -73,7 +72,7 @@ def exhaustive_best(
         return None
     scored.sort(key=lambda s: (s[0], s[1]))
     built = [build_option(pr, sol) for _, _, sol, pr in scored[:refine]]
-    options = with_runtime(spec, built, snapshot, calibration, max_options=len(built))
+    options = [o for o in built if all(c.ok for c in o.qos_checks)] or built
     return min(options, key=lambda o: objective_key(spec, o))
 
 

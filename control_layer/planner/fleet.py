@@ -32,12 +32,42 @@ class Pool:
     free_per_node: tuple[int, ...] = ()
     n_free: int = 0
     region: str = ""
+    # Per node: start-up and teardown per idle core as measured at registration (None: not
+    # measured); derived here once, as pools are kept across quotes.
+    measured_fixed: tuple[tuple[str, float | None, float | None], ...] = ()
 
     def __post_init__(self) -> None:
         counts = tuple(len(ix) for _, ix in self.nodes)
         object.__setattr__(self, "free_per_node", counts)
         object.__setattr__(self, "n_free", sum(counts))
         object.__setattr__(self, "region", self.cluster.region)
+        mine = {node_id for node_id, _ in self.nodes}
+        fixed = []
+        for n in self.cluster.nodes:
+            if n.id in mine:
+                prof = n.profile
+                if prof is None:
+                    fixed.append((n.id, None, None))
+                else:
+                    under = max(1.0, prof.host_load_factor)
+                    fixed.append((n.id, prof.startup_s / under, prof.teardown_s / under))
+        object.__setattr__(self, "measured_fixed", tuple(fixed))
+
+    @property
+    def class_key(self) -> tuple:
+        """Pools with equal keys are interchangeable for the search (``problem.PoolClass``)."""
+        c = self.cluster
+        return (
+            self.region,
+            self.model,
+            self.kind,
+            self.price,
+            self.tflops,
+            self.memory_gb,
+            c.intra_bandwidth_gbps,
+            c.intra_latency_ms,
+            tuple(sorted(self.free_per_node, reverse=True)),
+        )
 
 
 @dataclass

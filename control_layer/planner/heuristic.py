@@ -17,7 +17,7 @@ import numpy as np
 
 from control_layer.planner import cost_model as cm
 from control_layer.planner.bounds import sum_by
-from control_layer.planner.problem import Problem, Solution
+from control_layer.planner.problem import Problem, Solution, runtime_step
 
 MAX_LEVELS = 32  # step-time levels tried per region set (quantiles of the distinct unit times)
 ANCHORS = 3  # anchor regions by capacity, and as many by price, for compact region sets
@@ -112,12 +112,14 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     safe_bw = np.where(multi & (bw > 0), bw, 1.0)
     wan = np.where(multi, pr.wan_factor[n_used] / safe_bw + pr.wan_hops[n_used] * lat, 0.0)
     wan = np.where(multi & (bw <= 0), np.inf, wan)
-    per_step = cm.exchanges_per_step(spec.sync, spec.training.steps) * (t_loc + wan)
-    step = np.maximum(t_local, per_step) if pr.overlapped else t_local + per_step
+    link = np.where(pair, f.pair_link_bps[sub][None, :, :], np.inf).min(axis=(1, 2))
+    link = np.where(multi & np.isfinite(link), link, 0.0)
+    step, final = runtime_step(pr, t_local, t_loc + wan, members.sum(axis=1), n_used, link, lat)
     steps = spec.training.steps
     rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev
-    cost = steps * step * rate / 3600.0 + steps * pr.xps * (pr.per_leader[n_used] / cm.GB * eg)
-    return step, cost
+    duration = steps * step + final + f.fixed_s
+    cost = duration * rate / 3600.0 + steps * pr.xps * (pr.per_leader[n_used] / cm.GB * eg)
+    return duration / steps, cost
 
 
 def candidate_solutions(pr: Problem) -> list[Solution]:

@@ -6,6 +6,7 @@ than MIN_RESIDUALS finished jobs to go on, it is the wide DEFAULT_BAND: an hones
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 
 from control_layer.planner import cost_model as cm
@@ -51,25 +52,27 @@ def basis(
 ) -> CalibrationBasis:
     """The calibrated factors in force for these tasks' devices, nodes and region pairs, and the
     share of its host's cores each node was priced at."""
-    used = {t.cluster for t in tasks}
-    clusters = {c.id: c for c in snapshot.clusters if c.id in used}
-    models = {(c.id, n.id, d.index): d.model for c in clusters.values() for n in c.nodes for d in n.devices}
-    profiled = {
-        n.id for c in clusters.values() for n in c.nodes if n.profile and precision in n.profile.rates
-    }
+    nodes = snapshot.nodes_by_id()
+    used: dict[str, set[int]] = defaultdict(set)
+    for t in tasks:
+        used[t.node].add(t.device)
     efficiency: dict[str, float] = {}
     startup: dict[str, float] = {}
     teardown: dict[str, float] = {}
-    for t in tasks:
-        model = models.get((t.cluster, t.node, t.device))
-        if model is not None:
-            # Relative to the node's reference step where it measured one, else to its matmul rate.
-            default = 1.0 if t.node in profiled else cm.DEFAULT_DEVICE_EFFICIENCY
+    for node_id, indices in used.items():
+        node = nodes.get(node_id)
+        if node is None:
+            continue
+        # Relative to the node's reference step where it measured one, else to its matmul rate.
+        profiled = node.profile is not None and precision in node.profile.rates
+        default = 1.0 if profiled else cm.DEFAULT_DEVICE_EFFICIENCY
+        for model in {d.model for d in node.devices if d.index in indices}:
             efficiency[f"{model}|{precision}"] = cm.device_efficiency(model, calibration, precision, default)
-        if calibration and t.node in calibration.startup_s:
-            startup[t.node] = calibration.startup_s[t.node]
-        if calibration and t.node in calibration.teardown_s:
-            teardown[t.node] = calibration.teardown_s[t.node]
+        if calibration and node_id in calibration.startup_s:
+            startup[node_id] = calibration.startup_s[node_id]
+        if calibration and node_id in calibration.teardown_s:
+            teardown[node_id] = calibration.teardown_s[node_id]
+    clusters = snapshot.clusters_by_id()
     regions = sorted({clusters[t.cluster].region for t in tasks if t.cluster in clusters})
     goodput = {
         f"{a}|{b}": cm.link_goodput(a, b, calibration, measured=_measured(snapshot, a, b))

@@ -30,7 +30,7 @@ from scipy.sparse import coo_matrix
 
 from control_layer.planner import cost_model as cm
 from control_layer.planner.bounds import lower_bounds
-from control_layer.planner.problem import Problem, Solution
+from control_layer.planner.problem import Problem, Solution, local_share
 
 NODE_LIMIT = 1000
 SAFETY_TIME_LIMIT_S = 2.0
@@ -182,16 +182,19 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
         sync_terms += [(pb, float(pr.wan_factor[k]) / cm.GB), (pl, float(pr.wan_hops[k]))]
         egress_terms.append((pe, float(pr.per_leader[k]) / cm.GB))
 
+    # Local steps with their checkpoint writes and the run's fixed seconds per step (monotone in
+    # the step, so the max commutes; the cost theta × rate then counts the fixed seconds too).
+    g1, g2 = local_share(f, pr.t1), local_share(f, pr.t2)
     t_max = md.var(0, math.inf, False)
     for u in units:
-        md.row([(t_max, 1.0), (v1[u], -float(pr.t1[u]))], 0.0, math.inf)
-        md.row([(t_max, 1.0), (v2[u], -float(pr.t2[u]))], 0.0, math.inf)
+        md.row([(t_max, 1.0), (v1[u], -float(g1[u]))], 0.0, math.inf)
+        md.row([(t_max, 1.0), (v2[u], -float(g2[u]))], 0.0, math.inf)
 
     # Bounds on theta keep the linearisations tight: the bound from bounds.py below, and above
     # the deadline, the slowest unit plus the widest possible sync, and what `beat` allows.
     sync_ub = float(f.local_sync[regions].max()) + float(pr.wan_factor[k_max]) / cm.GB * big_bw
     sync_ub += float(pr.wan_hops[k_max]) * big_lat
-    theta_ub = float(max(pr.t1[units].max(), pr.t2[units].max())) + pr.xps * sync_ub
+    theta_ub = float(max(g1[units].max(), g2[units].max())) + pr.xps * sync_ub
     if spec.qos.max_hours is not None:
         theta_ub = min(theta_ub, spec.qos.max_hours * 3600.0 / steps)
     if math.isfinite(beat):
@@ -204,7 +207,13 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
     theta_lb = min(lower_bounds(pr)[0] / steps, theta_ub)
     theta = md.var(theta_lb, theta_ub * (1 + 1e-9), False)
     xps = pr.xps
-    if pr.overlapped:
+    if f.runtime.diloco:
+        # The runtime overlaps DiLoCo's exchange: the step is the local one when it hides (the
+        # exact score, ``evaluate``, adds whatever does not), and the last round's WAN phase
+        # blocks once.
+        wan_once = [(v, -c / steps) for v, c in sync_terms[1:]]
+        md.row([(theta, 1.0), (t_max, -1.0)] + wan_once, 0.0, math.inf)
+    elif pr.overlapped:
         md.row([(theta, 1.0), (t_max, -1.0)], 0.0, math.inf)
         md.row([(theta, 1.0)] + [(v, -xps * c) for v, c in sync_terms], 0.0, math.inf)
     else:

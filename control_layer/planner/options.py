@@ -8,9 +8,10 @@ import json
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.assign import assign
-from control_layer.planner.estimate import estimate_option
+from control_layer.planner.estimate import estimate_planned
 from control_layer.planner.plan_types import Estimates, PlannedTask, PlanOption, QosCheck
 from control_layer.planner.problem import Problem, Solution
+from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
 
 # Relative slack when comparing an estimate with a QoS bound (float noise only).
@@ -27,7 +28,7 @@ def qos_checks(
 ) -> list[QosCheck]:
     """Check every constraint against the tasks themselves (not against the filters that chose them)."""
     qos = spec.qos
-    clusters = {c.id: c for c in snapshot.clusters}
+    clusters = snapshot.clusters_by_id()
     regions = sorted({clusters[t.cluster].region for t in tasks})
     index = {
         (cid, n.id, d.index): d
@@ -98,13 +99,14 @@ def build_option(pr: Problem, sol: Solution) -> PlanOption:
     spec, snapshot = fleet.spec, fleet.snapshot
     deg = pr.deg
     a = assign(pr, sol)
-    clusters = {c.id: c for c in snapshot.clusters}
+    clusters = snapshot.clusters_by_id()
     spot = spec.qos.preemptible and any(
         clusters[t.cluster].spot_price_per_device_hour is not None
         and clusters[t.cluster].spot_price_per_device_hour < clusters[t.cluster].price_per_device_hour
         for t in a.tasks
     )
-    est = estimate_option(
+    # Priced once, with the runtime settings its workers get (the search ranked it the same way).
+    est, runtime = estimate_planned(
         spec,
         snapshot,
         a.tasks,
@@ -115,6 +117,13 @@ def build_option(pr: Problem, sol: Solution) -> PlanOption:
         pp_schedule=spec.pp_schedule,
         spot=spot,
         calibration=fleet.calibration,
+    )
+    q = quality(a.sync.mode, a.sync.every, a.sync.compression, overlap=runtime.overlap)
+    sync = a.sync.model_copy(
+        update={
+            "loss_ratio": None if q is None else q.loss_ratio,
+            "loss_ratio_basis": "" if q is None else q.measured_as,
+        }
     )
     payload = {
         "degrees": [deg.dp, deg.tp, deg.pp, deg.zero, spec.pp_schedule],
@@ -137,7 +146,8 @@ def build_option(pr: Problem, sol: Solution) -> PlanOption:
         activation_checkpointing=spec.training.activation_checkpointing,
         replicas_per_cluster=a.replicas_per_cluster,
         tasks=a.tasks,
-        sync=a.sync,
+        sync=sync,
+        runtime=runtime,
         estimates=est,
         qos_checks=qos_checks(spec, snapshot, a.tasks, est, spot),
         regions=a.regions,

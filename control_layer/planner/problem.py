@@ -25,6 +25,15 @@ from control_layer.planner.candidates import Degrees
 from control_layer.planner.estimate import Links, intra_bytes_per_s, n_micro_batches
 from control_layer.planner.fleet import Pool
 from control_layer.planner.plan_types import Calibration
+from control_layer.planner.runtime_pricing import (
+    RuntimeTerms,
+    checkpoint_s_per_step,
+    delay_steps,
+    final_sync_s,
+    overlaps,
+    runtime_terms,
+    wan_per_step,
+)
 from control_layer.planner.snapshot import ResourceSnapshot
 
 INFEASIBLE = 1 << 30
@@ -37,21 +46,6 @@ class PoolClass:
     @property
     def first(self) -> Pool:
         return self.pools[0]
-
-
-def _class_key(p: Pool) -> tuple:
-    c = p.cluster
-    return (
-        p.region,
-        p.model,
-        p.kind,
-        p.price,
-        p.tflops,
-        p.memory_gb,
-        c.intra_bandwidth_gbps,
-        c.intra_latency_ms,
-        tuple(sorted(p.free_per_node, reverse=True)),
-    )
 
 
 @dataclass
@@ -76,6 +70,7 @@ class Fleet:
     local_sync: np.ndarray  # per region: seconds of the in-region reduce/broadcast
     pair_bw: np.ndarray  # R×R bytes/s (min of both directions; 0 = no link)
     pair_lat: np.ndarray  # R×R seconds (max of both directions)
+    pair_link_bps: np.ndarray  # R×R bits/s as declared or measured (min of both directions; 0 = none)
     egress: np.ndarray  # R×R USD/GB from row region to column region
     max_node_devices: int
     # sync constants indexed by the number of participating regions R = 0..n_regions
@@ -85,6 +80,7 @@ class Fleet:
     xps: float  # exchanges per step
     overlapped: bool
     links: Links
+    runtime: RuntimeTerms
     # Start-up and teardown of the slowest candidate node: a run's fixed seconds as the search
     # ranks placements (the estimator prices the chosen nodes exactly).
     fixed_s: float = 0.0
@@ -112,7 +108,7 @@ def build_fleet(
 ) -> Fleet:
     groups: dict[tuple, list[Pool]] = defaultdict(list)
     for p in pools:
-        groups[_class_key(p)].append(p)
+        groups[p.class_key].append(p)
     classes = [
         PoolClass(tuple(sorted(g, key=lambda p: (p.cluster.id, p.nodes[0][0]))))
         for _, g in sorted(
@@ -126,6 +122,7 @@ def build_fleet(
     nr = len(regions)
     pair_bw = np.zeros((nr, nr))
     pair_lat = np.zeros((nr, nr))
+    pair_link = np.zeros((nr, nr))
     egress = np.zeros((nr, nr))
     local = np.zeros(nr)
     for i, a in enumerate(regions):
@@ -135,6 +132,9 @@ def build_fleet(
                 pair_bw[i, j] = min(links.bw(a, b), links.bw(b, a))
                 pair_lat[i, j] = max(links.lat(a, b), links.lat(b, a))
                 egress[i, j] = links.egress(a, b)
+                ab, ba = snapshot.link(a, b), snapshot.link(b, a)
+                if ab is not None and ba is not None:
+                    pair_link[i, j] = min(ab.bandwidth_gbps, ba.bandwidth_gbps) * 1e9
     firsts = [c.first for c in classes]
     return Fleet(
         spec=spec,
@@ -174,6 +174,7 @@ def build_fleet(
         local_sync=local,
         pair_bw=pair_bw,
         pair_lat=pair_lat,
+        pair_link_bps=pair_link,
         egress=egress,
         max_node_devices=max((max(p.free_per_node) for p in pools), default=0),
         wan_factor=cm.wan_time_factor(spec.sync, n, np.arange(nr + 1)),
@@ -182,21 +183,21 @@ def build_fleet(
         xps=cm.exchanges_per_step(spec.sync, spec.training.steps),
         overlapped=cm.sync_overlapped(spec.sync),
         links=links,
-        fixed_s=_fixed_seconds(snapshot, pools, calibration),
+        runtime=runtime_terms(spec),
+        fixed_s=_fixed_seconds(pools, calibration),
     )
 
 
-def _fixed_seconds(snapshot: ResourceSnapshot, pools: list[Pool], calibration: Calibration | None) -> float:
-    nodes = {n.id: n for c in snapshot.clusters for n in c.nodes}
+def _fixed_seconds(pools: list[Pool], calibration: Calibration | None) -> float:
+    # Per idle core (see estimate._fixed_seconds); the search leaves the host's share out.
     worst = 0.0
     for p in pools:
-        for node_id, _ in p.nodes:
-            # Per idle core (see estimate._fixed_seconds); the search leaves the host's share out.
-            prof = nodes[node_id].profile
-            under = max(1.0, prof.host_load_factor) if prof else 1.0
-            startup = cm.startup_seconds(node_id, prof.startup_s / under if prof else None, calibration)
-            teardown = cm.teardown_seconds(node_id, prof.teardown_s / under if prof else None, calibration)
-            worst = max(worst, startup + teardown)
+        for node_id, startup, teardown in p.measured_fixed:
+            worst = max(
+                worst,
+                cm.startup_seconds(node_id, startup, calibration)
+                + cm.teardown_seconds(node_id, teardown, calibration),
+            )
     return worst
 
 
@@ -380,6 +381,28 @@ def sync_seconds_and_egress(pr: Problem, members: np.ndarray) -> tuple[float, fl
     return t_local + t_wan, egress
 
 
+def local_share(fleet: Fleet, t: np.ndarray) -> np.ndarray:
+    """A local step time t plus the checkpoint writes per step its runtime settings give it and
+    the run's fixed seconds (start-up, teardown) spread over its steps: what the lower bounds and
+    the MILP, which see step times only, rank by. Rises with t."""
+    return t + checkpoint_s_per_step(fleet.runtime, t) + fleet.fixed_s / fleet.spec.training.steps
+
+
+def runtime_step(
+    pr: Problem, t_local, t_sync, participants, n_regions, link_bps, link_lat
+) -> tuple[np.ndarray, np.ndarray]:
+    """(step seconds, final exchange seconds) of placements with local step ``t_local`` and one
+    exchange of ``t_sync``, priced with the runtime settings the workers would get: checkpoint
+    writes at the policy's interval and the exposed part of an overlapped exchange (the
+    estimator's rules, ``runtime_pricing``). Vectorised over placements."""
+    terms = pr.fleet.runtime
+    t_step = t_local + checkpoint_s_per_step(terms, t_local)
+    hidden = overlaps(terms, participants)
+    delay = delay_steps(terms, participants, link_bps, link_lat, t_local)
+    wan = wan_per_step(terms, t_sync, t_step, hidden, delay, terms.fragments)
+    return t_step + wan, final_sync_s(terms, t_sync, hidden, n_regions)
+
+
 def evaluate(pr: Problem, sol: Solution) -> Score | None:
     """Step time and cost of a unit-level solution; None when it breaks a structural rule."""
     n1, n2, x2 = np.array(sol.n1), np.array(sol.n2), np.array(sol.x2)
@@ -396,14 +419,19 @@ def evaluate(pr: Problem, sol: Solution) -> Score | None:
         float(pr.t1[n1 > 0].max()) if (n1 > 0).any() else 0.0,
         float(pr.t2[n2 > 0].max()) if (n2 > 0).any() else 0.0,
     )
-    members = np.bincount(pr.region, weights=n1 + n2, minlength=len(pr.fleet.regions))
+    f = pr.fleet
+    members = np.bincount(pr.region, weights=n1 + n2, minlength=len(f.regions))
     t_sync, egress = sync_seconds_and_egress(pr, members)
     if not math.isfinite(t_sync):
         return None
-    steps = pr.fleet.spec.training.steps
-    wan = float(cm.wan_sync_per_step(pr.fleet.spec.sync, steps, t_sync, t_local))
-    step = t_local + wan
-    fixed = pr.fleet.fixed_s + (t_sync if pr.overlapped and int((members > 0).sum()) >= 2 else 0.0)
+    used = np.flatnonzero(members > 0)
+    off = ~np.eye(len(used), dtype=bool)
+    link_bps = float(f.pair_link_bps[np.ix_(used, used)][off].min()) if len(used) >= 2 else 0.0
+    link_lat = float(f.pair_lat[np.ix_(used, used)][off].max()) if len(used) >= 2 else 0.0
+    step, final = runtime_step(pr, t_local, t_sync, int(members.sum()), len(used), link_bps, link_lat)
+    step, final = float(step), float(final)
+    steps = f.spec.training.steps
+    fixed = f.fixed_s + final
     rate = float((pr.price * (n1 + x2)).sum()) * pr.dev
     devices_cost = (fixed + steps * step) * rate / 3600.0
     egress_cost = steps * pr.xps * egress

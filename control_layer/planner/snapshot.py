@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
@@ -11,6 +12,8 @@ from contracts.job_spec import invalid_argument_from
 # Two clusters in the same region talk over the region's fabric unless a link says otherwise.
 LOCAL_BANDWIDTH_GBPS = 100.0
 LOCAL_LATENCY_MS = 0.5
+
+T = TypeVar("T")
 
 
 class _Plain(BaseModel):
@@ -133,6 +136,7 @@ class ResourceSnapshot(_Plain):
 
     _links: dict[tuple[str, str], LinkInfo] = PrivateAttr(default_factory=dict)
     _regions: dict[str, RegionInfo] = PrivateAttr(default_factory=dict)
+    _derived: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique_ids(self) -> ResourceSnapshot:
@@ -174,11 +178,25 @@ class ResourceSnapshot(_Plain):
         r = self._regions.get(region)
         return r.jurisdiction if r else ""
 
+    def derived(self, name: str, build: Callable[[ResourceSnapshot], T]) -> T:
+        """What ``build`` derives from this snapshot, built on first use and kept with it: a
+        snapshot is never changed in place (the server hands out the same object while the fleet
+        is unchanged), so quotes on it share the work."""
+        if self._derived.get("__owner__") != id(self):
+            # A copy (model_copy) shares its original's dict, not its contents' validity.
+            self._derived = {"__owner__": id(self)}
+        if name not in self._derived:
+            self._derived[name] = build(self)
+        return self._derived[name]
+
+    def clusters_by_id(self) -> dict[str, ClusterInfo]:
+        return self.derived("clusters_by_id", lambda s: {c.id: c for c in s.clusters})
+
+    def nodes_by_id(self) -> dict[str, NodeInfo]:
+        return self.derived("nodes_by_id", lambda s: {n.id: n for c in s.clusters for n in c.nodes})
+
     def cluster(self, cluster_id: str) -> ClusterInfo:
-        for c in self.clusters:
-            if c.id == cluster_id:
-                return c
-        raise KeyError(cluster_id)
+        return self.clusters_by_id()[cluster_id]
 
     @classmethod
     def from_json(cls, text: str) -> ResourceSnapshot:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 OVERLAPPED_MODES = ("diloco", "async")
 FRAGMENT_CHOICES = (4, 2, 1)
 # Below this a fragment's exchange is dominated by per-call latency and streaming gains nothing.
@@ -35,14 +37,45 @@ def payload_bytes(n_params: int, compression: str, topk_ratio: float) -> float:
     return n_params * CODEC_BYTES.get(compression, 4.0)
 
 
-def exchange_s(payload: float, n_regions: int, bandwidth_bps: float, latency_s: float) -> float:
+def exchange_s(payload: float, n_regions, bandwidth_bps, latency_s):
     """One region's share of a ring all-reduce of ``payload`` (reduce-scatter then all-gather over
     the planner's ring, ``training.sync.collective``): 2(R-1)/R of the payload over its uplink, in
-    2(R-1) hops."""
-    if n_regions < 2:
-        return 0.0
-    hops = 2 * (n_regions - 1)
-    return hops * latency_s + hops / n_regions * payload * 8 / bandwidth_bps
+    2(R-1) hops. Scalars give a float; arrays (placements) an array."""
+    r = np.asarray(n_regions, dtype=float)
+    hops = 2 * (r - 1)
+    t = np.where(r >= 2, hops * latency_s + hops / np.maximum(r, 1) * payload * 8 / bandwidth_bps, 0.0)
+    return float(t) if t.ndim == 0 else t
+
+
+def diloco_fragments(every: int, payload: float) -> int:
+    """Streamed fragments per DiLoCo round: the most that divide the round into at least two
+    steps each and keep each fragment large enough to stream."""
+    return next(
+        f
+        for f in FRAGMENT_CHOICES
+        if f == 1 or (every % f == 0 and every // f >= 2 and payload / f >= MIN_FRAGMENT_BYTES)
+    )
+
+
+def overlap_delay(
+    round_steps: int,
+    fragment_bytes: float,
+    n_regions,
+    bandwidth_bps,
+    latency_s,
+    step_s,
+) -> np.ndarray:
+    """Steps between sending a DiLoCo fragment and applying it: the fewest whole steps of
+    ``step_s`` its exchange takes, at most a round; half a round where the link (bandwidth ≤ 0)
+    or the step time is unknown. Vectorised over placements (every argument but the first two
+    may be an array); the one rule the search and the runtime settings both use."""
+    bw = np.asarray(bandwidth_bps, dtype=float)
+    step = np.asarray(step_s, dtype=float)
+    known = (bw > 0) & (step > 0) & np.isfinite(step)
+    t = exchange_s(fragment_bytes, n_regions, np.where(known, bw, 1.0), latency_s)
+    with np.errstate(over="ignore"):  # a vanishing step needs more than a round: capped below
+        need = np.maximum(1, np.ceil(t / np.where(known, step, 1.0) - 1e-9))
+    return np.where(known, np.minimum(round_steps, need), max(1, round_steps // 2)).astype(np.int64)
 
 
 def sync_settings(
@@ -63,19 +96,16 @@ def sync_settings(
         return SyncSettings(reason=f"{mode}: blocking exchanges are the mode's semantics")
     if mode == "async":
         return SyncSettings(overlap=True, reason="async: the server's answer is applied one round later")
-    fragments = next(
-        f
-        for f in FRAGMENT_CHOICES
-        if f == 1 or (every % f == 0 and every // f >= 2 and payload / f >= MIN_FRAGMENT_BYTES)
-    )
+    fragments = diloco_fragments(every, payload)
     round_steps = every // fragments
-    if bandwidth_bps is None or bandwidth_bps <= 0 or step_s <= 0 or not math.isfinite(step_s):
-        delay = max(1, round_steps // 2)
+    bw = bandwidth_bps if bandwidth_bps is not None else 0.0
+    delay = int(overlap_delay(round_steps, payload / fragments, n_regions, bw, latency_s, step_s))
+    if bw <= 0 or step_s <= 0 or not math.isfinite(step_s):
         why = "link or step time unknown: half a round"
     else:
-        t = exchange_s(payload / fragments, n_regions, bandwidth_bps, latency_s)
-        need = max(1, math.ceil(t / step_s - 1e-9))
-        delay = min(round_steps, need)
+        t = exchange_s(payload / fragments, n_regions, bw, latency_s)
+        ratio = t / step_s
+        need = max(1, math.ceil(ratio - 1e-9)) if math.isfinite(ratio) else math.inf
         why = f"an exchange takes ~{t:.3g} s, {need} step(s) of {step_s:.3g} s"
         if need > round_steps:
             why += f"; more than a round ({round_steps} steps): the rest blocks"

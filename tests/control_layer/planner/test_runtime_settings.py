@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from contracts.errors import InvalidArgument
-from control_layer.planner import JobSpec, ResourceSnapshot, plan
+from control_layer.planner import JobSpec, ResourceSnapshot, estimate_option, plan
 from control_layer.planner.checkpoint_policy import (
     MAX_CHECKPOINT_FRACTION,
     checkpoint_every,
     checkpoint_fraction,
     checkpoint_write_s,
 )
+from control_layer.planner.exhaustive import exhaustive_best
 from control_layer.planner.sync_settings import exchange_s, payload_bytes, sync_settings
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -110,3 +111,50 @@ def test_the_quote_table_shows_the_runtime_settings() -> None:
         rt = o["runtime"]
         assert f"every {rt['checkpoint_every']} " in text
         assert f"overlap {rt['overlap_steps']} steps" in text
+
+
+def _two_node_cluster() -> ResourceSnapshot:
+    dev = {"model": "NVIDIA L40S", "memory_gb": 48.0, "tflops": 330.0}
+    return ResourceSnapshot.model_validate(
+        {
+            "regions": [{"name": "ap-1", "jurisdiction": "APAC"}],
+            "clusters": [
+                {
+                    "id": "c0",
+                    "region": "ap-1",
+                    "nodes": [
+                        {"id": "n0", "devices": [{"index": 0, **dev}]},
+                        {"id": "n1", "devices": [{"index": 0, **dev}, {"index": 1, **dev}]},
+                    ],
+                    "price_per_device_hour": 0.88,
+                }
+            ],
+        }
+    )
+
+
+def test_search_ranks_placements_with_their_runtime_settings() -> None:
+    """Two nodes syncing with DiLoCo every 10 steps: blocking, the exchange makes two replicas
+    slower than one pipelined replica on one node; overlapped, as the workers run it, it hides and
+    two replicas are faster. The search must rank them as quotes price them."""
+    spec = JobSpec.model_validate(
+        {
+            "name": "small",
+            "model": {"n_layers": 4, "d_model": 1024, "n_heads": 16, "vocab": 50304, "seq_len": 1024},
+            "training": {"steps": 1000, "global_batch_tokens": 8192},
+            "sync": {"mode": "diloco", "every": 10, "compression": "bf16"},
+            "qos": {"objective": "time"},
+        }
+    )
+    snap = _two_node_cluster()
+    best = plan(spec, snap)[0]
+    ref = exhaustive_best(spec, snap)
+    assert ref is not None
+    assert best.estimates.duration_s <= ref.estimates.duration_s * (1 + 1e-9)
+    assert best.dp == 2 and len({t.node for t in best.tasks}) == 2
+    assert best.runtime is not None and best.runtime.overlap and best.estimates.step_s.wan_sync == 0.0
+    # Priced once: the option's figures are those of its tasks with its own settings.
+    again = estimate_option(
+        spec, snap, best.tasks, dp=2, tp=best.tp, pp=best.pp, zero=best.zero, runtime=best.runtime
+    )
+    assert again.duration_s == pytest.approx(best.estimates.duration_s, rel=1e-12)

@@ -87,3 +87,13 @@ def test_duplicate_cluster_ids_are_refused() -> None:
     twin = snap.clusters[0].model_dump()
     with pytest.raises(ValueError, match="duplicate cluster id"):
         ResourceSnapshot.model_validate({**snap.model_dump(), "clusters": [twin, twin]})
+
+
+def test_indexes_kept_with_a_snapshot_are_its_own_and_not_a_copys() -> None:
+    snap = ResourceSnapshot.model_validate(
+        {"clusters": [{"id": "a", "region": "r", "price_per_device_hour": 1.0, "nodes": [{"id": "n0"}]}]}
+    )
+    assert list(snap.clusters_by_id()) == ["a"] and list(snap.nodes_by_id()) == ["n0"]
+    emptied = snap.model_copy(update={"clusters": []})
+    assert emptied.clusters_by_id() == {} and emptied.nodes_by_id() == {}
+    assert list(snap.clusters_by_id()) == ["a"] and snap.cluster("a").id == "a"
