@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from contracts.errors import InvalidArgument
 from contracts.feasibility import replica_node_problems, resolve_precision
@@ -20,6 +20,7 @@ from control_layer.planner.plan_types import (
     Calibration,
     CostBreakdown,
     Estimates,
+    ExchangeBasis,
     PlannedTask,
     RuntimeSettings,
     StepBreakdown,
@@ -85,9 +86,12 @@ class SyncCost:
     t_sync: float  # seconds per exchange
     egress_usd: float  # USD per exchange
     wan_bytes: float  # bytes crossing region boundaries per exchange
+    basis: ExchangeBasis = field(default_factory=ExchangeBasis)  # the exchange's parts, for calibration
 
 
-def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> SyncCost:
+def sync_cost(
+    spec: JobSpec, links: Links, region_members: dict[str, int], call_s: float = 0.0, share: float = 1.0
+) -> SyncCost:
     """One cross-cluster exchange among participants counted per region.
 
     Hierarchical: a region with several participants first reduces through its leader over the
@@ -95,6 +99,8 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
     WAN phase is bounded by the slowest link and largest latency between any two participating
     regions, which holds for every ring order, including the ring re-formed after a region
     drops out; each leader's egress is priced at its dearest link to another participant.
+    Each of the exchange's calls in sequence (``cm.exchange_rounds``) also pays call_s per idle
+    core, times the host share of the slowest leader (the calls are CPU work on both ends).
     """
     sync, n = spec.sync, float(spec.model.n_params)
     regions = sorted(region_members)
@@ -104,7 +110,7 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
             t_local = max(t_local, cm.local_sync_s(sync, n, links.bw(r, r), links.lat(r, r)))
     n_regions = len(regions)
     if n_regions < 2:
-        return SyncCost(t_local, 0.0, 0.0)
+        return SyncCost(t_local, 0.0, 0.0, ExchangeBasis(local_s=t_local))
     bw_min, lat_max = float("inf"), 0.0
     for i, a in enumerate(regions):
         for b in regions[i + 1 :]:
@@ -115,12 +121,22 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
             lat_max = max(lat_max, links.lat(a, b), links.lat(b, a))
     factor = float(cm.wan_time_factor(sync, n, n_regions))
     hops = float(cm.wan_latency_hops(sync, n_regions))
-    t_wan = factor / bw_min + hops * lat_max
+    rounds = cm.exchange_rounds(sync, n_regions)
+    t_wan = factor / bw_min + hops * lat_max + rounds * call_s * share
     per_leader = float(cm.wan_bytes_per_leader(sync, n, n_regions))
     egress = 0.0
     for a in regions:
         egress += per_leader / cm.GB * max(links.egress(a, b) for b in regions if b != a)
-    return SyncCost(t_local + t_wan, egress, per_leader * n_regions)
+    basis = ExchangeBasis(
+        local_s=t_local,
+        bytes=factor,
+        bytes_per_s=bw_min,
+        latency_s=hops * lat_max,
+        rounds=rounds,
+        call_s=call_s,
+        share=max(1.0, share),
+    )
+    return SyncCost(t_local + t_wan, egress, per_leader * n_regions, basis)
 
 
 @dataclass(frozen=True)
@@ -368,7 +384,11 @@ def estimate_option(
     members: dict[str, int] = defaultdict(int)
     for p_ in group_size:
         members[clusters[p_[0]].region] += 1
-    sc = sync_cost(spec, links, dict(members))
+    # The exchange's calls run on the region leaders: the slowest leader's host share slows them.
+    leaders = {p_[1] for p_ in group_size}
+    call_share = max(shares.get(n, 1.0) for n in leaders)
+    call_s = cm.exchange_call_seconds(sorted(members), calibration) if len(members) >= 2 else 0.0
+    sc = sync_cost(spec, links, dict(members), call_s, call_share)
     t_local = slowest.total
     overlapped_diloco = runtime is not None and runtime.overlap and spec.sync.mode == "diloco"
     if overlapped_diloco:
@@ -417,5 +437,7 @@ def estimate_option(
         tokens_per_s=spec.training.global_batch_tokens / step.total if step.total > 0 else 0.0,
         wan_bytes_per_step=sc.wan_bytes * per_step_exchanges,
         interval=interval(duration, cost.total, calibration),
-        basis=basis(tasks, snapshot, precision, calibration, shares),
+        basis=basis(tasks, snapshot, precision, calibration, shares).model_copy(
+            update={"exchange": sc.basis.model_copy(update={"blocking": not overlapped})}
+        ),
     )
