@@ -3,7 +3,8 @@
     python benchmarks/quote_accuracy.py [--steps-scale 1.0] [--job-timeout 150]
 
 Starts a control plane (SQLite, in-process bus) and the three `cpn demo` agents (three regions,
-two CPU slots each, declared links), then runs 12 jobs in order: four model sizes, 1-3 regions,
+two CPU slots each, declared links), waits for the link probes that registration orders (every
+region pair measured), then runs 12 jobs in order: four model sizes, 1-3 regions,
 sync modes sync / diloco / gossip, different step counts. The first six are all quoted up front,
 on a fresh control plane, so they are priced with nothing but what the agents measured at
 registration; each of the last six is quoted just before it runs, with the calibration the
@@ -85,6 +86,20 @@ def job_spec(i: int, size: str, regions: int, mode: str, steps: int) -> dict[str
     }
 
 
+def wait_for_measured_links(client: httpx.Client, n_regions: int, timeout_s: float = 120.0) -> int:
+    """Until the probes the control plane orders at registration have measured every ordered
+    region pair (they run one pair at a time): a first-pass quote rests on everything that
+    registration measures, the links included. Returns the measured links found."""
+    want = n_regions * (n_regions - 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        links = client.get("/v1/links").raise_for_status().json()
+        measured = sum(ln["source"] == "measured" for ln in links)
+        if measured >= want or time.monotonic() > deadline:
+            return measured
+        time.sleep(0.5)
+
+
 def quote(client: httpx.Client, spec: dict[str, Any]) -> dict[str, Any]:
     q = client.post("/v1/quotes", json=spec).raise_for_status().json()
     return {"quote_id": q["id"], "option": q["options"][0]}
@@ -164,6 +179,8 @@ def main() -> None:
         wait_for_clusters(client, len(DEMO_AGENTS))
         for link in DEMO_LINKS:
             client.put("/v1/links", json=link).raise_for_status()
+        measured = wait_for_measured_links(client, len(DEMO_AGENTS))
+        print(f"links measured at registration: {measured}", file=sys.stderr, flush=True)
         # First pass: every quote made before any job has run.
         first = [quote(client, job_spec(i, *shape)) for i, shape in enumerate(shapes[:half])]
         for i, (shape, quoted) in enumerate(zip(shapes[:half], first, strict=True)):

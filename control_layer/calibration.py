@@ -319,6 +319,7 @@ def accuracy_record(run: FinishedRun) -> dict[str, Any]:
                 "device_model": t.device_model,
                 "step_s": run_means(t),
                 **{k: v for k in RESULT_KEYS if (v := _num(t.result.get(k))) is not None},
+                **({"exchange_totals": ex} if (ex := _exchange_totals(t.result)) else {}),
             }
         )
     return {

@@ -253,6 +253,11 @@ def test_accuracy_record_has_both_breakdowns() -> None:
     assert record["actual"]["tasks"][0]["step_s"]["compute_s"] == pytest.approx(0.2)
     assert record["actual"]["tasks"][0]["startup_s"] == 5.0
     assert record["error"]["time"] == pytest.approx(50.0 / option.estimates.duration_s - 1)
+    two = _option(regions=2)
+    totals = _exchanged(two, rate=1e6, call_s=0.01)
+    record = cal.accuracy_record(_run(two, compute_s=0.2, exchange=totals))
+    assert record["estimated"]["step_s"]["wan_sync"] == two.estimates.step_s.wan_sync
+    assert record["actual"]["tasks"][0]["exchange_totals"] == totals
 
 
 def test_quantile_matches_linear_interpolation() -> None:
