@@ -200,25 +200,28 @@ def observe_exchange(
     bytes at the achieved bandwidth and the link latency is what its calls cost; over the calls
     made one after another and the host share it was priced at, that is the fixed seconds per call
     per idle core. Each part keeps its own factor, so a payload of another size is priced right.
+    Only a blocking exchange teaches either: an overlapped one streams while the replicas compute,
+    so on a CPU host its payloads wait for the cores training holds and say little of the link.
     """
     ex = basis.exchange
     assert ex is not None
-    totals = [t for r in results if (t := _exchange_totals(r)) is not None]
     out: dict[tuple[str, str], float] = {}
+    if not ex.blocking or ex.rounds < 1:
+        return out
+    totals = [t for r in results if (t := _exchange_totals(r)) is not None]
     moved = sum(t["bytes"] for t in totals)
     spent = sum(t["transfer_s"] for t in totals)
     rate = moved / spent if moved > 0 and spent > 0 else None
     if rate is not None and ex.bytes_per_s > 0:
         for key, used in basis.goodput.items():
             out[(GOODPUT, key)] = _clamp(used * rate / ex.bytes_per_s, GOODPUT_RANGE)
-    if ex.blocking and ex.rounds > 0:
-        waits = [t["wait_s"] / t["n"] for t in totals]
-        if waits:
-            bytes_s = ex.bytes / (rate or ex.bytes_per_s) if ex.bytes > 0 else 0.0
-            beyond = statistics.median(waits) - ex.local_s - bytes_s - ex.latency_s
-            per_call = _clamp(max(0.0, beyond) / ex.rounds / max(1.0, ex.share), CALL_RANGE)
-            for key in basis.exchange_s:
-                out[(EXCHANGE, key)] = per_call
+    waits = [t["wait_s"] / t["n"] for t in totals]
+    if waits:
+        bytes_s = ex.bytes / (rate or ex.bytes_per_s) if ex.bytes > 0 else 0.0
+        beyond = statistics.median(waits) - ex.local_s - bytes_s - ex.latency_s
+        per_call = _clamp(max(0.0, beyond) / ex.rounds / max(1.0, ex.share), CALL_RANGE)
+        for key in basis.exchange_s:
+            out[(EXCHANGE, key)] = per_call
     return out
 
 

@@ -179,14 +179,18 @@ def test_goodput_and_call_cost_are_learned_apart_from_one_run() -> None:
     assert _option(calibration, regions=2, spec=wide).estimates.step_s.wan_sync == pytest.approx(expected)
 
 
-def test_an_overlapped_exchange_teaches_goodput_but_not_call_cost() -> None:
+def test_an_overlapped_exchange_teaches_neither_goodput_nor_call_cost() -> None:
     two = _option(regions=2)
     basis = two.estimates.basis.model_copy(
         update={"exchange": two.estimates.basis.exchange.model_copy(update={"blocking": False})}
     )
     totals = _exchanged(two, rate=two.estimates.basis.exchange.bytes_per_s, call_s=1.0)
     seen = cal.observe_exchange(basis, [{"exchange_totals": totals}])
-    assert set(seen) == {(cal.GOODPUT, "eu|us")}
+    assert seen == {}
+    assert set(cal.observe_exchange(two.estimates.basis, [{"exchange_totals": totals}])) == {
+        (cal.GOODPUT, "eu|us"),
+        (cal.EXCHANGE, "eu|us"),
+    }
 
 
 def test_a_goodput_learned_against_a_declared_link_does_not_apply_to_a_measured_one() -> None:
