@@ -404,14 +404,11 @@ def wan_bytes_per_leader(sync: SyncSpec, n_params: float, n_regions) -> np.ndarr
 
 
 def wan_latency_hops(sync: SyncSpec, n_regions) -> np.ndarray:
-    rr = np.asarray(n_regions, dtype=float)
-    if sync.mode == "gossip":
-        hops = np.ones_like(rr)
-    elif sync.compression == "topk":
-        hops = rr - 1
-    else:
-        hops = 2.0 * (rr - 1)
-    return np.where(rr >= 2, hops, 0.0)
+    """One-way link latencies on an exchange's critical path: every call of it
+    (``exchange_rounds``) waits for its peer's answer, a round trip, 2 hops."""
+    rr = np.asarray(n_regions, dtype=int)
+    calls = np.vectorize(lambda r: exchange_rounds(sync, int(r)), otypes=[float])(rr)
+    return 2.0 * calls
 
 
 def exchange_rounds(sync: SyncSpec, n_regions: int) -> int:

@@ -50,23 +50,33 @@ def n_micro_batches(spec: JobSpec, dp: int) -> int:
 
 
 class Links:
-    """Goodput-adjusted link numbers between regions, from a snapshot and a calibration (memoised)."""
+    """Goodput-adjusted link numbers between regions, from a snapshot and a calibration (memoised).
 
-    def __init__(self, snapshot: ResourceSnapshot, calibration: Calibration | None) -> None:
+    Between two regions ``lat`` is what one hop of an exchange call pays: the link's one-way
+    latency plus half the call's fixed cost (``cm.exchange_call_seconds``, per idle core, times
+    ``call_share``, the host share of the leaders), so the 2 hops of every call
+    (``cm.wan_latency_hops``) add its round trip and its fixed cost. ``link_lat`` is the latency alone.
+    """
+
+    def __init__(
+        self, snapshot: ResourceSnapshot, calibration: Calibration | None, call_share: float = 1.0
+    ) -> None:
         self.snapshot = snapshot
         self.calibration = calibration
-        self._memo: dict[tuple[str, str], tuple[float, float, float]] = {}
+        self.call_share = call_share
+        self._memo: dict[tuple[str, str], tuple[float, float, float, float]] = {}
 
-    def _get(self, a: str, b: str) -> tuple[float, float, float]:
+    def _get(self, a: str, b: str) -> tuple[float, float, float, float]:
         got = self._memo.get((a, b))
         if got is None:
             ln = self.snapshot.link(a, b)
             if ln is None:
-                got = (0.0, math.inf, 0.0)
+                got = (0.0, math.inf, 0.0, 0.0)
             else:
                 goodput = cm.link_goodput(a, b, self.calibration, measured=ln.source == "measured")
                 bw = cm.bytes_per_s(ln.bandwidth_gbps, goodput)
-                got = (bw, ln.latency_ms / 1000.0, ln.egress_price_per_gb)
+                call = cm.exchange_call_seconds([a, b], self.calibration) if a != b else 0.0
+                got = (bw, ln.latency_ms / 1000.0, ln.egress_price_per_gb, call)
             self._memo[(a, b)] = got
         return got
 
@@ -75,7 +85,16 @@ class Links:
         return self._get(a, b)[0]
 
     def lat(self, a: str, b: str) -> float:
+        """Seconds one hop of an exchange call from a to b pays (latency and half the call's cost)."""
+        got = self._get(a, b)
+        return got[1] + got[3] * self.call_share / 2.0
+
+    def link_lat(self, a: str, b: str) -> float:
         return self._get(a, b)[1]
+
+    def call_s(self, a: str, b: str) -> float:
+        """Fixed seconds of one exchange call between a and b, per idle core."""
+        return self._get(a, b)[3]
 
     def egress(self, a: str, b: str) -> float:
         return self._get(a, b)[2]
@@ -89,9 +108,7 @@ class SyncCost:
     basis: ExchangeBasis = field(default_factory=ExchangeBasis)  # the exchange's parts, for calibration
 
 
-def sync_cost(
-    spec: JobSpec, links: Links, region_members: dict[str, int], call_s: float = 0.0, share: float = 1.0
-) -> SyncCost:
+def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> SyncCost:
     """One cross-cluster exchange among participants counted per region.
 
     Hierarchical: a region with several participants first reduces through its leader over the
@@ -99,8 +116,9 @@ def sync_cost(
     WAN phase is bounded by the slowest link and largest latency between any two participating
     regions, which holds for every ring order, including the ring re-formed after a region
     drops out; each leader's egress is priced at its dearest link to another participant.
-    Each of the exchange's calls in sequence (``cm.exchange_rounds``) also pays call_s per idle
-    core, times the host share of the slowest leader (the calls are CPU work on both ends).
+    Each of the exchange's calls in sequence (``cm.exchange_rounds``) pays a round trip and its
+    fixed cost (``Links.lat``: per idle core, times the leaders' host share, since the calls are
+    CPU work on both ends).
     """
     sync, n = spec.sync, float(spec.model.n_params)
     regions = sorted(region_members)
@@ -111,7 +129,7 @@ def sync_cost(
     n_regions = len(regions)
     if n_regions < 2:
         return SyncCost(t_local, 0.0, 0.0, ExchangeBasis(local_s=t_local))
-    bw_min, lat_max = float("inf"), 0.0
+    bw_min, lat_max, link_lat, call_max = float("inf"), 0.0, 0.0, 0.0
     for i, a in enumerate(regions):
         for b in regions[i + 1 :]:
             bw = min(links.bw(a, b), links.bw(b, a))
@@ -119,10 +137,11 @@ def sync_cost(
                 raise InvalidArgument(f"no link between regions {a!r} and {b!r}", regions=[a, b])
             bw_min = min(bw_min, bw)
             lat_max = max(lat_max, links.lat(a, b), links.lat(b, a))
+            link_lat = max(link_lat, links.link_lat(a, b), links.link_lat(b, a))
+            call_max = max(call_max, links.call_s(a, b), links.call_s(b, a))
     factor = float(cm.wan_time_factor(sync, n, n_regions))
     hops = float(cm.wan_latency_hops(sync, n_regions))
-    rounds = cm.exchange_rounds(sync, n_regions)
-    t_wan = factor / bw_min + hops * lat_max + rounds * call_s * share
+    t_wan = factor / bw_min + hops * lat_max
     per_leader = float(cm.wan_bytes_per_leader(sync, n, n_regions))
     egress = 0.0
     for a in regions:
@@ -131,10 +150,10 @@ def sync_cost(
         local_s=t_local,
         bytes=factor,
         bytes_per_s=bw_min,
-        latency_s=hops * lat_max,
-        rounds=rounds,
-        call_s=call_s,
-        share=max(1.0, share),
+        latency_s=hops * link_lat,
+        rounds=cm.exchange_rounds(sync, n_regions),
+        call_s=call_max,
+        share=max(1.0, links.call_share),
     )
     return SyncCost(t_local + t_wan, egress, per_leader * n_regions, basis)
 
@@ -292,7 +311,6 @@ def estimate_option(
             f"{spec.training.micro_batch_size}",
             field="dp",
         )
-    links = Links(snapshot, calibration)
     clusters = {c.id: c for c in snapshot.clusters}
     replicas = _replicas(snapshot, tasks, dp, tp, pp)
     precision = resolve_precision(spec.training.precision, {s.kind for r in replicas for _, s in r.devices})
@@ -305,6 +323,8 @@ def estimate_option(
 
     nodes = {n.id: n for c in snapshot.clusters for n in c.nodes}
     shares = host_shares(snapshot, tasks)
+    # An exchange's calls run on the leaders: the slowest leader's host share slows them.
+    links = Links(snapshot, calibration, max(shares.get(p_[1], 1.0) for p_ in group_size))
     steps = spec.training.steps
     every = runtime.checkpoint_every if runtime is not None else spec.training.checkpoint_every
     writes_per_step = cm.checkpoint_writes(steps, every) / steps
@@ -384,11 +404,7 @@ def estimate_option(
     members: dict[str, int] = defaultdict(int)
     for p_ in group_size:
         members[clusters[p_[0]].region] += 1
-    # The exchange's calls run on the region leaders: the slowest leader's host share slows them.
-    leaders = {p_[1] for p_ in group_size}
-    call_share = max(shares.get(n, 1.0) for n in leaders)
-    call_s = cm.exchange_call_seconds(sorted(members), calibration) if len(members) >= 2 else 0.0
-    sc = sync_cost(spec, links, dict(members), call_s, call_share)
+    sc = sync_cost(spec, links, dict(members))
     t_local = slowest.total
     overlapped_diloco = runtime is not None and runtime.overlap and spec.sync.mode == "diloco"
     if overlapped_diloco:
