@@ -3,7 +3,8 @@
     python benchmarks/quote_accuracy.py [--steps-scale 1.0] [--job-timeout 150]
 
 Starts a control plane (SQLite, in-process bus) and the three `cpn demo` agents (three regions,
-two CPU slots each, declared links), then runs 12 jobs in order: four model sizes, 1-3 regions,
+two CPU slots each, declared links), waits for the link probes that registration orders (every
+region pair measured), then runs 12 jobs in order: four model sizes, 1-3 regions,
 sync modes sync / diloco / gossip, different step counts. The first six are all quoted up front,
 on a fresh control plane, so they are priced with nothing but what the agents measured at
 registration; each of the last six is quoted just before it runs, with the calibration the
@@ -85,6 +86,20 @@ def job_spec(i: int, size: str, regions: int, mode: str, steps: int) -> dict[str
     }
 
 
+def wait_for_measured_links(client: httpx.Client, n_regions: int, timeout_s: float = 120.0) -> int:
+    """Until the probes the control plane orders at registration have measured every ordered
+    region pair (they run one pair at a time): a first-pass quote rests on everything that
+    registration measures, the links included. Returns the measured links found."""
+    want = n_regions * (n_regions - 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        links = client.get("/v1/links").raise_for_status().json()
+        measured = sum(ln["source"] == "measured" for ln in links)
+        if measured >= want or time.monotonic() > deadline:
+            return measured
+        time.sleep(0.5)
+
+
 def quote(client: httpx.Client, spec: dict[str, Any]) -> dict[str, Any]:
     q = client.post("/v1/quotes", json=spec).raise_for_status().json()
     return {"quote_id": q["id"], "option": q["options"][0]}
@@ -140,18 +155,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps-scale", type=float, default=1.0, help="Multiply every job's steps")
     ap.add_argument("--job-timeout", type=float, default=150.0)
+    ap.add_argument("--records", type=Path, help="Write every job's estimate-vs-actual record (JSON) here")
     args = ap.parse_args()
 
     from service_layer.server import start_server_in_thread
 
     workdir = Path(tempfile.mkdtemp(prefix="cpn-quote-accuracy-"))
     admin_key = "cpn_admin_" + secrets.token_urlsafe(24)
-    settings = Settings(
-        data_dir=workdir, http_port=0, grpc_port=0, heartbeat_interval_s=1.0, admin_api_key=admin_key
-    )
+    # Heartbeats at the server's default interval: on a host crowded by other work a 1 s interval
+    # let agents be declared lost mid-job.
+    settings = Settings(data_dir=workdir, http_port=0, grpc_port=0, admin_api_key=admin_key)
     handle = start_server_in_thread(settings)
     agents: list[subprocess.Popen[bytes]] = []
     rows: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
     shapes = [(s, r, m, max(2, round(n * args.steps_scale))) for s, r, m, n in JOBS]
     half = len(shapes) // 2
     try:
@@ -162,17 +179,27 @@ def main() -> None:
         wait_for_clusters(client, len(DEMO_AGENTS))
         for link in DEMO_LINKS:
             client.put("/v1/links", json=link).raise_for_status()
+        measured = wait_for_measured_links(client, len(DEMO_AGENTS))
+        print(f"links measured at registration: {measured}", file=sys.stderr, flush=True)
         # First pass: every quote made before any job has run.
         first = [quote(client, job_spec(i, *shape)) for i, shape in enumerate(shapes[:half])]
         for i, (shape, quoted) in enumerate(zip(shapes[:half], first, strict=True)):
-            rows.append(row(i, "first", shape, run(client, quoted, args.job_timeout)))
+            job = run(client, quoted, args.job_timeout)
+            rows.append(row(i, "first", shape, job))
+            records.append({"job": i, "option": quoted["option"], "accuracy": job.get("accuracy")})
+            if args.records:  # as it goes: a run cut short still leaves its residuals
+                args.records.write_text(json.dumps({"jobs": records}, indent=1))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         for i, shape in enumerate(shapes[half:], start=half):
-            rows.append(
-                row(i, "calibrated", shape, run(client, quote(client, job_spec(i, *shape)), args.job_timeout))
-            )
+            quoted = quote(client, job_spec(i, *shape))
+            job = run(client, quoted, args.job_timeout)
+            rows.append(row(i, "calibrated", shape, job))
+            records.append({"job": i, "option": quoted["option"], "accuracy": job.get("accuracy")})
+            if args.records:  # as it goes: a run cut short still leaves its residuals
+                args.records.write_text(json.dumps({"jobs": records}, indent=1))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         table = client.get("/v1/calibration", params={"limit": 1}).raise_for_status().json()
+        links = client.get("/v1/links").raise_for_status().json()
     finally:
         stop_agents(agents)
         handle.stop()
@@ -188,6 +215,8 @@ def main() -> None:
             f"{_fmt(r['cost_err'], '+7.2f')}"
         )
     print("calibration:", json.dumps(table["calibration"]))
+    if args.records:
+        args.records.write_text(json.dumps({"jobs": records, "calibration": table, "links": links}, indent=1))
     first_rows = [r for r in rows if r["phase"] == "first"]
     cal_rows = [r for r in rows if r["phase"] == "calibrated"]
 

@@ -9,7 +9,9 @@ made with (``Estimates.basis``) they give an observed value per factor:
 - start-up seconds per node: as the task reported it (spawn to first step), and teardown seconds
   per node as the agent measured it (the result to the process group gone), both divided by the
   share of the host's cores the plan was priced at (``basis.host_share``): per idle core;
-- goodput per region pair (runs that synced across regions): basis × estimated sync wait / measured.
+- per region pair (runs that synced across regions), two factors from two measurements
+  (``observe_exchange``): goodput from the payloads' achieved bandwidth, and the fixed seconds per
+  exchange call from the wait a blocking exchange adds beyond its bytes and latency.
 
 Per-step parts are the worker's totals over the run divided by its steps when its result has them
 (the agent forwards per-step metrics at a bounded rate, so the stored ones are a sample).
@@ -31,7 +33,7 @@ from datetime import datetime
 from typing import Any
 
 from control_layer.planner import cost_model as cm
-from control_layer.planner.plan_types import Calibration, ErrorBand, PlanOption
+from control_layer.planner.plan_types import Calibration, CalibrationBasis, ErrorBand, PlanOption
 
 ALPHA = 0.5  # weight of the newest run
 RECENT_ERRORS = 20  # time/cost residuals the interval is taken from
@@ -39,8 +41,10 @@ TIMING_KEYS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "
 RESULT_KEYS = ("startup_s", "train_s", "final_sync_s", "teardown_s", "steps", "task_wall_s")
 EFFICIENCY_RANGE = (1e-3, 1.5)  # what Calibration accepts
 GOODPUT_RANGE = (1e-3, 1.5)
+CALL_RANGE = (0.0, 60.0)  # seconds per exchange call, per idle core
 
 EFFICIENCY, STARTUP, TEARDOWN, GOODPUT = "efficiency", "startup_s", "teardown_s", "goodput"
+EXCHANGE = "exchange_s"
 TIME, COST = "time", "cost"
 
 
@@ -169,16 +173,56 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
         if teardown is not None and teardown >= 0:
             obs[(TEARDOWN, task.node_id)].append(teardown / share)
     regions = sorted({t.region for t in run.tasks})
-    waits = [w for t in run.tasks if (w := run_means(t).get("sync_s")) is not None]
-    if len(regions) >= 2 and est.step_s.wan_sync > 0 and waits and statistics.median(waits) > 0:
-        wait = statistics.median(waits)
-        for i, a in enumerate(regions):
-            for b in regions[i + 1 :]:
-                key = f"{a}|{b}"
-                used = (basis.goodput.get(key) if basis else None) or cm.link_goodput(a, b, None)
-                obs[(GOODPUT, key)].append(_clamp(used * est.step_s.wan_sync / wait, GOODPUT_RANGE))
+    if len(regions) >= 2 and basis is not None and basis.exchange is not None and basis.exchange.rounds:
+        for key, value in observe_exchange(basis, [t.result for t in run.tasks]).items():
+            obs[key].append(value)
     # Several tasks on one key (replicas of one model, one node's tasks): their median.
     return {k: statistics.median(v) for k, v in obs.items()}
+
+
+def _exchange_totals(result: dict[str, Any]) -> dict[str, float] | None:
+    got = result.get("exchange_totals")
+    if not isinstance(got, dict):
+        return None
+    out = {k: v for k in ("n", "wait_s", "bytes", "transfer_s") if (v := _num(got.get(k))) is not None}
+    return out if len(out) == 4 and out["n"] >= 1 else None
+
+
+def observe_exchange(
+    basis: CalibrationBasis, results: Sequence[dict[str, Any]]
+) -> dict[tuple[str, str], float]:
+    """Goodput and the fixed cost per call of a cross-region exchange, each from its own measurement.
+
+    The leaders time every payload that arrives (the sender starting to the last byte): bytes over
+    those seconds is the achieved bandwidth, and against the bandwidth the exchange was priced at
+    it gives each region pair's goodput (keyed as the estimate used it: measured or declared). The
+    steps wait for a blocking exchange: per exchange, the wait beyond the regional reduce, the
+    bytes at the achieved bandwidth and the link latency is what its calls cost; over the calls
+    made one after another and the host share it was priced at, that is the fixed seconds per call
+    per idle core. Each part keeps its own factor, so a payload of another size is priced right.
+    Only a blocking exchange teaches either: an overlapped one streams while the replicas compute,
+    so on a CPU host its payloads wait for the cores training holds and say little of the link.
+    """
+    ex = basis.exchange
+    assert ex is not None
+    out: dict[tuple[str, str], float] = {}
+    if not ex.blocking or ex.rounds < 1:
+        return out
+    totals = [t for r in results if (t := _exchange_totals(r)) is not None]
+    moved = sum(t["bytes"] for t in totals)
+    spent = sum(t["transfer_s"] for t in totals)
+    rate = moved / spent if moved > 0 and spent > 0 else None
+    if rate is not None and ex.bytes_per_s > 0:
+        for key, used in basis.goodput.items():
+            out[(GOODPUT, key)] = _clamp(used * rate / ex.bytes_per_s, GOODPUT_RANGE)
+    waits = [t["wait_s"] / t["n"] for t in totals]
+    if waits:
+        bytes_s = ex.bytes / (rate or ex.bytes_per_s) if ex.bytes > 0 else 0.0
+        beyond = statistics.median(waits) - ex.local_s - bytes_s - ex.latency_s
+        per_call = _clamp(max(0.0, beyond) / ex.rounds / max(1.0, ex.share), CALL_RANGE)
+        for key in basis.exchange_s:
+            out[(EXCHANGE, key)] = per_call
+    return out
 
 
 def update(state: State, run: FinishedRun, alpha: float = ALPHA) -> tuple[State, list[Change]]:
@@ -245,7 +289,13 @@ def error_band(residuals: Iterable[float]) -> ErrorBand | None:
 
 def to_calibration(state: State) -> Calibration:
     """The planner's input: the current factors and the spread of recent errors."""
-    tables: dict[str, dict[str, float]] = {EFFICIENCY: {}, GOODPUT: {}, STARTUP: {}, TEARDOWN: {}}
+    tables: dict[str, dict[str, float]] = {
+        EFFICIENCY: {},
+        GOODPUT: {},
+        STARTUP: {},
+        TEARDOWN: {},
+        EXCHANGE: {},
+    }
     for (kind, key), factor in state.factors.items():
         if kind in tables:
             tables[kind][key] = factor.value
@@ -254,6 +304,7 @@ def to_calibration(state: State) -> Calibration:
         link_goodput=tables[GOODPUT],
         startup_s=tables[STARTUP],
         teardown_s=tables[TEARDOWN],
+        exchange_s=tables[EXCHANGE],
         time_error=error_band(r for k, r in state.errors if k == TIME),
         cost_error=error_band(r for k, r in state.errors if k == COST),
     )
@@ -271,6 +322,7 @@ def accuracy_record(run: FinishedRun) -> dict[str, Any]:
                 "device_model": t.device_model,
                 "step_s": run_means(t),
                 **{k: v for k in RESULT_KEYS if (v := _num(t.result.get(k))) is not None},
+                **({"exchange_totals": ex} if (ex := _exchange_totals(t.result)) else {}),
             }
         )
     return {

@@ -21,6 +21,7 @@ from training.byo import DatasetStream, build_byo
 from training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from training.data.markov import MarkovSource
 from training.data.streams import BatchStream, build_stream, derive_seed
+from training.exchange_totals import ExchangeTotals
 from training.metrics import MetricsCallback
 from training.models.gpt import GPT, lm_loss
 from training.parallel.dims import ParallelDims
@@ -100,6 +101,7 @@ class Trainer:
     history: list[float] = field(default_factory=list)
     checkpoint_step: int | None = None  # the latest complete checkpoint this run wrote or resumed
     first_step: int = 1  # the first step this process runs: it meets the peers there
+    exchanged: bool = False  # whether the last step exchanged with the other regions
 
     @property
     def bf16(self) -> bool:
@@ -151,7 +153,8 @@ class Trainer:
         t1 = time.perf_counter()
         local_loss = self._forward_backward(x, y)
         grad_sync_s = 0.0
-        if self.sync.syncs_gradients(step):  # synchronous mode: one gradient for every region
+        exchanged = self.sync.syncs_gradients(step)
+        if exchanged:  # synchronous mode: one gradient for every region
             tg = time.perf_counter()
             grads = gather_full_grads(self.model, self.dims)
             self.sync.reduce_gradients(step, grads)
@@ -174,13 +177,14 @@ class Trainer:
         # fresh one at its first event (step 1 for every engine).
         joining = step == self.first_step
         if self.sync.should_sync(step) or (joining and step > 1):
+            exchanged = True
             params = gather_full_params(self.model, self.dims)
             self.sync.after_step(step, params)
             scatter_full_params(self.model, self.dims, params)
             if joining:
                 step = self._catch_up(step)
         t3 = time.perf_counter()
-        self.step = step
+        self.step, self.exchanged = step, exchanged
         self.history.append(loss)
         samples = self.cfg.local_batch * self.dims.dp
         tokens = samples * self.tokens_per_sample
@@ -277,8 +281,10 @@ class Trainer:
         start, t0, first_at = self.step, time.perf_counter(), time.time()
         every, last = self.cfg.checkpoint.every, self.cfg.training.steps
         totals: dict[str, float] = {}
+        exchanges = ExchangeTotals()
         while self.step < last:
             m = self.train_step()
+            exchanges.add(m, exchanged=self.exchanged, joining=self.step == self.first_step)
             periodic = bool(every) and self.step % every == 0 and self.step < last
             if self.cfg.checkpoint.dir is not None and (periodic or self.step == last):
                 t_save = time.perf_counter()
@@ -293,6 +299,8 @@ class Trainer:
         # Totals over the run: the agent forwards per-step metrics at a bounded rate, so a sampled
         # step says little about parts that come every H steps (sync, checkpoints).
         timing: dict[str, Any] = {"train_s": train_s, "parts_total_s": totals}
+        if exchanges.n:
+            timing["exchange_totals"] = exchanges.as_dict()
         if spawned_at is not None:
             timing["startup_s"] = max(0.0, first_at - spawned_at)
         return {

@@ -131,14 +131,47 @@ def checkpoint_writes(steps: int, every: int | None) -> int:
     return (steps - 1) // every + 1
 
 
+def pair_key(a: str, b: str) -> str:
+    """A region pair's calibration key, the same in either order."""
+    return "|".join(sorted((a, b)))
+
+
+def goodput_key(a: str, b: str, measured: bool) -> str:
+    """A goodput is a fraction of the figure it was learned against: a measured link's factor is
+    kept apart from a declared one's, so a link that becomes measured does not inherit a factor
+    learned against a different base."""
+    return pair_key(a, b) + ("|measured" if measured else "")
+
+
 def link_goodput(a: str, b: str, calibration: Calibration | None, measured: bool = False) -> float:
     if calibration:
-        for key in (f"{a}|{b}", f"{b}|{a}"):
+        suffix = "|measured" if measured else ""
+        for key in (f"{a}|{b}{suffix}", f"{b}|{a}{suffix}"):
             if key in calibration.link_goodput:
                 return calibration.link_goodput[key]
     if a == b:
         return DEFAULT_LAN_GOODPUT
     return MEASURED_WAN_GOODPUT if measured else DEFAULT_WAN_GOODPUT
+
+
+# The fixed cost of one call of a cross-region exchange beyond its bytes and the link's latency
+# (framing, HMAC, the thread-pool hand-off, the peer's server thread), per idle core: a
+# two-region exchange of a 16-element tensor over the real transport on loopback took 3 ms of
+# CPU for both ends together on the reference box. Calibration learns it per region pair.
+DEFAULT_EXCHANGE_CALL_S = 0.003
+
+
+def exchange_call_seconds(regions: list[str], calibration: Calibration | None) -> float:
+    """Fixed seconds per exchange call among these regions, per idle core: the largest calibrated
+    figure of any pair among them (each call waits for the slowest peer), else the default."""
+    table = calibration.exchange_s if calibration else {}
+    seen = [
+        table[pair_key(a, b)]
+        for i, a in enumerate(regions)
+        for b in regions[i + 1 :]
+        if pair_key(a, b) in table
+    ]
+    return max(seen) if seen else DEFAULT_EXCHANGE_CALL_S
 
 
 def bytes_per_s(gbps: float, goodput: float) -> float:
@@ -371,14 +404,22 @@ def wan_bytes_per_leader(sync: SyncSpec, n_params: float, n_regions) -> np.ndarr
 
 
 def wan_latency_hops(sync: SyncSpec, n_regions) -> np.ndarray:
-    rr = np.asarray(n_regions, dtype=float)
-    if sync.mode == "gossip":
-        hops = np.ones_like(rr)
-    elif sync.compression == "topk":
-        hops = rr - 1
-    else:
-        hops = 2.0 * (rr - 1)
-    return np.where(rr >= 2, hops, 0.0)
+    """One-way link latencies on an exchange's critical path: every call of it
+    (``exchange_rounds``) waits for its peer's answer, a round trip, 2 hops."""
+    rr = np.asarray(n_regions, dtype=int)
+    calls = np.vectorize(lambda r: exchange_rounds(sync, int(r)), otypes=[float])(rr)
+    return 2.0 * calls
+
+
+def exchange_rounds(sync: SyncSpec, n_regions: int) -> int:
+    """Calls a region leader makes one after another in one exchange (``training.sync``): a ring
+    over three or more regions takes 2(R−1) hops; with two regions every leader pushes to the
+    other at once (one round); a gossip round calls its peers concurrently (one round)."""
+    if n_regions < 2:
+        return 0
+    if sync.mode == "gossip" or n_regions == 2:
+        return 1
+    return 2 * (n_regions - 1)
 
 
 def wan_time_factor(sync: SyncSpec, n_params: float, n_regions) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from contracts.errors import InvalidArgument
 from contracts.feasibility import replica_node_problems, resolve_precision
@@ -20,6 +20,7 @@ from control_layer.planner.plan_types import (
     Calibration,
     CostBreakdown,
     Estimates,
+    ExchangeBasis,
     PlannedTask,
     RuntimeSettings,
     StepBreakdown,
@@ -51,23 +52,33 @@ def n_micro_batches(spec: JobSpec, dp: int) -> int:
 
 
 class Links:
-    """Goodput-adjusted link numbers between regions, from a snapshot and a calibration (memoised)."""
+    """Goodput-adjusted link numbers between regions, from a snapshot and a calibration (memoised).
 
-    def __init__(self, snapshot: ResourceSnapshot, calibration: Calibration | None) -> None:
+    Between two regions ``lat`` is what one hop of an exchange call pays: the link's one-way
+    latency plus half the call's fixed cost (``cm.exchange_call_seconds``, per idle core, times
+    ``call_share``, the host share of the leaders), so the 2 hops of every call
+    (``cm.wan_latency_hops``) add its round trip and its fixed cost. ``link_lat`` is the latency alone.
+    """
+
+    def __init__(
+        self, snapshot: ResourceSnapshot, calibration: Calibration | None, call_share: float = 1.0
+    ) -> None:
         self.snapshot = snapshot
         self.calibration = calibration
-        self._memo: dict[tuple[str, str], tuple[float, float, float]] = {}
+        self.call_share = call_share
+        self._memo: dict[tuple[str, str], tuple[float, float, float, float]] = {}
 
-    def _get(self, a: str, b: str) -> tuple[float, float, float]:
+    def _get(self, a: str, b: str) -> tuple[float, float, float, float]:
         got = self._memo.get((a, b))
         if got is None:
             ln = self.snapshot.link(a, b)
             if ln is None:
-                got = (0.0, math.inf, 0.0)
+                got = (0.0, math.inf, 0.0, 0.0)
             else:
                 goodput = cm.link_goodput(a, b, self.calibration, measured=ln.source == "measured")
                 bw = cm.bytes_per_s(ln.bandwidth_gbps, goodput)
-                got = (bw, ln.latency_ms / 1000.0, ln.egress_price_per_gb)
+                call = cm.exchange_call_seconds([a, b], self.calibration) if a != b else 0.0
+                got = (bw, ln.latency_ms / 1000.0, ln.egress_price_per_gb, call)
             self._memo[(a, b)] = got
         return got
 
@@ -76,7 +87,16 @@ class Links:
         return self._get(a, b)[0]
 
     def lat(self, a: str, b: str) -> float:
+        """Seconds one hop of an exchange call from a to b pays (latency and half the call's cost)."""
+        got = self._get(a, b)
+        return got[1] + got[3] * self.call_share / 2.0
+
+    def link_lat(self, a: str, b: str) -> float:
         return self._get(a, b)[1]
+
+    def call_s(self, a: str, b: str) -> float:
+        """Fixed seconds of one exchange call between a and b, per idle core."""
+        return self._get(a, b)[3]
 
     def egress(self, a: str, b: str) -> float:
         return self._get(a, b)[2]
@@ -87,6 +107,7 @@ class SyncCost:
     t_sync: float  # seconds per exchange
     egress_usd: float  # USD per exchange
     wan_bytes: float  # bytes crossing region boundaries per exchange
+    basis: ExchangeBasis = field(default_factory=ExchangeBasis)  # the exchange's parts, for calibration
 
 
 def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> SyncCost:
@@ -97,6 +118,9 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
     WAN phase is bounded by the slowest link and largest latency between any two participating
     regions, which holds for every ring order, including the ring re-formed after a region
     drops out; each leader's egress is priced at its dearest link to another participant.
+    Each of the exchange's calls in sequence (``cm.exchange_rounds``) pays a round trip and its
+    fixed cost (``Links.lat``: per idle core, times the leaders' host share, since the calls are
+    CPU work on both ends).
     """
     sync, n = spec.sync, float(spec.model.n_params)
     regions = sorted(region_members)
@@ -106,8 +130,8 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
             t_local = max(t_local, cm.local_sync_s(sync, n, links.bw(r, r), links.lat(r, r)))
     n_regions = len(regions)
     if n_regions < 2:
-        return SyncCost(t_local, 0.0, 0.0)
-    bw_min, lat_max = float("inf"), 0.0
+        return SyncCost(t_local, 0.0, 0.0, ExchangeBasis(local_s=t_local))
+    bw_min, lat_max, link_lat, call_max = float("inf"), 0.0, 0.0, 0.0
     for i, a in enumerate(regions):
         for b in regions[i + 1 :]:
             bw = min(links.bw(a, b), links.bw(b, a))
@@ -115,6 +139,8 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
                 raise InvalidArgument(f"no link between regions {a!r} and {b!r}", regions=[a, b])
             bw_min = min(bw_min, bw)
             lat_max = max(lat_max, links.lat(a, b), links.lat(b, a))
+            link_lat = max(link_lat, links.link_lat(a, b), links.link_lat(b, a))
+            call_max = max(call_max, links.call_s(a, b), links.call_s(b, a))
     factor = float(cm.wan_time_factor(sync, n, n_regions))
     hops = float(cm.wan_latency_hops(sync, n_regions))
     t_wan = factor / bw_min + hops * lat_max
@@ -122,7 +148,16 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
     egress = 0.0
     for a in regions:
         egress += per_leader / cm.GB * max(links.egress(a, b) for b in regions if b != a)
-    return SyncCost(t_local + t_wan, egress, per_leader * n_regions)
+    basis = ExchangeBasis(
+        local_s=t_local,
+        bytes=factor,
+        bytes_per_s=bw_min,
+        latency_s=hops * link_lat,
+        rounds=cm.exchange_rounds(sync, n_regions),
+        call_s=call_max,
+        share=max(1.0, links.call_share),
+    )
+    return SyncCost(t_local + t_wan, egress, per_leader * n_regions, basis)
 
 
 @dataclass(frozen=True)
@@ -348,7 +383,6 @@ def _estimate(
             f"{spec.training.micro_batch_size}",
             field="dp",
         )
-    links = Links(snapshot, calibration)
     clusters = snapshot.clusters_by_id()
     replicas = _replicas(snapshot, tasks, dp, tp, pp)
     precision = resolve_precision(spec.training.precision, {s.kind for r in replicas for _, s in r.devices})
@@ -361,6 +395,8 @@ def _estimate(
 
     nodes = snapshot.nodes_by_id()
     shares = host_shares(snapshot, tasks)
+    # An exchange's calls run on the leaders: the slowest leader's host share slows them.
+    links = Links(snapshot, calibration, max(shares.get(p_[1], 1.0) for p_ in group_size))
     steps = spec.training.steps
     # No reference step measured: checkpoint writes at the runtime's own estimate.
     default_write_s = (
@@ -499,6 +535,8 @@ def _estimate(
         tokens_per_s=spec.training.global_batch_tokens / step.total if step.total > 0 else 0.0,
         wan_bytes_per_step=sc.wan_bytes * per_step_exchanges,
         interval=interval(duration, cost.total, calibration),
-        basis=basis(tasks, snapshot, precision, calibration, shares),
+        basis=basis(tasks, snapshot, precision, calibration, shares).model_copy(
+            update={"exchange": sc.basis.model_copy(update={"blocking": not overlapped})}
+        ),
     )
     return est, runtime

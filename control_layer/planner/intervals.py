@@ -74,8 +74,17 @@ def basis(
             teardown[node_id] = calibration.teardown_s[node_id]
     clusters = snapshot.clusters_by_id()
     regions = sorted({clusters[t.cluster].region for t in tasks if t.cluster in clusters})
+    # Keyed as the calibration keeps them: a measured link's factor apart from a declared one's.
     goodput = {
-        f"{a}|{b}": cm.link_goodput(a, b, calibration, measured=_measured(snapshot, a, b))
+        cm.goodput_key(a, b, _measured(snapshot, a, b)): cm.link_goodput(
+            a, b, calibration, measured=_measured(snapshot, a, b)
+        )
+        for i, a in enumerate(regions)
+        for b in regions[i + 1 :]
+    }
+    calls = calibration.exchange_s if calibration else {}
+    exchange_s = {
+        cm.pair_key(a, b): calls.get(cm.pair_key(a, b), cm.DEFAULT_EXCHANGE_CALL_S)
         for i, a in enumerate(regions)
         for b in regions[i + 1 :]
     }
@@ -85,6 +94,7 @@ def basis(
         goodput=goodput,
         host_share=dict(host_share or {}),
         teardown_s=teardown,
+        exchange_s=exchange_s,
     )
 
 

@@ -103,6 +103,23 @@ class EstimateInterval(_Plain):
     residuals: int = Field(default=0, ge=0)
 
 
+class ExchangeBasis(_Plain):
+    """How one cross-region exchange was priced: t = local_s + bytes / bytes_per_s + latency_s +
+    rounds × call_s × share. bytes cross the slowest link (bytes_per_s, achieved: nominal ×
+    goodput); rounds are the calls each leader makes one after another; call_s is the fixed cost
+    of one (per idle core) and share the host share of the slowest leader's node; blocking says
+    whether the steps wait for the whole exchange (not an overlapped one)."""
+
+    local_s: float = Field(default=0.0, ge=0)
+    bytes: float = Field(default=0.0, ge=0)
+    bytes_per_s: float = Field(default=0.0, ge=0)
+    latency_s: float = Field(default=0.0, ge=0)
+    rounds: int = Field(default=0, ge=0)
+    call_s: float = Field(default=0.0, ge=0)
+    share: float = Field(default=1.0, ge=1)
+    blocking: bool = True
+
+
 class CalibrationBasis(_Plain):
     """The factors an estimate was made with, so a finished run can be compared like with like.
 
@@ -117,6 +134,9 @@ class CalibrationBasis(_Plain):
     # (its CPU slots taking turns on the host's cores with what else runs there).
     host_share: dict[str, float] = Field(default_factory=dict)
     teardown_s: dict[str, float] = Field(default_factory=dict)
+    # Per "regionA|regionB" among the regions used: the fixed seconds per exchange call in force.
+    exchange_s: dict[str, float] = Field(default_factory=dict)
+    exchange: ExchangeBasis | None = None
 
 
 class Estimates(_Plain):
@@ -226,6 +246,10 @@ class Calibration(_Plain):
     link_goodput: per "regionA|regionB" (either order), achieved fraction of nominal bandwidth.
     startup_s: per node id, seconds from spawn to the first step (interpreter, imports, rendezvous)
     per idle core; teardown_s: per node id, seconds from the worker's result to its exit, likewise.
+    link_goodput keys ending in "|measured" apply to a measured link (a fraction of what the probe
+    achieved), plain keys to a declared one. exchange_s: per region pair, the fixed seconds of one
+    call of a cross-region exchange (framing, auth, thread hand-offs, waiting for the peer's
+    threads) per idle core, beyond its bytes and the link's latency.
     time_error / cost_error: the spread of recent quotes' errors, for the interval every quote carries.
     """
 
@@ -233,6 +257,7 @@ class Calibration(_Plain):
     link_goodput: dict[str, float] = Field(default_factory=dict)
     startup_s: dict[str, float] = Field(default_factory=dict)
     teardown_s: dict[str, float] = Field(default_factory=dict)
+    exchange_s: dict[str, float] = Field(default_factory=dict)
     time_error: ErrorBand | None = None
     cost_error: ErrorBand | None = None
 
@@ -245,7 +270,11 @@ class Calibration(_Plain):
             for key, value in table.items():
                 if not 0 < value <= 1.5:
                     raise ValueError(f"{name}[{key!r}] = {value} is outside (0, 1.5]")
-        for name, seconds in (("startup_s", self.startup_s), ("teardown_s", self.teardown_s)):
+        for name, seconds in (
+            ("startup_s", self.startup_s),
+            ("teardown_s", self.teardown_s),
+            ("exchange_s", self.exchange_s),
+        ):
             for key, value in seconds.items():
                 if not (math.isfinite(value) and value >= 0):
                     raise ValueError(f"{name}[{key!r}] = {value} is not a non-negative number of seconds")

@@ -47,8 +47,8 @@ def _spec(steps: int = 20) -> JobSpec:
     )
 
 
-def _option(calibration=None, regions: int = 1) -> PlanOption:
-    spec = _spec()
+def _option(calibration=None, regions: int = 1, spec: JobSpec | None = None) -> PlanOption:
+    spec = spec or _spec()
     place = [("a", "a0"), ("b", "b0")][:regions]
     tasks = [
         PlannedTask(dp_rank=i, pp_stage=0, tp_rank=0, cluster=c, node=n, device=0)
@@ -79,11 +79,14 @@ def _run(
     cost: float = 1.0,
     succeeded: bool = True,
     job: str = "j1",
+    exchange: dict | None = None,
 ) -> cal.FinishedRun:
     steps = [
         {"compute_s": compute_s * (3 if i == 0 else 1), "sync_s": sync_s, "data_s": 0.001} for i in range(10)
     ]
     result = {"startup_s": startup_s} if startup_s is not None else {}
+    if exchange is not None:
+        result["exchange_totals"] = exchange
     tasks = [
         cal.TaskRun(
             node_id=t.node,
@@ -137,26 +140,69 @@ def test_recent_runs_weigh_more() -> None:
     assert row.old == 4.0 and row.observed == 8.0 and row.residual == pytest.approx(1.0)
 
 
-def test_goodput_is_learned_only_from_runs_that_synced_across_regions() -> None:
+def _exchanged(option: PlanOption, *, rate: float, call_s: float, steps: int = 20) -> dict:
+    """What the leaders of a blocking exchange report when payloads move at ``rate`` bytes/s and each
+    call costs ``call_s`` (per idle core) beyond its bytes and latency."""
+    ex = option.estimates.basis.exchange
+    wait = ex.local_s + ex.bytes / rate + ex.latency_s + ex.rounds * call_s * ex.share
+    n = steps - 1
+    return {"n": n, "wait_s": wait * n, "bytes": ex.bytes * n, "transfer_s": ex.bytes / rate * n}
+
+
+def test_goodput_and_call_cost_are_learned_apart_from_one_run() -> None:
     one = _option(regions=1)
     state, _ = cal.update(cal.State(), _run(one, compute_s=one.estimates.step_s.compute, sync_s=0.5))
-    assert not [k for k in state.factors if k[0] == cal.GOODPUT]
+    assert not [k for k in state.factors if k[0] in (cal.GOODPUT, cal.EXCHANGE)]
 
     two = _option(regions=2)
-    wan = two.estimates.step_s.wan_sync
-    assert wan > 0
-    state, _ = cal.update(cal.State(), _run(two, compute_s=two.estimates.step_s.compute, sync_s=2 * wan))
+    ex = two.estimates.basis.exchange
+    assert ex.rounds == 1 and ex.blocking and ex.bytes > 0
+    assert two.estimates.basis.exchange_s == {"eu|us": cm.DEFAULT_EXCHANGE_CALL_S}
+    # The link achieves half of what was priced and every call costs 40 ms more than the default.
+    rate, call = ex.bytes_per_s / 2, cm.DEFAULT_EXCHANGE_CALL_S + 0.04
+    totals = _exchanged(two, rate=rate, call_s=call)
+    run = _run(two, compute_s=two.estimates.step_s.compute, exchange=totals)
+    state, _ = cal.update(cal.State(), run)
     assert state.factors[(cal.GOODPUT, "eu|us")].value == pytest.approx(cm.DEFAULT_WAN_GOODPUT / 2)
-    # Latency does not scale with goodput, so one run under-corrects; each next run, compared with
-    # the goodput it was quoted with, closes the gap.
-    gaps = []
-    for i in range(8):
-        quoted = _option(cal.to_calibration(state), regions=2)
-        gaps.append(abs(quoted.estimates.step_s.wan_sync - 2 * wan) / (2 * wan))
-        run = _run(quoted, compute_s=quoted.estimates.step_s.compute, sync_s=2 * wan, job=f"j{i}")
-        state, _ = cal.update(state, run)
-    assert gaps[-1] < 0.1 < gaps[0]
-    assert gaps == sorted(gaps, reverse=True)
+    assert state.factors[(cal.EXCHANGE, "eu|us")].value == pytest.approx(call)
+
+    # Quoted again, the exchange costs what was measured, and a model of another size is priced
+    # with both parts: its bytes at the achieved rate, its calls at the learned cost.
+    calibration = cal.to_calibration(state)
+    again = _option(calibration, regions=2)
+    per_exchange = totals["wait_s"] / totals["n"]
+    assert again.estimates.step_s.wan_sync == pytest.approx(per_exchange)
+    wide = _spec().model_copy(update={"model": _spec().model.model_copy(update={"d_model": 128})})
+    bigger = _option(calibration, regions=2, spec=wide).estimates.basis.exchange
+    expected = bigger.bytes / rate + ex.latency_s + call * bigger.share
+    assert bigger.bytes > 2 * ex.bytes
+    assert _option(calibration, regions=2, spec=wide).estimates.step_s.wan_sync == pytest.approx(expected)
+
+
+def test_an_overlapped_exchange_teaches_neither_goodput_nor_call_cost() -> None:
+    two = _option(regions=2)
+    basis = two.estimates.basis.model_copy(
+        update={"exchange": two.estimates.basis.exchange.model_copy(update={"blocking": False})}
+    )
+    totals = _exchanged(two, rate=two.estimates.basis.exchange.bytes_per_s, call_s=1.0)
+    seen = cal.observe_exchange(basis, [{"exchange_totals": totals}])
+    assert seen == {}
+    assert set(cal.observe_exchange(two.estimates.basis, [{"exchange_totals": totals}])) == {
+        (cal.GOODPUT, "eu|us"),
+        (cal.EXCHANGE, "eu|us"),
+    }
+
+
+def test_a_goodput_learned_against_a_declared_link_does_not_apply_to_a_measured_one() -> None:
+    calibration = cal.to_calibration(
+        cal.State(
+            factors={(cal.GOODPUT, "eu|us"): cal.Factor(0.2, 1), (cal.EXCHANGE, "eu|us"): cal.Factor(0.5, 1)}
+        )
+    )
+    assert cm.link_goodput("us", "eu", calibration) == 0.2
+    assert cm.link_goodput("us", "eu", calibration, measured=True) == cm.MEASURED_WAN_GOODPUT
+    assert cm.exchange_call_seconds(["eu", "us"], calibration) == 0.5
+    assert cm.exchange_call_seconds(["eu", "us"], None) == cm.DEFAULT_EXCHANGE_CALL_S
 
 
 def test_a_failed_run_moves_no_factor_and_adds_no_error() -> None:
@@ -211,6 +257,11 @@ def test_accuracy_record_has_both_breakdowns() -> None:
     assert record["actual"]["tasks"][0]["step_s"]["compute_s"] == pytest.approx(0.2)
     assert record["actual"]["tasks"][0]["startup_s"] == 5.0
     assert record["error"]["time"] == pytest.approx(50.0 / option.estimates.duration_s - 1)
+    two = _option(regions=2)
+    totals = _exchanged(two, rate=1e6, call_s=0.01)
+    record = cal.accuracy_record(_run(two, compute_s=0.2, exchange=totals))
+    assert record["estimated"]["step_s"]["wan_sync"] == two.estimates.step_s.wan_sync
+    assert record["actual"]["tasks"][0]["exchange_totals"] == totals
 
 
 def test_quantile_matches_linear_interpolation() -> None:
@@ -239,7 +290,8 @@ def test_run_totals_count_every_step_and_teardown_is_learned() -> None:
     run = cal.FinishedRun(run.job_id, run.at, True, option, tasks, 100.0, 1.0)
     assert cal.run_means(tasks[0])["sync_s"] == pytest.approx(0.5)
     observed = cal.observe(run)
-    assert observed[(cal.GOODPUT, "eu|us")] == pytest.approx(cm.DEFAULT_WAN_GOODPUT * est.wan_sync / 0.5)
+    # Without the exchange totals a sync wait cannot be split into bytes and calls: neither is learned.
+    assert not [k for k in observed if k[0] in (cal.GOODPUT, cal.EXCHANGE)]
     assert observed[(cal.TEARDOWN, "a0")] == 3.0
     calibration = cal.to_calibration(cal.update(cal.State(), run)[0])
     assert calibration.teardown_s == {"a0": 3.0, "b0": 3.0}

@@ -38,6 +38,10 @@ def test_sync_is_data_parallel_training_across_regions(tmp_path: Path, compressi
     for r, p in procs.items():
         res = p.result()
         assert res is not None and res["steps"] == steps, p.output()[-3000:]
+        # Every step after the first (where the regions also wait for each other to start)
+        # exchanged, and the calibration gets what those exchanges cost.
+        ex = res["exchange_totals"]
+        assert ex["n"] == steps - 1 and 0 < ex["wait_s"] <= res["parts_total_s"]["sync_s"]
         finals[r] = load_final_state(tmp_path / r / "ckpt", tmp_path / r)["model"]
         last = p.metrics()[-1]["sync"]
         assert last["replicas_identical"] is True, last
