@@ -325,15 +325,17 @@ async def _submit(base: str, key: str, seconds: float, concurrency: int) -> list
 
 def bench_submissions(
     replica: Replica, admin_key: str, seconds: float, concurrency: int
-) -> tuple[float, float, float]:
-    """Submissions/s, their p99 in ms, and submissions per CPU second of the server process."""
+) -> tuple[float, float, float, float]:
+    """Submissions/s, their p99 in ms, submissions per CPU second of the server process, and the
+    share of a core the server process got meanwhile (on a loaded machine: what bounds the rate)."""
     base = f"http://127.0.0.1:{replica.http_port}"
     asyncio.run(_submit(base, admin_key, 2.0, concurrency))  # warm-up: connections, caches
     t0, cpu0 = time.monotonic(), replica.cpu_s()
     lat = asyncio.run(_submit(base, admin_key, seconds, concurrency))
     elapsed, cpu = time.monotonic() - t0, replica.cpu_s() - cpu0
     lat.sort()
-    return len(lat) / elapsed, lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000, len(lat) / max(1e-9, cpu)
+    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000
+    return len(lat) / elapsed, p99, len(lat) / max(1e-9, cpu), cpu / elapsed
 
 
 # ------------------------------------------------------------------ 3. chaos
@@ -503,7 +505,7 @@ def main() -> None:
             with admin_client(replica, admin_key) as admin:
                 hb, hb_cpu = bench_heartbeats(replica, admin, args.nodes, args.client_procs, seconds)
             print(f"heartbeats: {hb:,.0f}/s from {args.nodes} streams ({hb_cpu:,.0f} per server CPU-s)")
-            subs, p99, subs_cpu = bench_submissions(replica, admin_key, seconds, args.concurrency)
+            subs, p99, subs_cpu, subs_cores = bench_submissions(replica, admin_key, seconds, args.concurrency)
             print(
                 f"submissions: {subs:,.0f}/s, p99 {p99:.1f} ms ({args.concurrency} concurrent clients; "
                 f"{subs_cpu:,.0f} per server CPU-s)"
@@ -518,6 +520,7 @@ def main() -> None:
         ("submit p99 ms", f"{p99:.1f}", "<= 100"),
         ("heartbeats/server CPU-s", f"{hb_cpu:,.0f}", ""),
         ("submissions/server CPU-s", f"{subs_cpu:,.0f}", ""),
+        ("server cores (submitting)", f"{subs_cores:.2f}", ""),
         ("load average (1 min)", f"{os.getloadavg()[0]:.1f}", f"{os.cpu_count()} cores"),
     ]
     if ch:
@@ -536,6 +539,7 @@ def main() -> None:
         "submit_p99_ms": round(p99, 2),
         "heartbeats_per_server_cpu_s": round(hb_cpu, 1),
         "submissions_per_server_cpu_s": round(subs_cpu, 1),
+        "submit_server_cores": round(subs_cores, 2),
         "failover_s": round(ch["failover_s"], 2) if ch else None,
         "jobs_lost_on_restart": ch["restart"]["lost"] + ch["restart"]["stuck"] if ch else None,
         "jobs_lost_on_failover": ch["failover"]["lost"] + ch["failover"]["stuck"] if ch else None,
