@@ -14,7 +14,7 @@ from contracts.errors import PermissionDenied
 from orchestration.context import ServerContext
 from orchestration.db.models import Tenant
 from service_layer.auth import authenticate, hash_key
-from service_layer.key_cache import KEYS
+from service_layer.key_cache import KeyCache
 
 _bearer = HTTPBearer(auto_error=False, description="A tenant API key: `Authorization: Bearer cpn_...`")
 
@@ -43,17 +43,20 @@ def _look_up(ctx: ServerContext, plaintext: str | None) -> Tenant:
 
 
 async def get_tenant(
-    ctx: CtxDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request,
+    ctx: CtxDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Tenant:
     """The key's tenant: from the few-second cache of verified keys on the event loop, else looked
     up in the database off it (``service_layer.key_cache``)."""
     plaintext = credentials.credentials if credentials else None
     digest = hash_key(plaintext) if plaintext else None
-    if digest is not None and (tenant := KEYS.get(digest)) is not None:
+    keys: KeyCache = request.app.state.key_cache
+    if digest is not None and (tenant := keys.get(digest)) is not None:
         return tenant
     tenant = await run_in_threadpool(_look_up, ctx, plaintext)
     if digest is not None:
-        KEYS.put(digest, tenant)
+        keys.put(digest, tenant)
     return tenant
 
 

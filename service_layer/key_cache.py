@@ -3,13 +3,15 @@ lookup (a thread hop and a database round trip on every call).
 
 Keyed by the key's SHA-256 digest, never the key. Only successful lookups are held: an unknown or
 revoked key is looked up every time. A key revoked in the database stops working once its entry
-ages out (``ttl_s``), and at once in the process that revokes it (``forget_all``).
+ages out (``ttl_s``), and at once in the process that revokes it (``forget_everywhere``). One cache
+per app, as an app serves one database.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 from orchestration.db.models import Tenant
 
@@ -22,6 +24,7 @@ class KeyCache:
         self.ttl_s, self.max_entries = ttl_s, max_entries
         self._entries: dict[str, tuple[float, Tenant]] = {}
         self._lock = threading.Lock()
+        _CACHES.add(self)
 
     def get(self, digest: str) -> Tenant | None:
         entry = self._entries.get(digest)
@@ -43,4 +46,10 @@ class KeyCache:
             self._entries.clear()
 
 
-KEYS = KeyCache()
+_CACHES: weakref.WeakSet[KeyCache] = weakref.WeakSet()
+
+
+def forget_everywhere() -> None:
+    """Drop every verified key this process holds (a key was revoked)."""
+    for cache in list(_CACHES):
+        cache.forget_all()
