@@ -9,6 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from contracts.errors import InvalidArgument
 from contracts.links import LinkSpec, parse_links
 
+MAX_PEM = 16 * 1024  # a certificate or key of any usual size, and no more
+# The name every leader's sync certificate carries and every client verifies: certificates name the
+# service, not a host (leaders are reached by address and move between nodes).
+SYNC_TLS_SERVER_NAME = "cpn-sync"
+
 Mode = Literal["none", "sync", "local_sgd", "diloco", "gossip", "ssp", "async"]
 Compression = Literal["none", "fp32", "fp16", "bf16", "int8", "topk"]
 
@@ -86,6 +91,12 @@ class SyncConfig(BaseModel):
         pattern=r"^[0-9a-f]{32,128}$",
         description="the job's shared secret: peers sign every call with it (unset: no peer check)",
     )
+    # mutual TLS between the job's leaders: the job's CA, and this leader's certificate and key
+    tls_ca_pem: str | None = Field(default=None, max_length=MAX_PEM, description="the job's sync CA (PEM)")
+    tls_cert_pem: str | None = Field(
+        default=None, max_length=MAX_PEM, description="this leader's certificate"
+    )
+    tls_key_pem: str | None = Field(default=None, max_length=MAX_PEM, description="this leader's private key")
     timeout_s: float = Field(default=30.0, gt=0, description="a peer missing this long is dropped")
     startup_timeout_s: float = Field(default=120.0, gt=0)
     links: dict[str, LinkSpec] = Field(default_factory=dict, description='"a|b" -> bandwidth and latency')
@@ -101,6 +112,9 @@ class SyncConfig(BaseModel):
             parse_links(self.links, set(self.peers) | ({self.region} if self.region else set()) or None)
         except InvalidArgument as e:
             raise ValueError(e.message) from None
+        tls = (self.tls_ca_pem, self.tls_cert_pem, self.tls_key_pem)
+        if any(tls) and not all(tls):
+            raise ValueError("tls_ca_pem, tls_cert_pem and tls_key_pem go together: give all three or none")
         if self.mode == "diloco" and self.every % self.fragments:
             raise ValueError(f"every ({self.every}) must be divisible by fragments ({self.fragments})")
         if self.fragments > 1 and self.mode != "diloco":

@@ -28,6 +28,7 @@ from control_layer.worker_config import TaskSlot, build_worker_configs, group_by
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Task
 from orchestration.resource_changes import NOTED, note_changes
+from orchestration.sync_tls import job_ca_pem, leader_credentials
 
 
 class AllocationConflict(Aborted):
@@ -90,6 +91,11 @@ def allocate(
     configs = build_worker_configs(
         job.id, spec, option, slots, sync_secret=sync_secret, checkpoints=job_checkpoints(session, job.id)
     )
+    if multi and sync_secret:
+        # the job's leaders speak mutual TLS with certificates of the job's own CA
+        ca = job_ca_pem(sync_secret, job.id)
+        for config in configs.values():
+            config["sync"] |= leader_credentials(sync_secret, job.id, config["region"], ca_pem=ca)
     prices = current_prices(session, list(clusters))
     egress = _egress_prices(session, {s.region for s in slots})
 

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from contracts.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
@@ -27,7 +27,7 @@ from control_layer.dispatch import dispatch
 from control_layer.lifecycle import transition, wake_placer
 from control_layer.live_snapshot import current_snapshot
 from control_layer.planner import plan
-from control_layer.planner.plan_types import PlanOption
+from control_layer.planner.plan_types import Calibration, PlanOption
 from control_layer.task_states import clip_message
 from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
@@ -65,12 +65,18 @@ def choose_option(options: list[PlanOption], choice: str) -> PlanOption:
 
 
 def plan_now(
-    ctx: ServerContext, spec: JobSpec, *, exclude_nodes: frozenset[str] = frozenset()
+    ctx: ServerContext,
+    spec: JobSpec,
+    *,
+    exclude_nodes: frozenset[str] = frozenset(),
+    calibration: Calibration | None = None,
 ) -> list[PlanOption]:
-    """Options on a snapshot and the calibration of this moment (read in one short transaction)."""
+    """Options on a snapshot and the calibration of this moment (read in one short transaction;
+    a caller planning many jobs at once may pass the calibration it read for all of them)."""
     with session_scope(ctx.session_factory) as session:
         snapshot = current_snapshot(ctx, session, exclude_nodes=exclude_nodes)
-        calibration = load_calibration(session)
+        if calibration is None:
+            calibration = load_calibration(session)
     return plan(spec, snapshot, calibration)
 
 
@@ -123,7 +129,6 @@ def submit_job(
     assert spec is not None  # a JobSpec is validated on construction; the placer plans it
 
     with session_scope(ctx.session_factory) as session:
-        _tenant(session, tenant_id)
         job = Job(
             tenant_id=tenant_id,
             name=spec.name,
@@ -136,7 +141,10 @@ def submit_job(
             estimated_cost=option.estimates.cost.total if option else None,
         )
         session.add(job)
-        session.flush()
+        try:
+            session.flush()  # the tenant's foreign key checks it exists: no read of its own
+        except IntegrityError:
+            raise NotFound(f"tenant {tenant_id} not found", field="tenant_id") from None
         record_event(
             session,
             ctx.bus,
@@ -180,12 +188,13 @@ def _accept_quote(
 # -- placement ------------------------------------------------------------------------------------
 
 
-def place_job(ctx: ServerContext, job_id: str) -> str:
+def place_job(ctx: ServerContext, job_id: str, *, calibration: Calibration | None = None) -> str:
     """Place a pending job: allocate its option's devices (re-planning on a fresh snapshot whenever
     the fleet moved underneath), create its tasks and dispatch them. If nothing fits, the job
     fails with the planner's reason; if placements keep colliding, it stays pending with its
     ``deferred`` note and the placer tries again later. A job that is not pending is left alone.
-    Returns what happened: placed, failed, deferred or skipped."""
+    Returns what happened: placed, failed, deferred or skipped. ``calibration``: as read once for a
+    whole pass of the placer (it moves only when runs finish), else read here."""
     with session_scope(ctx.session_factory) as session:
         job = _job(session, job_id)
         if job.status != JobState.PENDING:
@@ -194,10 +203,14 @@ def place_job(ctx: ServerContext, job_id: str) -> str:
         # The accepted option is tried first only on the first placement; a re-placement plans anew
         # and stays off the nodes where this job's tasks failed.
         option = PlanOption.model_validate(job.option) if job.option and job.attempt == 0 else None
-        avoid = frozenset(
-            session.scalars(
-                select(Task.node_id).where(Task.job_id == job_id, Task.status == TaskState.FAILED)
+        avoid = (
+            frozenset(
+                session.scalars(
+                    select(Task.node_id).where(Task.job_id == job_id, Task.status == TaskState.FAILED)
+                )
             )
+            if job.attempt > 0
+            else frozenset()  # never placed: no task of it ever failed
         )
         choice = job.choice if job.choice in CHOICES else "cheapest"
         # On a re-placement the reason why is kept in front of whatever happens next.
@@ -207,7 +220,9 @@ def place_job(ctx: ServerContext, job_id: str) -> str:
     for _ in range(PLACEMENT_TRIES):
         if option is None:
             try:
-                option = choose_option(plan_now(ctx, spec, exclude_nodes=avoid), choice)
+                option = choose_option(
+                    plan_now(ctx, spec, exclude_nodes=avoid, calibration=calibration), choice
+                )
             except NoFeasiblePlan as exc:
                 _fail_pending(ctx, job_id, f"{context}no feasible placement: {exc.message}", exc.details)
                 return "failed"

@@ -78,8 +78,11 @@ def transition(
         job.finished_at = now
     job.updated_at = now
 
+    # A job never placed has no tasks, devices or charges: nothing to stop, release or bill (a job
+    # the placer rejects at once is the common case; each of those is a query saved).
+    never_placed = current is JobState.PENDING and job.attempt == 0
     leaves_attempt = to in JOB_TERMINAL or (to is JobState.PENDING and current is not JobState.PENDING)
-    if leaves_attempt:
+    if leaves_attempt and not never_placed:
         _stop_active_tasks(session, bus, job, tasks_note or job.reason or f"job {job.id} is {to}")
         if release(session, job.id):
             wake_placer(session, bus, "devices released", job.id)
@@ -99,7 +102,10 @@ def transition(
         },
     )
     if to in JOB_TERMINAL:
-        record_job_cost(session, job)
+        if never_placed:
+            job.actual_cost = 0.0
+        else:
+            record_job_cost(session, job)
         # After the charge: the estimate-vs-actual record compares the quote with the ledger.
         session.flush()
         on_job_end(session, job)

@@ -17,6 +17,7 @@ import time
 from sqlalchemy import select
 
 from contracts.states import JobState
+from control_layer.calibration_store import load_calibration
 from control_layer.jobs import place_job
 from control_layer.lifecycle import PLACER_CHANNEL
 from orchestration.context import ServerContext
@@ -33,13 +34,15 @@ def place_pending(ctx: ServerContext) -> list[str]:
         ids = list(
             session.scalars(select(Job.id).where(Job.status == JobState.PENDING).order_by(Job.created_at))
         )
+        # read once per pass, not per job: it moves only when runs finish
+        calibration = load_calibration(session) if ids else None
     if not ids:
         return []
     for job_id in ids:
         start = time.perf_counter()
         outcome = "error"
         try:
-            outcome = place_job(ctx, job_id)
+            outcome = place_job(ctx, job_id, calibration=calibration)
         except Deposed:
             raise  # no longer the leader: the next one places the rest
         except Exception:  # one job's failure must not hold up the others

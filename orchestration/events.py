@@ -68,11 +68,14 @@ def event_message(row: Event) -> Message:
 def _flush_publications(session: Session) -> None:
     pending = session.info.get(_PENDING_KEY) or []
     session.info[_PENDING_KEY] = []
-    for bus, channel, message in pending:
+    by_bus: dict[int, tuple[Bus, list[tuple[str, Message]]]] = {}
+    for bus, channel, message in pending:  # one round trip per bus, in commit order
+        by_bus.setdefault(id(bus), (bus, []))[1].append((channel, message))
+    for bus, messages in by_bus.values():
         try:
-            bus.publish(channel, message)
+            bus.publish_many(messages)
         except Exception:  # the commit stands; a lost notification is recovered by readers polling the DB
-            log.exception("publishing to %s after commit failed", channel)
+            log.exception("publishing %d messages after commit failed", len(messages))
 
 
 def _drop_publications(session: Session) -> None:

@@ -7,10 +7,10 @@ also need the bus. All are synchronous; the gRPC edge runs them with ``asyncio.t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from contracts.errors import (
@@ -142,10 +142,18 @@ def heartbeat(
 
 
 def persist_heartbeat(ctx: ServerContext, node_id: str, contention: float | None = None) -> None:
-    """Record ``last_heartbeat_at`` and the host's contention (the gRPC stream refreshes the
-    liveness key separately, in batches)."""
+    """Record ``last_heartbeat_at`` and the host's contention for one node."""
+    persist_heartbeats(ctx, {node_id: contention})
+
+
+def persist_heartbeats(ctx: ServerContext, heard: Mapping[str, float | None]) -> None:
+    """Record ``last_heartbeat_at`` (and contention, where measured) for every node heard, in one
+    transaction of a few statements however many nodes there are (the gRPC edge batches them; the
+    liveness keys are refreshed separately)."""
+    if not heard:
+        return
     with ctx.session_factory() as session, session.begin():
-        _touch_row(session, node_id, utcnow(), contention)
+        _touch_rows(session, heard, utcnow())
 
 
 def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceReport]) -> None:
@@ -157,39 +165,56 @@ def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceRep
 
 
 def _touch_row(session: Session, node_id: str, now: datetime, contention: float | None = None) -> None:
+    _touch_rows(session, {node_id: contention}, now)
+
+
+ROWS_PER_STATEMENT = 1000  # keeps each IN list well inside every driver's parameter limit
+
+
+def _touch_rows(session: Session, heard: Mapping[str, float | None], now: datetime) -> None:
     # A lost node that speaks again is alive; a drained one stays drained. Only a revival or a
     # contention change the planner would notice alters what it sees, so only those are announced
     # (heartbeats are frequent).
-    revived = session.scalars(
-        update(Node)
-        .where(Node.id == node_id, Node.status == "lost")
-        .values(status="alive")
-        .returning(Node.id)
-        .execution_options(synchronize_session=False, **NOTED)
-    ).all()
-    note_changes(session, nodes=revived)
-    session.execute(
-        update(Node)
-        .where(Node.id == node_id)
-        .values(last_heartbeat_at=now)
-        .execution_options(synchronize_session=False, **NOTED)
-    )
-    if contention is None or not (math.isfinite(contention) and 1 <= contention <= MAX_CONTENTION):
-        return  # not a measurement: kept out, never an error
-    moved = session.scalars(
-        update(Node)
-        .where(
-            Node.id == node_id,
-            or_(
-                Node.cpu_contention.is_(None),
-                func.abs(Node.cpu_contention - contention) > CONTENTION_NOTICE * contention,
-            ),
+    ids = sorted(heard)  # one lock order for every writer of these rows
+    for i in range(0, len(ids), ROWS_PER_STATEMENT):
+        chunk = ids[i : i + ROWS_PER_STATEMENT]
+        revived = session.scalars(
+            update(Node)
+            .where(Node.id.in_(chunk), Node.status == "lost")
+            .values(status="alive")
+            .returning(Node.id)
+            .execution_options(synchronize_session=False, **NOTED)
+        ).all()
+        note_changes(session, nodes=revived)
+        session.execute(
+            update(Node)
+            .where(Node.id.in_(chunk))
+            .values(last_heartbeat_at=now)
+            .execution_options(synchronize_session=False, **NOTED)
         )
-        .values(cpu_contention=contention)
-        .returning(Node.id)
-        .execution_options(synchronize_session=False, **NOTED)
-    ).all()
-    note_changes(session, nodes=moved)
+        # a figure outside [1, MAX_CONTENTION] (or 0: not measured) is not a measurement: kept out
+        measured = {
+            n: c
+            for n in chunk
+            if (c := heard[n]) is not None and math.isfinite(c) and 1 <= c <= MAX_CONTENTION
+        }
+        if not measured:
+            continue
+        figure = case(measured, value=Node.id)
+        moved = session.scalars(
+            update(Node)
+            .where(
+                Node.id.in_(list(measured)),
+                or_(
+                    Node.cpu_contention.is_(None),
+                    func.abs(Node.cpu_contention - figure) > CONTENTION_NOTICE * figure,
+                ),
+            )
+            .values(cpu_contention=figure)
+            .returning(Node.id)
+            .execution_options(synchronize_session=False, **NOTED)
+        ).all()
+        note_changes(session, nodes=moved)
 
 
 def _upsert_region(session: Session, name: str, jurisdiction: str) -> Region:

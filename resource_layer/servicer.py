@@ -33,7 +33,7 @@ from resource_layer.convert import (
 )
 from resource_layer.grpc_errors import abort_with
 from resource_layer.handlers import ControlHandlers
-from resource_layer.liveness import LivenessBatcher
+from resource_layer.liveness import HeartbeatRows, LivenessBatcher
 from resource_layer.tls import AgentTls, peer_common_name
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self._liveness = LivenessBatcher(
             ctx.bus, settings.node_lost_after_s, on_flushed=ctx.metrics.heartbeats.inc
         )
+        self._rows = HeartbeatRows(lambda heard: registry.persist_heartbeats(ctx, heard))
 
     # -- Register -------------------------------------------------------------------------------
     async def Register(
@@ -270,8 +271,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 if kind == "heartbeat":
                     self._liveness.touch(node_id)
                     if last_persist is None or time.monotonic() - last_persist >= self._heartbeat_db_every_s:
-                        contention = message.heartbeat.cpu_contention or None  # 0: not measured
-                        await asyncio.to_thread(registry.persist_heartbeat, self._ctx, node_id, contention)
+                        # 0: not measured
+                        self._rows.note(node_id, message.heartbeat.cpu_contention or None)
                         last_persist = time.monotonic()
                     continue
                 try:

@@ -14,6 +14,7 @@ from service_layer.dashboard.views import HERE as DASHBOARD_DIR
 from service_layer.dashboard.views import router as dashboard_router
 from service_layer.errors import install_error_handlers
 from service_layer.fanout import Fanout
+from service_layer.key_cache import KeyCache
 from service_layer.metrics import RequestTimer, install_metrics
 from service_layer.metrics import router as metrics_router
 from service_layer.routers import admin, health, jobs, resources
@@ -46,6 +47,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     install_metrics(ctx)
     app.state.ctx = ctx
     app.state.stopping = asyncio.Event()  # set by the server runner: ends open event streams
+    app.state.key_cache = KeyCache()  # verified API keys, a few seconds each
     app.state.fanout = Fanout(ctx.bus, max_per_tenant=ctx.settings.max_streams_per_tenant)
     install_error_handlers(app)
     for r in (jobs.router, resources.router, admin.router):

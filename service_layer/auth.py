@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from contracts.errors import Conflict, InvalidArgument, NotFound, Unauthenticated
 from orchestration.db.base import utcnow
 from orchestration.db.models import ApiKey, Tenant
+from service_layer.key_cache import forget_everywhere
 
 KEY_PREFIX = "cpn_"
 PREFIX_LEN = 12  # "cpn_" + 8 random characters for generated keys
@@ -85,6 +86,7 @@ def revoke_api_key(session: Session, key_id: str) -> ApiKey:
     if key is None:
         raise NotFound(f"api key {key_id} not found", key_id=key_id)
     key.revoked_at = key.revoked_at or utcnow()
+    forget_everywhere()  # this process stops honouring it now; other replicas within key_cache.TTL_S
     return key
 
 

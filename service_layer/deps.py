@@ -8,11 +8,13 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from contracts.errors import PermissionDenied
 from orchestration.context import ServerContext
 from orchestration.db.models import Tenant
-from service_layer.auth import authenticate
+from service_layer.auth import authenticate, hash_key
+from service_layer.key_cache import KeyCache
 
 _bearer = HTTPBearer(auto_error=False, description="A tenant API key: `Authorization: Bearer cpn_...`")
 
@@ -34,12 +36,28 @@ def get_session(ctx: CtxDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def get_tenant(
-    ctx: CtxDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
-) -> Tenant:
+def _look_up(ctx: ServerContext, plaintext: str | None) -> Tenant:
     # A short session of its own, closed before the endpoint runs: the endpoint may write.
     with ctx.session_factory() as session:
-        return authenticate(session, credentials.credentials if credentials else None)
+        return authenticate(session, plaintext)
+
+
+async def get_tenant(
+    request: Request,
+    ctx: CtxDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Tenant:
+    """The key's tenant: from the few-second cache of verified keys on the event loop, else looked
+    up in the database off it (``service_layer.key_cache``)."""
+    plaintext = credentials.credentials if credentials else None
+    digest = hash_key(plaintext) if plaintext else None
+    keys: KeyCache = request.app.state.key_cache
+    if digest is not None and (tenant := keys.get(digest)) is not None:
+        return tenant
+    tenant = await run_in_threadpool(_look_up, ctx, plaintext)
+    if digest is not None:
+        keys.put(digest, tenant)
+    return tenant
 
 
 CurrentTenant = Annotated[Tenant, Depends(get_tenant)]

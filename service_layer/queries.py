@@ -234,8 +234,24 @@ def job_detail(session: Session, job: Job, now: datetime | None = None) -> JobDe
             ).all()
         )
         if tasks
-        else {}  # a pending job (every fresh submission): no query
+        else {}  # a pending job: no query
     )
+    return _job_detail(job, tasks, names, job_checkpoints(session, job.id), now)
+
+
+def submitted_job_detail(job: Job) -> JobDetail:
+    """The answer to a submission: the row just stored has no tasks or checkpoints yet, so nothing
+    is read back."""
+    return _job_detail(job, [], {}, {}, None)
+
+
+def _job_detail(
+    job: Job,
+    tasks: Sequence[Task],
+    names: dict[str, str],
+    checkpoints: dict[str, dict[str, Any]],
+    now: datetime | None,
+) -> JobDetail:
     actual_s = None
     if job.started_at is not None:
         end = as_utc(job.finished_at) if job.finished_at else (now or utcnow())
@@ -263,7 +279,7 @@ def job_detail(session: Session, job: Job, now: datetime | None = None) -> JobDe
             )
             for t in tasks
         ],
-        checkpoints=job_checkpoints(session, job.id),
+        checkpoints=checkpoints,
         estimates=_estimates(job),
         actual_duration_s=actual_s,
         result=job.result,

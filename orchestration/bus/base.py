@@ -8,7 +8,7 @@ worker threads can call it; ``subscribe`` is asynchronous and lives on the event
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -19,6 +19,10 @@ Message = dict[str, Any]
 class Bus(Protocol):
     def publish(self, channel: str, message: Message) -> None:
         """Deliver ``message`` to every current subscriber of ``channel`` (fire and forget)."""
+
+    def publish_many(self, messages: Sequence[tuple[str, Message]]) -> None:
+        """Publish each (channel, message) in order, in one round trip where the backend can."""
+        ...
 
     def subscribe(self, *channels: str) -> AbstractAsyncContextManager[AsyncIterator[tuple[str, Message]]]:
         """Subscribe; the subscription is live when the context is entered. Yields (channel, message)."""

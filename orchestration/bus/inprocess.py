@@ -7,7 +7,7 @@ import contextlib
 import fnmatch
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from orchestration.bus.base import Message, decode, encode, validate_channel
@@ -39,6 +39,10 @@ class InProcessBus:
         for sub in targets:
             with contextlib.suppress(RuntimeError):  # the subscriber's loop has closed
                 sub.loop.call_soon_threadsafe(sub.queue.put_nowait, (channel, decode(payload)))
+
+    def publish_many(self, messages: Sequence[tuple[str, Message]]) -> None:
+        for channel, message in messages:
+            self.publish(channel, message)
 
     @contextlib.asynccontextmanager
     async def subscribe(self, *channels: str) -> AsyncIterator[AsyncIterator[tuple[str, Message]]]:

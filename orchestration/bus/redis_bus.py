@@ -8,7 +8,7 @@ is prefixed so several deployments (or test runs) can share one Redis.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 
 import redis
 import redis.asyncio as aioredis
@@ -33,6 +33,14 @@ class RedisBus:
     def publish(self, channel: str, message: Message) -> None:
         validate_channel(channel)
         self._client.publish(self.prefix + channel, encode(message))
+
+    def publish_many(self, messages: Sequence[tuple[str, Message]]) -> None:
+        for channel, _ in messages:
+            validate_channel(channel)
+        pipe = self._client.pipeline(transaction=False)
+        for channel, message in messages:
+            pipe.publish(self.prefix + channel, encode(message))
+        pipe.execute()
 
     @contextlib.asynccontextmanager
     async def subscribe(self, *channels: str) -> AsyncIterator[AsyncIterator[tuple[str, Message]]]:

@@ -81,8 +81,7 @@ def submit_job(
     job = job_service.submit_job(
         ctx, tenant.id, spec=body.spec, quote_id=body.quote_id, option_id=body.option_id, choice=body.choice
     )
-    with ctx.session_factory() as session:
-        return queries.job_detail(session, job)  # the row just stored, loaded: not read again
+    return queries.submitted_job_detail(job)
 
 
 @router.get("/jobs", response_model=list[JobSummary], summary="List jobs", responses=error_responses(401))

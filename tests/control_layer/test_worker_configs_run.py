@@ -1,5 +1,6 @@
 """The worker configs placement writes are the ones real workers run: two torchrun groups on two
-nodes of one region train a tiny model and sync with each other over loopback gRPC."""
+nodes of one region train a tiny model and sync with each other over loopback gRPC, with mutual
+TLS on the job's own CA; a caller without the job's credentials is refused."""
 
 from __future__ import annotations
 
@@ -14,12 +15,20 @@ from pathlib import Path
 import pytest
 
 from agent.workers import resolve_checkpoint_dir
+from contracts.sync_config import SyncConfig
 from control_layer.allocation import allocate
 from control_layer.worker_config import job_sync_secret
 from orchestration.db.engine import make_engine, make_session_factory, session_scope
 from orchestration.db.migrate import upgrade
 from orchestration.db.models import Job
+from orchestration.sync_tls import leader_credentials
+from proto.cpn.sync.v1 import sync_pb2
 from tests.orchestration.fleet import add_cluster, add_tenant, hand_option, tiny_spec
+from training.sync.node import RegionNode
+from training.sync.stats import TransferStats
+from training.sync.tls import SyncTls
+from training.sync.transport import PeerClient, PeerError
+from training.wan.shaper import LinkShaper
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,6 +63,9 @@ def test_same_region_tasks_train_and_sync(tmp_path: Path) -> None:
         configs = [t.worker_config for t in tasks]
     engine.dispose()
     assert all(c["sync"]["auth_secret"] for c in configs)
+    # each leader its own certificate, all of the job's one CA
+    assert len({c["sync"]["tls_ca_pem"] for c in configs}) == 1
+    assert len({c["sync"]["tls_cert_pem"] for c in configs}) == 2
     names = sorted(c["region"] for c in configs)
     assert all(n.startswith("eu-west/c1/") for n in names) and names[0] != names[1]
 
@@ -87,3 +99,36 @@ def test_same_region_tasks_train_and_sync(tmp_path: Path) -> None:
         received = [m.get("sync", {}).get("bytes_recv", {}) for m in metrics]
         peer = next(n for n in names if n != cfg["region"])
         assert any(r.get(peer, 0) > 0 for r in received), f"{cfg['region']} never heard from {peer}"
+
+    # A leader's sync service as the runtime builds it from this config: the other leader's
+    # credentials get through; plaintext, or another job's credentials with this job's secret, do not.
+    first, second = configs
+    node = RegionNode(
+        SyncConfig.model_validate({**first["sync"], "listen": "127.0.0.1:0"}), first["region"], names
+    )
+    node.server.start()
+    try:
+        peer_tls = SyncTls(
+            *(second["sync"][k].encode() for k in ("tls_ca_pem", "tls_cert_pem", "tls_key_pem"))
+        )
+        other = leader_credentials(job_sync_secret("k", "another-job"), "another-job", second["region"])
+        outsiders = [
+            None,
+            SyncTls(*(other[k].encode() for k in ("tls_ca_pem", "tls_cert_pem", "tls_key_pem"))),
+        ]
+        for tls, refused in [(peer_tls, False), *((o, True) for o in outsiders)]:
+            client = PeerClient(
+                second["region"], first["region"], node.server.address, LinkShaper(), TransferStats(),
+                auth_secret=second["sync"]["auth_secret"], tls=tls,
+            )  # fmt: skip
+            try:
+                status = "OK"
+                try:
+                    client.hello(sync_pb2.HelloRequest(sender=second["region"]), timeout=10)
+                except PeerError as e:
+                    status = e.status
+                assert (status == "UNAVAILABLE") == refused, (tls is peer_tls, status)
+            finally:
+                client.close()
+    finally:
+        node.server.stop()

@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from control_layer.snapshot import build_snapshot
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
+from orchestration.db.engine import as_utc
 from orchestration.db.models import Accelerator, Cluster, EnrollmentToken, Node, Price, Provider, Region
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from resource_layer import registry
@@ -378,3 +379,25 @@ def test_heartbeats_keep_the_hosts_cpu_contention_and_ignore_what_is_not_one(
         assert node is not None and node.cpu_contention == 2.5
         (info,) = [n for c in build_snapshot(s).clusters for n in c.nodes if n.id == resp.node_id]
     assert info.cpu_contention == 2.5
+
+
+def test_one_batch_records_every_node_heard_revives_the_lost_and_keeps_each_contention(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    ids = [
+        stub.Register(request(enrollment_token(ctx), hostname=f"h{i}"), timeout=10).node_id for i in range(3)
+    ]
+    before = utcnow()
+    with ctx.session_factory() as s, s.begin():
+        s.get_one(Node, ids[0]).status = "lost"
+        s.get_one(Node, ids[2]).status = "drained"
+    registry.persist_heartbeats(ctx, {ids[0]: 3.0, ids[1]: None, ids[2]: float("inf")})
+    with ctx.session_factory() as s:
+        nodes = [s.get_one(Node, i) for i in ids]
+    assert [n.status for n in nodes] == ["alive", "alive", "drained"]  # drained stays drained
+    assert all(n.last_heartbeat_at is not None and as_utc(n.last_heartbeat_at) >= before for n in nodes)
+    assert [n.cpu_contention for n in nodes] == [3.0, None, None]
+    # a second batch moves only the figure that changed by more than the noise threshold
+    registry.persist_heartbeats(ctx, {ids[0]: 3.1, ids[1]: 2.0})
+    with ctx.session_factory() as s:
+        assert [s.get_one(Node, i).cpu_contention for i in ids[:2]] == [3.0, 2.0]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from sqlalchemy import select
 
 from orchestration.db.engine import session_scope
-from orchestration.db.models import ApiKey, Job
+from orchestration.db.models import ApiKey, Job, Tenant
+from service_layer.auth import revoke_api_key
 from service_layer.client import ApiError, CpnClient
+from service_layer.key_cache import KeyCache
 from service_layer.server import ServerHandle
 from tests.service_layer.harness import new_tenant, small_spec
 
@@ -75,3 +79,29 @@ def test_a_tenant_sees_only_its_own_jobs(server: ServerHandle, admin: CpnClient)
         assert alice.job(job_id)["status"] == "pending"  # bob's cancel changed nothing
     assert job_id in [j["id"] for j in admin.jobs()]
     assert admin.job(job_id)["tenant_id"] == a["id"]
+
+
+def test_a_verified_key_is_held_briefly_and_a_revoked_one_stops_at_once(
+    server: ServerHandle, admin: CpnClient
+) -> None:
+    tenant, alice = new_tenant(admin, server, "alice")
+    with alice:
+        assert alice.jobs() == []  # verified: now held by the key cache
+        with session_scope(server.ctx.session_factory) as session:
+            (row,) = session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant["id"]))
+            revoke_api_key(session, row.id)
+        with pytest.raises(ApiError) as refused:
+            alice.jobs()
+        assert refused.value.status == 401
+
+
+def test_the_key_cache_ages_out_and_stays_bounded() -> None:
+    cache = KeyCache(ttl_s=0.05, max_entries=2)
+    held = Tenant(id="t1", name="t1")
+    cache.put("d1", held)
+    assert cache.get("d1") is held and cache.get("d2") is None
+    time.sleep(0.1)
+    assert cache.get("d1") is None  # aged out: looked up again
+    for digest in ("a", "b", "c"):
+        cache.put(digest, held)
+    assert sum(cache.get(d) is not None for d in "abc") <= 2

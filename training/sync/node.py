@@ -18,6 +18,7 @@ from proto.cpn.sync.v1 import sync_pb2
 from training.sync.handler import RoundHandler
 from training.sync.messages import InMessage, OutMessage, PeerStatus, PushResult
 from training.sync.stats import TransferStats
+from training.sync.tls import SyncTls
 from training.sync.transport import PeerClient, PeerError, SyncServer
 from training.wan.shaper import LinkShaper
 
@@ -57,8 +58,18 @@ class RegionNode:
             max_workers=4 + 2 * len(self.peers), thread_name_prefix=f"sync-{region}"
         )
         self._clients: dict[str, PeerClient] = {}
+        self.tls = (
+            SyncTls(cfg.tls_ca_pem.encode(), cfg.tls_cert_pem.encode(), cfg.tls_key_pem.encode())
+            if cfg.tls_ca_pem and cfg.tls_cert_pem and cfg.tls_key_pem
+            else None  # a hand-run job without the control plane's credentials: plaintext
+        )
         self.server = SyncServer(
-            self, self.shaper, self.stats, cfg.listen or "127.0.0.1:0", auth_secret=cfg.auth_secret
+            self,
+            self.shaper,
+            self.stats,
+            cfg.listen or "127.0.0.1:0",
+            auth_secret=cfg.auth_secret,
+            tls=self.tls,
         )
         self.address = cfg.advertise or reachable(self.server.address)
 
@@ -105,7 +116,7 @@ class RegionNode:
         if c is None:
             addr = self._address(peer, deadline or time.monotonic() + self.cfg.startup_timeout_s)
             c = self._clients[peer] = PeerClient(
-                self.region, peer, addr, self.shaper, self.stats, self.cfg.auth_secret
+                self.region, peer, addr, self.shaper, self.stats, self.cfg.auth_secret, self.tls
             )
         return c
 
@@ -237,7 +248,13 @@ class RegionNode:
             c = self._clients.get(req.sender)
             if c is None:
                 self._clients[req.sender] = PeerClient(
-                    self.region, req.sender, req.address, self.shaper, self.stats, self.cfg.auth_secret
+                    self.region,
+                    req.sender,
+                    req.address,
+                    self.shaper,
+                    self.stats,
+                    self.cfg.auth_secret,
+                    self.tls,
                 )
             else:
                 c.set_address(req.address)

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import grpc
 
-SERVER_NAME = "cpn-sync"  # the name every leader's certificate carries (SAN DNS)
+from contracts.sync_config import SYNC_TLS_SERVER_NAME
+
+SERVER_NAME = SYNC_TLS_SERVER_NAME  # the name every leader's certificate carries (SAN DNS)
 
 
 @dataclass(frozen=True)
