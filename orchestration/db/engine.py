@@ -46,8 +46,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     transactions (writers queue on the file lock instead of failing on a read-to-write upgrade)."""
     url = normalize_url(url)
     if not is_sqlite(url):
-        # No pre-ping: it costs a round trip on every checkout (three per submission). A connection
-        # PostgreSQL dropped fails its one statement, and SQLAlchemy then discards the whole pool.
+        # Pre-ping costs a loopback round trip per checkout, but without it a connection PostgreSQL
+        # dropped (a restart, a failover) fails the request that drew it with a 5xx.
+        kwargs.setdefault("pool_pre_ping", True)
         # Sync REST handlers run on up to 40 worker threads, beside the gRPC edge and the leader's
         # loops: SQLAlchemy's default of 5 (+10 overflow) queued concurrent requests for a connection.
         kwargs.setdefault("pool_size", 10)
