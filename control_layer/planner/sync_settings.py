@@ -45,6 +45,15 @@ def exchange_s(payload: float, n_regions: int, bandwidth_bps: float, latency_s: 
     return hops * latency_s + hops / n_regions * payload * 8 / bandwidth_bps
 
 
+def overlap_delay(exchange: float, step_s: float, round_steps: int) -> int:
+    """Steps between sending an overlapped round and applying it: the fewest whole steps that hide
+    the exchange (Streaming DiLoCo's small tau), at most a round. The later an outer update lands,
+    the more local progress it was computed without: a round applied half a round late cost ~1 %
+    held-out loss at H=20 (BENCHMARKS.md, "Sync quality")."""
+    need = max(1, math.ceil(exchange / step_s - 1e-9))
+    return min(max(1, round_steps), need)
+
+
 def sync_settings(
     *,
     mode: str,
@@ -74,8 +83,8 @@ def sync_settings(
         why = "link or step time unknown: half a round"
     else:
         t = exchange_s(payload / fragments, n_regions, bandwidth_bps, latency_s)
+        delay = overlap_delay(t, step_s, round_steps)
         need = max(1, math.ceil(t / step_s - 1e-9))
-        delay = min(round_steps, need)
         why = f"an exchange takes ~{t:.3g} s, {need} step(s) of {step_s:.3g} s"
         if need > round_steps:
             why += f"; more than a round ({round_steps} steps): the rest blocks"
