@@ -16,7 +16,8 @@ from the metrics), WAN bytes (the veth counters, and the workers' own count). Ch
 - ``sync`` replicas bit-identical at the end (final checkpoints compared);
 - gossip's final spread: the largest parameter difference between regions' final checkpoints;
 - DiLoCo int8 + overlap at H=20, and streaming DiLoCo (5 fragments) int8 + overlap at H=100, each
-  over blocking fp32 DiLoCo at the same H.
+  over blocking fp32 DiLoCo at the same H. Overlapped rows land each round after the delay the
+  control plane gives (``overlap_delay`` from the local step measured in the check run).
 Prints a table, then one JSON line.
 """
 
