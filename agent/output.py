@@ -17,6 +17,8 @@ STEP_PARTS = {
     "checkpoint_s": "checkpoint_s",
     "step_wall_s": "wall_s",
 }
+# Optional TaskMetrics fields a worker reports under the same name on some steps only.
+SOMETIMES = ("gossip_spread",)
 
 
 def parse_prefixed(line: str, prefix: str) -> dict[str, Any] | None:
@@ -74,8 +76,9 @@ class MetricsTracker:
             "wall_time_s": _number(payload.get("wall_time_s", payload.get("wall_s"))),
             "checkpoint_step": int(_number(payload.get("checkpoint_step", 0))),
         }
-        # The step's parts pass through only when the worker measured them (optional fields).
-        for key, name in STEP_PARTS.items():
+        # The step's parts and the gossip spread pass through only when the worker reported them
+        # (optional fields).
+        for key, name in [*STEP_PARTS.items(), *((k, k) for k in SOMETIMES)]:
             value = payload.get(name)
             if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
                 self.latest[key] = float(value)

@@ -183,6 +183,14 @@ def on_task_metrics(ctx: ServerContext, node_id: str, assignment_id: str, metric
         raise InvalidArgument(
             f"metrics.step must be a non-negative integer, got {step!r}", field="metrics.step"
         )
+    spread = metrics.get("gossip_spread")
+    if spread is not None and not (
+        isinstance(spread, int | float) and not isinstance(spread, bool) and 0 <= spread < math.inf
+    ):
+        raise InvalidArgument(
+            f"metrics.gossip_spread must be a finite non-negative number, got {spread!r}",
+            field="metrics.gossip_spread",
+        )
     clean = _finite(metrics)
     with session_scope(ctx.session_factory) as session:
         job_id = session.scalar(select(Task.job_id).where(Task.id == assignment_id))
@@ -212,6 +220,7 @@ def on_task_metrics(ctx: ServerContext, node_id: str, assignment_id: str, metric
                 wan_bytes_sent=int(clean.get("wan_bytes_sent") or 0),
                 wan_bytes_recv=int(clean.get("wan_bytes_recv") or 0),
                 timings=_timings(clean),
+                gossip_spread=_float_or_none(clean.get("gossip_spread")),
             )
         )
         task.last_metrics = clean

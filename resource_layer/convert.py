@@ -22,6 +22,8 @@ TASK_STATES: dict[int, str] = {
 }
 SERVER_MESSAGE_KINDS = ("assignment", "cancel", "drain", "ack", "probe")
 METRIC_PARTS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s")
+# Optional TaskMetrics fields set on some steps only (gossip's spread: at its checks).
+METRIC_SOMETIMES = ("gossip_spread",)
 
 
 def device_from_proto(d: agent_pb2.Device) -> DeviceReport:
@@ -95,7 +97,7 @@ def metrics_to_dict(m: agent_pb2.TaskMetrics) -> dict[str, Any]:
         "sync_latency_s": m.sync_latency_s,
         "wall_time_s": m.wall_time_s,
         # The step's parts, only those the worker measured (optional fields).
-        **{key: getattr(m, key) for key in METRIC_PARTS if m.HasField(key)},
+        **{key: getattr(m, key) for key in (*METRIC_PARTS, *METRIC_SOMETIMES) if m.HasField(key)},
         "checkpoint_step": m.checkpoint_step,
     }
 

@@ -38,6 +38,7 @@ from service_layer.schemas.jobs import (
     MetricPoint,
     MetricSeries,
     Progress,
+    SpreadPoint,
     TaskRead,
 )
 from service_layer.schemas.resources import (
@@ -289,23 +290,33 @@ def _job_detail(
 
 
 def metric_series(session: Session, job: Job, max_points: int = 500) -> MetricSeries:
-    """The loss curve per region (every task's leader reports one), thinned to ``max_points`` each."""
+    """The loss curve per region (every task's leader reports one, with gossip's spread where the
+    job gossips), thinned to ``max_points`` each."""
     by_region: dict[str, list[MetricPoint]] = defaultdict(list)
     rows = session.execute(
         select(
-            TaskMetric.region, TaskMetric.step, TaskMetric.loss, TaskMetric.tokens_per_s, TaskMetric.task_id
+            TaskMetric.region,
+            TaskMetric.step,
+            TaskMetric.loss,
+            TaskMetric.tokens_per_s,
+            TaskMetric.task_id,
+            TaskMetric.gossip_spread,
         )
         .where(TaskMetric.job_id == job.id)
         .order_by(TaskMetric.region, TaskMetric.step, TaskMetric.id)
     )
-    for region, step, loss, tps, task_id in rows:
+    spread: dict[str, list[SpreadPoint]] = defaultdict(list)
+    for region, step, loss, tps, task_id, gossip_spread in rows:
         by_region[region].append(MetricPoint(step=step, loss=loss, tokens_per_s=tps, task_id=task_id))
+        if gossip_spread is not None:  # a check's step: sparse, so thinned on its own
+            spread[region].append(SpreadPoint(step=step, spread=gossip_spread))
     tasks = _current_tasks(session, [job]).get(job.id, [])
     return MetricSeries(
         job_id=job.id,
         entropy_floor=entropy_floor(job.result, *(t.result for t in tasks), *(t.last_metrics for t in tasks)),
         uniform_loss=uniform_loss(job.spec),
         series={r: thin(points, max_points) for r, points in by_region.items()},
+        spread={r: thin(points, max_points) for r, points in spread.items()},
     )
 
 

@@ -19,6 +19,7 @@ from orchestration.db.models import CalibrationChange, CalibrationFactor, Job
 from service_layer import queries
 from service_layer.dashboard import accuracy
 from service_layer.dashboard.access import COOKIE, COOKIE_TTL_S, admin_from_key, check_access, make_cookie
+from service_layer.dashboard.spread_svg import spread_curve_svg
 from service_layer.dashboard.svg import loss_curve_svg
 from service_layer.deps import CtxDep
 
@@ -122,10 +123,19 @@ def _job_context(session: Session, job: Job) -> dict[str, Any]:
         uniform=series.uniform_loss,
         total_steps=total,
     )
+    # Gossip jobs: how far the regions' models are from one model, at each spread check.
+    spread_svg = (
+        spread_curve_svg(
+            {r: [(p.step, p.spread) for p in pts] for r, pts in series.spread.items()}, total_steps=total
+        )
+        if series.spread or (job.spec.get("sync") or {}).get("mode") == "gossip"
+        else None
+    )
     return {
         "job": detail,
         "breakdown": accuracy.breakdown(job.accuracy),
         "svg": svg,
+        "spread_svg": spread_svg,
         "series": series,
         "final": job.status in JOB_TERMINAL,
         "refresh_ms": REFRESH_MS,

@@ -168,11 +168,21 @@ class MetricPoint(BaseModel):
     task_id: str
 
 
+class SpreadPoint(BaseModel):
+    step: int
+    spread: float
+
+
 class MetricSeries(BaseModel):
     job_id: str
     entropy_floor: float | None
     uniform_loss: float | None
     series: dict[str, list[MetricPoint]] = Field(description="Per region, in step order")
+    spread: dict[str, list[SpreadPoint]] = Field(
+        default_factory=dict,
+        description="Gossip jobs: per region, the regions' spread (largest distance of a region's "
+        "parameters from their mean) at each check, in step order",
+    )
 
 
 class EventRead(BaseModel):

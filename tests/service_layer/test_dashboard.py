@@ -10,9 +10,14 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agent.output import MetricsTracker
+from contracts.errors import InvalidArgument
 from control_layer.reactions import on_task_metrics, on_task_status
 from orchestration.settings import Settings
+from proto.cpn.agent.v1 import agent_pb2
+from resource_layer.convert import metrics_to_dict
 from service_layer.client import CpnClient
+from service_layer.dashboard.spread_svg import spread_curve_svg
 from service_layer.dashboard.svg import loss_curve_svg
 from service_layer.server import ServerHandle, start_server_in_thread
 from tests.service_layer.browser import CHROMIUM, Browser, dump_dom
@@ -229,6 +234,64 @@ def test_job_page_shows_where_the_time_went_and_the_overview_the_accuracy_of_all
         )
         assert "7.0s" in startup  # what the tasks reported, next to the quote's start-up
         shot = browser.screenshot(tmp_path / "job-accuracy.png")
+        assert shot.stat().st_size > 10_000
+    finally:
+        browser.close()
+
+
+def test_spread_svg_draws_checks_and_skips_bad_values() -> None:
+    svg = spread_curve_svg({"eu-west": [(10, 0.4), (20, float("nan")), (30, 0.1), (40, 0.0)]}, total_steps=40)
+    west = re.search(r'data-region="eu-west" data-points="(\d+)" data-last="([^"]+)"', svg)
+    assert west and west.group(1) == "3" and float(west.group(2)) == 0.0
+    assert svg.count('class="check"') == 3
+    assert "no spread check yet" in spread_curve_svg({}, total_steps=10)
+
+
+@needs_chromium
+def test_gossip_spread_travels_from_the_worker_line_to_the_job_page(
+    prod_server: ServerHandle, tmp_path: Path
+) -> None:
+    server = prod_server
+    spec = {**small_spec("gossip-job", steps=40), "sync": {"mode": "gossip", "every": 5}}
+    with CpnClient(server.http_url, ADMIN_KEY) as admin:
+        seed_fleet(server, admin)
+        job = wait_placed(admin, admin.submit(spec=spec, choice="cheapest")["id"])
+    for t in job["tasks"]:
+        on_task_status(server.ctx, t["node_id"], t["id"], "running")
+    # What a gossip worker prints: its spread only on check steps (every 10 here), 0 at the end.
+    spread = {10: 0.08, 20: 0.05, 30: 0.03, 40: 0.0}
+    trackers = {t["id"]: MetricsTracker(total_steps=40) for t in job["tasks"]}
+    for step in range(1, 41):
+        for t in job["tasks"]:
+            line = {"step": step, "loss": 1.0 + 3.0 * 0.9**step, "wall_s": 0.1, "sync": {}}
+            if step in spread:
+                line["gossip_spread"] = spread[step]
+            latest = trackers[t["id"]].update(line)
+            # The agent's TaskMetrics message, as the server's resource layer reads it.
+            back = metrics_to_dict(agent_pb2.TaskMetrics(assignment_id=t["id"], **latest))
+            assert ("gossip_spread" in back) == (step in spread)
+            on_task_metrics(server.ctx, t["node_id"], t["id"], back)
+    task = job["tasks"][0]
+    with pytest.raises(InvalidArgument, match="metrics.gossip_spread"):
+        on_task_metrics(server.ctx, task["node_id"], task["id"], {"step": 41, "gossip_spread": -1.0})
+    with CpnClient(server.http_url, ADMIN_KEY) as admin:
+        stored = admin.metrics(job["id"])["spread"][task["region"]]
+    assert [(p["step"], p["spread"]) for p in stored] == sorted(spread.items())
+
+    browser = Browser(tmp_path / "profile")
+    try:
+        browser.open(f"{server.http_url}/dashboard", "/dashboard")
+        sign_in = f"document.getElementById('key').value = {ADMIN_KEY!r};"
+        browser.evaluate(sign_in + " document.querySelector('form.login').submit()")
+        browser.wait_for("document.body.innerText.includes('gossip-job')", timeout_s=15)
+        browser.open(f"{server.http_url}/dashboard/jobs/{job['id']}", f"/dashboard/jobs/{job['id']}")
+        path = "document.querySelector('#gossip-spread svg.spread-curve path.series')"
+        assert browser.evaluate(f"Number({path}.dataset.points)") == 4
+        assert float(browser.evaluate(f"{path}.dataset.last")) == 0.0
+        d = browser.evaluate(f"{path}.getAttribute('d')")
+        ys = [float(p.split(",")[1]) for p in re.findall(r"[ML]([\d.]+,[\d.]+)", d)]
+        assert ys == sorted(ys)  # falling spread: each check lower on the page than the one before
+        shot = browser.screenshot(tmp_path / "gossip-spread.png")
         assert shot.stat().st_size > 10_000
     finally:
         browser.close()

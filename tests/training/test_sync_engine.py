@@ -106,6 +106,7 @@ def test_sync_averages_gradients_so_regions_follow_one_trajectory(tmp_path: Path
             "mode": "diloco",
             "every": 10,
             "overlap": True,
+            "overlap_steps": 1,  # what the control plane gives a link that hides an exchange in a step
             "overlap_merge": "mix",
             "compression": "int8",
             "outer_lr": 1.0,

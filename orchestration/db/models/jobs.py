@@ -126,4 +126,6 @@ class TaskMetric(Base):
     wan_bytes_recv: Mapped[int] = mapped_column(BigInteger, default=0)
     # The step's time by part (data_s, compute_s, optimizer_s, sync_s, checkpoint_s, wall_s), as reported.
     timings: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    # Gossip: the regions' spread at the latest check (None: not a gossip job, or no check yet).
+    gossip_spread: Mapped[float | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -17,7 +17,7 @@ from control_layer.planner.checkpoint_policy import (
     checkpoint_write_s,
 )
 from control_layer.planner.exhaustive import exhaustive_best
-from control_layer.planner.sync_settings import exchange_s, payload_bytes, sync_settings
+from control_layer.planner.sync_settings import exchange_s, overlap_delay, payload_bytes, sync_settings
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -61,6 +61,18 @@ def test_diloco_overlaps_and_streams_large_payloads_blocking_modes_do_not() -> N
     assert not sync_settings(
         mode="diloco", every=10, n_regions=1, payload=1e9, step_s=1, bandwidth_bps=None
     ).overlap
+
+
+def test_overlap_delay_is_the_fewest_steps_that_hide_the_exchange() -> None:
+    # sync_quality's workload: 1.34M parameters at int8 over a 3-region ring of 100 Mbit/s links
+    payload = payload_bytes(1_339_840, "int8", 0.01)
+    t = exchange_s(payload, 3, 1e8, 0.0)
+    assert 0.14 < t < 0.15
+    assert overlap_delay(20, payload, 3, 1e8, 0.0, 0.65) == 1  # a slow step hides it in one
+    assert overlap_delay(20, payload, 3, 1e8, 0.0, 0.1) == 2
+    assert overlap_delay(20, payload, 3, 1e8, 0.0, 0.001) == 20  # never more than a round: the rest blocks
+    assert overlap_delay(20, 0.0, 3, 1e8, 0.0, 1.0) == 1  # applied one step later at the soonest
+    assert overlap_delay(20, payload, 3, 0.0, 0.0, 0.1) == 10  # link unknown: half a round
 
 
 def test_every_option_of_a_plan_carries_its_runtime_settings() -> None:

@@ -187,7 +187,7 @@ class TaskStatus(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ..., result_json: _Optional[str] = ...) -> None: ...
 
 class TaskMetrics(_message.Message):
-    __slots__ = ("assignment_id", "step", "total_steps", "loss", "tokens_per_s", "compute_utilization", "wan_bytes_sent", "wan_bytes_recv", "sync_latency_s", "wall_time_s", "data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s", "checkpoint_step")
+    __slots__ = ("assignment_id", "step", "total_steps", "loss", "tokens_per_s", "compute_utilization", "wan_bytes_sent", "wan_bytes_recv", "sync_latency_s", "wall_time_s", "data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s", "checkpoint_step", "gossip_spread")
     ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +205,7 @@ class TaskMetrics(_message.Message):
     CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
     STEP_WALL_S_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_SPREAD_FIELD_NUMBER: _ClassVar[int]
     assignment_id: str
     step: int
     total_steps: int
@@ -222,7 +223,8 @@ class TaskMetrics(_message.Message):
     checkpoint_s: float
     step_wall_s: float
     checkpoint_step: int
-    def __init__(self, assignment_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., wan_bytes_sent: _Optional[int] = ..., wan_bytes_recv: _Optional[int] = ..., sync_latency_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., data_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., sync_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ..., step_wall_s: _Optional[float] = ..., checkpoint_step: _Optional[int] = ...) -> None: ...
+    gossip_spread: float
+    def __init__(self, assignment_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., wan_bytes_sent: _Optional[int] = ..., wan_bytes_recv: _Optional[int] = ..., sync_latency_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., data_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., sync_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ..., step_wall_s: _Optional[float] = ..., checkpoint_step: _Optional[int] = ..., gossip_spread: _Optional[float] = ...) -> None: ...
 
 class TaskLog(_message.Message):
     __slots__ = ("assignment_id", "stream", "line")
