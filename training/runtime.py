@@ -277,6 +277,7 @@ class Trainer:
         start, t0, first_at = self.step, time.perf_counter(), time.time()
         every, last = self.cfg.checkpoint.every, self.cfg.training.steps
         totals: dict[str, float] = {}
+        first: dict[str, float] | None = None
         while self.step < last:
             m = self.train_step()
             periodic = bool(every) and self.step % every == 0 and self.step < last
@@ -289,10 +290,14 @@ class Trainer:
                 callback(m)
             for key in STEP_PART_KEYS:
                 totals[key] = totals.get(key, 0.0) + m.get(key, 0.0)
+            if first is None:
+                first = {key: m.get(key, 0.0) for key in STEP_PART_KEYS}
         train_s = time.perf_counter() - t0
         # Totals over the run: the agent forwards per-step metrics at a bounded rate, so a sampled
         # step says little about parts that come every H steps (sync, checkpoints).
-        timing: dict[str, Any] = {"train_s": train_s, "parts_total_s": totals}
+        # The first step waits for every peer to be up (its first exchange), which is start-up, not
+        # the loop's steady state: kept apart so utilisation can be read without it.
+        timing: dict[str, Any] = {"train_s": train_s, "parts_total_s": totals, "first_step_s": first or {}}
         if spawned_at is not None:
             timing["startup_s"] = max(0.0, first_at - spawned_at)
         return {
