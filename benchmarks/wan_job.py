@@ -233,6 +233,8 @@ def run_job(
         "loss": sum(losses) / len(losses),
         "utilization": min(util.values()),
         "utilization_fwd_bwd": min(strict.values()),
+        "utilization_by_region": util,
+        "parts_by_region": {r: {"train_s": x["train_s"], **x["parts_total_s"]} for r, x in results.items()},
         "wan_bytes_veth": after - before,
         "wan_bytes_metrics": sum(
             int((t["last_metrics"] or {}).get("wan_bytes_sent", 0)) for t in done["tasks"]
@@ -330,7 +332,7 @@ def main() -> int:
                     name.replace(" ", "-").replace("=", "").lower(), model, batch, args.steps, sync
                 )
                 rows[name] = r = run_job(fleet, name, spec, 3600)
-                print(json.dumps({k: v for k, v in r.items() if k != "events"}), flush=True)
+                print(json.dumps(r), flush=True)
             if not args.no_fault:
                 spec = job_spec("fault-diloco-h20", model, batch, args.steps, {"mode": "diloco", "every": 20})
                 rows["fault: diloco H=20"] = r = run_job(fleet, "fault: diloco H=20", spec, 3600, fault=True)

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 from contracts.errors import InvalidArgument
 from contracts.worker_config import WorkerConfig
 from training.byo import DatasetStream, build_byo
-from training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from training.checkpoint import BackgroundSaver, latest_checkpoint, load_checkpoint
 from training.data.markov import MarkovSource
 from training.data.streams import BatchStream, build_stream, derive_seed
 from training.metrics import MetricsCallback
@@ -99,6 +99,7 @@ class Trainer:
     step: int = 0  # optimizer steps completed
     history: list[float] = field(default_factory=list)
     checkpoint_step: int | None = None  # the latest complete checkpoint this run wrote or resumed
+    saver: BackgroundSaver | None = None
     first_step: int = 1  # the first step this process runs: it meets the peers there
 
     @property
@@ -204,6 +205,7 @@ class Trainer:
         }
         if grad_norm is not None:
             m["grad_norm"] = grad_norm
+        self._poll_checkpoint()
         if self.checkpoint_step is not None:
             m["checkpoint_step"] = self.checkpoint_step
         if self.entropy_floor is not None:
@@ -241,7 +243,9 @@ class Trainer:
             group["lr"] = lr
         sched.last_epoch, sched._last_lr = step, lrs
 
-    def save(self) -> None:
+    def save(self, wait: bool = True) -> None:
+        """Checkpoint this step. With ``wait=False`` the writing overlaps the next steps (it is
+        reported as complete once it is); the run's last checkpoint is waited for."""
         ck = self.cfg.checkpoint
         if ck.dir is None:
             return
@@ -249,8 +253,15 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "sync": self.sync.state_dict() if self.ctx.is_leader else {},
         }
-        save_checkpoint(ck.dir, self.step, self.model, self.optimizer, extra, ck.keep_last)
-        self.checkpoint_step = self.step
+        if self.saver is None:
+            self.saver = BackgroundSaver(ck.keep_last)
+        self.saver.save(ck.dir, self.step, self.model, self.optimizer, extra)
+        if wait:
+            self.checkpoint_step = self.saver.wait()
+
+    def _poll_checkpoint(self) -> None:
+        if self.saver is not None and (done := self.saver.poll()) is not None:
+            self.checkpoint_step = done
 
     def maybe_resume(self) -> bool:
         """From the latest complete checkpoint in the dir; else, with ``start_step``, begin at that
@@ -283,7 +294,7 @@ class Trainer:
             periodic = bool(every) and self.step % every == 0 and self.step < last
             if self.cfg.checkpoint.dir is not None and (periodic or self.step == last):
                 t_save = time.perf_counter()
-                self.save()
+                self.save(wait=self.step == last)
                 m["checkpoint_s"] = time.perf_counter() - t_save
                 m["wall_s"] += m["checkpoint_s"]
             if callback is not None and self.ctx.is_leader:
@@ -316,6 +327,8 @@ class Trainer:
         }
 
     def close(self) -> None:
+        if self.saver is not None:
+            self.saver.close()
         self.sync.close()
 
 
