@@ -144,14 +144,20 @@ class Fleet:
     def work_dir(self, node_cluster: str) -> Path:
         return self.root / f"agent-{node_cluster}"
 
-    def wait_links(self, timeout_s: float = 180.0) -> list[dict[str, Any]]:
-        """Until the agents have measured every link (or the timeout: the declared ones stand)."""
+    def wait_links(self, timeout_s: float = 240.0, quiet_s: float = 20.0) -> list[dict[str, Any]]:
+        """Until the agents have measured every link and no probe has been ordered for ``quiet_s``
+        (every node probes its peers once: 4 MiB each, which must not land in a job's bytes), or
+        the timeout (the declared links then stand)."""
         assert self.client is not None
-        deadline = time.monotonic() + timeout_s
+        deadline, seen, since = time.monotonic() + timeout_s, -1, time.monotonic()
         while True:
             links = self.client.get("/v1/links").raise_for_status().json()
+            probes = len(self.client.get("/v1/links/probes", params={"limit": 500}).raise_for_status().json())
+            if probes != seen:
+                seen, since = probes, time.monotonic()
             pairs = {tuple(sorted((ln["src"], ln["dst"]))) for ln in links if ln["source"] == "measured"}
-            if len(pairs) >= len(REGIONS) * (len(REGIONS) - 1) // 2 or time.monotonic() > deadline:
+            measured = len(pairs) >= len(REGIONS) * (len(REGIONS) - 1) // 2
+            if (measured and time.monotonic() - since >= quiet_s) or time.monotonic() > deadline:
                 return links
             time.sleep(2)
 
