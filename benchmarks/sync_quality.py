@@ -38,6 +38,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _wan_workload import (  # noqa: E402
+    BATCH,
+    DATA,
+    LINK_MBIT,
+    LR,
+    MODEL,
+    QUICK_BATCH,
+    QUICK_MODEL,
+    REGIONS,
+    SEED,
+    WARMUP,
+)
 from netlab import NetLab, netns_available  # noqa: E402
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 
@@ -51,12 +63,7 @@ from training.data.streams import build_stream  # noqa: E402
 from training.models.gpt import GPT  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-REGIONS = ["ap-south", "eu-west", "us-east"]
 SUBNET, PREFIX, PORT = "10.213.21", "cpnsq", 29700
-LINK_MBIT = 100.0
-MODEL = {"n_layers": 4, "d_model": 160, "n_heads": 4, "vocab": 256, "seq_len": 128}
-QUICK_MODEL = {"n_layers": 2, "d_model": 32, "n_heads": 4, "vocab": 32, "seq_len": 32}
-DATA = {"kind": "synthetic-markov", "seed": 3}
 
 
 def modes() -> list[tuple[str, dict[str, Any]]]:
@@ -99,7 +106,7 @@ def configs(model: dict, batch: int, steps: int, sync: dict, lab: NetLab, wd: Pa
             "cluster": f"{r}-c0",
             "model": model,
             "data": DATA,
-            "training": {"steps": steps, "local_batch": batch, "lr": 1e-3, "warmup": 10, "seed": 7},
+            "training": {"steps": steps, "local_batch": batch, "lr": LR, "warmup": WARMUP, "seed": SEED},
             "metrics_path": str(wd / r / "metrics.jsonl"),
             "checkpoint": {"dir": str(wd / r / "ckpt"), "resume": False},
             "device": "cpu",
@@ -248,7 +255,7 @@ def main() -> int:
     if why:
         print(f"needs network namespaces: {why}", file=sys.stderr)
         return 2
-    model, batch = (QUICK_MODEL, 4) if args.quick else (MODEL, 8)
+    model, batch = (QUICK_MODEL, QUICK_BATCH) if args.quick else (MODEL, BATCH)
     rows: dict[str, dict[str, Any]] = {}
     lab_args = {"prefix": PREFIX, "subnet": SUBNET}
     with tempfile.TemporaryDirectory() as tmp, NetLab(REGIONS, LINK_MBIT, **lab_args) as lab:

@@ -110,20 +110,30 @@ def handle_lost_task(ctx: ServerContext, session: Session, job: Job, lost: Task,
     )
     others = [t for t in tasks if t.id != lost.id]
     replacement = _replace(ctx, session, job, spec, lost, others)
-    if replacement is None:
+    if isinstance(replacement, str):
         record_event(
             session,
             ctx.bus,
             "job.region_dropped",
             job.id,
-            {"participant": key, "task_id": lost.id, "why": "no node can take its place; the others go on"},
+            {"participant": key, "task_id": lost.id, "why": replacement},
         )
     return True
 
 
 def _replace(
     ctx: ServerContext, session: Session, job: Job, spec: JobSpec, lost: Task, others: list[Task]
-) -> Task | None:
+) -> Task | str:
+    """The lost task's replacement, dispatched; or why there is none."""
+    steps = spec.training.steps
+    survivors_at = [
+        int(s)
+        for t in others
+        if isinstance(s := (t.last_metrics or {}).get("step"), int) and t.status in TASK_ACTIVE
+    ] + [steps for t in others if t.status == "succeeded"]
+    if max(survivors_at, default=0) >= steps:
+        # A replacement could only start from scratch and train the whole run alone.
+        return "the others are at their last step; they finish without it"
     failed_nodes = set(
         session.scalars(select(Task.node_id).where(Task.job_id == job.id, Task.status == "failed"))
     )
@@ -145,13 +155,7 @@ def _replace(
         exclude_nodes=frozenset(failed_nodes | busy_nodes | {lost.node_id}),
     )
     if pick is None:
-        return None
-    steps = spec.training.steps
-    survivors_at = [
-        int(s)
-        for t in others
-        if isinstance(s := (t.last_metrics or {}).get("step"), int) and t.status in TASK_ACTIVE
-    ]
+        return "no node can take its place; the others go on"
     start = max(survivors_at, default=0)
     if not start:
         done = [int(c["step"]) for c in job_checkpoints(session, job.id).values()]
@@ -178,7 +182,7 @@ def _replace(
             task = allocate_replacement(session, job, lost, pick.node_id, pick.devices, configure)
     except AllocationConflict as exc:
         log.info("job %s: replacement of task %s collided (%s)", job.id, lost.id, exc.message)
-        return None
+        return "no node can take its place now (its devices were taken); the others go on"
     dispatch(session, ctx.bus, task)
     record_event(
         session,

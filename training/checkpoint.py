@@ -9,8 +9,10 @@ never resumed from. The directory must be visible to every rank of the cluster (
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,57 @@ def save_checkpoint(
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return path
+
+
+class BackgroundSaver:
+    """Checkpoints written while training goes on: ``save`` copies the state (DCP's staging) and
+    returns; the shards, ``meta.pt`` and ``COMPLETE`` are written by a thread. One save is in
+    flight at a time (the next waits for it). DCP's collectives run on a process group of their
+    own, so they never interleave with the training loop's. Collective: every rank builds one."""
+
+    def __init__(self, keep_last: int) -> None:
+        self.keep_last = keep_last
+        self.group = dist.new_group(backend="gloo")
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
+        self.pending: Future[int] | None = None
+        self.completed: int | None = None
+
+    def save(
+        self, root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict
+    ) -> None:
+        self.wait()
+        path = step_dir(root, step)
+        msd, osd = get_state_dict(model, optimizer)
+        written = dcp.async_save(
+            {"model": msd, "optim": osd}, checkpoint_id=str(path), process_group=self.group
+        )
+        meta = copy.deepcopy({"step": step, **extra}) if dist.get_rank() == 0 else None  # as of this step
+        self.pending = self.pool.submit(self._finish, written, root, path, step, meta)
+
+    def _finish(self, written: Any, root: str | Path, path: Path, step: int, meta: dict | None) -> int:
+        written.result()  # every rank's shards and the metadata are on disk
+        if meta is not None:
+            torch.save(meta, path / "meta.pt")
+            (path / _DONE).write_text(str(step))
+            for _, old in complete_checkpoints(root)[: -self.keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+        return step
+
+    def poll(self) -> int | None:
+        """The step of the newest save that has completed (None before the first)."""
+        if self.pending is not None and self.pending.done():
+            self.completed, self.pending = self.pending.result(), None
+        return self.completed
+
+    def wait(self) -> int | None:
+        """Block until the save in flight has completed; returns the newest completed step."""
+        if self.pending is not None:
+            self.completed, self.pending = self.pending.result(), None
+        return self.completed
+
+    def close(self) -> None:
+        self.wait()
+        self.pool.shutdown()
 
 
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

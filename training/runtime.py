@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 from contracts.errors import InvalidArgument
 from contracts.worker_config import WorkerConfig
 from training.byo import DatasetStream, build_byo
-from training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from training.checkpoint import BackgroundSaver, latest_checkpoint, load_checkpoint
 from training.data.markov import MarkovSource
 from training.data.streams import BatchStream, build_stream, derive_seed
 from training.exchange_totals import ExchangeTotals
@@ -100,6 +100,7 @@ class Trainer:
     step: int = 0  # optimizer steps completed
     history: list[float] = field(default_factory=list)
     checkpoint_step: int | None = None  # the latest complete checkpoint this run wrote or resumed
+    saver: BackgroundSaver | None = None
     first_step: int = 1  # the first step this process runs: it meets the peers there
     exchanged: bool = False  # whether the last step exchanged with the other regions
 
@@ -208,6 +209,7 @@ class Trainer:
         }
         if grad_norm is not None:
             m["grad_norm"] = grad_norm
+        self._poll_checkpoint()
         if self.checkpoint_step is not None:
             m["checkpoint_step"] = self.checkpoint_step
         if self.entropy_floor is not None:
@@ -245,7 +247,9 @@ class Trainer:
             group["lr"] = lr
         sched.last_epoch, sched._last_lr = step, lrs
 
-    def save(self) -> None:
+    def save(self, wait: bool = True) -> None:
+        """Checkpoint this step. With ``wait=False`` the writing overlaps the next steps (it is
+        reported as complete once it is); the run's last checkpoint is waited for."""
         ck = self.cfg.checkpoint
         if ck.dir is None:
             return
@@ -253,8 +257,15 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "sync": self.sync.state_dict() if self.ctx.is_leader else {},
         }
-        save_checkpoint(ck.dir, self.step, self.model, self.optimizer, extra, ck.keep_last)
-        self.checkpoint_step = self.step
+        if self.saver is None:
+            self.saver = BackgroundSaver(ck.keep_last)
+        self.saver.save(ck.dir, self.step, self.model, self.optimizer, extra)
+        if wait:
+            self.checkpoint_step = self.saver.wait()
+
+    def _poll_checkpoint(self) -> None:
+        if self.saver is not None and (done := self.saver.poll()) is not None:
+            self.checkpoint_step = done
 
     def maybe_resume(self) -> bool:
         """From the latest complete checkpoint in the dir; else, with ``start_step``, begin at that
@@ -282,23 +293,28 @@ class Trainer:
         every, last = self.cfg.checkpoint.every, self.cfg.training.steps
         totals: dict[str, float] = {}
         exchanges = ExchangeTotals()
+        first: dict[str, float] | None = None
         while self.step < last:
             m = self.train_step()
             exchanges.add(m, exchanged=self.exchanged, joining=self.step == self.first_step)
             periodic = bool(every) and self.step % every == 0 and self.step < last
             if self.cfg.checkpoint.dir is not None and (periodic or self.step == last):
                 t_save = time.perf_counter()
-                self.save()
+                self.save(wait=self.step == last)
                 m["checkpoint_s"] = time.perf_counter() - t_save
                 m["wall_s"] += m["checkpoint_s"]
             if callback is not None and self.ctx.is_leader:
                 callback(m)
             for key in STEP_PART_KEYS:
                 totals[key] = totals.get(key, 0.0) + m.get(key, 0.0)
+            if first is None:
+                first = {key: m.get(key, 0.0) for key in STEP_PART_KEYS}
         train_s = time.perf_counter() - t0
         # Totals over the run: the agent forwards per-step metrics at a bounded rate, so a sampled
         # step says little about parts that come every H steps (sync, checkpoints).
-        timing: dict[str, Any] = {"train_s": train_s, "parts_total_s": totals}
+        # The first step waits for every peer to be up (its first exchange), which is start-up, not
+        # the loop's steady state: kept apart so utilisation can be read without it.
+        timing: dict[str, Any] = {"train_s": train_s, "parts_total_s": totals, "first_step_s": first or {}}
         if exchanges.n:
             timing["exchange_totals"] = exchanges.as_dict()
         if spawned_at is not None:
@@ -319,6 +335,8 @@ class Trainer:
         }
 
     def close(self) -> None:
+        if self.saver is not None:
+            self.saver.close()
         self.sync.close()
 
 

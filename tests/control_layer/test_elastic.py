@@ -108,3 +108,17 @@ def test_which_losses_stop_the_attempt() -> None:
     assert "parameter server" in (elastic_refusal("async", named, named[2], 2) or "")
     assert elastic_refusal("async", named, named[0], 2) is None
     assert "retries" in (elastic_refusal("local_sgd", [a, b], b, 0) or "")
+
+
+def test_no_replacement_once_the_others_are_at_their_last_step(ctx: ServerContext) -> None:
+    """A replacement then could only start from step 0 and train the whole run alone."""
+    job_id, _ = _setup(ctx)
+    _, (bad, sibling), _, _ = _read(ctx, job_id)
+    for t in (bad, sibling):
+        on_task_status(ctx, t.node_id, t.id, "running", "", None, None)
+    on_task_metrics(ctx, sibling.node_id, sibling.id, {"step": 40, "loss": 3.0, "checkpoint_step": 40})
+
+    on_task_status(ctx, bad.node_id, bad.id, "failed", "node lost: no heartbeat", None, None)
+    job, tasks, events, active = _read(ctx, job_id)
+    assert job.status == "running" and len(tasks) == 2 and active == {sibling.id}
+    assert events[-1].kind == "job.region_dropped" and "last step" in events[-1].payload["why"]

@@ -51,6 +51,7 @@ def test_single_process_learns_the_markov_language_down_to_its_floor(tmp_path: P
     assert m["data_s"] + m["compute_s"] + m["optimizer_s"] + m["sync_s"] == pytest.approx(m["wall_s"])
     result = run.result or {}
     assert result["parts_total_s"]["compute_s"] == pytest.approx(sum(x["compute_s"] for x in lines))
+    assert result["first_step_s"]["wall_s"] == pytest.approx(lines[0]["wall_s"])
     assert result["train_s"] > 0 and result["final_sync_s"] >= 0
     assert "startup_s" not in result  # started without CPN_SPAWNED_AT: nothing to measure from
 
