@@ -18,13 +18,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from contracts.job_spec import JobSpec
-from contracts.states import TASK_ACTIVE
+from contracts.states import TASK_ACTIVE, TaskState
 from control_layer.allocation import AllocationConflict, allocate_replacement, release
 from control_layer.checkpoints import job_checkpoints
-from control_layer.dispatch import dispatch
+from control_layer.dispatch import dispatch, send_cancel
 from control_layer.lifecycle import wake_placer
 from control_layer.planner.replacement import pick_replacement
 from control_layer.snapshot import build_snapshot
+from control_layer.task_states import move_task
 from control_layer.worker_config import TaskSlot
 from orchestration.context import ServerContext
 from orchestration.db.models import Accelerator, Job, Task
@@ -119,6 +120,39 @@ def handle_lost_task(ctx: ServerContext, session: Session, job: Job, lost: Task,
             {"participant": key, "task_id": lost.id, "why": replacement},
         )
     return True
+
+
+def drop_stranded_replacements(ctx: ServerContext, session: Session, job: Job, tasks: list[Task]) -> None:
+    """Once every other task has finished, a replacement that has not trained a step since it
+    started can meet no peer: it would wait out its start-up timeout and then train the rest of the
+    run alone, while the job's model is the finished tasks' one. Cancel and drop it.
+    ``tasks``: the attempt's tasks that were not dropped before."""
+    active = [t for t in tasks if t.status in TASK_ACTIVE]
+    if not active or any(t.status != TaskState.SUCCEEDED for t in tasks if t.status not in TASK_ACTIVE):
+        return
+    if not all(_stranded(t) for t in active):
+        return
+    why = "the others finished before it met them; they finish without it"
+    for t in active:
+        t.dropped = True
+        move_task(t, TaskState.CANCELLED, message=why)
+        send_cancel(session, ctx.bus, t, why)
+        record_event(
+            session,
+            ctx.bus,
+            "job.region_dropped",
+            job.id,
+            {"participant": participant(t), "task_id": t.id, "why": why},
+        )
+    release(session, job.id, [t.id for t in active])
+    wake_placer(session, ctx.bus, "devices released", job.id)
+
+
+def _stranded(task: Task) -> bool:
+    """A replacement (it has a start step) that has reported no step after it."""
+    start = ((task.worker_config or {}).get("checkpoint") or {}).get("start_step")
+    step = (task.last_metrics or {}).get("step")
+    return isinstance(start, int) and start > 0 and not (isinstance(step, int) and step > start)
 
 
 def _replace(

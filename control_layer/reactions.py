@@ -19,7 +19,7 @@ from contracts.errors import InvalidArgument, NotFound, PermissionDenied
 from contracts.states import JOB_ACTIVE, TASK_ACTIVE, JobState, TaskState, task_move_applies
 from control_layer.calibration import TIMING_KEYS
 from control_layer.dispatch import assignment_message, send_cancel
-from control_layer.elastic import handle_lost_task
+from control_layer.elastic import drop_stranded_replacements, handle_lost_task
 from control_layer.lifecycle import transition
 from control_layer.task_states import move_task, normalize_task_state
 from orchestration.context import ServerContext
@@ -109,6 +109,7 @@ def _maybe_running(ctx: ServerContext, session: Session, job: Job) -> None:
 
 
 def _maybe_succeeded(ctx: ServerContext, session: Session, job: Job) -> None:
+    drop_stranded_replacements(ctx, session, job, _attempt_tasks(session, job))
     tasks = _attempt_tasks(session, job)
     if not all(t.status == TaskState.SUCCEEDED for t in tasks):
         _maybe_running(ctx, session, job)

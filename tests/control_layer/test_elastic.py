@@ -122,3 +122,45 @@ def test_no_replacement_once_the_others_are_at_their_last_step(ctx: ServerContex
     job, tasks, events, active = _read(ctx, job_id)
     assert job.status == "running" and len(tasks) == 2 and active == {sibling.id}
     assert events[-1].kind == "job.region_dropped" and "last step" in events[-1].payload["why"]
+
+
+def test_a_replacement_the_others_finished_without_is_dropped(ctx: ServerContext) -> None:
+    job_id, _ = _setup(ctx)
+    _, (bad, sibling), _, _ = _read(ctx, job_id)
+    for t in (bad, sibling):
+        on_task_status(ctx, t.node_id, t.id, "running", "", None, None)
+    on_task_metrics(ctx, sibling.node_id, sibling.id, {"step": 17, "loss": 3.0})
+    on_task_status(ctx, bad.node_id, bad.id, "failed", "node lost: no heartbeat", None, None)
+    _, tasks, _, _ = _read(ctx, job_id)
+    (new,) = [t for t in tasks if t.id not in (bad.id, sibling.id)]
+    on_task_status(ctx, new.node_id, new.id, "running", "", None, None)
+
+    # The sibling finishes before its replacement has trained a step past its start: the
+    # replacement could only wait for peers that are gone, so it is cancelled and dropped.
+    on_task_status(ctx, sibling.node_id, sibling.id, "succeeded", "done", 0, {"steps": 40})
+    job, tasks, events, active = _read(ctx, job_id)
+    assert job.status == "succeeded" and set(job.result["per_task"]) == {sibling.id}
+    replacement = {t.id: t for t in tasks}[new.id]
+    assert replacement.status == "cancelled" and replacement.dropped and active == set()
+    dropped = [e for e in events if e.kind == "job.region_dropped"]
+    assert dropped and dropped[-1].payload["task_id"] == new.id
+
+
+def test_a_replacement_that_trains_with_the_others_is_waited_for(ctx: ServerContext) -> None:
+    job_id, _ = _setup(ctx)
+    _, (bad, sibling), _, _ = _read(ctx, job_id)
+    for t in (bad, sibling):
+        on_task_status(ctx, t.node_id, t.id, "running", "", None, None)
+    on_task_metrics(ctx, sibling.node_id, sibling.id, {"step": 17, "loss": 3.0})
+    on_task_status(ctx, bad.node_id, bad.id, "failed", "node lost: no heartbeat", None, None)
+    _, tasks, _, _ = _read(ctx, job_id)
+    (new,) = [t for t in tasks if t.id not in (bad.id, sibling.id)]
+    on_task_status(ctx, new.node_id, new.id, "running", "", None, None)
+    on_task_metrics(ctx, new.node_id, new.id, {"step": 39, "loss": 3.0})  # it met the others
+
+    on_task_status(ctx, sibling.node_id, sibling.id, "succeeded", "done", 0, {"steps": 40})
+    job, tasks, _, _ = _read(ctx, job_id)
+    assert job.status == "running" and {t.id: t for t in tasks}[new.id].status == "running"
+    on_task_status(ctx, new.node_id, new.id, "succeeded", "done", 0, {"steps": 40})
+    job, _, _, _ = _read(ctx, job_id)
+    assert job.status == "succeeded" and set(job.result["per_task"]) == {sibling.id, new.id}
