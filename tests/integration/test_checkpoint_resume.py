@@ -111,7 +111,9 @@ def test_an_elastic_job_replaces_only_the_lost_region(control_plane: Any, tmp_pa
     ]
     procs = launch(handle, client, specs, tmp_path)
     by_region = dict(zip([s.region for s in specs], procs, strict=True))
-    spec = job_spec(400) | {"sync": {"mode": "diloco", "every": 10}}
+    # Long enough that the survivor still trains when its replacement has started (a replacement
+    # the others finished without is dropped: test_elastic.py).
+    spec = job_spec(2000) | {"sync": {"mode": "diloco", "every": 10}}
     spec["training"] = spec["training"] | {"checkpoint_every": EVERY}
     try:
         job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
