@@ -46,8 +46,9 @@ def elastic_refusal(mode: str, tasks: list[Task], lost: Task, max_drops: int) ->
     if mode not in ELASTIC_MODES:
         return f"mode {mode} exchanges every step in lockstep"
     others = [t for t in tasks if t.id != lost.id]
-    if not any(t.status in TASK_ACTIVE for t in others):
-        return "no other task is still training"
+    # Others that finished hold the job's model: it ends without the lost task (``_replace`` drops it).
+    if not any(t.status in TASK_ACTIVE or t.status == TaskState.SUCCEEDED for t in others):
+        return "no other task is still training or has finished"
     names = sorted({participant(t) for t in tasks})
     ps = (lost.worker_config.get("sync") or {}).get("ps_region") or names[0]
     if mode == "async" and participant(lost) == ps:

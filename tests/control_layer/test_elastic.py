@@ -101,7 +101,8 @@ def test_which_losses_stop_the_attempt() -> None:
     a, b, c = _task("a"), _task("b"), _task("c")
     assert elastic_refusal("diloco", [a, b, c], b, 2) is None
     assert "lockstep" in (elastic_refusal("sync", [a, b], b, 2) or "")
-    assert "still training" in (elastic_refusal("gossip", [a, _task("b", "succeeded")], a, 2) or "")
+    assert "still training" in (elastic_refusal("gossip", [a, _task("b", "cancelled")], a, 2) or "")
+    assert elastic_refusal("gossip", [a, _task("b", "succeeded")], a, 2) is None  # b holds the model
     assert "parameter server" in (elastic_refusal("async", [a, b, c], a, 2) or "")  # first name serves
     assert elastic_refusal("async", [a, b, c], b, 2) is None
     named = [_task(k, ps_region="c") for k in "abc"]
@@ -164,3 +165,18 @@ def test_a_replacement_that_trains_with_the_others_is_waited_for(ctx: ServerCont
     on_task_status(ctx, new.node_id, new.id, "succeeded", "done", 0, {"steps": 40})
     job, _, _, _ = _read(ctx, job_id)
     assert job.status == "succeeded" and set(job.result["per_task"]) == {sibling.id, new.id}
+
+
+def test_a_task_lost_after_the_others_finished_is_dropped_and_the_job_succeeds(ctx: ServerContext) -> None:
+    job_id, _ = _setup(ctx)
+    _, (bad, sibling), _, _ = _read(ctx, job_id)
+    for t in (bad, sibling):
+        on_task_status(ctx, t.node_id, t.id, "running", "", None, None)
+    on_task_status(ctx, sibling.node_id, sibling.id, "succeeded", "done", 0, {"steps": 40})
+    on_task_status(ctx, bad.node_id, bad.id, "failed", "node lost: no heartbeat", None, None)
+    job, tasks, events, active = _read(ctx, job_id)
+    assert (job.status, job.attempt) == ("succeeded", 1)  # not paused and run again
+    assert len(tasks) == 2 and {t.id: t for t in tasks}[bad.id].dropped and active == set()
+    assert set(job.result["per_task"]) == {sibling.id}
+    kinds = [e.kind for e in events]
+    assert "job.region_dropped" in kinds and "job.paused" not in kinds and "job.pending" not in kinds
