@@ -86,6 +86,9 @@ class CheckpointSpec(BaseModel):
     # With no checkpoint in dir: the step to begin at, the model coming from the job's surviving
     # regions at the first exchange (a replacement task on a node without its checkpoint).
     start_step: int | None = Field(default=None, ge=0)
+    # Resume from the latest complete checkpoint at or before this step: a synchronous job resumes
+    # every region from one step, though a region may have finished a later checkpoint.
+    resume_at_most: int | None = Field(default=None, ge=0)
 
 
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

@@ -193,7 +193,7 @@ def build_worker_configs(
                 else _solo(option, offset)
             ),
             "checkpoint": _checkpoint(
-                job_id, key, slot, runtime, checkpoints or {}, multi, spec.training.steps
+                job_id, key, slot, runtime, checkpoints or {}, multi, spec.training.steps, spec.sync.mode
             ),
             "entrypoint": spec.entrypoint,
         }
@@ -269,13 +269,19 @@ def _checkpoint(
     checkpoints: dict[str, dict[str, Any]],
     multi: bool,
     steps: int,
+    mode: str,
 ) -> dict[str, Any]:
     own = checkpoints.get(key)
-    start_step = None
-    if multi and not (own and own.get("node_id") == slot.node_id):
+    start_step = resume_at_most = None
+    done = [int(c["step"]) for c in checkpoints.values() if isinstance(c.get("step"), int)]
+    if multi and mode == "sync" and done:
+        # Lockstep regions must resume at one step: the earliest any region completed (a region
+        # may have finished a later one before the job paused). One without a checkpoint there
+        # takes the others' model at that step.
+        start_step = resume_at_most = min(done)
+    elif multi and not (own and own.get("node_id") == slot.node_id):
         # No checkpoint of its own here: begin where the job's checkpoints are and take the
         # survivors' model at the first exchange (the engine catches a late joiner up).
-        done = [int(c["step"]) for c in checkpoints.values() if isinstance(c.get("step"), int)]
         if own and isinstance(own.get("step"), int):
             start_step = int(own["step"])
         elif done:
@@ -286,6 +292,7 @@ def _checkpoint(
         "dir": checkpoint_dir(job_id, key),
         "every": runtime.checkpoint_every,
         "start_step": start_step,
+        "resume_at_most": resume_at_most,
     }
 
 

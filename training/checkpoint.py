@@ -42,8 +42,8 @@ def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    found = complete_checkpoints(root)
+def latest_checkpoint(root: str | Path, at_most: int | None = None) -> Path | None:
+    found = [(s, p) for s, p in complete_checkpoints(root) if at_most is None or s <= at_most]
     return found[-1][1] if found else None
 
 

@@ -272,7 +272,7 @@ class Trainer:
         step (fresh optimizer state, the LR schedule where it would be) and take the model from
         the peers at the first exchange. True when the run does not start at step 0."""
         ck = self.cfg.checkpoint
-        path = latest_checkpoint(ck.dir) if ck.dir is not None and ck.resume else None
+        path = latest_checkpoint(ck.dir, ck.resume_at_most) if ck.dir is not None and ck.resume else None
         if path is not None:
             meta = load_checkpoint(path, self.model, self.optimizer)
             self.scheduler.load_state_dict(meta["scheduler"])

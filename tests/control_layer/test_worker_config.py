@@ -208,6 +208,23 @@ def test_a_task_without_its_checkpoint_starts_at_the_jobs_step_and_one_with_it_r
     assert {cfg["checkpoint"]["start_step"] for cfg in configs.values()} == {None}
 
 
+def test_a_synchronous_job_resumes_every_region_at_one_step() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0)])
+    option = option.model_copy(update={"sync": option.sync.model_copy(update={"mode": "sync"})})
+    spec = tiny_spec(sync={"mode": "sync", "every": 1}, training={"steps": 40, "global_batch_tokens": 64})
+    records = {
+        "eu-west": {"step": 30, "node_id": n["eu"].id},  # finished a later checkpoint before the pause
+        "us-east": {"step": 20, "node_id": "gone-node"},  # its node is gone with step 30's
+    }
+    configs = build_worker_configs("job", spec, option, _slots(option, c), checkpoints=records)
+    for cfg in configs.values():
+        assert (cfg["checkpoint"]["resume_at_most"], cfg["checkpoint"]["start_step"]) == (20, 20)
+        validate_worker_config(cfg)
+    fresh = build_worker_configs("job", spec, option, _slots(option, c))
+    assert {cfg["checkpoint"]["resume_at_most"] for cfg in fresh.values()} == {None}
+
+
 def test_dense_modes_get_the_planners_ring_order_in_participant_names() -> None:
     c, n = _fleet()
     option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0), (c["ap"], n["ap"], 0)])

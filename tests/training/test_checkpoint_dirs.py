@@ -15,3 +15,5 @@ def test_latest_ignores_interrupted_saves(tmp_path: Path) -> None:
     (tmp_path / "other").mkdir()
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [2, 4]
     assert latest_checkpoint(tmp_path) == step_dir(tmp_path, 4)
+    assert latest_checkpoint(tmp_path, at_most=3) == step_dir(tmp_path, 2)  # one step for every region
+    assert latest_checkpoint(tmp_path, at_most=1) is None
