@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from html import escape
 
-from service_layer.dashboard.svg import PALETTE, Frame, _fmt, nice_ticks
+from service_layer.dashboard.svg import PALETTE, Frame, _fmt, empty_note, legend_entry, nice_ticks
 
 
 def spread_curve_svg(
@@ -64,15 +64,8 @@ def spread_curve_svg(
                 f'<circle class="check" cx="{sx(s):.1f}" cy="{sy(v):.1f}" r="2.5" fill="{color}"/>'
                 for s, v in pts
             )
-        lx = f.left + 120 * i
-        out.append(
-            f'<rect class="legend-swatch" x="{lx}" y="{f.top - 20}" width="10" height="10" fill="{color}"/>'
-        )
-        out.append(f'<text class="legend" x="{lx + 15}" y="{f.top - 11}">{escape(region)}</text>')
+        out.extend(legend_entry(f, i, region, color))
     if not values:
-        out.append(
-            f'<text class="empty" x="{f.left + f.plot_w / 2:.1f}" y="{f.top + f.plot_h / 2:.1f}" '
-            'text-anchor="middle">no spread check yet</text>'
-        )
+        out.append(empty_note(f, "no spread check yet"))
     out.append("</svg>")
     return "\n".join(out)

@@ -44,6 +44,23 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return ticks
 
 
+def legend_entry(f: Frame, i: int, name: str, color: str) -> list[str]:
+    """The i-th legend entry, in a row above the plot where no curve can hide it."""
+    lx = f.left + 120 * i
+    return [
+        f'<rect class="legend-swatch" x="{lx}" y="{f.top - 20}" width="10" height="10" fill="{color}"/>',
+        f'<text class="legend" x="{lx + 15}" y="{f.top - 11}">{escape(name)}</text>',
+    ]
+
+
+def empty_note(f: Frame, text: str) -> str:
+    """A note in the middle of an empty plot."""
+    return (
+        f'<text class="empty" x="{f.left + f.plot_w / 2:.1f}" y="{f.top + f.plot_h / 2:.1f}" '
+        f'text-anchor="middle">{escape(text)}</text>'
+    )
+
+
 def _fmt(v: float) -> str:
     return f"{v:.1f}".rstrip("0").rstrip(".") if abs(v) >= 100 else f"{v:.3g}"
 
@@ -133,16 +150,8 @@ def loss_curve_svg(
                 f'<path class="series" data-region="{escape(region)}" data-points="{n}" '
                 f'stroke="{color}" fill="none" d="{" ".join(d)}"/>'
             )
-        # Legend in a row above the plot, where no curve can hide it.
-        lx = f.left + 120 * i
-        out.append(
-            f'<rect class="legend-swatch" x="{lx}" y="{f.top - 20}" width="10" height="10" fill="{color}"/>'
-        )
-        out.append(f'<text class="legend" x="{lx + 15}" y="{f.top - 11}">{escape(region)}</text>')
+        out.extend(legend_entry(f, i, region, color))
     if not finite:
-        out.append(
-            f'<text class="empty" x="{f.left + f.plot_w / 2:.1f}" y="{f.top + f.plot_h / 2:.1f}" '
-            'text-anchor="middle">no metrics yet</text>'
-        )
+        out.append(empty_note(f, "no metrics yet"))
     out.append("</svg>")
     return "\n".join(out)
