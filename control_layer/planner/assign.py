@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from pydantic import TypeAdapter
 
+from control_layer.planner.estimate import Replica, device_slots
 from control_layer.planner.fleet import Pool
 from control_layer.planner.plan_types import PlannedTask, SyncTopology
 from control_layer.planner.problem import Problem, Solution
@@ -60,6 +61,7 @@ class Assignment:
     replicas_per_cluster: dict[str, int]
     sync: SyncTopology
     regions: list[str]
+    replicas: list[Replica]  # what the tasks say, per dp rank, for pricing them
 
 
 def assign(pr: Problem, sol: Solution) -> Assignment:
@@ -73,28 +75,31 @@ def assign(pr: Problem, sol: Solution) -> Assignment:
     groups.sort(key=lambda g: (pos[g.region], g.leader, g.replicas[0][0][1], g.replicas[0][0][2]))
 
     rows: list[dict] = []
+    replicas: list[Replica] = []
     per_cluster: dict[str, int] = defaultdict(int)
-    rank = 0
+    slots = device_slots(pr.fleet.snapshot)
     for g in groups:
         for rep in g.replicas:
-            clusters = set()
-            for i, (pool, node, dev) in enumerate(rep):
-                cid = pool.cluster.id
-                rows.append(
-                    {
-                        "dp_rank": rank,
-                        "pp_stage": i // tp,
-                        "tp_rank": i % tp,
-                        "cluster": cid,
-                        "node": node,
-                        "device": dev,
-                        "region": pool.region,
-                    }
-                )
-                clusters.add(cid)
-            for c in clusters:
-                per_cluster[c] += 1
-            rank += 1
+            rank = len(replicas)
+            pool = rep[0][0]  # a replica sits on one node of one pool
+            cid, node, region = pool.cluster.id, rep[0][1], pool.region
+            on_node = slots[(cid, node)]
+            rows += [
+                {
+                    "dp_rank": rank,
+                    "pp_stage": i // tp,
+                    "tp_rank": i % tp,
+                    "cluster": cid,
+                    "node": node,
+                    "device": dev,
+                    "region": region,
+                }
+                for i, (_, _, dev) in enumerate(rep)
+            ]
+            replicas.append(
+                Replica(rank, [(pool.cluster, on_node[dev]) for _, _, dev in rep], (cid, node, pool.model))
+            )
+            per_cluster[cid] += 1
 
     tasks = _TASKS.validate_python(rows)  # one batched validation for thousands of tasks
     ring = list(dict.fromkeys(g.leader for g in groups))
@@ -123,4 +128,4 @@ def assign(pr: Problem, sol: Solution) -> Assignment:
         loss_ratio=None if q is None else q.loss_ratio,
         loss_ratio_basis="" if q is None else q.measured_as,
     )
-    return Assignment(tasks, dict(sorted(per_cluster.items())), topology, region_ring)
+    return Assignment(tasks, dict(sorted(per_cluster.items())), topology, region_ring, replicas)

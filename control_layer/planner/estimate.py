@@ -161,27 +161,33 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
 
 
 @dataclass(frozen=True)
-class _Replica:
+class Replica:
+    """One dp rank: its devices in (stage, tp rank) order and the group it averages with every step."""
+
     rank: int
     devices: list[tuple[ClusterInfo, DeviceSlot]]
     participant: Participant
 
 
+def device_slots(snapshot: ResourceSnapshot) -> dict[tuple[str, str], dict[int, DeviceSlot]]:
+    """(cluster id, node id) -> device index -> slot, kept with the snapshot."""
+
+    def build(s: ResourceSnapshot) -> dict[tuple[str, str], dict[int, DeviceSlot]]:
+        return {(c.id, n.id): {d.index: d for d in n.devices} for c in s.clusters for n in c.nodes}
+
+    return snapshot.derived("device_slots", build)
+
+
 def _replicas(
     snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask], dp: int, tp: int, pp: int
-) -> list[_Replica]:
+) -> list[Replica]:
     clusters = snapshot.clusters_by_id()
-    node_slots: dict[tuple[str, str], dict[int, DeviceSlot]] = {}
+    index = device_slots(snapshot)
 
     def slots_of(cid: str, node_id: str) -> dict[int, DeviceSlot]:
-        found = node_slots.get((cid, node_id))
-        if found is None:
-            cluster = clusters.get(cid)
-            if cluster is None:
-                raise InvalidArgument(f"task names unknown cluster {cid!r}", cluster=cid)
-            found = {d.index: d for n in cluster.nodes if n.id == node_id for d in n.devices}
-            node_slots[(cid, node_id)] = found
-        return found
+        if cid not in clusters:
+            raise InvalidArgument(f"task names unknown cluster {cid!r}", cluster=cid)
+        return index.get((cid, node_id), {})
 
     by_rank: dict[int, list[PlannedTask]] = defaultdict(list)
     for t in tasks:
@@ -209,7 +215,7 @@ def _replicas(
         if len(nodes) > 1:
             problems = replica_node_problems({rank: [f"{c}/{n}" for c, n in nodes]})
             raise InvalidArgument(problems[0], dp_rank=rank)
-        out.append(_Replica(rank, devices, (group[0].cluster, group[0].node, models.pop())))
+        out.append(Replica(rank, devices, (group[0].cluster, group[0].node, models.pop())))
     return out
 
 
@@ -352,11 +358,13 @@ def estimate_planned(
     pp_schedule: str = "1f1b",
     spot: bool = False,
     calibration: Calibration | None = None,
+    replicas: list[Replica] | None = None,
 ) -> tuple[Estimates, RuntimeSettings]:
     """The runtime settings these tasks get (``runtime_settings.settings_for``, from their own
-    local step, nodes and links) and the estimates priced with them, in one pass."""
+    local step, nodes and links) and the estimates priced with them, in one pass. ``replicas``,
+    when the caller built the tasks from them, saves re-deriving (and re-checking) them."""
     kw = dict(dp=dp, tp=tp, pp=pp, zero=zero, pp_schedule=pp_schedule, spot=spot, calibration=calibration)
-    est, runtime = _estimate(spec, snapshot, tasks, runtime=None, derive=True, **kw)
+    est, runtime = _estimate(spec, snapshot, tasks, runtime=None, derive=True, replicas=replicas, **kw)
     assert runtime is not None
     return est, runtime
 
@@ -375,6 +383,7 @@ def _estimate(
     calibration: Calibration | None,
     runtime: RuntimeSettings | None,
     derive: bool,
+    replicas: list[Replica] | None = None,
 ) -> tuple[Estimates, RuntimeSettings | None]:
     batch = spec.global_batch_sequences
     if dp < 1 or batch % dp or (batch // dp) % spec.training.micro_batch_size:
@@ -384,7 +393,8 @@ def _estimate(
             field="dp",
         )
     clusters = snapshot.clusters_by_id()
-    replicas = _replicas(snapshot, tasks, dp, tp, pp)
+    if replicas is None:
+        replicas = _replicas(snapshot, tasks, dp, tp, pp)
     precision = resolve_precision(spec.training.precision, {s.kind for r in replicas for _, s in r.devices})
     if precision != spec.training.precision:
         spec = spec.model_copy(update={"training": spec.training.model_copy(update={"precision": precision})})
@@ -394,7 +404,13 @@ def _estimate(
         group_size[rep.participant] += 1
 
     nodes = snapshot.nodes_by_id()
-    shares = host_shares(snapshot, tasks)
+    # A replica sits on one node, so the replicas name the plan's nodes.
+    in_order = dict.fromkeys(rep.participant[1] for rep in replicas)
+    plan_nodes = sorted(in_order)
+    if any(s.kind == "cpu" for rep in replicas for _, s in rep.devices):
+        shares = host_shares(snapshot, tasks)
+    else:  # what host_shares gives when no CPU slot is planned, without a pass over the tasks
+        shares = dict.fromkeys(in_order, 1.0)
     # An exchange's calls run on the leaders: the slowest leader's host share slows them.
     links = Links(snapshot, calibration, max(shares.get(p_[1], 1.0) for p_ in group_size))
     steps = spec.training.steps
@@ -481,7 +497,7 @@ def _estimate(
     if derive:
         work = max(loc.work for loc in locals_)
         bandwidth, latency = weakest_link(set(members), snapshot)
-        runtime = settings_for(spec, work, len({t.node for t in tasks}), bandwidth, latency)
+        runtime = settings_for(spec, work, len(plan_nodes), bandwidth, latency)
     every = runtime.checkpoint_every if runtime is not None else spec.training.checkpoint_every
     wps = cm.checkpoint_writes(steps, every) / steps
     slowest = max(locals_, key=lambda loc: loc.total(wps))
@@ -510,14 +526,12 @@ def _estimate(
         wan_sync=wan,
         checkpoint=slowest.write_s * wps,
     )
-    fixed = [
-        _fixed_seconds(nodes[n], shares.get(n, 1.0), calibration) for n in sorted({t.node for t in tasks})
-    ]
+    fixed = [_fixed_seconds(nodes[n], shares.get(n, 1.0), calibration) for n in plan_nodes]
     startup = max(f[0] for f in fixed)
     teardown = max(f[1] for f in fixed)
     final_sync = float(final_sync_s(terms, sc.t_sync, overlapped, len(members)))
     duration = startup + steps * step.total + final_sync + teardown
-    hourly = sum(device_price(c, spot) for rep in replicas for c, _ in rep.devices)
+    hourly = sum(device_price(rep.devices[0][0], spot) * len(rep.devices) for rep in replicas)
     per_step_exchanges = cm.exchanges_per_step(spec.sync, steps)
     cost = CostBreakdown(
         devices=hourly * duration / 3600.0,

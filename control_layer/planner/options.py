@@ -8,7 +8,7 @@ import json
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.assign import assign
-from control_layer.planner.estimate import estimate_planned
+from control_layer.planner.estimate import device_slots, estimate_planned
 from control_layer.planner.plan_types import Estimates, PlannedTask, PlanOption, QosCheck
 from control_layer.planner.problem import Problem, Solution
 from control_layer.planner.quality import quality
@@ -30,13 +30,8 @@ def qos_checks(
     qos = spec.qos
     clusters = snapshot.clusters_by_id()
     regions = sorted({clusters[t.cluster].region for t in tasks})
-    index = {
-        (cid, n.id, d.index): d
-        for cid in {t.cluster for t in tasks}
-        for n in clusters[cid].nodes
-        for d in n.devices
-    }
-    slots = [index[(t.cluster, t.node, t.device)] for t in tasks]
+    index = device_slots(snapshot)
+    slots = {(t.cluster, t.node, t.device): index[(t.cluster, t.node)][t.device] for t in tasks}.values()
     models = sorted({s.model for s in slots})
     checks: list[QosCheck] = []
 
@@ -117,6 +112,7 @@ def build_option(pr: Problem, sol: Solution) -> PlanOption:
         pp_schedule=spec.pp_schedule,
         spot=spot,
         calibration=fleet.calibration,
+        replicas=a.replicas,
     )
     q = quality(a.sync.mode, a.sync.every, a.sync.compression, overlap=runtime.overlap)
     sync = a.sync.model_copy(

@@ -103,9 +103,32 @@ def _node_matrix(shapes: list[tuple[int, ...]]) -> np.ndarray:
     return out
 
 
-def build_fleet(
-    spec: JobSpec, snapshot: ResourceSnapshot, pools: list[Pool], calibration: Calibration | None
-) -> Fleet:
+@dataclass(frozen=True)
+class _Classes:
+    """What grouping a pool list into classes yields, independent of the job and calibration."""
+
+    pools: tuple[Pool, ...]
+    classes: list[PoolClass]
+    cls_memory: np.ndarray
+    cls_price: np.ndarray
+    cls_node_free: np.ndarray
+    cls_count: np.ndarray
+    cls_group: np.ndarray
+    cls_intra_lat: np.ndarray
+
+
+# Pool lists whose classes are kept per snapshot (QoS filters make a few distinct lists).
+CLASS_CACHE_SIZE = 32
+
+
+def _classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> _Classes:
+    """Pool classes, kept with the snapshot per pool list: the snapshot keeps its pools across
+    quotes, so the same filter yields the same Pool objects (checked by identity)."""
+    cache: dict[tuple[int, ...], _Classes] = snapshot.derived("pool_classes", lambda _: {})
+    key = tuple(id(p) for p in pools)
+    got = cache.get(key)
+    if got is not None and all(a is b for a, b in zip(got.pools, pools, strict=True)):
+        return got
     groups: dict[tuple, list[Pool]] = defaultdict(list)
     for p in pools:
         groups[p.class_key].append(p)
@@ -115,6 +138,41 @@ def build_fleet(
             groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[1][0].cluster.id, kv[1][0].nodes[0][0])
         )
     ]
+    firsts = [c.first for c in classes]
+    got = _Classes(
+        pools=tuple(pools),
+        classes=classes,
+        cls_memory=np.array([p.memory_gb for p in firsts], dtype=float),
+        cls_price=np.array([p.price for p in firsts], dtype=float),
+        cls_node_free=_node_matrix([p.free_per_node for p in firsts]),
+        cls_count=np.array([len(c.pools) for c in classes], dtype=np.int64),
+        cls_group=_groups_of(
+            [
+                (
+                    p.region,
+                    p.tflops,
+                    p.model,
+                    p.kind,
+                    p.price,
+                    p.cluster.intra_bandwidth_gbps,
+                    p.cluster.intra_latency_ms,
+                )
+                for p in firsts
+            ]
+        ),
+        cls_intra_lat=np.array([p.cluster.intra_latency_ms / 1000.0 for p in firsts], dtype=float),
+    )
+    if len(cache) >= CLASS_CACHE_SIZE:
+        cache.pop(next(iter(cache)))
+    cache[key] = got
+    return got
+
+
+def build_fleet(
+    spec: JobSpec, snapshot: ResourceSnapshot, pools: list[Pool], calibration: Calibration | None
+) -> Fleet:
+    grouped = _classes(snapshot, pools)
+    classes = grouped.classes
     regions = sorted({p.region for p in pools})
     ridx = {r: i for i, r in enumerate(regions)}
     links = Links(snapshot, calibration)
@@ -152,25 +210,12 @@ def build_fleet(
             dtype=float,
         ),
         cls_intra_bw=np.array([intra_bytes_per_s(p.cluster, calibration) for p in firsts], dtype=float),
-        cls_intra_lat=np.array([p.cluster.intra_latency_ms / 1000.0 for p in firsts], dtype=float),
-        cls_memory=np.array([p.memory_gb for p in firsts], dtype=float),
-        cls_price=np.array([p.price for p in firsts], dtype=float),
-        cls_node_free=_node_matrix([p.free_per_node for p in firsts]),
-        cls_count=np.array([len(c.pools) for c in classes], dtype=np.int64),
-        cls_group=_groups_of(
-            [
-                (
-                    p.region,
-                    p.tflops,
-                    p.model,
-                    p.kind,
-                    p.price,
-                    p.cluster.intra_bandwidth_gbps,
-                    p.cluster.intra_latency_ms,
-                )
-                for p in firsts
-            ]
-        ),
+        cls_intra_lat=grouped.cls_intra_lat,
+        cls_memory=grouped.cls_memory,
+        cls_price=grouped.cls_price,
+        cls_node_free=grouped.cls_node_free,
+        cls_count=grouped.cls_count,
+        cls_group=grouped.cls_group,
         local_sync=local,
         pair_bw=pair_bw,
         pair_lat=pair_lat,
