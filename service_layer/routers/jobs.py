@@ -6,7 +6,7 @@ import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Header, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from contracts.job_spec import JobSpec
 from control_layer import jobs as job_service
@@ -58,11 +58,14 @@ def _detail(ctx: CtxDep, tenant: CurrentTenant, job_id: str) -> JobDetail:
 )
 def create_quote(
     ctx: CtxDep, tenant: CurrentTenant, spec: Annotated[JobSpec, Body(openapi_examples=QUOTE_EXAMPLES)]
-) -> QuoteRead:
+) -> Response:
     """Plan the job on the current fleet (a sync handler: FastAPI runs it in its threadpool, off the
     event loop). Each option is a complete plan (degrees, placement, sync
     topology) with estimated duration and cost. No feasible plan → 409 with the planner's explanation."""
-    return _quote_read(*job_service.quote_with_options(ctx, tenant.id, spec))
+    quote = _quote_read(*job_service.quote_with_options(ctx, tenant.id, spec))
+    # Serialised once, here: returned as a model, it would be dumped, validated again against
+    # response_model and encoded (thousands of tasks per quote); the schema stays response_model's.
+    return Response(content=quote.model_dump_json(), status_code=201, media_type="application/json")
 
 
 @router.post(
