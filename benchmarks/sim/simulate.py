@@ -1,13 +1,15 @@
 """simulate(): one training iteration of a placed plan, event by event.
 
-What runs (the worker, ``training.runtime``): each cluster's replicas form one torchrun group
-(clusters that a replica spans join one group). Within a group every replica runs its pipeline
-schedule; when a stage has finished its last backward on every replica of the group, the replicas'
-copies of that stage (one ring per tp rank, over the devices holding it) all-reduce their
+What runs (the worker, ``training.runtime``; ``control_layer.worker_config``): each node's
+replicas form one torchrun group (one task per node; a replica never spans nodes there, and nodes
+that a hand-made placement's replica spans join one group here). Within a group every replica runs
+its pipeline schedule; when a stage has finished its last backward on every replica of the group,
+the replicas' copies of that stage (one ring per tp rank, over the devices holding it) all-reduce their
 gradients (DDP; ZeRO-1/2 reduce-scatter then all-gather, the same ring volume; ZeRO-3 adds one
 more all-gather, 3(n-1)/n instead of 2(n-1)/n). The iteration ends when the last ring ends.
-Across groups, the group leaders (replica 0's first device) exchange the whole model over their
-links per ``sync.mode`` (``training.sync``): a dense ring all-reduce, an all-gather for top-k (sparse
+Across groups, even two nodes of one cluster, the group leaders (replica 0's first device) exchange
+the whole model over their links per ``sync.mode`` (``training.sync``: every node is a participant
+of its own): a dense ring all-reduce, an all-gather for top-k (sparse
 vectors do not stay sparse under summation) or one gossip round to the plan's peers. That exchange
 is simulated on its own and reported as an amortised share per step.
 
@@ -51,7 +53,7 @@ class SimResult:
 
 
 class _Groups:
-    """Union-find over clusters: a replica spanning clusters joins them into one torchrun group."""
+    """Union-find over nodes: a replica spanning nodes joins them into one torchrun group."""
 
     def __init__(self) -> None:
         self.parent: dict[str, str] = {}
@@ -67,6 +69,10 @@ class _Groups:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def _node(d: Device) -> str:
+    return f"{d.cluster}/{d.node}"
 
 
 def _ring_time(topo: Topology, peers: list[Device], nbytes: float) -> float:
@@ -102,12 +108,12 @@ def simulate(
 
     groups = _Groups()
     for rows in replicas.values():
-        clusters = sorted({d.cluster for row in rows for d in row})
-        for c in clusters[1:]:
-            groups.join(clusters[0], c)
+        nodes = sorted({_node(d) for row in rows for d in row})
+        for n in nodes[1:]:
+            groups.join(nodes[0], n)
     members: dict[str, list[int]] = {}
     for r, rows in replicas.items():
-        members.setdefault(groups.find(rows[0][0].cluster), []).append(r)
+        members.setdefault(groups.find(_node(rows[0][0])), []).append(r)
 
     times = {r: _stage_times(topo, work, rows, tflops, efficiency) for r, rows in replicas.items()}
     iteration, t_pipe, link_bytes = _run(topo, work, option, replicas, members, times, m, False)
@@ -217,10 +223,8 @@ def _cross_group(
     if len(members) < 2:
         return 0.0, {}
     leader = {g: replicas[min(rs)][0][0] for g, rs in members.items()}
-    group_of_cluster = {
-        d.cluster: g for g, rs in members.items() for r in rs for row in replicas[r] for d in row
-    }
-    order = [group_of_cluster[c] for c in option.sync.ring if c in group_of_cluster]
+    # The plan's ring names clusters; the runtime orders a cluster's nodes after one another.
+    order = [g for c in option.sync.ring for g in sorted(leader) if g.split("/")[0] == c]
     order = list(dict.fromkeys(order + sorted(leader)))
     peers = [leader[g] for g in order]
     comp = option.sync.compression
@@ -231,9 +235,10 @@ def _cross_group(
         edges = []
         for c, peers_of in sorted(option.sync.gossip.items()):
             for p in peers_of:
-                a, b = group_of_cluster.get(c), group_of_cluster.get(p)
-                if a is not None and b is not None and a != b:
-                    edges.append((leader[a], leader[b]))
+                for a in (g for g in sorted(leader) if g.split("/")[0] == c):
+                    for b in (g for g in sorted(leader) if g.split("/")[0] == p):
+                        if a != b:
+                            edges.append((leader[a], leader[b]))
         if not edges:  # no graph shipped: the ring's neighbours
             edges = [(peers[i], peers[(i + 1) % len(peers)]) for i in range(len(peers))]
         exchange(net, topo.route, edges, payload, lambda: None)
