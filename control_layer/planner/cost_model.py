@@ -191,6 +191,28 @@ def flops_per_token(model: ModelSpec, activation_checkpointing: bool) -> float:
     return train_flops_per_token(model_config(model), activation_checkpointing)
 
 
+def stage_flops_per_token(
+    model: ModelSpec, activation_checkpointing: bool, tp: int, pp: int
+) -> tuple[float, float]:
+    """Training FLOPs per token on one tp rank of (the busiest pipeline stage, all stages summed).
+
+    As the worker splits the model (``training.parallel``): contiguous layer ranges, earlier
+    stages taking the remainder, the final LayerNorm and untied lm_head on the last stage. A
+    block costs what ``flops_per_token`` counts per layer (6 per matmul parameter, 12·s·d of
+    attention; 8 and 16 when checkpointing recomputes its forward) split tp ways; the head, 6 per
+    parameter (a block checkpoints, the head does not), is computed whole on every tp rank.
+    """
+    cfg = model_config(model)
+    dense, attn = (8.0, 16.0) if activation_checkpointing else (6.0, 12.0)
+    block = (dense * gpt_block_param_count(cfg) + attn * cfg.seq_len * cfg.d_model) / tp
+    head = 6.0 * (cfg.d_model * cfg.vocab + 2 * cfg.d_model)
+    base, extra = divmod(cfg.n_layers, pp)
+    layers = [base + (1 if i < extra else 0) for i in range(pp)]
+    work = [n * block for n in layers]
+    work[-1] += head
+    return max(work), sum(work)
+
+
 def block_params(model: ModelSpec) -> int:
     return gpt_block_param_count(model_config(model))
 
@@ -342,10 +364,12 @@ def replica_time(
     b, s, d = training.micro_batch_size, model.seq_len, model.d_model
     w = activation_bytes(training.precision)
     lps = layers_per_stage(model, pp)
-    fpt = flops_per_token(model, training.activation_checkpointing)
-    t_mb = fpt * b * s * (lps / model.n_layers) / tp / effective_flops + micro_batch_s
+    busiest, summed = stage_flops_per_token(model, training.activation_checkpointing, tp, pp)
+    # The busiest stage paces the steady state; filling and draining the pipeline passes every
+    # stage once, so the bubble is the other stages' time (sum - max; (pp-1)·t when even).
+    t_mb = busiest * b * s / effective_flops + micro_batch_s
     compute = n_micro * t_mb + step_s
-    bubble = (pp - 1) * t_mb
+    bubble = (summed - busiest) * b * s / effective_flops + (pp - 1) * micro_batch_s
 
     if tp > 1:
         per_layer = 6 if training.activation_checkpointing else 4

@@ -94,6 +94,21 @@ def test_ring_allreduce() -> None:
     assert cm.allreduce_s(4, 1e9, 1e9, 0.0) == pytest.approx(1.5)
 
 
+def test_stage_flops_put_the_head_on_the_last_stage() -> None:
+    m = _spec().model
+    block = 6 * cm.block_params(m) + 12 * 1024 * 768  # per layer and token
+    head = 6 * (768 * 50304 + 2 * 768)  # never recomputed, whole on every tp rank
+    assert cm.stage_flops_per_token(m, False, 1, 1) == pytest.approx((12 * block + head,) * 2)
+    # 12 layers on 5 stages: 3, 3, 2, 2, 2 (earlier stages take the remainder); the head on the last
+    busiest, summed = cm.stage_flops_per_token(m, False, 2, 5)
+    assert busiest == pytest.approx(2 * block / 2 + head)
+    assert summed == pytest.approx(12 * block / 2 + head)
+    ckpt = 8 * cm.block_params(m) + 16 * 1024 * 768
+    assert cm.stage_flops_per_token(m, True, 1, 1)[0] == pytest.approx(12 * ckpt + head)
+    # Summed over stages on one tp rank: flops_per_token, but for the head's skipped recompute.
+    assert cm.stage_flops_per_token(m, False, 1, 4)[1] == pytest.approx(cm.flops_per_token(m, False))
+
+
 def test_replica_time_parts() -> None:
     spec = _spec()
     flops = 100e12
@@ -102,7 +117,11 @@ def test_replica_time_parts() -> None:
     assert one.compute == pytest.approx(4 * t_mb)
     assert one.tp_comm == one.dp_comm == one.pp_bubble == one.pp_comm == 0
     pipe = cm.replica_time(spec, 1, 4, 0, 4, False, flops, 1e10, 1e-5, 1e10, 1e-5)
-    assert pipe.pp_bubble == pytest.approx(3 * t_mb / 4)
+    # 3 layers per stage, the head on the last: it paces the pipeline; the bubble is the others.
+    block = (6 * cm.block_params(spec.model) + 12 * 1024 * 768) * 1024 / flops
+    head = 6 * (768 * 50304 + 2 * 768) * 1024 / flops
+    assert pipe.compute == pytest.approx(4 * (3 * block + head))
+    assert pipe.pp_bubble == pytest.approx(3 * 3 * block)
     assert pipe.pp_comm > 0
     shared = cm.replica_time(spec, 2, 1, 0, 4, True, flops, 1e10, 1e-5, 1e10, 1e-5)
     assert shared.tp_comm > 0 and shared.dp_comm > 0
