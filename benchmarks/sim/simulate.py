@@ -34,7 +34,9 @@ from control_layer.planner.snapshot import ResourceSnapshot
 # bytes per parameter on the wire (training.compression.codecs): fp32 4; fp16/bf16 2; int8 one
 # byte plus a float32 scale per int8_block (2048) elements; top-k a float32 value and an int32 index
 WIRE_BYTES = {"none": 4.0, "fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "int8": 1.0 + 4.0 / 2048}
-PERIODIC = ("local_sgd", "diloco", "gossip")  # exchange every sync.every steps; the rest every step
+# exchange every sync.every steps (training.sync.strategies: ssp and async send their update at
+# each round's start too); sync every step
+PERIODIC = ("local_sgd", "diloco", "gossip", "ssp", "async")
 
 
 @dataclass
@@ -89,6 +91,10 @@ def simulate(
     lan_goodput: float = 1.0,
     wan_goodput: float = 1.0,
 ) -> SimResult:
+    # The worker trains at the option's precision (a spec's "auto" resolves per option).
+    if spec.training.precision != option.precision:
+        training = spec.training.model_copy(update={"precision": option.precision})
+        spec = spec.model_copy(update={"training": training})
     topo = Topology(snapshot, lan_goodput, wan_goodput)
     work = workload(spec, option.pp, option.tp, option.micro_batch_size)
     m = option.n_micro_batches

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from pydantic import TypeAdapter
 
+from control_layer.planner import cost_model as cm
 from control_layer.planner.estimate import Replica, device_slots
 from control_layer.planner.fleet import Pool
 from control_layer.planner.plan_types import PlannedTask, SyncTopology
@@ -117,7 +118,7 @@ def assign(pr: Problem, sol: Solution) -> Assignment:
             gossip[lead] = sorted({leaders[p] for p in peers} | set(members[region]))
             for m in members[region]:
                 gossip[m] = [lead]
-    every = spec.sync.every if spec.sync.mode in ("local_sgd", "diloco", "gossip") else 1
+    every = cm.sync_every(spec.sync)
     q = quality(spec.sync.mode, every, spec.sync.compression)
     topology = SyncTopology(
         mode=spec.sync.mode,

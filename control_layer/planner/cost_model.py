@@ -399,9 +399,14 @@ def replica_time(
 # ---------------------------------------------------------------- cross-cluster sync
 
 
+# Modes that exchange every H steps (training.sync.strategies: ssp and async send their update
+# at each round's start, like the anchored modes); sync reduces gradients every step.
+PERIODIC_MODES = ("local_sgd", "diloco", "gossip", "ssp", "async")
+
+
 def sync_every(sync: SyncSpec) -> int:
-    """Steps between cross-cluster exchanges: every step for sync/ssp/async, H otherwise."""
-    return sync.every if sync.mode in ("local_sgd", "diloco", "gossip") else 1
+    """Steps between cross-cluster exchanges: every step for sync, H otherwise."""
+    return sync.every if sync.mode in PERIODIC_MODES else 1
 
 
 def exchanges_per_step(sync: SyncSpec, steps: int) -> float:
