@@ -1,12 +1,15 @@
 """Planner benchmark: quote latency on generated fleets, and the optimality gap on small ones.
 
     python benchmarks/planner.py [--quotes 20] [--gap-instances 40] [--sizes 10,100,1000] [--rest-quotes 30]
+                                 [--sim-instances 60] [--sim-gap-instances 60]
 
 Prints p50/p95 quote latency per fleet size (10, 100, 1,000 clusters over 30 regions; jobs from
 125M to 70B parameters), wall clock and process CPU time (the machine may be shared), the same
 quotes at 1,000 clusters through REST on a `cpn server` process (PostgreSQL + Redis, the fleet
-registered over gRPC), the optimality gap against exhaustive search on small instances, then a
-final JSON line.
+registered over gRPC), the optimality gap against exhaustive search on small instances, the
+estimates against the event simulator (``sim_vs_planner.py``: p90 of |planner iteration - sim
+step| / sim step) and the gap against every placement scored by the simulator (``sim_gap.py``),
+then a final JSON line.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import MODELS, fleet, job, small_instance  # noqa: E402
 from _rest_quotes import rest_latency  # noqa: E402
+from sim_gap import sim_gap  # noqa: E402
+from sim_vs_planner import iteration_s  # noqa: E402
+from sim_vs_planner import run as sim_run  # noqa: E402
 
 from contracts.errors import NoFeasiblePlan  # noqa: E402
 from control_layer.planner import plan  # noqa: E402
@@ -83,6 +89,8 @@ def main() -> None:
     ap.add_argument(
         "--rest-quotes", type=int, default=30, help="quotes through REST at 1,000 clusters; 0 skips"
     )
+    ap.add_argument("--sim-instances", type=int, default=60, help="small instances against the simulator")
+    ap.add_argument("--sim-gap-instances", type=int, default=60)
     args = ap.parse_args()
     result: dict = {}
     for n in [int(s) for s in args.sizes.split(",")]:
@@ -115,6 +123,21 @@ def main() -> None:
     )
     result["max_optimality_gap"] = g["max_gap"]
     result["gap_instances_compared"] = g["compared"]
+    sim = sim_run(argparse.Namespace(small=args.sim_instances, medium=12, shuffles=0, seed=0))
+    errs = [abs(iteration_s(est) - r.step_s) / r.step_s for _, _, est, r in sim["rows"]]
+    print(
+        f"estimates vs simulator: p50 {np.percentile(errs, 50):.4f}, p90 {np.percentile(errs, 90):.4f} "
+        f"over {len(errs)} options of {sim['instances']} instances"
+    )
+    result["sim_estimate_err_p90"] = round(float(np.percentile(errs, 90)), 4)
+    result["sim_options_compared"] = len(errs)
+    sg = sim_gap(args.sim_gap_instances)
+    print(
+        f"gap vs every placement scored by the simulator: max {sg['max_gap']:.4%} over {sg['compared']} "
+        f"instances ({sg['skipped']} with more than the enumeration cap left out)"
+    )
+    result["max_optimality_gap_vs_sim"] = round(sg["max_gap"], 4)
+    result["sim_gap_instances_compared"] = sg["compared"]
     print(json.dumps(result))
 
 
