@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -35,6 +37,8 @@ from control_layer.planner.runtime_pricing import (
     wan_per_step,
 )
 from control_layer.planner.snapshot import ResourceSnapshot
+
+T = TypeVar("T")
 
 INFEASIBLE = 1 << 30
 
@@ -175,24 +179,17 @@ def build_fleet(
     classes = grouped.classes
     regions = sorted({p.region for p in pools})
     ridx = {r: i for i, r in enumerate(regions)}
-    links = Links(snapshot, calibration)
     n = float(spec.model.n_params)
     nr = len(regions)
-    pair_bw = np.zeros((nr, nr))
-    pair_lat = np.zeros((nr, nr))
-    pair_link = np.zeros((nr, nr))
-    egress = np.zeros((nr, nr))
-    local = np.zeros(nr)
-    for i, a in enumerate(regions):
-        local[i] = cm.local_sync_s(spec.sync, n, links.bw(a, a), links.lat(a, a))
-        for j, b in enumerate(regions):
-            if i != j:
-                pair_bw[i, j] = min(links.bw(a, b), links.bw(b, a))
-                pair_lat[i, j] = max(links.lat(a, b), links.lat(b, a))
-                egress[i, j] = links.egress(a, b)
-                ab, ba = snapshot.link(a, b), snapshot.link(b, a)
-                if ab is not None and ba is not None:
-                    pair_link[i, j] = min(ab.bandwidth_gbps, ba.bandwidth_gbps) * 1e9
+    cal_key = "" if calibration is None else calibration.model_dump_json()
+    pairs = _pairs(snapshot, calibration, cal_key, tuple(regions))
+    links = pairs.links
+    local = np.array([cm.local_sync_s(spec.sync, n, links.bw(a, a), links.lat(a, a)) for a in regions])
+    # Keyed by the pools' identities; the entry holds the pools, so no other list can take their ids.
+    pool_ids = tuple(id(p) for p in pools)
+    _, fixed_s = _kept(
+        snapshot, "fixed_s", (pool_ids, cal_key), lambda: (grouped.pools, _fixed_seconds(pools, calibration))
+    )
     firsts = [c.first for c in classes]
     return Fleet(
         spec=spec,
@@ -217,10 +214,10 @@ def build_fleet(
         cls_count=grouped.cls_count,
         cls_group=grouped.cls_group,
         local_sync=local,
-        pair_bw=pair_bw,
-        pair_lat=pair_lat,
-        pair_link_bps=pair_link,
-        egress=egress,
+        pair_bw=pairs.bw,
+        pair_lat=pairs.lat,
+        pair_link_bps=pairs.link_bps,
+        egress=pairs.egress,
         max_node_devices=max((max(p.free_per_node) for p in pools), default=0),
         wan_factor=cm.wan_time_factor(spec.sync, n, np.arange(nr + 1)),
         wan_hops=cm.wan_latency_hops(spec.sync, np.arange(nr + 1)),
@@ -229,8 +226,55 @@ def build_fleet(
         overlapped=cm.sync_overlapped(spec.sync),
         links=links,
         runtime=runtime_terms(spec),
-        fixed_s=_fixed_seconds(pools, calibration),
+        fixed_s=fixed_s,
     )
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """Between the regions of a pool list (R×R, by region index): what the sync cost reads."""
+
+    links: Links
+    bw: np.ndarray  # bytes/s, min of both directions (0: no link)
+    lat: np.ndarray  # s, max of both directions
+    link_bps: np.ndarray  # bits/s as declared or measured, min of both directions (0: none)
+    egress: np.ndarray  # USD/GB from row region to column region
+
+
+# Entries kept per snapshot for each kind of derived value (distinct QoS filters and calibrations).
+KEPT_PER_SNAPSHOT = 32
+
+
+def _kept(snapshot: ResourceSnapshot, kind: str, key: object, build: Callable[[], T]) -> T:
+    """``build()`` kept with the snapshot under ``key`` (a few per kind, oldest dropped first):
+    quotes on an unchanged fleet with the same filters and calibration reuse it."""
+    cache: dict[object, T] = snapshot.derived(f"kept:{kind}", lambda _: {})
+    if key not in cache:
+        if len(cache) >= KEPT_PER_SNAPSHOT:
+            cache.pop(next(iter(cache)))
+        cache[key] = build()
+    return cache[key]
+
+
+def _pairs(
+    snapshot: ResourceSnapshot, calibration: Calibration | None, cal_key: str, regions: tuple[str, ...]
+) -> _Pairs:
+    def build() -> _Pairs:
+        links = Links(snapshot, calibration)
+        nr = len(regions)
+        bw, lat, link_bps, egress = (np.zeros((nr, nr)) for _ in range(4))
+        for i, a in enumerate(regions):
+            for j, b in enumerate(regions):
+                if i != j:
+                    bw[i, j] = min(links.bw(a, b), links.bw(b, a))
+                    lat[i, j] = max(links.lat(a, b), links.lat(b, a))
+                    egress[i, j] = links.egress(a, b)
+                    ab, ba = snapshot.link(a, b), snapshot.link(b, a)
+                    if ab is not None and ba is not None:
+                        link_bps[i, j] = min(ab.bandwidth_gbps, ba.bandwidth_gbps) * 1e9
+        return _Pairs(links, bw, lat, link_bps, egress)
+
+    return _kept(snapshot, "pairs", (regions, cal_key), build)
 
 
 def _fixed_seconds(pools: list[Pool], calibration: Calibration | None) -> float:
