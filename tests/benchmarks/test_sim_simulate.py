@@ -154,6 +154,29 @@ def test_two_replicas_on_one_node_add_one_ring_all_reduce_of_the_gradients() -> 
     assert sum(two.link_bytes.values()) == pytest.approx(2 * (2 * (2 - 1) / 2) * grads)
 
 
+def test_two_nodes_of_one_cluster_meet_through_the_sync_mode_not_every_step() -> None:
+    # The runtime runs one torchrun group per node: replicas on two nodes of one cluster average
+    # through the job's sync (here every 10 steps), not in a per-step gradient all-reduce.
+    spec = _spec(sync={"mode": "local_sgd", "every": 10})
+    snap = _snapshot([("c", "r", 2, 1, 100.0)])
+    two = simulate(spec, _option(spec, snap, 2, 1, 1), snap)
+    assert two.dp_sync_s == 0.0
+    assert two.wan_exchange_s > 0
+    assert two.wan_sync_s == pytest.approx(two.wan_exchange_s / 10)
+    assert set(two.wan_link_bytes) == {"fabric:c"}  # the two leaders talk over the cluster's fabric
+
+
+@pytest.mark.parametrize("mode", ["ssp", "async"])
+def test_ssp_and_async_exchange_once_a_round(mode: str) -> None:
+    snap = _snapshot([("a", "r1", 1, 1, 100.0), ("b", "r2", 1, 1, 100.0)], wan=0.01)
+    every = [
+        simulate(s, _option(s, snap, 2, 1, 1), snap)
+        for s in (_spec(sync={"mode": mode, "every": h, "staleness": 0}) for h in (1, 10))
+    ]
+    assert every[0].wan_exchange_s == pytest.approx(every[1].wan_exchange_s)
+    assert every[1].wan_sync_s < every[0].wan_sync_s / 5
+
+
 def test_a_pipeline_across_regions_pays_the_wan_hops() -> None:
     spec = _spec()
     near = _snapshot([("a", "r1", 1, 2, 100.0)])
