@@ -167,7 +167,7 @@ def _classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> _Classes:
         cls_intra_lat=np.array([p.cluster.intra_latency_ms / 1000.0 for p in firsts], dtype=float),
     )
     if len(cache) >= CLASS_CACHE_SIZE:
-        cache.pop(next(iter(cache)))
+        cache.pop(next(iter(list(cache))), None)  # list(): atomic under concurrent quotes
     cache[key] = got
     return got
 
@@ -249,11 +249,12 @@ def _kept(snapshot: ResourceSnapshot, kind: str, key: object, build: Callable[[]
     """``build()`` kept with the snapshot under ``key`` (a few per kind, oldest dropped first):
     quotes on an unchanged fleet with the same filters and calibration reuse it."""
     cache: dict[object, T] = snapshot.derived(f"kept:{kind}", lambda _: {})
-    if key not in cache:
+    got = cache.get(key)
+    if got is None:
         if len(cache) >= KEPT_PER_SNAPSHOT:
-            cache.pop(next(iter(cache)))
-        cache[key] = build()
-    return cache[key]
+            cache.pop(next(iter(list(cache))), None)  # list(): atomic under concurrent quotes
+        got = cache[key] = build()
+    return got
 
 
 def _pairs(
