@@ -102,7 +102,8 @@ def assign(pr: Problem, sol: Solution) -> Assignment:
             )
             per_cluster[cid] += 1
 
-    tasks = _TASKS.validate_python(rows)  # one batched validation for thousands of tasks
+    # One batched validation for thousands of tasks; strict: the rows are built here, nothing to coerce.
+    tasks = _TASKS.validate_python(rows, strict=True)
     ring = list(dict.fromkeys(g.leader for g in groups))
     leaders: dict[str, str] = {}
     members: dict[str, dict[str, None]] = defaultdict(dict)

@@ -77,6 +77,7 @@ class Fleet:
     pair_link_bps: np.ndarray  # R×R bits/s as declared or measured (min of both directions; 0 = none)
     egress: np.ndarray  # R×R USD/GB from row region to column region
     max_node_devices: int
+    n_devices: int  # free devices in the pools
     # sync constants indexed by the number of participating regions R = 0..n_regions
     wan_factor: np.ndarray
     wan_hops: np.ndarray
@@ -89,10 +90,6 @@ class Fleet:
     # ranks placements (the estimator prices the chosen nodes exactly).
     fixed_s: float = 0.0
     layouts: dict[tuple[int, int], Layout] = field(default_factory=dict)
-
-    @property
-    def n_devices(self) -> int:
-        return sum(p.n_free for p in self.pools)
 
 
 def _groups_of(keys: list[tuple]) -> np.ndarray:
@@ -119,6 +116,8 @@ class _Classes:
     cls_count: np.ndarray
     cls_group: np.ndarray
     cls_intra_lat: np.ndarray
+    max_node_devices: int
+    n_devices: int
 
 
 # Pool lists whose classes are kept per snapshot (QoS filters make a few distinct lists).
@@ -165,6 +164,8 @@ def _classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> _Classes:
             ]
         ),
         cls_intra_lat=np.array([p.cluster.intra_latency_ms / 1000.0 for p in firsts], dtype=float),
+        max_node_devices=max((max(p.free_per_node) for p in pools), default=0),
+        n_devices=sum(p.n_free for p in pools),
     )
     if len(cache) >= CLASS_CACHE_SIZE:
         cache.pop(next(iter(list(cache))), None)  # list(): atomic under concurrent quotes
@@ -218,7 +219,8 @@ def build_fleet(
         pair_lat=pairs.lat,
         pair_link_bps=pairs.link_bps,
         egress=pairs.egress,
-        max_node_devices=max((max(p.free_per_node) for p in pools), default=0),
+        max_node_devices=grouped.max_node_devices,
+        n_devices=grouped.n_devices,
         wan_factor=cm.wan_time_factor(spec.sync, n, np.arange(nr + 1)),
         wan_hops=cm.wan_latency_hops(spec.sync, np.arange(nr + 1)),
         per_leader=cm.wan_bytes_per_leader(spec.sync, n, np.arange(nr + 1)),
