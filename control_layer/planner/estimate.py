@@ -306,10 +306,11 @@ def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dic
 
 def _fixed_seconds(node: NodeInfo, share: float, calibration: Calibration | None) -> tuple[float, float]:
     """A node's start-up and teardown for this plan: per idle core (calibrated, else as measured at
-    registration divided by the load it measured under), times this plan's share of the host."""
+    registration: the start-up already per idle core, the teardown's wall time divided by the load
+    it measured under), times this plan's share of the host."""
     prof = node.profile
     under = max(1.0, prof.host_load_factor) if prof else 1.0
-    startup = cm.startup_seconds(node.id, prof.startup_s / under if prof else None, calibration)
+    startup = cm.startup_seconds(node.id, prof.startup_s if prof else None, calibration)
     teardown = cm.teardown_seconds(node.id, prof.teardown_s / under if prof else None, calibration)
     return startup * share, teardown * share
 
