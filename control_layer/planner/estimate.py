@@ -120,7 +120,8 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
     drops out; each leader's egress is priced at its dearest link to another participant.
     Each of the exchange's calls in sequence (``cm.exchange_rounds``) pays a round trip and its
     fixed cost (``Links.lat``: per idle core, times the leaders' host share, since the calls are
-    CPU work on both ends).
+    CPU work on both ends), and the leader's per-parameter work once per exchange
+    (``cm.exchange_param_seconds``, likewise times the share).
     """
     sync, n = spec.sync, float(spec.model.n_params)
     regions = sorted(region_members)
@@ -143,7 +144,9 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
             call_max = max(call_max, links.call_s(a, b), links.call_s(b, a))
     factor = float(cm.wan_time_factor(sync, n, n_regions))
     hops = float(cm.wan_latency_hops(sync, n_regions))
-    t_wan = factor / bw_min + hops * lat_max
+    param_s = cm.exchange_param_seconds(regions, links.calibration)
+    share = max(1.0, links.call_share)
+    t_wan = factor / bw_min + hops * lat_max + n * param_s * share
     per_leader = float(cm.wan_bytes_per_leader(sync, n, n_regions))
     egress = 0.0
     for a in regions:
@@ -155,7 +158,9 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
         latency_s=hops * link_lat,
         rounds=cm.exchange_rounds(sync, n_regions),
         call_s=call_max,
-        share=max(1.0, links.call_share),
+        params=n,
+        param_s=param_s,
+        share=share,
     )
     return SyncCost(t_local + t_wan, egress, per_leader * n_regions, basis)
 
