@@ -13,7 +13,8 @@ made with (``Estimates.basis``) they give an observed value per factor:
   goodput from the payloads' achieved bandwidth, and from the wait a blocking exchange adds beyond
   its bytes and latency both the fixed seconds per exchange call and the leader's seconds per
   parameter, fitted apart over the exchanges of different payloads the pair has seen
-  (``exchange_fit``).
+  (``exchange_fit``), from exchanges made every step; an exchange made every H steps teaches
+  instead how far the regions drift apart over those steps (the first waiting for the last).
 
 Per-step parts are the worker's totals over the run divided by its steps when its result has them
 (the agent forwards per-step metrics at a bounded rate, so the stored ones are a sample).
@@ -49,6 +50,8 @@ EFFICIENCY, STARTUP, TEARDOWN, GOODPUT = "efficiency", "startup_s", "teardown_s"
 EXCHANGE, EXCHANGE_PARAM = "exchange_s", "exchange_param_s"
 # The decayed least-squares sums behind both (``exchange_fit``), keyed "a|b|<sum>".
 EXCHANGE_FIT = "exchange_fit"
+EXCHANGE_DRIFT = "exchange_drift"
+DRIFT_RANGE = (0.0, 10.0)  # the wait for the slowest region, in the local steps between exchanges
 TIME, COST = "time", "cost"
 
 
@@ -177,8 +180,10 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
         if teardown is not None and teardown >= 0:
             obs[(TEARDOWN, task.node_id)].append(teardown / share)
     if _exchanged(run) and basis is not None:
-        goodput, _ = observe_exchange(basis, [t.result for t in run.tasks])
+        goodput, sample = observe_exchange(basis, [t.result for t in run.tasks])
         for key, value in goodput.items():
+            obs[key].append(value)
+        for key, value in _observe_drift(basis, sample, run.tasks).items():
             obs[key].append(value)
     # Several tasks on one key (replicas of one model, one node's tasks): their median.
     return {k: statistics.median(v) for k, v in obs.items()}
@@ -237,6 +242,30 @@ def observe_exchange(
     return out, sample
 
 
+def _observe_drift(
+    basis: CalibrationBasis, sample: xf.Sample | None, tasks: Sequence[TaskRun]
+) -> dict[tuple[str, str], float]:
+    """At a blocking exchange made every H > 1 steps, the wait beyond what the exchange itself
+    costs (its transfer, calls and per-parameter work as priced) is the first region waiting for
+    the last, which drifted behind over the H local steps: as a fraction of those steps, per
+    region pair. An exchange every step has no room to drift (its steps are in lockstep)."""
+    ex = basis.exchange
+    if ex is None or sample is None or ex.every <= 1:
+        return {}
+    own = (ex.rounds * ex.call_s + ex.params * ex.param_s) * max(1.0, ex.share)
+    extra = sample.seconds * max(1.0, ex.share) - own
+    local = [
+        m["wall_s"] - m.get("sync_s", 0.0)
+        for t in tasks
+        if "wall_s" in (m := run_means(t)) and m["wall_s"] > 0
+    ]
+    step = statistics.median(local) if local else 0.0
+    if step <= 0:
+        return {}
+    drift = _clamp(max(0.0, extra) / (ex.every * step), DRIFT_RANGE)
+    return {(EXCHANGE_DRIFT, key): drift for key in basis.exchange_s}
+
+
 def _learn_exchange(
     factors: dict[tuple[str, str], Factor], run: FinishedRun
 ) -> list[tuple[str, str, float | None, float, float]]:
@@ -246,8 +275,8 @@ def _learn_exchange(
     if basis is None or not _exchanged(run):
         return []
     _, sample = observe_exchange(basis, [t.result for t in run.tasks])
-    if sample is None:
-        return []
+    if sample is None or basis.exchange is None or basis.exchange.every > 1:
+        return []  # an exchange every H steps also waits for drifted regions (``_observe_drift``)
     moved = []
     for pair in sorted(basis.exchange_s):
         sums = {s: f.value for s in xf.STATS if (f := factors.get((EXCHANGE_FIT, f"{pair}|{s}")))}
@@ -343,6 +372,7 @@ def to_calibration(state: State) -> Calibration:
         TEARDOWN: {},
         EXCHANGE: {},
         EXCHANGE_PARAM: {},
+        EXCHANGE_DRIFT: {},
     }
     for (kind, key), factor in state.factors.items():
         if kind in tables:
@@ -354,6 +384,7 @@ def to_calibration(state: State) -> Calibration:
         teardown_s=tables[TEARDOWN],
         exchange_s=tables[EXCHANGE],
         exchange_param_s=tables[EXCHANGE_PARAM],
+        exchange_drift=tables[EXCHANGE_DRIFT],
         time_error=error_band(r for k, r in state.errors if k == TIME),
         cost_error=error_band(r for k, r in state.errors if k == COST),
     )

@@ -197,6 +197,20 @@ def exchange_param_seconds(regions: list[str], calibration: Calibration | None) 
     return max(seen) if seen else DEFAULT_EXCHANGE_PARAM_S
 
 
+def exchange_drift(regions: list[str], calibration: Calibration | None) -> float:
+    """How long the first region to reach an exchange made every H steps waits for the last, as a
+    fraction of the H local steps before it, among these regions: the largest calibrated figure of
+    any pair among them, else 0 (regions of equal speed arrive together)."""
+    table = calibration.exchange_drift if calibration else {}
+    seen = [
+        table[pair_key(a, b)]
+        for i, a in enumerate(regions)
+        for b in regions[i + 1 :]
+        if pair_key(a, b) in table
+    ]
+    return max(seen) if seen else 0.0
+
+
 def bytes_per_s(gbps: float, goodput: float) -> float:
     return gbps * 1e9 / 8.0 * goodput
 

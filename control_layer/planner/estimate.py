@@ -494,10 +494,17 @@ def _estimate(
     t_local = slowest.total(wps)
     terms = runtime_terms(spec)
     overlapped = runtime is not None and runtime.overlap and terms.diloco
+    # Regions that exchange every H steps drift apart over those steps; at a blocking exchange the
+    # first to arrive waits for the last (calibrated per region pair, 0 until runs show it).
+    h_sync = cm.sync_every(spec.sync)
+    drift = 0.0
+    if h_sync > 1 and len(members) >= 2 and not overlapped:
+        drift = cm.exchange_drift(sorted(members), calibration)
+    t_sync = sc.t_sync + drift * h_sync * t_local
     wan = float(
         wan_per_step(
             terms,
-            sc.t_sync,
+            t_sync,
             t_local,
             overlapped,
             runtime.overlap_steps or 0 if runtime is not None else 0,
@@ -521,7 +528,7 @@ def _estimate(
     ]
     startup = max(f[0] for f in fixed)
     teardown = max(f[1] for f in fixed)
-    final_sync = float(final_sync_s(terms, sc.t_sync, overlapped, len(members)))
+    final_sync = float(final_sync_s(terms, t_sync, overlapped, len(members)))
     duration = startup + steps * step.total + final_sync + teardown
     hourly = sum(device_price(c, spot) for rep in replicas for c, _ in rep.devices)
     per_step_exchanges = cm.exchanges_per_step(spec.sync, steps)
@@ -542,7 +549,11 @@ def _estimate(
         wan_bytes_per_step=sc.wan_bytes * per_step_exchanges,
         interval=interval(duration, cost.total, calibration),
         basis=basis(tasks, snapshot, precision, calibration, shares).model_copy(
-            update={"exchange": sc.basis.model_copy(update={"blocking": not overlapped})}
+            update={
+                "exchange": sc.basis.model_copy(
+                    update={"blocking": not overlapped, "every": h_sync, "drift": drift}
+                )
+            }
         ),
     )
     return est, runtime

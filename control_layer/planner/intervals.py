@@ -90,6 +90,8 @@ def basis(
     }
     per_param = calibration.exchange_param_s if calibration else {}
     exchange_param_s = {key: per_param.get(key, cm.DEFAULT_EXCHANGE_PARAM_S) for key in exchange_s}
+    drifts = calibration.exchange_drift if calibration else {}
+    exchange_drift = {key: drifts.get(key, 0.0) for key in exchange_s}
     return CalibrationBasis(
         efficiency=efficiency,
         startup_s=startup,
@@ -98,6 +100,7 @@ def basis(
         teardown_s=teardown,
         exchange_s=exchange_s,
         exchange_param_s=exchange_param_s,
+        exchange_drift=exchange_drift,
     )
 
 

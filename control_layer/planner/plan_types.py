@@ -121,6 +121,10 @@ class ExchangeBasis(_Plain):
     params: float = Field(default=0.0, ge=0)
     param_s: float = Field(default=0.0, ge=0)
     share: float = Field(default=1.0, ge=1)
+    # Steps between exchanges (H; 1 for modes that exchange every step) and the drift priced: the
+    # wait for the slowest region at an exchange, a fraction of the H local steps before it.
+    every: int = Field(default=1, ge=1)
+    drift: float = Field(default=0.0, ge=0)
     blocking: bool = True
 
 
@@ -142,6 +146,7 @@ class CalibrationBasis(_Plain):
     # and the seconds per parameter of the exchange's per-parameter work.
     exchange_s: dict[str, float] = Field(default_factory=dict)
     exchange_param_s: dict[str, float] = Field(default_factory=dict)
+    exchange_drift: dict[str, float] = Field(default_factory=dict)
     exchange: ExchangeBasis | None = None
 
 
@@ -257,7 +262,8 @@ class Calibration(_Plain):
     call of a cross-region exchange (framing, auth, thread hand-offs, waiting for the peer's
     threads) per idle core, beyond its bytes and the link's latency; exchange_param_s: per region
     pair, the leader's seconds per parameter of an exchange (flatten, codec, mean, in-node
-    broadcast) per idle core.
+    broadcast) per idle core; exchange_drift: per region pair, the wait for the slowest region at an
+    exchange made every H steps, as a fraction of the H local steps before it.
     time_error / cost_error: the spread of recent quotes' errors, for the interval every quote carries.
     """
 
@@ -267,6 +273,7 @@ class Calibration(_Plain):
     teardown_s: dict[str, float] = Field(default_factory=dict)
     exchange_s: dict[str, float] = Field(default_factory=dict)
     exchange_param_s: dict[str, float] = Field(default_factory=dict)
+    exchange_drift: dict[str, float] = Field(default_factory=dict)
     time_error: ErrorBand | None = None
     cost_error: ErrorBand | None = None
 
@@ -284,6 +291,7 @@ class Calibration(_Plain):
             ("teardown_s", self.teardown_s),
             ("exchange_s", self.exchange_s),
             ("exchange_param_s", self.exchange_param_s),
+            ("exchange_drift", self.exchange_drift),
         ):
             for key, value in seconds.items():
                 if not (math.isfinite(value) and value >= 0):

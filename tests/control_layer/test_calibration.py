@@ -330,3 +330,53 @@ def test_run_totals_count_every_step_and_teardown_is_learned() -> None:
     assert calibration.teardown_s == {"a0": 3.0, "b0": 3.0}
     again = _option(calibration, regions=2)
     assert again.estimates.teardown_s == 3.0
+
+
+def _gossip(every: int = 5) -> JobSpec:
+    spec = _spec()
+    return spec.model_copy(update={"sync": spec.sync.model_copy(update={"mode": "gossip", "every": every})})
+
+
+def test_regions_that_exchange_every_h_steps_teach_their_drift_not_the_exchange_costs() -> None:
+    option = _option(regions=2, spec=_gossip())
+    ex = option.estimates.basis.exchange
+    assert ex.every == 5 and ex.blocking and ex.drift == 0.0
+    # Each exchange costs what was priced, plus the first region waiting a fifth of the 5 local
+    # steps (0.2 s each) for the last: 0.2 s.
+    local_step, drift = 0.2, 0.2
+    priced = (
+        ex.local_s
+        + ex.bytes / ex.bytes_per_s
+        + ex.latency_s
+        + (ex.rounds * ex.call_s + ex.params * ex.param_s) * ex.share
+    )
+    wait = priced + drift * 5 * local_step
+    n = 4
+    totals = {"n": n, "wait_s": wait * n, "bytes": ex.bytes * n, "transfer_s": ex.bytes / ex.bytes_per_s * n}
+    steps = 20
+    result = {
+        "exchange_totals": totals,
+        "steps": steps,
+        "parts_total_s": {"wall_s": local_step * steps + wait * n, "sync_s": wait * n, "compute_s": 1.0},
+    }
+    tasks = [
+        cal.TaskRun(
+            node_id=t.node,
+            region={"a": "eu", "b": "us"}[t.cluster],
+            device_model="cpu",
+            steps=[],
+            result=result,
+        )
+        for t in option.tasks
+    ]
+    state, _ = cal.update(cal.State(), cal.FinishedRun("g", AT, True, option, tasks, 100.0, 1.0))
+    assert state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value == pytest.approx(drift)
+    assert (cal.EXCHANGE, "eu|us") not in state.factors  # the calls are learned from lockstep exchanges
+    # Quoted again, each exchange adds the drift over the option's own local steps.
+    again = _option(cal.to_calibration(state), regions=2, spec=_gossip())
+    assert again.estimates.basis.exchange.drift == pytest.approx(drift)
+    t_local = again.estimates.step_s.total - again.estimates.step_s.wan_sync
+    per_step = option.estimates.step_s.wan_sync + drift * 5 * t_local / 5
+    assert again.estimates.step_s.wan_sync == pytest.approx(per_step)
+    # A lockstep mode never pays it.
+    assert _option(cal.to_calibration(state), regions=2).estimates.basis.exchange.drift == 0.0
