@@ -9,9 +9,12 @@ made with (``Estimates.basis``) they give an observed value per factor:
 - start-up seconds per node: as the task reported it (spawn to first step), and teardown seconds
   per node as the agent measured it (the result to the process group gone), both divided by the
   share of the host's cores the plan was priced at (``basis.host_share``): per idle core;
-- per region pair (runs that synced across regions), two factors from two measurements
-  (``observe_exchange``): goodput from the payloads' achieved bandwidth, and the fixed seconds per
-  exchange call from the wait a blocking exchange adds beyond its bytes and latency.
+- per region pair (runs that synced across regions), from two measurements (``observe_exchange``):
+  goodput from the payloads' achieved bandwidth, and from the wait a blocking exchange adds beyond
+  its bytes and latency both the fixed seconds per exchange call and the leader's seconds per
+  parameter, fitted apart over the exchanges of different payloads the pair has seen
+  (``exchange_fit``), from exchanges made every step; an exchange made every H steps teaches
+  instead how far the regions drift apart over those steps (the first waiting for the last).
 
 Per-step parts are the worker's totals over the run divided by its steps when its result has them
 (the agent forwards per-step metrics at a bounded rate, so the stored ones are a sample).
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from control_layer import exchange_fit as xf
 from control_layer.planner import cost_model as cm
 from control_layer.planner.plan_types import Calibration, CalibrationBasis, ErrorBand, PlanOption
 
@@ -41,10 +45,13 @@ TIMING_KEYS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "
 RESULT_KEYS = ("startup_s", "train_s", "final_sync_s", "teardown_s", "steps", "task_wall_s")
 EFFICIENCY_RANGE = (1e-3, 1.5)  # what Calibration accepts
 GOODPUT_RANGE = (1e-3, 1.5)
-CALL_RANGE = (0.0, 60.0)  # seconds per exchange call, per idle core
 
 EFFICIENCY, STARTUP, TEARDOWN, GOODPUT = "efficiency", "startup_s", "teardown_s", "goodput"
-EXCHANGE = "exchange_s"
+EXCHANGE, EXCHANGE_PARAM = "exchange_s", "exchange_param_s"
+# The decayed least-squares sums behind both (``exchange_fit``), keyed "a|b|<sum>".
+EXCHANGE_FIT = "exchange_fit"
+EXCHANGE_DRIFT = "exchange_drift"
+DRIFT_RANGE = (0.0, 10.0)  # the wait for the slowest region, in the local steps between exchanges
 TIME, COST = "time", "cost"
 
 
@@ -172,9 +179,11 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
         teardown = _num(task.result.get("teardown_s"))
         if teardown is not None and teardown >= 0:
             obs[(TEARDOWN, task.node_id)].append(teardown / share)
-    regions = sorted({t.region for t in run.tasks})
-    if len(regions) >= 2 and basis is not None and basis.exchange is not None and basis.exchange.rounds:
-        for key, value in observe_exchange(basis, [t.result for t in run.tasks]).items():
+    if _exchanged(run) and basis is not None:
+        goodput, sample = observe_exchange(basis, [t.result for t in run.tasks])
+        for key, value in goodput.items():
+            obs[key].append(value)
+        for key, value in _observe_drift(basis, sample, run.tasks).items():
             obs[key].append(value)
     # Several tasks on one key (replicas of one model, one node's tasks): their median.
     return {k: statistics.median(v) for k, v in obs.items()}
@@ -188,26 +197,35 @@ def _exchange_totals(result: dict[str, Any]) -> dict[str, float] | None:
     return out if len(out) == 4 and out["n"] >= 1 else None
 
 
+def _exchanged(run: FinishedRun) -> bool:
+    basis = run.option.estimates.basis
+    regions = {t.region for t in run.tasks}
+    return (
+        len(regions) >= 2 and basis is not None and basis.exchange is not None and basis.exchange.rounds > 0
+    )
+
+
 def observe_exchange(
     basis: CalibrationBasis, results: Sequence[dict[str, Any]]
-) -> dict[tuple[str, str], float]:
-    """Goodput and the fixed cost per call of a cross-region exchange, each from its own measurement.
+) -> tuple[dict[tuple[str, str], float], xf.Sample | None]:
+    """Goodput per region pair, and the exchange's wait beyond its transfer as a fit sample.
 
     The leaders time every payload that arrives (the sender starting to the last byte): bytes over
     those seconds is the achieved bandwidth, and against the bandwidth the exchange was priced at
     it gives each region pair's goodput (keyed as the estimate used it: measured or declared). The
     steps wait for a blocking exchange: per exchange, the wait beyond the regional reduce, the
-    bytes at the achieved bandwidth and the link latency is what its calls cost; over the calls
-    made one after another and the host share it was priced at, that is the fixed seconds per call
-    per idle core. Each part keeps its own factor, so a payload of another size is priced right.
-    Only a blocking exchange teaches either: an overlapped one streams while the replicas compute,
-    so on a CPU host its payloads wait for the cores training holds and say little of the link.
+    bytes at the achieved bandwidth and the link latency is what its calls and its per-parameter
+    work cost; over the host share it was priced at, that is seconds per idle core, a sample of
+    y = calls × c + parameters × p (``exchange_fit``). Each part keeps its own factor, so a payload
+    of another size is priced right. Only a blocking exchange teaches either: an overlapped one
+    streams while the replicas compute, so on a CPU host its payloads wait for the cores training
+    holds and say little of the link.
     """
     ex = basis.exchange
     assert ex is not None
     out: dict[tuple[str, str], float] = {}
     if not ex.blocking or ex.rounds < 1:
-        return out
+        return out, None
     totals = [t for r in results if (t := _exchange_totals(r)) is not None]
     moved = sum(t["bytes"] for t in totals)
     spent = sum(t["transfer_s"] for t in totals)
@@ -216,13 +234,64 @@ def observe_exchange(
         for key, used in basis.goodput.items():
             out[(GOODPUT, key)] = _clamp(used * rate / ex.bytes_per_s, GOODPUT_RANGE)
     waits = [t["wait_s"] / t["n"] for t in totals]
-    if waits:
+    sample = None
+    if waits and ex.params > 0:
         bytes_s = ex.bytes / (rate or ex.bytes_per_s) if ex.bytes > 0 else 0.0
         beyond = statistics.median(waits) - ex.local_s - bytes_s - ex.latency_s
-        per_call = _clamp(max(0.0, beyond) / ex.rounds / max(1.0, ex.share), CALL_RANGE)
-        for key in basis.exchange_s:
-            out[(EXCHANGE, key)] = per_call
-    return out
+        sample = xf.Sample(rounds=ex.rounds, mparams=ex.params / 1e6, seconds=beyond / max(1.0, ex.share))
+    return out, sample
+
+
+def _observe_drift(
+    basis: CalibrationBasis, sample: xf.Sample | None, tasks: Sequence[TaskRun]
+) -> dict[tuple[str, str], float]:
+    """At a blocking exchange made every H > 1 steps, the wait beyond what the exchange itself
+    costs (its transfer, calls and per-parameter work as priced) is the first region waiting for
+    the last, which drifted behind over the H local steps: as a fraction of those steps, per
+    region pair. An exchange every step has no room to drift (its steps are in lockstep)."""
+    ex = basis.exchange
+    if ex is None or sample is None or ex.every <= 1:
+        return {}
+    own = (ex.rounds * ex.call_s + ex.params * ex.param_s) * max(1.0, ex.share)
+    extra = sample.seconds * max(1.0, ex.share) - own
+    local = [
+        m["wall_s"] - m.get("sync_s", 0.0)
+        for t in tasks
+        if "wall_s" in (m := run_means(t)) and m["wall_s"] > 0
+    ]
+    step = statistics.median(local) if local else 0.0
+    if step <= 0:
+        return {}
+    drift = _clamp(max(0.0, extra) / (ex.every * step), DRIFT_RANGE)
+    return {(EXCHANGE_DRIFT, key): drift for key in basis.exchange_s}
+
+
+def _learn_exchange(
+    factors: dict[tuple[str, str], Factor], run: FinishedRun
+) -> list[tuple[str, str, float | None, float, float]]:
+    """Fold the run's exchange sample into each of its region pairs' sums and refit c and p there.
+    Returns (kind, key, old, new, sample's seconds) for each fitted factor; ``factors`` is updated."""
+    basis = run.option.estimates.basis
+    if basis is None or not _exchanged(run):
+        return []
+    _, sample = observe_exchange(basis, [t.result for t in run.tasks])
+    if sample is None or basis.exchange is None or basis.exchange.every > 1:
+        return []  # an exchange every H steps also waits for drifted regions (``_observe_drift``)
+    moved = []
+    for pair in sorted(basis.exchange_s):
+        sums = {s: f.value for s in xf.STATS if (f := factors.get((EXCHANGE_FIT, f"{pair}|{s}")))}
+        sums = xf.accumulate(sums, sample)
+        runs = (
+            factors[(EXCHANGE_FIT, f"{pair}|w")].runs if (EXCHANGE_FIT, f"{pair}|w") in factors else 0
+        ) + 1
+        for s, v in sums.items():
+            factors[(EXCHANGE_FIT, f"{pair}|{s}")] = Factor(v, runs)
+        c, p_m = xf.fit(sums, cm.DEFAULT_EXCHANGE_CALL_S, cm.DEFAULT_EXCHANGE_PARAM_S * 1e6)
+        for kind, value in ((EXCHANGE, c), (EXCHANGE_PARAM, p_m / 1e6)):
+            old = factors.get((kind, pair))
+            factors[(kind, pair)] = Factor(value, (old.runs if old else 0) + 1)
+            moved.append((kind, pair, old.value if old else None, value, sample.seconds))
+    return moved
 
 
 def update(state: State, run: FinishedRun, alpha: float = ALPHA) -> tuple[State, list[Change]]:
@@ -249,6 +318,13 @@ def update(state: State, run: FinishedRun, alpha: float = ALPHA) -> tuple[State,
                     observed,
                     _rel(observed, old.value if old else None),
                 )
+            )
+        # The exchange's fixed and per-parameter costs come from a fit over every run's sample, not
+        # a move toward this run's: the row records the fit and, as observed, this run's seconds
+        # beyond the transfer per idle core.
+        for kind, key, old_value, new, seconds in _learn_exchange(factors, run):
+            changes.append(
+                Change(run.at, run.job_id, kind, key, old_value, new, seconds, _rel(new, old_value))
             )
     errors = list(state.errors)
     if run.succeeded:
@@ -295,6 +371,8 @@ def to_calibration(state: State) -> Calibration:
         STARTUP: {},
         TEARDOWN: {},
         EXCHANGE: {},
+        EXCHANGE_PARAM: {},
+        EXCHANGE_DRIFT: {},
     }
     for (kind, key), factor in state.factors.items():
         if kind in tables:
@@ -305,6 +383,8 @@ def to_calibration(state: State) -> Calibration:
         startup_s=tables[STARTUP],
         teardown_s=tables[TEARDOWN],
         exchange_s=tables[EXCHANGE],
+        exchange_param_s=tables[EXCHANGE_PARAM],
+        exchange_drift=tables[EXCHANGE_DRIFT],
         time_error=error_band(r for k, r in state.errors if k == TIME),
         cost_error=error_band(r for k, r in state.errors if k == COST),
     )

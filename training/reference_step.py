@@ -4,7 +4,8 @@
 
 The agent runs this at registration the way it runs a job's worker (same launcher, same
 environment), so what it prints is what a job pays on this node: the start-up (spawn to the first
-step: interpreter, imports, rendezvous, model build) and, per precision, the step split as the
+step: interpreter, imports, rendezvous, model build; per idle core, from the CPU time the
+launcher and the worker spent) and, per precision, the step split as the
 planner prices it. Two model sizes and two micro-batch counts separate the FLOP rate from the
 fixed costs per micro-batch and per step; the optimizer, data and checkpoint costs are fitted per
 parameter or token. Prints one ``CPN_RESULT {json}`` line.
@@ -13,9 +14,11 @@ parameter or token. Prints one ``CPN_RESULT {json}`` line.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -130,6 +133,27 @@ def measure_precision(kind: str, precision: str, ctx: Any) -> dict[str, float]:
     }
 
 
+def launcher_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used so far, from ``/proc``; None elsewhere."""
+    try:
+        # Fields after the command name's closing parenthesis: state is field 3, utime 14, stime 15.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def startup_per_idle_core(wall_s: float, worker_cpu_s: float, launcher_s: float | None) -> float:
+    """Start-up as it would take on an idle core: the CPU the launcher (torchrun) and this worker
+    spent before the first step, at most the wall time. Start-up is CPU work one after another
+    (the launcher's imports, then the worker's), so its wall time on a host other processes crowd
+    (several agents measuring at once at registration) overstates it by what they took; the CPU
+    time does not. Without the launcher's figure, the wall time."""
+    if launcher_s is None:
+        return wall_s
+    return min(wall_s, worker_cpu_s + launcher_s)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.reference_step", description=__doc__)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -137,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ctx = compute_init(args.device)
     ready = time.time()
+    worker_cpu, launcher = time.process_time(), launcher_cpu_s(os.getppid())
     spawned = spawned_at()
-    # Wall time, on the host as it is: start-up is mostly waiting for the host (imports, a parent
-    # process and its children, rendezvous), not something one idle core's speed would predict.
-    startup = ready - spawned if spawned is not None else None
+    wall = ready - spawned if spawned is not None else None
+    startup = startup_per_idle_core(wall, worker_cpu, launcher) if wall is not None else None
     ok = False
     try:
         rates = {p: measure_precision(args.device, p, ctx) for p in args.precisions.split(",") if p}
@@ -150,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                     # The real worker also builds its model before the first step: the small
                     # reference model's build is inside the per-step figures, close enough.
                     "startup_s": startup,
+                    "startup_wall_s": wall,
                     "host_load_factor": max(1.0, CLOCKS["wall"] / CLOCKS["cpu"])
                     if args.device == "cpu" and CLOCKS["cpu"] > 0
                     else 0.0,

@@ -174,6 +174,43 @@ def exchange_call_seconds(regions: list[str], calibration: Calibration | None) -
     return max(seen) if seen else DEFAULT_EXCHANGE_CALL_S
 
 
+# The region leader's work per exchange that grows with the model, beyond the payload's transfer:
+# flattening the replica's tensors into one, encoding and decoding it, the weighted mean, writing
+# it back and broadcasting it to the node's other ranks (``training/runtime.py``,
+# ``training/sync/engine.py``), seconds per parameter per idle core. Two-region `sync` exchanges
+# on loopback on the reference box took about 13 ms fixed plus 16 ms per million parameters
+# (BENCHMARKS.md, quote accuracy). Calibration learns it per region pair, apart from the call's
+# fixed cost.
+DEFAULT_EXCHANGE_PARAM_S = 16e-9
+
+
+def exchange_param_seconds(regions: list[str], calibration: Calibration | None) -> float:
+    """Seconds per parameter of an exchange's per-parameter work among these regions, per idle
+    core: the largest calibrated figure of any pair among them, else the default."""
+    table = calibration.exchange_param_s if calibration else {}
+    seen = [
+        table[pair_key(a, b)]
+        for i, a in enumerate(regions)
+        for b in regions[i + 1 :]
+        if pair_key(a, b) in table
+    ]
+    return max(seen) if seen else DEFAULT_EXCHANGE_PARAM_S
+
+
+def exchange_drift(regions: list[str], calibration: Calibration | None) -> float:
+    """How long the first region to reach an exchange made every H steps waits for the last, as a
+    fraction of the H local steps before it, among these regions: the largest calibrated figure of
+    any pair among them, else 0 (regions of equal speed arrive together)."""
+    table = calibration.exchange_drift if calibration else {}
+    seen = [
+        table[pair_key(a, b)]
+        for i, a in enumerate(regions)
+        for b in regions[i + 1 :]
+        if pair_key(a, b) in table
+    ]
+    return max(seen) if seen else 0.0
+
+
 def bytes_per_s(gbps: float, goodput: float) -> float:
     return gbps * 1e9 / 8.0 * goodput
 

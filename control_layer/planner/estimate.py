@@ -120,7 +120,8 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
     drops out; each leader's egress is priced at its dearest link to another participant.
     Each of the exchange's calls in sequence (``cm.exchange_rounds``) pays a round trip and its
     fixed cost (``Links.lat``: per idle core, times the leaders' host share, since the calls are
-    CPU work on both ends).
+    CPU work on both ends), and the leader's per-parameter work once per exchange
+    (``cm.exchange_param_seconds``, likewise times the share).
     """
     sync, n = spec.sync, float(spec.model.n_params)
     regions = sorted(region_members)
@@ -143,7 +144,9 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
             call_max = max(call_max, links.call_s(a, b), links.call_s(b, a))
     factor = float(cm.wan_time_factor(sync, n, n_regions))
     hops = float(cm.wan_latency_hops(sync, n_regions))
-    t_wan = factor / bw_min + hops * lat_max
+    param_s = cm.exchange_param_seconds(regions, links.calibration)
+    share = max(1.0, links.call_share)
+    t_wan = factor / bw_min + hops * lat_max + n * param_s * share
     per_leader = float(cm.wan_bytes_per_leader(sync, n, n_regions))
     egress = 0.0
     for a in regions:
@@ -155,7 +158,9 @@ def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> Sy
         latency_s=hops * link_lat,
         rounds=cm.exchange_rounds(sync, n_regions),
         call_s=call_max,
-        share=max(1.0, links.call_share),
+        params=n,
+        param_s=param_s,
+        share=share,
     )
     return SyncCost(t_local + t_wan, egress, per_leader * n_regions, basis)
 
@@ -312,10 +317,11 @@ def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dic
 
 def _fixed_seconds(node: NodeInfo, share: float, calibration: Calibration | None) -> tuple[float, float]:
     """A node's start-up and teardown for this plan: per idle core (calibrated, else as measured at
-    registration divided by the load it measured under), times this plan's share of the host."""
+    registration: the start-up already per idle core, the teardown's wall time divided by the load
+    it measured under), times this plan's share of the host."""
     prof = node.profile
     under = max(1.0, prof.host_load_factor) if prof else 1.0
-    startup = cm.startup_seconds(node.id, prof.startup_s / under if prof else None, calibration)
+    startup = cm.startup_seconds(node.id, prof.startup_s if prof else None, calibration)
     teardown = cm.teardown_seconds(node.id, prof.teardown_s / under if prof else None, calibration)
     return startup * share, teardown * share
 
@@ -504,10 +510,17 @@ def _estimate(
     t_local = slowest.total(wps)
     terms = runtime_terms(spec)
     overlapped = runtime is not None and runtime.overlap and terms.diloco
+    # Regions that exchange every H steps drift apart over those steps; at a blocking exchange the
+    # first to arrive waits for the last (calibrated per region pair, 0 until runs show it).
+    h_sync = cm.sync_every(spec.sync)
+    drift = 0.0
+    if h_sync > 1 and len(members) >= 2 and not overlapped:
+        drift = cm.exchange_drift(sorted(members), calibration)
+    t_sync = sc.t_sync + drift * h_sync * t_local
     wan = float(
         wan_per_step(
             terms,
-            sc.t_sync,
+            t_sync,
             t_local,
             overlapped,
             runtime.overlap_steps or 0 if runtime is not None else 0,
@@ -529,7 +542,7 @@ def _estimate(
     fixed = [_fixed_seconds(nodes[n], shares.get(n, 1.0), calibration) for n in plan_nodes]
     startup = max(f[0] for f in fixed)
     teardown = max(f[1] for f in fixed)
-    final_sync = float(final_sync_s(terms, sc.t_sync, overlapped, len(members)))
+    final_sync = float(final_sync_s(terms, t_sync, overlapped, len(members)))
     duration = startup + steps * step.total + final_sync + teardown
     hourly = sum(device_price(rep.devices[0][0], spot) * len(rep.devices) for rep in replicas)
     per_step_exchanges = cm.exchanges_per_step(spec.sync, steps)
@@ -550,7 +563,11 @@ def _estimate(
         wan_bytes_per_step=sc.wan_bytes * per_step_exchanges,
         interval=interval(duration, cost.total, calibration),
         basis=basis(tasks, snapshot, precision, calibration, shares).model_copy(
-            update={"exchange": sc.basis.model_copy(update={"blocking": not overlapped})}
+            update={
+                "exchange": sc.basis.model_copy(
+                    update={"blocking": not overlapped, "every": h_sync, "drift": drift}
+                )
+            }
         ),
     )
     return est, runtime

@@ -50,7 +50,8 @@ class Pool:
                     fixed.append((n.id, None, None))
                 else:
                     under = max(1.0, prof.host_load_factor)
-                    fixed.append((n.id, prof.startup_s / under, prof.teardown_s / under))
+                    # The profile's start-up is per idle core already (CPU time, agent/profile.py).
+                    fixed.append((n.id, prof.startup_s, prof.teardown_s / under))
         object.__setattr__(self, "measured_fixed", tuple(fixed))
 
     @property

@@ -110,7 +110,7 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     eg = np.where(pair, f.egress[sub][None, :, :], 0.0).max(axis=2).sum(axis=1)
     multi = n_used >= 2
     safe_bw = np.where(multi & (bw > 0), bw, 1.0)
-    wan = np.where(multi, pr.wan_factor[n_used] / safe_bw + pr.wan_hops[n_used] * lat, 0.0)
+    wan = np.where(multi, pr.wan_factor[n_used] / safe_bw + pr.wan_hops[n_used] * lat + f.wan_param_s, 0.0)
     wan = np.where(multi & (bw <= 0), np.inf, wan)
     link = np.where(pair, f.pair_link_bps[sub][None, :, :], np.inf).min(axis=(1, 2))
     link = np.where(multi & np.isfinite(link), link, 0.0)

@@ -88,6 +88,10 @@ def basis(
         for i, a in enumerate(regions)
         for b in regions[i + 1 :]
     }
+    per_param = calibration.exchange_param_s if calibration else {}
+    exchange_param_s = {key: per_param.get(key, cm.DEFAULT_EXCHANGE_PARAM_S) for key in exchange_s}
+    drifts = calibration.exchange_drift if calibration else {}
+    exchange_drift = {key: drifts.get(key, 0.0) for key in exchange_s}
     return CalibrationBasis(
         efficiency=efficiency,
         startup_s=startup,
@@ -95,6 +99,8 @@ def basis(
         host_share=dict(host_share or {}),
         teardown_s=teardown,
         exchange_s=exchange_s,
+        exchange_param_s=exchange_param_s,
+        exchange_drift=exchange_drift,
     )
 
 

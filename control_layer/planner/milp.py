@@ -180,6 +180,7 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
         md.row([(pl, 1.0), (t_lat, -1.0), (rk, -big_lat)], -big_lat, math.inf)
         md.row([(pe, 1.0)] + [(e[r], -1.0) for r in regions] + [(rk, -big_eg)], -big_eg, math.inf)
         sync_terms += [(pb, float(pr.wan_factor[k]) / cm.GB), (pl, float(pr.wan_hops[k]))]
+        sync_terms.append((rk, f.wan_param_s))  # the leaders' per-parameter work, once per exchange
         egress_terms.append((pe, float(pr.per_leader[k]) / cm.GB))
 
     # Local steps with their checkpoint writes and the run's fixed seconds per step (monotone in
@@ -193,7 +194,7 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
     # Bounds on theta keep the linearisations tight: the bound from bounds.py below, and above
     # the deadline, the slowest unit plus the widest possible sync, and what `beat` allows.
     sync_ub = float(f.local_sync[regions].max()) + float(pr.wan_factor[k_max]) / cm.GB * big_bw
-    sync_ub += float(pr.wan_hops[k_max]) * big_lat
+    sync_ub += float(pr.wan_hops[k_max]) * big_lat + f.wan_param_s
     theta_ub = float(max(g1[units].max(), g2[units].max())) + pr.xps * sync_ub
     if spec.qos.max_hours is not None:
         theta_ub = min(theta_ub, spec.qos.max_hours * 3600.0 / steps)

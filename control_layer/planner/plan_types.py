@@ -105,10 +105,12 @@ class EstimateInterval(_Plain):
 
 class ExchangeBasis(_Plain):
     """How one cross-region exchange was priced: t = local_s + bytes / bytes_per_s + latency_s +
-    rounds × call_s × share. bytes cross the slowest link (bytes_per_s, achieved: nominal ×
-    goodput); rounds are the calls each leader makes one after another; call_s is the fixed cost
-    of one (per idle core) and share the host share of the slowest leader's node; blocking says
-    whether the steps wait for the whole exchange (not an overlapped one)."""
+    (rounds × call_s + params × param_s) × share. bytes cross the slowest link (bytes_per_s,
+    achieved: nominal × goodput); rounds are the calls each leader makes one after another; call_s
+    is the fixed cost of one (per idle core); params the model's parameters and param_s the
+    leader's work per parameter beyond the transfer (per idle core); share the host share of the
+    slowest leader's node; blocking says whether the steps wait for the whole exchange (not an
+    overlapped one)."""
 
     local_s: float = Field(default=0.0, ge=0)
     bytes: float = Field(default=0.0, ge=0)
@@ -116,7 +118,13 @@ class ExchangeBasis(_Plain):
     latency_s: float = Field(default=0.0, ge=0)
     rounds: int = Field(default=0, ge=0)
     call_s: float = Field(default=0.0, ge=0)
+    params: float = Field(default=0.0, ge=0)
+    param_s: float = Field(default=0.0, ge=0)
     share: float = Field(default=1.0, ge=1)
+    # Steps between exchanges (H; 1 for modes that exchange every step) and the drift priced: the
+    # wait for the slowest region at an exchange, a fraction of the H local steps before it.
+    every: int = Field(default=1, ge=1)
+    drift: float = Field(default=0.0, ge=0)
     blocking: bool = True
 
 
@@ -134,8 +142,11 @@ class CalibrationBasis(_Plain):
     # (its CPU slots taking turns on the host's cores with what else runs there).
     host_share: dict[str, float] = Field(default_factory=dict)
     teardown_s: dict[str, float] = Field(default_factory=dict)
-    # Per "regionA|regionB" among the regions used: the fixed seconds per exchange call in force.
+    # Per "regionA|regionB" among the regions used: the fixed seconds per exchange call in force,
+    # and the seconds per parameter of the exchange's per-parameter work.
     exchange_s: dict[str, float] = Field(default_factory=dict)
+    exchange_param_s: dict[str, float] = Field(default_factory=dict)
+    exchange_drift: dict[str, float] = Field(default_factory=dict)
     exchange: ExchangeBasis | None = None
 
 
@@ -249,7 +260,10 @@ class Calibration(_Plain):
     link_goodput keys ending in "|measured" apply to a measured link (a fraction of what the probe
     achieved), plain keys to a declared one. exchange_s: per region pair, the fixed seconds of one
     call of a cross-region exchange (framing, auth, thread hand-offs, waiting for the peer's
-    threads) per idle core, beyond its bytes and the link's latency.
+    threads) per idle core, beyond its bytes and the link's latency; exchange_param_s: per region
+    pair, the leader's seconds per parameter of an exchange (flatten, codec, mean, in-node
+    broadcast) per idle core; exchange_drift: per region pair, the wait for the slowest region at an
+    exchange made every H steps, as a fraction of the H local steps before it.
     time_error / cost_error: the spread of recent quotes' errors, for the interval every quote carries.
     """
 
@@ -258,6 +272,8 @@ class Calibration(_Plain):
     startup_s: dict[str, float] = Field(default_factory=dict)
     teardown_s: dict[str, float] = Field(default_factory=dict)
     exchange_s: dict[str, float] = Field(default_factory=dict)
+    exchange_param_s: dict[str, float] = Field(default_factory=dict)
+    exchange_drift: dict[str, float] = Field(default_factory=dict)
     time_error: ErrorBand | None = None
     cost_error: ErrorBand | None = None
 
@@ -274,6 +290,8 @@ class Calibration(_Plain):
             ("startup_s", self.startup_s),
             ("teardown_s", self.teardown_s),
             ("exchange_s", self.exchange_s),
+            ("exchange_param_s", self.exchange_param_s),
+            ("exchange_drift", self.exchange_drift),
         ):
             for key, value in seconds.items():
                 if not (math.isfinite(value) and value >= 0):

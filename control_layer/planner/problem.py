@@ -89,6 +89,9 @@ class Fleet:
     # Start-up and teardown of the slowest candidate node: a run's fixed seconds as the search
     # ranks placements (the estimator prices the chosen nodes exactly).
     fixed_s: float = 0.0
+    # The leaders' per-parameter work of one cross-region exchange at σ = 1, at the largest
+    # per-parameter figure among the fleet's region pairs (the estimator prices the chosen pairs).
+    wan_param_s: float = 0.0
     layouts: dict[tuple[int, int], Layout] = field(default_factory=dict)
 
 
@@ -227,6 +230,7 @@ def build_fleet(
         xps=cm.exchanges_per_step(spec.sync, spec.training.steps),
         overlapped=cm.sync_overlapped(spec.sync),
         links=links,
+        wan_param_s=n * cm.exchange_param_seconds(regions, calibration) if nr >= 2 else 0.0,
         runtime=runtime_terms(spec),
         fixed_s=fixed_s,
     )
@@ -467,7 +471,7 @@ def sync_seconds_and_egress(pr: Problem, members: np.ndarray) -> tuple[float, fl
     if bw_min <= 0:
         return math.inf, math.inf
     lat_max = float(f.pair_lat[np.ix_(used, used)][off].max())
-    t_wan = float(pr.wan_factor[n_reg]) / bw_min + float(pr.wan_hops[n_reg]) * lat_max
+    t_wan = float(pr.wan_factor[n_reg]) / bw_min + float(pr.wan_hops[n_reg]) * lat_max + f.wan_param_s
     sub_eg = f.egress[np.ix_(used, used)]
     egress = float(pr.per_leader[n_reg]) / cm.GB * float(np.where(off, sub_eg, -np.inf).max(axis=1).sum())
     return t_local + t_wan, egress

@@ -60,7 +60,9 @@ class StepRateInfo(_Measured):
 class NodeProfileInfo(_Measured):
     """What the node measured by running the real worker at registration."""
 
-    startup_s: float = Field(ge=0, description="Spawn to first step: interpreter, imports, rendezvous.")
+    startup_s: float = Field(
+        ge=0, description="Spawn to first step per idle core: interpreter, imports, rendezvous."
+    )
     teardown_s: float = Field(default=0.0, ge=0, description="Result reported to process group gone.")
     physical_cores: int = Field(default=0, ge=0, description="0: unknown (slots are not priced as shared).")
     host_load_factor: float = Field(

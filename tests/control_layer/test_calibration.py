@@ -140,57 +140,90 @@ def test_recent_runs_weigh_more() -> None:
     assert row.old == 4.0 and row.observed == 8.0 and row.residual == pytest.approx(1.0)
 
 
-def _exchanged(option: PlanOption, *, rate: float, call_s: float, steps: int = 20) -> dict:
-    """What the leaders of a blocking exchange report when payloads move at ``rate`` bytes/s and each
-    call costs ``call_s`` (per idle core) beyond its bytes and latency."""
+def _exchanged(option: PlanOption, *, rate: float, call_s: float, param_s: float, steps: int = 20) -> dict:
+    """What the leaders of a blocking exchange report when payloads move at ``rate`` bytes/s, each
+    call costs ``call_s`` and each parameter ``param_s`` (per idle core) beyond bytes and latency."""
     ex = option.estimates.basis.exchange
-    wait = ex.local_s + ex.bytes / rate + ex.latency_s + ex.rounds * call_s * ex.share
+    wait = ex.local_s + ex.bytes / rate + ex.latency_s + (ex.rounds * call_s + ex.params * param_s) * ex.share
     n = steps - 1
     return {"n": n, "wait_s": wait * n, "bytes": ex.bytes * n, "transfer_s": ex.bytes / rate * n}
 
 
-def test_goodput_and_call_cost_are_learned_apart_from_one_run() -> None:
+def _sized(d_model: int) -> JobSpec:
+    spec = _spec()
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"d_model": d_model})})
+
+
+# What two-region `sync` exchanges on loopback took on the reference box, per idle core.
+CALL_S, PARAM_S = 0.013, 16e-9
+
+
+def test_goodput_and_exchange_costs_are_learned_apart() -> None:
     one = _option(regions=1)
     state, _ = cal.update(cal.State(), _run(one, compute_s=one.estimates.step_s.compute, sync_s=0.5))
-    assert not [k for k in state.factors if k[0] in (cal.GOODPUT, cal.EXCHANGE)]
+    assert not [k for k in state.factors if k[0] in (cal.GOODPUT, cal.EXCHANGE, cal.EXCHANGE_PARAM)]
 
     two = _option(regions=2)
     ex = two.estimates.basis.exchange
-    assert ex.rounds == 1 and ex.blocking and ex.bytes > 0
+    assert ex.rounds == 1 and ex.blocking and ex.bytes > 0 and ex.params == two_params()
+    assert ex.param_s == cm.DEFAULT_EXCHANGE_PARAM_S
     assert two.estimates.basis.exchange_s == {"eu|us": cm.DEFAULT_EXCHANGE_CALL_S}
-    # The link achieves half of what was priced and every call costs 40 ms more than the default.
-    rate, call = ex.bytes_per_s / 2, cm.DEFAULT_EXCHANGE_CALL_S + 0.04
-    totals = _exchanged(two, rate=rate, call_s=call)
-    run = _run(two, compute_s=two.estimates.step_s.compute, exchange=totals)
-    state, _ = cal.update(cal.State(), run)
+    assert two.estimates.basis.exchange_param_s == {"eu|us": cm.DEFAULT_EXCHANGE_PARAM_S}
+    # The link achieves half of what was priced; calls and parameters cost what was measured.
+    rate = ex.bytes_per_s / 2
+    state = cal.State()
+    sizes = (64, 256, 128, 512, 64)  # 0.1 to 3.2 million parameters
+    for i, d in enumerate(sizes):
+        option = _option(cal.to_calibration(state), regions=2, spec=_sized(d))
+        totals = _exchanged(option, rate=rate, call_s=CALL_S, param_s=PARAM_S)
+        run = _run(option, compute_s=option.estimates.step_s.compute, exchange=totals, job=f"j{i}")
+        state, changes = cal.update(state, run)
+        kinds = {c.kind for c in changes}
+        assert {cal.EXCHANGE, cal.EXCHANGE_PARAM} <= kinds
     assert state.factors[(cal.GOODPUT, "eu|us")].value == pytest.approx(cm.DEFAULT_WAN_GOODPUT / 2)
-    assert state.factors[(cal.EXCHANGE, "eu|us")].value == pytest.approx(call)
+    # Runs of several sizes separate the two parts (the prior's pull is a hundredth of one run).
+    assert state.factors[(cal.EXCHANGE, "eu|us")].value == pytest.approx(CALL_S, rel=0.1)
+    assert state.factors[(cal.EXCHANGE_PARAM, "eu|us")].value == pytest.approx(PARAM_S, rel=0.05)
 
-    # Quoted again, the exchange costs what was measured, and a model of another size is priced
-    # with both parts: its bytes at the achieved rate, its calls at the learned cost.
+    # Quoted again, a small and a large model's exchanges both cost what they take.
     calibration = cal.to_calibration(state)
-    again = _option(calibration, regions=2)
-    per_exchange = totals["wait_s"] / totals["n"]
-    assert again.estimates.step_s.wan_sync == pytest.approx(per_exchange)
-    wide = _spec().model_copy(update={"model": _spec().model.model_copy(update={"d_model": 128})})
-    bigger = _option(calibration, regions=2, spec=wide).estimates.basis.exchange
-    expected = bigger.bytes / rate + ex.latency_s + call * bigger.share
-    assert bigger.bytes > 2 * ex.bytes
-    assert _option(calibration, regions=2, spec=wide).estimates.step_s.wan_sync == pytest.approx(expected)
+    for d in (64, 512):
+        option = _option(calibration, regions=2, spec=_sized(d))
+        got = option.estimates.basis.exchange
+        totals = _exchanged(option, rate=rate, call_s=CALL_S, param_s=PARAM_S)
+        assert option.estimates.step_s.wan_sync == pytest.approx(totals["wait_s"] / totals["n"], rel=0.03)
+        assert got.params == _sized(d).model.n_params
 
 
-def test_an_overlapped_exchange_teaches_neither_goodput_nor_call_cost() -> None:
+def two_params() -> int:
+    return _spec().model.n_params
+
+
+def test_one_size_alone_is_fitted_but_cannot_be_split() -> None:
+    option = _option(regions=2, spec=_sized(512))
+    ex = option.estimates.basis.exchange
+    totals = _exchanged(option, rate=ex.bytes_per_s, call_s=CALL_S, param_s=PARAM_S)
+    state, _ = cal.update(cal.State(), _run(option, compute_s=1.0, exchange=totals))
+    c = state.factors[(cal.EXCHANGE, "eu|us")].value
+    p = state.factors[(cal.EXCHANGE_PARAM, "eu|us")].value
+    # The fit reproduces that size's wait beyond the transfer (up to the prior's small pull) ...
+    beyond = CALL_S + ex.params * PARAM_S
+    assert c + ex.params * p == pytest.approx(beyond, rel=0.05)
+    # ... and splits what the defaults missed between the two parts.
+    assert c > cm.DEFAULT_EXCHANGE_CALL_S and p >= cm.DEFAULT_EXCHANGE_PARAM_S
+
+
+def test_an_overlapped_exchange_teaches_neither_goodput_nor_exchange_costs() -> None:
     two = _option(regions=2)
     basis = two.estimates.basis.model_copy(
         update={"exchange": two.estimates.basis.exchange.model_copy(update={"blocking": False})}
     )
-    totals = _exchanged(two, rate=two.estimates.basis.exchange.bytes_per_s, call_s=1.0)
-    seen = cal.observe_exchange(basis, [{"exchange_totals": totals}])
-    assert seen == {}
-    assert set(cal.observe_exchange(two.estimates.basis, [{"exchange_totals": totals}])) == {
-        (cal.GOODPUT, "eu|us"),
-        (cal.EXCHANGE, "eu|us"),
-    }
+    totals = _exchanged(two, rate=two.estimates.basis.exchange.bytes_per_s, call_s=1.0, param_s=PARAM_S)
+    assert cal.observe_exchange(basis, [{"exchange_totals": totals}]) == ({}, None)
+    goodput, sample = cal.observe_exchange(two.estimates.basis, [{"exchange_totals": totals}])
+    assert set(goodput) == {(cal.GOODPUT, "eu|us")}
+    assert sample is not None and sample.rounds == 1
+    assert sample.seconds == pytest.approx(1.0 + two_params() * PARAM_S)
 
 
 def test_a_goodput_learned_against_a_declared_link_does_not_apply_to_a_measured_one() -> None:
@@ -258,7 +291,7 @@ def test_accuracy_record_has_both_breakdowns() -> None:
     assert record["actual"]["tasks"][0]["startup_s"] == 5.0
     assert record["error"]["time"] == pytest.approx(50.0 / option.estimates.duration_s - 1)
     two = _option(regions=2)
-    totals = _exchanged(two, rate=1e6, call_s=0.01)
+    totals = _exchanged(two, rate=1e6, call_s=0.01, param_s=PARAM_S)
     record = cal.accuracy_record(_run(two, compute_s=0.2, exchange=totals))
     assert record["estimated"]["step_s"]["wan_sync"] == two.estimates.step_s.wan_sync
     assert record["actual"]["tasks"][0]["exchange_totals"] == totals
@@ -297,3 +330,53 @@ def test_run_totals_count_every_step_and_teardown_is_learned() -> None:
     assert calibration.teardown_s == {"a0": 3.0, "b0": 3.0}
     again = _option(calibration, regions=2)
     assert again.estimates.teardown_s == 3.0
+
+
+def _gossip(every: int = 5) -> JobSpec:
+    spec = _spec()
+    return spec.model_copy(update={"sync": spec.sync.model_copy(update={"mode": "gossip", "every": every})})
+
+
+def test_regions_that_exchange_every_h_steps_teach_their_drift_not_the_exchange_costs() -> None:
+    option = _option(regions=2, spec=_gossip())
+    ex = option.estimates.basis.exchange
+    assert ex.every == 5 and ex.blocking and ex.drift == 0.0
+    # Each exchange costs what was priced, plus the first region waiting a fifth of the 5 local
+    # steps (0.2 s each) for the last: 0.2 s.
+    local_step, drift = 0.2, 0.2
+    priced = (
+        ex.local_s
+        + ex.bytes / ex.bytes_per_s
+        + ex.latency_s
+        + (ex.rounds * ex.call_s + ex.params * ex.param_s) * ex.share
+    )
+    wait = priced + drift * 5 * local_step
+    n = 4
+    totals = {"n": n, "wait_s": wait * n, "bytes": ex.bytes * n, "transfer_s": ex.bytes / ex.bytes_per_s * n}
+    steps = 20
+    result = {
+        "exchange_totals": totals,
+        "steps": steps,
+        "parts_total_s": {"wall_s": local_step * steps + wait * n, "sync_s": wait * n, "compute_s": 1.0},
+    }
+    tasks = [
+        cal.TaskRun(
+            node_id=t.node,
+            region={"a": "eu", "b": "us"}[t.cluster],
+            device_model="cpu",
+            steps=[],
+            result=result,
+        )
+        for t in option.tasks
+    ]
+    state, _ = cal.update(cal.State(), cal.FinishedRun("g", AT, True, option, tasks, 100.0, 1.0))
+    assert state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value == pytest.approx(drift)
+    assert (cal.EXCHANGE, "eu|us") not in state.factors  # the calls are learned from lockstep exchanges
+    # Quoted again, each exchange adds the drift over the option's own local steps.
+    again = _option(cal.to_calibration(state), regions=2, spec=_gossip())
+    assert again.estimates.basis.exchange.drift == pytest.approx(drift)
+    t_local = again.estimates.step_s.total - again.estimates.step_s.wan_sync
+    per_step = option.estimates.step_s.wan_sync + drift * 5 * t_local / 5
+    assert again.estimates.step_s.wan_sync == pytest.approx(per_step)
+    # A lockstep mode never pays it.
+    assert _option(cal.to_calibration(state), regions=2).estimates.basis.exchange.drift == 0.0

@@ -95,8 +95,10 @@ def test_two_regions_pay_wan_sync_and_egress() -> None:
     est = estimate_option(spec, _snap(), tasks, dp=2, tp=1, pp=1, zero=0)
     payload = spec.model.n_params * 4.0
     bw = cm.bytes_per_s(8, cm.DEFAULT_WAN_GOODPUT)
-    # Two regions: each leader pushes S bytes to the other (one call), 2 latency hops.
+    # Two regions: each leader pushes S bytes to the other (one call), 2 latency hops, and works on
+    # every parameter once (flatten, codec, mean, in-node broadcast).
     t_sync = payload / bw + 2 * 0.1 + cm.DEFAULT_EXCHANGE_CALL_S
+    t_sync += spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S
     assert est.step_s.wan_sync == pytest.approx(t_sync)
     # The A100 replica is the slower one and sets the step.
     t_mb = cm.flops_per_token(spec.model, False) * 512 / (300e12 * cm.DEFAULT_DEVICE_EFFICIENCY)
@@ -174,7 +176,10 @@ def test_a_measured_link_is_not_discounted_again() -> None:
     est = estimate_option(spec, measured, tasks, dp=2, tp=1, pp=1, zero=0)
     payload = spec.model.n_params * 4.0
     assert est.step_s.wan_sync == pytest.approx(
-        payload / cm.bytes_per_s(8, 1.0) + 2 * 0.1 + cm.DEFAULT_EXCHANGE_CALL_S
+        payload / cm.bytes_per_s(8, 1.0)
+        + 2 * 0.1
+        + cm.DEFAULT_EXCHANGE_CALL_S
+        + spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S
     )
     assert est.step_s.wan_sync < declared.step_s.wan_sync
     assert est.basis is not None and set(est.basis.goodput.values()) == {cm.MEASURED_WAN_GOODPUT}

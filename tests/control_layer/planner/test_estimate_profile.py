@@ -121,8 +121,11 @@ def test_the_hosts_contention_from_heartbeats_counts_what_else_runs_there() -> N
     est = estimate_option(_spec(), snap, ONE_NODE, dp=2, tp=1, pp=1, zero=0)
     idle = estimate_option(_spec(), _snap(cores=4), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
     assert est.step_s.compute == pytest.approx(3 * idle.step_s.compute)
-    # Start-up measured at registration under a contention of 3 is 2 s per idle core: 6 s here.
-    assert est.startup_s == pytest.approx(6.0 / 3.0 * 3.0)
+    # The start-up the profile holds is per idle core already (the launcher's and the worker's CPU
+    # time, whatever the load at registration): 6 s, three times that on this share of the host;
+    # the teardown, a wall time, is divided by the load it measured under.
+    assert est.startup_s == pytest.approx(6.0 * 3.0)
+    assert est.teardown_s == pytest.approx(0.5 / 3.0 * 3.0)
 
 
 def test_diloco_blocks_every_h_steps_as_configured() -> None:
