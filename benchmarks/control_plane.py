@@ -3,8 +3,11 @@
 1. Heartbeats: simulated agents (several client processes) register over gRPC and hold real
    ``Connect`` streams, each sending heartbeats as fast as its stream takes them; the figure is
    what the server counted as ingested (``cpn_heartbeats_total`` on /metrics) per second.
-2. Submissions: concurrent REST clients POST /v1/jobs for a while; submissions/s and the p99 of
-   their latency (the placer runs meanwhile, rejecting each job: no cluster is in its region).
+2. Submissions: keep-alive connections POST /v1/jobs for a while, from a lean raw-HTTP client in a
+   process of its own (``_submit_client.py``; its CPU is reported), spread over ``--replicas``
+   replicas on the one PostgreSQL + Redis (the leader among them also runs the placer, which
+   rejects each job: no cluster is in its region). Submissions/s across the replicas, the p99 of
+   their latency, and a check that every 201 answer is a stored job.
 3. Chaos, with real `cpn agent` processes and real training jobs:
    - restart: one replica, killed with SIGKILL while jobs train, started again on the same database;
    - failover: two replicas, the leader killed with SIGKILL while jobs train. ``failover_s`` runs
