@@ -3,8 +3,11 @@
 1. Heartbeats: simulated agents (several client processes) register over gRPC and hold real
    ``Connect`` streams, each sending heartbeats as fast as its stream takes them; the figure is
    what the server counted as ingested (``cpn_heartbeats_total`` on /metrics) per second.
-2. Submissions: concurrent REST clients POST /v1/jobs for a while; submissions/s and the p99 of
-   their latency (the placer runs meanwhile, rejecting each job: no cluster is in its region).
+2. Submissions: keep-alive connections POST /v1/jobs for a while, from a lean raw-HTTP client in a
+   process of its own (``_submit_client.py``; its CPU is reported), spread over ``--replicas``
+   replicas on the one PostgreSQL + Redis (the leader among them also runs the placer, which
+   rejects each job: no cluster is in its region). Submissions/s across the replicas, the p99 of
+   their latency, and a check that every 201 answer is a stored job.
 3. Chaos, with real `cpn agent` processes and real training jobs:
    - restart: one replica, killed with SIGKILL while jobs train, started again on the same database;
    - failover: two replicas, the leader killed with SIGKILL while jobs train. ``failover_s`` runs
@@ -42,16 +45,18 @@ from typing import Any
 
 import grpc
 import httpx
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _submit_client import run_clients  # noqa: E402
 
 from orchestration.bus import RedisBus, default_prefix  # noqa: E402
 from orchestration.db.base import utcnow  # noqa: E402
 from orchestration.db.engine import as_utc, make_engine, make_session_factory, normalize_url  # noqa: E402
 from orchestration.db.migrate import upgrade  # noqa: E402
-from orchestration.db.models import LeaderLease, Node, Task, TaskMetric  # noqa: E402
+from orchestration.db.models import Job, LeaderLease, Node, Task, TaskMetric  # noqa: E402
 from orchestration.leadership import SINGLETONS  # noqa: E402
 from orchestration.settings import Settings  # noqa: E402
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc  # noqa: E402
@@ -303,39 +308,44 @@ def bench_job(steps: int, dp: int, regions: list[str] | None = None) -> dict[str
     return spec
 
 
-async def _submit(base: str, key: str, seconds: float, concurrency: int) -> list[float]:
-    latencies: list[float] = []
-    spec = bench_job(10, 1, regions=["nowhere"])
-    end = time.monotonic() + seconds
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {key}"}, limits=limits,
-                                 timeout=30) as client:  # fmt: skip
-
-        async def loop() -> None:
-            while time.monotonic() < end:
-                t = time.perf_counter()
-                r = await client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"})
-                latencies.append(time.perf_counter() - t)
-                if r.status_code != 201 and r.status_code != 200:
-                    raise RuntimeError(f"submission answered {r.status_code}: {r.text[:300]}")
-
-        await asyncio.gather(*(loop() for _ in range(concurrency)))
-    return latencies
+@dataclass
+class Submissions:
+    per_s: float
+    p99_ms: float
+    per_server_cpu_s: float
+    server_cores: float  # CPU the replicas' processes used, per second of the window
+    client_cores: float  # CPU the load generator used, per second of the window
+    stored: int  # jobs the database holds from the window: one per 201 answer
 
 
 def bench_submissions(
-    replica: Replica, admin_key: str, seconds: float, concurrency: int
-) -> tuple[float, float, float, float]:
-    """Submissions/s, their p99 in ms, submissions per CPU second of the server process, and the
-    share of a core the server process got meanwhile (on a loaded machine: what bounds the rate)."""
-    base = f"http://127.0.0.1:{replica.http_port}"
-    asyncio.run(_submit(base, admin_key, 2.0, concurrency))  # warm-up: connections, caches
-    t0, cpu0 = time.monotonic(), replica.cpu_s()
-    lat = asyncio.run(_submit(base, admin_key, seconds, concurrency))
-    elapsed, cpu = time.monotonic() - t0, replica.cpu_s() - cpu0
-    lat.sort()
-    p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000
-    return len(lat) / elapsed, p99, len(lat) / max(1e-9, cpu), cpu / elapsed
+    db: Database, replicas: list[Replica], admin_key: str, seconds: float, concurrency: int, client_procs: int
+) -> Submissions:
+    """Concurrent ``POST /v1/jobs`` over keep-alive connections spread across ``replicas`` (each a
+    full replica: REST on one PostgreSQL + Redis; the leader among them also runs the placer)."""
+    targets = [("127.0.0.1", r.http_port) for r in replicas]
+    body = json.dumps({"spec": bench_job(10, 1, regions=["nowhere"]), "choice": "cheapest"}).encode()
+    run_clients(targets, admin_key, body, concurrency, 2.0, client_procs)  # warm-up: connections, caches
+    with db.sessions() as s:
+        before = s.scalar(select(func.count()).select_from(Job))
+    cpu0 = sum(r.cpu_s() for r in replicas)
+    out, elapsed = run_clients(targets, admin_key, body, concurrency, seconds, client_procs)
+    cpu = sum(r.cpu_s() for r in replicas) - cpu0
+    with db.sessions() as s:
+        stored = s.scalar(select(func.count()).select_from(Job)) - before
+    if out.first_error or out.job_ids != len(out.latencies_s):
+        raise RuntimeError(f"submissions answered {out.statuses}; first error {out.first_error}")
+    if stored != out.job_ids:
+        raise RuntimeError(f"{out.job_ids} submissions answered 201 but {stored} jobs were stored")
+    lat = sorted(out.latencies_s)
+    return Submissions(
+        per_s=len(lat) / elapsed,
+        p99_ms=lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000,
+        per_server_cpu_s=len(lat) / max(1e-9, cpu),
+        server_cores=cpu / elapsed,
+        client_cores=out.cpu_s / elapsed,
+        stored=stored,
+    )
 
 
 # ------------------------------------------------------------------ 3. chaos
@@ -491,7 +501,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--nodes", type=int, default=200, help="simulated agents (streams)")
     ap.add_argument("--client-procs", type=int, default=2)
-    ap.add_argument("--concurrency", type=int, default=16, help="concurrent REST submitters")
+    ap.add_argument("--concurrency", type=int, default=16, help="concurrent submitting connections")
+    ap.add_argument("--replicas", type=int, default=2, help="replicas the submissions are spread over")
+    ap.add_argument("--submit-procs", type=int, default=1, help="load generator processes")
     ap.add_argument("--no-chaos", action="store_true")
     args = ap.parse_args()
     seconds = 5.0 if args.quick else 15.0
@@ -499,28 +511,37 @@ def main() -> None:
         workdir = Path(tmp)
         db = Database()
         admin_key = "cpn_admin_" + secrets.token_urlsafe(16)
-        replica = Replica("load", server_env(db, workdir, admin_key), workdir)
+        env = server_env(db, workdir, admin_key)
+        replicas = [Replica(f"load-{i + 1}", env, workdir) for i in range(max(1, args.replicas))]
         try:
-            replica.start()
-            with admin_client(replica, admin_key) as admin:
-                hb, hb_cpu = bench_heartbeats(replica, admin, args.nodes, args.client_procs, seconds)
+            replicas[0].start()
+            with admin_client(replicas[0], admin_key) as admin:
+                hb, hb_cpu = bench_heartbeats(replicas[0], admin, args.nodes, args.client_procs, seconds)
             print(f"heartbeats: {hb:,.0f}/s from {args.nodes} streams ({hb_cpu:,.0f} per server CPU-s)")
-            subs, p99, subs_cpu, subs_cores = bench_submissions(replica, admin_key, seconds, args.concurrency)
+            for replica in replicas[1:]:
+                replica.start()
+            load_at_start = os.getloadavg()[0]
+            sub = bench_submissions(db, replicas, admin_key, seconds, args.concurrency, args.submit_procs)
+            load_at_end = os.getloadavg()[0]
             print(
-                f"submissions: {subs:,.0f}/s, p99 {p99:.1f} ms ({args.concurrency} concurrent clients; "
-                f"{subs_cpu:,.0f} per server CPU-s)"
+                f"submissions: {sub.per_s:,.0f}/s, p99 {sub.p99_ms:.1f} ms ({args.concurrency} connections "
+                f"over {len(replicas)} replicas; {sub.per_server_cpu_s:,.0f} per server CPU-s; server "
+                f"{sub.server_cores:.2f} cores, client {sub.client_cores:.2f} cores; {sub.stored} jobs "
+                f"stored; load {load_at_start:.1f} -> {load_at_end:.1f})"
             )
         finally:
-            replica.stop()
+            for replica in replicas:
+                replica.stop()
             db.drop()
         ch = {} if args.no_chaos else chaos(workdir, jobs=1 if args.quick else 2, steps=300)
     rows = [
         ("heartbeats/s", f"{hb:,.0f}", ">= 5,000"),
-        ("submissions/s", f"{subs:,.0f}", ">= 200"),
-        ("submit p99 ms", f"{p99:.1f}", "<= 100"),
+        ("submissions/s", f"{sub.per_s:,.0f}", ">= 200"),
+        ("submit p99 ms", f"{sub.p99_ms:.1f}", "<= 100"),
         ("heartbeats/server CPU-s", f"{hb_cpu:,.0f}", ""),
-        ("submissions/server CPU-s", f"{subs_cpu:,.0f}", ""),
-        ("server cores (submitting)", f"{subs_cores:.2f}", ""),
+        ("submissions/server CPU-s", f"{sub.per_server_cpu_s:,.0f}", ""),
+        ("server cores (submitting)", f"{sub.server_cores:.2f}", f"{len(replicas)} replicas"),
+        ("client cores (submitting)", f"{sub.client_cores:.2f}", ""),
         ("load average (1 min)", f"{os.getloadavg()[0]:.1f}", f"{os.cpu_count()} cores"),
     ]
     if ch:
@@ -530,16 +551,18 @@ def main() -> None:
             ("jobs lost on failover", str(ch["failover"]["lost"] + ch["failover"]["stuck"]), "0"),
             ("jobs duplicated", str(ch["restart"]["duplicated"] + ch["failover"]["duplicated"]), "0"),
         ]
-    print(f"\n{'figure':<24}{'measured':>12}{'target':>12}")
+    print(f"\n{'figure':<26}{'measured':>12}{'target':>14}")
     for name, value, target in rows:
-        print(f"{name:<24}{value:>12}{target:>12}")
+        print(f"{name:<26}{value:>12}{target:>14}")
     final = {
         "heartbeats_per_s": round(hb, 1),
-        "submissions_per_s": round(subs, 1),
-        "submit_p99_ms": round(p99, 2),
+        "submissions_per_s": round(sub.per_s, 1),
+        "submit_p99_ms": round(sub.p99_ms, 2),
         "heartbeats_per_server_cpu_s": round(hb_cpu, 1),
-        "submissions_per_server_cpu_s": round(subs_cpu, 1),
-        "submit_server_cores": round(subs_cores, 2),
+        "submissions_per_server_cpu_s": round(sub.per_server_cpu_s, 1),
+        "submit_server_cores": round(sub.server_cores, 2),
+        "submit_client_cores": round(sub.client_cores, 2),
+        "submit_replicas": len(replicas),
         "failover_s": round(ch["failover_s"], 2) if ch else None,
         "jobs_lost_on_restart": ch["restart"]["lost"] + ch["restart"]["stuck"] if ch else None,
         "jobs_lost_on_failover": ch["failover"]["lost"] + ch["failover"]["stuck"] if ch else None,

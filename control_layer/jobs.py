@@ -14,7 +14,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -31,7 +31,7 @@ from control_layer.planner.plan_types import Calibration, PlanOption
 from control_layer.task_states import clip_message
 from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
-from orchestration.db.base import utcnow
+from orchestration.db.base import new_id, utcnow
 from orchestration.db.engine import as_utc, session_scope
 from orchestration.db.models import Job, Quote, Task, Tenant
 from orchestration.events import record_event
@@ -105,6 +105,9 @@ def quote_with_options(
     return quote, options
 
 
+_JOB_COLUMNS = Job.__table__.columns
+
+
 def submit_job(
     ctx: ServerContext,
     tenant_id: str,
@@ -128,22 +131,35 @@ def submit_job(
         spec, option = _accept_quote(ctx, tenant_id, quote_id, option_id, choice)
     assert spec is not None  # a JobSpec is validated on construction; the placer plans it
 
+    # Every column is set here: the row is one INSERT (no unit-of-work flush on the request path)
+    # and the answer is built from this object, never read back.
+    now = utcnow()
+    job = Job(
+        id=new_id(),
+        tenant_id=tenant_id,
+        name=spec.name,
+        spec=spec.model_dump(mode="json"),
+        status=JobState.PENDING,
+        option=option.model_dump(mode="json") if option else None,
+        choice=(option.label if option else None) or choice,
+        quote_id=quote_id,
+        attempt=0,
+        reason="",
+        deferred=None,
+        estimated_duration_s=option.estimates.duration_s if option else None,
+        estimated_cost=option.estimates.cost.total if option else None,
+        actual_cost=None,
+        result=None,
+        accuracy=None,
+        created_at=now,
+        updated_at=now,
+        started_at=None,
+        finished_at=None,
+    )
     with session_scope(ctx.session_factory) as session:
-        job = Job(
-            tenant_id=tenant_id,
-            name=spec.name,
-            spec=spec.model_dump(mode="json"),
-            status=JobState.PENDING,
-            option=option.model_dump(mode="json") if option else None,
-            choice=(option.label if option else None) or choice,
-            quote_id=quote_id,
-            estimated_duration_s=option.estimates.duration_s if option else None,
-            estimated_cost=option.estimates.cost.total if option else None,
-        )
-        session.add(job)
         try:
-            session.flush()  # the tenant's foreign key checks it exists: no read of its own
-        except IntegrityError:
+            session.execute(insert(Job.__table__), {c.key: getattr(job, c.key) for c in _JOB_COLUMNS})
+        except IntegrityError:  # the tenant's foreign key checks it exists: no read of its own
             raise NotFound(f"tenant {tenant_id} not found", field="tenant_id") from None
         record_event(
             session,
@@ -158,7 +174,7 @@ def submit_job(
             },
         )
         wake_placer(session, ctx.bus, "job submitted", job.id)
-    return job  # every column was set at flush and stays loaded (expire_on_commit=False): no re-read
+    return job
 
 
 def _accept_quote(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, insert
 from sqlalchemy.orm import Session
 
 from orchestration.bus.base import Bus, Message
@@ -41,28 +41,34 @@ def publish_after_commit(session: Session, bus: Bus, channel: str, message: Mess
     pending.append((bus, channel, message))
 
 
+_INSERT_EVENT = insert(Event.__table__).returning(Event.__table__.c.id)
+
+
 def record_event(
     session: Session, bus: Bus, kind: str, job_id: str | None, payload: dict[str, Any] | None = None
-) -> Event:
-    """Add an Event row and publish it on ``events`` (and ``job.<id>``) after commit."""
-    row = Event(job_id=job_id, kind=kind, payload=payload or {}, created_at=utcnow())
-    session.add(row)
-    session.flush()  # assigns the id the published message carries
-    message = event_message(row)
+) -> int:
+    """Add an Event row and publish it on ``events`` (and ``job.<id>``) after commit; its id."""
+    created_at = utcnow()
+    payload = payload or {}
+    # One Core INSERT ... RETURNING id (the id the published message carries), not a unit-of-work
+    # flush: an event is appended on every submission and transition. Whatever the session still
+    # holds unwritten (a row the event refers to) is flushed first; with nothing pending that is free.
+    session.flush()
+    event_id = session.execute(
+        _INSERT_EVENT, {"job_id": job_id, "kind": kind, "payload": payload, "created_at": created_at}
+    ).scalar_one()
+    message: Message = {
+        "id": event_id,
+        "kind": kind,
+        "job_id": job_id,
+        "payload": payload,
+        "created_at": created_at.isoformat(),
+    }
     publish_after_commit(session, bus, EVENTS_CHANNEL, message)
     if job_id is not None:
         publish_after_commit(session, bus, job_channel(job_id), message)
-    return row
-
-
-def event_message(row: Event) -> Message:
-    return {
-        "id": row.id,
-        "kind": row.kind,
-        "job_id": row.job_id,
-        "payload": row.payload,
-        "created_at": row.created_at.isoformat(),
-    }
+    assert isinstance(event_id, int)
+    return event_id
 
 
 def _flush_publications(session: Session) -> None:

@@ -77,14 +77,17 @@ def create_quote(
 )
 def submit_job(
     ctx: CtxDep, tenant: CurrentTenant, body: Annotated[JobCreate, Body(openapi_examples=JOB_EXAMPLES)]
-) -> JobDetail:
+) -> Response:
     """Accept an option of a quote (`quote_id`, `option_id`), or give a spec and a `choice`
     (cheapest | fastest | balanced). The job is stored as `pending` and returned at once; the
     placer then plans and places it (follow `/jobs/{id}` or its events)."""
     job = job_service.submit_job(
         ctx, tenant.id, spec=body.spec, quote_id=body.quote_id, option_id=body.option_id, choice=body.choice
     )
-    return queries.submitted_job_detail(job)
+    # Already a validated JobDetail: serialised once here instead of validated again against
+    # response_model (which still documents it) on every submission.
+    detail = queries.submitted_job_detail(job)
+    return Response(detail.model_dump_json(by_alias=True), status_code=201, media_type="application/json")
 
 
 @router.get("/jobs", response_model=list[JobSummary], summary="List jobs", responses=error_responses(401))

@@ -7,7 +7,7 @@ import json
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 
 from contracts.errors import FailedPrecondition, InvalidArgument, NotFound
 from contracts.states import JobState
@@ -190,3 +190,28 @@ def test_deferral_is_its_own_column_and_placement_clears_it(ctx: ServerContext) 
     with session_scope(ctx.session_factory) as s:
         placed = get_job(s, alice, job.id)
         assert (placed.status, placed.reason, placed.deferred) == (JobState.PLACED, "", None)
+
+
+def test_a_submission_is_one_transaction_of_two_inserts(ctx: ServerContext) -> None:
+    """Every statement of a submission sits on the request path of ``POST /v1/jobs``: the job and its
+    event are inserted and committed, nothing is read (the tenant's foreign key checks it)."""
+    alice, _, _ = _fleet(ctx)
+    engine = ctx.session_factory.kw["bind"]
+    statements: list[str] = []
+
+    def seen(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        words = statement.replace('"', "").split()
+        if words[0] in ("SELECT", "INSERT", "UPDATE", "DELETE"):  # not BEGIN (SQLite's write lock)
+            statements.append(f"{words[0]} {words[2]}")
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        job = submit_job(ctx, alice, spec=tiny_spec())
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert statements == ["INSERT jobs", "INSERT events"]
+    with session_scope(ctx.session_factory) as s:
+        assert s.get(Job, job.id) is not None
+        assert s.scalar(select(Event.kind).where(Event.job_id == job.id)) == "job.submitted"
+    with pytest.raises(NotFound):
+        submit_job(ctx, "no-such-tenant", spec=tiny_spec())

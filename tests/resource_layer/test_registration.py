@@ -10,6 +10,7 @@ import grpc
 import pytest
 from sqlalchemy import func, select
 
+from contracts.errors import InvalidArgument
 from control_layer.snapshot import build_snapshot
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
@@ -320,6 +321,18 @@ def test_used_up_token_is_unauthenticated(ctx: ServerContext, stub: agent_pb2_gr
         stub.Register(request(token, hostname="node-b"), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert counts(ctx) == before and token_uses(ctx, token) == 1
+
+
+@pytest.mark.parametrize("provider", ["", "x" * 129, "a/b"])
+@SQLITE_ONLY
+def test_no_token_is_issued_for_an_empty_or_malformed_provider(ctx: ServerContext, provider: str) -> None:
+    """A node's provider is its token's: a token for no provider would enroll nodes that own no
+    cluster and could join any (the ownership check compares provider names)."""
+    with pytest.raises(InvalidArgument) as err:
+        enrollment_token(ctx, provider=provider)
+    assert err.value.details["field"] == "provider"
+    with ctx.session_factory() as s:
+        assert s.scalar(select(func.count()).select_from(EnrollmentToken)) == 0
 
 
 @SQLITE_ONLY

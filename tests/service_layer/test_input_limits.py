@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from service_layer.client import CpnClient
 from service_layer.server import ServerHandle
 
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
@@ -71,17 +72,24 @@ def test_token_numbers_out_of_bounds_get_a_422_naming_the_field(
         ('"egress_price_per_gb": -0.1', "egress_price_per_gb"),
     ],
 )
-def test_link_figures_must_be_finite_and_bounded(server: ServerHandle, patch: str, field: str) -> None:
-    from tests.service_layer.harness import ADMIN_KEY
+def test_link_figures_must_be_finite_and_bounded(
+    server: ServerHandle, admin: CpnClient, patch: str, field: str
+) -> None:
+    from tests.service_layer.harness import ADMIN_KEY, seed_fleet
 
+    seed_fleet(server, admin)  # both regions exist: only the figure can be refused
+    before = admin.links()
     fields = {"bandwidth_gbps": "1", "latency_ms": "10", "egress_price_per_gb": "0.01"}
     name, value = patch.split(": ")
     fields[name.strip('"')] = value
-    body = '{"src": "a", "dst": "b", ' + ", ".join(f'"{k}": {v}' for k, v in fields.items()) + "}"
+    body = (
+        '{"src": "eu-west", "dst": "eu-north", ' + ", ".join(f'"{k}": {v}' for k, v in fields.items()) + "}"
+    )
     headers = {"Authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"}
     r = httpx.put(server.http_url + "/v1/links", content=body, headers=headers, timeout=10)
     assert r.status_code == 422, r.text
     assert [e["field"] for e in r.json()["details"]["errors"]] == [field]
+    assert admin.links() == before
 
 
 @pytest.mark.parametrize(
