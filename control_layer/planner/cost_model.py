@@ -465,8 +465,20 @@ def wan_time_factor(sync: SyncSpec, n_params: float, n_regions) -> np.ndarray:
 
 
 def local_sync_s(sync: SyncSpec, n_params: float, bw, lat):
-    """Reduce and broadcast through a region leader over the regional fabric (bound: 2 payloads)."""
+    """Two payloads over one in-region hop: what the search's heuristic and MILP rank an
+    in-region exchange by (the exchange itself is ``ring_sync_s``)."""
     return 2.0 * n_params * sync_bytes_per_param(sync) / bw + 2.0 * lat
+
+
+def ring_sync_s(sync: SyncSpec, n_params: float, participants, bw_min, lat_max):
+    """Seconds of one exchange among ``participants`` sync participants (one per node), as the
+    runtime runs it (``training.sync.collective``): a flat ring (an all-to-all for two, one
+    gossip round for gossip) whose every hop goes over its own link; the bytes cross the ring's
+    slowest hop (``bw_min``, bytes/s) and every call pays a round trip on its slowest hop
+    (``lat_max``, one way, with half the call's fixed cost). Rises with ``participants``."""
+    factor = wan_time_factor(sync, n_params, participants)
+    hops = wan_latency_hops(sync, participants)
+    return factor / bw_min + hops * lat_max
 
 
 def sync_overlapped(sync: SyncSpec) -> bool:
