@@ -276,7 +276,8 @@ def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.n
         c_u = _fill(n, t * price, dp) * scale
         return np.minimum(t_z, t_u) * steps, np.minimum(c_z, c_u)
     else:
-        # All in one region r (≥ 2 participants): slots of r only, plus r's regional reduce.
+        # All in one region r (≥ 2 participants): slots of r only, plus two participants over
+        # r's fastest hop (the ring's time rises with P and falls with the hop's speed).
         sync_r = f.xps * f.local_floor  # (R,)
         t = np.concatenate([rows.t1, rows.t2], axis=1)
         g_region = np.concatenate([rows.g_region, rows.g_region])

@@ -415,11 +415,12 @@ def exchanges_per_step(sync: SyncSpec, steps: int) -> float:
 
 
 def wan_bytes_per_leader(sync: SyncSpec, n_params: float, n_regions) -> np.ndarray:
-    """Bytes each region leader sends per exchange among n_regions leaders.
+    """Bytes each sync participant sends per exchange among n_regions participants (the name
+    is historical: participants are nodes, ``ring_sync_s``).
 
-    Dense payloads use a ring all-reduce (2(R−1)/R of the payload); top-k payloads do not stay
-    sparse under summation, so they are all-gathered ((R−1) payloads); gossip sends the payload
-    to each of min(k, R−1) peers.
+    Dense payloads use a ring all-reduce (2(P−1)/P of the payload); top-k payloads do not stay
+    sparse under summation, so they are all-gathered ((P−1) payloads); gossip sends the payload
+    to each of min(k, P−1) peers.
     """
     rr = np.asarray(n_regions, dtype=float)
     payload = n_params * sync_bytes_per_param(sync)
@@ -441,9 +442,9 @@ def wan_latency_hops(sync: SyncSpec, n_regions) -> np.ndarray:
 
 
 def exchange_rounds(sync: SyncSpec, n_regions: int) -> int:
-    """Calls a region leader makes one after another in one exchange (``training.sync``): a ring
-    over three or more regions takes 2(R−1) hops; with two regions every leader pushes to the
-    other at once (one round); a gossip round calls its peers concurrently (one round)."""
+    """Calls a participant makes one after another in one exchange (``training.sync``): a ring
+    over three or more participants takes 2(P−1) hops; with two each pushes to the other at
+    once (one round); a gossip round calls its peers concurrently (one round)."""
     if n_regions < 2:
         return 0
     if sync.mode == "gossip" or n_regions == 2:
