@@ -495,17 +495,21 @@ def sync_seconds_and_egress(pr: Problem, used_members: np.ndarray) -> tuple[floa
     if p_count < 2:
         return 0.0, 0.0
     bw_min, lat_max = math.inf, 0.0
-    for r in np.flatnonzero(members >= 2):
-        units = np.flatnonzero((pr.region == r) & (used_members > 0))
-        many = units[used_members[units] >= 2]
+    in_use = np.flatnonzero(used_members > 0)
+    by_region: dict[int, list[int]] = defaultdict(list)
+    for u in in_use.tolist():
+        by_region[int(pr.region[u])].append(u)
+    for r, units in by_region.items():
+        if members[r] < 2:
+            continue
         if len(units) == 1 and used_members[units[0]] <= f.cls_first_cluster[units[0]]:
-            u = int(units[0])
+            u = units[0]
             bw_min, lat_max = min(bw_min, f.cls_intra_bw[u]), max(lat_max, f.cls_hop_lat[u])
             continue
         bw_min, lat_max = min(bw_min, f.local_bw[r]), max(lat_max, f.local_lat[r])
-        if len(many):
-            bw_min = min(bw_min, float(f.cls_intra_bw[many].min()))
-            lat_max = max(lat_max, float(f.cls_hop_lat[many].max()))
+        for u in units:
+            if used_members[u] >= 2:
+                bw_min, lat_max = min(bw_min, f.cls_intra_bw[u]), max(lat_max, f.cls_hop_lat[u])
     used = np.flatnonzero(members > 0)
     egress = 0.0
     if len(used) >= 2:
