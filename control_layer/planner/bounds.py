@@ -183,12 +183,12 @@ def _wan_floor(rows: Rows, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def wan_floor(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
     """Per row, (seconds, USD) one exchange costs at least when the replicas span ≥ 2 regions:
-    either one participant per region (the WAN phase alone, room counted from each region's
-    largest member) or some region holds several (its regional reduce and the WAN phase)."""
-    f = rows.fleet
+    the flat ring over P ≥ k participants (``problem.sync_seconds_and_egress``) costs at least
+    its k-participant form over the region links alone, whether each region holds one
+    participant (room counted from its largest member) or several (room counted from all)."""
     t_b, e_b = _wan_floor(rows, rows.room_one)
     t_c, e_c = _wan_floor(rows, rows.room_all)
-    return np.minimum(t_b, t_c + float(f.local_sync.min())), np.minimum(e_b, e_c)
+    return np.minimum(t_b, t_c), np.minimum(e_b, e_c)
 
 
 def _by_region(n: np.ndarray, key: np.ndarray, g_region: np.ndarray, n_reg: int, dp: np.ndarray):
@@ -235,7 +235,8 @@ def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.n
     Every placement falls in one of three cases, and the bound is the least of theirs:
 
     - one member (node) holds every replica: no exchange;
-    - several participants, all in one region r: its regional reduce, and only r's slots;
+    - several participants, all in one region r: two of them over r's fastest hop at least
+      (``Fleet.local_floor``), and only r's slots;
     - replicas in two or more regions: the WAN floor (``wan_floor``), and any slots.
 
     Slots are a member's first replica (time t1, alone) and its replica slots when it holds
@@ -275,8 +276,9 @@ def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.n
         c_u = _fill(n, t * price, dp) * scale
         return np.minimum(t_z, t_u) * steps, np.minimum(c_z, c_u)
     else:
-        # All in one region r (≥ 2 participants): slots of r only, plus r's regional reduce.
-        sync_r = f.xps * f.local_sync  # (R,)
+        # All in one region r (≥ 2 participants): slots of r only, plus two participants over
+        # r's fastest hop (the ring's time rises with P and falls with the hop's speed).
+        sync_r = f.xps * f.local_floor  # (R,)
         t = np.concatenate([rows.t1, rows.t2], axis=1)
         g_region = np.concatenate([rows.g_region, rows.g_region])
         kth_t, _ = _by_region(n, t, g_region, n_reg, dp)

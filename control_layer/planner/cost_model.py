@@ -452,11 +452,12 @@ def exchanges_per_step(sync: SyncSpec, steps: int) -> float:
 
 
 def wan_bytes_per_leader(sync: SyncSpec, n_params: float, n_regions) -> np.ndarray:
-    """Bytes each region leader sends per exchange among n_regions leaders.
+    """Bytes each sync participant sends per exchange among n_regions participants (the name
+    is historical: participants are nodes, ``ring_sync_s``).
 
-    Dense payloads use a ring all-reduce (2(R−1)/R of the payload); top-k payloads do not stay
-    sparse under summation, so they are all-gathered ((R−1) payloads); gossip sends the payload
-    to each of min(k, R−1) peers.
+    Dense payloads use a ring all-reduce (2(P−1)/P of the payload); top-k payloads do not stay
+    sparse under summation, so they are all-gathered ((P−1) payloads); gossip sends the payload
+    to each of min(k, P−1) peers.
     """
     rr = np.asarray(n_regions, dtype=float)
     payload = n_params * sync_bytes_per_param(sync)
@@ -478,9 +479,9 @@ def wan_latency_hops(sync: SyncSpec, n_regions) -> np.ndarray:
 
 
 def exchange_rounds(sync: SyncSpec, n_regions: int) -> int:
-    """Calls a region leader makes one after another in one exchange (``training.sync``): a ring
-    over three or more regions takes 2(R−1) hops; with two regions every leader pushes to the
-    other at once (one round); a gossip round calls its peers concurrently (one round)."""
+    """Calls a participant makes one after another in one exchange (``training.sync``): a ring
+    over three or more participants takes 2(P−1) hops; with two each pushes to the other at
+    once (one round); a gossip round calls its peers concurrently (one round)."""
     if n_regions < 2:
         return 0
     if sync.mode == "gossip" or n_regions == 2:
@@ -502,8 +503,20 @@ def wan_time_factor(sync: SyncSpec, n_params: float, n_regions) -> np.ndarray:
 
 
 def local_sync_s(sync: SyncSpec, n_params: float, bw, lat):
-    """Reduce and broadcast through a region leader over the regional fabric (bound: 2 payloads)."""
+    """Two payloads over one in-region hop: what the search's heuristic and MILP rank an
+    in-region exchange by (the exchange itself is ``ring_sync_s``)."""
     return 2.0 * n_params * sync_bytes_per_param(sync) / bw + 2.0 * lat
+
+
+def ring_sync_s(sync: SyncSpec, n_params: float, participants, bw_min, lat_max):
+    """Seconds of one exchange among ``participants`` sync participants (one per node), as the
+    runtime runs it (``training.sync.collective``): a flat ring (an all-to-all for two, one
+    gossip round for gossip) whose every hop goes over its own link; the bytes cross the ring's
+    slowest hop (``bw_min``, bytes/s) and every call pays a round trip on its slowest hop
+    (``lat_max``, one way, with half the call's fixed cost). Rises with ``participants``."""
+    factor = wan_time_factor(sync, n_params, participants)
+    hops = wan_latency_hops(sync, participants)
+    return factor / bw_min + hops * lat_max
 
 
 def sync_overlapped(sync: SyncSpec) -> bool:

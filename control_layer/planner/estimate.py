@@ -77,7 +77,8 @@ class Links:
             else:
                 goodput = cm.link_goodput(a, b, self.calibration, measured=ln.source == "measured")
                 bw = cm.bytes_per_s(ln.bandwidth_gbps, goodput)
-                call = cm.exchange_call_seconds([a, b], self.calibration) if a != b else 0.0
+                # Every hop of an exchange is a call, also between two clusters of one region.
+                call = cm.exchange_call_seconds([a, b], self.calibration)
                 got = (bw, ln.latency_ms / 1000.0, ln.egress_price_per_gb, call)
             self._memo[(a, b)] = got
         return got
@@ -110,59 +111,85 @@ class SyncCost:
     basis: ExchangeBasis = field(default_factory=ExchangeBasis)  # the exchange's parts, for calibration
 
 
-def sync_cost(spec: JobSpec, links: Links, region_members: dict[str, int]) -> SyncCost:
-    """One cross-cluster exchange among participants counted per region.
+def sync_cost(
+    spec: JobSpec,
+    links: Links,
+    participants: Sequence[tuple[str, str]],
+    fabric: dict[str, tuple[float, float]],
+) -> SyncCost:
+    """One exchange among the job's sync participants, one per node: (region, cluster id) each.
 
-    Hierarchical: a region with several participants first reduces through its leader over the
-    regional fabric; region leaders then exchange over the WAN (ring, all-gather or gossip). The
-    WAN phase is bounded by the slowest link and largest latency between any two participating
-    regions, which holds for every ring order, including the ring re-formed after a region
-    drops out; each leader's egress is priced at its dearest link to another participant.
-    Each of the exchange's calls in sequence (``cm.exchange_rounds``) pays a round trip and its
-    fixed cost (``Links.lat``: per idle core, times the leaders' host share, since the calls are
-    CPU work on both ends), and the leader's per-parameter work once per exchange
-    (``cm.exchange_param_seconds``, likewise times the share).
+    The runtime rings over every participant (``training.sync.collective``; the control plane's
+    ring keeps a cluster's nodes and a region's clusters together, ``assign``), so the ring's
+    hops are: between two nodes of one cluster, the cluster's fabric (``fabric``: cluster id ->
+    (bytes/s, one-way s)); between two clusters of one region, the region's local link; between
+    regions, the link between them. The bytes cross the slowest hop and every call pays a round
+    trip on the slowest (``cm.ring_sync_s``). Between regions the slowest link and largest
+    latency of any pair are taken, which holds for every ring order, including the ring re-formed
+    after a region drops out. Every hop's latency carries half a call's fixed cost, per idle core
+    times the leaders' host share (``Links.lat``; the calls are CPU work on both ends). Each
+    region's egress is what one participant sends, priced at its dearest link to another region.
+    Where regions meet, the leaders' per-parameter work is added once per exchange
+    (``cm.exchange_param_seconds``, times the host share).
     """
     sync, n = spec.sync, float(spec.model.n_params)
-    regions = sorted(region_members)
-    t_local = 0.0
+    p_count = len(participants)
+    if p_count < 2:
+        return SyncCost(0.0, 0.0, 0.0, ExchangeBasis())
+    by_region: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for region, cluster in participants:
+        by_region[region][cluster] += 1
+    regions = sorted(by_region)
+    bw_min, lat_max, link_lat, call_max = math.inf, 0.0, 0.0, 0.0
+
+    def hop(bw: float, lat: float, latency: float, call: float) -> None:
+        nonlocal bw_min, lat_max, link_lat, call_max
+        bw_min, lat_max = min(bw_min, bw), max(lat_max, lat)
+        link_lat, call_max = max(link_lat, latency), max(call_max, call)
+
     for r in regions:
-        if region_members[r] >= 2:
-            t_local = max(t_local, cm.local_sync_s(sync, n, links.bw(r, r), links.lat(r, r)))
-    n_regions = len(regions)
-    if n_regions < 2:
-        return SyncCost(t_local, 0.0, 0.0, ExchangeBasis(local_s=t_local))
-    bw_min, lat_max, link_lat, call_max = float("inf"), 0.0, 0.0, 0.0
+        call = links.call_s(r, r)
+        for cluster, count in by_region[r].items():
+            if count >= 2:
+                bw, latency = fabric[cluster]
+                hop(bw, latency + call * links.call_share / 2.0, latency, call)
+        if len(by_region[r]) >= 2:
+            hop(links.bw(r, r), links.lat(r, r), links.link_lat(r, r), call)
     for i, a in enumerate(regions):
         for b in regions[i + 1 :]:
             bw = min(links.bw(a, b), links.bw(b, a))
             if bw <= 0:
                 raise InvalidArgument(f"no link between regions {a!r} and {b!r}", regions=[a, b])
-            bw_min = min(bw_min, bw)
-            lat_max = max(lat_max, links.lat(a, b), links.lat(b, a))
-            link_lat = max(link_lat, links.link_lat(a, b), links.link_lat(b, a))
-            call_max = max(call_max, links.call_s(a, b), links.call_s(b, a))
-    factor = float(cm.wan_time_factor(sync, n, n_regions))
-    hops = float(cm.wan_latency_hops(sync, n_regions))
-    param_s = cm.exchange_param_seconds(regions, links.calibration)
+            lat = max(links.lat(a, b), links.lat(b, a))
+            latency = max(links.link_lat(a, b), links.link_lat(b, a))
+            hop(bw, lat, latency, max(links.call_s(a, b), links.call_s(b, a)))
+    if bw_min <= 0:
+        raise InvalidArgument(f"no local link in region(s) {regions}", regions=regions)
+    t = float(cm.ring_sync_s(sync, n, p_count, bw_min, lat_max))
+    # The leaders' per-parameter work (gather and broadcast inside the node, the mean), learned
+    # per region pair from cross-region exchanges (``exchange_fit``): priced where regions meet.
+    param_s = cm.exchange_param_seconds(regions, links.calibration) if len(regions) >= 2 else 0.0
     share = max(1.0, links.call_share)
-    t_wan = factor / bw_min + hops * lat_max + n * param_s * share
-    per_leader = float(cm.wan_bytes_per_leader(sync, n, n_regions))
-    egress = 0.0
-    for a in regions:
-        egress += per_leader / cm.GB * max(links.egress(a, b) for b in regions if b != a)
+    t += n * param_s * share
+    factor = float(cm.wan_time_factor(sync, n, p_count))
+    hops = float(cm.wan_latency_hops(sync, p_count))
+    per_participant = float(cm.wan_bytes_per_leader(sync, n, p_count))
+    egress, crossing = 0.0, 0.0
+    if len(regions) >= 2:
+        for a in regions:
+            egress += per_participant / cm.GB * max(links.egress(a, b) for b in regions if b != a)
+        crossing = per_participant * len(regions)
     basis = ExchangeBasis(
-        local_s=t_local,
         bytes=factor,
         bytes_per_s=bw_min,
         latency_s=hops * link_lat,
-        rounds=cm.exchange_rounds(sync, n_regions),
+        rounds=cm.exchange_rounds(sync, p_count),
         call_s=call_max,
         params=n,
         param_s=param_s,
         share=share,
     )
-    return SyncCost(t_local + t_wan, egress, per_leader * n_regions, basis)
+    return SyncCost(t, egress, crossing, basis)
 
 
 @dataclass(frozen=True)
@@ -499,7 +526,12 @@ def _estimate(
     members: dict[str, int] = defaultdict(int)
     for p_ in group_size:
         members[clusters[p_[0]].region] += 1
-    sc = sync_cost(spec, links, dict(members))
+    in_plan = {p_[0] for p_ in group_size}
+    fabric = {
+        cid: (intra_bytes_per_s(clusters[cid], calibration), clusters[cid].intra_latency_ms / 1000.0)
+        for cid in in_plan
+    }
+    sc = sync_cost(spec, links, [(clusters[p_[0]].region, p_[0]) for p_ in group_size], fabric)
     if derive:
         work = max(loc.work for loc in locals_)
         bandwidth, latency = weakest_link(set(members), snapshot)

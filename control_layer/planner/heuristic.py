@@ -102,23 +102,52 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     per_region = sum_by(members, reg_of.reshape(-1), len(regs))  # rows × used regions
     used = per_region > 0
     n_used = used.sum(axis=1)
-    t_loc = np.where(per_region >= 2, f.local_sync[regs][None, :], 0.0).max(axis=1)
+    # The flat ring's slowest hop, as problem.sync_seconds_and_egress takes it: within a region
+    # with two or more nodes, one unit's nodes in its first cluster meet over that fabric, else
+    # over the local link and the fabrics of units with two or more nodes there.
+    d = len(x)
+    in_bw = np.full(d, np.inf)
+    in_lat = np.zeros(d)
+    fab_bw, fab_lat = f.cls_intra_bw[cols], f.cls_hop_lat[cols]
+    fits = (members <= f.cls_first_cluster[cols][None, :]) & (members > 0)
+    for g, r in enumerate(regs):
+        here = reg_of.reshape(-1) == g
+        m_here = members[:, here]
+        alone = (m_here > 0).sum(axis=1) == 1
+        fit_bw = np.where(fits[:, here], fab_bw[here][None, :], np.inf).min(axis=1)
+        fit_lat = np.where(fits[:, here], fab_lat[here][None, :], 0.0).max(axis=1)
+        many = m_here >= 2
+        span_bw = np.minimum(f.local_bw[r], np.where(many, fab_bw[here][None, :], np.inf).min(axis=1))
+        span_lat = np.maximum(f.local_lat[r], np.where(many, fab_lat[here][None, :], 0.0).max(axis=1))
+        one = alone & np.isfinite(fit_bw)
+        bw_r = np.where(one, fit_bw, span_bw)
+        lat_r = np.where(one, fit_lat, span_lat)
+        active = per_region[:, g] >= 2
+        in_bw = np.where(active, np.minimum(in_bw, bw_r), in_bw)
+        in_lat = np.where(active, np.maximum(in_lat, lat_r), in_lat)
     sub = np.ix_(regs, regs)
     pair = used[:, :, None] & used[:, None, :] & ~np.eye(len(regs), dtype=bool)[None, :, :]
     bw = np.where(pair, f.pair_bw[sub][None, :, :], np.inf).min(axis=(1, 2))
     lat = np.where(pair, f.pair_lat[sub][None, :, :], 0.0).max(axis=(1, 2))
     eg = np.where(pair, f.egress[sub][None, :, :], 0.0).max(axis=2).sum(axis=1)
     multi = n_used >= 2
-    safe_bw = np.where(multi & (bw > 0), bw, 1.0)
-    wan = np.where(multi, pr.wan_factor[n_used] / safe_bw + pr.wan_hops[n_used] * lat + f.wan_param_s, 0.0)
-    wan = np.where(multi & (bw <= 0), np.inf, wan)
+    n_part = members.sum(axis=1)
+    hop_bw = np.minimum(in_bw, np.where(multi, bw, np.inf))
+    hop_lat = np.maximum(in_lat, np.where(multi, lat, 0.0))
+    ring = n_part >= 2
+    n_params = float(spec.model.n_params)
+    safe_bw = np.where(ring & (hop_bw > 0) & np.isfinite(hop_bw), hop_bw, 1.0)
+    t_sync = np.where(ring, cm.ring_sync_s(spec.sync, n_params, np.maximum(n_part, 2), safe_bw, hop_lat), 0.0)
+    t_sync = np.where(ring & (hop_bw <= 0), np.inf, t_sync)
+    t_sync = t_sync + np.where(multi, f.wan_param_s, 0.0)  # the leaders' per-parameter work
     link = np.where(pair, f.pair_link_bps[sub][None, :, :], np.inf).min(axis=(1, 2))
     link = np.where(multi & np.isfinite(link), link, 0.0)
-    step, final = runtime_step(pr, t_local, t_loc + wan, members.sum(axis=1), n_used, link, lat)
+    step, final = runtime_step(pr, t_local, t_sync, n_part, n_used, link, lat)
+    per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
     steps = spec.training.steps
     rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev
     duration = steps * step + final + f.fixed_s
-    cost = duration * rate / 3600.0 + steps * pr.xps * (pr.per_leader[n_used] / cm.GB * eg)
+    cost = duration * rate / 3600.0 + steps * pr.xps * np.where(multi, per / cm.GB * eg, 0.0)
     return duration / steps, cost
 
 

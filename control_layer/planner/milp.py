@@ -1,12 +1,14 @@
 """Exact placement of one candidate as a MILP (scipy.optimize.milp, HiGHS).
 
 Variables per unit u: v1, v2 (binary: some member hosts exactly one / two or more replicas),
-y1, y2 (how many members), x2 (replicas on the y2 members). Per region: z (used), m (two or
-more participants: the in-region reduce runs). One-hot rho_k picks the number of regions k, so
-the WAN terms, which depend on k, stay linear: products rho_k·(1/bandwidth), rho_k·latency and
-rho_k·(egress price) are linearised exactly (a binary times a bounded continuous variable).
-The slowest-link, largest-latency and dearest-egress terms come from pairwise constraints over
-used regions, exactly as the estimator bounds them.
+y1, y2 (how many members), x2 (replicas on the y2 members). Per region: z (used). The exchange is
+the runtime's flat ring over P participants, one per node: a one-hot pi_P picks P = Σ (y1 + y2),
+so the terms that depend on P stay linear: products pi_P·(1/bandwidth), pi_P·latency and
+pi_P·(egress price) are linearised exactly (a binary times a bounded continuous variable). The
+slowest hop and largest latency come from the hop kinds present: a unit's cluster fabric when
+two or more of its nodes are used, a region's local link when its nodes span clusters (two
+units, or more nodes than a unit's first cluster has), and the links between used regions, as
+``problem.sync_seconds_and_egress`` takes them.
 
 Time objective: minimise theta, the step time (a tiny weight on the device rate breaks ties
 toward the cheaper plan). Cost objective: theta × rate is bilinear, so each unit's replica count
@@ -125,7 +127,6 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
     md.row([(y1[u], 1.0) for u in units] + [(x2[u], 1.0) for u in units], pr.deg.dp, pr.deg.dp)
 
     regions = sorted({int(pr.region[u]) for u in units})
-    k_max = len(regions)
     z, m, e = {}, {}, {}
     for r in regions:
         z[r] = md.var(0, 1, True)
@@ -139,17 +140,51 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
         big = float(sum(int(pr.count[u]) for u in mine))
         md.row([(y1[u], 1.0) for u in mine] + [(y2[u], 1.0) for u in mine] + [(m[r], -big)], -math.inf, 1.0)
 
-    t_loc = md.var(0, math.inf, False)
-    for r in regions:
-        md.row([(t_loc, 1.0), (m[r], -float(f.local_sync[r]))], 0.0, math.inf)
-
-    rho = {k: md.var(0, 1, True) for k in range(1, k_max + 1)}
-    md.row([(rho[k], 1.0) for k in rho], 1.0, 1.0)
-    md.row([(z[r], 1.0) for r in regions] + [(rho[k], -float(k)) for k in rho], 0.0, 0.0)
-
+    # The flat ring over P participants (one per node): a one-hot over P, and the ring's slowest
+    # hop and largest latency over the hop kinds present (problem.sync_seconds_and_egress).
+    p_max = int(min(pr.deg.dp, sum(int(pr.count[u]) for u in units)))
+    pi = {p: md.var(0, 1, True) for p in range(1, p_max + 1)}
+    md.row([(pi[p], 1.0) for p in pi], 1.0, 1.0)
+    md.row(
+        [(y1[u], 1.0) for u in units] + [(y2[u], 1.0) for u in units] + [(pi[p], -float(p)) for p in pi],
+        0.0,
+        0.0,
+    )
     t_ibw = md.var(0, math.inf, False)
     t_lat = md.var(0, math.inf, False)
     big_bw, big_lat, big_eg = 0.0, 0.0, 0.0
+
+    def hop_rows(indicator: int, bw: float, lat: float) -> None:
+        nonlocal big_bw, big_lat
+        inv = cm.GB / bw  # seconds per GB keeps coefficients near 1
+        big_bw, big_lat = max(big_bw, inv), max(big_lat, lat)
+        md.row([(t_ibw, 1.0), (indicator, -inv)], 0.0, math.inf)
+        md.row([(t_lat, 1.0), (indicator, -lat)], 0.0, math.inf)
+
+    used_u: dict[int, int] = {}
+    for u in units:
+        cnt = float(pr.count[u])
+        used_u[u] = md.var(0, 1, True)
+        md.row([(used_u[u], 1.0), (v1[u], -1.0)], 0.0, math.inf)
+        md.row([(used_u[u], 1.0), (v2[u], -1.0)], 0.0, math.inf)
+        if pr.count[u] >= 2:  # two or more of its nodes: its fabric is a hop
+            q = md.var(0, 1, True)
+            md.row([(q, cnt), (y1[u], -1.0), (y2[u], -1.0)], -1.0, math.inf)
+            hop_rows(q, float(f.cls_intra_bw[u]), float(f.cls_hop_lat[u]))
+    for r in regions:
+        mine = [u for u in units if pr.region[u] == r]
+        spans = md.var(0, 1, True)  # the region's nodes span two or more clusters: its local link
+        for i, u in enumerate(mine):
+            for w in mine[i + 1 :]:
+                md.row([(spans, 1.0), (used_u[u], -1.0), (used_u[w], -1.0)], -1.0, math.inf)
+            first = int(f.cls_first_cluster[u])
+            if first < pr.count[u]:
+                md.row([(spans, float(pr.count[u])), (y1[u], -1.0), (y2[u], -1.0)], -float(first), math.inf)
+        if float(f.local_bw[r]) <= 0:
+            md.row([(spans, 1.0)], 0.0, 0.0)
+        else:
+            hop_rows(spans, float(f.local_bw[r]), float(f.local_lat[r]))
+
     for i, a in enumerate(regions):
         for b in regions[i + 1 :]:
             bw = float(f.pair_bw[a, b])
@@ -157,7 +192,7 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
                 md.row([(z[a], 1.0), (z[b], 1.0)], -math.inf, 1.0)
                 continue
             lat = float(f.pair_lat[a, b])
-            inv = cm.GB / bw  # seconds per GB keeps coefficients near 1
+            inv = cm.GB / bw
             big_bw, big_lat = max(big_bw, inv), max(big_lat, lat)
             md.row([(t_ibw, 1.0), (z[a], -inv), (z[b], -inv)], -inv, math.inf)
             md.row([(t_lat, 1.0), (z[a], -lat), (z[b], -lat)], -lat, math.inf)
@@ -168,20 +203,29 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
         others = [float(f.egress[r, d]) for d in regions if d != r]
         big_eg += max(others, default=0.0)
 
-    sync_terms: list[tuple[int, float]] = [(t_loc, 1.0)]
+    n_params = float(spec.model.n_params)
+    sync_terms: list[tuple[int, float]] = []
     egress_terms: list[tuple[int, float]] = []
-    for k, rk in rho.items():
-        if k < 2:
+    for p, rp in pi.items():
+        if p < 2:
             continue
         pb = md.var(0, math.inf, False)
         pl = md.var(0, math.inf, False)
         pe = md.var(0, math.inf, False)
-        md.row([(pb, 1.0), (t_ibw, -1.0), (rk, -big_bw)], -big_bw, math.inf)
-        md.row([(pl, 1.0), (t_lat, -1.0), (rk, -big_lat)], -big_lat, math.inf)
-        md.row([(pe, 1.0)] + [(e[r], -1.0) for r in regions] + [(rk, -big_eg)], -big_eg, math.inf)
-        sync_terms += [(pb, float(pr.wan_factor[k]) / cm.GB), (pl, float(pr.wan_hops[k]))]
-        sync_terms.append((rk, f.wan_param_s))  # the leaders' per-parameter work, once per exchange
-        egress_terms.append((pe, float(pr.per_leader[k]) / cm.GB))
+        md.row([(pb, 1.0), (t_ibw, -1.0), (rp, -big_bw)], -big_bw, math.inf)
+        md.row([(pl, 1.0), (t_lat, -1.0), (rp, -big_lat)], -big_lat, math.inf)
+        md.row([(pe, 1.0)] + [(e[r], -1.0) for r in regions] + [(rp, -big_eg)], -big_eg, math.inf)
+        factor = float(cm.wan_time_factor(spec.sync, n_params, p))
+        sync_terms += [(pb, factor / cm.GB), (pl, float(cm.wan_latency_hops(spec.sync, p)))]
+        egress_terms.append((pe, float(cm.wan_bytes_per_leader(spec.sync, n_params, p)) / cm.GB))
+    if f.wan_param_s > 0 and len(regions) >= 2:
+        # The leaders' per-parameter work, once per exchange where regions meet: an indicator
+        # forced to 1 by any two regions in use (the objective keeps it at 0 otherwise).
+        meet = md.var(0, 1, False)
+        for i, a in enumerate(regions):
+            for b in regions[i + 1 :]:
+                md.row([(meet, 1.0), (z[a], -1.0), (z[b], -1.0)], -1.0, math.inf)
+        sync_terms.append((meet, f.wan_param_s))
 
     # Local steps with their checkpoint writes and the run's fixed seconds per step (monotone in
     # the step, so the max commutes; the cost theta × rate then counts the fixed seconds too).
@@ -193,8 +237,8 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
 
     # Bounds on theta keep the linearisations tight: the bound from bounds.py below, and above
     # the deadline, the slowest unit plus the widest possible sync, and what `beat` allows.
-    sync_ub = float(f.local_sync[regions].max()) + float(pr.wan_factor[k_max]) / cm.GB * big_bw
-    sync_ub += float(pr.wan_hops[k_max]) * big_lat + f.wan_param_s
+    sync_ub = float(cm.wan_time_factor(spec.sync, n_params, max(p_max, 2))) / cm.GB * big_bw
+    sync_ub += float(cm.wan_latency_hops(spec.sync, max(p_max, 2))) * big_lat + f.wan_param_s
     theta_ub = float(max(g1[units].max(), g2[units].max())) + pr.xps * sync_ub
     if spec.qos.max_hours is not None:
         theta_ub = min(theta_ub, spec.qos.max_hours * 3600.0 / steps)
@@ -212,7 +256,7 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
         # The runtime overlaps DiLoCo's exchange: the step is the local one when it hides (the
         # exact score, ``evaluate``, adds whatever does not), and the last round's WAN phase
         # blocks once.
-        wan_once = [(v, -c / steps) for v, c in sync_terms[1:]]
+        wan_once = [(v, -c / steps) for v, c in sync_terms]
         md.row([(theta, 1.0), (t_max, -1.0)] + wan_once, 0.0, math.inf)
     elif pr.overlapped:
         md.row([(theta, 1.0), (t_max, -1.0)], 0.0, math.inf)

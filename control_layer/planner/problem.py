@@ -71,7 +71,12 @@ class Fleet:
     cls_node_free: np.ndarray  # class × node: free devices per node (zero-padded)
     cls_group: np.ndarray  # classes with equal speed, fabric and price share a group
     cls_count: np.ndarray  # members (nodes) per class
-    local_sync: np.ndarray  # per region: seconds of the in-region reduce/broadcast
+    local_sync: np.ndarray  # per region: two payloads over its local link (heuristic and MILP)
+    local_bw: np.ndarray  # per region: bytes/s between two of its clusters (local link)
+    local_lat: np.ndarray  # per region: one hop's seconds on the local link (with half a call)
+    cls_hop_lat: np.ndarray  # per class: one hop's seconds on its cluster's fabric (with half a call)
+    cls_first_cluster: np.ndarray  # per class: members in its first cluster (filled first)
+    local_floor: np.ndarray  # per region: least seconds of an exchange among ≥ 2 of its nodes
     pair_bw: np.ndarray  # R×R bytes/s (min of both directions; 0 = no link)
     pair_lat: np.ndarray  # R×R seconds (max of both directions)
     pair_link_bps: np.ndarray  # R×R bits/s as declared or measured (min of both directions; 0 = none)
@@ -189,12 +194,32 @@ def build_fleet(
     pairs = _pairs(snapshot, calibration, cal_key, tuple(regions))
     links = pairs.links
     local = np.array([cm.local_sync_s(spec.sync, n, links.bw(a, a), links.lat(a, a)) for a in regions])
+    local_bw = np.array([links.bw(a, a) for a in regions], dtype=float)
+    local_lat = np.array([links.lat(a, a) for a in regions], dtype=float)
+    firsts = [c.first for c in classes]
+    cls_intra_bw = np.array([intra_bytes_per_s(p.cluster, calibration) for p in firsts], dtype=float)
+    cls_region = np.array([ridx[p.region] for p in firsts], dtype=int)
+    cls_hop_lat = grouped.cls_intra_lat + np.array([links.call_s(p.region, p.region) / 2.0 for p in firsts])
+    cls_first_cluster = np.array(
+        [sum(p.cluster.id == c.first.cluster.id for p in c.pools) for c in classes], dtype=np.int64
+    )
+    # Two nodes of a region meet over its fastest hop at best: the local link or a fabric there.
+    best_bw, best_lat = local_bw.copy(), local_lat.copy()
+    for u in range(len(classes)):
+        r = cls_region[u]
+        best_bw[r] = max(best_bw[r], cls_intra_bw[u])
+        best_lat[r] = min(best_lat[r], cls_hop_lat[u])
+    local_floor = np.array(
+        [
+            float(cm.ring_sync_s(spec.sync, n, 2, b, la)) if b > 0 else math.inf
+            for b, la in zip(best_bw, best_lat, strict=True)
+        ]
+    )
     # Keyed by the pools' identities; the entry holds the pools, so no other list can take their ids.
     pool_ids = tuple(id(p) for p in pools)
     _, fixed_s = _kept(
         snapshot, "fixed_s", (pool_ids, cal_key), lambda: (grouped.pools, _fixed_seconds(pools, calibration))
     )
-    firsts = [c.first for c in classes]
     return Fleet(
         spec=spec,
         snapshot=snapshot,
@@ -202,7 +227,7 @@ def build_fleet(
         pools=pools,
         classes=classes,
         regions=regions,
-        cls_region=np.array([ridx[p.region] for p in firsts], dtype=int),
+        cls_region=cls_region,
         cls_flops=np.array(
             [
                 cm.effective_flops(p.tflops, p.model, p.kind, spec.training.precision, calibration)
@@ -210,7 +235,7 @@ def build_fleet(
             ],
             dtype=float,
         ),
-        cls_intra_bw=np.array([intra_bytes_per_s(p.cluster, calibration) for p in firsts], dtype=float),
+        cls_intra_bw=cls_intra_bw,
         cls_intra_lat=grouped.cls_intra_lat,
         cls_memory=grouped.cls_memory,
         cls_price=grouped.cls_price,
@@ -218,6 +243,11 @@ def build_fleet(
         cls_count=grouped.cls_count,
         cls_group=grouped.cls_group,
         local_sync=local,
+        local_bw=local_bw,
+        local_lat=local_lat,
+        cls_hop_lat=cls_hop_lat,
+        cls_first_cluster=cls_first_cluster,
+        local_floor=local_floor,
         pair_bw=pairs.bw,
         pair_lat=pairs.lat,
         pair_link_bps=pairs.link_bps,
@@ -456,25 +486,49 @@ class Score:
         return self.fixed_s + self.step_s * self.steps
 
 
-def sync_seconds_and_egress(pr: Problem, members: np.ndarray) -> tuple[float, float]:
-    """Seconds and USD of one exchange given participants per region (the estimator's formula)."""
+def sync_seconds_and_egress(pr: Problem, used_members: np.ndarray) -> tuple[float, float]:
+    """Seconds and USD of one exchange given the members (nodes, one participant each) used per
+    unit: the estimator's flat ring (``estimate.sync_cost``) over the hops it takes. Within a
+    region, nodes of one unit that fit in its first cluster meet over that cluster's fabric;
+    otherwise the region's nodes span clusters and its slowest hop is its local link or a fabric
+    of a unit with two or more nodes there."""
     f = pr.fleet
+    n_reg = len(f.regions)
+    members = np.bincount(pr.region, weights=used_members, minlength=n_reg)
+    p_count = int(members.sum())
+    if p_count < 2:
+        return 0.0, 0.0
+    bw_min, lat_max = math.inf, 0.0
+    in_use = np.flatnonzero(used_members > 0)
+    by_region: dict[int, list[int]] = defaultdict(list)
+    for u in in_use.tolist():
+        by_region[int(pr.region[u])].append(u)
+    for r, units in by_region.items():
+        if members[r] < 2:
+            continue
+        if len(units) == 1 and used_members[units[0]] <= f.cls_first_cluster[units[0]]:
+            u = units[0]
+            bw_min, lat_max = min(bw_min, f.cls_intra_bw[u]), max(lat_max, f.cls_hop_lat[u])
+            continue
+        bw_min, lat_max = min(bw_min, f.local_bw[r]), max(lat_max, f.local_lat[r])
+        for u in units:
+            if used_members[u] >= 2:
+                bw_min, lat_max = min(bw_min, f.cls_intra_bw[u]), max(lat_max, f.cls_hop_lat[u])
     used = np.flatnonzero(members > 0)
-    multi = members >= 2
-    t_local = float(f.local_sync[multi].max()) if multi.any() else 0.0
-    n_reg = len(used)
-    if n_reg < 2:
-        return t_local, 0.0
-    sub_bw = f.pair_bw[np.ix_(used, used)]
-    off = ~np.eye(n_reg, dtype=bool)
-    bw_min = float(sub_bw[off].min())
+    egress = 0.0
+    if len(used) >= 2:
+        off = ~np.eye(len(used), dtype=bool)
+        bw_min = min(bw_min, float(f.pair_bw[np.ix_(used, used)][off].min()))
+        lat_max = max(lat_max, float(f.pair_lat[np.ix_(used, used)][off].max()))
+        sub_eg = f.egress[np.ix_(used, used)]
+        per = float(cm.wan_bytes_per_leader(f.spec.sync, float(f.spec.model.n_params), p_count))
+        egress = per / cm.GB * float(np.where(off, sub_eg, -np.inf).max(axis=1).sum())
     if bw_min <= 0:
         return math.inf, math.inf
-    lat_max = float(f.pair_lat[np.ix_(used, used)][off].max())
-    t_wan = float(pr.wan_factor[n_reg]) / bw_min + float(pr.wan_hops[n_reg]) * lat_max + f.wan_param_s
-    sub_eg = f.egress[np.ix_(used, used)]
-    egress = float(pr.per_leader[n_reg]) / cm.GB * float(np.where(off, sub_eg, -np.inf).max(axis=1).sum())
-    return t_local + t_wan, egress
+    t = float(cm.ring_sync_s(f.spec.sync, float(f.spec.model.n_params), p_count, bw_min, lat_max))
+    if len(used) >= 2:
+        t += f.wan_param_s  # the leaders' per-parameter work where regions meet
+    return t, egress
 
 
 def local_share(fleet: Fleet, t: np.ndarray) -> np.ndarray:
@@ -517,7 +571,7 @@ def evaluate(pr: Problem, sol: Solution) -> Score | None:
     )
     f = pr.fleet
     members = np.bincount(pr.region, weights=n1 + n2, minlength=len(f.regions))
-    t_sync, egress = sync_seconds_and_egress(pr, members)
+    t_sync, egress = sync_seconds_and_egress(pr, n1 + n2)
     if not math.isfinite(t_sync):
         return None
     used = np.flatnonzero(members > 0)

@@ -204,3 +204,79 @@ def test_the_runtime_settings_are_priced_as_the_workers_run_them() -> None:
     every_step = RuntimeSettings(**{**base, "checkpoint_every": 1, "checkpoint_write_s": 0.5})
     often = estimate_option(spec, _snap(), tasks, **kw, runtime=every_step)
     assert often.step_s.checkpoint == pytest.approx(0.5) and blocking.step_s.checkpoint == 0.0
+
+
+def _fabric_snap() -> ResourceSnapshot:
+    """Region eu: cluster f (two nodes, a 400 Gb/s fabric) and cluster g (one node), over eu's
+    local link (declared at 10 Gb/s); region us: cluster h, 8 Gb/s from eu."""
+
+    def node(nid: str) -> dict:
+        return {"id": nid, "devices": [{"index": 0, "model": "H100", "memory_gb": 80, "tflops": 700}]}
+
+    def cluster(cid: str, region: str, nodes: list[str]) -> dict:
+        return {
+            "id": cid,
+            "region": region,
+            "price_per_device_hour": 1.0,
+            "intra_bandwidth_gbps": 400,
+            "intra_latency_ms": 0.01,
+            "nodes": [node(n) for n in nodes],
+        }
+
+    return ResourceSnapshot.model_validate(
+        {
+            "regions": [{"name": "eu"}, {"name": "us"}],
+            "clusters": [
+                cluster("f", "eu", ["f0", "f1", "f2"]),
+                cluster("g", "eu", ["g0"]),
+                cluster("h", "us", ["h0"]),
+            ],
+            "links": [
+                {"src": "eu", "dst": "eu", "bandwidth_gbps": 10, "latency_ms": 1},
+                {"src": "eu", "dst": "us", "bandwidth_gbps": 8, "latency_ms": 50},
+            ],
+        }
+    )
+
+
+def _ring_s(spec: JobSpec, participants: int, gbps: float, one_way_s: float, goodput: float) -> float:
+    """The runtime's ring by hand: 2(P-1) calls of a 1/P chunk (P = 2: one push of the payload
+    each way), each call a round trip with the call's fixed cost."""
+    payload = spec.model.n_params * 4.0
+    hop = one_way_s + cm.DEFAULT_EXCHANGE_CALL_S / 2.0
+    if participants == 2:
+        return payload / (gbps * 1e9 / 8 * goodput) + 2 * hop
+    steps = 2 * (participants - 1)
+    return steps * (payload / participants / (gbps * 1e9 / 8 * goodput) + 2 * hop)
+
+
+def test_two_nodes_of_one_cluster_exchange_over_its_fabric() -> None:
+    spec = _spec()
+    tasks = _tasks([("f", "f0", 0), ("f", "f1", 0)])
+    est = estimate_option(spec, _fabric_snap(), tasks, dp=2, tp=1, pp=1, zero=0)
+    want = _ring_s(spec, 2, 400, 0.01e-3, cm.DEFAULT_LAN_GOODPUT)
+    assert est.step_s.wan_sync == pytest.approx(want)
+    assert est.cost.egress == 0
+
+
+def test_nodes_of_two_clusters_ring_over_the_local_link() -> None:
+    """Four nodes in one region, two clusters: one flat ring whose slowest hop is the local link."""
+    spec = _spec()
+    tasks = _tasks([("f", "f0", 0), ("f", "f1", 0), ("f", "f2", 0), ("g", "g0", 0)])
+    est = estimate_option(spec, _fabric_snap(), tasks, dp=4, tp=1, pp=1, zero=0)
+    assert est.step_s.wan_sync == pytest.approx(_ring_s(spec, 4, 10, 1e-3, cm.DEFAULT_LAN_GOODPUT))
+
+
+def test_the_ring_over_regions_counts_every_node() -> None:
+    """Three nodes in eu's cluster f and one in us: four participants on one ring; the WAN link
+    is the slowest hop, the leaders' per-parameter work is paid once, and each region's egress is one participant's 2(P-1)/P of the payload."""
+    spec = _spec()
+    snap = _fabric_snap()
+    tasks = _tasks([("f", "f0", 0), ("f", "f1", 0), ("f", "f2", 0), ("h", "h0", 0)])
+    est = estimate_option(spec, snap, tasks, dp=4, tp=1, pp=1, zero=0)
+    # where regions meet, the leaders' per-parameter work once per exchange (no calibration: the default)
+    param_s = spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S
+    assert est.step_s.wan_sync == pytest.approx(_ring_s(spec, 4, 8, 50e-3, cm.DEFAULT_WAN_GOODPUT) + param_s)
+    per = 2 * 3 / 4 * spec.model.n_params * 4.0
+    assert est.wan_bytes_per_step == pytest.approx(2 * per)
+    assert est.cost.egress == 0  # the links declare no egress price
