@@ -67,8 +67,9 @@ def _max_bytes(config: dict[str, Any]) -> int:
 
 
 def _expires(ttl_s: float) -> float:
-    # Whole seconds: the expiry crosses JSON and protobuf and must sign the same on both ends.
-    return float(math.ceil(time.time() + min(ttl_s, MAX_TICKET_TTL_S)))
+    # Whole seconds: the expiry crosses JSON and protobuf and must sign the same on both ends
+    # (rounded down: a source refuses a ticket claiming more than MAX_TICKET_TTL_S).
+    return float(math.floor(time.time() + min(ttl_s, MAX_TICKET_TTL_S)))
 
 
 def _ticket(
