@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +22,8 @@ from agent.checkpoint_transfer import (
     step_name,
 )
 from agent.probe import build_probe_server
+from agent.settings import AgentSettings
+from agent.workers import Assignment, WorkerRun
 from contracts.checkpoint_transfer import CheckpointTicket, checkpoint_bytes_bound, sign
 from contracts.errors import InvalidArgument
 from contracts.link_probe import new_probe_key
@@ -155,3 +158,49 @@ def test_a_copy_that_differs_from_its_manifest_is_never_kept(tmp_path: Path) -> 
     n, _, error = asyncio.run(go())
     assert n == 0 and "SHA-256 differs" in error
     assert not (dst / DIR / step_name(7)).exists() and not list((dst / DIR).glob("*.partial"))
+
+
+def test_an_assignment_fetches_its_checkpoint_before_its_workers_start(tmp_path: Path) -> None:
+    """A real WorkerRun: the agent fetches the checkpoint its config names, reports it, and only
+    then starts the workers (here a test command that fails unless the copy is in place)."""
+    src, dst, key = tmp_path / "src", tmp_path / "dst", new_probe_key()
+    write_checkpoint(src, 30, {"a.distcp": 300_000, "meta.pt": 100})
+    sent: list[agent_pb2.AgentMessage] = []
+    done = dst / DIR / step_name(30) / "COMPLETE"
+    check = f"import pathlib, sys; sys.exit(0 if pathlib.Path({str(done)!r}).is_file() else 3)"
+
+    async def go(spec: dict) -> WorkerRun:
+        server, port = await _serve(src, key)
+        try:
+            config = {"job_id": "job1", "checkpoint": {"dir": DIR, "fetch": spec | {"port": port}}}
+            config["command"] = [sys.executable, "-c", check]
+            a = Assignment("task-1", "job1", 1, (0,), 1, config)
+            s = AgentSettings(
+                server="127.0.0.1:50051", region="eu-west", cluster="paris-1", price_per_device_hour=1.0,
+                work_dir=dst, allow_command_override=True,
+            )  # fmt: skip
+            run = WorkerRun(
+                a, dst / "assignments" / "task-1", settings=s, device_kind="cpu", send=sent.append
+            )
+            await run.run()
+            return run
+        finally:
+            await server.stop(0)
+
+    t = ticket(key, 30, tid="fetch-1")
+    spec = {
+        "transfer_id": t.transfer_id, "source_node_id": t.source_node_id, "dir": t.dir, "step": t.step,
+        "max_bytes": t.max_bytes, "expires_at": t.expires_at, "mac": t.mac, "host": "127.0.0.1",
+    }  # fmt: skip
+    run = asyncio.run(go(spec))
+    kinds = [m.WhichOneof("kind") for m in sent]
+    running = next(
+        i
+        for i, m in enumerate(sent)
+        if kinds[i] == "task_status" and m.task_status.state == agent_pb2.TASK_STATE_RUNNING
+    )
+    assert kinds.index("checkpoint_copy_result") < running  # fetched before the workers started
+    (result,) = [m.checkpoint_copy_result for m in sent if m.WhichOneof("kind") == "checkpoint_copy_result"]
+    assert (result.transfer_id, result.assignment_id, result.error) == ("fetch-1", "task-1", "")
+    assert result.bytes == 300_000 + 100 + 2
+    assert run.current.task_status.state == agent_pb2.TASK_STATE_SUCCEEDED, run.current.task_status.message
