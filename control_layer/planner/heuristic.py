@@ -112,9 +112,7 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     safe_bw = np.where(multi & (bw > 0), bw, 1.0)
     wan = np.where(multi, pr.wan_factor[n_used] / safe_bw + pr.wan_hops[n_used] * lat, 0.0)
     wan = np.where(multi & (bw <= 0), np.inf, wan)
-    link = np.where(pair, f.pair_link_bps[sub][None, :, :], np.inf).min(axis=(1, 2))
-    link = np.where(multi & np.isfinite(link), link, 0.0)
-    step, final = runtime_step(pr, t_local, t_loc + wan, members.sum(axis=1), n_used, link, lat)
+    step, final = runtime_step(pr, t_local, t_loc + wan, members.sum(axis=1), n_used)
     steps = spec.training.steps
     rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev
     duration = steps * step + final + f.fixed_s

@@ -70,7 +70,6 @@ class Fleet:
     local_sync: np.ndarray  # per region: seconds of the in-region reduce/broadcast
     pair_bw: np.ndarray  # R×R bytes/s (min of both directions; 0 = no link)
     pair_lat: np.ndarray  # R×R seconds (max of both directions)
-    pair_link_bps: np.ndarray  # R×R bits/s as declared or measured (min of both directions; 0 = none)
     egress: np.ndarray  # R×R USD/GB from row region to column region
     max_node_devices: int
     # sync constants indexed by the number of participating regions R = 0..n_regions
@@ -122,7 +121,6 @@ def build_fleet(
     nr = len(regions)
     pair_bw = np.zeros((nr, nr))
     pair_lat = np.zeros((nr, nr))
-    pair_link = np.zeros((nr, nr))
     egress = np.zeros((nr, nr))
     local = np.zeros(nr)
     for i, a in enumerate(regions):
@@ -132,9 +130,6 @@ def build_fleet(
                 pair_bw[i, j] = min(links.bw(a, b), links.bw(b, a))
                 pair_lat[i, j] = max(links.lat(a, b), links.lat(b, a))
                 egress[i, j] = links.egress(a, b)
-                ab, ba = snapshot.link(a, b), snapshot.link(b, a)
-                if ab is not None and ba is not None:
-                    pair_link[i, j] = min(ab.bandwidth_gbps, ba.bandwidth_gbps) * 1e9
     firsts = [c.first for c in classes]
     return Fleet(
         spec=spec,
@@ -174,7 +169,6 @@ def build_fleet(
         local_sync=local,
         pair_bw=pair_bw,
         pair_lat=pair_lat,
-        pair_link_bps=pair_link,
         egress=egress,
         max_node_devices=max((max(p.free_per_node) for p in pools), default=0),
         wan_factor=cm.wan_time_factor(spec.sync, n, np.arange(nr + 1)),
@@ -388,9 +382,7 @@ def local_share(fleet: Fleet, t: np.ndarray) -> np.ndarray:
     return t + checkpoint_s_per_step(fleet.runtime, t) + fleet.fixed_s / fleet.spec.training.steps
 
 
-def runtime_step(
-    pr: Problem, t_local, t_sync, participants, n_regions, link_bps, link_lat
-) -> tuple[np.ndarray, np.ndarray]:
+def runtime_step(pr: Problem, t_local, t_sync, participants, n_regions) -> tuple[np.ndarray, np.ndarray]:
     """(step seconds, final exchange seconds) of placements with local step ``t_local`` and one
     exchange of ``t_sync``, priced with the runtime settings the workers would get: checkpoint
     writes at the policy's interval and the exposed part of an overlapped exchange (the
@@ -398,7 +390,7 @@ def runtime_step(
     terms = pr.fleet.runtime
     t_step = t_local + checkpoint_s_per_step(terms, t_local)
     hidden = overlaps(terms, participants)
-    delay = delay_steps(terms, participants, link_bps, link_lat, t_local)
+    delay = delay_steps(terms, t_sync, t_local)
     wan = wan_per_step(terms, t_sync, t_step, hidden, delay, terms.fragments)
     return t_step + wan, final_sync_s(terms, t_sync, hidden, n_regions)
 
@@ -425,10 +417,7 @@ def evaluate(pr: Problem, sol: Solution) -> Score | None:
     if not math.isfinite(t_sync):
         return None
     used = np.flatnonzero(members > 0)
-    off = ~np.eye(len(used), dtype=bool)
-    link_bps = float(f.pair_link_bps[np.ix_(used, used)][off].min()) if len(used) >= 2 else 0.0
-    link_lat = float(f.pair_lat[np.ix_(used, used)][off].max()) if len(used) >= 2 else 0.0
-    step, final = runtime_step(pr, t_local, t_sync, int(members.sum()), len(used), link_bps, link_lat)
+    step, final = runtime_step(pr, t_local, t_sync, int(members.sum()), len(used))
     step, final = float(step), float(final)
     steps = f.spec.training.steps
     fixed = f.fixed_s + final
