@@ -262,6 +262,7 @@ def run_job(
         "checkpoint_every": runtime.get("checkpoint_every"),
         "overlap": runtime.get("overlap"),
         "overlap_steps": runtime.get("overlap_steps"),
+        "overlap_steps_at_end": {r: x.get("overlap_steps") for r, x in results.items()},
         "fragments": runtime.get("fragments"),
         "resumed_from": {r: x.get("resumed_from") for r, x in results.items()},
         "events": events,

@@ -68,6 +68,7 @@ def test_overlapped_diloco_workers_adapt_the_delay_alike(tmp_path: Path) -> None
     for r, p in procs.items():
         res = p.result()
         assert res is not None and res["steps"] == 80, p.output()[-3000:]
+        assert res["overlap_steps"] == max(m["sync"]["overlap_steps"] for m in p.metrics() if "sync" in m)
         delays[r] = {
             m["step"]: m["sync"]["overlap_steps"] for m in p.metrics() if "overlap_steps" in m.get("sync", {})
         }
