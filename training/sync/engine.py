@@ -117,9 +117,12 @@ class SyncEngine:
     def should_sync(self, step: int) -> bool:
         # An adaptive overlap moves a round's landing off the fixed schedule; only the leader
         # knows it, so the engine adapts only where the leader is the region's one process.
+        # The fixed schedule's landing step is then no event of its own (it would only add a step
+        # that exchanges nothing to the run's exchange totals).
         s = self.strategy
-        due = isinstance(s, AnchoredSync) and s.adaptive and s.due(step)
-        return due or is_event(self.cfg, step, self.total_steps)
+        if isinstance(s, AnchoredSync) and s.adaptive:
+            return s.due(step) or anchored_event(step, self.cfg.round_steps, 0, self.total_steps)
+        return is_event(self.cfg, step, self.total_steps)
 
     def syncs_gradients(self, step: int) -> bool:
         return self.cfg.mode == "sync"
