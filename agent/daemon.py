@@ -25,6 +25,8 @@ from typing import Any
 import grpc
 
 from agent import contention
+from agent.checkpoint_transfer import MAX_MESSAGE_BYTES as CHECKPOINT_MESSAGE_BYTES
+from agent.checkpoint_transfer import add_checkpoint_service, run_copy, ticket_from_proto
 from agent.devices import detect_devices
 from agent.duties import Duty, run_duty
 from agent.outbox import Outbox
@@ -149,6 +151,7 @@ class Agent:
         self._probe_port = 0  # where the probe server listens (0: none)
         self._probe_tasks: set[asyncio.Task[None]] = set()
         self._probe_lock = asyncio.Lock()  # one probe at a time: two would share the link and halve it
+        self._copy_locks: dict[str, asyncio.Lock] = {}  # checkpoint dir -> one copy into it at a time
         self._channels: dict[str, grpc.aio.Channel] = {}  # one per control-plane replica, made on first use
         self._server_index = 0
         self._client_pair: tuple[bytes, bytes] | None = None  # mTLS: the node's key and certificate
@@ -196,7 +199,12 @@ class Agent:
         if s.probe_port >= 0:
             try:
                 probe_server, self._probe_port = build_probe_server(
-                    self._probe_identity, s.probe_bind, s.probe_port
+                    self._probe_identity,
+                    s.probe_bind,
+                    s.probe_port,
+                    # Checkpoint copies between the region's nodes share the port and its tickets' key.
+                    extra=lambda server: add_checkpoint_service(server, self._probe_identity, s.work_dir),
+                    max_send_bytes=CHECKPOINT_MESSAGE_BYTES,
                 )
             except (OSError, RuntimeError) as exc:
                 log.error("probe server: %s", exc)
@@ -409,6 +417,8 @@ class Agent:
                     self._on_cancel(message.cancel)
                 elif kind == "probe":
                     self._on_probe(message.probe)
+                elif kind == "checkpoint_copy":
+                    self._on_checkpoint_copy(message.checkpoint_copy)
                 elif kind == "drain":
                     self._draining = True
                     log.warning("drain ordered: %s; accepting no new assignments", message.drain.reason)
@@ -568,6 +578,45 @@ class Agent:
                 result.bulk_s,
             )
         self._outbox.put(agent_pb2.AgentMessage(probe_result=result))
+
+    def _on_checkpoint_copy(self, order: agent_pb2.CheckpointCopyOrder) -> None:
+        task = asyncio.create_task(self._copy(order))
+        self._probe_tasks.add(task)  # stopped with the probes: a stopping agent keeps no copies
+        task.add_done_callback(self._probe_tasks.discard)
+
+    async def _copy(self, order: agent_pb2.CheckpointCopyOrder) -> None:
+        """Fetch a checkpoint another node of the region completed, in the background (the workers
+        that wrote it go on training), and say how it went."""
+        ticket = ticket_from_proto(order.ticket)
+        lock = self._copy_locks.setdefault(ticket.dir, asyncio.Lock())
+        async with lock:
+            nbytes, seconds, error = await run_copy(
+                self.settings.work_dir, ticket, order.source_host, order.source_port
+            )
+        if error:
+            log.warning(
+                "checkpoint copy %s (%s step %d) failed: %s",
+                ticket.transfer_id,
+                ticket.dir,
+                ticket.step,
+                error,
+            )
+        else:
+            log.info(
+                "checkpoint copy %s: %s step %d, %d bytes in %.2fs",
+                ticket.transfer_id,
+                ticket.dir,
+                ticket.step,
+                nbytes,
+                seconds,
+            )
+        self._outbox.put(
+            agent_pb2.AgentMessage(
+                checkpoint_copy_result=agent_pb2.CheckpointCopyResult(
+                    transfer_id=ticket.transfer_id, bytes=nbytes, duration_s=seconds, error=error
+                )
+            )
+        )
 
     def _probe_identity(self) -> tuple[str, str] | None:
         creds = self._state.credentials

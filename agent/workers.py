@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.checkpoint_transfer import has_checkpoint, run_copy
 from agent.output import (
     ERROR_PREFIX,
     LineBudget,
@@ -27,6 +28,7 @@ from agent.output import (
     parse_prefixed,
 )
 from agent.settings import AgentSettings
+from contracts.checkpoint_transfer import CheckpointTicket
 from contracts.errors import InvalidArgument
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
 from proto.cpn.agent.v1 import agent_pb2
@@ -215,6 +217,7 @@ class WorkerRun:
         """The whole life of the assignment; returns once its final state has been reported."""
         a = self.assignment
         self._report(agent_pb2.TASK_STATE_STARTING, "launching")
+        await self._fetch_checkpoint()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             config_path = self.run_dir / "worker_config.json"
@@ -266,6 +269,48 @@ class WorkerRun:
         why = self._error or (self._stderr_tail[-1] if self._stderr_tail else "")
         suffix = " after reporting a result" if self._result is not None else ""
         self._finish(FAILED, f"workers exited with code {code}{suffix}: {why}".rstrip(": "), code)
+
+    async def _fetch_checkpoint(self) -> None:
+        """Bring the checkpoint the control plane named (``checkpoint.fetch``) from the node of the
+        region that holds a copy, before the workers start and look for it. A failed fetch is
+        reported and the workers start anyway: they take the job's model from its peers, as they
+        would with no checkpoint at all."""
+        ck = self.assignment.worker_config.get("checkpoint")
+        spec = ck.get("fetch") if isinstance(ck, dict) else None
+        if not isinstance(spec, dict):
+            return
+        try:
+            ticket = CheckpointTicket(
+                str(spec["transfer_id"]),
+                str(spec["source_node_id"]),
+                str(spec["dir"]),
+                int(spec["step"]),
+                int(spec["max_bytes"]),
+                float(spec["expires_at"]),
+                str(spec["mac"]),
+            )
+            host, port = str(spec["host"]), int(spec["port"])
+        except (KeyError, TypeError, ValueError) as exc:
+            nbytes, seconds, error = 0, 0.0, f"checkpoint.fetch is malformed: {exc}"
+        else:
+            if has_checkpoint(self._settings.work_dir, ticket.dir, ticket.step):
+                nbytes, seconds, error = 0, 0.0, ""  # already here (a copy landed before)
+            else:
+                nbytes, seconds, error = await run_copy(self._settings.work_dir, ticket, host, port)
+        aid = self.assignment.assignment_id
+        if error:
+            log.warning("assignment %s: checkpoint fetch failed: %s", aid, error)
+        self._send(
+            agent_pb2.AgentMessage(
+                checkpoint_copy_result=agent_pb2.CheckpointCopyResult(
+                    transfer_id=str(spec.get("transfer_id", "")),
+                    bytes=nbytes,
+                    duration_s=seconds,
+                    error=error,
+                    assignment_id=aid,
+                )
+            )
+        )
 
     def _finish(self, state: int, message: str, code: int) -> None:
         now = time.monotonic()

@@ -84,6 +84,8 @@ def modes(steps: int) -> list[tuple[str, dict[str, Any]]]:
         ("gossip", {"mode": "gossip", "every": 10}),
         # wan_sync.py's DiLoCo row: int8 with error feedback, H=125 (half the run), the rest planned.
         ("diloco planned", {"mode": "diloco", "every": max(1, steps // 2), "compression": "int8"}),
+        # The planned row's H in fp32: tells int8's share of its loss from that of its H.
+        ("diloco planned fp32", {"mode": "diloco", "every": max(1, steps // 2)}),
     ]
 
 
@@ -260,6 +262,7 @@ def run_job(
         "checkpoint_every": runtime.get("checkpoint_every"),
         "overlap": runtime.get("overlap"),
         "overlap_steps": runtime.get("overlap_steps"),
+        "overlap_steps_at_end": {r: x.get("overlap_steps") for r, x in results.items()},
         "fragments": runtime.get("fragments"),
         "resumed_from": {r: x.get("resumed_from") for r, x in results.items()},
         "events": events,

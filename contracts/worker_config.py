@@ -75,6 +75,23 @@ class ParallelSpec(BaseModel):
         return self.dp_local * self.tp * self.pp
 
 
+class CheckpointFetch(BaseModel):
+    """Where the agent fetches the task's checkpoint from before launching it (a node of its
+    region holding a copy) and the ticket that source checks (``contracts.checkpoint_transfer``)."""
+
+    model_config = _STRICT
+
+    transfer_id: str = Field(min_length=1, max_length=64)
+    source_node_id: str = Field(min_length=1, max_length=64)
+    dir: str = Field(min_length=1, max_length=400)
+    step: int = Field(gt=0)
+    max_bytes: int = Field(gt=0)
+    expires_at: float = Field(gt=0)
+    mac: str = Field(min_length=64, max_length=64)
+    host: str = Field(min_length=1, max_length=255)
+    port: int = Field(gt=0, lt=65536)
+
+
 class CheckpointSpec(BaseModel):
     model_config = _STRICT
 
@@ -89,6 +106,8 @@ class CheckpointSpec(BaseModel):
     # Resume from the latest complete checkpoint at or before this step: a synchronous job resumes
     # every region from one step, though a region may have finished a later checkpoint.
     resume_at_most: int | None = Field(default=None, ge=0)
+    # The node lacks the checkpoint it should resume from: its agent fetches it first.
+    fetch: CheckpointFetch | None = None
 
 
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from contracts.errors import Aborted
 from contracts.job_spec import JobSpec
 from contracts.states import TASK_ACTIVE, TaskState
-from control_layer.checkpoints import job_checkpoints
+from control_layer.checkpoint_copies import reachable_checkpoints, sign_fetches
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.snapshot import current_prices
 from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
@@ -89,8 +89,14 @@ def allocate(
         for node_id, entries in groups.items()
     ]
     configs = build_worker_configs(
-        job.id, spec, option, slots, sync_secret=sync_secret, checkpoints=job_checkpoints(session, job.id)
+        job.id,
+        spec,
+        option,
+        slots,
+        sync_secret=sync_secret,
+        checkpoints=reachable_checkpoints(session, job.id),
     )
+    sign_fetches(session, job.id, configs)
     if multi and sync_secret:
         # the job's leaders speak mutual TLS with certificates of the job's own CA
         ca = job_ca_pem(sync_secret, job.id)

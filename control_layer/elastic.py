@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from contracts.job_spec import JobSpec
 from contracts.states import TASK_ACTIVE, TaskState
 from control_layer.allocation import AllocationConflict, allocate_replacement, release
+from control_layer.checkpoint_copies import reachable_checkpoints
 from control_layer.checkpoints import job_checkpoints
 from control_layer.dispatch import dispatch, send_cancel
 from control_layer.lifecycle import wake_placer
@@ -197,6 +198,8 @@ def _replace(
         start = min(done, default=0)
     start_step = start if 0 < start < steps else None
     peers = {participant(t): (t.worker_config.get("sync") or {}).get("listen") for t in others}
+    # Copies of the lost task's checkpoints on other nodes of its region (checkpoint_copies).
+    held = reachable_checkpoints(session, job.id).get(participant(lost), {}).get("holders") or []
 
     def configure(slot: TaskSlot) -> dict[str, Any]:
         cfg = copy.deepcopy(lost.worker_config)
@@ -209,7 +212,14 @@ def _replace(
             k: v for k, v in peers.items() if v
         }
         cfg["sync"] = sync
-        cfg["checkpoint"] = (cfg.get("checkpoint") or {}) | {"start_step": start_step}
+        # A copy of its checkpoint on the new node serves only if it is not behind the survivors
+        # (their current model loses fewer steps); the lost task's fetch ticket is spent.
+        here = max((int(h["step"]) for h in held if h["node_id"] == slot.node_id), default=0)
+        cfg["checkpoint"] = (cfg.get("checkpoint") or {}) | {
+            "start_step": start_step,
+            "fetch": None,
+            "resume": start_step is None or here >= start_step,
+        }
         return cfg
 
     try:

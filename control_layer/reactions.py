@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from contracts.errors import InvalidArgument, NotFound, PermissionDenied
 from contracts.states import JOB_ACTIVE, TASK_ACTIVE, JobState, TaskState, task_move_applies
 from control_layer.calibration import TIMING_KEYS
+from control_layer.checkpoint_copies import order_copy, record_copy_result
 from control_layer.dispatch import assignment_message, send_cancel
 from control_layer.elastic import drop_stranded_replacements, handle_lost_task
 from control_layer.lifecycle import transition
@@ -225,7 +226,12 @@ def on_task_metrics(ctx: ServerContext, node_id: str, assignment_id: str, metric
             )
         )
         task.last_metrics = clean
+        before = task.checkpoint_step
         _note_checkpoint(task, clean.get("checkpoint_step"))
+        if task.checkpoint_step != before and task.status in TASK_ACTIVE:
+            # A newer complete checkpoint: keep a copy on another node of the region, off the
+            # task's critical path (the agents copy in the background).
+            order_copy(ctx, session, task)
         publish_after_commit(
             session,
             ctx.bus,
@@ -314,4 +320,11 @@ def control_handlers() -> ControlHandlers:
         on_task_status=on_task_status,
         on_task_metrics=on_task_metrics,
         pending_assignments=pending_assignments,
+        on_checkpoint_copy_result=on_checkpoint_copy_result,
     )
+
+
+def on_checkpoint_copy_result(ctx: ServerContext, node_id: str, result: dict[str, Any]) -> None:
+    """Record how a node's checkpoint copy (or fetch before a launch) went."""
+    with session_scope(ctx.session_factory) as session:
+        record_copy_result(ctx, session, node_id, result)

@@ -293,7 +293,26 @@ def _checkpoint(
         "every": runtime.checkpoint_every,
         "start_step": start_step,
         "resume_at_most": resume_at_most,
+        "fetch": _fetch_choice(own, slot.node_id, resume_at_most),
     }
+
+
+def _fetch_choice(own: dict[str, Any] | None, node_id: str, at_most: int | None) -> dict[str, Any] | None:
+    """Where this node fetches the participant's checkpoint from before it launches: the newest
+    step (at most ``at_most``) some other node holds, unless this node holds it already (its own
+    checkpoint, or a copy that landed here). ``control_layer.checkpoint_copies`` signs the choice."""
+    held = [
+        (int(h["step"]), str(h["node_id"]))
+        for h in (own or {}).get("holders") or []
+        if at_most is None or int(h["step"]) <= at_most
+    ]
+    if not held:
+        return None
+    best = max(s for s, _ in held)
+    nodes = sorted(n for s, n in held if s == best)
+    if node_id in nodes:
+        return None
+    return {"step": best, "source_node_id": nodes[0]}
 
 
 def _solo(option: PlanOption, offset: int) -> dict[str, Any]:

@@ -36,6 +36,10 @@ class PendingAssignments(Protocol):
     def __call__(self, ctx: ServerContext, node_id: str) -> list[dict[str, Any]]: ...
 
 
+class OnCheckpointCopyResult(Protocol):
+    def __call__(self, ctx: ServerContext, node_id: str, result: dict[str, Any]) -> None: ...
+
+
 @dataclass(frozen=True)
 class ControlHandlers:
     """Synchronous callables (the servicer runs them in a worker thread); they raise CpnError to refuse."""
@@ -43,3 +47,4 @@ class ControlHandlers:
     on_task_status: OnTaskStatus
     on_task_metrics: OnTaskMetrics
     pending_assignments: PendingAssignments
+    on_checkpoint_copy_result: OnCheckpointCopyResult

@@ -342,6 +342,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 "error": r.error,
             }
             await asyncio.to_thread(self._record_probe, node_id, result)
+        elif kind == "checkpoint_copy_result":
+            c = message.checkpoint_copy_result
+            result = {
+                "transfer_id": c.transfer_id,
+                "bytes": c.bytes,
+                "duration_s": c.duration_s,
+                "error": c.error,
+                "assignment_id": c.assignment_id,
+            }
+            await asyncio.to_thread(self._handlers.on_checkpoint_copy_result, ctx, node_id, result)
         elif kind == "hello":
             raise InvalidArgument("hello: only the first message of a stream may be a Hello")
         else:

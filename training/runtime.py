@@ -294,8 +294,10 @@ class Trainer:
         totals: dict[str, float] = {}
         exchanges = ExchangeTotals()
         first: dict[str, float] | None = None
+        delay = None  # the overlap delay in use at the end (it adapts in the run)
         while self.step < last:
             m = self.train_step()
+            delay = (m.get("sync") or {}).get("overlap_steps", delay)
             exchanges.add(m, exchanged=self.exchanged, joining=self.step == self.first_step)
             periodic = bool(every) and self.step % every == 0 and self.step < last
             if self.cfg.checkpoint.dir is not None and (periodic or self.step == last):
@@ -317,6 +319,8 @@ class Trainer:
         timing: dict[str, Any] = {"train_s": train_s, "parts_total_s": totals, "first_step_s": first or {}}
         if exchanges.n:
             timing["exchange_totals"] = exchanges.as_dict()
+        if delay is not None:
+            timing["overlap_steps"] = delay
         if spawned_at is not None:
             timing["startup_s"] = max(0.0, first_at - spawned_at)
         return {

@@ -535,7 +535,10 @@ def _estimate(
     if derive:
         work = max(loc.work for loc in locals_)
         bandwidth, latency = weakest_link(set(members), snapshot)
-        runtime = settings_for(spec, work, len(plan_nodes), bandwidth, latency)
+        # The delay from the exchange as priced here (calibrated goodput and per-call seconds): the
+        # search's objective does the same (``problem.runtime_step``).
+        t_exchange = sc.t_sync if math.isfinite(sc.t_sync) else None
+        runtime = settings_for(spec, work, len(plan_nodes), bandwidth, latency, t_exchange)
     every = runtime.checkpoint_every if runtime is not None else spec.training.checkpoint_every
     wps = cm.checkpoint_writes(steps, every) / steps
     slowest = max(locals_, key=lambda loc: loc.total(wps))

@@ -140,9 +140,7 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     t_sync = np.where(ring, cm.ring_sync_s(spec.sync, n_params, np.maximum(n_part, 2), safe_bw, hop_lat), 0.0)
     t_sync = np.where(ring & (hop_bw <= 0), np.inf, t_sync)
     t_sync = t_sync + np.where(multi, f.wan_param_s, 0.0)  # the leaders' per-parameter work
-    link = np.where(pair, f.pair_link_bps[sub][None, :, :], np.inf).min(axis=(1, 2))
-    link = np.where(multi & np.isfinite(link), link, 0.0)
-    step, final = runtime_step(pr, t_local, t_sync, n_part, n_used, link, lat)
+    step, final = runtime_step(pr, t_local, t_sync, n_part, n_used)
     per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
     steps = spec.training.steps
     rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev

@@ -79,7 +79,6 @@ class Fleet:
     local_floor: np.ndarray  # per region: least seconds of an exchange among ≥ 2 of its nodes
     pair_bw: np.ndarray  # R×R bytes/s (min of both directions; 0 = no link)
     pair_lat: np.ndarray  # R×R seconds (max of both directions)
-    pair_link_bps: np.ndarray  # R×R bits/s as declared or measured (min of both directions; 0 = none)
     egress: np.ndarray  # R×R USD/GB from row region to column region
     max_node_devices: int
     n_devices: int  # free devices in the pools
@@ -250,7 +249,6 @@ def build_fleet(
         local_floor=local_floor,
         pair_bw=pairs.bw,
         pair_lat=pairs.lat,
-        pair_link_bps=pairs.link_bps,
         egress=pairs.egress,
         max_node_devices=grouped.max_node_devices,
         n_devices=grouped.n_devices,
@@ -273,7 +271,6 @@ class _Pairs:
     links: Links
     bw: np.ndarray  # bytes/s, min of both directions (0: no link)
     lat: np.ndarray  # s, max of both directions
-    link_bps: np.ndarray  # bits/s as declared or measured, min of both directions (0: none)
     egress: np.ndarray  # USD/GB from row region to column region
 
 
@@ -299,17 +296,14 @@ def _pairs(
     def build() -> _Pairs:
         links = Links(snapshot, calibration)
         nr = len(regions)
-        bw, lat, link_bps, egress = (np.zeros((nr, nr)) for _ in range(4))
+        bw, lat, egress = (np.zeros((nr, nr)) for _ in range(3))
         for i, a in enumerate(regions):
             for j, b in enumerate(regions):
                 if i != j:
                     bw[i, j] = min(links.bw(a, b), links.bw(b, a))
                     lat[i, j] = max(links.lat(a, b), links.lat(b, a))
                     egress[i, j] = links.egress(a, b)
-                    ab, ba = snapshot.link(a, b), snapshot.link(b, a)
-                    if ab is not None and ba is not None:
-                        link_bps[i, j] = min(ab.bandwidth_gbps, ba.bandwidth_gbps) * 1e9
-        return _Pairs(links, bw, lat, link_bps, egress)
+        return _Pairs(links, bw, lat, egress)
 
     return _kept(snapshot, "pairs", (regions, cal_key), build)
 
@@ -538,9 +532,7 @@ def local_share(fleet: Fleet, t: np.ndarray) -> np.ndarray:
     return t + checkpoint_s_per_step(fleet.runtime, t) + fleet.fixed_s / fleet.spec.training.steps
 
 
-def runtime_step(
-    pr: Problem, t_local, t_sync, participants, n_regions, link_bps, link_lat
-) -> tuple[np.ndarray, np.ndarray]:
+def runtime_step(pr: Problem, t_local, t_sync, participants, n_regions) -> tuple[np.ndarray, np.ndarray]:
     """(step seconds, final exchange seconds) of placements with local step ``t_local`` and one
     exchange of ``t_sync``, priced with the runtime settings the workers would get: checkpoint
     writes at the policy's interval and the exposed part of an overlapped exchange (the
@@ -548,7 +540,7 @@ def runtime_step(
     terms = pr.fleet.runtime
     t_step = t_local + checkpoint_s_per_step(terms, t_local)
     hidden = overlaps(terms, participants)
-    delay = delay_steps(terms, participants, link_bps, link_lat, t_local)
+    delay = delay_steps(terms, t_sync, t_local)
     wan = wan_per_step(terms, t_sync, t_step, hidden, delay, terms.fragments)
     return t_step + wan, final_sync_s(terms, t_sync, hidden, n_regions)
 
@@ -575,10 +567,7 @@ def evaluate(pr: Problem, sol: Solution) -> Score | None:
     if not math.isfinite(t_sync):
         return None
     used = np.flatnonzero(members > 0)
-    off = ~np.eye(len(used), dtype=bool)
-    link_bps = float(f.pair_link_bps[np.ix_(used, used)][off].min()) if len(used) >= 2 else 0.0
-    link_lat = float(f.pair_lat[np.ix_(used, used)][off].max()) if len(used) >= 2 else 0.0
-    step, final = runtime_step(pr, t_local, t_sync, int(members.sum()), len(used), link_bps, link_lat)
+    step, final = runtime_step(pr, t_local, t_sync, int(members.sum()), len(used))
     step, final = float(step), float(final)
     steps = f.spec.training.steps
     fixed = f.fixed_s + final

@@ -16,7 +16,7 @@ import numpy as np
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.checkpoint_policy import checkpoint_intervals, checkpoint_write_s
-from control_layer.planner.sync_settings import diloco_fragments, overlap_delay, payload_bytes
+from control_layer.planner.sync_settings import diloco_fragments, exchange_delay, payload_bytes
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,11 @@ def overlaps(terms: RuntimeTerms, participants) -> np.ndarray:
     return np.asarray(terms.diloco & (np.asarray(participants) >= 2))
 
 
-def delay_steps(terms: RuntimeTerms, participants, bandwidth_bps, latency_s, step_s) -> np.ndarray:
-    """Steps between a fragment's send and its application, for the placement's participants
-    (nodes), its slowest link (bits/s, ≤ 0 when unknown) and its local step."""
-    return overlap_delay(
-        terms.round_steps, terms.fragment_bytes, participants, bandwidth_bps, latency_s, step_s
-    )
+def delay_steps(terms: RuntimeTerms, t_sync, step_s) -> np.ndarray:
+    """Steps between a fragment's send and its application, for the placement's whole exchange as
+    priced (``t_sync``, not finite when a link is unknown; each fragment carries 1/fragments of
+    it, as ``exposed_wan_per_step`` prices it) and its local step."""
+    return exchange_delay(terms.round_steps, np.asarray(t_sync, dtype=float) / terms.fragments, step_s)
 
 
 def exposed_wan_per_step(terms: RuntimeTerms, t_sync, t_step, delay, fragments: int) -> np.ndarray:

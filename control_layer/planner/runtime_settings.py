@@ -32,12 +32,18 @@ def weakest_link(regions: set[str], snapshot: ResourceSnapshot | None) -> tuple[
 
 
 def settings_for(
-    spec: JobSpec, step_s: float, participants: int, bandwidth_bps: float | None, latency_s: float
+    spec: JobSpec,
+    step_s: float,
+    participants: int,
+    bandwidth_bps: float | None,
+    latency_s: float,
+    exchange_seconds: float | None = None,
 ) -> RuntimeSettings:
     """Checkpoint interval (the spec's, else the smallest whose writes take at most 2 % of the run)
     and the sync mode's overlap/fragments for a placement whose local step (without the exchange
     and checkpoint writes) is ``step_s`` and whose ``participants`` nodes sync over links no faster
-    than ``bandwidth_bps``."""
+    than ``bandwidth_bps``; ``exchange_seconds``, where the caller priced the exchange (the
+    estimator, with the calibrated goodput and per-call seconds), sets the overlap delay."""
     terms = runtime_terms(spec)
     steps = spec.training.steps
     every = int(checkpoint_every(terms, step_s))
@@ -49,6 +55,7 @@ def settings_for(
         step_s=step_s,
         bandwidth_bps=bandwidth_bps,
         latency_s=latency_s,
+        exchange_seconds=exchange_seconds,
     )
     return RuntimeSettings(
         checkpoint_every=every,

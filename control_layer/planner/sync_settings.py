@@ -65,19 +65,27 @@ def overlap_delay(
     latency_s,
     step_s,
 ) -> np.ndarray:
-    """Steps between sending a DiLoCo fragment and applying it: the fewest whole steps of
-    ``step_s`` its exchange takes, at most a round; half a round where the link (bandwidth ≤ 0)
-    or the step time is unknown. Vectorised over placements (every argument but the first two
-    may be an array); the one rule the search and the runtime settings both use. The fewest steps
-    is Streaming DiLoCo's small tau: the later an outer update lands, the more local progress it
-    was computed without (a round applied half a round late cost ~1 % held-out loss at H=20;
-    BENCHMARKS.md, "Sync quality")."""
+    """``exchange_delay`` for a fragment's ring exchange over links of ``bandwidth_bps`` (≤ 0:
+    unknown) and ``latency_s``, the link figures alone (no calibration)."""
     bw = np.asarray(bandwidth_bps, dtype=float)
+    t = exchange_s(fragment_bytes, n_regions, np.where(bw > 0, bw, 1.0), latency_s)
+    return exchange_delay(round_steps, np.where(bw > 0, t, np.inf), step_s)
+
+
+def exchange_delay(round_steps: int, exchange_seconds, step_s) -> np.ndarray:
+    """Steps between sending a DiLoCo fragment and applying it: the fewest whole steps of
+    ``step_s`` its exchange of ``exchange_seconds`` takes, at most a round; half a round where the
+    exchange (not finite) or the step time is unknown. Vectorised over placements; the one rule
+    the search and the runtime settings both use, from the exchange time they price (the link's
+    calibrated goodput and fixed seconds per call included, ``planner.estimate.sync_cost``). The
+    fewest steps is Streaming DiLoCo's small tau: the later an outer update lands, the more local
+    progress it was computed without (a round applied half a round late cost ~1 % held-out loss at
+    H=20; BENCHMARKS.md, "Sync quality")."""
+    t = np.asarray(exchange_seconds, dtype=float)
     step = np.asarray(step_s, dtype=float)
-    known = (bw > 0) & (step > 0) & np.isfinite(step)
-    t = exchange_s(fragment_bytes, n_regions, np.where(known, bw, 1.0), latency_s)
-    with np.errstate(over="ignore"):  # a vanishing step needs more than a round: capped below
-        need = np.maximum(1, np.ceil(t / np.where(known, step, 1.0) - 1e-9))
+    known = np.isfinite(t) & (t >= 0) & (step > 0) & np.isfinite(step)
+    with np.errstate(over="ignore", invalid="ignore"):  # a vanishing step needs more than a round
+        need = np.maximum(1, np.ceil(np.where(known, t, 0.0) / np.where(known, step, 1.0) - 1e-9))
     return np.where(known, np.minimum(round_steps, need), max(1, round_steps // 2)).astype(np.int64)
 
 
@@ -90,9 +98,12 @@ def sync_settings(
     step_s: float,
     bandwidth_bps: float | None,
     latency_s: float = 0.0,
+    exchange_seconds: float | None = None,
 ) -> SyncSettings:
     """Settings for a job whose ``n_regions`` regions exchange ``payload`` bytes per round, every
-    ``every`` steps of ``step_s`` seconds, over links of ``bandwidth_bps`` (None: unknown)."""
+    ``every`` steps of ``step_s`` seconds, over links of ``bandwidth_bps`` (None: unknown).
+    ``exchange_seconds``: one whole exchange as the estimate prices it (calibrated goodput and
+    per-call seconds); without it, the exchange over the links' figures alone."""
     if n_regions < 2:
         return SyncSettings(reason="one region: nothing crosses a WAN")
     if mode not in OVERLAPPED_MODES:
@@ -102,11 +113,15 @@ def sync_settings(
     fragments = diloco_fragments(every, payload)
     round_steps = every // fragments
     bw = bandwidth_bps if bandwidth_bps is not None else 0.0
-    delay = int(overlap_delay(round_steps, payload / fragments, n_regions, bw, latency_s, step_s))
-    if bw <= 0 or step_s <= 0 or not math.isfinite(step_s):
+    if exchange_seconds is not None:
+        t = exchange_seconds / fragments
+        delay = int(exchange_delay(round_steps, t, step_s))
+    else:
+        t = float(exchange_s(payload / fragments, n_regions, bw, latency_s)) if bw > 0 else math.inf
+        delay = int(overlap_delay(round_steps, payload / fragments, n_regions, bw, latency_s, step_s))
+    if not math.isfinite(t) or step_s <= 0 or not math.isfinite(step_s):
         why = "link or step time unknown: half a round"
     else:
-        t = exchange_s(payload / fragments, n_regions, bw, latency_s)
         ratio = t / step_s
         need = max(1, math.ceil(ratio - 1e-9)) if math.isfinite(ratio) else math.inf
         why = f"an exchange takes ~{t:.3g} s, {need} step(s) of {step_s:.3g} s"

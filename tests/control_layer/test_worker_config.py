@@ -225,6 +225,41 @@ def test_a_synchronous_job_resumes_every_region_at_one_step() -> None:
     assert {cfg["checkpoint"]["resume_at_most"] for cfg in fresh.values()} == {None}
 
 
+def test_a_task_on_a_node_without_its_checkpoint_fetches_the_newest_copy_it_may_resume_from() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0)])
+    option = option.model_copy(update={"sync": option.sync.model_copy(update={"mode": "sync"})})
+    spec = tiny_spec(sync={"mode": "sync", "every": 1}, training={"steps": 40, "global_batch_tokens": 64})
+
+    def records(us_step: int) -> dict:
+        return {
+            # eu-west's own node is gone; copies of steps 10 and 20 live on two other nodes
+            "eu-west": {
+                "step": 20,
+                "node_id": "copy-b",
+                "holders": [{"step": 10, "node_id": n["eu2"].id}, {"step": 20, "node_id": "copy-b"}],
+            },
+            "us-east": {
+                "step": us_step,
+                "node_id": n["us"].id,
+                "holders": [{"step": us_step, "node_id": n["us"].id}],
+            },
+        }
+
+    configs = build_worker_configs("job", spec, option, _slots(option, c), checkpoints=records(20))
+    fetch = {cfg["region"]: cfg["checkpoint"]["fetch"] for cfg in configs.values()}
+    assert fetch == {"eu-west": {"step": 20, "source_node_id": "copy-b"}, "us-east": None}
+    # Lockstep: a region that only checkpointed step 10 caps everyone at 10, so the copy of 10.
+    configs = build_worker_configs("job", spec, option, _slots(option, c), checkpoints=records(10))
+    fetch = {cfg["region"]: cfg["checkpoint"]["fetch"] for cfg in configs.values()}
+    assert fetch == {"eu-west": {"step": 10, "source_node_id": n["eu2"].id}, "us-east": None}
+    # Placed on the node that holds the newest copy: nothing to fetch, it resumes from its own dir.
+    on_copy = hand_option([(c["eu"], n["eu2"], 0), (c["us"], n["us"], 0)])
+    on_copy = on_copy.model_copy(update={"sync": on_copy.sync.model_copy(update={"mode": "sync"})})
+    configs = build_worker_configs("job", spec, on_copy, _slots(on_copy, c), checkpoints=records(10))
+    assert {cfg["checkpoint"]["fetch"] is None for cfg in configs.values()} == {True}
+
+
 def test_dense_modes_get_the_planners_ring_order_in_participant_names() -> None:
     c, n = _fleet()
     option = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0), (c["ap"], n["ap"], 0)])

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from orchestration.db.models import TaskMetric
+from orchestration.db.models import Event, TaskMetric
 from service_layer.cli.local_fleet import LocalAgent, kill_agent, stop_agents
 from tests.integration.test_end_to_end import (  # noqa: F401 - control_plane is a fixture
     TERMINAL,
@@ -145,5 +145,63 @@ def test_an_elastic_job_replaces_only_the_lost_region(control_plane: Any, tmp_pa
         # It trained on from there (further still when the survivor had moved on while it started:
         # its first exchange takes the survivor's step with its state), never from step 0.
         assert first_step is not None and first_step > joined_at, (first_step, joined_at)
+    finally:
+        stop_agents(procs)
+
+
+def job_events(handle: Any, job_id: str, kind: str) -> list[dict[str, Any]]:
+    with handle.ctx.session_factory() as session:
+        rows = session.scalars(
+            select(Event).where(Event.job_id == job_id, Event.kind == kind).order_by(Event.id)
+        )
+        return [dict(r.payload or {}) for r in rows]
+
+
+def test_a_task_whose_node_died_resumes_from_a_copy_on_another_node_of_its_region(
+    control_plane: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A sync job on eu-west's cheaper node and us-east; eu-west's dearer node serves nobody but
+    (far dearer) receives a copy of every checkpoint. kill -9 of the eu-west node: the job is re-placed on the
+    dearer node, which resumes from the copy (its own directory), not from the peers' model."""
+    handle, client = control_plane
+    specs = [
+        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU", measure_profile=False),
+        LocalAgent("us-east", "virginia-1", "atlas", 1.5, "US", measure_profile=False),
+        LocalAgent("eu-west", "paris-2", "lumen", 40.0, "EU", measure_profile=False),
+    ]
+    procs = launch(handle, client, specs, tmp_path)
+    spec = job_spec(400) | {"sync": {"mode": "sync", "every": 1}}
+    spec["training"] = spec["training"] | {"checkpoint_every": EVERY}
+    try:
+        job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
+        running = wait_checkpoint(client, job["id"], 2 * EVERY, timeout_s=200)
+        assert {t["region"] for t in running["tasks"]} == {"eu-west", "us-east"}
+        west = next(t for t in running["tasks"] if t["region"] == "eu-west")
+        # Copies of eu-west's checkpoints land on the other eu-west node, in the background.
+        deadline = time.monotonic() + 60
+        while not (copied := job_events(handle, job["id"], "job.checkpoint_copied")):
+            assert time.monotonic() < deadline, "no checkpoint copy within 60 s"
+            time.sleep(0.2)
+        standby = copied[0]["node_id"]
+        assert standby != west["node_id"] and copied[0]["source_node_id"] == west["node_id"]
+        assert copied[0]["participant"] == "eu-west" and copied[0]["bytes"] > 0
+        (copy_dir,) = tmp_path.glob(f"agent-eu-west-paris-2/checkpoints/{job['id']}/eu-west")
+        assert any(copy_dir.glob("step_*/COMPLETE")) and not any(copy_dir.glob("*.partial"))
+        time.sleep(max(0.0, handle.settings.reaper_grace_s - (time.monotonic() - handle.started_at)))
+        kill_agent(procs[0])  # eu-west's node dies with its workers and its checkpoints
+        copied_at_kill = max(c["step"] for c in job_events(handle, job["id"], "job.checkpoint_copied"))
+
+        done = wait_job(client, job["id"], TERMINAL, timeout_s=300)
+        assert done["status"] == "succeeded", done["reason"]
+        assert done["attempt"] > running["attempt"]
+        final = {t["region"]: t for t in done["tasks"]}
+        assert final["eu-west"]["node_id"] == standby
+        per_task = done["result"]["per_task"]
+        resumed = per_task[final["eu-west"]["id"]]["resumed_from"]
+        assert resumed is not None and resumed >= copied_at_kill >= 2 * EVERY, (resumed, copied_at_kill)
+        # From the checkpoint in its own directory (the copy), not from the peers' model.
+        (log,) = tmp_path.glob(f"agent-eu-west-paris-2/assignments/{final['eu-west']['id']}/worker.log")
+        assert f"resumed from step {resumed} (checkpoint)" in log.read_text(), log.read_text()[-2000:]
     finally:
         stop_agents(procs)

@@ -73,7 +73,7 @@ def launch(handle: ServerHandle, client: httpx.Client, specs: list[LocalAgent], 
     tokens = enroll(client, specs, note="e2e")
     procs = start_agents(specs, handle.grpc_target, tokens, workdir, first_port=31000)
     wait_for_clusters(client, len(specs))  # the agents measure the reference worker step first
-    regions = [s.region for s in specs]
+    regions = list(dict.fromkeys(s.region for s in specs))  # a region may have several nodes
     for i, a in enumerate(regions):  # links as a provider declares them
         for b in regions[i + 1 :]:
             link = {"src": a, "dst": b, "bandwidth_gbps": 1.0, "latency_ms": 40.0}

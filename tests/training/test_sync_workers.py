@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.sync_launch import region_configs, start_region
+from tests.training.sync_launch import region_configs, run_regions, start_region
 
 REGIONS = ["eu-west", "sa-east", "us-east"]
 
@@ -50,3 +50,28 @@ def test_killed_region_is_dropped_then_rejoins(tmp_path: Path) -> None:
     assert any(e.startswith("rejoin sa-east") for e in events), events
     res = back.result()
     assert res is not None and res["steps"] == 1500, back.output()[-3000:]
+
+
+def test_overlapped_diloco_workers_adapt_the_delay_alike(tmp_path: Path) -> None:
+    # 40 ms a hop: a ring round (4 hops) takes many more steps of this tiny model than the one
+    # step given, so from the second round the delay grows, by the same figures on every region.
+    base = {
+        "job_id": "adapt",
+        "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab": 16, "seq_len": 16},
+        "data": {"kind": "synthetic-markov", "seed": 1},
+        "training": {"steps": 80, "local_batch": 4, "lr": 3e-3, "warmup": 5, "seed": 7},
+    }
+    links = {f"{a}|{b}": {"latency_ms": 40} for a in REGIONS for b in REGIONS if a < b}
+    sync = {"mode": "diloco", "every": 20, "overlap": True, "overlap_steps": 1, "links": links}
+    procs = run_regions(region_configs(base, REGIONS, sync | {"compression": "int8"}, tmp_path), tmp_path)
+    delays = {}
+    for r, p in procs.items():
+        res = p.result()
+        assert res is not None and res["steps"] == 80, p.output()[-3000:]
+        assert res["overlap_steps"] == max(m["sync"]["overlap_steps"] for m in p.metrics() if "sync" in m)
+        delays[r] = {
+            m["step"]: m["sync"]["overlap_steps"] for m in p.metrics() if "overlap_steps" in m.get("sync", {})
+        }
+    first = delays[REGIONS[0]]
+    assert all(d == first for d in delays.values()), delays  # the same delay at every step, everywhere
+    assert first[20] == 1 and 2 <= first[80] <= 19, first  # grown from the planner's, within a round

@@ -78,6 +78,7 @@ class SyncEngine:
         total_steps: int,
         weight: float = 1.0,
         theta0: Tensor | None = None,
+        adaptive_overlap: bool = False,
     ) -> None:
         if cfg.mode not in STRATEGIES:
             raise InvalidArgument(
@@ -102,6 +103,8 @@ class SyncEngine:
             self.node = RegionNode(cfg, region, regions)
             self.strategy = STRATEGIES[cfg.mode](self.node, cfg, weight, total_steps)
             self.node.strategy = self.strategy
+            if isinstance(self.strategy, AnchoredSync):
+                self.strategy.adaptive = adaptive_overlap and cfg.overlap
             self.node.start()
 
     @property
@@ -112,6 +115,13 @@ class SyncEngine:
     # ------------------------------------------------------------ hook
 
     def should_sync(self, step: int) -> bool:
+        # An adaptive overlap moves a round's landing off the fixed schedule; only the leader
+        # knows it, so the engine adapts only where the leader is the region's one process.
+        # The fixed schedule's landing step is then no event of its own (it would only add a step
+        # that exchanges nothing to the run's exchange totals).
+        s = self.strategy
+        if isinstance(s, AnchoredSync) and s.adaptive:
+            return s.due(step) or anchored_event(step, self.cfg.round_steps, 0, self.total_steps)
         return is_event(self.cfg, step, self.total_steps)
 
     def syncs_gradients(self, step: int) -> bool:
@@ -244,6 +254,8 @@ class SyncEngine:
             "overlapped_s": max(0.0, comm - blocked_comm),
             "alive": [p for p in self.node.peers if self.node.is_alive(p)],
         }
+        if isinstance(self.strategy, AnchoredSync) and self.cfg.overlap:
+            out["overlap_steps"] = self.strategy.delay  # the delay now (it adapts on one-process regions)
         if lat:
             out["latency_s"] = comm / len(lat)
             out["exchanges"] = len(lat)
@@ -315,4 +327,5 @@ def create_sync(cfg: WorkerConfig, ctx: SyncContext) -> SyncEngine:
         total_steps=cfg.training.steps,
         weight=weight,
         theta0=theta0,
+        adaptive_overlap=ctx.world_size == 1,
     )

@@ -101,10 +101,16 @@ def frames(
             yield _paced(sync_pb2.Frame(chunk=chunk), src, dst, shaper, stats)
 
 
+def wire_bytes(message: object) -> int:
+    """Bytes a protobuf message takes on a gRPC stream: its serialization and the length prefix.
+    Every message of the sync service is counted this way, the unary calls and acks included."""
+    return message.ByteSize() + _GRPC_PREFIX  # type: ignore[attr-defined]
+
+
 def _paced(
     frame: sync_pb2.Frame, src: str, dst: str, shaper: LinkShaper, stats: TransferStats
 ) -> sync_pb2.Frame:
-    n = frame.ByteSize() + _GRPC_PREFIX
+    n = wire_bytes(frame)
     shaper.pace(src, dst, n)
     stats.add_sent(dst, n)
     return frame
@@ -121,7 +127,7 @@ class Assembler:
         codecs: list = []
         sent_at = 0.0
         for frame in it:
-            n = frame.ByteSize() + _GRPC_PREFIX
+            n = wire_bytes(frame)
             kind = frame.WhichOneof("kind")
             if msg is None:
                 if kind != "header":
@@ -206,9 +212,11 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
         try:
             msg = self._assembler().run(request_iterator, self._check_sender)
             r = self.h.handle_push(msg)
-            return sync_pb2.PushAck(
+            ack = sync_pb2.PushAck(
                 receiver=self.h.region, accepted=r.accepted, reason=r.reason, progress=r.progress
             )
+            self.stats.add_sent(msg.meta.sender, wire_bytes(ack))
+            return ack
         except CpnError as e:
             _abort(context, e)
 
@@ -223,6 +231,7 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
     def Pull(self, request, context):  # noqa: N802, ANN001, ANN201
         try:
             self._check_sender(request.requester)
+            self.stats.add_recv(request.requester, wire_bytes(request))
             if not request.what:
                 raise InvalidArgument("pull: 'what' is required", field="what")
             reply = self.h.handle_pull(request.requester, request.what, request.min_round)
@@ -233,10 +242,11 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
     def Hello(self, request, context):  # noqa: N802, ANN001, ANN201
         try:
             self._check_sender(request.sender)
+            self.stats.add_recv(request.sender, wire_bytes(request))
             s = self.h.handle_hello(request)
         except CpnError as e:
             _abort(context, e)
-        return sync_pb2.HelloResponse(
+        reply = sync_pb2.HelloResponse(
             responder=s.region,
             ready=s.ready,
             progress=s.progress,
@@ -246,14 +256,19 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
             accepted=s.accepted,
             include_from=s.include_from,
         )
+        self.stats.add_sent(request.sender, wire_bytes(reply))
+        return reply
 
     def Leave(self, request, context):  # noqa: N802, ANN001, ANN201
         try:
             self._check_sender(request.sender)
+            self.stats.add_recv(request.sender, wire_bytes(request))
             self.h.handle_leave(request.sender)
         except CpnError as e:
             _abort(context, e)
-        return sync_pb2.LeaveResponse()
+        reply = sync_pb2.LeaveResponse()
+        self.stats.add_sent(request.sender, wire_bytes(reply))
+        return reply
 
 
 _STATUS = (
@@ -374,6 +389,7 @@ class PeerClient:
         ack = self._call(
             self.stub.Push, frames(msg, self.src, self.dst, self.shaper, self.stats), timeout=timeout
         )
+        self.stats.add_recv(self.dst, wire_bytes(ack))
         self.shaper.propagate(self.dst, self.src)  # the ack's way back
         return PushResult(ack.accepted, ack.reason, ack.progress)
 
@@ -390,6 +406,7 @@ class PeerClient:
         def run() -> InMessage:
             self.shaper.propagate(self.src, self.dst)
             req = sync_pb2.PullRequest(requester=self.src, what=what, min_round=min_round)
+            self.stats.add_sent(self.dst, wire_bytes(req))
             return Assembler(self.src, self.stats, self.shaper).run(self.stub.Pull(req, timeout=timeout))
 
         return self._call(lambda timeout: run(), timeout=timeout)
@@ -400,10 +417,15 @@ class PeerClient:
             r = self.stub.Hello(req, timeout=timeout, wait_for_ready=wait_for_ready)
         except grpc.RpcError as e:
             raise PeerError(self.dst, e.code().name, e.details() or "") from None
+        self.stats.add_sent(self.dst, wire_bytes(req))  # counted once the call went through
+        self.stats.add_recv(self.dst, wire_bytes(r))
         self.shaper.propagate(self.dst, self.src)
         return PeerStatus(
             r.responder, r.ready, r.progress, r.completed, r.step, r.mode, r.accepted, r.include_from
         )
 
     def leave(self, reason: str, timeout: float) -> None:
-        self._call(self.stub.Leave, sync_pb2.LeaveRequest(sender=self.src, reason=reason), timeout=timeout)
+        req = sync_pb2.LeaveRequest(sender=self.src, reason=reason)
+        reply = self._call(self.stub.Leave, req, timeout=timeout)
+        self.stats.add_sent(self.dst, wire_bytes(req))
+        self.stats.add_recv(self.dst, wire_bytes(reply))

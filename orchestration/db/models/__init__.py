@@ -3,7 +3,7 @@
 from orchestration.db.models.audit import AuditEvent
 from orchestration.db.models.calibration import CalibrationChange, CalibrationFactor
 from orchestration.db.models.events import Event
-from orchestration.db.models.jobs import Allocation, Job, Quote, Task, TaskMetric
+from orchestration.db.models.jobs import Allocation, CheckpointCopy, Job, Quote, Task, TaskMetric
 from orchestration.db.models.leadership import LeaderLease
 from orchestration.db.models.ledger import LedgerEntry
 from orchestration.db.models.resources import (
@@ -25,6 +25,7 @@ __all__ = [
     "ApiKey",
     "AuditEvent",
     "CalibrationChange",
+    "CheckpointCopy",
     "CalibrationFactor",
     "Cluster",
     "EnrollmentToken",

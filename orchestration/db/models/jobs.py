@@ -129,3 +129,27 @@ class TaskMetric(Base):
     # Gossip: the regions' spread at the latest check (None: not a gossip job, or no check yet).
     gossip_spread: Mapped[float | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class CheckpointCopy(Base):
+    """A complete checkpoint of one of a job's participants, copied to another node of its region
+    (ordered after the task completed it, or fetched before a re-placed task launched). An ``ok``
+    row says ``node_id`` holds ``dir``/step under its work dir; pending rows are orders in flight."""
+
+    __tablename__ = "checkpoint_copies"
+    __table_args__ = (Index("ix_checkpoint_copies_job_participant", "job_id", "participant", "step"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)  # the transfer id
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"))
+    participant: Mapped[str] = mapped_column(String(200))
+    dir: Mapped[str] = mapped_column(String(400))
+    step: Mapped[int]
+    source_node_id: Mapped[str] = mapped_column(String(32))
+    node_id: Mapped[str] = mapped_column(String(32), index=True)  # the node receiving the copy
+    purpose: Mapped[str] = mapped_column(String(16), default="copy")  # copy | fetch (before a launch)
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # pending | ok | failed
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    duration_s: Mapped[float | None] = mapped_column(default=None)
+    error: Mapped[str] = mapped_column(String(500), default="")
+    requested_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -269,7 +269,8 @@ def test_nodes_of_two_clusters_ring_over_the_local_link() -> None:
 
 def test_the_ring_over_regions_counts_every_node() -> None:
     """Three nodes in eu's cluster f and one in us: four participants on one ring; the WAN link
-    is the slowest hop, the leaders' per-parameter work is paid once, and each region's egress is one participant's 2(P-1)/P of the payload."""
+    is the slowest hop, the leaders' per-parameter work is paid once, and each region's egress is
+    one participant's 2(P-1)/P of the payload."""
     spec = _spec()
     snap = _fabric_snap()
     tasks = _tasks([("f", "f0", 0), ("f", "f1", 0), ("f", "f2", 0), ("h", "h0", 0)])

@@ -6,12 +6,17 @@ average their pseudo-gradients (anchor - local params, compressed with error fee
 round assigns the new anchor to the parameters, so the regions hold bit-identical replicas after
 it. With ``overlap`` a round's exchange runs in the background and is applied ``delay`` steps
 later, keeping the local progress made meanwhile (params = new anchor + progress since the
-snapshot); with ``fragments`` the parameters are split and each fragment syncs on its own
-staggered schedule (Streaming DiLoCo). The last step always ends with a blocking round.
+snapshot). With ``adaptive`` the delay follows the exchanges as they run (``adaptive_delay``):
+each region's contribution to a round carries how many of its steps its previous overlapped
+exchange took, and once a round's result is in, every region sets that round's delay (and the
+floor of the next) from the same figures, so all apply it at the same step. With ``fragments``
+the parameters are split and each fragment syncs on its own staggered schedule (Streaming
+DiLoCo). The last step always ends with a blocking round.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -39,9 +44,26 @@ class _Round:
     index: int
     fragment: int
     snapshot: Tensor
-    apply_step: int
+    open_step: int
+    wait_step: int  # by this step the result must be in (a region without it waits for it)
+    apply_step: int | None  # None until the result says when (adaptive delay)
     blocking: bool  # applied at once: the new anchor is assigned
     future: Any
+    opened_at: float = 0.0
+    result: _Result | None = None
+
+
+TAG_SEP = "~"  # a contribution's fingerprint tag: "<anchor fingerprint>~<steps its last exchange took>"
+
+
+def adaptive_delay(current: int, needs: dict[str, int], round_steps: int) -> int:
+    """A round's delay in steps from the shared figures: the most steps any region's previous
+    overlapped exchange took, never below ``current`` (the delay every region waited at this
+    round, at first the planner's), never beyond the round's last step. Pure and the same on
+    every region given the same figures, so the regions apply the round at the same step; never
+    decreasing, so the step at which a region waits for a result is never past its apply step."""
+    cap = max(current, round_steps - 1)
+    return int(min(cap, max([current, *needs.values()])))
 
 
 class AnchoredSync(Strategy):
@@ -53,6 +75,9 @@ class AnchoredSync(Strategy):
         c = self.cfg
         self.lr, self.mu = c.effective_outer_lr, c.effective_outer_momentum
         self.round_steps, self.delay = c.round_steps, c.delay_steps
+        self.adaptive = False  # set by the engine where every rank of the region can follow it
+        self.last_need = 0  # steps this region's last overlapped exchange took (0: none yet)
+        self.landed: dict[int, int] = {}  # round -> step it was applied at
         self.anchor: Tensor | None = None
         self.slices: list[slice] = []
         self.momentum: list[Tensor | None] = [None] * c.fragments
@@ -83,7 +108,15 @@ class AnchoredSync(Strategy):
         self.step = step
         final = step == self.total_steps
         changed = False
-        while self.inflight and (self.inflight[0].apply_step <= step or final):
+        while self.inflight:
+            rnd = self.inflight[0]
+            if not final and step < rnd.wait_step:
+                break
+            self._land(rnd, step)
+            assert rnd.apply_step is not None
+            if not final and step < rnd.apply_step:
+                break
+            self.landed[rnd.index] = step
             flat = self._apply(self.inflight.popleft(), flat)
             changed = True
         if final:  # end on one model: every fragment syncs once more, blocking
@@ -108,9 +141,40 @@ class AnchoredSync(Strategy):
         sl = self.slices[f]
         snap = flat[sl].clone()
         fp = fingerprint(self.anchor[sl])
+        if self.adaptive:
+            fp = f"{fp}{TAG_SEP}{self.last_need}"
         self.opened += 1
+        opened_at = time.monotonic()
         fut = self.node.pool.submit(self._exchange, r, f, self.anchor[sl] - snap, fp, step)
-        return _Round(r, f, snap, step if blocking else step + self.delay, blocking, fut)
+        wait = step if blocking else step + self.delay
+        known = None if self.adaptive and not blocking else wait
+        return _Round(r, f, snap, step, wait, known, blocking, fut, opened_at)
+
+    def due(self, step: int) -> bool:
+        """Whether an in-flight round waits or lands at ``step`` (beyond the fixed schedule)."""
+        return any(step in (r.wait_step, r.apply_step) for r in self.inflight)
+
+    def _land(self, rnd: _Round, step: int) -> None:
+        """Take the round's result (waiting for it if it is not in yet); with an adaptive delay,
+        measure how many steps this region's exchange took and decide when the round applies."""
+        if rnd.result is not None:
+            return
+        t0 = time.monotonic()
+        res: _Result = rnd.future.result()
+        self.blocked_on_comm += time.monotonic() - t0
+        rnd.result = res
+        tags = {k: v.partition(TAG_SEP) for k, v in res.fingerprints.items()}
+        res.fingerprints = {k: t[0] for k, t in tags.items()}
+        if rnd.blocking or not self.adaptive:
+            return
+        if step > rnd.open_step:  # the steps ran from the opening to now, before any wait
+            step_s = (t0 - rnd.opened_at) / (step - rnd.open_step)
+            if step_s > 0:
+                need = math.ceil(res.latency / step_s - 1e-9)
+                self.last_need = int(min(max(1, need), max(1, self.round_steps - 1)))
+        needs = {k: int(t[2]) for k, t in tags.items() if t[2].isdigit()}
+        self.delay = adaptive_delay(self.delay, needs, self.round_steps)
+        rnd.apply_step = rnd.open_step + self.delay
 
     def _exchange(self, r: int, f: int, delta: Tensor, fp: str, step: int) -> _Result:
         t0 = time.monotonic()
@@ -123,9 +187,9 @@ class AnchoredSync(Strategy):
 
     def _apply(self, rnd: _Round, flat: Tensor) -> Tensor:
         assert self.anchor is not None
-        t0 = time.monotonic()
-        res: _Result = rnd.future.result()
-        self.blocked_on_comm += time.monotonic() - t0
+        self._land(rnd, rnd.open_step)
+        res = rnd.result
+        assert res is not None
         sl = self.slices[rnd.fragment]
         new_anchor, mom = outer_step(
             self.anchor[sl], res.avg, self.momentum[rnd.fragment], self.lr, self.mu, self.cfg.nesterov

@@ -127,7 +127,7 @@ class RegisterResponse(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cluster_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., probe_key: _Optional[str] = ..., node_certificate_pem: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log", "probe_result")
+    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log", "probe_result", "checkpoint_copy_result")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class AgentMessage(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
     PROBE_RESULT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_COPY_RESULT_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     inventory: Inventory
@@ -142,7 +143,8 @@ class AgentMessage(_message.Message):
     metrics: TaskMetrics
     log: TaskLog
     probe_result: LinkProbeResult
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ..., probe_result: _Optional[_Union[LinkProbeResult, _Mapping]] = ...) -> None: ...
+    checkpoint_copy_result: CheckpointCopyResult
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ..., probe_result: _Optional[_Union[LinkProbeResult, _Mapping]] = ..., checkpoint_copy_result: _Optional[_Union[CheckpointCopyResult, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_id", "node_token", "running_assignments")
@@ -237,18 +239,20 @@ class TaskLog(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., stream: _Optional[str] = ..., line: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("assignment", "cancel", "drain", "ack", "probe")
+    __slots__ = ("assignment", "cancel", "drain", "ack", "probe", "checkpoint_copy")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_COPY_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     cancel: Cancel
     drain: Drain
     ack: Ack
     probe: LinkProbeOrder
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., probe: _Optional[_Union[LinkProbeOrder, _Mapping]] = ...) -> None: ...
+    checkpoint_copy: CheckpointCopyOrder
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., probe: _Optional[_Union[LinkProbeOrder, _Mapping]] = ..., checkpoint_copy: _Optional[_Union[CheckpointCopyOrder, _Mapping]] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("assignment_id", "job_id", "attempt", "device_indices", "nproc", "worker_config_json")
@@ -355,3 +359,73 @@ class LinkProbeResult(_message.Message):
     duration_s: float
     error: str
     def __init__(self, probe_id: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bulk_bytes: _Optional[int] = ..., bulk_s: _Optional[float] = ..., duration_s: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+
+class CheckpointTicket(_message.Message):
+    __slots__ = ("transfer_id", "source_node_id", "dir", "step", "max_bytes", "expires_at", "mac")
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    DIR_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    source_node_id: str
+    dir: str
+    step: int
+    max_bytes: int
+    expires_at: float
+    mac: str
+    def __init__(self, transfer_id: _Optional[str] = ..., source_node_id: _Optional[str] = ..., dir: _Optional[str] = ..., step: _Optional[int] = ..., max_bytes: _Optional[int] = ..., expires_at: _Optional[float] = ..., mac: _Optional[str] = ...) -> None: ...
+
+class CheckpointFetchRequest(_message.Message):
+    __slots__ = ("ticket",)
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    ticket: CheckpointTicket
+    def __init__(self, ticket: _Optional[_Union[CheckpointTicket, _Mapping]] = ...) -> None: ...
+
+class CheckpointFile(_message.Message):
+    __slots__ = ("path", "size", "sha256")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    sha256: str
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
+class CheckpointChunk(_message.Message):
+    __slots__ = ("manifest", "file", "data")
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    manifest: _containers.RepeatedCompositeFieldContainer[CheckpointFile]
+    file: int
+    data: bytes
+    def __init__(self, manifest: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ..., file: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class CheckpointCopyOrder(_message.Message):
+    __slots__ = ("ticket", "source_host", "source_port", "job_id")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_HOST_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_PORT_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ticket: CheckpointTicket
+    source_host: str
+    source_port: int
+    job_id: str
+    def __init__(self, ticket: _Optional[_Union[CheckpointTicket, _Mapping]] = ..., source_host: _Optional[str] = ..., source_port: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class CheckpointCopyResult(_message.Message):
+    __slots__ = ("transfer_id", "bytes", "duration_s", "error", "assignment_id")
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: str
+    bytes: int
+    duration_s: float
+    error: str
+    assignment_id: str
+    def __init__(self, transfer_id: _Optional[str] = ..., bytes: _Optional[int] = ..., duration_s: _Optional[float] = ..., error: _Optional[str] = ..., assignment_id: _Optional[str] = ...) -> None: ...

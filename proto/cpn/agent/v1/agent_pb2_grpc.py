@@ -274,3 +274,94 @@ class LinkProbeService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class CheckpointServiceStub:
+    """-- Checkpoint copies: a task's complete checkpoint kept on another node of its region. ---------
+
+    Served next to LinkProbeService (same port). The node holding a checkpoint streams it to a node
+    of its region that presents a ticket the control plane signed with the holder's probe_key.
+    UNAUTHENTICATED on a bad, expired or replayed ticket; NOT_FOUND when the checkpoint is not
+    (or no longer) here; INVALID_ARGUMENT past the ticket's bounds.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Fetch = channel.unary_stream(
+                '/cpn.agent.v1.CheckpointService/Fetch',
+                request_serializer=proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.CheckpointFetchRequest.SerializeToString,
+                response_deserializer=proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.CheckpointChunk.FromString,
+                _registered_method=True)
+
+
+class CheckpointServiceServicer:
+    """-- Checkpoint copies: a task's complete checkpoint kept on another node of its region. ---------
+
+    Served next to LinkProbeService (same port). The node holding a checkpoint streams it to a node
+    of its region that presents a ticket the control plane signed with the holder's probe_key.
+    UNAUTHENTICATED on a bad, expired or replayed ticket; NOT_FOUND when the checkpoint is not
+    (or no longer) here; INVALID_ARGUMENT past the ticket's bounds.
+    """
+
+    def Fetch(self, request, context):
+        """The first message carries the manifest (every file with its size and SHA-256), then the data.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_CheckpointServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Fetch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.CheckpointFetchRequest.FromString,
+                    response_serializer=proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.CheckpointChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'cpn.agent.v1.CheckpointService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('cpn.agent.v1.CheckpointService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class CheckpointService:
+    """-- Checkpoint copies: a task's complete checkpoint kept on another node of its region. ---------
+
+    Served next to LinkProbeService (same port). The node holding a checkpoint streams it to a node
+    of its region that presents a ticket the control plane signed with the holder's probe_key.
+    UNAUTHENTICATED on a bad, expired or replayed ticket; NOT_FOUND when the checkpoint is not
+    (or no longer) here; INVALID_ARGUMENT past the ticket's bounds.
+    """
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/cpn.agent.v1.CheckpointService/Fetch',
+            proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.CheckpointFetchRequest.SerializeToString,
+            proto_dot_cpn_dot_agent_dot_v1_dot_agent__pb2.CheckpointChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
