@@ -75,3 +75,32 @@ def test_overlapped_diloco_workers_adapt_the_delay_alike(tmp_path: Path) -> None
     first = delays[REGIONS[0]]
     assert all(d == first for d in delays.values()), delays  # the same delay at every step, everywhere
     assert first[20] == 1 and 2 <= first[80] <= 19, first  # grown from the planner's, within a round
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_regions", [2, 3])
+def test_gossip_run_ending_on_a_round_start_finishes(tmp_path: Path, n_regions: int) -> None:
+    # Real worker processes, two ranks per region; the last step (20) is also a round start (H=5),
+    # so the final mean follows a round's exchanges that may still be in flight. Every region ends
+    # at step 20 well within the start-up timeout, on a final exchange of seconds, not minutes.
+    regions = REGIONS[:n_regions]
+    base = {
+        "job_id": "gossip-end",
+        "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab": 16, "seq_len": 16},
+        "data": {"kind": "synthetic-markov", "seed": 1},
+        "training": {"steps": 20, "local_batch": 4, "lr": 3e-3, "warmup": 2, "seed": 7},
+    }
+    sync = {"mode": "gossip", "every": 5, "timeout_s": 5, "startup_timeout_s": 60}
+    cfgs = region_configs(base, regions, sync, tmp_path, nproc=dict.fromkeys(regions, 2))
+    procs = {r: start_region(c, tmp_path, nproc=2) for r, c in cfgs.items()}
+    try:
+        for p in procs.values():
+            p.wait(90)
+    finally:
+        for p in procs.values():
+            p.kill()
+    for r, p in procs.items():
+        res, metrics = p.result(), p.metrics()
+        assert res is not None and res["steps"] == 20, p.output()[-3000:]
+        last = [m for m in metrics if m["step"] == 20]
+        assert last and last[0]["sync_s"] < 20, (r, last)

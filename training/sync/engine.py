@@ -222,11 +222,14 @@ class SyncEngine:
             repair = None
             if src is not None:
                 try:
-                    flat = s.adopt(
-                        node.client(src).pull("state", min_round, timeout=self.cfg.timeout_s), flat
-                    )
+                    state = node.client(src).pull("state", min_round, timeout=self.cfg.timeout_s)
+                    flat = s.adopt(state, flat)
+                    # The step of the state taken (its round counter is as of then), not the step
+                    # the peer reported earlier: it may have opened another round in between.
                     peer = late.get(src) or statuses.get(src)
-                    self.caught_up_step = max(self.caught_up_step, peer.step if peer else 0)
+                    self.caught_up_step = max(
+                        self.caught_up_step, state.meta.step or (peer.step if peer else 0)
+                    )
                 except PeerError as e:
                     node.mark_dead(src, f"catch-up failed: {e.status}")
             opened, _ = s.progress()

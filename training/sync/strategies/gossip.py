@@ -12,6 +12,11 @@ their spread (the largest distance of a region's parameters from the regions' me
 of coordinates every region draws alike) and, when it is above ``gossip_max_spread``, replace their
 parameters by the exact mean. The last step always ends with the exact mean, so the job's result is
 one model. Checks and the final mean are barriers, bounded by the timeouts like any exchange.
+
+The final mean has streams of its own, keyed by nothing a region counts: every region meets there at
+its last step whatever its round counter says. (A region that took a peer's state at its join holds
+that peer's counter from the moment of the pull; keyed by the counter, one round apart, the regions
+would each wait for a contribution the others send under another key until the start-up timeout.)
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from training.compression.codecs import get_codec
 from training.sync.algorithms.gossip import pairwise_correction, peers_for_round, push_sum_combine
 from training.sync.algorithms.schedule import is_start
 from training.sync.collective import DenseReducer
-from training.sync.messages import InMessage, OutMessage, PushResult
+from training.sync.messages import InMessage, Meta, OutMessage, PushResult
 from training.sync.strategies.base import Strategy
 from training.sync.transport import PeerError
 
@@ -51,14 +56,21 @@ class GossipSync(Strategy):
         self.averager = DenseReducer(self.node, "gavg", fp32, c.chunk_bytes, False, c.ring_order)
         self.checker = DenseReducer(self.node, "gcheck", fp32, c.chunk_bytes, False, c.ring_order)
         self.exact = DenseReducer(self.node, "gexact", fp32, c.chunk_bytes, False, c.ring_order)
+        self.end_avg = DenseReducer(self.node, "gfinal", fp32, c.chunk_bytes, False, c.ring_order)
+        self.end_check = DenseReducer(self.node, "gfinalck", fp32, c.chunk_bytes, False, c.ring_order)
+        self.public_step = 0  # the step ``public`` and ``rounds`` are as of (what a pull reports)
         self.spread: float | None = None  # at the last check, since the last metrics call
 
     SAMPLE = 65_536  # coordinates a periodic check compares
 
-    def _deviations(self, r: int, step: int, x: Tensor, mine: Tensor, timeout: float) -> float:
+    END_ROUND = 2**62  # the final mean's streams carry one round, after any a peer is included from
+
+    def _deviations(
+        self, checker: DenseReducer, r: int, step: int, x: Tensor, mine: Tensor, timeout: float
+    ) -> float:
         """Every region's max distance from the mean (over ``x``'s coordinates), the largest."""
         dev = float((mine - x).abs().max()) if x.numel() else 0.0
-        res = self.checker.reduce(r, torch.zeros(1), self.weight, repr(dev), step, timeout)
+        res = checker.reduce(r, torch.zeros(1), self.weight, repr(dev), step, timeout)
         return max(float(v) for v in res.fingerprints.values())
 
     def _check(self, r: int, step: int, flat: Tensor, final: bool) -> Tensor:
@@ -70,8 +82,11 @@ class GossipSync(Strategy):
             gen = torch.Generator().manual_seed(r)
             idx = torch.randperm(flat.numel(), generator=gen)[: self.SAMPLE]
         sample = flat if idx is None else flat[idx]
-        mean = self.averager.reduce(r, sample, self.weight, "", step, timeout).avg
-        self.spread = self._deviations(r, step, mean, sample, timeout)
+        if final:
+            r = self.END_ROUND
+        averager, checker = (self.end_avg, self.end_check) if final else (self.averager, self.checker)
+        mean = averager.reduce(r, sample, self.weight, "", step, timeout).avg
+        self.spread = self._deviations(checker, r, step, mean, sample, timeout)
         bound = self.cfg.gossip_max_spread
         if final:
             return mean  # the same bits in every region: the job's one model
@@ -105,6 +120,7 @@ class GossipSync(Strategy):
             flat = self._check(r, step, flat, final)
         with self.lock:
             self.public = flat.clone()
+            self.public_step = step
             self.rounds += 1
             self.lock.notify_all()
         if not final:
@@ -181,7 +197,7 @@ class GossipSync(Strategy):
         return OutMessage(self.meta(self.rounds), [("params", self.encode_params(mine))])
 
     def handle_push(self, msg: InMessage) -> PushResult:
-        if msg.meta.stream.startswith(("gavg", "gcheck", "gexact")):
+        if msg.meta.stream.startswith(("gavg", "gcheck", "gexact", "gfinal")):
             self.node.deliver(msg)
             return PushResult(True, "", self.rounds)
         with self.lock:
@@ -192,14 +208,18 @@ class GossipSync(Strategy):
         with self.lock:
             if self.public is None:
                 raise FailedPrecondition(f"{self.me} has no parameters yet", field="stream")
-            params, r = self.public.clone(), self.rounds
-        return OutMessage(self.meta(r), [("params", self.encode_exact(params))])
+            params, r, step = self.public.clone(), self.rounds, self.public_step
+        # The step the parameters and the round counter are as of (``self.step`` moves on at the
+        # start of an event, before the round is counted): a region taking this state resumes there.
+        meta = Meta(sender=self.me, stream=self.stream, round=r, step=step)
+        return OutMessage(meta, [("params", self.encode_exact(params))])
 
     def adopt(self, msg: InMessage, flat: Tensor) -> Tensor:
         with self.lock:
             self.rounds = msg.meta.round
             self.corrections, self.shares, self.mass = [], [], 1.0
             self.public = msg.tensors["params"].clone()
+            self.public_step = msg.meta.step
         return self.public.clone()
 
     def take_spread(self) -> float | None:
