@@ -10,9 +10,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from contracts.states import JOB_TERMINAL
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc
 from orchestration.db.models import Job, LedgerEntry, Task
@@ -29,13 +30,41 @@ def task_device_hours(task: Task, now: datetime | None = None) -> float:
     return len(task.device_indices) * seconds / 3600.0
 
 
-def task_egress_gb(task: Task) -> float:
-    sent = 0
-    for source in (task.last_metrics or {}, task.result or {}):
+def wan_bytes_sent(last_metrics: dict[str, Any] | None, result: dict[str, Any] | None) -> float:
+    """A task leader's cumulative WAN bytes sent: the larger of its last metrics and its result."""
+    sent = 0.0
+    for source in (last_metrics or {}, result or {}):
         value = source.get("wan_bytes_sent")
         if isinstance(value, int | float) and value > sent:
-            sent = value
-    return sent / BYTES_PER_GB
+            sent = float(value)
+    return sent
+
+
+def task_egress_gb(task: Task) -> float:
+    return wan_bytes_sent(task.last_metrics, task.result) / BYTES_PER_GB
+
+
+def wan_bytes_by_region(session: Session) -> dict[str, float]:
+    """Every byte the tasks' leaders sent over the WAN, by the sending task's region: the egress
+    billed to finished jobs plus what the tasks of unfinished jobs have reported so far. A job's
+    bytes move from the second part to the first in the transaction that finishes it, so the
+    total never falls (Prometheus reads a fall as a counter reset)."""
+    out: dict[str, float] = {}
+    billed = session.execute(
+        select(LedgerEntry.region, func.sum(LedgerEntry.quantity))
+        .where(LedgerEntry.kind == "egress")
+        .group_by(LedgerEntry.region)
+    ).all()
+    for region, gb in billed:
+        out[region] = out.get(region, 0.0) + float(gb or 0.0) * BYTES_PER_GB
+    unbilled = session.execute(
+        select(Task.region, Task.last_metrics, Task.result)
+        .join(Job, Job.id == Task.job_id)
+        .where(Job.status.not_in([s.value for s in JOB_TERMINAL]))
+    ).all()
+    for region, last_metrics, result in unbilled:
+        out[region] = out.get(region, 0.0) + wan_bytes_sent(last_metrics, result)
+    return out
 
 
 def record_job_cost(session: Session, job: Job) -> float:

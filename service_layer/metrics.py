@@ -14,7 +14,7 @@ from statistics import median
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -24,6 +24,7 @@ from contracts.states import JobState, TaskState
 from orchestration.context import ServerContext
 from orchestration.db.engine import as_utc
 from orchestration.db.models import Job, Node, Task
+from orchestration.ledger import wan_bytes_by_region
 from service_layer.auth import authenticate
 from service_layer.dashboard.access import open_without_key
 from service_layer.deps import CtxDep
@@ -76,7 +77,7 @@ class DatabaseCollector(Collector):
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         with self.ctx.session_factory() as session:
             by_state = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
             nodes = dict(session.execute(select(Node.status, func.count()).group_by(Node.status)).all())
@@ -89,6 +90,7 @@ class DatabaseCollector(Collector):
                 .order_by(Job.finished_at.desc())
                 .limit(ESTIMATE_WINDOW)
             ).all()
+            wan = wan_bytes_by_region(session)
         jobs = GaugeMetricFamily("cpn_jobs", "Jobs by state", labels=["state"])
         for state in JobState:
             jobs.add_metric([state.value], by_state.get(state.value, 0))
@@ -101,6 +103,12 @@ class DatabaseCollector(Collector):
             node_g.add_metric([status], n)
         yield node_g
         yield GaugeMetricFamily("cpn_tasks_running", "Tasks reported running", value=running_tasks or 0)
+        sent = CounterMetricFamily(
+            "cpn_wan_bytes_sent", "Bytes the tasks' leaders sent over the WAN, by region", labels=["region"]
+        )
+        for region, n in sorted(wan.items()):
+            sent.add_metric([region], n)
+        yield sent
         errors = [
             abs(est - actual) / actual
             for est, start, end in finished

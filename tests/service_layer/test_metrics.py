@@ -16,10 +16,11 @@ pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
 def _families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Family name -> (labels, value) of its plain samples; a histogram's are its ``_count``s."""
+    """Family name -> (labels, value) of its plain samples; a histogram's are its ``_count``s, a
+    counter's its ``_total``s."""
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for f in text_string_to_metric_families(text):
-        keep = f.name + "_count" if f.type == "histogram" else f.name
+        keep = {"histogram": f.name + "_count", "counter": f.name + "_total"}.get(f.type, f.name)
         out[f.name] = [(s.labels, s.value) for s in f.samples if s.name == keep]
     return out
 
@@ -107,3 +108,59 @@ def test_the_only_replica_leads_and_says_so(server: ServerHandle) -> None:
             break
         assert time.monotonic() < deadline, fams["cpn_leader"]
         time.sleep(0.1)
+
+
+def test_wan_bytes_sent_count_billed_and_running_work_by_region(server: ServerHandle) -> None:
+    """The counter adds the egress billed to finished jobs and what running tasks reported so far,
+    and does not fall when a running job finishes and is billed."""
+    from contracts.states import JobState, TaskState
+    from orchestration.db.engine import session_scope
+    from orchestration.db.models import Job, LedgerEntry, Task, Tenant
+    from orchestration.ledger import record_job_cost
+    from tests.orchestration.fleet import add_cluster
+    from tests.service_layer.harness import small_spec
+
+    def scrape() -> dict[str, float]:
+        auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        text = httpx.get(server.http_url + "/metrics", headers=auth, timeout=10).text
+        return {labels["region"]: v for labels, v in _families(text)["cpn_wan_bytes_sent"]}
+
+    assert scrape() == {}
+    with session_scope(server.ctx.session_factory) as session:
+        admin = session.query(Tenant).filter(Tenant.is_admin).one()
+        cluster, (node,) = add_cluster(session, region="eu-west")
+        done = Job(tenant_id=admin.id, name="done", spec=small_spec("done"), status=JobState.SUCCEEDED)
+        running = Job(tenant_id=admin.id, name="run", spec=small_spec("run"), status=JobState.RUNNING)
+        session.add_all([done, running])
+        session.flush()
+        session.add(
+            LedgerEntry(
+                job_id=done.id,
+                tenant_id=admin.id,
+                region="us-east",
+                kind="egress",
+                quantity=2.5e-6,
+                unit_price=0.02,
+                amount=5e-8,
+            )
+        )
+        task = Task(
+            job_id=running.id,
+            attempt=1,
+            cluster_id=cluster.id,
+            node_id=node.id,
+            region="eu-west",
+            status=TaskState.RUNNING,
+            device_indices=[0],
+            placement=[],
+            worker_config={},
+            last_metrics={"step": 7, "wan_bytes_sent": 4096},
+        )
+        session.add(task)
+        running_id = task.job_id
+    assert scrape() == {"us-east": pytest.approx(2500.0), "eu-west": 4096.0}
+    with session_scope(server.ctx.session_factory) as session:
+        job = session.get(Job, running_id)
+        job.status = JobState.SUCCEEDED
+        record_job_cost(session, job)  # as the lifecycle does in the transaction that ends the job
+    assert scrape() == {"us-east": pytest.approx(2500.0), "eu-west": pytest.approx(4096.0)}
