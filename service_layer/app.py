@@ -18,6 +18,7 @@ from service_layer.key_cache import KeyCache
 from service_layer.metrics import RequestTimer, install_metrics
 from service_layer.metrics import router as metrics_router
 from service_layer.routers import admin, health, jobs, resources
+from service_layer.schemas.common import error_responses
 
 API_PREFIX = "/v1"
 
@@ -26,7 +27,8 @@ The service layer of a compute-power network: quote a training job (ranked, pric
 the live fleet), submit it, and follow it. Authenticate with a tenant API key:
 `Authorization: Bearer cpn_...`. A tenant sees only its own jobs; admin keys see everything and
 can issue enrollment tokens, tenants and keys. Errors are `{code, message, details}`; a 422 lists
-each bad field in `details.errors`.
+each bad field in `details.errors`. Any request may get a 400 (a malformed `Content-Length`) or a
+413 (a body over the server's limit, checked before authentication).
 """
 
 
@@ -35,6 +37,8 @@ def create_app(ctx: ServerContext) -> FastAPI:
         title="cpn",
         version="1",
         description=DESCRIPTION,
+        # The body limit answers before any route: every operation can return these.
+        responses=error_responses(400, 413),
         openapi_tags=[
             {"name": "jobs", "description": "Quotes, jobs, their metrics and events"},
             {"name": "resources", "description": "Regions, clusters, nodes, devices, links"},

@@ -78,6 +78,10 @@ def test_openapi_is_complete_with_examples(server: ServerHandle) -> None:
         body = paths[path]["post"]["requestBody"]["content"]["application/json"]
         assert len(body["examples"]) >= 2, path
         assert {"401", "422"} <= set(paths[path]["post"]["responses"])
+    # the body limit answers before any route, so every operation documents its 400 and 413
+    for path, ops in paths.items():
+        for method, op in ops.items():
+            assert {"400", "413"} <= set(op["responses"]), (path, method)
     assert "text/event-stream" in paths["/v1/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert "PlanOption" in doc["components"]["schemas"] and "JobSpec" in doc["components"]["schemas"]
