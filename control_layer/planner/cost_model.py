@@ -154,6 +154,18 @@ def link_goodput(a: str, b: str, calibration: Calibration | None, measured: bool
     return MEASURED_WAN_GOODPUT if measured else DEFAULT_WAN_GOODPUT
 
 
+def _largest_over_pairs(table: dict[str, float], regions: list[str], default: float) -> float:
+    """The largest figure the table holds for any pair among these regions (an exchange waits for
+    its slowest pair), else ``default``."""
+    seen = [
+        table[pair_key(a, b)]
+        for i, a in enumerate(regions)
+        for b in regions[i + 1 :]
+        if pair_key(a, b) in table
+    ]
+    return max(seen) if seen else default
+
+
 # The fixed cost of one call of a cross-region exchange beyond its bytes and the link's latency
 # (framing, HMAC, the thread-pool hand-off, the peer's server thread), per idle core: a
 # two-region exchange of a 16-element tensor over the real transport on loopback took 3 ms of
@@ -165,13 +177,7 @@ def exchange_call_seconds(regions: list[str], calibration: Calibration | None) -
     """Fixed seconds per exchange call among these regions, per idle core: the largest calibrated
     figure of any pair among them (each call waits for the slowest peer), else the default."""
     table = calibration.exchange_s if calibration else {}
-    seen = [
-        table[pair_key(a, b)]
-        for i, a in enumerate(regions)
-        for b in regions[i + 1 :]
-        if pair_key(a, b) in table
-    ]
-    return max(seen) if seen else DEFAULT_EXCHANGE_CALL_S
+    return _largest_over_pairs(table, regions, DEFAULT_EXCHANGE_CALL_S)
 
 
 # The region leader's work per exchange that grows with the model, beyond the payload's transfer:
@@ -188,27 +194,14 @@ def exchange_param_seconds(regions: list[str], calibration: Calibration | None) 
     """Seconds per parameter of an exchange's per-parameter work among these regions, per idle
     core: the largest calibrated figure of any pair among them, else the default."""
     table = calibration.exchange_param_s if calibration else {}
-    seen = [
-        table[pair_key(a, b)]
-        for i, a in enumerate(regions)
-        for b in regions[i + 1 :]
-        if pair_key(a, b) in table
-    ]
-    return max(seen) if seen else DEFAULT_EXCHANGE_PARAM_S
+    return _largest_over_pairs(table, regions, DEFAULT_EXCHANGE_PARAM_S)
 
 
 def exchange_drift(regions: list[str], calibration: Calibration | None) -> float:
     """How long the first region to reach an exchange made every H steps waits for the last, as a
     fraction of the H local steps before it, among these regions: the largest calibrated figure of
     any pair among them, else 0 (regions of equal speed arrive together)."""
-    table = calibration.exchange_drift if calibration else {}
-    seen = [
-        table[pair_key(a, b)]
-        for i, a in enumerate(regions)
-        for b in regions[i + 1 :]
-        if pair_key(a, b) in table
-    ]
-    return max(seen) if seen else 0.0
+    return _largest_over_pairs(calibration.exchange_drift if calibration else {}, regions, 0.0)
 
 
 def bytes_per_s(gbps: float, goodput: float) -> float:
