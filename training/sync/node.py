@@ -196,6 +196,8 @@ class RegionNode:
                 out[p] = f.result()
                 if ready and out[p].accepted:
                     with self.cv:
+                        if not self.alive[p]:  # back through our hello, before its own reached us
+                            self.events.append(f"rejoin {p} from round {self.include_from[p]}")
                         self.alive[p] = True
             except (PeerError, FailedPrecondition) as e:
                 self.mark_dead(p, f"hello failed: {e.message}")
