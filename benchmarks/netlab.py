@@ -7,7 +7,9 @@
 
 Every region's veth pair carries a token-bucket filter on BOTH ends (egress of the region and
 egress of the bridge toward it), so a region's uplink and downlink are each ``rate_mbit`` and the
-kernel, not our transport, decides how fast bytes move. The root namespace reaches every region
+kernel, not our transport, decides how fast bytes move. Every veth carries one TCP segment per
+packet (``gso_max_segs 1``), as a WAN link carries frames, so its counters count the headers of
+every segment. The root namespace reaches every region
 at ``hub_ip`` (unshaped), so processes in regions can talk to the control plane. Latency is NOT
 emulated: netem is not available on these machines, and a delay faked in user space would not be
 the kernel's.
@@ -121,6 +123,7 @@ class NetLab:
         # The root namespace's way in: unshaped, so the control plane is never the bottleneck.
         hub, hub_peer = f"{self.prefix}h", f"{self.prefix}hb"
         _ip("link", "add", hub, "type", "veth", "peer", "name", hub_peer)
+        _frames(hub, hub_peer)
         _ip("link", "set", hub_peer, "netns", br)
         _ip("link", "set", hub_peer, "master", "br0", ns=br)
         _ip("link", "set", hub_peer, "up", ns=br)
@@ -133,6 +136,7 @@ class NetLab:
             _ip("netns", "add", ns)
             _ip("link", "set", "lo", "up", ns=ns)
             _ip("link", "add", dev, "type", "veth", "peer", "name", bdev)
+            _frames(dev, bdev)
             _ip("link", "set", dev, "netns", ns)
             _ip("link", "set", bdev, "netns", br)
             _ip("addr", "add", f"{region.ip}/24", "dev", dev, ns=ns)
@@ -170,6 +174,15 @@ class NetLab:
             f"{len(self.regions)} namespaces via bridge, tbf {self.rate_mbit:g} Mbit/s both ends: "
             + ", ".join(parts)
         )
+
+
+def _frames(*devs: str) -> None:
+    """One TCP segment per packet on a veth (``gso_max_segs 1``), as on a WAN link. A veth passes
+    GSO buffers of several segments as one packet and counts one set of headers for them, so its
+    counters would fall short of what a wire carries (66 header bytes per segment with TCP
+    timestamps); the stack now segments before the device, and its counters count frames."""
+    for dev in devs:
+        _ip("link", "set", "dev", dev, "gso_max_segs", "1")
 
 
 def _shape(ns: str, dev: str, rate_mbit: float) -> None:

@@ -146,13 +146,14 @@ def _task_failed(ctx: ServerContext, session: Session, job: Job, task: Task) -> 
         )
 
 
-_SUM_KEYS = ("wan_bytes_sent", "wan_bytes_recv", "tokens")
+_SUM_KEYS = ("wan_bytes_sent", "wan_bytes_recv", "wan_wire_bytes_sent", "tokens")
 _MAX_KEYS = ("wall_time_s", "wall_s", "duration_s", "steps", "step")
 
 
 def aggregate_results(tasks: list[Task]) -> dict[str, Any]:
     """One job result from its tasks' results: numbers averaged by replica count (byte and token
-    counts summed, times and step counts maxed), anything else taken from the first replica's task;
+    counts summed, and left out unless every task has them; times and step counts maxed), anything
+    else taken from the first replica's task;
     each task's own result is kept under ``per_task``."""
     ordered = sorted(
         tasks, key=lambda t: ((t.worker_config.get("sync") or {}).get("replica_offset", 0), t.id)
@@ -164,6 +165,8 @@ def aggregate_results(tasks: list[Task]) -> dict[str, Any]:
     for key in dict.fromkeys(keys):
         values = [r[key] for _, r in results if key in r]
         numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        if key in _SUM_KEYS and len(values) != len(results):
+            continue  # a sum over some tasks is no total (e.g. wire bytes a kernel could not read)
         if numeric and len(values) == len(results):
             if key in _SUM_KEYS:
                 merged[key] = sum(values)

@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                     # The real worker also builds its model before the first step: the small
                     # reference model's build is inside the per-step figures, close enough.
                     "startup_s": startup,
+                    # The launcher's part, apart: it runs one process per node, not per slot.
+                    "launcher_s": min(launcher, startup) if launcher is not None and startup else 0.0,
                     "startup_wall_s": wall,
                     "host_load_factor": max(1.0, CLOCKS["wall"] / CLOCKS["cpu"])
                     if args.device == "cpu" and CLOCKS["cpu"] > 0

@@ -286,15 +286,22 @@ class Trainer:
         self.first_step = self.step + 1
         return self.step > 0
 
-    def run(self, callback: MetricsCallback | None = None, spawned_at: float | None = None) -> dict[str, Any]:
+    def run(
+        self,
+        callback: MetricsCallback | None = None,
+        spawned_at: float | None = None,
+        started_at: float | None = None,
+    ) -> dict[str, Any]:
         """Train to the configured step count. ``spawned_at`` (unix seconds): when the node started
-        this worker, so the result can say how long start-up took."""
+        this worker's launcher, so the result can say how long start-up took; ``started_at``: when
+        this worker process started, so it can say how much of that was the launcher's."""
         start, t0, first_at = self.step, time.perf_counter(), time.time()
         every, last = self.cfg.checkpoint.every, self.cfg.training.steps
         totals: dict[str, float] = {}
         exchanges = ExchangeTotals()
         first: dict[str, float] | None = None
-        delay = None  # the overlap delay in use at the end (it adapts in the run)
+        final: dict[str, Any] = {}
+        delay = None  # steps the last overlapped round took to land (on arrival: as its exchange took)
         while self.step < last:
             m = self.train_step()
             delay = (m.get("sync") or {}).get("overlap_steps", delay)
@@ -311,18 +318,29 @@ class Trainer:
                 totals[key] = totals.get(key, 0.0) + m.get(key, 0.0)
             if first is None:
                 first = {key: m.get(key, 0.0) for key in STEP_PART_KEYS}
+            final = m
         train_s = time.perf_counter() - t0
         # Totals over the run: the agent forwards per-step metrics at a bounded rate, so a sampled
         # step says little about parts that come every H steps (sync, checkpoints).
         # The first step waits for every peer to be up (its first exchange), which is start-up, not
         # the loop's steady state: kept apart so utilisation can be read without it.
-        timing: dict[str, Any] = {"train_s": train_s, "parts_total_s": totals, "first_step_s": first or {}}
+        # The last step holds the final blocking exchange (and any wait for slower regions) and the
+        # final checkpoint: kept apart too, to tell them from the costs spread over the run.
+        timing: dict[str, Any] = {
+            "train_s": train_s,
+            "parts_total_s": totals,
+            "first_step_s": first or {},
+            "last_step_s": {key: final.get(key, 0.0) for key in STEP_PART_KEYS} if final else {},
+        }
         if exchanges.n:
             timing["exchange_totals"] = exchanges.as_dict()
         if delay is not None:
             timing["overlap_steps"] = delay
         if spawned_at is not None:
             timing["startup_s"] = max(0.0, first_at - spawned_at)
+            if started_at is not None:
+                # The launcher's part: the node spawned it until it started this worker.
+                timing["launcher_s"] = min(max(0.0, started_at - spawned_at), timing["startup_s"])
         return {
             **timing,
             "job_id": self.cfg.job_id,

@@ -39,6 +39,9 @@ class NoOpSync:
     def close(self) -> None:
         return None
 
+    def totals(self) -> dict[str, int]:
+        return {}
+
 
 def other_regions(cfg: WorkerConfig) -> list[str]:
     return sorted(r for r in cfg.sync.peers if r != cfg.region)

@@ -30,7 +30,11 @@ Contract for an engine (implemented in ``training.sync``, chosen by ``training.s
   through checkpoints; the leader saves it beside the model checkpoint and loads it on resume
   (called on the leader only). Values may be tensors, numbers, strings, lists and dicts.
 - ``metrics`` returns what happened since the last call, e.g. ``{"bytes_sent": {region: n},
-  "bytes_recv": {region: n}, "latency_s": x}``; called on the leader every step.
+  "bytes_recv": {region: n}, "latency_s": x}``; called on the leader every step. Its
+  ``wire_bytes_sent_total``, where present, is a running total instead: the bytes the leader's
+  sync sockets put on the wire, from the kernel's counters (``training.wan.wire_count``).
+- ``totals`` (after ``close``, on the leader): the run's totals for the result, e.g.
+  ``{"wan_bytes_sent": n, "wan_wire_bytes_sent": n}``; ``{}`` where nothing crossed a WAN.
 """
 
 from __future__ import annotations
@@ -75,3 +79,5 @@ class CrossRegionSync(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def close(self) -> None: ...
+
+    def totals(self) -> dict[str, int]: ...

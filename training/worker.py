@@ -11,6 +11,7 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 from contracts.errors import CpnError
 from contracts.worker_config import load_worker_config
@@ -27,6 +28,17 @@ def spawned_at() -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) and value > 0 else None
+
+
+def process_started_at() -> float | None:
+    """Unix seconds at which this process started (from ``/proc``, to a clock tick); None elsewhere.
+    After ``spawned_at``, the gap is the launcher's part of the start-up."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,11 +60,12 @@ def main(argv: list[str] | None = None) -> int:
                 source = "checkpoint" if trainer.checkpoint_step == trainer.step else "the peers' model"
                 print(f"resumed from step {trainer.step} ({source})", flush=True)
             sink = JsonLinesSink(cfg.metrics_path) if ctx.is_leader else None
-            result = trainer.run(sink, spawned_at=spawned_at())
+            result = trainer.run(sink, spawned_at=spawned_at(), started_at=process_started_at())
         finally:
             t_close = time.perf_counter()
             trainer.close()  # the final exchange and leaving the peers
         result["final_sync_s"] = time.perf_counter() - t_close
+        result.update(trainer.sync.totals())  # WAN bytes of the whole run, the final exchange included
         if ctx.is_leader:
             emit_result(result)
         ok = True

@@ -14,6 +14,7 @@ from contracts.states import JobState
 from control_layer.jobs import job_tasks
 from control_layer.placer import place_pending
 from control_layer.reactions import (
+    aggregate_results,
     on_node_lost,
     on_task_metrics,
     on_task_status,
@@ -59,6 +60,21 @@ def _active(ctx: ServerContext, job_id: str) -> set[str]:
                 select(Allocation.task_id).where(Allocation.job_id == job_id, Allocation.active.is_(True))
             )
         )
+
+
+def test_byte_counts_sum_over_tasks_only_where_every_task_has_them() -> None:
+    def task(i: int, result: dict) -> Task:
+        return Task(id=f"t{i}", region=f"r{i}", worker_config={"sync": {"replica_offset": i}}, result=result)
+
+    merged = aggregate_results(
+        [
+            task(0, {"wan_bytes_sent": 10, "wan_wire_bytes_sent": 11, "steps": 4}),
+            task(1, {"wan_bytes_sent": 20, "steps": 4}),  # its kernel counters were unavailable
+        ]
+    )
+    assert merged["wan_bytes_sent"] == 30 and merged["steps"] == 4
+    assert "wan_wire_bytes_sent" not in merged  # unavailable for the job, not the first task's
+    assert merged["per_task"]["t0"]["wan_wire_bytes_sent"] == 11
 
 
 def test_running_then_succeeded_aggregates_results_and_charges_the_ledger(ctx: ServerContext) -> None:

@@ -54,6 +54,9 @@ class ReplaceAt:
     def close(self) -> None:
         pass
 
+    def totals(self) -> dict[str, int]:
+        return {}
+
 
 def main() -> None:
     cfg = load_worker_config(sys.argv[1])

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
 from training.reference_step import launcher_cpu_s, startup_per_idle_core
+from training.worker import process_started_at
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4:\n    pass\n"
 
@@ -43,3 +45,16 @@ def test_start_up_is_the_cpu_spent_but_never_more_than_the_wall() -> None:
     assert startup_per_idle_core(2.0, 1.5, 1.2) == 2.0
     # No launcher figure (not Linux): the wall time, as before.
     assert startup_per_idle_core(5.0, 1.0, None) == 5.0
+
+
+def test_a_worker_knows_when_its_process_started() -> None:
+    # The launcher's part of a job's start-up ends when the worker process starts.
+    if sys.platform != "linux":
+        pytest.skip("/proc is Linux's")
+    code = "import time\nfrom training.worker import process_started_at as at\nprint(at(), time.time())"
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    started, now = (float(x) for x in out.split())
+    # Clock ticks are 10 ms; the interpreter's own imports come after its start.
+    assert before - 0.03 <= started <= now + 0.03
+    assert process_started_at() is not None and process_started_at() <= time.time()  # type: ignore[operator]

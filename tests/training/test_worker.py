@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,8 +53,26 @@ def test_single_process_learns_the_markov_language_down_to_its_floor(tmp_path: P
     result = run.result or {}
     assert result["parts_total_s"]["compute_s"] == pytest.approx(sum(x["compute_s"] for x in lines))
     assert result["first_step_s"]["wall_s"] == pytest.approx(lines[0]["wall_s"])
+    assert result["last_step_s"]["wall_s"] == pytest.approx(lines[-1]["wall_s"])
     assert result["train_s"] > 0 and result["final_sync_s"] >= 0
     assert "startup_s" not in result  # started without CPN_SPAWNED_AT: nothing to measure from
+
+
+def test_a_worker_reports_its_start_up_and_the_part_before_its_process_began(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The agent sets CPN_SPAWNED_AT as it starts the launcher; the time until this process began
+    # is the launcher's part (here the harness starts the worker itself: a short gap).
+    if sys.platform != "linux":
+        pytest.skip("/proc is Linux's")
+    spawned = time.time() - 1.0  # as if a launcher had taken a second before this worker
+    monkeypatch.setenv("CPN_SPAWNED_AT", repr(spawned))
+    run = launch(tiny_config(tmp_path), 1, tmp_path)
+    assert_succeeded(run, 3)
+    result = run.result or {}
+    # The process's start is read to a clock tick (/proc's starttime and uptime, 10 ms each).
+    assert result["startup_s"] > result["launcher_s"] >= 1.0 - 0.03
+    assert result["launcher_s"] < 1.0 + 10.0  # the gap until the process began, not its imports
 
 
 @pytest.mark.slow

@@ -7,12 +7,13 @@ those exact bytes, so every region decodes the same values. Each region then sen
 the payload. With fewer live regions, or if a ring hop fails, every region pushes its own
 contribution to every other and all sum the same decoded values in region order.
 
-Only a failed call drops a peer: a contribution missing at the deadline makes the region probe
-its sender, which is dropped if it does not answer. Regions may briefly disagree on who takes
-part (a region readmitted by some peers first, a ring one region finished and another saw
-break), so a broken ring falls back to all-to-all on the plain stream, and a slow but live peer
-is only left out of that round: its averages may then differ, and the anchors' fingerprints,
-compared every round, repair that from the lowest-named region.
+Only a failed call drops a peer: while a contribution is awaited its sender is checked, and
+dropped at once if its connection is refused (``RegionNode.collect``); one still missing at the
+deadline makes the region probe its sender, which is dropped if it does not answer. Regions may
+briefly disagree on who takes part (a region readmitted by some peers first, a ring one region
+finished and another saw break), so a broken ring falls back to all-to-all on the plain stream,
+and a slow but live peer is only left out of that round: its averages may then differ, and the
+anchors' fingerprints, compared every round, repair that from the lowest-named region.
 """
 
 from __future__ import annotations
@@ -91,12 +92,14 @@ class DenseReducer:
     def _send(self, peer: str, msg: OutMessage, timeout: float) -> Future:
         return self.node.pool.submit(self.node.client(peer).push, msg, timeout)
 
-    def _acks(self, pushes: dict[str, Future], deadline: float) -> tuple[bool, list[str]]:
+    def _acks(self, pushes: dict[str, Future], deadline: float, r: int) -> tuple[bool, list[str]]:
         stale, failed = False, []
         for p, fut in pushes.items():
             try:
                 ack = fut.result(timeout=max(0.1, deadline - time.monotonic()))
-                stale = stale or (not ack.accepted and ack.reason == "stale")
+                # Stale from a peer that takes part in this round: it completed it without us.
+                # A rejoining peer moved past it (it joins from a later round) says nothing.
+                stale = stale or (not ack.accepted and ack.reason == "stale" and self.node.takes_part(p, r))
             except PeerError as e:
                 self.node.mark_dead(p, f"push failed: {e.status}")
                 failed.append(p)
@@ -122,7 +125,7 @@ class DenseReducer:
         timeout = max(0.1, deadline - time.monotonic())
         pushes = {p: self._send(p, msg, timeout) for p in participants}
         got = self.node.collect(stream, r, participants, deadline, mark_missing=False)
-        stale, failed = self._acks(pushes, deadline)
+        stale, failed = self._acks(pushes, deadline, r)
         for p in participants:
             if p not in got and p not in failed:
                 self.node.probe(p)
@@ -145,8 +148,10 @@ class DenseReducer:
         self, stream: str, r: int, nxt: str, prv: str, msg: OutMessage, deadline: float
     ) -> tuple[InMessage, bool]:
         push = self._send(nxt, msg, max(0.1, deadline - time.monotonic()))
-        got = self.node.collect(stream, r, [prv], deadline, mark_missing=False)
-        stale, failed = self._acks({nxt: push}, deadline)
+        # A live predecessor that left the ring (it counts other members for this round: one was
+        # dropped or readmitted at another round) sends on the plain stream: no hop comes then.
+        got = self.node.collect(stream, r, [prv], deadline, mark_missing=False, give_up_on=self.stream)
+        stale, failed = self._acks({nxt: push}, deadline, r)
         if prv not in got and prv not in failed:
             self.node.probe(prv)
         if failed or prv not in got:

@@ -50,6 +50,9 @@ def is_event(cfg: SyncConfig, step: int, total_steps: int) -> bool:
     return step == 1 or step == total_steps or is_start(step, cfg.every)
 
 
+LEAVE_WAIT_S = 5.0  # the most a finished region waits for its live peers to leave too
+
+
 class SyncEngine:
     """Cross-region sync for any training loop (public API, exported by ``training.sync``).
 
@@ -78,7 +81,7 @@ class SyncEngine:
         total_steps: int,
         weight: float = 1.0,
         theta0: Tensor | None = None,
-        adaptive_overlap: bool = False,
+        land_on_arrival: bool = False,
     ) -> None:
         if cfg.mode not in STRATEGIES:
             raise InvalidArgument(
@@ -104,7 +107,7 @@ class SyncEngine:
             self.strategy = STRATEGIES[cfg.mode](self.node, cfg, weight, total_steps)
             self.node.strategy = self.strategy
             if isinstance(self.strategy, AnchoredSync):
-                self.strategy.adaptive = adaptive_overlap and cfg.overlap
+                self.strategy.on_arrival = land_on_arrival and cfg.overlap
             self.node.start()
 
     @property
@@ -115,12 +118,11 @@ class SyncEngine:
     # ------------------------------------------------------------ hook
 
     def should_sync(self, step: int) -> bool:
-        # An adaptive overlap moves a round's landing off the fixed schedule; only the leader
-        # knows it, so the engine adapts only where the leader is the region's one process.
-        # The fixed schedule's landing step is then no event of its own (it would only add a step
-        # that exchanges nothing to the run's exchange totals).
+        # Landing on arrival moves a round's landing off the fixed schedule; only the leader knows
+        # when its result is in, so the engine does it only where the leader is the region's one
+        # process. The fixed schedule's landing step is then no event of its own.
         s = self.strategy
-        if isinstance(s, AnchoredSync) and s.adaptive:
+        if isinstance(s, AnchoredSync) and s.on_arrival:
             return s.due(step) or anchored_event(step, self.cfg.round_steps, 0, self.total_steps)
         return is_event(self.cfg, step, self.total_steps)
 
@@ -236,7 +238,16 @@ class SyncEngine:
             replies = node.hello_all(
                 ready=True, next_round=opened, step=step, deadline=time.monotonic() + self.cfg.timeout_s
             )
-            late = {p: st for p, st in replies.items() if not st.accepted}
+            # A peer that opened our next round already includes us from a later one: we have
+            # nothing to give to the rounds before it. Every peer is told that round first, so
+            # none waits for us in the rounds before it (it would wait out a timeout), then we take
+            # the state once they are completed and contribute from there.
+            target = max((st.include_from for st in replies.values() if st.accepted), default=opened)
+            if target > opened:
+                replies = node.hello_all(
+                    ready=True, next_round=target, step=step, deadline=time.monotonic() + self.cfg.timeout_s
+                )
+            late = {p: st for p, st in replies.items() if not st.accepted or st.include_from > opened}
             if not late:
                 break
         self.joined = True
@@ -253,12 +264,20 @@ class SyncEngine:
         out: dict[str, Any] = {
             "bytes_sent": t["bytes_sent"],
             "bytes_recv": t["bytes_recv"],
+            # Read the kernel after a step that sent (before a peer can close the connection and
+            # take its counters with it), else at most once a second.
+            **self._wire(force=sum(t["bytes_sent"].values()) > 0),
             "blocked_s": self.blocked_s,
             "overlapped_s": max(0.0, comm - blocked_comm),
             "alive": [p for p in self.node.peers if self.node.is_alive(p)],
         }
         if isinstance(self.strategy, AnchoredSync) and self.cfg.overlap:
-            out["overlap_steps"] = self.strategy.delay  # the delay now (it adapts on one-process regions)
+            # Steps from the opening to the applying of the last overlapped round (landing on
+            # arrival: as the exchange took), else the fixed delay.
+            out["overlap_steps"] = self.strategy.last_lag or self.strategy.delay
+            if self.strategy.landings:  # overlapped rounds applied at this step: steps since opening
+                out["landed_after_steps"] = [lag for _, lag in self.strategy.landings]
+                self.strategy.landings = []
         if lat:
             out["latency_s"] = comm / len(lat)
             out["exchanges"] = len(lat)
@@ -288,13 +307,40 @@ class SyncEngine:
         if self.strategy is not None:
             self.strategy.load_state_dict(state)
 
+    def _wire(self, force: bool) -> dict[str, int]:
+        """The running total of wire bytes the sync sockets sent (``training.wan.wire_count``);
+        nothing where the kernel's counters cannot be read (unavailable, not 0)."""
+        assert self.node is not None
+        n = self.node.wire.sample(force=force)
+        return {} if n is None else {"wire_bytes_sent_total": n}
+
+    def totals(self) -> dict[str, int]:
+        """Bytes the leader sent to peer regions over the whole run, for the result (after
+        ``close``, so the last exchange and leaving the peers are in them): ``wan_bytes_sent``
+        counts gRPC messages (serialized plus the 5-byte prefix: what egress is priced on),
+        ``wan_wire_bytes_sent`` what the kernel put on the wire (absent where unavailable)."""
+        if self.node is None:
+            return {}
+        out = {"wan_bytes_sent": sum(self.node.stats.total_sent.values())}
+        n = self.node.wire.sample(force=True)
+        if n is not None:
+            out["wan_wire_bytes_sent"] = n
+        return out
+
     def close(self) -> None:
         if self.node is None or self.strategy is None:
             return
         self.strategy.finish()
+        # The final exchange's sockets, before a peer that is done closes them.
+        self.node.wire.sample(force=True)
         if getattr(self.strategy, "is_ps", False):
             self.node.wait_all_left(self.cfg.timeout_s)  # the others still need the server
         self.node.leave_all()
+        # A peer reads its counters after its final exchange and before it leaves; closing our
+        # connections before every live peer has left would take the bytes it sent on them out of
+        # its reading. The final exchange ends within moments on every region, so this is short.
+        self.node.wait_all_left(min(self.cfg.timeout_s, LEAVE_WAIT_S))
+        self.node.wire.sample(force=True)  # every sync socket still open: the last full reading
         self.node.close()
 
 
@@ -330,5 +376,5 @@ def create_sync(cfg: WorkerConfig, ctx: SyncContext) -> SyncEngine:
         total_steps=cfg.training.steps,
         weight=weight,
         theta0=theta0,
-        adaptive_overlap=ctx.world_size == 1,
+        land_on_arrival=ctx.world_size == 1,
     )

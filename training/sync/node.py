@@ -20,9 +20,12 @@ from training.sync.messages import InMessage, OutMessage, PeerStatus, PushResult
 from training.sync.stats import TransferStats
 from training.sync.tls import SyncTls
 from training.sync.transport import PeerClient, PeerError, SyncServer
+from training.wan.inet_diag import TcpSocket
 from training.wan.shaper import LinkShaper
+from training.wan.wire_count import WireCounter
 
 WILDCARDS = ("0.0.0.0", "::", "[::]", "")
+GONE_CHECK_S = 0.5  # how often a peer awaited in a round is checked for a refused connection
 
 
 def reachable(address: str) -> str:
@@ -72,6 +75,10 @@ class RegionNode:
             tls=self.tls,
         )
         self.address = cfg.advertise or reachable(self.server.address)
+        # What the sync connections put on the wire, from the kernel (one region leader per process).
+        self.wire = WireCounter(self.is_sync_socket)
+        self._resolved: dict[str, set[tuple[str, int]]] = {}
+        self._checking: set[str] = set()  # peers with a liveness check in flight
 
     # ------------------------------------------------------------ lifecycle
 
@@ -91,6 +98,27 @@ class RegionNode:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------ peers
+
+    def is_sync_socket(self, s: TcpSocket) -> bool:
+        """A connection of the sync service with a peer region: accepted on this region's sync port
+        (only peers call it) or opened to a peer's sync endpoint. The cluster's own sockets (gloo
+        inside the node) and the control plane's never match."""
+        if s.sport == self.server.port:
+            return True
+        return any((s.dst, s.dport) in self._endpoints(c.address) for c in list(self._clients.values()))
+
+    def _endpoints(self, address: str) -> set[tuple[str, int]]:
+        """The (ip, port) pairs a peer's ``host:port`` resolves to, looked up once per address."""
+        got = self._resolved.get(address)
+        if got is None:
+            host, _, port = address.rpartition(":")
+            try:
+                infos = socket.getaddrinfo(host.strip("[]"), int(port), proto=socket.IPPROTO_TCP)
+                got = {(str(i[4][0]), int(i[4][1])) for i in infos}
+            except (OSError, ValueError):
+                got = set()
+            self._resolved[address] = got
+        return got
 
     def _address(self, peer: str, deadline: float) -> str:
         addr = self.cfg.peers.get(peer, "")
@@ -129,12 +157,49 @@ class RegionNode:
                 if self.alive[p] and p not in self.left and self.include_from[p] <= round_index
             ]
 
+    def takes_part(self, peer: str, round_index: int) -> bool:
+        with self.cv:
+            return self.include_from.get(peer, 0) <= round_index
+
     def mark_dead(self, peer: str, why: str) -> None:
         with self.cv:
             if self.alive.get(peer):
                 self.alive[peer] = False
                 self.events.append(f"drop {peer}: {why}")
                 self.cv.notify_all()
+
+    def check_gone(self, peer: str) -> None:
+        """In the background, at most one at a time per peer: a quick hello; a peer whose
+        connection is refused or reset (UNAVAILABLE) is marked dead at once."""
+        if peer in self._checking:
+            return
+        self._checking.add(peer)
+
+        def run() -> None:
+            try:
+                self.is_gone(peer)
+            finally:
+                self._checking.discard(peer)
+
+        try:
+            self.pool.submit(run)
+        except RuntimeError:  # the pool is shut down: closing
+            self._checking.discard(peer)
+
+    def is_gone(self, peer: str, timeout: float = 2.0) -> bool:
+        """True (and the peer marked dead) when a call to it fails as UNAVAILABLE: nothing
+        listens at its address any more. A slow answer or any other failure says nothing."""
+        req = sync_pb2.HelloRequest(sender=self.region, address=self.address, ready=False, step=0)
+        client = self.client(peer)
+        probed = client.address
+        try:
+            client.hello(req, timeout=timeout)
+            return False
+        except (PeerError, FailedPrecondition) as e:
+            if isinstance(e, PeerError) and e.status == "UNAVAILABLE" and client.address == probed:
+                self.mark_dead(peer, f"connection gone: {e.message}")
+                return True
+            return False
 
     def is_alive(self, peer: str) -> bool:
         with self.cv:
@@ -148,19 +213,45 @@ class RegionNode:
             self.cv.notify_all()
 
     def collect(
-        self, stream: str, round_index: int, senders: list[str], deadline: float, mark_missing: bool = True
+        self,
+        stream: str,
+        round_index: int,
+        senders: list[str],
+        deadline: float,
+        mark_missing: bool = True,
+        give_up_on: str | None = None,
     ) -> dict[str, InMessage]:
         """Wait until every sender's message for the round is in (or the deadline); take them.
-        A sender still missing then is marked dead unless ``mark_missing`` is False."""
+        A sender still missing then is marked dead unless ``mark_missing`` is False. A sender
+        whose message for the round came on ``give_up_on`` instead (it chose another way to
+        reduce it) is not waited for."""
         key = (stream, round_index)
+        other = (give_up_on, round_index) if give_up_on else None
+        checked = time.monotonic()
         with self.cv:
             while True:
                 box = self.inbox.get(key, {})
-                waiting = [s for s in senders if s not in box and self.alive[s] and s not in self.left]
+                # A rejoining peer may be moved to a later round meanwhile (it takes the state
+                # after this one): it sends nothing to this round then.
+                waiting = [
+                    s
+                    for s in senders
+                    if s not in box
+                    and self.alive[s]
+                    and s not in self.left
+                    and self.include_from[s] <= round_index
+                    and (other is None or s not in self.inbox.get(other, {}))
+                ]
                 left = deadline - time.monotonic()
                 if not waiting or left <= 0:
                     break
-                self.cv.wait(min(left, 0.5))
+                if time.monotonic() - checked >= GONE_CHECK_S:
+                    # A killed peer never sends: find it gone from its refused connection instead
+                    # of waiting out the round's timeout (a slow but live peer is waited for).
+                    checked = time.monotonic()
+                    for s in waiting:
+                        self.check_gone(s)
+                self.cv.wait(min(left, GONE_CHECK_S / 2))
             got = {s: box[s] for s in senders if s in box}
             for k in [k for k in self.inbox if k[0] == stream and k[1] <= round_index]:
                 del self.inbox[k]
@@ -185,8 +276,10 @@ class RegionNode:
         )
 
         def one(peer: str) -> PeerStatus:
+            # A peer not yet up is waited for; one known dead fails at once if nothing listens
+            # at its address (a replacement's own hello gives us its new one).
             return self.client(peer, deadline).hello(
-                req, timeout=max(0.1, deadline - time.monotonic()), wait_for_ready=True
+                req, timeout=max(0.1, deadline - time.monotonic()), wait_for_ready=self.alive[peer]
             )
 
         futs = {p: self.pool.submit(one, p) for p in self.peers if p not in self.left}
@@ -283,6 +376,7 @@ class RegionNode:
                     self.include_from[req.sender] = start
                     if not was:
                         self.events.append(f"rejoin {req.sender} from round {start}")
+                    self.cv.notify_all()  # a round waiting for it may no longer need to
                 s.on_peer_joined(req.sender, start)
         return PeerStatus(
             self.region,

@@ -6,17 +6,17 @@ average their pseudo-gradients (anchor - local params, compressed with error fee
 round assigns the new anchor to the parameters, so the regions hold bit-identical replicas after
 it. With ``overlap`` a round's exchange runs in the background and is applied ``delay`` steps
 later, keeping the local progress made meanwhile (params = new anchor + progress since the
-snapshot). With ``adaptive`` the delay follows the exchanges as they run (``adaptive_delay``):
-each region's contribution to a round carries how many of its steps its previous overlapped
-exchange took, and once a round's result is in, every region sets that round's delay (and the
-floor of the next) from the same figures, so all apply it at the same step. With ``fragments``
+snapshot). With ``on_arrival`` a region never waits at the delay: it applies the round at the
+first step on or after it at which the result has arrived, and waits only where the next round
+opens (its pseudo-gradient needs the new anchor). The regions may then apply a round at different
+steps; the anchors stay equal (the outer step depends on the round's result alone), only how much
+local progress is mixed in differs. With ``fragments``
 the parameters are split and each fragment syncs on its own staggered schedule (Streaming
 DiLoCo). The last step always ends with a blocking round.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -37,6 +37,8 @@ class _Result:
     avg: Tensor
     fingerprints: dict[str, str]
     latency: float
+    anchor: Tensor  # the fragment's new anchor and outer momentum (the outer step, done in the exchange)
+    momentum: Tensor | None
 
 
 @dataclass
@@ -45,25 +47,11 @@ class _Round:
     fragment: int
     snapshot: Tensor
     open_step: int
+    apply_from: int  # not applied before this step (the delay)
     wait_step: int  # by this step the result must be in (a region without it waits for it)
-    apply_step: int | None  # None until the result says when (adaptive delay)
     blocking: bool  # applied at once: the new anchor is assigned
     future: Any
-    opened_at: float = 0.0
     result: _Result | None = None
-
-
-TAG_SEP = "~"  # a contribution's fingerprint tag: "<anchor fingerprint>~<steps its last exchange took>"
-
-
-def adaptive_delay(current: int, needs: dict[str, int], round_steps: int) -> int:
-    """A round's delay in steps from the shared figures: the most steps any region's previous
-    overlapped exchange took, never below ``current`` (the delay every region waited at this
-    round, at first the planner's), never beyond the round's last step. Pure and the same on
-    every region given the same figures, so the regions apply the round at the same step; never
-    decreasing, so the step at which a region waits for a result is never past its apply step."""
-    cap = max(current, round_steps - 1)
-    return int(min(cap, max([current, *needs.values()])))
 
 
 class AnchoredSync(Strategy):
@@ -75,9 +63,10 @@ class AnchoredSync(Strategy):
         c = self.cfg
         self.lr, self.mu = c.effective_outer_lr, c.effective_outer_momentum
         self.round_steps, self.delay = c.round_steps, c.delay_steps
-        self.adaptive = False  # set by the engine where every rank of the region can follow it
-        self.last_need = 0  # steps this region's last overlapped exchange took (0: none yet)
+        self.on_arrival = False  # set by the engine where every rank of the region can follow it
+        self.last_lag = 0  # steps from the opening to the applying of the last overlapped round
         self.landed: dict[int, int] = {}  # round -> step it was applied at
+        self.landings: list[tuple[int, int]] = []  # (step, lag) of rounds applied since last taken
         self.anchor: Tensor | None = None
         self.slices: list[slice] = []
         self.momentum: list[Tensor | None] = [None] * c.fragments
@@ -87,7 +76,7 @@ class AnchoredSync(Strategy):
         ]
         self.opened = self.completed = 0
         self.inflight: deque[_Round] = deque()
-        self.public: dict[str, Tensor] = {}
+        self.public_round = 0
 
     # ------------------------------------------------------------ engine side
 
@@ -108,16 +97,12 @@ class AnchoredSync(Strategy):
         self.step = step
         final = step == self.total_steps
         changed = False
-        while self.inflight:
-            rnd = self.inflight[0]
-            if not final and step < rnd.wait_step:
-                break
-            self._land(rnd, step)
-            assert rnd.apply_step is not None
-            if not final and step < rnd.apply_step:
-                break
+        while self.inflight and (final or self._lands(self.inflight[0], step)):
+            rnd = self.inflight.popleft()
             self.landed[rnd.index] = step
-            flat = self._apply(self.inflight.popleft(), flat)
+            self.last_lag = step - rnd.open_step
+            self.landings.append((step, self.last_lag))
+            flat = self._apply(rnd, flat)
             changed = True
         if final:  # end on one model: every fragment syncs once more, blocking
             for _ in range(
@@ -140,60 +125,54 @@ class AnchoredSync(Strategy):
         f = fragment_of(r, self.cfg.fragments)
         sl = self.slices[f]
         snap = flat[sl].clone()
-        fp = fingerprint(self.anchor[sl])
-        if self.adaptive:
-            fp = f"{fp}{TAG_SEP}{self.last_need}"
         self.opened += 1
-        opened_at = time.monotonic()
-        fut = self.node.pool.submit(self._exchange, r, f, self.anchor[sl] - snap, fp, step)
-        wait = step if blocking else step + self.delay
-        known = None if self.adaptive and not blocking else wait
-        return _Round(r, f, snap, step, wait, known, blocking, fut, opened_at)
+        # The anchor and momentum stay as they are until this round is applied (the round before
+        # has been, and a catch-up replaces them rather than writing into them), so the
+        # fingerprint, the pseudo-gradient and the outer step run in the exchange's thread, off
+        # the training thread.
+        fut = self.node.pool.submit(self._exchange, r, f, self.anchor, self.momentum[f], snap, step)
+        apply_from = step if blocking else step + self.delay
+        # On arrival, a late result is waited for only where the next round opens.
+        wait = step + self.round_steps if self.on_arrival and not blocking else apply_from
+        return _Round(r, f, snap, step, apply_from, wait, blocking, fut)
+
+    def _lands(self, rnd: _Round, step: int) -> bool:
+        """Whether ``rnd`` is applied at ``step``: at its delay on the fixed schedule; on arrival,
+        from its delay on once its result is in, and at the latest where the next round opens."""
+        return step >= rnd.wait_step or (step >= rnd.apply_from and rnd.future.done())
 
     def due(self, step: int) -> bool:
-        """Whether an in-flight round waits or lands at ``step`` (beyond the fixed schedule)."""
-        return any(step in (r.wait_step, r.apply_step) for r in self.inflight)
+        """Whether an in-flight round lands at ``step`` (beyond the fixed schedule)."""
+        return bool(self.inflight) and self._lands(self.inflight[0], step)
 
-    def _land(self, rnd: _Round, step: int) -> None:
-        """Take the round's result (waiting for it if it is not in yet); with an adaptive delay,
-        measure how many steps this region's exchange took and decide when the round applies."""
+    def _land(self, rnd: _Round) -> None:
+        """Take the round's result, waiting for it if it is not in yet."""
         if rnd.result is not None:
             return
         t0 = time.monotonic()
-        res: _Result = rnd.future.result()
+        rnd.result = rnd.future.result()
         self.blocked_on_comm += time.monotonic() - t0
-        rnd.result = res
-        tags = {k: v.partition(TAG_SEP) for k, v in res.fingerprints.items()}
-        res.fingerprints = {k: t[0] for k, t in tags.items()}
-        if rnd.blocking or not self.adaptive:
-            return
-        if step > rnd.open_step:  # the steps ran from the opening to now, before any wait
-            step_s = (t0 - rnd.opened_at) / (step - rnd.open_step)
-            if step_s > 0:
-                need = math.ceil(res.latency / step_s - 1e-9)
-                self.last_need = int(min(max(1, need), max(1, self.round_steps - 1)))
-        needs = {k: int(t[2]) for k, t in tags.items() if t[2].isdigit()}
-        self.delay = adaptive_delay(self.delay, needs, self.round_steps)
-        rnd.apply_step = rnd.open_step + self.delay
 
-    def _exchange(self, r: int, f: int, delta: Tensor, fp: str, step: int) -> _Result:
+    def _exchange(
+        self, r: int, f: int, anchor: Tensor, momentum: Tensor | None, snap: Tensor, step: int
+    ) -> _Result:
         t0 = time.monotonic()
-        res = self.reducers[f].reduce(r, delta, self.weight, fp, step, self.cfg.timeout_s)
+        a = anchor[self.slices[f]]
+        res = self.reducers[f].reduce(r, a - snap, self.weight, fingerprint(a), step, self.cfg.timeout_s)
         if res.stale:
             self.needs_catch_up = True  # the others have moved on without us
         latency = time.monotonic() - t0
         self.record_latency(latency)
-        return _Result(res.avg, res.fingerprints, latency)
+        new_anchor, mom = outer_step(a, res.avg, momentum, self.lr, self.mu, self.cfg.nesterov)
+        return _Result(res.avg, res.fingerprints, latency, new_anchor, mom)
 
     def _apply(self, rnd: _Round, flat: Tensor) -> Tensor:
         assert self.anchor is not None
-        self._land(rnd, rnd.open_step)
+        self._land(rnd)
         res = rnd.result
         assert res is not None
         sl = self.slices[rnd.fragment]
-        new_anchor, mom = outer_step(
-            self.anchor[sl], res.avg, self.momentum[rnd.fragment], self.lr, self.mu, self.cfg.nesterov
-        )
+        new_anchor, mom = res.anchor, res.momentum
         if rnd.blocking:
             flat[sl] = new_anchor  # blocking: every region now holds exactly the same parameters
         elif self.cfg.overlap_merge == "mix":  # Streaming DiLoCo's merge of the late outer step
@@ -216,10 +195,8 @@ class AnchoredSync(Strategy):
         return flat
 
     def _publish(self) -> None:
-        assert self.anchor is not None
-        self.public = {"anchor": self.anchor.clone()} | {
-            f"momentum{i}": m.clone() for i, m in enumerate(self.momentum) if m is not None
-        }
+        """Under the lock: what a peer's pull gets is the anchor and momentum as of this round
+        (``export_state`` encodes them under the same lock, so no copy is kept here)."""
         self.public_round = self.completed
 
     def adopt(self, msg: InMessage, flat: Tensor) -> Tensor:
@@ -253,8 +230,12 @@ class AnchoredSync(Strategy):
     def export_state(self, min_round: int, timeout: float) -> OutMessage:
         self.wait_progress(min_round, timeout)
         with self.lock:
-            public, rnd = self.public, self.public_round
-        parts = [(k, self.encode_exact(v)) for k, v in public.items()]
+            assert self.anchor is not None
+            public = {"anchor": self.anchor} | {
+                f"momentum{i}": m for i, m in enumerate(self.momentum) if m is not None
+            }
+            parts = [(k, self.encode_exact(v)) for k, v in public.items()]
+            rnd = self.public_round
         return OutMessage(self.meta(rnd), parts)
 
     # ------------------------------------------------------------ checkpoint

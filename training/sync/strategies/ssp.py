@@ -75,6 +75,8 @@ class StaleSync(Strategy):
                 left = deadline - time.monotonic()
                 if not behind or left <= 0:
                     break
+                for p in behind:  # a killed peer is dropped at once, not after the timeout
+                    self.node.check_gone(p)
                 self.lock.wait(min(left, 0.2))
             new = self.base + self.weight * decoded
             for p in self.pending:
