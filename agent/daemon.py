@@ -117,6 +117,7 @@ def profile_to_proto(p: NodeProfile) -> agent_pb2.MeasuredProfile:
         teardown_s=p.teardown_s,
         physical_cores=p.physical_cores,
         host_load_factor=p.host_load_factor,
+        launcher_s=p.launcher_s,
         rates=[
             agent_pb2.MeasuredStepRate(precision=r.precision, **{k: getattr(r, k) for k in STEP_RATE_FIELDS})
             for r in p.rates

@@ -54,6 +54,7 @@ class MetricsTracker:
     total_steps: int = 0
     wan_sent: float = 0.0
     wan_recv: float = 0.0
+    wire_sent: int | None = None  # the worker's running total from the kernel; None: unavailable
     latest: dict[str, Any] | None = field(default=None)
 
     def update(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -64,6 +65,9 @@ class MetricsTracker:
             self.wan_sent = _number(payload["wan_bytes_sent"])
         if "wan_bytes_recv" in payload:
             self.wan_recv = _number(payload["wan_bytes_recv"])
+        wire = sync.get("wire_bytes_sent_total")
+        if isinstance(wire, int) and not isinstance(wire, bool) and wire >= 0:
+            self.wire_sent = max(wire, self.wire_sent or 0)
         self.latest = {
             "step": int(_number(payload.get("step"))),
             "total_steps": int(_number(payload.get("total_steps", self.total_steps))),
@@ -76,6 +80,8 @@ class MetricsTracker:
             "wall_time_s": _number(payload.get("wall_time_s", payload.get("wall_s"))),
             "checkpoint_step": int(_number(payload.get("checkpoint_step", 0))),
         }
+        if self.wire_sent is not None:
+            self.latest["wan_wire_bytes_sent"] = self.wire_sent
         # The step's parts and the gossip spread pass through only when the worker reported them
         # (optional fields).
         for key, name in [*STEP_PARTS.items(), *((k, k) for k in SOMETIMES)]:

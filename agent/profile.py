@@ -118,7 +118,8 @@ def profile_from_result(result: dict[str, object], *, teardown_s: float, cores: 
     rates = result.get("rates")
     startup = result.get("startup_s")
     load = result.get("host_load_factor", 0.0)
-    numbers = isinstance(startup, int | float) and isinstance(load, int | float)
+    launcher = result.get("launcher_s", 0.0)
+    numbers = all(isinstance(x, int | float) for x in (startup, load, launcher))
     if not isinstance(rates, dict) or not numbers:
         return None
     try:
@@ -127,6 +128,7 @@ def profile_from_result(result: dict[str, object], *, teardown_s: float, cores: 
             teardown_s=teardown_s,
             physical_cores=cores,
             host_load_factor=float(load),
+            launcher_s=float(launcher),
             rates=tuple(
                 StepRate(precision=str(p), **{k: float(r[k]) for k in STEP_RATE_FIELDS})
                 for p, r in sorted(rates.items())

@@ -64,6 +64,8 @@ class NodeProfile:
     physical_cores: int
     rates: tuple[StepRate, ...] = ()
     host_load_factor: float = 0.0  # wall / CPU time of the reference on a CPU slot; 0: not measured
+    # The launcher's part of startup_s (one process per node, before the workers); 0: not measured.
+    launcher_s: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -71,6 +73,7 @@ class NodeProfile:
             "teardown_s": self.teardown_s,
             "physical_cores": self.physical_cores,
             "host_load_factor": self.host_load_factor,
+            "launcher_s": self.launcher_s,
             "rates": {r.precision: {k: getattr(r, k) for k in STEP_RATE_FIELDS} for r in self.rates},
         }
 
@@ -133,6 +136,11 @@ def profile_problems(profile: NodeProfile, where: str = "measured_profile") -> l
         value = getattr(profile, name)
         if not (_finite(value) and 0 <= value <= MAX_SECONDS):
             p.append(f"{where}.{name}: must be a number of seconds in [0, {MAX_SECONDS:g}], got {value}")
+    if _finite(profile.startup_s) and not (
+        _finite(profile.launcher_s) and 0 <= profile.launcher_s <= profile.startup_s
+    ):
+        got = profile.launcher_s
+        p.append(f"{where}.launcher_s: must be a number of seconds in [0, startup_s], got {got}")
     if not (_finite(profile.host_load_factor) and 0 <= profile.host_load_factor <= 1000):
         got = profile.host_load_factor
         p.append(f"{where}.host_load_factor: must be a finite number in [0, 1000], got {got}")

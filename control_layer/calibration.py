@@ -6,14 +6,16 @@ made with (``Estimates.basis``) they give an observed value per factor:
 
 - efficiency per "model|precision": basis × estimated compute / measured compute, where measured
   compute is the mean local step (compute [+ optimizer]) less the estimate's communication parts;
-- start-up seconds per node: as the task reported it (spawn to first step), and teardown seconds
-  per node as the agent measured it (the result to the process group gone), both divided by the
-  share of the host's cores the plan was priced at (``basis.host_share``): per idle core;
+- start-up seconds per node in two parts, as the task reported them: the launcher's (spawn to the
+  worker process started: one process per node, over ``basis.launch_share``) and the workers'
+  (the rest to the first step, over ``basis.host_share``), and teardown seconds per node as the
+  agent measured it (the result to the process group gone, over ``basis.host_share``): each per
+  idle core;
 - per region pair (runs that synced across regions), from two measurements (``observe_exchange``):
   goodput from the payloads' achieved bandwidth, and from the wait a blocking exchange adds beyond
-  its bytes and latency both the fixed seconds per exchange call and the leader's seconds per
-  parameter, fitted apart over the exchanges of different payloads the pair has seen
-  (``exchange_fit``), from exchanges made every step; an exchange made every H steps teaches
+  its bytes and latency the fixed seconds per exchange, per exchange call and the leader's
+  seconds per parameter, fitted apart over the exchanges of different payloads and rings the pair
+  has seen (``exchange_fit``), from exchanges made every step; an exchange made every H steps teaches
   instead how far the regions drift apart over those steps (the first waiting for the last).
 
 Per-step parts are the worker's totals over the run divided by its steps when its result has them
@@ -42,12 +44,13 @@ from control_layer.planner.plan_types import Calibration, CalibrationBasis, Erro
 ALPHA = 0.5  # weight of the newest run
 RECENT_ERRORS = 20  # time/cost residuals the interval is taken from
 TIMING_KEYS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "wall_s")
-RESULT_KEYS = ("startup_s", "train_s", "final_sync_s", "teardown_s", "steps", "task_wall_s")
+RESULT_KEYS = ("startup_s", "launcher_s", "train_s", "final_sync_s", "teardown_s", "steps", "task_wall_s")
 EFFICIENCY_RANGE = (1e-3, 1.5)  # what Calibration accepts
 GOODPUT_RANGE = (1e-3, 1.5)
 
 EFFICIENCY, STARTUP, TEARDOWN, GOODPUT = "efficiency", "startup_s", "teardown_s", "goodput"
-EXCHANGE, EXCHANGE_PARAM = "exchange_s", "exchange_param_s"
+LAUNCHER = "launcher_s"
+EXCHANGE, EXCHANGE_PARAM, EXCHANGE_FIXED = "exchange_s", "exchange_param_s", "exchange_fixed_s"
 # The decayed least-squares sums behind both (``exchange_fit``), keyed "a|b|<sum>".
 EXCHANGE_FIT = "exchange_fit"
 EXCHANGE_DRIFT = "exchange_drift"
@@ -173,9 +176,8 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
         # Start-up and teardown per idle core: the run's figure over the share of its host's cores
         # the plan was priced at (its own slots and the host's load then).
         share = (basis.host_share.get(task.node_id) if basis else None) or 1.0
-        startup = _num(task.result.get("startup_s"))
-        if startup is not None and startup >= 0:
-            obs[(STARTUP, task.node_id)].append(startup / share)
+        for kind, value in _observe_startup(basis, task, share).items():
+            obs[(kind, task.node_id)].append(value)
         teardown = _num(task.result.get("teardown_s"))
         if teardown is not None and teardown >= 0:
             obs[(TEARDOWN, task.node_id)].append(teardown / share)
@@ -187,6 +189,21 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
             obs[key].append(value)
     # Several tasks on one key (replicas of one model, one node's tasks): their median.
     return {k: statistics.median(v) for k, v in obs.items()}
+
+
+def _observe_startup(basis: CalibrationBasis | None, task: TaskRun, share: float) -> dict[str, float]:
+    """The task's start-up per idle core, in its two parts: the launcher's over the share it was
+    priced at (one process per node), the workers' over theirs. A task that did not report the
+    launcher's part teaches only the workers', less the launcher's part as priced."""
+    startup = _num(task.result.get("startup_s"))
+    if startup is None or startup < 0:
+        return {}
+    launch_share = (basis.launch_share.get(task.node_id) if basis else None) or share
+    launcher = _num(task.result.get("launcher_s"))
+    if launcher is not None and 0 <= launcher <= startup:
+        return {LAUNCHER: launcher / launch_share, STARTUP: (startup - launcher) / share}
+    priced = (basis.launcher_s.get(task.node_id, 0.0) if basis else 0.0) * launch_share
+    return {STARTUP: max(0.0, startup - priced) / share}
 
 
 def _exchange_totals(result: dict[str, Any]) -> dict[str, float] | None:
@@ -214,12 +231,12 @@ def observe_exchange(
     those seconds is the achieved bandwidth, and against the bandwidth the exchange was priced at
     it gives each region pair's goodput (keyed as the estimate used it: measured or declared). The
     steps wait for a blocking exchange: per exchange, the wait beyond the regional reduce, the
-    bytes at the achieved bandwidth and the link latency is what its calls and its per-parameter
-    work cost; over the host share it was priced at, that is seconds per idle core, a sample of
-    y = calls × c + parameters × p (``exchange_fit``). Each part keeps its own factor, so a payload
-    of another size is priced right. Only a blocking exchange teaches either: an overlapped one
-    streams while the replicas compute, so on a CPU host its payloads wait for the cores training
-    holds and say little of the link.
+    bytes at the achieved bandwidth and the link latency is what its fixed part, its calls and its
+    per-parameter work cost; over the host share it was priced at, that is seconds per idle core, a
+    sample of y = e + calls × c + parameters × p (``exchange_fit``). Each part keeps its own
+    factor, so a payload or ring of another shape is priced right. Only a blocking exchange
+    teaches any of them: an overlapped one streams while the replicas compute, so on a CPU host
+    its payloads wait for the cores training holds and say little of the link.
     """
     ex = basis.exchange
     assert ex is not None
@@ -252,7 +269,7 @@ def _observe_drift(
     ex = basis.exchange
     if ex is None or sample is None or ex.every <= 1:
         return {}
-    own = (ex.rounds * ex.call_s + ex.params * ex.param_s) * max(1.0, ex.share)
+    own = (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * max(1.0, ex.share)
     extra = sample.seconds * max(1.0, ex.share) - own
     local = [
         m["wall_s"] - m.get("sync_s", 0.0)
@@ -269,7 +286,7 @@ def _observe_drift(
 def _learn_exchange(
     factors: dict[tuple[str, str], Factor], run: FinishedRun
 ) -> list[tuple[str, str, float | None, float, float]]:
-    """Fold the run's exchange sample into each of its region pairs' sums and refit c and p there.
+    """Fold the run's exchange sample into each of its region pairs' sums and refit e, c, p there.
     Returns (kind, key, old, new, sample's seconds) for each fitted factor; ``factors`` is updated."""
     basis = run.option.estimates.basis
     if basis is None or not _exchanged(run):
@@ -286,8 +303,12 @@ def _learn_exchange(
         ) + 1
         for s, v in sums.items():
             factors[(EXCHANGE_FIT, f"{pair}|{s}")] = Factor(v, runs)
-        c, p_m = xf.fit(sums, cm.DEFAULT_EXCHANGE_CALL_S, cm.DEFAULT_EXCHANGE_PARAM_S * 1e6)
-        for kind, value in ((EXCHANGE, c), (EXCHANGE_PARAM, p_m / 1e6)):
+        prior = xf.Costs(
+            cm.DEFAULT_EXCHANGE_FIXED_S, cm.DEFAULT_EXCHANGE_CALL_S, cm.DEFAULT_EXCHANGE_PARAM_S * 1e6
+        )
+        got = xf.fit(sums, prior)
+        fitted = ((EXCHANGE_FIXED, got.fixed), (EXCHANGE, got.call), (EXCHANGE_PARAM, got.per_mparam / 1e6))
+        for kind, value in fitted:
             old = factors.get((kind, pair))
             factors[(kind, pair)] = Factor(value, (old.runs if old else 0) + 1)
             moved.append((kind, pair, old.value if old else None, value, sample.seconds))
@@ -319,7 +340,7 @@ def update(state: State, run: FinishedRun, alpha: float = ALPHA) -> tuple[State,
                     _rel(observed, old.value if old else None),
                 )
             )
-        # The exchange's fixed and per-parameter costs come from a fit over every run's sample, not
+        # The exchange's fixed, per-call and per-parameter costs come from a fit over every run's sample, not
         # a move toward this run's: the row records the fit and, as observed, this run's seconds
         # beyond the transfer per idle core.
         for kind, key, old_value, new, seconds in _learn_exchange(factors, run):
@@ -369,9 +390,11 @@ def to_calibration(state: State) -> Calibration:
         EFFICIENCY: {},
         GOODPUT: {},
         STARTUP: {},
+        LAUNCHER: {},
         TEARDOWN: {},
         EXCHANGE: {},
         EXCHANGE_PARAM: {},
+        EXCHANGE_FIXED: {},
         EXCHANGE_DRIFT: {},
     }
     for (kind, key), factor in state.factors.items():
@@ -381,9 +404,11 @@ def to_calibration(state: State) -> Calibration:
         device_efficiency=tables[EFFICIENCY],
         link_goodput=tables[GOODPUT],
         startup_s=tables[STARTUP],
+        launcher_s=tables[LAUNCHER],
         teardown_s=tables[TEARDOWN],
         exchange_s=tables[EXCHANGE],
         exchange_param_s=tables[EXCHANGE_PARAM],
+        exchange_fixed_s=tables[EXCHANGE_FIXED],
         exchange_drift=tables[EXCHANGE_DRIFT],
         time_error=error_band(r for k, r in state.errors if k == TIME),
         cost_error=error_band(r for k, r in state.errors if k == COST),

@@ -22,8 +22,9 @@ TASK_STATES: dict[int, str] = {
 }
 SERVER_MESSAGE_KINDS = ("assignment", "cancel", "drain", "ack", "probe", "checkpoint_copy")
 METRIC_PARTS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s")
-# Optional TaskMetrics fields set on some steps only (gossip's spread: at its checks).
-METRIC_SOMETIMES = ("gossip_spread",)
+# Optional TaskMetrics fields set on some steps only (gossip's spread: at its checks) or by some
+# workers only (wire bytes: where the kernel's TCP counters can be read).
+METRIC_SOMETIMES = ("gossip_spread", "wan_wire_bytes_sent")
 
 
 def device_from_proto(d: agent_pb2.Device) -> DeviceReport:
@@ -61,6 +62,7 @@ def profile_from_proto(p: agent_pb2.MeasuredProfile) -> NodeProfile:
         teardown_s=p.teardown_s,
         physical_cores=p.physical_cores,
         host_load_factor=p.host_load_factor,
+        launcher_s=p.launcher_s,
         rates=tuple(
             StepRate(**{k: getattr(r, k) for k in ("precision", *STEP_RATE_FIELDS)}) for r in p.rates
         ),

@@ -104,7 +104,10 @@ class DatabaseCollector(Collector):
         yield node_g
         yield GaugeMetricFamily("cpn_tasks_running", "Tasks reported running", value=running_tasks or 0)
         sent = CounterMetricFamily(
-            "cpn_wan_bytes_sent", "Bytes the tasks' leaders sent over the WAN, by region", labels=["region"]
+            "cpn_wan_bytes_sent",
+            "gRPC message bytes (serialized plus the 5-byte prefix) of the sync service that the tasks' "
+            "leaders sent to peer regions, by region: what egress is billed on, without TCP/IP headers",
+            labels=["region"],
         )
         for region, n in sorted(wan.items()):
             sent.add_metric([region], n)

@@ -175,6 +175,11 @@ def progress_of(job: Job, tasks: Sequence[Task]) -> Progress | None:
         tokens_per_s=sum(float(m.get("tokens_per_s") or 0.0) for m in reported),
         wan_bytes_sent=sum(int(m.get("wan_bytes_sent") or 0) for m in reported),
         wan_bytes_recv=sum(int(m.get("wan_bytes_recv") or 0) for m in reported),
+        wan_wire_bytes_sent=(
+            sum(int(m["wan_wire_bytes_sent"]) for m in reported)
+            if all(isinstance(m.get("wan_wire_bytes_sent"), int | float) for m in reported)
+            else None
+        ),
     )
 
 

@@ -95,8 +95,17 @@ class Progress(BaseModel):
     total_steps: int
     loss: float | None
     tokens_per_s: float
-    wan_bytes_sent: int = 0
+    wan_bytes_sent: int = Field(
+        0,
+        description="gRPC message bytes of the sync service sent to peer regions (egress is priced on these)",
+    )
     wan_bytes_recv: int = 0
+    wan_wire_bytes_sent: int | None = Field(
+        None,
+        description="What the same connections put on the wire, from the kernel's TCP counters: payload, "
+        "retransmissions and every segment's Ethernet/IP/TCP headers, ACKs included; null unless every "
+        "reporting task could read them",
+    )
 
 
 class EstimatesRead(BaseModel):

@@ -257,6 +257,19 @@ def test_metrics_tracker_passes_the_steps_parts_only_when_measured() -> None:
     assert "compute_s" not in t.update({"step": 3, "compute_s": float("nan")})
 
 
+def test_metrics_tracker_passes_the_wire_total_only_where_the_worker_read_it() -> None:
+    t = MetricsTracker(total_steps=10)
+    m = t.update({"step": 1, "sync": {"bytes_sent": {"a": 100}}})
+    assert "wan_wire_bytes_sent" not in m  # unavailable, not 0
+    assert "wan_wire_bytes_sent" not in metrics_to_dict(agent_pb2.TaskMetrics(assignment_id="a", **m))
+    m = t.update({"step": 2, "sync": {"bytes_sent": {"a": 10}, "wire_bytes_sent_total": 140}})
+    assert m["wan_wire_bytes_sent"] == 140 and m["wan_bytes_sent"] == 110  # a total vs the deltas
+    assert t.update({"step": 3, "sync": {}})["wan_wire_bytes_sent"] == 140  # a step between readings
+    assert t.update({"step": 4, "sync": {"wire_bytes_sent_total": -5}})["wan_wire_bytes_sent"] == 140
+    back = metrics_to_dict(agent_pb2.TaskMetrics(assignment_id="a", **m))
+    assert back["wan_wire_bytes_sent"] == 140 and back["wan_bytes_sent"] == 110
+
+
 def test_a_reference_result_becomes_a_profile_or_nothing() -> None:
     rate = {"tflops": 0.05, "micro_batch_s": 0.004, "step_s": 0.001, "optimizer_s_per_mparam": 0.005,
             "data_s_per_mtoken": 9.0, "checkpoint_s_per_mparam": 0.1}  # fmt: skip
@@ -273,6 +286,11 @@ def test_a_reference_result_becomes_a_profile_or_nothing() -> None:
         1.2,
     )
     assert {r.precision: r.tflops for r in p.rates} == {"bf16": 0.08, "fp32": 0.05}
+    assert p.launcher_s == 0.0  # not reported: not measured
+    with_launcher = profile_from_result({**result, "launcher_s": 1.2}, teardown_s=1.5, cores=2)
+    assert with_launcher is not None and with_launcher.as_dict()["launcher_s"] == 1.2
+    # The launcher's part cannot exceed the whole start-up.
+    assert profile_from_result({**result, "launcher_s": 8.0}, teardown_s=1.5, cores=2) is None
     assert p.as_dict()["rates"]["fp32"] == rate  # type: ignore[index]
     assert profile_from_result({**result, "startup_s": None}, teardown_s=1.0, cores=2) is None
     assert profile_from_result({**result, "rates": {"fp32": {"tflops": 1}}}, teardown_s=1.0, cores=2) is None

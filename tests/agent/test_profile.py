@@ -15,6 +15,8 @@ def test_the_reference_worker_measures_start_up_teardown_and_each_precision(tmp_
     # Start-up covers at least `import torch` in a fresh interpreter; the cores are this host's.
     assert profile.startup_s > 0.5 and profile.teardown_s >= 0 and profile.physical_cores >= 1
     assert profile.host_load_factor >= 1.0
+    # The launcher (torchrun, its own `import torch`) measured apart: part of the start-up.
+    assert 0.1 < profile.launcher_s < profile.startup_s
     rates = {r.precision: r for r in profile.rates}
     assert set(rates) == {"fp32", "bf16"}
     for r in rates.values():

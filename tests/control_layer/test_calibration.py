@@ -15,6 +15,7 @@ from control_layer.planner.plan_types import PlannedTask, PlanOption, SyncTopolo
 from control_layer.planner.snapshot import ResourceSnapshot
 
 AT = datetime(2026, 11, 23, tzinfo=UTC)
+REGION_OF = {"a": "eu", "b": "us", "c": "ap"}
 
 
 def _snap() -> ResourceSnapshot:
@@ -29,9 +30,12 @@ def _snap() -> ResourceSnapshot:
 
     return ResourceSnapshot.model_validate(
         {
-            "regions": [{"name": "eu"}, {"name": "us"}],
-            "clusters": [cluster("a", "eu"), cluster("b", "us")],
-            "links": [{"src": "eu", "dst": "us", "bandwidth_gbps": 1, "latency_ms": 10}],
+            "regions": [{"name": "eu"}, {"name": "us"}, {"name": "ap"}],
+            "clusters": [cluster("a", "eu"), cluster("b", "us"), cluster("c", "ap")],
+            "links": [
+                {"src": a, "dst": b, "bandwidth_gbps": 1, "latency_ms": 10}
+                for a, b in (("eu", "us"), ("eu", "ap"), ("us", "ap"))
+            ],
         }
     )
 
@@ -49,7 +53,7 @@ def _spec(steps: int = 20) -> JobSpec:
 
 def _option(calibration=None, regions: int = 1, spec: JobSpec | None = None) -> PlanOption:
     spec = spec or _spec()
-    place = [("a", "a0"), ("b", "b0")][:regions]
+    place = [("a", "a0"), ("b", "b0"), ("c", "c0")][:regions]
     tasks = [
         PlannedTask(dp_rank=i, pp_stage=0, tp_rank=0, cluster=c, node=n, device=0)
         for i, (c, n) in enumerate(place)
@@ -65,7 +69,7 @@ def _option(calibration=None, regions: int = 1, spec: JobSpec | None = None) -> 
         tasks=tasks,
         sync=SyncTopology(mode="sync"),
         estimates=est,
-        regions=sorted({"a": "eu", "b": "us"}[c] for c, _ in place),
+        regions=sorted(REGION_OF[c] for c, _ in place),
     )
 
 
@@ -80,17 +84,20 @@ def _run(
     succeeded: bool = True,
     job: str = "j1",
     exchange: dict | None = None,
+    launcher_s: float | None = None,
 ) -> cal.FinishedRun:
     steps = [
         {"compute_s": compute_s * (3 if i == 0 else 1), "sync_s": sync_s, "data_s": 0.001} for i in range(10)
     ]
     result = {"startup_s": startup_s} if startup_s is not None else {}
+    if launcher_s is not None:
+        result["launcher_s"] = launcher_s
     if exchange is not None:
         result["exchange_totals"] = exchange
     tasks = [
         cal.TaskRun(
             node_id=t.node,
-            region={"a": "eu", "b": "us"}[t.cluster],
+            region=REGION_OF[t.cluster],
             device_model="cpu",
             steps=steps,
             result=result,
@@ -140,57 +147,93 @@ def test_recent_runs_weigh_more() -> None:
     assert row.old == 4.0 and row.observed == 8.0 and row.residual == pytest.approx(1.0)
 
 
-def _exchanged(option: PlanOption, *, rate: float, call_s: float, param_s: float, steps: int = 20) -> dict:
+def test_the_launchers_and_the_workers_start_up_are_learned_apart() -> None:
+    option = _option()
+    compute = option.estimates.step_s.compute
+    state, _ = cal.update(cal.State(), _run(option, compute_s=compute, startup_s=5.0, launcher_s=1.5))
+    assert state.factors[(cal.LAUNCHER, "a0")].value == pytest.approx(1.5)
+    assert state.factors[(cal.STARTUP, "a0")].value == pytest.approx(3.5)
+    again = _option(cal.to_calibration(state))
+    assert again.estimates.startup_s == pytest.approx(5.0)
+    assert again.estimates.basis.launcher_s == {"a0": pytest.approx(1.5)}
+    # A task that did not report the launcher's part teaches the workers' less the launcher's
+    # part as priced.
+    state, _ = cal.update(state, _run(again, compute_s=compute, startup_s=6.5, job="j2"))
+    assert state.factors[(cal.STARTUP, "a0")].value == pytest.approx(3.5 + cal.ALPHA * (5.0 - 3.5))
+    assert state.factors[(cal.LAUNCHER, "a0")].value == pytest.approx(1.5)
+
+
+def _exchanged(
+    option: PlanOption,
+    *,
+    rate: float,
+    call_s: float,
+    param_s: float,
+    steps: int = 20,
+    fixed_s: float = 0.0,
+) -> dict:
     """What the leaders of a blocking exchange report when payloads move at ``rate`` bytes/s, each
-    call costs ``call_s`` and each parameter ``param_s`` (per idle core) beyond bytes and latency."""
+    exchange costs ``fixed_s``, each call ``call_s`` and each parameter ``param_s`` (per idle core)
+    beyond bytes and latency."""
     ex = option.estimates.basis.exchange
-    wait = ex.local_s + ex.bytes / rate + ex.latency_s + (ex.rounds * call_s + ex.params * param_s) * ex.share
+    own = fixed_s + ex.rounds * call_s + ex.params * param_s
+    wait = ex.local_s + ex.bytes / rate + ex.latency_s + own * ex.share
     n = steps - 1
     return {"n": n, "wait_s": wait * n, "bytes": ex.bytes * n, "transfer_s": ex.bytes / rate * n}
 
 
 def _sized(d_model: int) -> JobSpec:
+    # Six sequences a step: a two- and a three-region plan both split them.
     spec = _spec()
-    return spec.model_copy(update={"model": spec.model.model_copy(update={"d_model": d_model})})
+    model = spec.model.model_copy(update={"d_model": d_model})
+    training = spec.training.model_copy(update={"global_batch_tokens": 64 * 6})
+    return spec.model_copy(update={"model": model, "training": training})
 
 
-# What two-region `sync` exchanges on loopback took on the reference box, per idle core.
-CALL_S, PARAM_S = 0.013, 16e-9
+# What `sync` exchanges on loopback took on the reference box, per idle core: fixed per
+# exchange, per call, per parameter.
+FIXED_S, CALL_S, PARAM_S = 0.010, 0.003, 16e-9
 
 
 def test_goodput_and_exchange_costs_are_learned_apart() -> None:
     one = _option(regions=1)
     state, _ = cal.update(cal.State(), _run(one, compute_s=one.estimates.step_s.compute, sync_s=0.5))
-    assert not [k for k in state.factors if k[0] in (cal.GOODPUT, cal.EXCHANGE, cal.EXCHANGE_PARAM)]
+    exchange_kinds = (cal.GOODPUT, cal.EXCHANGE, cal.EXCHANGE_PARAM, cal.EXCHANGE_FIXED)
+    assert not [k for k in state.factors if k[0] in exchange_kinds]
 
     two = _option(regions=2)
     ex = two.estimates.basis.exchange
     assert ex.rounds == 1 and ex.blocking and ex.bytes > 0 and ex.params == two_params()
-    assert ex.param_s == cm.DEFAULT_EXCHANGE_PARAM_S
+    assert ex.param_s == cm.DEFAULT_EXCHANGE_PARAM_S and ex.fixed_s == cm.DEFAULT_EXCHANGE_FIXED_S
     assert two.estimates.basis.exchange_s == {"eu|us": cm.DEFAULT_EXCHANGE_CALL_S}
     assert two.estimates.basis.exchange_param_s == {"eu|us": cm.DEFAULT_EXCHANGE_PARAM_S}
-    # The link achieves half of what was priced; calls and parameters cost what was measured.
+    assert two.estimates.basis.exchange_fixed_s == {"eu|us": cm.DEFAULT_EXCHANGE_FIXED_S}
+    # The link achieves half of what was priced; exchanges, calls and parameters cost what was
+    # measured. Two-region exchanges make one call and three-region rings four: runs of both,
+    # and of several sizes, tell the three parts apart.
     rate = ex.bytes_per_s / 2
     state = cal.State()
-    sizes = (64, 256, 128, 512, 64)  # 0.1 to 3.2 million parameters
-    for i, d in enumerate(sizes):
-        option = _option(cal.to_calibration(state), regions=2, spec=_sized(d))
-        totals = _exchanged(option, rate=rate, call_s=CALL_S, param_s=PARAM_S)
+    runs = ((2, 64), (3, 256), (2, 128), (3, 512), (2, 512), (3, 64))  # 0.1 to 3.2 M parameters
+    for i, (regions, d) in enumerate(runs):
+        option = _option(cal.to_calibration(state), regions=regions, spec=_sized(d))
+        totals = _exchanged(option, rate=rate, call_s=CALL_S, param_s=PARAM_S, fixed_s=FIXED_S)
         run = _run(option, compute_s=option.estimates.step_s.compute, exchange=totals, job=f"j{i}")
         state, changes = cal.update(state, run)
         kinds = {c.kind for c in changes}
-        assert {cal.EXCHANGE, cal.EXCHANGE_PARAM} <= kinds
+        assert {cal.EXCHANGE, cal.EXCHANGE_PARAM, cal.EXCHANGE_FIXED} <= kinds
     assert state.factors[(cal.GOODPUT, "eu|us")].value == pytest.approx(cm.DEFAULT_WAN_GOODPUT / 2)
-    # Runs of several sizes separate the two parts (the prior's pull is a hundredth of one run).
+    # The prior's pull is a hundredth of one run.
+    assert state.factors[(cal.EXCHANGE_FIXED, "eu|us")].value == pytest.approx(FIXED_S, rel=0.1)
     assert state.factors[(cal.EXCHANGE, "eu|us")].value == pytest.approx(CALL_S, rel=0.1)
     assert state.factors[(cal.EXCHANGE_PARAM, "eu|us")].value == pytest.approx(PARAM_S, rel=0.05)
 
-    # Quoted again, a small and a large model's exchanges both cost what they take.
+    # Quoted again, a small and a large model's exchanges both cost what they take, on either ring.
     calibration = cal.to_calibration(state)
-    for d in (64, 512):
-        option = _option(calibration, regions=2, spec=_sized(d))
+    assert calibration.exchange_fixed_s["eu|us"] == pytest.approx(FIXED_S, rel=0.1)
+    for regions, d in ((2, 64), (2, 512), (3, 64)):
+        option = _option(calibration, regions=regions, spec=_sized(d))
         got = option.estimates.basis.exchange
-        totals = _exchanged(option, rate=rate, call_s=CALL_S, param_s=PARAM_S)
+        totals = _exchanged(option, rate=rate, call_s=CALL_S, param_s=PARAM_S, fixed_s=FIXED_S)
         assert option.estimates.step_s.wan_sync == pytest.approx(totals["wait_s"] / totals["n"], rel=0.03)
         assert got.params == _sized(d).model.n_params
 
@@ -199,18 +242,20 @@ def two_params() -> int:
     return _spec().model.n_params
 
 
-def test_one_size_alone_is_fitted_but_cannot_be_split() -> None:
+def test_one_shape_alone_is_fitted_but_cannot_be_split() -> None:
     option = _option(regions=2, spec=_sized(512))
     ex = option.estimates.basis.exchange
-    totals = _exchanged(option, rate=ex.bytes_per_s, call_s=CALL_S, param_s=PARAM_S)
+    totals = _exchanged(option, rate=ex.bytes_per_s, call_s=3 * CALL_S, param_s=2 * PARAM_S, fixed_s=FIXED_S)
     state, _ = cal.update(cal.State(), _run(option, compute_s=1.0, exchange=totals))
+    e = state.factors[(cal.EXCHANGE_FIXED, "eu|us")].value
     c = state.factors[(cal.EXCHANGE, "eu|us")].value
     p = state.factors[(cal.EXCHANGE_PARAM, "eu|us")].value
-    # The fit reproduces that size's wait beyond the transfer (up to the prior's small pull) ...
-    beyond = CALL_S + ex.params * PARAM_S
-    assert c + ex.params * p == pytest.approx(beyond, rel=0.05)
-    # ... and splits what the defaults missed between the two parts.
-    assert c > cm.DEFAULT_EXCHANGE_CALL_S and p >= cm.DEFAULT_EXCHANGE_PARAM_S
+    # The fit reproduces that shape's wait beyond the transfer (up to the prior's small pull) ...
+    beyond = FIXED_S + 3 * CALL_S + ex.params * 2 * PARAM_S
+    assert e + c + ex.params * p == pytest.approx(beyond, rel=0.05)
+    # ... and splits what the defaults missed among the parts.
+    assert e > cm.DEFAULT_EXCHANGE_FIXED_S and c > cm.DEFAULT_EXCHANGE_CALL_S
+    assert p > cm.DEFAULT_EXCHANGE_PARAM_S
 
 
 def test_an_overlapped_exchange_teaches_neither_goodput_nor_exchange_costs() -> None:
@@ -348,7 +393,7 @@ def test_regions_that_exchange_every_h_steps_teach_their_drift_not_the_exchange_
         ex.local_s
         + ex.bytes / ex.bytes_per_s
         + ex.latency_s
-        + (ex.rounds * ex.call_s + ex.params * ex.param_s) * ex.share
+        + (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * ex.share
     )
     wait = priced + drift * 5 * local_step
     n = 4
@@ -362,7 +407,7 @@ def test_regions_that_exchange_every_h_steps_teach_their_drift_not_the_exchange_
     tasks = [
         cal.TaskRun(
             node_id=t.node,
-            region={"a": "eu", "b": "us"}[t.cluster],
+            region=REGION_OF[t.cluster],
             device_model="cpu",
             steps=[],
             result=result,
@@ -371,7 +416,8 @@ def test_regions_that_exchange_every_h_steps_teach_their_drift_not_the_exchange_
     ]
     state, _ = cal.update(cal.State(), cal.FinishedRun("g", AT, True, option, tasks, 100.0, 1.0))
     assert state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value == pytest.approx(drift)
-    assert (cal.EXCHANGE, "eu|us") not in state.factors  # the calls are learned from lockstep exchanges
+    # The exchange's own costs are learned from lockstep exchanges.
+    assert not {(k, "eu|us") for k in (cal.EXCHANGE, cal.EXCHANGE_FIXED)} & set(state.factors)
     # Quoted again, each exchange adds the drift over the option's own local steps.
     again = _option(cal.to_calibration(state), regions=2, spec=_gossip())
     assert again.estimates.basis.exchange.drift == pytest.approx(drift)

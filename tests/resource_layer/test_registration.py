@@ -218,6 +218,11 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
         "measured_profile.startup_s",
     ),
     (
+        "profile launcher longer than its start-up",
+        {"measured_profile": agent_pb2.MeasuredProfile(startup_s=2.0, launcher_s=3.0)},
+        "measured_profile.launcher_s",
+    ),
+    (
         "profile rate of zero TFLOPS",
         {"measured_profile": agent_pb2.MeasuredProfile(rates=[agent_pb2.MeasuredStepRate(precision="fp32")])},
         "measured_profile.rates[0].tflops",
@@ -246,7 +251,9 @@ def test_a_measured_profile_is_stored_and_reaches_the_planners_snapshot(
         precision="fp32", tflops=0.04, micro_batch_s=0.004, step_s=0.001, optimizer_s_per_mparam=0.005,
         data_s_per_mtoken=9.0, checkpoint_s_per_mparam=0.1,
     )  # fmt: skip
-    profile = agent_pb2.MeasuredProfile(startup_s=6.5, teardown_s=0.8, physical_cores=2, rates=[rate])
+    profile = agent_pb2.MeasuredProfile(
+        startup_s=6.5, teardown_s=0.8, physical_cores=2, rates=[rate], launcher_s=1.25
+    )
     resp = stub.Register(request(enrollment_token(ctx), measured_profile=profile), timeout=10)
     with ctx.session_factory() as s:
         node = s.get(Node, resp.node_id)
@@ -255,6 +262,7 @@ def test_a_measured_profile_is_stored_and_reaches_the_planners_snapshot(
         snap = build_snapshot(s)
     (info,) = [n for c in snap.clusters for n in c.nodes if n.id == resp.node_id]
     assert info.profile is not None and info.profile.teardown_s == pytest.approx(0.8)
+    assert info.profile.launcher_s == pytest.approx(1.25)
     assert info.profile.rates["fp32"].data_s_per_mtoken == pytest.approx(9.0)
     assert info.host == "node-a"
 

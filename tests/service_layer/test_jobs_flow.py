@@ -126,10 +126,18 @@ def test_quote_then_job_through_to_success(server: ServerHandle, admin: CpnClien
                         "loss": 4.0 - step * 0.5,
                         "tokens_per_s": 1000.0,
                         "entropy_floor": FLOOR,
+                        "wan_bytes_sent": 1000 * step,
+                        # Kernel wire counts: the workers read them from step 3 on.
+                        **({"wan_wire_bytes_sent": 1100 * step} if step == 3 else {}),
                     },
                 )
+            if step == 2:  # the wire count is unavailable (null), not 0, until every task has one
+                progress = alice.job(job_id)["progress"]
+                assert progress["wan_wire_bytes_sent"] is None and progress["wan_bytes_sent"] > 0
         running = alice.job(job_id)
         assert running["status"] == "running"
+        assert running["progress"]["wan_bytes_sent"] == 3000 * len(job["tasks"])
+        assert running["progress"]["wan_wire_bytes_sent"] == 3300 * len(job["tasks"])
         assert running["progress"]["step"] == 3 and running["progress"]["loss"] == pytest.approx(2.5)
         assert running["progress"]["tokens_per_s"] == pytest.approx(1000.0 * len(job["tasks"]))
         curve = alice.metrics(job_id)

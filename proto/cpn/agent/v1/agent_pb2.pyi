@@ -79,18 +79,20 @@ class RegisterRequest(_message.Message):
     def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ..., measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ..., csr_pem: _Optional[str] = ...) -> None: ...
 
 class MeasuredProfile(_message.Message):
-    __slots__ = ("startup_s", "teardown_s", "physical_cores", "rates", "host_load_factor")
+    __slots__ = ("startup_s", "teardown_s", "physical_cores", "rates", "host_load_factor", "launcher_s")
     STARTUP_S_FIELD_NUMBER: _ClassVar[int]
     TEARDOWN_S_FIELD_NUMBER: _ClassVar[int]
     PHYSICAL_CORES_FIELD_NUMBER: _ClassVar[int]
     RATES_FIELD_NUMBER: _ClassVar[int]
     HOST_LOAD_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    LAUNCHER_S_FIELD_NUMBER: _ClassVar[int]
     startup_s: float
     teardown_s: float
     physical_cores: int
     rates: _containers.RepeatedCompositeFieldContainer[MeasuredStepRate]
     host_load_factor: float
-    def __init__(self, startup_s: _Optional[float] = ..., teardown_s: _Optional[float] = ..., physical_cores: _Optional[int] = ..., rates: _Optional[_Iterable[_Union[MeasuredStepRate, _Mapping]]] = ..., host_load_factor: _Optional[float] = ...) -> None: ...
+    launcher_s: float
+    def __init__(self, startup_s: _Optional[float] = ..., teardown_s: _Optional[float] = ..., physical_cores: _Optional[int] = ..., rates: _Optional[_Iterable[_Union[MeasuredStepRate, _Mapping]]] = ..., host_load_factor: _Optional[float] = ..., launcher_s: _Optional[float] = ...) -> None: ...
 
 class MeasuredStepRate(_message.Message):
     __slots__ = ("precision", "tflops", "micro_batch_s", "step_s", "optimizer_s_per_mparam", "data_s_per_mtoken", "checkpoint_s_per_mparam")
@@ -189,7 +191,7 @@ class TaskStatus(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ..., result_json: _Optional[str] = ...) -> None: ...
 
 class TaskMetrics(_message.Message):
-    __slots__ = ("assignment_id", "step", "total_steps", "loss", "tokens_per_s", "compute_utilization", "wan_bytes_sent", "wan_bytes_recv", "sync_latency_s", "wall_time_s", "data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s", "checkpoint_step", "gossip_spread")
+    __slots__ = ("assignment_id", "step", "total_steps", "loss", "tokens_per_s", "compute_utilization", "wan_bytes_sent", "wan_bytes_recv", "sync_latency_s", "wall_time_s", "data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s", "checkpoint_step", "gossip_spread", "wan_wire_bytes_sent")
     ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +210,7 @@ class TaskMetrics(_message.Message):
     STEP_WALL_S_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     GOSSIP_SPREAD_FIELD_NUMBER: _ClassVar[int]
+    WAN_WIRE_BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     assignment_id: str
     step: int
     total_steps: int
@@ -226,7 +229,8 @@ class TaskMetrics(_message.Message):
     step_wall_s: float
     checkpoint_step: int
     gossip_spread: float
-    def __init__(self, assignment_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., wan_bytes_sent: _Optional[int] = ..., wan_bytes_recv: _Optional[int] = ..., sync_latency_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., data_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., sync_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ..., step_wall_s: _Optional[float] = ..., checkpoint_step: _Optional[int] = ..., gossip_spread: _Optional[float] = ...) -> None: ...
+    wan_wire_bytes_sent: int
+    def __init__(self, assignment_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., wan_bytes_sent: _Optional[int] = ..., wan_bytes_recv: _Optional[int] = ..., sync_latency_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., data_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., sync_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ..., step_wall_s: _Optional[float] = ..., checkpoint_step: _Optional[int] = ..., gossip_spread: _Optional[float] = ..., wan_wire_bytes_sent: _Optional[int] = ...) -> None: ...
 
 class TaskLog(_message.Message):
     __slots__ = ("assignment_id", "stream", "line")
