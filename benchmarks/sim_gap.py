@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import small_instance  # noqa: E402
 
 from benchmarks.sim import simulate  # noqa: E402
+from benchmarks.sim.simulate import PERIODIC  # noqa: E402
 from contracts.errors import CpnError  # noqa: E402
 from contracts.job_spec import JobSpec  # noqa: E402
 from control_layer.planner import plan  # noqa: E402
@@ -42,8 +43,7 @@ from control_layer.planner.search import precision_groups, with_precision  # noq
 from control_layer.planner.snapshot import ResourceSnapshot  # noqa: E402
 
 # The constants sim_vs_planner gives the simulator (the planner's own defaults).
-GOODPUT = {"lan_goodput": 0.9, "wan_goodput": 0.7}
-PERIODIC = ("local_sgd", "diloco", "gossip")
+GOODPUT = {"lan_goodput": 0.9, "wan_goodput": 0.7, "call_s": 0.003, "param_s": 16e-9, "fixed_s": 0.010}
 # An instance with more placements than this is left out (reported), not sampled.
 MAX_PLACEMENTS = 4000
 
@@ -173,7 +173,7 @@ def instance_gap(spec: JobSpec, snap: ResourceSnapshot) -> dict:
             clusters[t.cluster].spot_price_per_device_hour is not None for t in o.tasks
         )
         try:
-            est, _ = estimate_planned(
+            est, runtime = estimate_planned(
                 spec_p,
                 snap,
                 o.tasks,
@@ -187,6 +187,8 @@ def instance_gap(spec: JobSpec, snap: ResourceSnapshot) -> dict:
         except CpnError:  # does not fit, or no link: not a placement the runtime can run
             continue
         scored += 1
+        # The runtime settings this placement's workers would get (overlap, checkpoint interval).
+        o = o.model_copy(update={"runtime": runtime})
         s = sim_score(spec_p, o, snap, price, outside_iteration_s(est))
         ref = s if ref is None or s < ref else ref
     mine = sim_score(spec, best, snap, price, outside_iteration_s(best.estimates))

@@ -9,8 +9,9 @@ it also deals the first option's (replica, stage, tp rank) roles to random free 
 same model anywhere in the fleet, and has both the planner (``estimate_option``) and the simulator
 price each: a cost model that ranks placements must agree with the reference on which is faster.
 
-The simulator is given the planner's own device efficiency (0.5) and link goodputs (0.9 inside a
-region, 0.7 between regions) as inputs, so differences come from what each models, not from
+The simulator is given the planner's own device efficiency (0.5), link goodputs (0.9 inside a
+region, 0.7 between regions), fixed seconds per sync call (3 ms) and the leaders' seconds per
+parameter of an exchange (16 ns) as inputs, so differences come from what each models, not from
 those constants. Ends with a JSON line:
 {"instances", "options", "sim_estimate_err_p50", "sim_estimate_err_p90", "rank_corr", ...}
 where err = |planner iteration - sim step_s| / sim step_s over every option. The planner's
@@ -57,7 +58,7 @@ TERMS = {
     "dp_comm": "dp_sync_s",
     "wan_sync": "wan_sync_s",
 }
-GOODPUT = {"lan_goodput": 0.9, "wan_goodput": 0.7}
+GOODPUT = {"lan_goodput": 0.9, "wan_goodput": 0.7, "call_s": 0.003, "param_s": 16e-9, "fixed_s": 0.010}
 
 
 def instances(n_small: int, n_medium: int, seed: int) -> list[tuple[str, JobSpec, ResourceSnapshot]]:

@@ -10,8 +10,12 @@ The simulator reads that as:
   the NIC). The snapshot has no node-level figure, so the node interconnect runs at the fabric's
   rate too; the fabric itself is non-blocking (fat tree), so only the ports can be full;
 - traffic between clusters leaves through the sender's fabric port and crosses the link between
-  the two regions (one shared pipe per direction, also for two clusters of one region), whose
-  latency it pays;
+  the two regions, whose latency it pays: one pipe per direction (Ethernet and InfiniBand links
+  are full duplex; the snapshot keeps a figure per direction, a lone direction serving both).
+  Two clusters of one region meet over the region's local link, read as each cluster's port into
+  the region's network, one pipe out and one in at the local link's rate (full duplex too): a
+  cluster's traffic to all its in-region peers shares its port, two clusters' opposite flows do
+  not share anything;
 - goodput factors scale nominal bandwidth to what a transport achieves (1.0: the wire rate).
 """
 
@@ -68,9 +72,13 @@ class Topology:
         goodput = self.lan_goodput if ra == rb else self.wan_goodput
         out_rate, _ = self._fabric[a.cluster]
         in_rate, _ = self._fabric[b.cluster]
-        path = (
-            self._port(("nic", "out", a), out_rate),
-            self._port(("link", ra, rb), link.bandwidth_gbps * GBPS * goodput),
-            self._port(("nic", "in", b), in_rate),
-        )
+        rate = link.bandwidth_gbps * GBPS * goodput
+        if ra == rb:
+            between = (
+                self._port(("local", "out", a.cluster), rate),
+                self._port(("local", "in", b.cluster), rate),
+            )
+        else:
+            between = (self._port(("link", ra, rb), rate),)
+        path = (self._port(("nic", "out", a), out_rate), *between, self._port(("nic", "in", b), in_rate))
         return path, link.latency_ms / 1e3, f"link:{ra}->{rb}"

@@ -9,12 +9,13 @@ gradients (DDP; ZeRO-1/2 reduce-scatter then all-gather, the same ring volume; Z
 more all-gather, 3(n-1)/n instead of 2(n-1)/n). The iteration ends when the last ring ends.
 Across groups, even two nodes of one cluster, the group leaders (replica 0's first device) exchange
 the whole model over their links per ``sync.mode`` (``training.sync``: every node is a participant
-of its own): a dense ring all-reduce, an all-gather for top-k (sparse
-vectors do not stay sparse under summation) or one gossip round to the plan's peers. That exchange
-is simulated on its own and reported as an amortised share per step.
+of its own): sync, local SGD and DiLoCo a ring all-reduce (``DenseReducer``; top-k too, each hop
+re-encodes its chunk), ssp a push of the update to every peer at once (``StaleSync``), async a
+call to the parameter server per participant, update up and parameters back (``AsyncServer``),
+gossip one round to the plan's peers. That exchange is simulated on its own and reported as an
+amortised share per step, less what the steps beside it cover where the mode overlaps it.
 
-Left out: overlap of gradient buckets with the backward pass, the optimizer step, data loading,
-the leader's gather and scatter of the whole model around a cross-group exchange.
+Left out: overlap of gradient buckets with the backward pass, the optimizer step, data loading.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from benchmarks.sim.collectives import all_gather, all_reduce, exchange
+from benchmarks.sim.collectives import all_reduce, exchange
 from benchmarks.sim.links import Device, Topology
 from benchmarks.sim.network import Network
 from benchmarks.sim.schedule import Pipeline, StageTimes
@@ -90,7 +91,16 @@ def simulate(
     efficiency: float = 0.5,
     lan_goodput: float = 1.0,
     wan_goodput: float = 1.0,
+    call_s: float = 0.0,
+    param_s: float = 0.0,
+    fixed_s: float = 0.0,
 ) -> SimResult:
+    """One iteration of ``option``. ``call_s``: the fixed seconds of one call of the sync
+    transport beyond its bytes and latencies (``collectives``); ``param_s``: the leaders' work
+    per parameter of a cross-group exchange (gathering the replica's tensors, encoding, decoding,
+    the mean, scattering the result), once per exchange; ``fixed_s``: the fixed seconds of one
+    exchange whatever its size (the per-tensor loop, fingerprints, waking its threads). All are
+    inputs, like the goodputs."""
     # The worker trains at the option's precision (a spec's "auto" resolves per option).
     if spec.training.precision != option.precision:
         training = spec.training.model_copy(update={"precision": option.precision})
@@ -133,14 +143,20 @@ def simulate(
     busy, compute = m * (st.fwd + st.bwd), m * (st.fwd_compute + st.bwd_compute)
     pp_comm = max(0.0, t_pipe - t_bare)
 
-    exchange_s, wan_bytes = _cross_group(topo, spec, option, work, replicas, members)
+    exchange_s, wan_bytes = _cross_group(
+        topo, spec, option, work, replicas, members, call_s, param_s, fixed_s
+    )
     steps, every = spec.training.steps, option.sync.every if option.sync.mode in PERIODIC else 1
     per_step = math.ceil(steps / every) / steps
     mode = option.sync.mode
-    if mode == "diloco" or mode == "async" or (mode == "ssp" and spec.sync.staleness > 0):
-        # the exchange runs while training goes on for the next round (diloco), or `staleness` steps
-        window = every if mode == "diloco" else max(1, spec.sync.staleness if mode == "ssp" else 1)
-        wan = per_step * max(0.0, exchange_s - window * iteration)
+    overlapped = option.runtime is not None and option.runtime.overlap
+    if (mode in ("diloco", "async") and overlapped) or (mode == "ssp" and spec.sync.staleness > 0):
+        # The exchange runs beside the next round's steps and blocks only for what they do not
+        # cover: overlapped DiLoCo applies a round at most a round after sending it; async takes
+        # the server's answer at the next round's start; ssp's sender thread per peer pushes one
+        # round after the other, so a round lasts at least its push (staleness bounds only how
+        # many rounds may be queued).
+        wan = per_step * max(0.0, exchange_s - every * iteration)
     else:
         wan = per_step * exchange_s
     return SimResult(
@@ -217,6 +233,49 @@ def _run(
     return end, max(max(p.done_at) for p in pipes), dict(net.bytes_on)
 
 
+def _sync_key(d: Device, region: str, cluster_name: str, count_region: int, count_cluster: int) -> str:
+    """The participant's name, as the control plane names it (``worker_config.sync_keys``)."""
+    if count_region == 1:
+        return region
+    if count_cluster == 1:
+        return f"{region}/{cluster_name}"
+    return f"{region}/{cluster_name}/{d.node[:8]}"
+
+
+def _parameter_server(topo: Topology, leaders: dict[str, Device]) -> str:
+    """The group whose leader serves ``async``: the lowest-named participant (``AsyncServer``:
+    ``ps_region`` unset, so ``sorted(regions)[0]``)."""
+    names = {c.id: c.name or c.id for c in topo.snapshot.clusters}
+    regions = [topo.region(d.cluster) for d in leaders.values()]
+    clusters = [(topo.region(d.cluster), d.cluster) for d in leaders.values()]
+    keys = {
+        g: _sync_key(
+            d,
+            topo.region(d.cluster),
+            names[d.cluster],
+            regions.count(topo.region(d.cluster)),
+            clusters.count((topo.region(d.cluster), d.cluster)),
+        )
+        for g, d in leaders.items()
+    }
+    return min(keys, key=lambda g: keys[g])
+
+
+def _request_reply(
+    net: Network, route, ps: Device, workers: list[Device], up: float, down: float, call_s: float
+) -> None:
+    """``async``: every worker sends its update to the server and, once it has arrived, gets the
+    server's parameters back (one unary call each, all at once; the answer ends the call)."""
+    for w in workers:
+
+        def reply(w: Device = w) -> None:
+            path, latency, label = route(ps, w)
+            net.send(path, down, latency, lambda: net.at(call_s, lambda: None), label)
+
+        path, latency, label = route(w, ps)
+        net.send(path, up, latency, reply, label)
+
+
 def _cross_group(
     topo: Topology,
     spec: JobSpec,
@@ -224,8 +283,12 @@ def _cross_group(
     work: Workload,
     replicas: dict[int, list[list[Device]]],
     members: dict[str, list[int]],
+    call_s: float,
+    param_s: float,
+    fixed_s: float,
 ) -> tuple[float, dict[str, float]]:
-    """One exchange between group leaders, on an otherwise idle network."""
+    """One exchange between group leaders, on an otherwise idle network, as each mode's strategy
+    moves its bytes (``training.sync``)."""
     if len(members) < 2:
         return 0.0, {}
     leader = {g: replicas[min(rs)][0][0] for g, rs in members.items()}
@@ -235,9 +298,12 @@ def _cross_group(
     peers = [leader[g] for g in order]
     comp = option.sync.compression
     per_param = 8.0 * spec.sync.topk_ratio if comp == "topk" else WIRE_BYTES[comp]
-    payload = work.n_params * per_param
+    update = work.n_params * per_param
+    # Parameters travel in fp32, or bf16 when compression is on (``Strategy.param_codec``).
+    params = work.n_params * (4.0 if comp in ("none", "fp32") else 2.0)
     net = Network(topo.capacity)
-    if option.sync.mode == "gossip":
+    mode = option.sync.mode
+    if mode == "gossip":
         edges = []
         for c, peers_of in sorted(option.sync.gossip.items()):
             for p in peers_of:
@@ -247,9 +313,22 @@ def _cross_group(
                             edges.append((leader[a], leader[b]))
         if not edges:  # no graph shipped: the ring's neighbours
             edges = [(peers[i], peers[(i + 1) % len(peers)]) for i in range(len(peers))]
-        exchange(net, topo.route, edges, payload, lambda: None)
-    elif comp == "topk":
-        all_gather(net, topo.route, peers, payload, lambda: None).start()
+        exchange(net, topo.route, edges, update, lambda: None, call_s)
+    elif mode == "async":
+        ps = _parameter_server(topo, leader)
+        workers = [leader[g] for g in order if g != ps]
+        _request_reply(net, topo.route, leader[ps], workers, update, params, call_s)
+    elif mode == "ssp" or len(peers) == 2:
+        # ``StaleSync``: every participant pushes its update to every peer, one sender per peer;
+        # ``DenseReducer`` does the same with two participants (``_all_to_all``).
+        pairs = [(a, b) for a in peers for b in peers if a != b]
+        exchange(net, topo.route, pairs, update, lambda: None, call_s)
     else:
-        all_reduce(net, topo.route, peers, payload, lambda: None).start()
-    return net.run(), dict(net.bytes_on)
+        # ``DenseReducer``: a ring over three or more. Top-k stays top-k on the wire: every hop
+        # re-encodes its chunk (``_ring``: ``ef.compress`` per hop), so the ring moves 2(P-1)/P
+        # of the top-k payload like any other codec.
+        all_reduce(net, topo.route, peers, update, lambda: None, call_s).start()
+    # The leaders' work on every parameter and the exchange's fixed work: before the first byte
+    # leaves and after the last arrives (an exchange on an idle network: where it falls does not
+    # change its length).
+    return net.run() + work.n_params * param_s + fixed_s, dict(net.bytes_on)

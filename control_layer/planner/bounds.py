@@ -81,8 +81,10 @@ def make_rows(
     n_reg = len(fleet.regions)
     member_cap = np.where(usable, cap[None, :], 0)
     room_one = np.zeros((len(dp), n_reg))
-    for r in np.unique(region):
-        room_one[:, r] = member_cap[:, region == r].max(axis=1)
+    if n_u:  # the largest member per region: one max per run of a region's units
+        by_reg = np.argsort(region, kind="stable")
+        regs, starts = np.unique(region[by_reg], return_index=True)
+        room_one[:, regs] = np.maximum.reduceat(member_cap[:, by_reg], starts, axis=1)
     # One member holding all dp replicas: alone (t1) when dp = 1, sharing (t2) otherwise.
     holds = usable & (member_cap >= dp[:, None]) & (lo <= dp[:, None])
     t_one = np.where((dp == 1)[:, None], t1, t2)
@@ -141,6 +143,23 @@ def _dp_th(n: np.ndarray, t: np.ndarray, dp: np.ndarray) -> np.ndarray:
     return np.where(inside, t_s[np.arange(len(dp)), np.minimum(reach, t.shape[1] - 1)], math.inf)
 
 
+def _link_orders(f: Fleet) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]], float]:
+    """The region links as the WAN floor reads them: which pairs are linked; per region, its
+    links fastest first and lowest latency first (order, values, finite); the cheapest egress.
+    They follow from the region pairs alone: built once, kept with the fleet."""
+    got = f.wan_orders.get("links")
+    if got is None:
+        linked = ~np.eye(len(f.regions), dtype=bool) & (f.pair_bw > 0)
+        links = []
+        for values, high in ((f.pair_bw, True), (f.pair_lat, False)):
+            vals = np.where(linked, values, -np.inf if high else np.inf)
+            order = np.argsort(-vals if high else vals, axis=1, kind="stable")  # (R, R)
+            ranked = np.take_along_axis(vals, order, axis=1)
+            links.append((order, ranked, np.isfinite(ranked)))
+        got = f.wan_orders["links"] = (linked, links, float(np.where(linked, f.egress, np.inf).min()))
+    return got  # type: ignore[return-value]
+
+
 def _wan_floor(rows: Rows, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row, (seconds, USD) of the cheapest WAN phase over region sets with room for dp.
 
@@ -156,16 +175,13 @@ def _wan_floor(rows: Rows, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     k = np.maximum(2, (np.cumsum(-np.sort(-room, axis=1), axis=1) < dp[:, None]).sum(axis=1) + 1)
     if n_reg < 2:
         return np.full(d, math.inf), np.full(d, math.inf)
-    linked = ~np.eye(n_reg, dtype=bool) & (f.pair_bw > 0)
+    _, links, cheapest = _link_orders(f)
     out = []
-    for values, high in ((f.pair_bw, True), (f.pair_lat, False)):
+    for (order, ranked, finite), high in zip(links, (True, False), strict=True):
         fill = -np.inf if high else np.inf
-        vals = np.where(linked, values, fill)
-        order = np.argsort(-vals if high else vals, axis=1, kind="stable")  # (R, R)
-        ranked = np.take_along_axis(vals, order, axis=1)
         reach = room[:, :, None] + np.cumsum(room[:, order], axis=2)  # (D, R, R)
         ok = (
-            np.isfinite(ranked)[None, :, :]
+            finite[None, :, :]
             & (reach >= dp[:, None, None])
             & (np.arange(n_reg)[None, None, :] >= (k - 2)[:, None, None])
         )
@@ -176,7 +192,6 @@ def _wan_floor(rows: Rows, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     kk = np.minimum(k, n_reg)
     feasible = (k <= n_reg) & np.isfinite(bw) & (bw > 0)
     t = np.where(feasible, f.wan_factor[kk] / np.where(feasible, bw, 1.0) + f.wan_hops[kk] * lat, math.inf)
-    cheapest = float(np.where(linked, f.egress, np.inf).min())
     egress = np.where(feasible, kk * f.per_leader[kk] / cm.GB * cheapest, math.inf)
     return t, egress
 
@@ -191,37 +206,43 @@ def wan_floor(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
     return np.minimum(t_b, t_c), np.minimum(e_b, e_c)
 
 
-def _by_region(n: np.ndarray, key: np.ndarray, g_region: np.ndarray, n_reg: int, dp: np.ndarray):
+def _by_region(
+    n: np.ndarray, key: np.ndarray, g_region: np.ndarray, n_reg: int, dp: np.ndarray, want: str = "both"
+) -> tuple[np.ndarray, np.ndarray]:
     """Per row and region: the dp-th smallest slot key, and the sum of the dp smallest keys.
 
-    n, key: (D, S) slot counts and keys (≥ 0); g_region: (S,). Slots are sorted by region, then key
-    (one sort per row, same region segments in every row); segment sums then give each region's
-    fill. Returns two (D, R) arrays, inf where a region has fewer than dp slots.
+    n, key: (D, S) slot counts and keys (≥ 0; a key of one row is every row's); g_region: (S,).
+    Slots are sorted by region, then key (one sort per row, same region segments in every row);
+    segment sums then give each region's fill. Returns two (D, R) arrays, inf where a region has
+    fewer than dp slots; want "kth" or "sum" leaves the other one inf (each caller reads one).
     """
-    d, width = key.shape
+    d, width = n.shape
     out_kth = np.full((d, n_reg), np.inf)
     out_sum = np.full((d, n_reg), np.inf)
     if width == 0:
         return out_kth, out_sum
     span = float(np.nanmax(np.where(np.isfinite(key), key, 0.0))) + 1.0
     composite = np.where(np.isfinite(key), key, span - 0.5) + g_region[None, :] * span
-    order = np.argsort(composite, axis=1, kind="stable")
+    # A key with one row is every row's: one sort serves them all.
+    order = np.broadcast_to(np.argsort(composite, axis=1, kind="stable"), n.shape)
     n_s = np.take_along_axis(n, order, axis=1).astype(float)
-    k_s = np.take_along_axis(key, order, axis=1)
+    k_s = np.take_along_axis(np.broadcast_to(key, n.shape), order, axis=1)
     regions, starts = np.unique(g_region[order[0]], return_index=True)
     cum = np.cumsum(n_s, axis=1)
     base = np.concatenate([np.zeros((d, 1)), cum[:, :-1]], axis=1)[:, starts]  # before each segment
     seg_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, width)))
     seg_cum = cum - base[:, seg_of]
-    take = np.clip(dp[:, None] - (seg_cum - n_s), 0, n_s)
-    total = np.add.reduceat(take * np.where(take > 0, k_s, 0.0), starts, axis=1)
     have = np.add.reduceat(n_s, starts, axis=1)
-    first = np.where(seg_cum >= dp[:, None], np.arange(width)[None, :], width)
-    reach = np.minimum.reduceat(first, starts, axis=1)
-    kth = k_s[np.arange(d)[:, None], np.minimum(reach, width - 1)]
     enough = have >= dp[:, None]
-    out_kth[:, regions] = np.where(enough, kth, np.inf)
-    out_sum[:, regions] = np.where(enough, total, np.inf)
+    if want != "kth":
+        take = np.clip(dp[:, None] - (seg_cum - n_s), 0, n_s)
+        total = np.add.reduceat(take * np.where(take > 0, k_s, 0.0), starts, axis=1)
+        out_sum[:, regions] = np.where(enough, total, np.inf)
+    if want != "sum":
+        first = np.where(seg_cum >= dp[:, None], np.arange(width)[None, :], width)
+        reach = np.minimum.reduceat(first, starts, axis=1)
+        kth = k_s[np.arange(d)[:, None], np.minimum(reach, width - 1)]
+        out_kth[:, regions] = np.where(enough, kth, np.inf)
     return out_kth, out_sum
 
 
@@ -254,14 +275,18 @@ def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.n
     n_reg = len(f.regions)
     scale = rows.devices_per_replica * steps / 3600.0
 
-    # DiLoCo's runtime overlaps its exchange with the next steps: it can hide entirely, so only
-    # its egress is bounded.
+    # DiLoCo's runtime overlaps its exchange with the next steps: what does not hide behind a
+    # round's H local steps blocks (``runtime_pricing``: F · max(0, T/F − delay · t), delay ≤
+    # H/F), so a step is at least max(t, x·T − (x·H − 1)·t), x the exchanges per step. Where H
+    # divides the steps (x·H = 1) that is max(t, x·T), monotone in t as the fills need; else only
+    # t is bounded.
     hidden = f.runtime.diloco
+    only_local = hidden and abs(f.xps * cm.sync_every(f.spec.sync) - 1.0) > 1e-12
 
     def floor_at(t: np.ndarray, sync: np.ndarray) -> np.ndarray:
-        if hidden:
+        if only_local:
             return t
-        return np.maximum(t, sync) if f.overlapped else t + sync
+        return np.maximum(t, sync) if f.overlapped or hidden else t + sync
 
     # One participant.
     t_z = rows.z_time
@@ -278,19 +303,19 @@ def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.n
     else:
         # All in one region r (≥ 2 participants): slots of r only, plus two participants over
         # r's fastest hop (the ring's time rises with P and falls with the hop's speed).
-        sync_r = f.xps * f.local_floor  # (R,)
+        sync_r = f.xps * (f.local_floor + f.wan_param_s)  # (R,); every exchange pays the leaders' work
         t = np.concatenate([rows.t1, rows.t2], axis=1)
         g_region = np.concatenate([rows.g_region, rows.g_region])
-        kth_t, _ = _by_region(n, t, g_region, n_reg, dp)
-        _, sum_pt = _by_region(n, t * price, g_region, n_reg, dp)
-        _, sum_p = _by_region(n, np.broadcast_to(price, n.shape), g_region, n_reg, dp)
+        kth_t, _ = _by_region(n, t, g_region, n_reg, dp, "kth")
+        _, sum_pt = _by_region(n, t * price, g_region, n_reg, dp, "sum")
+        _, sum_p = _by_region(n, price, g_region, n_reg, dp, "sum")
         t_a = floor_at(kth_t, sync_r[None, :]).min(axis=1)
         sync_cost = 0.0 if hidden else sync_r[None, :] * sum_p
         c_a = np.maximum(sum_pt, sync_cost) if f.overlapped else sum_pt + sync_cost
         c_a = c_a.min(axis=1) * scale
         # Two or more regions.
         t_wan, egress = wan_floor(rows)
-        wan = (f.xps * t_wan)[:, None]
+        wan = (f.xps * (t_wan + f.wan_param_s))[:, None]
     n_single = rows.n_single
     t_s = _dp_th(n_single, floor_at(rows.t1, wan), dp)
     c_s = _fill(n_single, floor_at(rows.t1, wan) * rows.price[None, :], dp)

@@ -100,12 +100,27 @@ DEFAULT_STARTUP_S = 8.0
 DEFAULT_TEARDOWN_S = 1.0
 
 
-def startup_seconds(node: str, measured: float | None, calibration: Calibration | None) -> float:
-    """Seconds a node takes to start a worker on an idle host: calibrated from finished runs, else
-    as the node measured it at registration, else the default."""
+def startup_parts(
+    node: str, measured: float | None, measured_launcher: float, calibration: Calibration | None
+) -> tuple[float, float]:
+    """(launcher, workers): seconds a node takes to start a job on an idle host, in the launcher's
+    part (torchrun's interpreter and imports, one process per node, before any worker exists)
+    and the workers' (their interpreter, imports, rendezvous and model build, one per slot). Each
+    calibrated from finished runs, else as the node measured it at registration (``measured`` the
+    whole, ``measured_launcher`` its launcher's part, 0 where not measured), else the default."""
+    known = calibration is not None and node in calibration.launcher_s
+    launcher = calibration.launcher_s[node] if known and calibration else measured_launcher
     if calibration and node in calibration.startup_s:
-        return calibration.startup_s[node]
-    return DEFAULT_STARTUP_S if measured is None else measured
+        return launcher, calibration.startup_s[node]
+    total = DEFAULT_STARTUP_S if measured is None else measured
+    return launcher, max(0.0, total - measured_launcher)
+
+
+def startup_seconds(
+    node: str, measured: float | None, calibration: Calibration | None, measured_launcher: float = 0.0
+) -> float:
+    """Seconds a node takes to start a job on an idle host, both parts (``startup_parts``)."""
+    return sum(startup_parts(node, measured, measured_launcher, calibration))
 
 
 def teardown_seconds(node: str, measured: float | None, calibration: Calibration | None) -> float:
@@ -180,13 +195,29 @@ def exchange_call_seconds(regions: list[str], calibration: Calibration | None) -
     return _largest_over_pairs(table, regions, DEFAULT_EXCHANGE_CALL_S)
 
 
+# The fixed cost of one cross-region exchange whatever its size and ring, beyond its calls: the
+# in-node gather and broadcast loop over every parameter tensor, the payload's fingerprints, waking
+# the exchange's threads (``training/sync/engine.py``), per idle core. Two-region `sync` exchanges
+# of four model sizes on loopback on the reference box took 13 ms fixed with one call each
+# (BENCHMARKS.md, quote accuracy), of which a bare call is ``DEFAULT_EXCHANGE_CALL_S``.
+# Calibration learns it per region pair, apart from the call's and the per-parameter cost.
+DEFAULT_EXCHANGE_FIXED_S = 0.010
+
+
+def exchange_fixed_seconds(regions: list[str], calibration: Calibration | None) -> float:
+    """Fixed seconds per exchange among these regions, per idle core: the largest calibrated
+    figure of any pair among them, else the default."""
+    table = calibration.exchange_fixed_s if calibration else {}
+    return _largest_over_pairs(table, regions, DEFAULT_EXCHANGE_FIXED_S)
+
+
 # The region leader's work per exchange that grows with the model, beyond the payload's transfer:
 # flattening the replica's tensors into one, encoding and decoding it, the weighted mean, writing
 # it back and broadcasting it to the node's other ranks (``training/runtime.py``,
 # ``training/sync/engine.py``), seconds per parameter per idle core. Two-region `sync` exchanges
 # on loopback on the reference box took about 13 ms fixed plus 16 ms per million parameters
-# (BENCHMARKS.md, quote accuracy). Calibration learns it per region pair, apart from the call's
-# fixed cost.
+# (BENCHMARKS.md, quote accuracy). Calibration learns it per region pair, apart from the fixed
+# costs per exchange and per call.
 DEFAULT_EXCHANGE_PARAM_S = 16e-9
 
 
@@ -373,7 +404,7 @@ def replica_time(
     pp: int,
     zero: int,
     n_micro: int,
-    shared: bool,
+    replicas_on_node,
     effective_flops,
     intra_bw,
     intra_lat,
@@ -385,8 +416,9 @@ def replica_time(
     """One replica's step on devices of effective_flops (FLOP/s, measured × efficiency).
 
     intra_bw/intra_lat (bytes/s, s) carry TP and the in-cluster gradient all-reduce; pp_bw/pp_lat
-    carry activations between stages. shared: the replica syncs gradients with at least one
-    other replica of its cluster every step, bounded by the full ring volume 2·G.
+    carry activations between stages. replicas_on_node: the replicas of its node (one torchrun
+    group) it all-reduces gradients with every step, r (int or array; ≤ 1: none), a ring of
+    2(r−1)/r·G (NCCL/gloo ring all-reduce).
     micro_batch_s / step_s: fixed seconds per micro-batch and per step beyond the FLOPs (kernel
     launches, Python, the loss all-reduce), as the node's reference step measured them.
     """
@@ -416,14 +448,21 @@ def replica_time(
     else:
         pp_comm = 0.0 * t_mb
 
-    if shared:
-        # DDP and FSDP reduce the fp32 gradients the worker keeps.
-        grad_bytes = stage_params(model, tp, pp) * GRAD_BYTES
-        volume = 1.5 if zero == 3 else 1.0
-        dp_comm = volume * (2.0 * grad_bytes / intra_bw + 2.0 * intra_lat)
-    else:
-        dp_comm = 0.0 * t_mb
+    dp_comm = dp_comm_s(spec, tp, pp, zero, replicas_on_node, intra_bw, intra_lat) + 0.0 * t_mb
+    if np.ndim(dp_comm) == 0:
+        dp_comm = float(dp_comm)
     return ReplicaTime(compute, tp_comm, dp_comm, bubble, pp_comm)
+
+
+def dp_comm_s(spec: JobSpec, tp: int, pp: int, zero: int, replicas_on_node, intra_bw, intra_lat):
+    """The gradient all-reduce of r replicas on one node, every step: DDP and FSDP reduce the
+    fp32 gradients the worker keeps over a ring of the r (2(r−1)/r of them, 2(r−1) hops: NCCL's
+    and gloo's ring); ZeRO-3 adds the parameter all-gathers (3Ψ instead of 2Ψ). 0 for r ≤ 1."""
+    r = np.maximum(np.asarray(replicas_on_node, dtype=float), 1.0)
+    grad_bytes = stage_params(spec.model, tp, pp) * GRAD_BYTES
+    volume = 1.5 if zero == 3 else 1.0
+    bw, lat = np.asarray(intra_bw, dtype=float), np.asarray(intra_lat, dtype=float)
+    return volume * (2.0 * (r - 1) / r * grad_bytes / bw + 2.0 * (r - 1) * lat)
 
 
 # ---------------------------------------------------------------- cross-cluster sync
@@ -444,20 +483,33 @@ def exchanges_per_step(sync: SyncSpec, steps: int) -> float:
     return math.ceil(steps / sync_every(sync)) / steps
 
 
+def param_bytes_per_param(sync: SyncSpec) -> float:
+    """Bytes per parameter where the runtime sends parameters rather than updates (the async
+    server's answer, gossip): fp32 without compression, else bf16 (``Strategy.param_codec``:
+    int8 or top-k of raw weights would lose too much)."""
+    return SYNC_BASE_BYTES_PER_PARAM if sync.compression in (None, "none", "fp32") else 2.0
+
+
 def wan_bytes_per_leader(sync: SyncSpec, n_params: float, n_regions) -> np.ndarray:
     """Bytes each sync participant sends per exchange among n_regions participants (the name
-    is historical: participants are nodes, ``ring_sync_s``).
+    is historical: participants are nodes, ``ring_sync_s``), as each mode's strategy moves them
+    (``training.sync``):
 
-    Dense payloads use a ring all-reduce (2(P−1)/P of the payload); top-k payloads do not stay
-    sparse under summation, so they are all-gathered ((P−1) payloads); gossip sends the payload
-    to each of min(k, P−1) peers.
+    - sync, local SGD, DiLoCo: a ring all-reduce (``DenseReducer``), 2(P−1)/P of the payload;
+      top-k too, since every hop re-encodes its chunk as top-k (``collective._ring``);
+    - ssp: its update to every peer (``StaleSync``), (P−1) payloads;
+    - async: each of the P−1 others sends its update to the server and gets the parameters back
+      (``AsyncServer``): (P−1)·(update + parameters) in all, averaged over the P participants;
+    - gossip: the payload to each of min(k, P−1) peers.
     """
     rr = np.asarray(n_regions, dtype=float)
     payload = n_params * sync_bytes_per_param(sync)
     if sync.mode == "gossip":
         out = np.minimum(sync.gossip_peers, rr - 1) * payload
-    elif sync.compression == "topk":
+    elif sync.mode == "ssp":
         out = (rr - 1) * payload
+    elif sync.mode == "async":
+        out = (rr - 1) / np.maximum(rr, 1) * (payload + n_params * param_bytes_per_param(sync))
     else:
         out = 2.0 * (rr - 1) / np.maximum(rr, 1) * payload
     return np.where(rr >= 2, out, 0.0)
@@ -467,30 +519,39 @@ def wan_latency_hops(sync: SyncSpec, n_regions) -> np.ndarray:
     """One-way link latencies on an exchange's critical path: every call of it
     (``exchange_rounds``) waits for its peer's answer, a round trip, 2 hops."""
     rr = np.asarray(n_regions, dtype=int)
-    calls = np.vectorize(lambda r: exchange_rounds(sync, int(r)), otypes=[float])(rr)
+    # exchange_rounds over an array (the search prices thousands of placements per quote).
+    one_round = sync.mode in ("gossip", "ssp", "async") or rr == 2
+    calls = np.where(rr < 2, 0.0, np.where(one_round, 1.0, 2.0 * (rr - 1)))
     return 2.0 * calls
 
 
 def exchange_rounds(sync: SyncSpec, n_regions: int) -> int:
     """Calls a participant makes one after another in one exchange (``training.sync``): a ring
     over three or more participants takes 2(P−1) hops; with two each pushes to the other at
-    once (one round); a gossip round calls its peers concurrently (one round)."""
+    once (one round); ssp pushes to every peer at once, async makes one call to the server and a
+    gossip round calls its peers concurrently (one round each)."""
     if n_regions < 2:
         return 0
-    if sync.mode == "gossip" or n_regions == 2:
+    if sync.mode in ("gossip", "ssp", "async") or n_regions == 2:
         return 1
     return 2 * (n_regions - 1)
 
 
 def wan_time_factor(sync: SyncSpec, n_params: float, n_regions) -> np.ndarray:
-    """Seconds-per-(byte/s) coefficient of the WAN phase: bytes that cross the bottleneck link.
+    """Seconds-per-(byte/s) coefficient of the exchange: bytes that cross its slowest hop's port,
+    one direction (links are full duplex).
 
     Gossip exchanges with each peer on its own link concurrently, so one payload crosses the
-    slowest link; the ring and the all-gather serialise their bytes through every leader.
+    slowest link; the ring serialises 2(P−1)/P of the payload through every participant; ssp's
+    P−1 pushes leave through the sender's port together; the async server's port takes the P−1
+    updates in and then sends the P−1 answers out (each call's answer follows its update).
     """
     rr = np.asarray(n_regions, dtype=float)
     if sync.mode == "gossip":
         per = np.full_like(rr, n_params * sync_bytes_per_param(sync))
+        return np.where(rr >= 2, per, 0.0)
+    if sync.mode == "async":
+        per = (rr - 1) * n_params * (sync_bytes_per_param(sync) + param_bytes_per_param(sync))
         return np.where(rr >= 2, per, 0.0)
     return wan_bytes_per_leader(sync, n_params, rr)
 

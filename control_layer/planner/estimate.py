@@ -25,7 +25,12 @@ from control_layer.planner.plan_types import (
     RuntimeSettings,
     StepBreakdown,
 )
-from control_layer.planner.runtime_pricing import final_sync_s, runtime_terms, wan_per_step
+from control_layer.planner.runtime_pricing import (
+    final_sync_s,
+    overlapped_exchange_s,
+    runtime_terms,
+    wan_per_step,
+)
 from control_layer.planner.runtime_settings import settings_for, weakest_link
 from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, NodeInfo, ResourceSnapshot
 
@@ -129,8 +134,8 @@ def sync_cost(
     after a region drops out. Every hop's latency carries half a call's fixed cost, per idle core
     times the leaders' host share (``Links.lat``; the calls are CPU work on both ends). Each
     region's egress is what one participant sends, priced at its dearest link to another region.
-    Where regions meet, the leaders' per-parameter work is added once per exchange
-    (``cm.exchange_param_seconds``, times the host share).
+    The exchange's fixed cost and the leaders' per-parameter work are added once per exchange
+    (``cm.exchange_fixed_seconds``, ``cm.exchange_param_seconds``, times the host share).
     """
     sync, n = spec.sync, float(spec.model.n_params)
     p_count = len(participants)
@@ -166,11 +171,14 @@ def sync_cost(
     if bw_min <= 0:
         raise InvalidArgument(f"no local link in region(s) {regions}", regions=regions)
     t = float(cm.ring_sync_s(sync, n, p_count, bw_min, lat_max))
-    # The leaders' per-parameter work (gather and broadcast inside the node, the mean), learned
-    # per region pair from cross-region exchanges (``exchange_fit``): priced where regions meet.
-    param_s = cm.exchange_param_seconds(regions, links.calibration) if len(regions) >= 2 else 0.0
+    # The exchange's fixed cost and the leaders' per-parameter work (gather and broadcast inside
+    # the node, encoding, the mean), learned per region pair from cross-region exchanges
+    # (``exchange_fit``): the runtime does the same work whichever link the exchange crosses, so
+    # every exchange pays them.
+    param_s = cm.exchange_param_seconds(regions, links.calibration)
+    fixed_s = cm.exchange_fixed_seconds(regions, links.calibration)
     share = max(1.0, links.call_share)
-    t += n * param_s * share
+    t += (fixed_s + n * param_s) * share
     factor = float(cm.wan_time_factor(sync, n, p_count))
     hops = float(cm.wan_latency_hops(sync, p_count))
     per_participant = float(cm.wan_bytes_per_leader(sync, n, p_count))
@@ -185,6 +193,7 @@ def sync_cost(
         latency_s=hops * link_lat,
         rounds=cm.exchange_rounds(sync, p_count),
         call_s=call_max,
+        fixed_s=fixed_s,
         params=n,
         param_s=param_s,
         share=share,
@@ -303,14 +312,18 @@ def _hosts(snapshot: ResourceSnapshot) -> _Hosts:
     return _Hosts(host_of, cores, seen, dict(busy), measured_under)
 
 
-def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dict[str, float]:
+def host_shares(
+    snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask], one_per_node: bool = False
+) -> dict[str, float]:
     """Per node of the plan: how many times slower than on an idle core its CPU slots run, start
     and stop. One-thread slots take turns on the host's physical cores with everything else that
     runs there. Where heartbeats report the host's contention c (a new thread gets 1/c of a core:
     about c·cores − 1 other runnable threads), the plan's k slots make it (c·cores − 1 + k) / cores;
     with none reported, other jobs' busy slots stand in for the others and the factor is at least
     the contention the host measured under at registration. Several agents may share one host
-    (``NodeInfo.host``). 1 on CUDA nodes and where the cores are unknown."""
+    (``NodeInfo.host``). 1 on CUDA nodes and where the cores are unknown. ``one_per_node``: the
+    plan runs one process per node with CPU slots instead of one per slot (the launcher before
+    the workers start)."""
     nodes = snapshot.nodes_by_id()
     kinds: dict[str, dict[int, str]] = {}
     cpu_slots: dict[str, int] = defaultdict(int)  # node id -> the plan's CPU slots there
@@ -324,6 +337,8 @@ def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dic
     out = {t.node: 1.0 for t in tasks}
     if not any(cpu_slots.values()):
         return out
+    if one_per_node:
+        cpu_slots = defaultdict(int, {n: min(1, k) for n, k in cpu_slots.items()})
     hosts = snapshot.derived("hosts", _hosts)
     plan: dict[str, int] = defaultdict(int)
     for node_id, k in cpu_slots.items():
@@ -342,15 +357,20 @@ def host_shares(snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask]) -> dic
     return out
 
 
-def _fixed_seconds(node: NodeInfo, share: float, calibration: Calibration | None) -> tuple[float, float]:
+def _fixed_seconds(
+    node: NodeInfo, share: float, launch_share: float, calibration: Calibration | None
+) -> tuple[float, float]:
     """A node's start-up and teardown for this plan: per idle core (calibrated, else as measured at
     registration: the start-up already per idle core, the teardown's wall time divided by the load
-    it measured under), times this plan's share of the host."""
+    it measured under), times this plan's share of the host: the launcher's part of the start-up
+    at ``launch_share`` (one process per node then), the workers' part and the teardown at ``share``."""
     prof = node.profile
     under = max(1.0, prof.host_load_factor) if prof else 1.0
-    startup = cm.startup_seconds(node.id, prof.startup_s if prof else None, calibration)
+    launcher, workers = cm.startup_parts(
+        node.id, prof.startup_s if prof else None, prof.launcher_s if prof else 0.0, calibration
+    )
     teardown = cm.teardown_seconds(node.id, prof.teardown_s / under if prof else None, calibration)
-    return startup * share, teardown * share
+    return launcher * launch_share + workers * share, teardown * share
 
 
 def estimate_option(
@@ -442,8 +462,9 @@ def _estimate(
     plan_nodes = sorted(in_order)
     if any(s.kind == "cpu" for rep in replicas for _, s in rep.devices):
         shares = host_shares(snapshot, tasks)
+        launch_shares = host_shares(snapshot, tasks, one_per_node=True)
     else:  # what host_shares gives when no CPU slot is planned, without a pass over the tasks
-        shares = dict.fromkeys(in_order, 1.0)
+        shares = launch_shares = dict.fromkeys(in_order, 1.0)
     # An exchange's calls run on the leaders: the slowest leader's host share slows them.
     links = Links(snapshot, calibration, max(shares.get(p_[1], 1.0) for p_ in group_size))
     steps = spec.training.steps
@@ -480,7 +501,7 @@ def _estimate(
         if rate is None:
             flops = cm.effective_flops(tflops, model, kind, precision, calibration)
             rt = cm.replica_time(
-                spec, tp, pp, zero, n_micro, r >= 2, flops / share, intra_bw, intra_lat, intra_bw, intra_lat
+                spec, tp, pp, zero, n_micro, r, flops / share, intra_bw, intra_lat, intra_bw, intra_lat
             )
             locals_.append(LocalStep(rt, 0.0, 0.0, default_write_s))
         else:
@@ -494,7 +515,7 @@ def _estimate(
                 pp,
                 zero,
                 n_micro,
-                r >= 2,
+                r,
                 flops,
                 intra_bw,
                 intra_lat,
@@ -532,12 +553,19 @@ def _estimate(
         for cid in in_plan
     }
     sc = sync_cost(spec, links, [(clusters[p_[0]].region, p_[0]) for p_ in group_size], fabric)
+    xb = sc.basis
+    # Beside the steps, on a host with no idle core, the exchange's CPU work takes turns with
+    # the leader's training thread (``overlapped_exchange_s``).
+    t_beside = float(
+        overlapped_exchange_s(sc.t_sync, (xb.fixed_s + xb.params * xb.param_s) * xb.share, xb.share)
+    )
     if derive:
         work = max(loc.work for loc in locals_)
         bandwidth, latency = weakest_link(set(members), snapshot)
-        # The delay from the exchange as priced here (calibrated goodput and per-call seconds): the
-        # search's objective does the same (``problem.runtime_step``).
-        t_exchange = sc.t_sync if math.isfinite(sc.t_sync) else None
+        # The delay from the exchange as priced here (calibrated goodput and per-call seconds, and
+        # its CPU beside the steps): the search's objective ranks by the blocking figure
+        # (``problem.runtime_step``).
+        t_exchange = t_beside if math.isfinite(t_beside) else None
         runtime = settings_for(spec, work, len(plan_nodes), bandwidth, latency, t_exchange)
     every = runtime.checkpoint_every if runtime is not None else spec.training.checkpoint_every
     wps = cm.checkpoint_writes(steps, every) / steps
@@ -552,11 +580,13 @@ def _estimate(
     if h_sync > 1 and len(members) >= 2 and not overlapped:
         drift = cm.exchange_drift(sorted(members), calibration)
     t_sync = sc.t_sync + drift * h_sync * t_local
+    # What the exchange hides behind is the steps' work: a checkpoint write comes once in many
+    # rounds, so its amortised share would hide a round's exchange that no step covers.
     wan = float(
         wan_per_step(
             terms,
-            t_sync,
-            t_local,
+            t_beside if overlapped else t_sync,
+            slowest.work,
             overlapped,
             runtime.overlap_steps or 0 if runtime is not None else 0,
             runtime.fragments if runtime is not None else 1,
@@ -574,10 +604,13 @@ def _estimate(
         wan_sync=wan,
         checkpoint=slowest.write_s * wps,
     )
-    fixed = [_fixed_seconds(nodes[n], shares.get(n, 1.0), calibration) for n in plan_nodes]
+    fixed = [
+        _fixed_seconds(nodes[n], shares.get(n, 1.0), launch_shares.get(n, 1.0), calibration)
+        for n in plan_nodes
+    ]
     startup = max(f[0] for f in fixed)
     teardown = max(f[1] for f in fixed)
-    final_sync = float(final_sync_s(terms, t_sync, overlapped, len(members)))
+    final_sync = float(final_sync_s(terms, t_sync, overlapped, len(group_size)))
     duration = startup + steps * step.total + final_sync + teardown
     hourly = sum(device_price(rep.devices[0][0], spot) * len(rep.devices) for rep in replicas)
     per_step_exchanges = cm.exchanges_per_step(spec.sync, steps)
@@ -597,7 +630,7 @@ def _estimate(
         tokens_per_s=spec.training.global_batch_tokens / step.total if step.total > 0 else 0.0,
         wan_bytes_per_step=sc.wan_bytes * per_step_exchanges,
         interval=interval(duration, cost.total, calibration),
-        basis=basis(tasks, snapshot, precision, calibration, shares).model_copy(
+        basis=basis(tasks, snapshot, precision, calibration, shares, launch_shares).model_copy(
             update={
                 "exchange": sc.basis.model_copy(
                     update={"blocking": not overlapped, "every": h_sync, "drift": drift}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from contracts.job_spec import JobSpec
@@ -115,7 +115,14 @@ def _fleet_pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
         if hit is not None and hit[0] is cluster:
             out.extend(hit[1])
             continue
-        pools = _cluster_pools(cluster, spot)
+        with _POOL_CACHE_LOCK:
+            other = _POOL_CACHE.get((id(cluster), not spot))
+        if other is not None and other[0] is cluster:
+            # The same devices at the other price setting: only the price can differ.
+            price = device_price(cluster, spot)
+            pools = [p if p.price == price else replace(p, price=price) for p in other[1]]
+        else:
+            pools = _cluster_pools(cluster, spot)
         with _POOL_CACHE_LOCK:
             _POOL_CACHE[key] = (cluster, pools)
             while len(_POOL_CACHE) > _POOL_CACHE_SIZE:

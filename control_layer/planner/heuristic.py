@@ -11,18 +11,19 @@ numpy; the best rows for time, cost and their balance are then split per member 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from control_layer.planner import cost_model as cm
-from control_layer.planner.bounds import sum_by
-from control_layer.planner.problem import Problem, Solution, runtime_step
+from control_layer.planner.problem import Fleet, Problem, Solution, runtime_step
 
 MAX_LEVELS = 32  # step-time levels tried per region set (quantiles of the distinct unit times)
 ANCHORS = 3  # anchor regions by capacity, and as many by price, for compact region sets
 ROWS_PER_GOAL = 2  # best fills kept per goal (time, cost, balance)
 SET_LEVELS = (0.0, 0.25, 1.0)  # quantiles of the feasible levels to grow region sets at
+REGION_SETS_KEPT = 4096  # region sets kept per pool list and calibration (cleared when full)
 
 
 def split(
@@ -56,7 +57,21 @@ def _levels(pr: Problem, t1_ok: np.ndarray, t2_ok: np.ndarray) -> np.ndarray:
 
 
 def _region_sets(pr: Problem, unit_cap: np.ndarray) -> list[np.ndarray]:
-    """Boolean region masks: all regions, then compact sets grown from anchor regions."""
+    """Boolean region masks: all regions, then compact sets grown from anchor regions. They depend
+    on the fleet's pools and links, the units' regions and prices (the same for every candidate
+    of a quote, and for quotes on one snapshot with the same filters and calibration), the
+    capacity per unit and dp, so they are kept with the fleet under the last two."""
+    kept = pr.fleet.region_sets
+    key = (unit_cap.tobytes(), pr.deg.dp)
+    got = kept.get(key)
+    if got is None:
+        if len(kept) >= REGION_SETS_KEPT:
+            kept.clear()
+        got = kept[key] = _grow_region_sets(pr, unit_cap)
+    return got
+
+
+def _grow_region_sets(pr: Problem, unit_cap: np.ndarray) -> list[np.ndarray]:
     f = pr.fleet
     n_reg = len(f.regions)
     reg_cap = np.bincount(pr.region, weights=unit_cap, minlength=n_reg)
@@ -88,6 +103,40 @@ def _region_sets(pr: Problem, unit_cap: np.ndarray) -> list[np.ndarray]:
     return sets
 
 
+def _in_region_hops(
+    f: Fleet, cols: np.ndarray, m: np.ndarray, starts: np.ndarray, regs: np.ndarray, per_region: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per fill row, the slowest hop (bytes/s, seconds) inside the regions where it has two or more
+    nodes, as problem.sync_seconds_and_egress takes it: within such a region, units whose nodes
+    all lie in one cluster (each within its first cluster, the same for all) meet over that
+    fabric, else over the local link and the fabrics of units with two or more nodes there.
+    Units (``cols``, members ``m`` per row) come grouped by region, the groups starting at
+    ``starts``: one min or max per segment, not a loop over regions."""
+    fab_bw, fab_lat = f.cls_intra_bw[cols], f.cls_hop_lat[cols]
+    on = m > 0
+    fits = (m <= f.cls_first_cluster[cols][None, :]) & on
+    many = m >= 2
+    cids = f.cls_first_cid[cols][None, :]
+    least = np.minimum.reduceat(np.where(on, cids, np.iinfo(np.int64).max), starts, axis=1)
+    most = np.maximum.reduceat(np.where(on, cids, -1), starts, axis=1)
+    misfits = np.add.reduceat((on & ~fits).astype(np.int64), starts, axis=1)
+    alone = (least == most) & (misfits == 0)
+    fit_bw = np.minimum.reduceat(np.where(fits, fab_bw[None, :], np.inf), starts, axis=1)
+    fit_lat = np.maximum.reduceat(np.where(fits, fab_lat[None, :], 0.0), starts, axis=1)
+    span_bw = np.minimum(
+        f.local_bw[regs][None, :],
+        np.minimum.reduceat(np.where(many, fab_bw[None, :], np.inf), starts, axis=1),
+    )
+    span_lat = np.maximum(
+        f.local_lat[regs][None, :], np.maximum.reduceat(np.where(many, fab_lat[None, :], 0.0), starts, axis=1)
+    )
+    one = alone & np.isfinite(fit_bw)
+    active = per_region >= 2
+    in_bw = np.where(active, np.where(one, fit_bw, span_bw), np.inf).min(axis=1)
+    in_lat = np.maximum(0.0, np.where(active, np.where(one, fit_lat, span_lat), 0.0).max(axis=1))
+    return in_bw, in_lat
+
+
 def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(step seconds, cost) of every fill row with packed members, as evaluate() would score them."""
     f = pr.fleet
@@ -99,32 +148,13 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     t_local = np.where(x > 0, np.where(single, t1[None, :], t2[None, :]), 0.0).max(axis=1)
     members = np.where(x > 0, np.maximum(1, -(-x // np.maximum(cap, 1))), 0)
     regs, reg_of = np.unique(pr.region[cols], return_inverse=True)
-    per_region = sum_by(members, reg_of.reshape(-1), len(regs))  # rows × used regions
+    # The used units grouped by region: per-region sums, minima and maxima as segment reductions.
+    perm = np.argsort(reg_of.reshape(-1), kind="stable")
+    starts = np.searchsorted(reg_of.reshape(-1)[perm], np.arange(len(regs)))
+    per_region = np.add.reduceat(members[:, perm], starts, axis=1).astype(float)  # rows × used regions
     used = per_region > 0
     n_used = used.sum(axis=1)
-    # The flat ring's slowest hop, as problem.sync_seconds_and_egress takes it: within a region
-    # with two or more nodes, one unit's nodes in its first cluster meet over that fabric, else
-    # over the local link and the fabrics of units with two or more nodes there.
-    d = len(x)
-    in_bw = np.full(d, np.inf)
-    in_lat = np.zeros(d)
-    fab_bw, fab_lat = f.cls_intra_bw[cols], f.cls_hop_lat[cols]
-    fits = (members <= f.cls_first_cluster[cols][None, :]) & (members > 0)
-    for g, r in enumerate(regs):
-        here = reg_of.reshape(-1) == g
-        m_here = members[:, here]
-        alone = (m_here > 0).sum(axis=1) == 1
-        fit_bw = np.where(fits[:, here], fab_bw[here][None, :], np.inf).min(axis=1)
-        fit_lat = np.where(fits[:, here], fab_lat[here][None, :], 0.0).max(axis=1)
-        many = m_here >= 2
-        span_bw = np.minimum(f.local_bw[r], np.where(many, fab_bw[here][None, :], np.inf).min(axis=1))
-        span_lat = np.maximum(f.local_lat[r], np.where(many, fab_lat[here][None, :], 0.0).max(axis=1))
-        one = alone & np.isfinite(fit_bw)
-        bw_r = np.where(one, fit_bw, span_bw)
-        lat_r = np.where(one, fit_lat, span_lat)
-        active = per_region[:, g] >= 2
-        in_bw = np.where(active, np.minimum(in_bw, bw_r), in_bw)
-        in_lat = np.where(active, np.maximum(in_lat, lat_r), in_lat)
+    in_bw, in_lat = _in_region_hops(f, cols[perm], members[:, perm], starts, regs, per_region)
     sub = np.ix_(regs, regs)
     pair = used[:, :, None] & used[:, None, :] & ~np.eye(len(regs), dtype=bool)[None, :, :]
     bw = np.where(pair, f.pair_bw[sub][None, :, :], np.inf).min(axis=(1, 2))
@@ -139,14 +169,22 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     safe_bw = np.where(ring & (hop_bw > 0) & np.isfinite(hop_bw), hop_bw, 1.0)
     t_sync = np.where(ring, cm.ring_sync_s(spec.sync, n_params, np.maximum(n_part, 2), safe_bw, hop_lat), 0.0)
     t_sync = np.where(ring & (hop_bw <= 0), np.inf, t_sync)
-    t_sync = t_sync + np.where(multi, f.wan_param_s, 0.0)  # the leaders' per-parameter work
-    step, final = runtime_step(pr, t_local, t_sync, n_part, n_used)
+    t_sync = t_sync + np.where(ring, f.wan_param_s, 0.0)  # the leaders' per-parameter work
+    step, final = runtime_step(pr, t_local, t_sync, n_part)
     per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
     steps = spec.training.steps
     rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev
     duration = steps * step + final + f.fixed_s
     cost = duration * rate / 3600.0 + steps * pr.xps * np.where(multi, per / cm.GB * eg, 0.0)
     return duration / steps, cost
+
+
+@functools.cache
+def _row_weights(n: int) -> np.ndarray:
+    """Fixed random weights that tell distinct fill rows apart (one weighted sum per row)."""
+    w = np.random.default_rng(0).random(n)
+    w.flags.writeable = False
+    return w
 
 
 def candidate_solutions(pr: Problem) -> list[Solution]:
@@ -179,25 +217,33 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
     # Two fill orders: cheapest first, and largest members first (fewest sync participants,
     # what per-step synchronisation rewards).
     big_first = np.lexsort((np.arange(pr.n_units), pr.price, -pr.cap))
-    rows, row_level = [], []
+    pieces: list[tuple[np.ndarray, np.ndarray]] = []  # (units, fills) per (set, order)
+    row_level, n_rows = [], 0
     for regions in sets.values():
         inside = regions[pr.region]
         for ordr in (order, big_first):
             cols = ordr[inside[ordr]]  # this order, restricted to the set's units
-            el = elig[:, cols]
-            before = np.cumsum(el, axis=1) - el
-            take = np.clip(dp - before, 0, el)
-            good = take.sum(axis=1) == dp
-            x = np.zeros((int(good.sum()), pr.n_units), dtype=elig.dtype)
-            x[:, cols] = take[good]
-            rows.append(x)
+            if not len(cols):
+                continue
+            cum = np.cumsum(elig[:, cols], axis=1)
+            good = cum[:, -1] >= dp  # a level whose set can hold dp fills it exactly
+            if not good.any():
+                continue
+            el, cum = elig[good][:, cols], cum[good]
+            take = np.minimum(np.maximum(dp - (cum - el), 0), el)  # np.clip, without its wrapper
+            pieces.append((cols, take))
             row_level.append(levels[good])
-    if not any(len(r) for r in rows):
+            n_rows += len(take)
+    if not n_rows:
         return []
-    x = np.concatenate(rows)
+    x = np.zeros((n_rows, pr.n_units), dtype=elig.dtype)  # the fills, one row each
+    at = 0
+    for cols, take in pieces:
+        x[at : at + len(take), cols] = take
+        at += len(take)
     lv = np.concatenate(row_level)
     # Many levels and sets give the same fill: score each distinct one once (lowest level kept).
-    key = (x * np.random.default_rng(0).random(pr.n_units)[None, :]).sum(axis=1)
+    key = (x * _row_weights(pr.n_units)[None, :]).sum(axis=1)
     _, first = np.unique(np.round(key, 6), return_index=True)
     x, lv = x[first], lv[first]
     step, cost = _score(pr, x, lv)
@@ -213,26 +259,41 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
                 picks.append(int(i))
     out: dict[Solution, None] = {}
     for i in picks:
+        row = _Row(pr, x[i])
         for spread in (False, True):
-            sol = _to_solution(pr, x[i], float(lv[i]), spread)
+            sol = _to_solution(pr, row, float(lv[i]), spread)
             if sol is not None:
                 out[sol] = None
     return list(out)
 
 
-def _to_solution(pr: Problem, row: np.ndarray, level: float, spread: bool) -> Solution | None:
+class _Row:
+    """A fill row's used units and their per-unit figures as plain Python numbers (read once for
+    both member splits)."""
+
+    def __init__(self, pr: Problem, row: np.ndarray) -> None:
+        used = np.flatnonzero(row)
+        self.used = used.tolist()
+        self.xs, self.lo = row[used].tolist(), pr.lo[used].tolist()
+        self.t1, self.t2 = pr.t1[used].tolist(), pr.t2[used].tolist()
+        self.count, self.cap = pr.count[used].tolist(), pr.cap[used].tolist()
+
+
+def _to_solution(pr: Problem, row: _Row, level: float, spread: bool) -> Solution | None:
     n1 = [0] * pr.n_units
     n2 = [0] * pr.n_units
     x2 = [0] * pr.n_units
-    for u in np.flatnonzero(row):
-        x = int(row[u])
-        single_ok = bool(pr.lo[u] <= 1 and pr.t1[u] <= level)
-        if pr.t2[u] > level:
+    # Plain Python numbers: this loop runs per picked row, per unit used.
+    xs, lo, t1, t2, count, cap = row.xs, row.lo, row.t1, row.t2, row.count, row.cap
+    for k, u in enumerate(row.used):
+        x = xs[k]
+        single_ok = lo[k] <= 1 and t1[k] <= level
+        if t2[k] > level:
             # Only one replica per member is fast enough here.
-            got = (x, 0, 0) if single_ok and x <= pr.count[u] else None
+            got = (x, 0, 0) if single_ok and x <= count[k] else None
         else:
-            got = split(x, int(pr.count[u]), int(pr.cap[u]), int(pr.lo[u]), single_ok, spread)
+            got = split(x, count[k], cap[k], lo[k], single_ok, spread)
         if got is None:
             return None
         n1[u], n2[u], x2[u] = got
-    return Solution(tuple(n1), tuple(n2), tuple(x2))
+    return Solution(tuple(n1), tuple(n2), tuple(x2), units=tuple(row.used))

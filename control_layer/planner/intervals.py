@@ -49,9 +49,10 @@ def basis(
     precision: str,
     calibration: Calibration | None,
     host_share: dict[str, float] | None = None,
+    launch_share: dict[str, float] | None = None,
 ) -> CalibrationBasis:
     """The calibrated factors in force for these tasks' devices, nodes and region pairs, and the
-    share of its host's cores each node was priced at."""
+    share of its host's cores each node was priced at (its workers, and its launcher)."""
     nodes = snapshot.nodes_by_id()
     used: dict[str, set[int]] = defaultdict(set)
     for t in tasks:
@@ -59,6 +60,7 @@ def basis(
     efficiency: dict[str, float] = {}
     startup: dict[str, float] = {}
     teardown: dict[str, float] = {}
+    launcher: dict[str, float] = {}
     for node_id, indices in used.items():
         node = nodes.get(node_id)
         if node is None:
@@ -72,6 +74,11 @@ def basis(
             startup[node_id] = calibration.startup_s[node_id]
         if calibration and node_id in calibration.teardown_s:
             teardown[node_id] = calibration.teardown_s[node_id]
+        prof = node.profile
+        measured = prof.startup_s if prof else None
+        launcher[node_id] = cm.startup_parts(
+            node_id, measured, prof.launcher_s if prof else 0.0, calibration
+        )[0]
     clusters = snapshot.clusters_by_id()
     regions = sorted({clusters[t.cluster].region for t in tasks if t.cluster in clusters})
     # Keyed as the calibration keeps them: a measured link's factor apart from a declared one's.
@@ -90,6 +97,8 @@ def basis(
     }
     per_param = calibration.exchange_param_s if calibration else {}
     exchange_param_s = {key: per_param.get(key, cm.DEFAULT_EXCHANGE_PARAM_S) for key in exchange_s}
+    fixed = calibration.exchange_fixed_s if calibration else {}
+    exchange_fixed_s = {key: fixed.get(key, cm.DEFAULT_EXCHANGE_FIXED_S) for key in exchange_s}
     drifts = calibration.exchange_drift if calibration else {}
     exchange_drift = {key: drifts.get(key, 0.0) for key in exchange_s}
     return CalibrationBasis(
@@ -97,9 +106,12 @@ def basis(
         startup_s=startup,
         goodput=goodput,
         host_share=dict(host_share or {}),
+        launch_share=dict(launch_share or {}),
+        launcher_s=launcher,
         teardown_s=teardown,
         exchange_s=exchange_s,
         exchange_param_s=exchange_param_s,
+        exchange_fixed_s=exchange_fixed_s,
         exchange_drift=exchange_drift,
     )
 

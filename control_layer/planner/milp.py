@@ -95,6 +95,9 @@ def integer_vars(pr: Problem, objective: str) -> int:
     n = 5 * len(ok)
     if objective == "cost":
         n += sum(int(pr.count[u] * pr.cap[u]).bit_length() for u in ok)
+    n += int(np.maximum(pr.cap[ok] - 2, 0).sum())  # a node's gradient ring of r ≥ 3
+    cids = pr.fleet.cls_first_cid[ok]
+    n += sum(int(k) * (int(k) - 1) // 2 for k in np.unique(cids, return_counts=True)[1])  # one cluster
     regions = len(set(pr.region[ok].tolist()))
     return n + 3 * regions
 
@@ -176,7 +179,15 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
         spans = md.var(0, 1, True)  # the region's nodes span two or more clusters: its local link
         for i, u in enumerate(mine):
             for w in mine[i + 1 :]:
-                md.row([(spans, 1.0), (used_u[u], -1.0), (used_u[w], -1.0)], -1.0, math.inf)
+                if f.cls_first_cid[u] != f.cls_first_cid[w]:
+                    md.row([(spans, 1.0), (used_u[u], -1.0), (used_u[w], -1.0)], -1.0, math.inf)
+                    continue
+                # Two units of one cluster: within their first cluster they meet over its fabric
+                # (beyond it, the row below makes them span clusters).
+                q = md.var(0, 1, True)
+                md.row([(q, 1.0), (used_u[u], -1.0), (used_u[w], -1.0)], -1.0, math.inf)
+                bw = min(float(f.cls_intra_bw[u]), float(f.cls_intra_bw[w]))
+                hop_rows(q, bw, max(float(f.cls_hop_lat[u]), float(f.cls_hop_lat[w])))
             first = int(f.cls_first_cluster[u])
             if first < pr.count[u]:
                 md.row([(spans, float(pr.count[u])), (y1[u], -1.0), (y2[u], -1.0)], -float(first), math.inf)
@@ -218,22 +229,34 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
         factor = float(cm.wan_time_factor(spec.sync, n_params, p))
         sync_terms += [(pb, factor / cm.GB), (pl, float(cm.wan_latency_hops(spec.sync, p)))]
         egress_terms.append((pe, float(cm.wan_bytes_per_leader(spec.sync, n_params, p)) / cm.GB))
-    if f.wan_param_s > 0 and len(regions) >= 2:
-        # The leaders' per-parameter work, once per exchange where regions meet: an indicator
-        # forced to 1 by any two regions in use (the objective keeps it at 0 otherwise).
-        meet = md.var(0, 1, False)
-        for i, a in enumerate(regions):
-            for b in regions[i + 1 :]:
-                md.row([(meet, 1.0), (z[a], -1.0), (z[b], -1.0)], -1.0, math.inf)
-        sync_terms.append((meet, f.wan_param_s))
+        # The leaders' per-parameter work, once per exchange (any two participants).
+        sync_terms.append((rp, f.wan_param_s))
 
     # Local steps with their checkpoint writes and the run's fixed seconds per step (monotone in
     # the step, so the max commutes; the cost theta × rate then counts the fixed seconds too).
     g1, g2 = local_share(f, pr.t1), local_share(f, pr.t2)
     t_max = md.var(0, math.inf, False)
+    # What the checkpoint writes and fixed seconds add to the slowest local step (they rise with
+    # the step, so the largest of the units' is the slowest's): an overlapped exchange that does
+    # not hide makes the step the exchange's share plus these.
+    extra = md.var(0, math.inf, False)
     for u in units:
         md.row([(t_max, 1.0), (v1[u], -float(g1[u]))], 0.0, math.inf)
         md.row([(t_max, 1.0), (v2[u], -float(g2[u]))], 0.0, math.inf)
+        md.row([(extra, 1.0), (v1[u], -float(g1[u] - pr.t1[u]))], 0.0, math.inf)
+        md.row([(extra, 1.0), (v2[u], -float(g2[u] - pr.t2[u]))], 0.0, math.inf)
+    # A node holding r ≥ 3 replicas rings its gradients among r: the fullest of a unit's y2
+    # members holds ⌈x2/y2⌉ (``assign``), at least r exactly when x2 > (r−1)·y2.
+    for u in units:
+        cap, top = int(pr.cap[u]), int(pr.count[u] * pr.cap[u])
+        if cap < 3:
+            continue
+        t_r = pr.t_shared(np.arange(3, cap + 1)[:, None])[:, u]
+        for r, t, g in zip(range(3, cap + 1), t_r, local_share(f, t_r), strict=True):
+            w = md.var(0, 1, True)
+            md.row([(x2[u], 1.0), (y2[u], -float(r - 1)), (w, -float(top))], -math.inf, 0.0)
+            md.row([(t_max, 1.0), (w, -float(g))], 0.0, math.inf)
+            md.row([(extra, 1.0), (w, -float(g - t))], 0.0, math.inf)
 
     # Bounds on theta keep the linearisations tight: the bound from bounds.py below, and above
     # the deadline, the slowest unit plus the widest possible sync, and what `beat` allows.
@@ -252,15 +275,16 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
     theta_lb = min(lower_bounds(pr)[0] / steps, theta_ub)
     theta = md.var(theta_lb, theta_ub * (1 + 1e-9), False)
     xps = pr.xps
-    if f.runtime.diloco:
-        # The runtime overlaps DiLoCo's exchange: the step is the local one when it hides (the
-        # exact score, ``evaluate``, adds whatever does not), and the last round's WAN phase
-        # blocks once.
+    if f.runtime.diloco or pr.overlapped:
+        # The runtime overlaps the exchange (DiLoCo, async, ssp with staleness): a round lasts
+        # its H local steps or its exchange, whichever is longer (``runtime_pricing``: what does
+        # not hide behind the work blocks), so a step is the local one or the exchange's share
+        # plus the writes and fixed seconds; the last round's exchange blocks once.
         wan_once = [(v, -c / steps) for v, c in sync_terms]
         md.row([(theta, 1.0), (t_max, -1.0)] + wan_once, 0.0, math.inf)
-    elif pr.overlapped:
-        md.row([(theta, 1.0), (t_max, -1.0)], 0.0, math.inf)
-        md.row([(theta, 1.0)] + [(v, -xps * c) for v, c in sync_terms], 0.0, math.inf)
+        md.row(
+            [(theta, 1.0), (extra, -1.0)] + [(v, -xps * c) for v, c in sync_terms] + wan_once, 0.0, math.inf
+        )
     else:
         md.row([(theta, 1.0), (t_max, -1.0)] + [(v, -xps * c) for v, c in sync_terms], 0.0, math.inf)
 

@@ -105,8 +105,9 @@ class EstimateInterval(_Plain):
 
 class ExchangeBasis(_Plain):
     """How one cross-region exchange was priced: t = local_s + bytes / bytes_per_s + latency_s +
-    (rounds × call_s + params × param_s) × share. bytes cross the slowest link (bytes_per_s,
-    achieved: nominal × goodput); rounds are the calls each leader makes one after another; call_s
+    (fixed_s + rounds × call_s + params × param_s) × share. bytes cross the slowest link
+    (bytes_per_s, achieved: nominal × goodput); fixed_s is the exchange's fixed cost whatever its
+    size (per idle core); rounds are the calls each leader makes one after another; call_s
     is the fixed cost of one (per idle core); params the model's parameters and param_s the
     leader's work per parameter beyond the transfer (per idle core); share the host share of the
     slowest leader's node; blocking says whether the steps wait for the whole exchange (not an
@@ -118,6 +119,7 @@ class ExchangeBasis(_Plain):
     latency_s: float = Field(default=0.0, ge=0)
     rounds: int = Field(default=0, ge=0)
     call_s: float = Field(default=0.0, ge=0)
+    fixed_s: float = Field(default=0.0, ge=0)
     params: float = Field(default=0.0, ge=0)
     param_s: float = Field(default=0.0, ge=0)
     share: float = Field(default=1.0, ge=1)
@@ -141,10 +143,15 @@ class CalibrationBasis(_Plain):
     # Per node: how many times slower than on an idle core this plan runs, starts and stops there
     # (its CPU slots taking turns on the host's cores with what else runs there).
     host_share: dict[str, float] = Field(default_factory=dict)
+    # Per node: the same for the launcher's part of the start-up (one process per node then), and
+    # that part's seconds per idle core in force (calibrated, else measured; 0: not measured).
+    launch_share: dict[str, float] = Field(default_factory=dict)
+    launcher_s: dict[str, float] = Field(default_factory=dict)
     teardown_s: dict[str, float] = Field(default_factory=dict)
     # Per "regionA|regionB" among the regions used: the fixed seconds per exchange call in force,
-    # and the seconds per parameter of the exchange's per-parameter work.
+    # the seconds per parameter of the exchange's per-parameter work, the fixed seconds per exchange.
     exchange_s: dict[str, float] = Field(default_factory=dict)
+    exchange_fixed_s: dict[str, float] = Field(default_factory=dict)
     exchange_param_s: dict[str, float] = Field(default_factory=dict)
     exchange_drift: dict[str, float] = Field(default_factory=dict)
     exchange: ExchangeBasis | None = None
@@ -255,14 +262,18 @@ class Calibration(_Plain):
     device_efficiency: achieved fraction of measured TFLOPS, keyed "model|precision" (learned per
     precision) or "model" (any precision); both case-insensitive, the precise key first.
     link_goodput: per "regionA|regionB" (either order), achieved fraction of nominal bandwidth.
-    startup_s: per node id, seconds from spawn to the first step (interpreter, imports, rendezvous)
-    per idle core; teardown_s: per node id, seconds from the worker's result to its exit, likewise.
+    startup_s: per node id, the workers' seconds from their spawn to the first step (interpreter,
+    imports, rendezvous, model build) per idle core; launcher_s: per node id, the launcher's seconds
+    before it spawns them (torchrun's interpreter and imports, one process per node) per idle core;
+    teardown_s: per node id, seconds from the worker's result to its exit, likewise.
     link_goodput keys ending in "|measured" apply to a measured link (a fraction of what the probe
     achieved), plain keys to a declared one. exchange_s: per region pair, the fixed seconds of one
     call of a cross-region exchange (framing, auth, thread hand-offs, waiting for the peer's
     threads) per idle core, beyond its bytes and the link's latency; exchange_param_s: per region
     pair, the leader's seconds per parameter of an exchange (flatten, codec, mean, in-node
-    broadcast) per idle core; exchange_drift: per region pair, the wait for the slowest region at an
+    broadcast) per idle core; exchange_fixed_s: per region pair, the seconds one exchange costs
+    whatever its size and ring (the loop over the parameter tensors, fingerprints, waking threads)
+    per idle core; exchange_drift: per region pair, the wait for the slowest region at an
     exchange made every H steps, as a fraction of the H local steps before it.
     time_error / cost_error: the spread of recent quotes' errors, for the interval every quote carries.
     """
@@ -270,9 +281,11 @@ class Calibration(_Plain):
     device_efficiency: dict[str, float] = Field(default_factory=dict)
     link_goodput: dict[str, float] = Field(default_factory=dict)
     startup_s: dict[str, float] = Field(default_factory=dict)
+    launcher_s: dict[str, float] = Field(default_factory=dict)
     teardown_s: dict[str, float] = Field(default_factory=dict)
     exchange_s: dict[str, float] = Field(default_factory=dict)
     exchange_param_s: dict[str, float] = Field(default_factory=dict)
+    exchange_fixed_s: dict[str, float] = Field(default_factory=dict)
     exchange_drift: dict[str, float] = Field(default_factory=dict)
     time_error: ErrorBand | None = None
     cost_error: ErrorBand | None = None
@@ -288,9 +301,11 @@ class Calibration(_Plain):
                     raise ValueError(f"{name}[{key!r}] = {value} is outside (0, 1.5]")
         for name, seconds in (
             ("startup_s", self.startup_s),
+            ("launcher_s", self.launcher_s),
             ("teardown_s", self.teardown_s),
             ("exchange_s", self.exchange_s),
             ("exchange_param_s", self.exchange_param_s),
+            ("exchange_fixed_s", self.exchange_fixed_s),
             ("exchange_drift", self.exchange_drift),
         ):
             for key, value in seconds.items():

@@ -17,6 +17,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TypeVar
 
 import numpy as np
@@ -45,7 +46,8 @@ INFEASIBLE = 1 << 30
 
 @dataclass(frozen=True)
 class PoolClass:
-    pools: tuple[Pool, ...]  # members (nodes), by cluster id then node id
+    pools: tuple[Pool, ...]  # members (nodes): the cluster holding most of them first, then by
+    # cluster id and node id (``assign`` fills them in this order)
 
     @property
     def first(self) -> Pool:
@@ -76,6 +78,7 @@ class Fleet:
     local_lat: np.ndarray  # per region: one hop's seconds on the local link (with half a call)
     cls_hop_lat: np.ndarray  # per class: one hop's seconds on its cluster's fabric (with half a call)
     cls_first_cluster: np.ndarray  # per class: members in its first cluster (filled first)
+    cls_first_cid: np.ndarray  # per class: an index of its first cluster (equal: the same cluster)
     local_floor: np.ndarray  # per region: least seconds of an exchange among ≥ 2 of its nodes
     pair_bw: np.ndarray  # R×R bytes/s (min of both directions; 0 = no link)
     pair_lat: np.ndarray  # R×R seconds (max of both directions)
@@ -93,10 +96,34 @@ class Fleet:
     # Start-up and teardown of the slowest candidate node: a run's fixed seconds as the search
     # ranks placements (the estimator prices the chosen nodes exactly).
     fixed_s: float = 0.0
-    # The leaders' per-parameter work of one cross-region exchange at σ = 1, at the largest
-    # per-parameter figure among the fleet's region pairs (the estimator prices the chosen pairs).
+    # The fixed cost and the leaders' per-parameter work of one cross-region exchange at σ = 1, at
+    # the largest figures among the fleet's region pairs (the estimator prices the chosen pairs).
     wan_param_s: float = 0.0
     layouts: dict[tuple[int, int], Layout] = field(default_factory=dict)
+    # The heuristic's region sets per (eligible capacity per unit, dp): candidates that admit the
+    # same units at a level grow the same sets (heuristic._region_sets); shared by the quotes on
+    # one snapshot with the same pools and calibration.
+    region_sets: dict[tuple[bytes, int], list[np.ndarray]] = field(default_factory=dict)
+    # Per set of regions in use (ascending indices, two or more): the slowest link, the highest
+    # latency and the sum over the regions of their dearest egress to the others
+    # (``sync_seconds_and_egress``); they follow from the region pairs alone, so they are shared
+    # like region_sets.
+    region_links: dict[tuple[int, ...], tuple[float, float, float]] = field(default_factory=dict)
+    # The WAN floor's per-row orderings of the region links (``bounds._wan_floor``), built once.
+    wan_orders: dict[str, object] = field(default_factory=dict)
+    # This job's exchange seconds per (participants, slowest hop, highest latency) and bytes per
+    # participant per participant count (``sync_seconds_and_egress``): solutions scored in one
+    # quote meet the same few; they depend on the job, so they live with this fleet only.
+    exchange_memo: dict[tuple, float] = field(default_factory=dict)
+
+
+def _member_order(members: list[Pool]):
+    """A class's members, the cluster with most of them first: its nodes meet over their
+    cluster's fabric, so the fills keep as many as they can there."""
+    per_cluster: dict[str, int] = defaultdict(int)
+    for p in members:
+        per_cluster[p.cluster.id] += 1
+    return lambda p: (-per_cluster[p.cluster.id], p.cluster.id, p.nodes[0][0])
 
 
 def _groups_of(keys: list[tuple]) -> np.ndarray:
@@ -123,6 +150,7 @@ class _Classes:
     cls_count: np.ndarray
     cls_group: np.ndarray
     cls_intra_lat: np.ndarray
+    cls_first_cluster: np.ndarray  # members in the class's first cluster
     max_node_devices: int
     n_devices: int
 
@@ -143,7 +171,7 @@ def _classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> _Classes:
     for p in pools:
         groups[p.class_key].append(p)
     classes = [
-        PoolClass(tuple(sorted(g, key=lambda p: (p.cluster.id, p.nodes[0][0]))))
+        PoolClass(tuple(sorted(g, key=_member_order(g))))
         for _, g in sorted(
             groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[1][0].cluster.id, kv[1][0].nodes[0][0])
         )
@@ -171,6 +199,9 @@ def _classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> _Classes:
             ]
         ),
         cls_intra_lat=np.array([p.cluster.intra_latency_ms / 1000.0 for p in firsts], dtype=float),
+        cls_first_cluster=np.array(
+            [sum(p.cluster.id == c.first.cluster.id for p in c.pools) for c in classes], dtype=np.int64
+        ),
         max_node_devices=max((max(p.free_per_node) for p in pools), default=0),
         n_devices=sum(p.n_free for p in pools),
     )
@@ -199,9 +230,7 @@ def build_fleet(
     cls_intra_bw = np.array([intra_bytes_per_s(p.cluster, calibration) for p in firsts], dtype=float)
     cls_region = np.array([ridx[p.region] for p in firsts], dtype=int)
     cls_hop_lat = grouped.cls_intra_lat + np.array([links.call_s(p.region, p.region) / 2.0 for p in firsts])
-    cls_first_cluster = np.array(
-        [sum(p.cluster.id == c.first.cluster.id for p in c.pools) for c in classes], dtype=np.int64
-    )
+    cls_first_cluster = grouped.cls_first_cluster
     # Two nodes of a region meet over its fastest hop at best: the local link or a fabric there.
     best_bw, best_lat = local_bw.copy(), local_lat.copy()
     for u in range(len(classes)):
@@ -219,6 +248,11 @@ def build_fleet(
     _, fixed_s = _kept(
         snapshot, "fixed_s", (pool_ids, cal_key), lambda: (grouped.pools, _fixed_seconds(pools, calibration))
     )
+    # The heuristic's region sets follow from the pools, their links (calibrated) and a
+    # candidate's capacity per unit and dp: later quotes on the same snapshot reuse them.
+    _, region_sets = _kept(snapshot, "region_sets", (pool_ids, cal_key), lambda: (grouped.pools, {}))
+    _, region_links = _kept(snapshot, "region_links", (pool_ids, cal_key), lambda: (grouped.pools, {}))
+    _, wan_orders = _kept(snapshot, "wan_orders", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     return Fleet(
         spec=spec,
         snapshot=snapshot,
@@ -246,6 +280,7 @@ def build_fleet(
         local_lat=local_lat,
         cls_hop_lat=cls_hop_lat,
         cls_first_cluster=cls_first_cluster,
+        cls_first_cid=_groups_of([(c.first.cluster.id,) for c in classes]),
         local_floor=local_floor,
         pair_bw=pairs.bw,
         pair_lat=pairs.lat,
@@ -258,9 +293,13 @@ def build_fleet(
         xps=cm.exchanges_per_step(spec.sync, spec.training.steps),
         overlapped=cm.sync_overlapped(spec.sync),
         links=links,
-        wan_param_s=n * cm.exchange_param_seconds(regions, calibration) if nr >= 2 else 0.0,
+        wan_param_s=n * cm.exchange_param_seconds(regions, calibration)
+        + cm.exchange_fixed_seconds(regions, calibration),
         runtime=runtime_terms(spec),
         fixed_s=fixed_s,
+        region_sets=region_sets,
+        region_links=region_links,
+        wan_orders=wan_orders,
     )
 
 
@@ -332,7 +371,7 @@ class Problem:
     cap: np.ndarray  # replicas one member can host
     lo: np.ndarray  # fewest replicas on a member for memory to fit (ZeRO shards); INFEASIBLE if never
     t1: np.ndarray  # step seconds of a replica alone on its member
-    t2: np.ndarray  # ... sharing its member with others (in-cluster gradient all-reduce)
+    t2: np.ndarray  # ... sharing its member with one other (in-node gradient all-reduce of 2)
     price: np.ndarray  # USD per device-hour
     region: np.ndarray  # region index
     # sync constants indexed by number of participating regions R = 0..n_regions
@@ -341,10 +380,27 @@ class Problem:
     per_leader: np.ndarray
     xps: float  # exchanges per step
     overlapped: bool
+    _t_shared_kept: dict[tuple[int, int], float] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_units(self) -> int:
         return len(self.units)
+
+    def t_shared_one(self, u: int, replicas: int) -> float:
+        """``t_shared`` of one unit, kept per (unit, replicas): scoring asks for few of them."""
+        key = (u, replicas)
+        t = self._t_shared_kept.get(key)
+        if t is None:
+            t = self._t_shared_kept[key] = float(self.t_shared(replicas, slice(u, u + 1))[0])
+        return t
+
+    def t_shared(self, replicas, units: slice = slice(None)) -> np.ndarray:
+        """Per unit (of ``units``), the step of a replica on a member holding ``replicas`` (≥ 2):
+        t1 plus the node's gradient ring of that many (``cm.dp_comm_s``)."""
+        f = self.fleet
+        bw, lat = f.cls_intra_bw[units], f.cls_intra_lat[units]
+        ring = cm.dp_comm_s(f.spec, self.deg.tp, self.deg.pp, self.deg.zero, replicas, bw, lat)
+        return self.t1[units] + ring
 
     @property
     def dev(self) -> int:
@@ -357,6 +413,41 @@ class Problem:
 
     def capacity(self) -> int:
         return int((self.count * self.cap)[self.usable].sum())
+
+    @cached_property
+    def lists(self) -> UnitLists:
+        f = self.fleet
+        return UnitLists(
+            count=self.count.tolist(),
+            cap=self.cap.tolist(),
+            lo=self.lo.tolist(),
+            t1=self.t1.tolist(),
+            t2=self.t2.tolist(),
+            region=self.region.tolist(),
+            first_cluster=f.cls_first_cluster.tolist(),
+            intra_bw=f.cls_intra_bw.tolist(),
+            hop_lat=f.cls_hop_lat.tolist(),
+            local_bw=f.local_bw.tolist(),
+            local_lat=f.local_lat.tolist(),
+        )
+
+
+@dataclass(frozen=True)
+class UnitLists:
+    """A problem's per-unit (and per-region) arrays as Python lists, for the scalar paths that
+    walk a solution's units one at a time (numpy's per-call overhead dominates there)."""
+
+    count: list[int]
+    cap: list[int]
+    lo: list[int]
+    t1: list[float]
+    t2: list[float]
+    region: list[int]
+    first_cluster: list[int]
+    intra_bw: list[float]
+    hop_lat: list[float]
+    local_bw: list[float]
+    local_lat: list[float]
 
 
 def _class_caps(fleet: Fleet, tp: int, pp: int) -> np.ndarray:
@@ -425,8 +516,10 @@ def build_problem(fleet: Fleet, deg: Degrees) -> Problem:
     n_micro = n_micro_batches(spec, deg.dp)
     lay = layout(fleet, tp, pp)
     args = (lay.flops, lay.intra_bw, lay.intra_lat, lay.pp_bw, lay.pp_lat)
-    t1 = cm.replica_time(spec, tp, pp, zero, n_micro, False, *args).total
-    t2 = cm.replica_time(spec, tp, pp, zero, n_micro, True, *args).total
+    t1 = cm.replica_time(spec, tp, pp, zero, n_micro, 1, *args).total
+    # Two replicas on a node: the smallest gradient ring. The bounds, fills and MILP rank by it;
+    # ``evaluate`` prices the ring of the replicas a solution puts on each node (``t_shared``).
+    t2 = cm.replica_time(spec, tp, pp, zero, n_micro, 2, *args).total
     m1 = cm.memory_per_device(spec, tp, pp, zero, 1, n_micro, spec.pp_schedule).total
     m2 = cm.memory_per_device(spec, tp, pp, zero, 2, n_micro, spec.pp_schedule).total
     b = 2.0 * (m1 - m2)
@@ -459,6 +552,8 @@ class Solution:
     n1: tuple[int, ...]
     n2: tuple[int, ...]
     x2: tuple[int, ...]
+    # The units it uses (ascending), where its maker knows them: scoring then skips the others.
+    units: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -480,48 +575,83 @@ class Score:
         return self.fixed_s + self.step_s * self.steps
 
 
-def sync_seconds_and_egress(pr: Problem, used_members: np.ndarray) -> tuple[float, float]:
-    """Seconds and USD of one exchange given the members (nodes, one participant each) used per
-    unit: the estimator's flat ring (``estimate.sync_cost``) over the hops it takes. Within a
-    region, nodes of one unit that fit in its first cluster meet over that cluster's fabric;
-    otherwise the region's nodes span clusters and its slowest hop is its local link or a fabric
-    of a unit with two or more nodes there."""
+# Region sets whose links are kept per pool list and calibration (cleared when full).
+REGION_LINKS_KEPT = 65536
+
+
+def region_links(f: Fleet, regions: tuple[int, ...]) -> tuple[float, float, float]:
+    """Among two or more regions (ascending indices): the slowest link (bytes/s), the highest
+    latency, and the sum over the regions of their dearest egress price to another (USD/GB).
+    Kept with the fleet: solutions scored in a quote, and later quotes, meet the same sets."""
+    got = f.region_links.get(regions)
+    if got is None:
+        idx = np.array(regions, dtype=np.int64)
+        sub = np.ix_(idx, idx)
+        off = ~np.eye(len(idx), dtype=bool)
+        got = (
+            float(f.pair_bw[sub][off].min()),
+            float(f.pair_lat[sub][off].max()),
+            float(np.where(off, f.egress[sub], -np.inf).max(axis=1).sum()),
+        )
+        if len(f.region_links) >= REGION_LINKS_KEPT:
+            f.region_links.clear()
+        f.region_links[regions] = got
+    return got
+
+
+def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> tuple[float, float]:
+    """Seconds and USD of one exchange given the units in use (ascending) and the members (nodes,
+    one participant each) each uses: the estimator's flat ring (``estimate.sync_cost``) over the
+    hops it takes. Within a region, nodes of one unit that fit in its first cluster meet over that
+    cluster's fabric; otherwise the region's nodes span clusters and its slowest hop is its local
+    link or a fabric of a unit with two or more nodes there. Plain Python over the units in use:
+    the search scores thousands of solutions per quote."""
     f = pr.fleet
-    n_reg = len(f.regions)
-    members = np.bincount(pr.region, weights=used_members, minlength=n_reg)
-    p_count = int(members.sum())
+    lists = pr.lists
+    members: dict[int, int] = {}
+    by_region: dict[int, list[int]] = {}
+    for u, m in zip(units, used, strict=True):
+        r = lists.region[u]
+        members[r] = members.get(r, 0) + m
+        by_region.setdefault(r, []).append(u)
+    p_count = sum(members.values())
     if p_count < 2:
         return 0.0, 0.0
     bw_min, lat_max = math.inf, 0.0
-    in_use = np.flatnonzero(used_members > 0)
-    by_region: dict[int, list[int]] = defaultdict(list)
-    for u in in_use.tolist():
-        by_region[int(pr.region[u])].append(u)
-    for r, units in by_region.items():
+    of = dict(zip(units, used, strict=True))
+    for r, here in by_region.items():
         if members[r] < 2:
             continue
-        if len(units) == 1 and used_members[units[0]] <= f.cls_first_cluster[units[0]]:
-            u = units[0]
-            bw_min, lat_max = min(bw_min, f.cls_intra_bw[u]), max(lat_max, f.cls_hop_lat[u])
+        # Every unit within its first cluster, and that one cluster for all: its fabric alone.
+        if len({f.cls_first_cid[u] for u in here}) == 1 and all(
+            of[u] <= lists.first_cluster[u] for u in here
+        ):
+            bw_min = min(bw_min, min(lists.intra_bw[u] for u in here))
+            lat_max = max(lat_max, max(lists.hop_lat[u] for u in here))
             continue
-        bw_min, lat_max = min(bw_min, f.local_bw[r]), max(lat_max, f.local_lat[r])
-        for u in units:
-            if used_members[u] >= 2:
-                bw_min, lat_max = min(bw_min, f.cls_intra_bw[u]), max(lat_max, f.cls_hop_lat[u])
-    used = np.flatnonzero(members > 0)
+        bw_min, lat_max = min(bw_min, lists.local_bw[r]), max(lat_max, lists.local_lat[r])
+        for u in here:
+            if of[u] >= 2:
+                bw_min, lat_max = min(bw_min, lists.intra_bw[u]), max(lat_max, lists.hop_lat[u])
+    multi = len(members) >= 2
     egress = 0.0
-    if len(used) >= 2:
-        off = ~np.eye(len(used), dtype=bool)
-        bw_min = min(bw_min, float(f.pair_bw[np.ix_(used, used)][off].min()))
-        lat_max = max(lat_max, float(f.pair_lat[np.ix_(used, used)][off].max()))
-        sub_eg = f.egress[np.ix_(used, used)]
-        per = float(cm.wan_bytes_per_leader(f.spec.sync, float(f.spec.model.n_params), p_count))
-        egress = per / cm.GB * float(np.where(off, sub_eg, -np.inf).max(axis=1).sum())
+    if multi:
+        pair_bw, pair_lat, dearest = region_links(f, tuple(sorted(members)))
+        bw_min = min(bw_min, pair_bw)
+        lat_max = max(lat_max, pair_lat)
+        per = f.exchange_memo.get(("bytes", p_count))
+        if per is None:
+            per = float(cm.wan_bytes_per_leader(f.spec.sync, float(f.spec.model.n_params), p_count))
+            f.exchange_memo[("bytes", p_count)] = per
+        egress = per / cm.GB * dearest
     if bw_min <= 0:
         return math.inf, math.inf
-    t = float(cm.ring_sync_s(f.spec.sync, float(f.spec.model.n_params), p_count, bw_min, lat_max))
-    if len(used) >= 2:
-        t += f.wan_param_s  # the leaders' per-parameter work where regions meet
+    key = (p_count, bw_min, lat_max)
+    t = f.exchange_memo.get(key)
+    if t is None:
+        t = float(cm.ring_sync_s(f.spec.sync, float(f.spec.model.n_params), p_count, bw_min, lat_max))
+        f.exchange_memo[key] = t
+    t += f.wan_param_s  # the exchange's fixed cost and the leaders' per-parameter work, every exchange
     return t, egress
 
 
@@ -532,7 +662,7 @@ def local_share(fleet: Fleet, t: np.ndarray) -> np.ndarray:
     return t + checkpoint_s_per_step(fleet.runtime, t) + fleet.fixed_s / fleet.spec.training.steps
 
 
-def runtime_step(pr: Problem, t_local, t_sync, participants, n_regions) -> tuple[np.ndarray, np.ndarray]:
+def runtime_step(pr: Problem, t_local, t_sync, participants) -> tuple[np.ndarray, np.ndarray]:
     """(step seconds, final exchange seconds) of placements with local step ``t_local`` and one
     exchange of ``t_sync``, priced with the runtime settings the workers would get: checkpoint
     writes at the policy's interval and the exposed part of an overlapped exchange (the
@@ -541,37 +671,94 @@ def runtime_step(pr: Problem, t_local, t_sync, participants, n_regions) -> tuple
     t_step = t_local + checkpoint_s_per_step(terms, t_local)
     hidden = overlaps(terms, participants)
     delay = delay_steps(terms, t_sync, t_local)
-    wan = wan_per_step(terms, t_sync, t_step, hidden, delay, terms.fragments)
-    return t_step + wan, final_sync_s(terms, t_sync, hidden, n_regions)
+    # An overlapped exchange hides behind the steps' work, not the amortised checkpoint writes:
+    # a write comes once in many rounds (and the last one, waited for, after the last exchange).
+    wan = wan_per_step(terms, t_sync, t_local, hidden, delay, terms.fragments)
+    return t_step + wan, final_sync_s(terms, t_sync, hidden, participants)
 
 
 def evaluate(pr: Problem, sol: Solution) -> Score | None:
     """Step time and cost of a unit-level solution; None when it breaks a structural rule."""
-    n1, n2, x2 = np.array(sol.n1), np.array(sol.n2), np.array(sol.x2)
-    if int((n1 + x2).sum()) != pr.deg.dp:
+    return evaluate_many(pr, [sol])[0]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What pricing a solution needs from its units."""
+
+    units: list[int]  # the units it uses, ascending
+    t_local: float
+    t_sync: float
+    egress: float
+    participants: int
+
+
+def _shape(pr: Problem, sol: Solution) -> _Shape | None:
+    """Walks only the units the solution uses (a unit it leaves empty breaks no rule and adds
+    nothing), in plain Python numbers: the search scores thousands of solutions per quote."""
+    lists = pr.lists
+    units: list[int] = []
+    total = 0
+    t1_max = t2_max = None
+    n1, n2, x2 = sol.n1, sol.n2, sol.x2
+    for u in range(len(n1)) if sol.units is None else sol.units:
+        a, b, c = n1[u], n2[u], x2[u]
+        if not (a or b or c):
+            continue
+        if a < 0 or b < 0 or a + b > lists.count[u] or (a > 0 and lists.lo[u] > 1):
+            return None
+        if c < (b * max(2, lists.lo[u]) if b > 0 else 0) or c > b * lists.cap[u]:
+            return None
+        if a > 0:
+            t1_max = lists.t1[u] if t1_max is None else max(t1_max, lists.t1[u])
+        if b > 0:
+            # The unit's b members share its c replicas as ``assign`` deals them: the fullest
+            # holds ⌈c/b⌉ and runs the node's gradient ring of that many.
+            t2 = pr.t_shared_one(u, -(-c // b))
+            t2_max = t2 if t2_max is None else max(t2_max, t2)
+        total += a + c
+        units.append(u)
+    if total != pr.deg.dp:
         return None
-    if np.any(n1 + n2 > pr.count) or np.any(n1 < 0) or np.any(n2 < 0):
-        return None
-    if np.any((n1 > 0) & (pr.lo > 1)):
-        return None
-    low = n2 * np.maximum(2, pr.lo)
-    if np.any(x2 < np.where(n2 > 0, low, 0)) or np.any(x2 > n2 * pr.cap):
-        return None
-    t_local = max(
-        float(pr.t1[n1 > 0].max()) if (n1 > 0).any() else 0.0,
-        float(pr.t2[n2 > 0].max()) if (n2 > 0).any() else 0.0,
-    )
-    f = pr.fleet
-    members = np.bincount(pr.region, weights=n1 + n2, minlength=len(f.regions))
-    t_sync, egress = sync_seconds_and_egress(pr, n1 + n2)
+    t_local = max(0.0 if t1_max is None else t1_max, 0.0 if t2_max is None else t2_max)
+    in_use = [u for u in units if sol.n1[u] + sol.n2[u] > 0]
+    members = [sol.n1[u] + sol.n2[u] for u in in_use]
+    t_sync, egress = sync_seconds_and_egress(pr, in_use, members)
     if not math.isfinite(t_sync):
         return None
-    used = np.flatnonzero(members > 0)
-    step, final = runtime_step(pr, t_local, t_sync, int(members.sum()), len(used))
-    step, final = float(step), float(final)
+    return _Shape(units, t_local, t_sync, egress, sum(members))
+
+
+def evaluate_many(pr: Problem, sols: list[Solution]) -> list[Score | None]:
+    """``evaluate`` over several solutions of one problem: the runtime pricing (vectorised over
+    placements, element by element) runs once for all of them."""
+    shapes = [_shape(pr, sol) for sol in sols]
+    ok = [sh for sh in shapes if sh is not None]
+    if not ok:
+        return [None] * len(sols)
+    step, final = runtime_step(
+        pr,
+        np.array([sh.t_local for sh in ok]),
+        np.array([sh.t_sync for sh in ok]),
+        np.array([sh.participants for sh in ok]),
+    )
+    step, final = np.broadcast_to(step, (len(ok),)), np.broadcast_to(final, (len(ok),))
+    f = pr.fleet
     steps = f.spec.training.steps
-    fixed = f.fixed_s + final
-    rate = float((pr.price * (n1 + x2)).sum()) * pr.dev
-    devices_cost = (fixed + steps * step) * rate / 3600.0
-    egress_cost = steps * pr.xps * egress
-    return Score(step, t_local, t_sync, devices_cost, egress_cost, steps, fixed)
+    out: list[Score | None] = []
+    k = 0
+    for sol, sh in zip(sols, shapes, strict=True):
+        if sh is None:
+            out.append(None)
+            continue
+        st, fin = float(step[k]), float(final[k])
+        k += 1
+        fixed = f.fixed_s + fin
+        # A dense sum, as over every unit: the same rounding whichever units a solution uses.
+        replicas = np.zeros(pr.n_units, dtype=np.int64)
+        replicas[sh.units] = [sol.n1[u] + sol.x2[u] for u in sh.units]
+        rate = float((pr.price * replicas).sum()) * pr.dev
+        devices_cost = (fixed + steps * st) * rate / 3600.0
+        egress_cost = steps * pr.xps * sh.egress
+        out.append(Score(st, sh.t_local, sh.t_sync, devices_cost, egress_cost, steps, fixed))
+    return out

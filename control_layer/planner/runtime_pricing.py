@@ -84,6 +84,17 @@ def delay_steps(terms: RuntimeTerms, t_sync, step_s) -> np.ndarray:
     return exchange_delay(terms.round_steps, np.asarray(t_sync, dtype=float) / terms.fragments, step_s)
 
 
+def overlapped_exchange_s(t_sync, cpu_s, share) -> np.ndarray:
+    """How long an exchange takes while the steps it overlaps run: as long as a blocking one
+    (``t_sync``) where the leader's host has an idle core; with none (``share`` > 1) the leader's
+    training thread takes turns with the exchange's CPU work (``cpu_s``: its fixed and
+    per-parameter seconds at that share, already in ``t_sync``), which then takes twice as long.
+    The delay is chosen from this and the exposed part priced from it, so the runtime's landing
+    step and the estimate agree."""
+    t = np.asarray(t_sync, dtype=float)
+    return np.where(np.asarray(share) > 1.0, t + np.asarray(cpu_s, dtype=float), t)
+
+
 def exposed_wan_per_step(terms: RuntimeTerms, t_sync, t_step, delay, fragments: int) -> np.ndarray:
     """Seconds an overlapped DiLoCo exchange adds to an average step: each of a round's
     ``fragments`` carries 1/fragments of the exchange and hides behind ``delay`` steps of
@@ -99,8 +110,8 @@ def wan_per_step(terms: RuntimeTerms, t_sync, t_step, overlapped, delay, fragmen
     return np.where(overlapped, exposed_wan_per_step(terms, t_sync, t_step, delay, fragments), blocking)
 
 
-def final_sync_s(terms: RuntimeTerms, t_sync, overlapped, n_regions) -> np.ndarray:
+def final_sync_s(terms: RuntimeTerms, t_sync, overlapped, participants) -> np.ndarray:
     """An overlapped exchange hides behind the next steps, but the last one has none to hide
-    behind: the run waits for it once (cross-region exchanges only)."""
+    behind: the run waits for it once (any exchange, between two nodes of a cluster too)."""
     hidden = np.asarray(overlapped) | cm.sync_overlapped(terms.spec.sync)
-    return np.where(hidden & (np.asarray(n_regions) >= 2), t_sync, 0.0)
+    return np.where(hidden & (np.asarray(participants) >= 2), t_sync, 0.0)

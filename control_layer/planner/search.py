@@ -35,7 +35,7 @@ from control_layer.planner.problem import (
     Solution,
     build_fleet,
     build_problem,
-    evaluate,
+    evaluate_many,
 )
 from control_layer.planner.screen import Bounds, screen
 from control_layer.planner.snapshot import ResourceSnapshot
@@ -111,8 +111,8 @@ class _Search:
     def consider(self, pr: Problem, solutions: Iterable[Solution]) -> None:
         """Score solutions exactly; those within the QoS bounds join the front."""
         fresh: list[Scored] = []
-        for sol in solutions:
-            sc = evaluate(pr, sol)
+        sols = list(solutions)
+        for sol, sc in zip(sols, evaluate_many(pr, sols), strict=True):
             if sc is None:
                 continue
             self.trace.note(self.spec, sc)

@@ -68,6 +68,11 @@ class NodeProfileInfo(_Measured):
     host_load_factor: float = Field(
         default=0.0, ge=0, description="Wall over CPU time of the reference on a CPU slot; 0: not measured."
     )
+    launcher_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="The launcher's part of startup_s per idle core (one process per node); 0: not measured.",
+    )
     rates: dict[Literal["fp32", "bf16"], StepRateInfo] = Field(default_factory=dict)
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.sim.collectives import all_gather, all_reduce
+from benchmarks.sim.collectives import all_gather, all_reduce, exchange
 from benchmarks.sim.network import Network
 
 
@@ -92,3 +92,25 @@ def test_a_slow_hop_sets_the_ring_pace() -> None:
     fast = Network({(d, p): 100.0 for p in peers for d in ("out", "in")})
     all_reduce(fast, _ring_route(100.0, 0.0), peers, 300.0, lambda: None).start()
     assert net.run() > fast.run() * 3
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(2, 7), x=st.floats(1.0, 1e9), bw=st.floats(1.0, 1e9), lat=st.floats(0.0, 1.0))
+def test_a_ring_of_calls_waits_for_each_answer(n: int, x: float, bw: float, lat: float) -> None:
+    # Between sync participants each send is a call: the next step waits for its answer (one
+    # more latency) and the call's fixed seconds, 2(n-1) times: the planner's ring formula.
+    peers = list(range(n))
+    net = Network({(d, p): bw for p in peers for d in ("out", "in")})
+    all_reduce(net, _ring_route(bw, lat), peers, x, lambda: None, call_s=0.003).start()
+    expected = 2 * (n - 1) * (x / n / bw + 2 * lat + 0.003)
+    assert net.run() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_pushes_as_calls_end_when_answered() -> None:
+    peers = [0, 1, 2]
+    net = Network({(d, p): 10.0 for p in peers for d in ("out", "in")})
+    edges = [(a, b) for a in peers for b in peers if a != b]
+    exchange(net, _ring_route(10.0, 0.5), edges, 20.0, lambda: None, call_s=0.25)
+    # Each peer's port carries its two pushes at half the rate: 4 s, then 0.5 there and back
+    # plus the call's 0.25.
+    assert net.run() == pytest.approx(4.0 + 0.5 + 0.5 + 0.25)

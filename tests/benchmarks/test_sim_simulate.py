@@ -12,7 +12,7 @@ from benchmarks.sim import simulate
 from benchmarks.sim.workload import workload
 from contracts.job_spec import JobSpec
 from contracts.model import gpt_param_count, model_config
-from control_layer.planner.plan_types import PlanOption
+from control_layer.planner.plan_types import PlanOption, RuntimeSettings
 from control_layer.planner.snapshot import ResourceSnapshot
 
 GBPS = 1e9 / 8
@@ -239,3 +239,66 @@ def test_more_replicas_of_the_same_speed_never_add_compute_per_step(tp: int, pp:
     ]
     assert per_step[0] >= per_step[1] >= per_step[2]
     assert per_step[0] == pytest.approx(4 * per_step[2])
+
+
+def _with_runtime(option: PlanOption, overlap: bool) -> PlanOption:
+    runtime = RuntimeSettings(
+        checkpoint_every=100,
+        checkpoint_write_s=0.0,
+        checkpoint_fraction=0.0,
+        overlap=overlap,
+        overlap_steps=1 if overlap else None,
+    )
+    return option.model_copy(update={"runtime": runtime})
+
+
+def test_two_clusters_of_one_region_exchange_full_duplex() -> None:
+    # The region's local link (100 Gb/s by default) is each cluster's port, one pipe each way:
+    # the two pushes of a two-participant exchange cross it at once, each at the full rate.
+    spec = _spec(sync={"mode": "local_sgd", "every": 10, "compression": "none"})
+    snap = _snapshot([("a", "r", 1, 1, 400.0), ("b", "r", 1, 1, 400.0)])
+    got = simulate(spec, _option(spec, snap, 2, 1, 1), snap, call_s=0.002)
+    payload = 4.0 * workload(spec, 1, 1, 1).n_params
+    assert got.wan_exchange_s == pytest.approx(payload / (100 * GBPS) + 2 * 0.0005 + 0.002, rel=1e-9)
+    assert got.wan_link_bytes == {"link:r->r": pytest.approx(2 * payload)}
+
+
+def test_async_calls_the_parameter_server_update_up_parameters_back() -> None:
+    spec = _spec(sync={"mode": "async", "every": 10, "compression": "int8"})
+    snap = _snapshot([("a", "r1", 1, 1, 100.0), ("b", "r2", 1, 1, 100.0)], wan=1.0)
+    got = simulate(spec, _option(spec, snap, 2, 1, 1), snap, call_s=0.002, param_s=1e-9)
+    n = workload(spec, 1, 1, 1).n_params
+    up, down = n * (1.0 + 4.0 / 2048), n * 2.0  # int8 update, bf16 parameters
+    expected = (up + down) / (1.0 * GBPS) + 2 * 0.05 + 0.002 + n * 1e-9
+    assert got.wan_exchange_s == pytest.approx(expected, rel=1e-9)
+    assert sum(got.wan_link_bytes.values()) == pytest.approx(up + down)
+
+
+def test_ssp_pushes_its_update_to_every_peer() -> None:
+    spec = _spec(sync={"mode": "ssp", "every": 10, "compression": "bf16", "staleness": 1})
+    snap = _snapshot([("a", "r", 1, 1, 400.0), ("b", "r", 1, 1, 400.0), ("c", "r", 1, 1, 400.0)])
+    got = simulate(spec, _option(spec, snap, 3, 1, 1), snap)
+    payload = 2.0 * workload(spec, 1, 1, 1).n_params
+    # Each cluster's port into the region carries its two pushes together.
+    assert got.wan_exchange_s == pytest.approx(2 * payload / (100 * GBPS) + 2 * 0.0005, rel=1e-9)
+    assert sum(got.wan_link_bytes.values()) == pytest.approx(6 * payload)
+
+
+def test_top_k_rides_the_ring_at_its_own_size() -> None:
+    spec = _spec(sync={"mode": "local_sgd", "every": 10, "compression": "topk", "topk_ratio": 0.1})
+    snap = _snapshot([(c, f"r{c}", 1, 1, 100.0) for c in "abc"], wan=1.0)
+    got = simulate(spec, _option(spec, snap, 3, 1, 1), snap)
+    payload = 0.1 * 8.0 * workload(spec, 1, 1, 1).n_params
+    assert sum(got.wan_link_bytes.values()) == pytest.approx(3 * 2 * 2 / 3 * payload)
+
+
+@pytest.mark.parametrize("mode", ["async", "diloco"])
+def test_an_overlapped_exchange_hides_behind_a_round_of_steps(mode: str) -> None:
+    spec = _spec(sync={"mode": mode, "every": 4})
+    snap = _snapshot([("a", "r1", 1, 1, 100.0), ("b", "r2", 1, 1, 100.0)], wan=0.05)
+    option = _option(spec, snap, 2, 1, 1)
+    blocking = simulate(spec, _with_runtime(option, False), snap)
+    hidden = simulate(spec, _with_runtime(option, True), snap)
+    assert blocking.wan_sync_s == pytest.approx(blocking.wan_exchange_s / 4)
+    exposed = max(0.0, hidden.wan_exchange_s - 4 * hidden.iteration_s) / 4
+    assert hidden.wan_sync_s == pytest.approx(exposed) and 0 < exposed < blocking.wan_sync_s

@@ -55,9 +55,12 @@ def test_precision_changes_rate_and_activations_not_state() -> None:
     assert fp32.activations == pytest.approx(2 * bf16.activations)
     # The gradient all-reduce moves the fp32 gradients either way.
     args = (100e12, 1e10, 1e-5, 1e10, 1e-5)
-    a = cm.replica_time(_spec(), 1, 1, 0, 1, True, *args).dp_comm
-    b = cm.replica_time(_spec(precision="fp32"), 1, 1, 0, 1, True, *args).dp_comm
-    assert a == b == pytest.approx(2 * 4 * cm.stage_params(_spec().model, 1, 1) / 1e10 + 2e-5)
+    a = cm.replica_time(_spec(), 1, 1, 0, 1, 2, *args).dp_comm
+    b = cm.replica_time(_spec(precision="fp32"), 1, 1, 0, 1, 2, *args).dp_comm
+    # A ring of two: each sends half the gradients twice (reduce-scatter, all-gather), 2 hops.
+    assert a == b == pytest.approx(4 * cm.stage_params(_spec().model, 1, 1) / 1e10 + 2e-5)
+    four = cm.replica_time(_spec(), 1, 1, 0, 1, 4, *args).dp_comm
+    assert four == pytest.approx(1.5 * 4 * cm.stage_params(_spec().model, 1, 1) / 1e10 + 6e-5)
 
 
 def test_memory_shrinks_with_zero_stage_and_sharding() -> None:
@@ -112,29 +115,29 @@ def test_stage_flops_put_the_head_on_the_last_stage() -> None:
 def test_replica_time_parts() -> None:
     spec = _spec()
     flops = 100e12
-    one = cm.replica_time(spec, 1, 1, 0, 4, False, flops, 1e10, 1e-5, 1e10, 1e-5)
+    one = cm.replica_time(spec, 1, 1, 0, 4, 1, flops, 1e10, 1e-5, 1e10, 1e-5)
     t_mb = cm.flops_per_token(spec.model, False) * 1024 / flops
     assert one.compute == pytest.approx(4 * t_mb)
     assert one.tp_comm == one.dp_comm == one.pp_bubble == one.pp_comm == 0
-    pipe = cm.replica_time(spec, 1, 4, 0, 4, False, flops, 1e10, 1e-5, 1e10, 1e-5)
+    pipe = cm.replica_time(spec, 1, 4, 0, 4, 1, flops, 1e10, 1e-5, 1e10, 1e-5)
     # 3 layers per stage, the head on the last: it paces the pipeline; the bubble is the others.
     block = (6 * cm.block_params(spec.model) + 12 * 1024 * 768) * 1024 / flops
     head = 6 * (768 * 50304 + 2 * 768) * 1024 / flops
     assert pipe.compute == pytest.approx(4 * (3 * block + head))
     assert pipe.pp_bubble == pytest.approx(3 * 3 * block)
     assert pipe.pp_comm > 0
-    shared = cm.replica_time(spec, 2, 1, 0, 4, True, flops, 1e10, 1e-5, 1e10, 1e-5)
+    shared = cm.replica_time(spec, 2, 1, 0, 4, 2, flops, 1e10, 1e-5, 1e10, 1e-5)
     assert shared.tp_comm > 0 and shared.dp_comm > 0
     parts = shared.compute + shared.tp_comm + shared.dp_comm + shared.pp_bubble + shared.pp_comm
     assert shared.total == pytest.approx(parts)
-    z3 = cm.replica_time(spec, 2, 1, 3, 4, True, flops, 1e10, 1e-5, 1e10, 1e-5)
+    z3 = cm.replica_time(spec, 2, 1, 3, 4, 2, flops, 1e10, 1e-5, 1e10, 1e-5)
     assert z3.dp_comm == pytest.approx(1.5 * shared.dp_comm)
 
 
 def test_step_time_is_affine_in_micro_batches() -> None:
     spec = _spec()
     args = (100e12, 1e10, 1e-5, 1e9, 1e-4)
-    t = [float(cm.replica_time(spec, 2, 4, 0, m, True, *args).total) for m in (1, 2, 5)]
+    t = [float(cm.replica_time(spec, 2, 4, 0, m, 2, *args).total) for m in (1, 2, 5)]
     assert t[2] - t[1] == pytest.approx(3 * (t[1] - t[0]))
 
 
@@ -145,13 +148,28 @@ def test_step_time_is_affine_in_micro_batches() -> None:
         (SyncSpec(mode="sync"), 2, 4.0, 2.0),
         # Every call of the exchange waits a round trip: a ring of R makes 2(R−1) calls in turn.
         (SyncSpec(mode="diloco", compression="int8"), 4, 2 * 3 / 4, 12.0),
-        (SyncSpec(mode="local_sgd", compression="topk", topk_ratio=0.5), 3, 2 * 4.0, 8.0),
+        # Top-k stays top-k on the ring (every hop re-encodes its chunk): 2(R−1)/R payloads.
+        (SyncSpec(mode="local_sgd", compression="topk", topk_ratio=0.5), 3, 2 * 2 / 3 * 4.0, 8.0),
         (SyncSpec(mode="gossip", gossip_peers=2), 5, 2 * 4.0, 2.0),
+        # ssp pushes its update to every peer at once: R−1 payloads, one call.
+        (SyncSpec(mode="ssp", compression="bf16"), 4, 3 * 2.0, 2.0),
+        # async: the R−1 others send an update (int8) and get the parameters back (bf16 when
+        # compressed, fp32 otherwise), averaged over the R participants.
+        (SyncSpec(mode="async", compression="int8"), 3, 2 / 3 * (1.0 + 2.0), 2.0),
+        (SyncSpec(mode="async"), 2, 1 / 2 * (4.0 + 4.0), 2.0),
     ],
 )
 def test_wan_bytes_and_hops(sync: SyncSpec, regions: int, bytes_per_leader: float, hops: float) -> None:
     assert float(cm.wan_bytes_per_leader(sync, 1.0, regions)) == pytest.approx(bytes_per_leader)
     assert float(cm.wan_latency_hops(sync, regions)) == pytest.approx(hops)
+
+
+def test_exchange_time_factor_follows_the_runtime() -> None:
+    # The async server's port takes the R−1 updates in, then sends the R−1 answers out.
+    assert float(cm.wan_time_factor(SyncSpec(mode="async"), 1.0, 3)) == pytest.approx(2 * 8.0)
+    # ssp's pushes leave the sender's port together; the ring sends 2(R−1)/R.
+    assert float(cm.wan_time_factor(SyncSpec(mode="ssp"), 1.0, 3)) == pytest.approx(2 * 4.0)
+    assert float(cm.wan_time_factor(SyncSpec(mode="sync"), 1.0, 3)) == pytest.approx(4 / 3 * 4.0)
 
 
 def test_sync_modes_amortise_and_overlap() -> None:
@@ -190,5 +208,5 @@ def test_calibration_lookups() -> None:
 def test_vectorised_over_clusters() -> None:
     spec = _spec()
     flops = np.array([100e12, 200e12])
-    rt = cm.replica_time(spec, 1, 1, 0, 2, False, flops, 1e10, 1e-5, 1e10, 1e-5)
+    rt = cm.replica_time(spec, 1, 1, 0, 2, 1, flops, 1e10, 1e-5, 1e10, 1e-5)
     assert rt.total.shape == (2,) and math.isclose(rt.total[0], 2 * rt.total[1])

@@ -96,9 +96,9 @@ def test_two_regions_pay_wan_sync_and_egress() -> None:
     payload = spec.model.n_params * 4.0
     bw = cm.bytes_per_s(8, cm.DEFAULT_WAN_GOODPUT)
     # Two regions: each leader pushes S bytes to the other (one call), 2 latency hops, and works on
-    # every parameter once (flatten, codec, mean, in-node broadcast).
+    # every parameter once (flatten, codec, mean, in-node broadcast); the exchange costs e once.
     t_sync = payload / bw + 2 * 0.1 + cm.DEFAULT_EXCHANGE_CALL_S
-    t_sync += spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S
+    t_sync += spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S + cm.DEFAULT_EXCHANGE_FIXED_S
     assert est.step_s.wan_sync == pytest.approx(t_sync)
     # The A100 replica is the slower one and sets the step.
     t_mb = cm.flops_per_token(spec.model, False) * 512 / (300e12 * cm.DEFAULT_DEVICE_EFFICIENCY)
@@ -180,6 +180,7 @@ def test_a_measured_link_is_not_discounted_again() -> None:
         + 2 * 0.1
         + cm.DEFAULT_EXCHANGE_CALL_S
         + spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S
+        + cm.DEFAULT_EXCHANGE_FIXED_S
     )
     assert est.step_s.wan_sync < declared.step_s.wan_sync
     assert est.basis is not None and set(est.basis.goodput.values()) == {cm.MEASURED_WAN_GOODPUT}
@@ -254,7 +255,10 @@ def test_two_nodes_of_one_cluster_exchange_over_its_fabric() -> None:
     spec = _spec()
     tasks = _tasks([("f", "f0", 0), ("f", "f1", 0)])
     est = estimate_option(spec, _fabric_snap(), tasks, dp=2, tp=1, pp=1, zero=0)
-    want = _ring_s(spec, 2, 400, 0.01e-3, cm.DEFAULT_LAN_GOODPUT)
+    # The exchange's fixed cost and the leaders' per-parameter work are the same whichever link
+    # the exchange crosses.
+    param_s = spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S + cm.DEFAULT_EXCHANGE_FIXED_S
+    want = _ring_s(spec, 2, 400, 0.01e-3, cm.DEFAULT_LAN_GOODPUT) + param_s
     assert est.step_s.wan_sync == pytest.approx(want)
     assert est.cost.egress == 0
 
@@ -264,19 +268,21 @@ def test_nodes_of_two_clusters_ring_over_the_local_link() -> None:
     spec = _spec()
     tasks = _tasks([("f", "f0", 0), ("f", "f1", 0), ("f", "f2", 0), ("g", "g0", 0)])
     est = estimate_option(spec, _fabric_snap(), tasks, dp=4, tp=1, pp=1, zero=0)
-    assert est.step_s.wan_sync == pytest.approx(_ring_s(spec, 4, 10, 1e-3, cm.DEFAULT_LAN_GOODPUT))
+    param_s = spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S + cm.DEFAULT_EXCHANGE_FIXED_S
+    assert est.step_s.wan_sync == pytest.approx(_ring_s(spec, 4, 10, 1e-3, cm.DEFAULT_LAN_GOODPUT) + param_s)
 
 
 def test_the_ring_over_regions_counts_every_node() -> None:
     """Three nodes in eu's cluster f and one in us: four participants on one ring; the WAN link
-    is the slowest hop, the leaders' per-parameter work is paid once, and each region's egress is
-    one participant's 2(P-1)/P of the payload."""
+    is the slowest hop, the exchange's fixed cost and the leaders' per-parameter work are paid
+    once, and each region's egress is one participant's 2(P-1)/P of the payload."""
     spec = _spec()
     snap = _fabric_snap()
     tasks = _tasks([("f", "f0", 0), ("f", "f1", 0), ("f", "f2", 0), ("h", "h0", 0)])
     est = estimate_option(spec, snap, tasks, dp=4, tp=1, pp=1, zero=0)
-    # where regions meet, the leaders' per-parameter work once per exchange (no calibration: the default)
-    param_s = spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S
+    # the exchange's fixed cost and the leaders' per-parameter work once per exchange (no
+    # calibration: the defaults)
+    param_s = spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S + cm.DEFAULT_EXCHANGE_FIXED_S
     assert est.step_s.wan_sync == pytest.approx(_ring_s(spec, 4, 8, 50e-3, cm.DEFAULT_WAN_GOODPUT) + param_s)
     per = 2 * 3 / 4 * spec.model.n_params * 4.0
     assert est.wan_bytes_per_step == pytest.approx(2 * per)

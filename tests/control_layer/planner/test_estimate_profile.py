@@ -3,13 +3,15 @@ checkpoint writes, blocking sync and the calibrated start-up."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from contracts.job_spec import JobSpec
 from contracts.model import gpt_param_count, model_config, train_flops_per_token
 from control_layer.planner import cost_model as cm
-from control_layer.planner.estimate import estimate_option, host_shares
-from control_layer.planner.plan_types import Calibration, PlannedTask
+from control_layer.planner.estimate import estimate_option, estimate_planned, host_shares
+from control_layer.planner.plan_types import Calibration, Estimates, PlannedTask, RuntimeSettings
 from control_layer.planner.snapshot import ResourceSnapshot
 
 RATE = {
@@ -22,7 +24,7 @@ RATE = {
 }
 
 
-def _snap(cores: int = 2, load: float = 0.0, busy: int = 0) -> ResourceSnapshot:
+def _snap(cores: int = 2, load: float = 0.0, busy: int = 0, launcher: float = 0.0) -> ResourceSnapshot:
     """Two agents on one host ("box"), two CPU slots each, in two regions."""
 
     def node(nid: str, startup: float) -> dict:
@@ -38,6 +40,7 @@ def _snap(cores: int = 2, load: float = 0.0, busy: int = 0) -> ResourceSnapshot:
                 "teardown_s": 0.5,
                 "physical_cores": cores,
                 "host_load_factor": load,
+                "launcher_s": launcher,
                 "rates": {"fp32": RATE},
             },
         }
@@ -112,6 +115,25 @@ def test_slots_beyond_the_cores_are_priced_as_shared() -> None:
     assert host_shares(_snap(cores=8, load=1.7), ONE_NODE) == {"a0": 1.7}
 
 
+def test_the_launchers_part_of_the_start_up_shares_the_host_one_process_per_node() -> None:
+    # Four slots on one two-core host: the workers run at half speed, but before them each node
+    # runs one launcher, two processes on two cores.
+    snap = _snap(cores=2, launcher=2.0)
+    assert host_shares(snap, TWO_NODES, one_per_node=True) == {"a0": 1.0, "b0": 1.0}
+    est = estimate_option(_spec(), snap, TWO_NODES, dp=4, tp=1, pp=1, zero=0)
+    # b0 starts last: its launcher's 2 s alone, then its workers' 9 - 2 = 7 s at half speed.
+    assert est.startup_s == pytest.approx(2.0 * 1.0 + 7.0 * 2.0)
+    assert est.basis is not None
+    assert est.basis.launch_share == {"a0": 1.0, "b0": 1.0}
+    assert est.basis.launcher_s == {"a0": 2.0, "b0": 2.0}
+    # Calibrated parts replace the measured ones, each at its own share.
+    cal = Calibration(launcher_s={"b0": 1.0}, startup_s={"b0": 5.0})
+    again = estimate_option(_spec(), snap, TWO_NODES, dp=4, tp=1, pp=1, zero=0, calibration=cal)
+    assert again.startup_s == pytest.approx(max(2.0 + 4.0 * 2.0, 1.0 + 5.0 * 2.0))
+    # Without the launcher measured apart, the whole start-up is the workers' (as before).
+    assert estimate_option(_spec(), _snap(cores=2), TWO_NODES, dp=4, tp=1, pp=1, zero=0).startup_s == 18.0
+
+
 def test_the_hosts_contention_from_heartbeats_counts_what_else_runs_there() -> None:
     snap = _snap(cores=2, load=3.0)
     for node in snap.clusters[0].nodes + snap.clusters[1].nodes:
@@ -156,3 +178,50 @@ def test_calibration_replaces_the_measured_startup_and_scales_the_rate() -> None
     assert est.startup_s == 20.0 and est.teardown_s == 2.0
     assert est.step_s.compute == pytest.approx(2 * base.step_s.compute)
     assert est.basis is not None and est.basis.efficiency == {"cpu|fp32": 0.5}
+
+
+def _overlapped(snap: ResourceSnapshot, delay: int) -> Estimates:
+    runtime = RuntimeSettings(
+        checkpoint_every=40,
+        checkpoint_write_s=0.0,
+        checkpoint_fraction=0.0,
+        overlap=True,
+        overlap_steps=delay,
+    )
+    slow_exchange = Calibration(exchange_fixed_s={"eu|us": 0.5})  # a fixed cost no one step hides
+    return estimate_option(
+        _spec(), snap, TWO_NODES, dp=4, tp=1, pp=1, zero=0, calibration=slow_exchange, runtime=runtime
+    )
+
+
+def test_an_overlapped_exchange_on_a_host_with_no_idle_core_takes_its_cpu_work_twice() -> None:
+    def exposed(est: Estimates, extra: float) -> float:
+        # What a round adds beyond its one step of cover (4 rounds in 40 steps); the last round,
+        # blocking every region, is ``final_sync_s``: the exchange as a blocking one.
+        work = est.step_s.total - est.step_s.wan_sync - est.step_s.checkpoint
+        return 4 / 40 * max(0.0, est.final_sync_s + extra - work)
+
+    idle = _overlapped(_snap(cores=16), delay=1)
+    assert idle.basis.exchange.share == 1.0
+    assert idle.step_s.wan_sync == pytest.approx(exposed(idle, 0.0))
+    shared = _overlapped(_snap(cores=2), delay=1)  # four slots on two cores
+    b = shared.basis.exchange
+    assert b.share > 1.0
+    cpu = (b.fixed_s + b.params * b.param_s) * b.share  # the exchange's CPU work at that share
+    assert shared.step_s.wan_sync == pytest.approx(exposed(shared, cpu))
+    assert shared.step_s.wan_sync > exposed(shared, 0.0)
+
+
+def test_the_delay_covers_the_exchange_beside_the_steps() -> None:
+    spec = _spec()
+    slow_exchange = Calibration(exchange_fixed_s={"eu|us": 0.5})
+    est, runtime = estimate_planned(
+        spec, _snap(cores=2), TWO_NODES, dp=4, tp=1, pp=1, zero=0, calibration=slow_exchange
+    )
+    b = est.basis.exchange
+    assert runtime.overlap and b.share > 1.0
+    beside = est.final_sync_s + (b.fixed_s + b.params * b.param_s) * b.share
+    work = est.step_s.total - est.step_s.wan_sync - est.step_s.checkpoint
+    assert runtime.overlap_steps == min(10, math.ceil(beside / work - 1e-9))
+    # The runtime lands the round after the steps the estimate hides it behind: nothing exposed.
+    assert est.step_s.wan_sync == pytest.approx(4 / 40 * max(0.0, beside - runtime.overlap_steps * work))

@@ -167,15 +167,16 @@ def _two_node_cluster() -> ResourceSnapshot:
 
 
 def test_search_ranks_placements_with_their_runtime_settings() -> None:
-    """Two nodes syncing with DiLoCo every 10 steps: blocking, the exchange makes two replicas
-    slower than one pipelined replica on one node; overlapped, as the workers run it, it hides and
-    two replicas are faster. The search must rank them as quotes price them."""
+    """Two nodes syncing with DiLoCo every 50 steps: overlapped, as the workers run it, the
+    exchange (its bytes and the leaders' per-parameter work) hides behind the round and two
+    replicas on two nodes are fastest; blocking, it would add its share to every step. The search
+    must rank placements as quotes price them."""
     spec = JobSpec.model_validate(
         {
             "name": "small",
             "model": {"n_layers": 4, "d_model": 1024, "n_heads": 16, "vocab": 50304, "seq_len": 1024},
-            "training": {"steps": 1000, "global_batch_tokens": 8192},
-            "sync": {"mode": "diloco", "every": 10, "compression": "bf16"},
+            "training": {"steps": 1000, "global_batch_tokens": 65536},
+            "sync": {"mode": "diloco", "every": 50, "compression": "bf16"},
             "qos": {"objective": "time"},
         }
     )
@@ -191,3 +192,5 @@ def test_search_ranks_placements_with_their_runtime_settings() -> None:
         spec, snap, best.tasks, dp=2, tp=best.tp, pp=best.pp, zero=best.zero, runtime=best.runtime
     )
     assert again.duration_s == pytest.approx(best.estimates.duration_s, rel=1e-12)
+    blocking = estimate_option(spec, snap, best.tasks, dp=2, tp=best.tp, pp=best.pp, zero=best.zero)
+    assert blocking.duration_s > best.estimates.duration_s * 1.05

@@ -1,0 +1,314 @@
+"""The search's fast scoring paths against plain dense forms of the same rules.
+
+``evaluate`` walks only the units a solution uses and prices a candidate's solutions in one
+vectorised runtime pass; the heuristic takes each fill row's slowest in-region hop as segment
+reductions over units grouped by region, and keeps region sets per fleet. Each is checked here
+against a dense, one-at-a-time form written in this file (every unit, every region in a loop),
+value for value: the fast paths must change no score and no option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from contracts.job_spec import SyncSpec
+from control_layer.planner import cost_model as cm
+from control_layer.planner.bounds import lower_bounds
+from control_layer.planner.estimate import device_price
+from control_layer.planner.exhaustive import all_solutions
+from control_layer.planner.fleet import _cluster_pools, _fleet_pools
+from control_layer.planner.heuristic import _in_region_hops, candidate_solutions
+from control_layer.planner.problem import (
+    Problem,
+    Score,
+    Solution,
+    build_problem,
+    evaluate,
+    evaluate_many,
+    region_links,
+    runtime_step,
+)
+
+from .fleetgen import jobs, snapshots
+from .test_search import _problems
+
+FAST = settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+def _dense_sync(pr: Problem, used: np.ndarray) -> tuple[float, float]:
+    """The flat ring's seconds and USD over every unit and region, one at a time."""
+    f = pr.fleet
+    n_reg = len(f.regions)
+    members = [0] * n_reg
+    for u in range(pr.n_units):
+        members[int(pr.region[u])] += int(used[u])
+    p_count = sum(members)
+    if p_count < 2:
+        return 0.0, 0.0
+    bw, lat = math.inf, 0.0
+    for r in range(n_reg):
+        if members[r] < 2:
+            continue
+        here = [u for u in range(pr.n_units) if pr.region[u] == r and used[u] > 0]
+        one_cluster = len({int(f.cls_first_cid[u]) for u in here}) == 1
+        if one_cluster and all(used[u] <= f.cls_first_cluster[u] for u in here):
+            for u in here:
+                bw, lat = min(bw, float(f.cls_intra_bw[u])), max(lat, float(f.cls_hop_lat[u]))
+            continue
+        bw, lat = min(bw, float(f.local_bw[r])), max(lat, float(f.local_lat[r]))
+        for u in here:
+            if used[u] >= 2:
+                bw, lat = min(bw, float(f.cls_intra_bw[u])), max(lat, float(f.cls_hop_lat[u]))
+    regions = [r for r in range(n_reg) if members[r] > 0]
+    egress = 0.0
+    if len(regions) >= 2:
+        for a in regions:
+            worst = -math.inf
+            for b in regions:
+                if a != b:
+                    bw = min(bw, float(f.pair_bw[a, b]))
+                    lat = max(lat, float(f.pair_lat[a, b]))
+                    worst = max(worst, float(f.egress[a, b]))
+            egress += worst
+        per = float(cm.wan_bytes_per_leader(f.spec.sync, float(f.spec.model.n_params), p_count))
+        egress *= per / cm.GB
+    if bw <= 0:
+        return math.inf, math.inf
+    t = float(cm.ring_sync_s(f.spec.sync, float(f.spec.model.n_params), p_count, bw, lat))
+    return t + f.wan_param_s, egress
+
+
+def _dense_evaluate(pr: Problem, sol: Solution) -> Score | None:
+    n1, n2, x2 = (np.array(v, dtype=np.int64) for v in (sol.n1, sol.n2, sol.x2))
+    if int((n1 + x2).sum()) != pr.deg.dp:
+        return None
+    if np.any(n1 + n2 > pr.count) or np.any(n1 < 0) or np.any(n2 < 0) or np.any((n1 > 0) & (pr.lo > 1)):
+        return None
+    if np.any(x2 < np.where(n2 > 0, n2 * np.maximum(2, pr.lo), 0)) or np.any(x2 > n2 * pr.cap):
+        return None
+    t_local = max(
+        float(pr.t1[n1 > 0].max()) if (n1 > 0).any() else 0.0,
+        float(pr.t_shared(-(-x2 // np.maximum(n2, 1)))[n2 > 0].max()) if (n2 > 0).any() else 0.0,
+    )
+    t_sync, egress = _dense_sync(pr, n1 + n2)
+    if not math.isfinite(t_sync):
+        return None
+    members = np.bincount(pr.region, weights=n1 + n2, minlength=len(pr.fleet.regions))
+    step, final = runtime_step(pr, t_local, t_sync, int(members.sum()))
+    f = pr.fleet
+    steps = f.spec.training.steps
+    fixed = f.fixed_s + float(final)
+    rate = float((pr.price * (n1 + x2)).sum()) * pr.dev
+    return Score(
+        float(step),
+        t_local,
+        t_sync,
+        (fixed + steps * float(step)) * rate / 3600.0,
+        steps * pr.xps * egress,
+        steps,
+        fixed,
+    )
+
+
+def _broken(sol: Solution, rnd: random.Random) -> Solution:
+    """The solution with one count moved off by one (often breaking a structural rule)."""
+    parts = [list(sol.n1), list(sol.n2), list(sol.x2)]
+    k, u = rnd.randrange(3), rnd.randrange(len(sol.n1))
+    parts[k][u] += rnd.choice((-1, 1))
+    return Solution(tuple(parts[0]), tuple(parts[1]), tuple(parts[2]))
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs(with_qos=False), seed=st.integers(0, 2**16))
+def test_evaluate_equals_the_dense_form_value_for_value(snap, spec, seed) -> None:
+    rnd = random.Random(seed)
+    _, problems = _problems(spec, snap)
+    for pr in problems[:8]:
+        sols = list(all_solutions(pr))
+        sols = rnd.sample(sols, min(12, len(sols)))
+        sols += [_broken(s, rnd) for s in sols[:4]]
+        # With the units named, as the heuristic makes them (scoring walks only those).
+        sols += [
+            Solution(
+                s.n1, s.n2, s.x2, units=tuple(u for u in range(pr.n_units) if s.n1[u] or s.n2[u] or s.x2[u])
+            )
+            for s in sols[:4]
+        ]
+        batch = evaluate_many(pr, sols)
+        for sol, got in zip(sols, batch, strict=True):
+            want = _dense_evaluate(pr, sol)
+            assert got == want  # exactly: the same floats, not merely close
+            assert evaluate(pr, sol) == want
+
+
+def _hops_by_loop(pr: Problem, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per fill row, the slowest hop inside regions with ≥ 2 nodes: a loop over regions."""
+    f = pr.fleet
+    cols = np.flatnonzero(x.any(axis=0))
+    members = np.where(x[:, cols] > 0, np.maximum(1, -(-x[:, cols] // np.maximum(pr.cap[cols], 1))), 0)
+    in_bw, in_lat = np.full(len(x), np.inf), np.zeros(len(x))
+    for i, row in enumerate(members):
+        for r in np.unique(pr.region[cols]):
+            here = pr.region[cols] == r
+            m = row[here]
+            if m.sum() < 2:
+                continue
+            used = np.flatnonzero(m > 0)
+            fab_bw, fab_lat = f.cls_intra_bw[cols][here], f.cls_hop_lat[cols][here]
+            first = f.cls_first_cluster[cols][here]
+            cids = f.cls_first_cid[cols][here]
+            if len({int(cids[k]) for k in used}) == 1 and all(m[k] <= first[k] for k in used):
+                bw, lat = min(fab_bw[k] for k in used), max(fab_lat[k] for k in used)
+            else:
+                many = m >= 2
+                bw = min([f.local_bw[r], *fab_bw[many]])
+                lat = max([f.local_lat[r], *fab_lat[many]])
+            in_bw[i], in_lat[i] = min(in_bw[i], bw), max(in_lat[i], lat)
+    return in_bw, in_lat
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs(with_qos=False), seed=st.integers(0, 2**16))
+def test_in_region_hops_match_a_loop_over_regions(snap, spec, seed) -> None:
+    rng = np.random.default_rng(seed)
+    _, problems = _problems(spec, snap)
+    for pr in problems[:6]:
+        cap = np.maximum(pr.count * pr.cap, 0)
+        if not cap.any():
+            continue
+        x = rng.integers(0, cap + 1, size=(5, pr.n_units)) * rng.integers(0, 2, size=(5, pr.n_units))
+        x = x[x.any(axis=1)]
+        if not len(x):
+            continue
+        cols = np.flatnonzero(x.any(axis=0))
+        members = np.where(x[:, cols] > 0, np.maximum(1, -(-x[:, cols] // np.maximum(pr.cap[cols], 1))), 0)
+        regs, reg_of = np.unique(pr.region[cols], return_inverse=True)
+        perm = np.argsort(reg_of.reshape(-1), kind="stable")
+        starts = np.searchsorted(reg_of.reshape(-1)[perm], np.arange(len(regs)))
+        per_region = np.add.reduceat(members[:, perm], starts, axis=1).astype(float)
+        got = _in_region_hops(pr.fleet, cols[perm], members[:, perm], starts, regs, per_region)
+        want = _hops_by_loop(pr, x)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs(with_qos=False))
+def test_region_sets_kept_across_candidates_and_quotes_change_no_candidate(snap, spec) -> None:
+    """Candidates share the region-set memo kept with the snapshot (per pool list and
+    calibration); each gets what it would with an empty one, in this quote and the next."""
+    fleet, problems = _problems(spec, snap)
+    if fleet is None:
+        return
+    shared = [candidate_solutions(pr) for pr in problems]  # the memo filling up
+    again, _ = _problems(spec, snap)  # the next quote on the same snapshot
+    assert again.region_sets is fleet.region_sets
+    for pr, got in zip(problems, shared, strict=True):
+        fresh = dataclasses.replace(fleet, region_sets={}, layouts={})
+        assert candidate_solutions(build_problem(fresh, pr.deg)) == got
+        assert candidate_solutions(build_problem(again, pr.deg)) == got
+
+
+@given(
+    mode=st.sampled_from(["sync", "diloco", "local_sgd", "gossip", "ssp", "async"]),
+    regions=st.lists(st.integers(0, 40), min_size=1, max_size=12),
+)
+def test_latency_hops_over_arrays_equal_exchange_rounds_one_at_a_time(mode, regions) -> None:
+    sync = SyncSpec(mode=mode)
+    got = cm.wan_latency_hops(sync, np.array(regions))
+    assert got.tolist() == [2.0 * cm.exchange_rounds(sync, r) for r in regions]
+    assert float(cm.wan_latency_hops(sync, regions[0])) == 2.0 * cm.exchange_rounds(sync, regions[0])
+
+
+def _links_dense(f, regions: tuple[int, ...]) -> tuple[float, float, float]:
+    """Slowest link, highest latency and Σ dearest egress among the regions, pair by pair."""
+    pairs = [(a, b) for a in regions for b in regions if a != b]
+    return (
+        min(float(f.pair_bw[a, b]) for a, b in pairs),
+        max(float(f.pair_lat[a, b]) for a, b in pairs),
+        sum(max(float(f.egress[a, b]) for b in regions if b != a) for a in regions),
+    )
+
+
+def _slower_links(snap):
+    """The snapshot with every link ten times slower and dearer, its other contents unchanged."""
+    links = [
+        ln.model_copy(
+            update={
+                "bandwidth_gbps": ln.bandwidth_gbps / 10,
+                "egress_price_per_gb": ln.egress_price_per_gb * 10 + 0.01,
+            }
+        )
+        for ln in snap.links
+    ]
+    return type(snap)(regions=snap.regions, clusters=snap.clusters, links=links, taken_at=snap.taken_at)
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs(with_qos=False), pick=st.randoms(use_true_random=False))
+def test_region_links_and_wan_orders_kept_per_snapshot_are_fresh_on_a_changed_one(snap, spec, pick) -> None:
+    """The region links kept with the snapshot (per pool list and calibration) give what the pairs
+    give now, and a changed snapshot starts from empty memos: its own links, not the old ones."""
+    fleet, problems = _problems(spec, snap)
+    if fleet is None or len(fleet.regions) < 2:
+        return
+    for pr in problems[:4]:
+        candidate_solutions(pr)  # fills the memos through the scoring and the bounds
+        lower_bounds(pr)
+    n_reg = len(fleet.regions)
+    sets = {tuple(sorted(pick.sample(range(n_reg), pick.randint(2, n_reg)))) for _ in range(6)}
+    for regions in sets:
+        assert region_links(fleet, regions) == _links_dense(fleet, regions)
+    again, _ = _problems(spec, snap)
+    assert again.region_links is fleet.region_links and again.wan_orders is fleet.wan_orders
+    changed, changed_problems = _problems(spec, _slower_links(snap))
+    assert changed.region_links is not fleet.region_links and changed.wan_orders is not fleet.wan_orders
+    for regions in sets:
+        assert region_links(changed, regions) == _links_dense(changed, regions)
+    for pr in changed_problems[:4]:
+        # The bounds read the kept link orders: the same as with empty memos on the changed fleet.
+        fresh = dataclasses.replace(changed, region_links={}, wan_orders={}, region_sets={}, layouts={})
+        assert lower_bounds(pr) == lower_bounds(build_problem(fresh, pr.deg))
+        assert evaluate_many(pr, candidate_solutions(pr)) == evaluate_many(
+            build_problem(fresh, pr.deg), candidate_solutions(build_problem(fresh, pr.deg))
+        )
+
+
+def _pool_fields(pools) -> list[tuple]:
+    return [
+        (p.cluster.id, p.model, p.nodes, p.tflops, p.memory_gb, p.price, p.kind, p.free_per_node, p.region)
+        + (p.measured_fixed,)
+        for p in pools
+    ]
+
+
+@FAST
+@given(snap=snapshots(), spot_first=st.booleans(), spot_price=st.floats(0.1, 5.0))
+def test_pools_derived_from_the_other_price_setting_equal_fresh_ones(snap, spot_first, spot_price) -> None:
+    """A cluster's pools at one price setting are derived from those kept at the other: the same
+    as built from its devices, and a changed cluster (a new object) is built afresh."""
+    snap = type(snap)(
+        regions=snap.regions,
+        clusters=[c.model_copy(update={"spot_price_per_device_hour": spot_price}) for c in snap.clusters],
+        links=snap.links,
+    )
+    first = _fleet_pools(snap, spot_first)
+    derived = _fleet_pools(snap, not spot_first)
+    fresh = [p for c in sorted(snap.clusters, key=lambda c: c.id) for p in _cluster_pools(c, not spot_first)]
+    assert _pool_fields(derived) == _pool_fields(fresh)
+    assert [p.price for p in first] == [device_price(p.cluster, spot_first) for p in first]
+    dearer = type(snap)(
+        regions=snap.regions,
+        clusters=[
+            c.model_copy(update={"price_per_device_hour": c.price_per_device_hour + 1.0})
+            for c in snap.clusters
+        ],
+        links=snap.links,
+    )
+    again = _fleet_pools(dearer, not spot_first)
+    assert [p.price for p in again] == [device_price(p.cluster, not spot_first) for p in again]
