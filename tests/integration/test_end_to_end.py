@@ -79,7 +79,23 @@ def launch(handle: ServerHandle, client: httpx.Client, specs: list[LocalAgent], 
             link = {"src": a, "dst": b, "bandwidth_gbps": 1.0, "latency_ms": 40.0}
             link["egress_price_per_gb"] = 0.02
             client.put("/v1/links", json=link).raise_for_status()
+    wait_links_measured(client, regions)
     return procs
+
+
+def wait_links_measured(client: httpx.Client, regions: list[str], timeout_s: float = 90) -> None:
+    """Until the agents' probes have measured every pair of regions. Placement must not hang on
+    which probe happened to land first: a pair still on its declared 40 ms looks far slower than
+    a measured loopback pair, and a job placed in that window would follow that, not the price."""
+    pairs = {frozenset((a, b)) for i, a in enumerate(regions) for b in regions[i + 1 :]}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        links = client.get("/v1/links").raise_for_status().json()
+        measured = {frozenset((ln["src"], ln["dst"])) for ln in links if ln["source"] == "measured"}
+        if pairs <= measured:
+            return
+        assert time.monotonic() < deadline, f"links still unmeasured after {timeout_s}s: {pairs - measured}"
+        time.sleep(0.5)
 
 
 def wait_job(client: httpx.Client, job_id: str, until: tuple[str, ...], timeout_s: float) -> dict[str, Any]:
@@ -150,6 +166,12 @@ def job_event_kinds(handle: ServerHandle, job_id: str) -> list[str]:
         return list(session.scalars(select(Event.kind).where(Event.job_id == job_id).order_by(Event.id)))
 
 
+# Long enough that the survivor, which drops a refused peer at once and then trains alone, is
+# still far from its last step when the reaper fails the lost task (a few seconds later):
+# otherwise there is nothing left to replace, and the job rightly ends without a replacement.
+LOST_NODE_STEPS = 1200
+
+
 def test_lost_node_fails_its_tasks_and_job_is_replaced(control_plane: Any, tmp_path: Path) -> None:
     handle, client = control_plane
     # The job's lifecycle is under test, not its price: test_job_spans_two_regions_and_succeeds
@@ -163,7 +185,7 @@ def test_lost_node_fails_its_tasks_and_job_is_replaced(control_plane: Any, tmp_p
     by_region = dict(zip([s.region for s in specs], procs, strict=True))
     try:
         job = (
-            client.post("/v1/jobs", json={"spec": job_spec(400), "choice": "cheapest"})
+            client.post("/v1/jobs", json={"spec": job_spec(LOST_NODE_STEPS), "choice": "cheapest"})
             .raise_for_status()
             .json()
         )
