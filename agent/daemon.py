@@ -418,6 +418,8 @@ class Agent:
                     self._on_cancel(message.cancel)
                 elif kind == "probe":
                     self._on_probe(message.probe)
+                elif kind == "peer_lost":
+                    self._on_peer_lost(message.peer_lost)
                 elif kind == "checkpoint_copy":
                     self._on_checkpoint_copy(message.checkpoint_copy)
                 elif kind == "drain":
@@ -555,6 +557,13 @@ class Agent:
                     )
                 )
             )
+
+    def _on_peer_lost(self, msg: agent_pb2.PeerLost) -> None:
+        run = self._runs.get(msg.assignment_id)
+        if run is None or not msg.participant:
+            return  # finished or never here: nobody waits for the peer
+        log.info("assignment %s: peer %s lost (%s)", msg.assignment_id, msg.participant, msg.reason)
+        run.note_peer_lost(msg.participant[:256], msg.address[:512], msg.reason[:1024])
 
     def _on_probe(self, order: agent_pb2.LinkProbeOrder) -> None:
         task = asyncio.create_task(self._probe(order))

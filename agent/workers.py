@@ -30,6 +30,7 @@ from agent.output import (
 from agent.settings import AgentSettings
 from contracts.checkpoint_transfer import CheckpointTicket
 from contracts.errors import InvalidArgument
+from contracts.lost_notices import LostNotice, append_notice
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
 from proto.cpn.agent.v1 import agent_pb2
 
@@ -209,6 +210,16 @@ class WorkerRun:
     def done(self) -> bool:
         return self.finished_at is not None
 
+    @property
+    def lost_notices_path(self) -> Path:
+        return self.run_dir / "peers_lost.jsonl"
+
+    def note_peer_lost(self, participant: str, address: str, reason: str) -> None:
+        """Pass the control plane's word that a peer is lost to the running worker."""
+        if self.done or not self.run_dir.is_dir():
+            return
+        append_notice(self.lost_notices_path, LostNotice(participant, address, reason))
+
     def _report(self, state: int, message: str = "", exit_code: int = 0, result_json: str = "") -> None:
         self.current = _status(self.assignment, state, message, exit_code, result_json)
         self._send(self.current)
@@ -223,6 +234,8 @@ class WorkerRun:
             config_path = self.run_dir / "worker_config.json"
             config = {k: v for k, v in a.worker_config.items() if k != COMMAND_KEY}
             config = resolve_checkpoint_dir(config, self._settings.work_dir)
+            if isinstance(config.get("sync"), dict):  # where the control plane's lost-peer notices land
+                config["sync"] = config["sync"] | {"lost_notices": str(self.lost_notices_path)}
             config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
             cmd = worker_command(a, config_path, allow_override=self._settings.allow_command_override)
             env = worker_env(os.environ, a, device_kind=self._device_kind, config_path=config_path)

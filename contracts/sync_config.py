@@ -98,6 +98,11 @@ class SyncConfig(BaseModel):
     )
     tls_key_pem: str | None = Field(default=None, max_length=MAX_PEM, description="this leader's private key")
     timeout_s: float = Field(default=30.0, gt=0, description="a peer missing this long is dropped")
+    lost_notices: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="file the agent appends the control plane's lost-peer notices to (set by the agent)",
+    )
     startup_timeout_s: float = Field(default=120.0, gt=0)
     links: dict[str, LinkSpec] = Field(default_factory=dict, description='"a|b" -> bandwidth and latency')
     kernel_shaping: bool = Field(default=False, description="bandwidth is shaped by tc; latency stays here")

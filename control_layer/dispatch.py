@@ -39,3 +39,19 @@ def dispatch(session: Session, bus: Bus, task: Task) -> None:
 
 def send_cancel(session: Session, bus: Bus, task: Task, reason: str) -> None:
     publish_after_commit(session, bus, node_channel(task.node_id), cancel_message(task, reason))
+
+
+def send_peer_lost(
+    session: Session, bus: Bus, survivor: Task, lost: Task, participant: str, reason: str
+) -> None:
+    """Tell a surviving task's node that ``lost`` is gone, so its worker stops waiting for it now."""
+    sync = (lost.worker_config or {}).get("sync") or {}
+    message = {
+        "peer_lost": {
+            "assignment_id": survivor.id,
+            "participant": participant,
+            "address": str(sync.get("advertise") or sync.get("listen") or ""),
+            "reason": reason,
+        }
+    }
+    publish_after_commit(session, bus, node_channel(survivor.node_id), message)

@@ -22,7 +22,7 @@ from contracts.states import TASK_ACTIVE, TaskState
 from control_layer.allocation import AllocationConflict, allocate_replacement, release
 from control_layer.checkpoint_copies import reachable_checkpoints
 from control_layer.checkpoints import job_checkpoints
-from control_layer.dispatch import dispatch, send_cancel
+from control_layer.dispatch import dispatch, send_cancel, send_peer_lost
 from control_layer.lifecycle import wake_placer
 from control_layer.planner.replacement import pick_replacement
 from control_layer.snapshot import build_snapshot
@@ -112,6 +112,9 @@ def handle_lost_task(ctx: ServerContext, session: Session, job: Job, lost: Task,
         },
     )
     others = [t for t in tasks if t.id != lost.id]
+    for t in others:
+        if t.status in TASK_ACTIVE:
+            send_peer_lost(session, ctx.bus, t, lost, key, what)
     replacement = _replace(ctx, session, job, spec, lost, others)
     if isinstance(replacement, str):
         record_event(

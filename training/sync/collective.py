@@ -30,8 +30,8 @@ from training.compression.error_feedback import ErrorFeedback
 from training.sync.algorithms.outer import weighted_mean
 from training.sync.algorithms.ring import all_gather_step, owned_chunk, reduce_scatter_step, ring_members
 from training.sync.algorithms.schedule import fragment_slices
-from training.sync.messages import InMessage, Meta, OutMessage
-from training.sync.node import RegionNode
+from training.sync.messages import InMessage, Meta, OutMessage, PushResult
+from training.sync.node import GONE_CHECK_S, RegionNode
 from training.sync.transport import PeerError
 
 
@@ -96,7 +96,10 @@ class DenseReducer:
         stale, failed = False, []
         for p, fut in pushes.items():
             try:
-                ack = fut.result(timeout=max(0.1, deadline - time.monotonic()))
+                ack = self._await_ack(p, fut, deadline)
+                if ack is None:  # dropped while we waited (the control plane reported it lost)
+                    failed.append(p)
+                    continue
                 # Stale from a peer that takes part in this round: it completed it without us.
                 # A rejoining peer moved past it (it joins from a later round) says nothing.
                 stale = stale or (not ack.accepted and ack.reason == "stale" and self.node.takes_part(p, r))
@@ -107,6 +110,20 @@ class DenseReducer:
                 self.node.mark_dead(p, "push timed out")
                 failed.append(p)
         return stale, failed
+
+    def _await_ack(self, peer: str, fut: Future, deadline: float) -> PushResult | None:
+        """The push's answer; None once the peer is dropped meanwhile. A partitioned peer never
+        answers, so the wait looks at the control plane's notices between short slices."""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return fut.result(timeout=max(0.1, min(left, GONE_CHECK_S)))
+            except TimeoutError:
+                if left <= GONE_CHECK_S:
+                    raise
+                self.node.take_lost_notices()
+                if not self.node.is_alive(peer):
+                    return None
 
     def _all_to_all(
         self,

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from contracts.errors import FailedPrecondition, InvalidArgument
+from contracts.lost_notices import NoticeReader
 from contracts.sync_config import SyncConfig
 from proto.cpn.sync.v1 import sync_pb2
 from training.sync.handler import RoundHandler
@@ -79,6 +80,7 @@ class RegionNode:
         self.wire = WireCounter(self.is_sync_socket)
         self._resolved: dict[str, set[tuple[str, int]]] = {}
         self._checking: set[str] = set()  # peers with a liveness check in flight
+        self._notices = NoticeReader(cfg.lost_notices) if cfg.lost_notices else None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -168,6 +170,19 @@ class RegionNode:
                 self.events.append(f"drop {peer}: {why}")
                 self.cv.notify_all()
 
+    def take_lost_notices(self) -> None:
+        """Drop the peers the control plane has judged lost since the last look. A notice names the
+        address the peer had: a replacement already talking to us from another one is kept."""
+        if self._notices is None:
+            return
+        for n in self._notices.new():
+            if n.participant not in self.alive:
+                continue
+            c = self._clients.get(n.participant)
+            if n.address and c is not None and c.address != n.address:
+                continue
+            self.mark_dead(n.participant, f"lost, per the control plane: {n.reason}")
+
     def check_gone(self, peer: str) -> None:
         """In the background, at most one at a time per peer: a quick hello; a peer whose
         connection is refused or reset (UNAVAILABLE) is marked dead at once."""
@@ -249,6 +264,7 @@ class RegionNode:
                     # A killed peer never sends: find it gone from its refused connection instead
                     # of waiting out the round's timeout (a slow but live peer is waited for).
                     checked = time.monotonic()
+                    self.take_lost_notices()
                     for s in waiting:
                         self.check_gone(s)
                 self.cv.wait(min(left, GONE_CHECK_S / 2))

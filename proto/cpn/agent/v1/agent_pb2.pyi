@@ -243,20 +243,34 @@ class TaskLog(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., stream: _Optional[str] = ..., line: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("assignment", "cancel", "drain", "ack", "probe", "checkpoint_copy")
+    __slots__ = ("assignment", "cancel", "drain", "ack", "probe", "checkpoint_copy", "peer_lost")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_COPY_FIELD_NUMBER: _ClassVar[int]
+    PEER_LOST_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     cancel: Cancel
     drain: Drain
     ack: Ack
     probe: LinkProbeOrder
     checkpoint_copy: CheckpointCopyOrder
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., probe: _Optional[_Union[LinkProbeOrder, _Mapping]] = ..., checkpoint_copy: _Optional[_Union[CheckpointCopyOrder, _Mapping]] = ...) -> None: ...
+    peer_lost: PeerLost
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., probe: _Optional[_Union[LinkProbeOrder, _Mapping]] = ..., checkpoint_copy: _Optional[_Union[CheckpointCopyOrder, _Mapping]] = ..., peer_lost: _Optional[_Union[PeerLost, _Mapping]] = ...) -> None: ...
+
+class PeerLost(_message.Message):
+    __slots__ = ("assignment_id", "participant", "address", "reason")
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    assignment_id: str
+    participant: str
+    address: str
+    reason: str
+    def __init__(self, assignment_id: _Optional[str] = ..., participant: _Optional[str] = ..., address: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("assignment_id", "job_id", "attempt", "device_indices", "nproc", "worker_config_json")
