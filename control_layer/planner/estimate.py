@@ -588,7 +588,16 @@ def _estimate(
         if auto is not None and auto.any:
             # H from the exchange as the steps see it: beside them where DiLoCo overlaps it.
             beside = spec.sync.mode == "diloco" and len(plan_nodes) >= 2
-            choice = choice_for(spec, auto, work, t_beside if beside else sc.t_sync, len(plan_nodes))
+            hourly_usd = sum(device_price(rep.devices[0][0], spot) * len(rep.devices) for rep in replicas)
+            choice = choice_for(
+                spec,
+                auto,
+                work,
+                t_beside if beside else sc.t_sync,
+                len(plan_nodes),
+                egress_usd=sc.egress_usd,
+                device_usd_per_s=hourly_usd / 3600.0,
+            )
             if choice.every is not None:
                 spec = with_every(spec, choice.every)
         runtime = settings_for(spec, work, len(plan_nodes), bandwidth, latency, t_exchange)

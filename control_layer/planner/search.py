@@ -279,7 +279,12 @@ def search(
         except NoFeasiblePlan as exc:
             failures.append(exc)
     if not options:
-        raise failures[0]
+        if failures:
+            raise failures[0]
+        # Every point of the front failed a QoS check once priced on its tasks with its own
+        # runtime settings (an H chosen per option can move its egress and time).
+        detail = "no option met the QoS bounds once priced with its runtime settings"
+        raise NoFeasiblePlan(detail, explanation=[*explanation, {"constraint": "qos", "detail": detail}])
     return finish(options, spec.qos.objective, max_options)
 
 

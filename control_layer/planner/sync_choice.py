@@ -7,10 +7,11 @@ feedback for DiLoCo (overlapped, as real jobs run it) and no compression for the
 
 H is chosen per option, from its local step and its exchange as the estimator prices them: the
 smallest H of ``EVERY_LADDER`` (at most a quarter of the run, so there are rounds to average)
-whose exchange costs the steps at most ``EXPOSED_SHARE`` of their time, overlap counted, and, where
-the runtime overlaps it, lands within ``LAG_SHARE`` of its round. A smaller H averages the regions
-more often (DiLoCo's loss grows with H: Douillard et al. 2023, Fig. 3); the exchange's time and
-egress bound it from below. Where no H of the ladder qualifies the largest is taken.
+whose exchange costs the steps at most ``EXPOSED_SHARE`` of their time, overlap counted, whose
+egress adds at most ``EGRESS_SHARE`` to the devices' cost, and, where the runtime overlaps it,
+lands within ``LAG_SHARE`` of its round. A smaller H averages the regions more often (DiLoCo's
+ablation over H: Douillard et al. 2023); the exchange's time and egress bound it from below.
+Where no H of the ladder qualifies the largest is taken.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ EXPOSED_SHARE = 0.05
 # step): one step in 20 kept int8 overlapped DiLoCo within 0.3 % of blocking, half a round lost
 # about 1 % (BENCHMARKS.md, "Sync quality").
 LAG_SHARE = 0.1
+# Egress an exchange bills may add at most this share to the devices' cost over its round.
+EGRESS_SHARE = 0.05
 LOSS_TOLERANCE = 0.005  # relative held-out loss a cheaper codec may add
 # Codecs tried cheapest first (top-k drops most of each update: never chosen unasked).
 CODEC_ORDER = ("int8", "bf16", "fp16", "none")
@@ -116,12 +119,20 @@ def with_every(spec: JobSpec, every: int) -> JobSpec:
 
 
 def choose_every(
-    spec: JobSpec, step_s: float, t_exchange: float, participants: int, overlap: bool
+    spec: JobSpec,
+    step_s: float,
+    t_exchange: float,
+    participants: int,
+    overlap: bool,
+    egress_usd: float = 0.0,
+    device_usd_per_s: float = 0.0,
 ) -> tuple[int, str]:
     """The smallest H (``every_candidates``) at which an exchange of ``t_exchange`` seconds costs
-    steps of ``step_s`` (their work, no exchange) at most EXPOSED_SHARE of their time and, when
-    ``overlap`` (the runtime overlaps DiLoCo's exchange), lands within LAG_SHARE of its round.
-    ``spec`` has its codec resolved; its H is ignored. Returns H and why."""
+    steps of ``step_s`` (their work, no exchange) at most EXPOSED_SHARE of their time, its egress
+    (``egress_usd`` an exchange) at most EGRESS_SHARE of the devices' cost over those steps
+    (``device_usd_per_s``), and, when ``overlap`` (the runtime overlaps DiLoCo's exchange), it
+    lands within LAG_SHARE of its round. ``spec`` has its codec resolved; its H is ignored.
+    Returns H and why."""
     if spec.sync.mode not in cm.PERIODIC_MODES:
         return 1, f"{spec.sync.mode}: exchanges every step"
     candidates = every_candidates(spec.training.steps)
@@ -137,21 +148,32 @@ def choose_every(
         delay = int(exchange_delay(round_steps, t_exchange / fragments, step_s)) if overlap else 0
         exposed = float(wan_per_step(terms, t_exchange, step_s, overlap, delay, fragments))
         lag_ok = not overlap or delay <= max(1, math.floor(LAG_SHARE * round_steps))
-        if exposed <= EXPOSED_SHARE * step_s and lag_ok:
+        egress_ok = egress_usd * terms.xps <= EGRESS_SHARE * device_usd_per_s * step_s
+        if exposed <= EXPOSED_SHARE * step_s and lag_ok and egress_ok:
             lag = f", lands {delay} of {round_steps} step(s) late" if overlap else ""
             adds = f"adds {exposed / step_s:.1%} to a {step_s:.3g} s step"
             return h, f"H={h}: exchange {t_exchange:.3g} s {adds}{lag}"
-    long = f"exchange {t_exchange:.3g} s is long for a {step_s:.3g} s step"
+    long = f"exchange {t_exchange:.3g} s (${egress_usd:.3g} egress) is dear for a {step_s:.3g} s step"
     return candidates[-1], f"H={candidates[-1]}: the largest allowed; {long}"
 
 
 def choice_for(
-    spec: JobSpec, auto: AutoSync, step_s: float, t_exchange: float, participants: int
+    spec: JobSpec,
+    auto: AutoSync,
+    step_s: float,
+    t_exchange: float,
+    participants: int,
+    egress_usd: float = 0.0,
+    device_usd_per_s: float = 0.0,
 ) -> SyncChoice:
-    """What an option states it chose: H for its step and exchange where ``auto.every``, and the
-    codec ``provisional`` resolved ``spec`` to where the spec left it."""
+    """What an option states it chose: H for its step, exchange and prices where ``auto.every``,
+    and the codec ``provisional`` resolved ``spec`` to where the spec left it."""
     overlap = spec.sync.mode == "diloco" and participants >= 2
-    every, why = choose_every(spec, step_s, t_exchange, participants, overlap) if auto.every else (None, "")
+    every, why = (
+        choose_every(spec, step_s, t_exchange, participants, overlap, egress_usd, device_usd_per_s)
+        if auto.every
+        else (None, "")
+    )
     codec = str(spec.sync.compression) if auto.codec_reason else None
     return SyncChoice(
         every=every, compression=codec, reason="; ".join(r for r in (why, auto.codec_reason) if r)

@@ -3,6 +3,7 @@ the workers' configs carry it; bad values are 422 naming the field and store not
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from sqlalchemy import select
 
@@ -49,6 +50,10 @@ def test_the_quote_shows_the_chosen_sync_settings_and_the_workers_get_them(
         sync = parse_worker_config(cfg).sync  # the worker's own schema accepts it
         assert sync.every == h and sync.compression == "int8" and sync.mode == "diloco"
         assert sync.overlap and sync.every % sync.fragments == 0
+    # the job's dashboard page marks them as the planner's (open from loopback in development)
+    page = httpx.get(f"{server.http_url}/dashboard/jobs/{job['id']}", timeout=10)
+    assert page.status_code == 200
+    assert f"diloco every {h}* · int8*" in page.text and "chosen by the planner" in page.text
 
 
 def test_explicit_values_are_quoted_as_given(server: ServerHandle, admin: CpnClient) -> None:

@@ -143,6 +143,25 @@ def test_overlapped_diloco_takes_a_small_h_where_the_exchange_hides_early() -> N
     assert choose_every(spec, 1.0, 30.0, 1, overlap=False)[0] == 20  # nothing crosses a link
 
 
+@settings(max_examples=100, deadline=None)
+@given(egress=st.floats(0.0, 100.0), dearer=st.floats(1.0, 1e3), t=st.floats(0.0, 10.0))
+def test_dearer_egress_never_gets_a_smaller_h(egress: float, dearer: float, t: float) -> None:
+    spec = provisional(_spec({"mode": "diloco"}, steps=10_000))[0]
+    kw = {"step_s": 1.0, "t_exchange": t, "participants": 3, "overlap": True, "device_usd_per_s": 0.01}
+    cheap, _ = choose_every(spec, **kw, egress_usd=egress)
+    dear, _ = choose_every(spec, **kw, egress_usd=egress * dearer)
+    assert dear >= cheap
+
+
+def test_egress_bounds_h_from_below() -> None:
+    spec = provisional(_spec({"mode": "diloco"}, steps=10_000))[0]
+    kw = {"step_s": 1.0, "t_exchange": 0.01, "participants": 3, "overlap": True, "device_usd_per_s": 0.01}
+    assert choose_every(spec, **kw)[0] == 20  # free egress: the exchange alone decides
+    # $0.02 an exchange against $0.01 of devices a step: at most 5 % is H >= 40
+    assert choose_every(spec, **kw, egress_usd=0.02)[0] == 50
+    assert choose_every(spec, **kw, egress_usd=10.0)[0] == 500
+
+
 def test_bad_values_are_refused_naming_the_field() -> None:
     for sync, field in (
         ({"every": 0}, "sync.every"),
