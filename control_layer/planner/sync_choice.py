@@ -33,8 +33,9 @@ from control_layer.planner.sync_settings import (
 )
 
 # The H the planner chooses among: the measured settings (20, 100), DiLoCo's main setting (500)
-# and the steps between. Bounded both ways: below 20 no setting was measured, beyond 500 the
-# paper's loss grows markedly.
+# and steps between. Bounded both ways: nothing below 20 was measured here, and beyond 500 lies
+# outside both what was measured and the paper's main setting (its ablation: a larger H, a
+# higher loss).
 EVERY_LADDER = (20, 50, 100, 200, 500)
 # The search ranks placements at this H before each option gets its own (``choose_every``).
 PROVISIONAL_EVERY = 100
