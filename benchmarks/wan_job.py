@@ -26,6 +26,10 @@ Figures, read back from the API (job detail, result, metrics series) and the vet
   their gRPC message count (``wan_bytes_sent``, what egress is priced on) is shown beside;
 - held-out loss of the final model at equal tokens (16 x 64 sequences no training stream sees);
 - job wall time (``actual_duration_s``) against the slowest region's train loop.
+Rows: fixed settings (each sets H and an uncompressed payload), and "diloco planned", whose spec
+names the mode alone: the planner chooses H and the codec (and overlap, fragments, checkpoints
+and ring order) from the links the agents measured; the table shows what it chose, read back
+from the job's option.
 Fault run: diloco H=20, ``kill -9`` of the us-east agent and its workers mid-job; the control
 plane re-places that region alone (on the standby) and the job goes on.
 Prints a table, then one JSON line.
@@ -73,22 +77,22 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 PRICES = {"ap-south": 1.0, "eu-west": 1.1, "us-east": 1.2}
 STANDBY = LocalAgent("us-east", "us-east-standby", "standby", 5.0, devices="cpu:1")
 VICTIM = "us-east"
-PLANNED_H = 125
+# The fixed rows set H and the codec themselves (uncompressed: fp32 payloads).
+FAULT_SYNC = {"mode": "diloco", "every": 20, "compression": "none"}
 
 
-def modes(steps: int) -> list[tuple[str, dict[str, Any]]]:
+def modes() -> list[tuple[str, dict[str, Any]]]:
     """(name, the spec's sync section). Everything else (overlap, fragments, checkpoint interval,
     ring order) is what the planner chooses for the option."""
     return [
-        ("sync", {"mode": "sync", "every": 1}),
-        ("local_sgd H=20", {"mode": "local_sgd", "every": 20}),
-        ("diloco H=20", {"mode": "diloco", "every": 20}),
-        ("diloco H=100", {"mode": "diloco", "every": 100}),
-        ("gossip", {"mode": "gossip", "every": 10}),
-        # int8 with error feedback at H=125 (~4x125 fewer bytes than per-step fp32 sync), the rest
-        # (overlap, delay, fragments, checkpoints, ring order) as planned; a run of 500+ steps
-        # gives it 3+ outer rounds before the final one (250 steps: one, as wan_sync.py's row).
-        ("diloco planned", {"mode": "diloco", "every": min(PLANNED_H, steps), "compression": "int8"}),
+        ("sync", {"mode": "sync", "every": 1, "compression": "none"}),
+        ("local_sgd H=20", {"mode": "local_sgd", "every": 20, "compression": "none"}),
+        ("diloco H=20", {"mode": "diloco", "every": 20, "compression": "none"}),
+        ("diloco H=100", {"mode": "diloco", "every": 100, "compression": "none"}),
+        ("gossip", {"mode": "gossip", "every": 10, "compression": "none"}),
+        # The mode alone: H, the codec, overlap, delay, fragments, checkpoints and ring order are
+        # the planner's (``planner/sync_choice.py``); the table shows the H and codec it chose.
+        ("diloco planned", {"mode": "diloco"}),
     ]
 
 
@@ -263,6 +267,11 @@ def run_job(
         "job_wall_s": done["actual_duration_s"],
         "train_loop_s": max(x["train_s"] for x in results.values()),
         "checkpoint_every": runtime.get("checkpoint_every"),
+        # the H and codec in force, as the job's option states them (chosen or the spec's own)
+        "sync_every": (option.get("sync") or {}).get("every"),
+        "compression": (option.get("sync") or {}).get("compression"),
+        "sync_chosen": runtime.get("sync_every") is not None or runtime.get("sync_compression") is not None,
+        "sync_choice": runtime.get("sync_choice"),
         "overlap": runtime.get("overlap"),
         "overlap_steps": runtime.get("overlap_steps"),
         "overlap_steps_at_end": {r: x.get("overlap_steps") for r, x in results.items()},
@@ -364,7 +373,7 @@ def main() -> int:
                 for ln in fleet.wait_links()
             ]
             print("links: " + ", ".join(links), flush=True)
-            for name, sync in modes(args.steps):
+            for name, sync in modes():
                 if args.only and name not in args.only:
                     continue
                 spec = job_spec(
@@ -373,7 +382,7 @@ def main() -> int:
                 rows[name] = r = run_job(fleet, name, spec, 3600)
                 print(json.dumps(r), flush=True)
             if not args.no_fault:
-                spec = job_spec("fault-diloco-h20", model, batch, args.steps, {"mode": "diloco", "every": 20})
+                spec = job_spec("fault-diloco-h20", model, batch, args.steps, FAULT_SYNC)
                 rows["fault: diloco H=20"] = r = run_job(fleet, "fault: diloco H=20", spec, 3600, fault=True)
                 print(json.dumps(r), flush=True)
         finally:
@@ -381,14 +390,17 @@ def main() -> int:
     print()
     print(
         "| mode | status | held-out loss | vs sync | utilisation (own work) | fwd/bwd only | WAN MB (veth) "
-        "| WAN MB (wire) | veth vs wire | WAN MB (gRPC) | job wall s | train loop s | checkpoint every "
-        "| overlap (steps) | fragments |"
+        "| WAN MB (wire) | veth vs wire | WAN MB (gRPC) | job wall s | train loop s | H | codec "
+        "| checkpoint every | overlap (steps) | fragments |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     sync_loss = rows.get("sync", {}).get("loss")
 
     def mb(n: int | None) -> str:
         return "unavailable" if n is None else f"{n / 1e6:.2f}"
+
+    def star(r: dict[str, Any]) -> str:
+        return "*" if r.get("sync_chosen") else ""
 
     def gap(r: dict[str, Any]) -> str:
         if r["wan_bytes_wire"] is None or not r["wan_bytes_veth"]:
@@ -403,7 +415,8 @@ def main() -> int:
         print(f"| {r['mode']} | {r['status']} | {r['loss']:.4f} | {vs} | {r['utilization']:.3f} | "
               f"{r['utilization_fwd_bwd']:.3f} | {r['wan_bytes_veth'] / 1e6:.2f} | "
               f"{mb(r['wan_bytes_wire'])} | {gap(r)} | {r['wan_bytes_metrics'] / 1e6:.2f} | "
-              f"{r['job_wall_s']:.1f} | {r['train_loop_s']:.1f} | {r['checkpoint_every']} | "
+              f"{r['job_wall_s']:.1f} | {r['train_loop_s']:.1f} | {r['sync_every']}{star(r)} | "
+              f"{r['compression']}{star(r)} | {r['checkpoint_every']} | "
               f"{r['overlap']} ({r['overlap_steps']}) | {r['fragments']} |")  # fmt: skip
 
     def get(mode: str, key: str) -> Any:
@@ -442,6 +455,8 @@ def main() -> int:
         "fault_job_succeeded": fault.get("status") == "succeeded" if fault else None,
         "checkpoint_every": fault.get("checkpoint_every"),
     }
+    if planned.get("sync_choice"):
+        print(f"* chosen by the planner: {planned['sync_choice']}")
     print(f"wall {time.monotonic() - t_all:.0f} s")
     print(json.dumps(summary))
     return 0

@@ -11,7 +11,7 @@ import json
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from contracts.errors import InvalidArgument
 from contracts.feasibility import BYO_DEFAULT_PARALLELISM, byo_parallelism_problems, byo_problems
@@ -120,19 +120,59 @@ class ParallelismSpec(_Strict):
 
 SyncMode = Literal["sync", "ssp", "local_sgd", "diloco", "async", "gossip"]
 Compression = Literal["none", "fp16", "bf16", "int8", "topk"]
+AUTO = "auto"
+EVERY_MAX = 1_000_000
 
 
 class SyncSpec(_Strict):
-    """How replicas in different clusters (regions) keep their weights together."""
+    """How replicas in different clusters (regions) keep their weights together.
+
+    ``every`` and ``compression`` default to "auto": the planner picks them per option from its
+    cost model and the links it sees (``control_layer.planner.sync_choice``; each option of a
+    quote states what it chose). An explicit value is used as given.
+    """
 
     mode: SyncMode = "diloco"
-    every: int = Field(default=100, ge=1, le=1_000_000, description="H: inner steps between outer syncs.")
-    compression: Compression = "none"
+    every: int | Literal["auto"] = Field(
+        default=AUTO,
+        description=f"H: inner steps between outer syncs, 1 to {EVERY_MAX}; 'auto': the planner's choice.",
+    )
+    compression: Literal[Compression, "auto"] = Field(
+        default=AUTO, description="Codec of the exchanged payload; 'auto': the planner's choice."
+    )
     topk_ratio: float = Field(default=0.01, gt=0, le=1)
     staleness: int = Field(default=2, ge=0, le=10_000)
     outer_lr: float = Field(default=0.7, gt=0, le=10)
     outer_momentum: float = Field(default=0.9, ge=0, lt=1)
     gossip_peers: int = Field(default=2, ge=1, le=256)
+
+    @field_validator("every", mode="before")
+    @classmethod
+    def _every_in_range(cls, value: Any) -> Any:
+        # One message for the two forms (pydantic would report each member of the union apart).
+        if value == AUTO:
+            return value
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)  # as pydantic's lax int took it before "auto" existed
+        elif isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= EVERY_MAX:
+            raise ValueError(f"must be an integer from 1 to {EVERY_MAX} or 'auto', got {value!r}")
+        return value
+
+    @property
+    def chosen_by_planner(self) -> tuple[str, ...]:
+        """The settings left to the planner ("every", "compression")."""
+        return tuple(f for f in ("every", "compression") if getattr(self, f) == AUTO)
+
+    def with_choices(self, every: int | None = None, compression: str | None = None) -> SyncSpec:
+        """This spec with the planner's choices in place of "auto" (explicit values stay)."""
+        update: dict[str, Any] = {}
+        if self.every == AUTO and every is not None:
+            update["every"] = every
+        if self.compression == AUTO and compression is not None:
+            update["compression"] = compression
+        return self.model_copy(update=update) if update else self
 
 
 class QoSSpec(_Strict):

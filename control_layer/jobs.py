@@ -28,6 +28,7 @@ from control_layer.lifecycle import transition, wake_placer
 from control_layer.live_snapshot import current_snapshot
 from control_layer.planner import plan
 from control_layer.planner.plan_types import Calibration, PlanOption
+from control_layer.planner.sync_choice import pinned
 from control_layer.task_states import clip_message
 from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
@@ -129,6 +130,7 @@ def submit_job(
     option: PlanOption | None = None
     if quote_id is not None:
         spec, option = _accept_quote(ctx, tenant_id, quote_id, option_id, choice)
+        spec = pinned(spec, option)  # the job keeps the sync settings its option chose
     assert spec is not None  # a JobSpec is validated on construction; the placer plans it
 
     # Every column is set here: the row is one INSERT (no unit-of-work flush on the request path)
@@ -271,7 +273,11 @@ def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOpti
             return
         previous = job.reason
         secret = job_sync_secret(ctx.settings.secret_key, job.id)
+        # The sync settings the planner chose stay the job's: a re-placement plans with them, so
+        # every attempt and replacement region trains with the same H and codec.
+        spec = pinned(spec, option)
         tasks = allocate(session, job, spec, option, attempt=job.attempt + 1, sync_secret=secret)
+        job.spec = spec.model_dump(mode="json")
         job.option = option.model_dump(mode="json")
         job.estimated_duration_s = option.estimates.duration_s
         job.estimated_cost = option.estimates.cost.total

@@ -26,6 +26,7 @@ from contracts.feasibility import (
 from contracts.job_spec import JobSpec
 from control_layer.planner.plan_types import PlannedTask, PlanOption, RuntimeSettings
 from control_layer.planner.runtime_settings import runtime_settings
+from control_layer.planner.sync_choice import pinned
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,9 @@ def build_worker_configs(
     """node_id -> WorkerConfig dict for every task of the option; with ``sync_secret`` the
     leaders accept sync calls only from each other. ``checkpoints`` are the job's latest complete
     checkpoints by participant key (``control_layer.checkpoints``): where a task has none of its
-    own on its node but the job has peers to take the model from, it starts at their step."""
+    own on its node but the job has peers to take the model from, it starts at their step.
+    Sync settings the spec left to the planner are the option's (``sync_choice.pinned``)."""
+    spec = pinned(spec, option)
     check_node_groups(option, spec)
     slots = order_slots(slots)
     keys = sync_keys(slots)

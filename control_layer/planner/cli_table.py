@@ -27,7 +27,9 @@ def _ms(seconds: float) -> str:
 
 def options_table(options: Sequence[PlanOption]) -> Table:
     """One row per option: degrees, where, how long, how much, and how a step is spent."""
-    table = Table(title="Plan options", title_justify="left", show_lines=False)
+    table = Table(
+        title="Plan options", title_justify="left", show_lines=False, caption="* chosen by the planner"
+    )
     table.add_column("id", style="bold")
     table.add_column("label")
     table.add_column("dp×tp×pp", justify="right")
@@ -52,8 +54,7 @@ def options_table(options: Sequence[PlanOption]) -> Table:
             o.precision + (" +AC" if o.activation_checkpointing else ""),
             str(o.n_devices) + (" spot" if o.spot else ""),
             ", ".join(o.regions),
-            f"{o.sync.mode}/{o.sync.every}"
-            + (f" {o.sync.compression}" if o.sync.compression != "none" else ""),
+            _sync_cell(o),
             _duration(e.duration_s),
             f"{e.cost.total:,.2f}",
             f"{e.cost.devices:,.2f}",
@@ -62,6 +63,15 @@ def options_table(options: Sequence[PlanOption]) -> Table:
             f"{e.memory_per_device_gb:.1f}",
         )
     return table
+
+
+def _sync_cell(o: PlanOption) -> str:
+    """Mode/H and codec; ``*`` marks what the planner chose (the spec said "auto")."""
+    rt = o.runtime
+    h = "*" if rt is not None and rt.sync_every is not None else ""
+    c = "*" if rt is not None and rt.sync_compression is not None else ""
+    codec = f" {o.sync.compression}{c}" if o.sync.compression != "none" or c else ""
+    return f"{o.sync.mode}/{o.sync.every}{h}{codec}"
 
 
 def step_table(options: Sequence[PlanOption]) -> Table:

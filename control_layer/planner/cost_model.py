@@ -58,9 +58,17 @@ def precision_rate(kind: str, precision: str) -> float:
     return OFF_PRECISION_RATE.get((kind, precision), 1.0)
 
 
+def _chosen(sync: SyncSpec, field: str) -> SyncSpec:
+    """The cost model prices concrete settings: "auto" is the planner's to resolve first
+    (``sync_choice.provisional``), never priced as some default."""
+    if field in sync.chosen_by_planner:
+        raise ValueError(f"sync.{field} is 'auto': the planner resolves it before pricing")
+    return sync
+
+
 def sync_bytes_per_param(sync: SyncSpec) -> float:
     """Bytes per parameter on the wire after compression (top-k sends a value and an index)."""
-    if sync.compression in ("fp16", "bf16"):
+    if _chosen(sync, "compression").compression in ("fp16", "bf16"):
         return 2.0
     if sync.compression == "int8":
         return 1.0
@@ -475,7 +483,7 @@ PERIODIC_MODES = ("local_sgd", "diloco", "gossip", "ssp", "async")
 
 def sync_every(sync: SyncSpec) -> int:
     """Steps between cross-cluster exchanges: every step for sync, H otherwise."""
-    return sync.every if sync.mode in PERIODIC_MODES else 1
+    return _chosen(sync, "every").every if sync.mode in PERIODIC_MODES else 1
 
 
 def exchanges_per_step(sync: SyncSpec, steps: int) -> float:
@@ -487,7 +495,8 @@ def param_bytes_per_param(sync: SyncSpec) -> float:
     """Bytes per parameter where the runtime sends parameters rather than updates (the async
     server's answer, gossip): fp32 without compression, else bf16 (``Strategy.param_codec``:
     int8 or top-k of raw weights would lose too much)."""
-    return SYNC_BASE_BYTES_PER_PARAM if sync.compression in (None, "none", "fp32") else 2.0
+    plain = _chosen(sync, "compression").compression in (None, "none", "fp32")
+    return SYNC_BASE_BYTES_PER_PARAM if plain else 2.0
 
 
 def wan_bytes_per_leader(sync: SyncSpec, n_params: float, n_regions) -> np.ndarray:

@@ -33,6 +33,7 @@ from control_layer.planner.runtime_pricing import (
 )
 from control_layer.planner.runtime_settings import settings_for, weakest_link
 from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, NodeInfo, ResourceSnapshot
+from control_layer.planner.sync_choice import AutoSync, choice_for, provisional, with_every
 
 # Key of the group of replicas that average gradients every step: the replicas on one node (one
 # torchrun group) of one device model: (cluster id, node id, device model).
@@ -396,6 +397,15 @@ def estimate_option(
     no link.
     """
     kw = dict(dp=dp, tp=tp, pp=pp, zero=zero, pp_schedule=pp_schedule, spot=spot, calibration=calibration)
+    # "auto" sync settings: the runtime's, where it states them, else the planner's provisional ones.
+    spec = spec.model_copy(
+        update={
+            "sync": spec.sync.with_choices(
+                runtime.sync_every if runtime else None, runtime.sync_compression if runtime else None
+            )
+        }
+    )
+    spec = provisional(spec)[0]
     return _estimate(spec, snapshot, tasks, runtime=runtime, derive=False, **kw)[0]
 
 
@@ -412,12 +422,19 @@ def estimate_planned(
     spot: bool = False,
     calibration: Calibration | None = None,
     replicas: list[Replica] | None = None,
+    auto: AutoSync | None = None,
 ) -> tuple[Estimates, RuntimeSettings]:
     """The runtime settings these tasks get (``runtime_settings.settings_for``, from their own
     local step, nodes and links) and the estimates priced with them, in one pass. ``replicas``,
-    when the caller built the tasks from them, saves re-deriving (and re-checking) them."""
+    when the caller built the tasks from them, saves re-deriving (and re-checking) them. A spec
+    that leaves sync settings to the planner ("auto") gets them chosen here for these tasks
+    (``sync_choice``); ``auto`` says which, for a spec the caller already resolved provisionally."""
+    if auto is None:
+        spec, auto = provisional(spec)
     kw = dict(dp=dp, tp=tp, pp=pp, zero=zero, pp_schedule=pp_schedule, spot=spot, calibration=calibration)
-    est, runtime = _estimate(spec, snapshot, tasks, runtime=None, derive=True, replicas=replicas, **kw)
+    est, runtime = _estimate(
+        spec, snapshot, tasks, runtime=None, derive=True, replicas=replicas, auto=auto, **kw
+    )
     assert runtime is not None
     return est, runtime
 
@@ -437,6 +454,7 @@ def _estimate(
     runtime: RuntimeSettings | None,
     derive: bool,
     replicas: list[Replica] | None = None,
+    auto: AutoSync | None = None,
 ) -> tuple[Estimates, RuntimeSettings | None]:
     batch = spec.global_batch_sequences
     if dp < 1 or batch % dp or (batch // dp) % spec.training.micro_batch_size:
@@ -566,7 +584,31 @@ def _estimate(
         # its CPU beside the steps): the search's objective ranks by the blocking figure
         # (``problem.runtime_step``).
         t_exchange = t_beside if math.isfinite(t_beside) else None
+        choice = None
+        if auto is not None and auto.any:
+            # H from the exchange as the steps see it: beside them where DiLoCo overlaps it.
+            beside = spec.sync.mode == "diloco" and len(plan_nodes) >= 2
+            hourly_usd = sum(device_price(rep.devices[0][0], spot) * len(rep.devices) for rep in replicas)
+            choice = choice_for(
+                spec,
+                auto,
+                work,
+                t_beside if beside else sc.t_sync,
+                len(plan_nodes),
+                egress_usd=sc.egress_usd,
+                device_usd_per_s=hourly_usd / 3600.0,
+            )
+            if choice.every is not None:
+                spec = with_every(spec, choice.every)
         runtime = settings_for(spec, work, len(plan_nodes), bandwidth, latency, t_exchange)
+        if choice is not None:
+            runtime = runtime.model_copy(
+                update={
+                    "sync_every": choice.every,
+                    "sync_compression": choice.compression,
+                    "sync_choice": choice.reason,
+                }
+            )
     every = runtime.checkpoint_every if runtime is not None else spec.training.checkpoint_every
     wps = cm.checkpoint_writes(steps, every) / steps
     slowest = max(locals_, key=lambda loc: loc.total(wps))

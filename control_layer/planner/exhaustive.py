@@ -16,6 +16,7 @@ from control_layer.planner.plan_types import Calibration, PlanOption
 from control_layer.planner.problem import Fleet, Problem, Solution, build_fleet, build_problem, evaluate
 from control_layer.planner.search import precision_groups, with_precision
 from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.sync_choice import provisional
 
 
 def _unit_choices(pr: Problem, u: int) -> list[tuple[int, int, int]]:
@@ -60,6 +61,7 @@ def exhaustive_best(
     Placements are ranked by the search's objective (runtime settings included); the best few are
     then priced by the estimator on their concrete tasks, which is what options report.
     """
+    spec, auto = provisional(spec)
     filtered = filter_fleet(spec, snapshot)
     if not filtered.pools:
         return None
@@ -71,7 +73,7 @@ def exhaustive_best(
     if not scored:
         return None
     scored.sort(key=lambda s: (s[0], s[1]))
-    built = [build_option(pr, sol) for _, _, sol, pr in scored[:refine]]
+    built = [build_option(pr, sol, auto) for _, _, sol, pr in scored[:refine]]
     options = [o for o in built if all(c.ok for c in o.qos_checks)] or built
     return min(options, key=lambda o: objective_key(spec, o))
 

@@ -13,6 +13,7 @@ from control_layer.planner.plan_types import Estimates, PlannedTask, PlanOption,
 from control_layer.planner.problem import Problem, Solution
 from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.sync_choice import AutoSync
 
 # Relative slack when comparing an estimate with a QoS bound (float noise only).
 QOS_TOLERANCE = 1e-9
@@ -89,7 +90,9 @@ def qos_checks(
     return checks
 
 
-def build_option(pr: Problem, sol: Solution) -> PlanOption:
+def build_option(pr: Problem, sol: Solution, auto: AutoSync | None = None) -> PlanOption:
+    """The option of a solved placement, priced with its runtime settings; ``auto``: the sync
+    settings the spec left to the planner (``pr``'s spec holds them provisionally resolved)."""
     fleet = pr.fleet
     spec, snapshot = fleet.spec, fleet.snapshot
     deg = pr.deg
@@ -113,9 +116,13 @@ def build_option(pr: Problem, sol: Solution) -> PlanOption:
         spot=spot,
         calibration=fleet.calibration,
         replicas=a.replicas,
+        auto=auto or AutoSync(),
     )
-    q = quality(a.sync.mode, a.sync.every, a.sync.compression, overlap=runtime.overlap)
-    sync = a.sync.model_copy(
+    topology = a.sync
+    if runtime.sync_every is not None:
+        topology = topology.model_copy(update={"every": runtime.sync_every})
+    q = quality(topology.mode, topology.every, topology.compression, overlap=runtime.overlap)
+    sync = topology.model_copy(
         update={
             "loss_ratio": None if q is None else q.loss_ratio,
             "loss_ratio_basis": "" if q is None else q.measured_as,

@@ -211,6 +211,11 @@ class RuntimeSettings(_Plain):
     )
     fragments: int = Field(default=1, gt=0, description="DiLoCo: streamed fragments per outer round.")
     reason: str = ""
+    # The sync settings the spec left to the planner ("auto"), as chosen for this option
+    # (``planner.sync_choice``); None where the spec set them. ``sync`` of the option states them too.
+    sync_every: int | None = Field(default=None, gt=0, description="H the planner chose.")
+    sync_compression: str | None = Field(default=None, description="The codec the planner chose.")
+    sync_choice: str = Field(default="", description="Why the planner chose them.")
 
 
 class QosCheck(_Plain):

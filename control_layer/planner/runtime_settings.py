@@ -13,6 +13,7 @@ from control_layer.planner.checkpoint_policy import checkpoint_fraction
 from control_layer.planner.plan_types import PlanOption, RuntimeSettings
 from control_layer.planner.runtime_pricing import checkpoint_every, runtime_terms
 from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.sync_choice import pinned
 from control_layer.planner.sync_settings import payload_bytes, sync_settings
 
 
@@ -73,6 +74,7 @@ def runtime_settings(
 ) -> RuntimeSettings:
     """The settings for an option that does not carry them (planned options do): from its local
     step (without the exchange and checkpoint writes) and its nodes and regions."""
+    spec = pinned(spec, option)
     s = option.estimates.step_s
     step_s = max(0.0, s.total - s.wan_sync - s.checkpoint)
     regions = set(option.regions) or {t.region for t in option.tasks if t.region}

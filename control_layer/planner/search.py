@@ -39,6 +39,7 @@ from control_layer.planner.problem import (
 )
 from control_layer.planner.screen import Bounds, screen
 from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.sync_choice import AutoSync, provisional
 
 # A heuristic answer within this fraction of the candidate's lower bound is taken as optimal,
 # and a candidate that cannot beat the objective's best option by more is not solved.
@@ -85,8 +86,9 @@ def _interleaved(queue: list[tuple[Bound, Degrees]]) -> Iterator[tuple[Bound, De
 
 
 class _Search:
-    def __init__(self, spec: JobSpec, fleet: Fleet, bounds: Bounds, trace: Trace) -> None:
+    def __init__(self, spec: JobSpec, fleet: Fleet, bounds: Bounds, trace: Trace, auto: AutoSync) -> None:
         self.spec = spec
+        self.auto = auto
         self.fleet = fleet
         self.bounds = bounds
         self.trace = trace
@@ -204,7 +206,7 @@ class _Search:
         named = labels(self.front, lambda s: s.point)
         best = 0 if self.axis == 0 else len(self.front) - 1
         built = [
-            build_option(self.front[i].problem, self.front[i].solution)
+            build_option(self.front[i].problem, self.front[i].solution, self.auto)
             for i in select(len(self.front), named, max_options, best)
         ]
         return [o for o in built if all(c.ok for c in o.qos_checks)]
@@ -254,6 +256,9 @@ def precision_groups(spec: JobSpec, pools: list[Pool]) -> list[tuple[str, list[P
 def search(
     spec: JobSpec, snapshot: ResourceSnapshot, calibration: Calibration | None, max_options: int
 ) -> list[PlanOption]:
+    # Sync settings left to the planner: the codec now, H per option (``sync_choice``); the
+    # search ranks placements at the provisional H, and each option is priced at its own.
+    spec, auto = provisional(spec)
     filtered = filter_fleet(spec, snapshot)
     explanation: list[dict[str, Any]] = list(filtered.steps)
     if not filtered.pools:
@@ -269,12 +274,17 @@ def search(
     for precision, pools in precision_groups(spec, filtered.pools):
         try:
             options += _search_pools(
-                with_precision(spec, precision), snapshot, pools, calibration, max_options, explanation
+                with_precision(spec, precision), snapshot, pools, calibration, max_options, explanation, auto
             )
         except NoFeasiblePlan as exc:
             failures.append(exc)
     if not options:
-        raise failures[0]
+        if failures:
+            raise failures[0]
+        # Every point of the front failed a QoS check once priced on its tasks with its own
+        # runtime settings (an H chosen per option can move its egress and time).
+        detail = "no option met the QoS bounds once priced with its runtime settings"
+        raise NoFeasiblePlan(detail, explanation=[*explanation, {"constraint": "qos", "detail": detail}])
     return finish(options, spec.qos.objective, max_options)
 
 
@@ -285,6 +295,7 @@ def _search_pools(
     calibration: Calibration | None,
     max_options: int,
     explanation: list[dict[str, Any]],
+    auto: AutoSync,
 ) -> list[PlanOption]:
     explanation = list(explanation)
     if spec.training.precision != "auto":
@@ -300,7 +311,7 @@ def _search_pools(
     trace = Trace()
     queue: list[tuple[Bound, Degrees]] = []
     verdicts, bounds = screen(fleet, degrees, spec.pinned.zero is not None)
-    run = _Search(spec, fleet, bounds, trace)
+    run = _Search(spec, fleet, bounds, trace, auto)
     for v in verdicts:
         if v.status == "memory":
             trace.memory.append((v.deg, v.need_gb, v.have_gb))

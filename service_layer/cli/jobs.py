@@ -39,7 +39,7 @@ def _secs(v: float | None) -> str:
 
 
 def options_table(options: list[dict[str, Any]]) -> Table:
-    table = Table(title="options")
+    table = Table(title="options", caption="sync: * = chosen by the planner (the spec said 'auto')")
     cols = (
         "id",
         "label",
@@ -63,20 +63,24 @@ def options_table(options: list[dict[str, Any]]) -> Table:
             str(len(o.get("tasks") or [])),
             _secs(e.get("duration_s")),
             _money((e.get("cost") or {}).get("total")),
-            *_runtime_cells(o.get("runtime") or {}),
+            *_runtime_cells(o.get("runtime") or {}, o.get("sync") or {}),
         )
     return table
 
 
-def _runtime_cells(rt: dict[str, Any]) -> tuple[str, str]:
-    """What the workers get beyond the shape: checkpoint interval, overlap and fragments."""
+def _runtime_cells(rt: dict[str, Any], sync: dict[str, Any]) -> tuple[str, str]:
+    """What the workers get beyond the shape: checkpoint interval, sync mode, H and codec (``*``:
+    the planner's choice), overlap and fragments."""
     if not rt:
         return "–", "–"
     ckpt = f"every {rt['checkpoint_every']} ({rt.get('checkpoint_fraction', 0) * 100:.1f} %)"
+    h = f"H={sync.get('every')}{'*' if rt.get('sync_every') is not None else ''}"
+    codec = f"{sync.get('compression')}{'*' if rt.get('sync_compression') is not None else ''}"
+    head = f"{sync.get('mode')} {h} {codec}, " if sync else ""
     if not rt.get("overlap"):
-        return ckpt, "blocking"
+        return ckpt, f"{head}blocking"
     frag = f", {rt['fragments']} fragments" if rt.get("fragments", 1) > 1 else ""
-    return ckpt, f"overlap {rt.get('overlap_steps') or '½ round'} steps{frag}"
+    return ckpt, f"{head}overlap {rt.get('overlap_steps') or '½ round'} steps{frag}"
 
 
 def print_job(job: dict[str, Any]) -> None:

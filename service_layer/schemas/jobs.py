@@ -18,7 +18,7 @@ EXAMPLE_SPEC: dict[str, Any] = {
     "data": {"kind": "synthetic-markov", "seed": 0},
     "training": {"steps": 2000, "global_batch_tokens": 65536, "lr": 3e-4},
     "parallelism": "auto",
-    "sync": {"mode": "diloco", "every": 100, "compression": "int8"},
+    "sync": {"mode": "diloco"},  # H and the codec: the planner's ("auto"), shown in each option
     "qos": {"max_hours": 48, "max_cost": 5000, "regions": ["eu-west", "eu-north"], "objective": "cost"},
 }
 
@@ -28,11 +28,12 @@ QUOTE_EXAMPLES: dict[str, dict[str, Any]] = {
         "value": EXAMPLE_SPEC,
     },
     "pinned-degrees": {
-        "summary": "Pinned parallelism and data residency",
+        "summary": "Pinned parallelism, sync interval, codec and data residency",
         "value": {
             **EXAMPLE_SPEC,
             "name": "gpt-pinned",
             "parallelism": {"dp": 4, "tp": 2, "pp": 1, "zero": 1},
+            "sync": {"mode": "diloco", "every": 100, "compression": "int8"},
             "qos": {"max_hours": 12, "data_residency": "EU", "accelerators": ["H100", "A100"]},
         },
     },

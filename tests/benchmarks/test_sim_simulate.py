@@ -22,6 +22,8 @@ def _spec(
     layers: int = 4, d: int = 256, vocab: int = 1000, seq: int = 128, batch_seqs: int = 8, **kw
 ) -> JobSpec:
     training = {"steps": 100, "global_batch_tokens": seq * batch_seqs, **kw.pop("training", {})}
+    # The options here are built by hand, not planned: every sync setting concrete.
+    kw["sync"] = {"every": 100, "compression": "none", **kw.get("sync", {})}
     return JobSpec.model_validate(
         {
             "name": "t",

@@ -12,6 +12,19 @@ from control_layer.planner import cost_model as cm
 from control_layer.planner.plan_types import Calibration
 
 
+def _sync(**kw) -> SyncSpec:
+    """A sync section with every setting concrete, as the planner hands it to the cost model."""
+    return SyncSpec(**({"every": 100, "compression": "none"} | kw))
+
+
+def test_auto_settings_are_never_priced_as_a_default() -> None:
+    with pytest.raises(ValueError, match="sync.compression is 'auto'"):
+        cm.sync_bytes_per_param(SyncSpec(mode="diloco", every=10))
+    with pytest.raises(ValueError, match="sync.every is 'auto'"):
+        cm.sync_every(SyncSpec(mode="diloco", compression="int8"))
+    assert cm.sync_every(SyncSpec(mode="sync", compression="none")) == 1  # sync ignores H
+
+
 def _spec(**training) -> JobSpec:
     return JobSpec.model_validate(
         {
@@ -144,19 +157,19 @@ def test_step_time_is_affine_in_micro_batches() -> None:
 @pytest.mark.parametrize(
     ("sync", "regions", "bytes_per_leader", "hops"),
     [
-        (SyncSpec(mode="sync"), 1, 0.0, 0.0),
-        (SyncSpec(mode="sync"), 2, 4.0, 2.0),
+        (_sync(mode="sync"), 1, 0.0, 0.0),
+        (_sync(mode="sync"), 2, 4.0, 2.0),
         # Every call of the exchange waits a round trip: a ring of R makes 2(R−1) calls in turn.
-        (SyncSpec(mode="diloco", compression="int8"), 4, 2 * 3 / 4, 12.0),
+        (_sync(mode="diloco", compression="int8"), 4, 2 * 3 / 4, 12.0),
         # Top-k stays top-k on the ring (every hop re-encodes its chunk): 2(R−1)/R payloads.
-        (SyncSpec(mode="local_sgd", compression="topk", topk_ratio=0.5), 3, 2 * 2 / 3 * 4.0, 8.0),
-        (SyncSpec(mode="gossip", gossip_peers=2), 5, 2 * 4.0, 2.0),
+        (_sync(mode="local_sgd", compression="topk", topk_ratio=0.5), 3, 2 * 2 / 3 * 4.0, 8.0),
+        (_sync(mode="gossip", gossip_peers=2), 5, 2 * 4.0, 2.0),
         # ssp pushes its update to every peer at once: R−1 payloads, one call.
-        (SyncSpec(mode="ssp", compression="bf16"), 4, 3 * 2.0, 2.0),
+        (_sync(mode="ssp", compression="bf16"), 4, 3 * 2.0, 2.0),
         # async: the R−1 others send an update (int8) and get the parameters back (bf16 when
         # compressed, fp32 otherwise), averaged over the R participants.
-        (SyncSpec(mode="async", compression="int8"), 3, 2 / 3 * (1.0 + 2.0), 2.0),
-        (SyncSpec(mode="async"), 2, 1 / 2 * (4.0 + 4.0), 2.0),
+        (_sync(mode="async", compression="int8"), 3, 2 / 3 * (1.0 + 2.0), 2.0),
+        (_sync(mode="async"), 2, 1 / 2 * (4.0 + 4.0), 2.0),
     ],
 )
 def test_wan_bytes_and_hops(sync: SyncSpec, regions: int, bytes_per_leader: float, hops: float) -> None:
@@ -166,32 +179,32 @@ def test_wan_bytes_and_hops(sync: SyncSpec, regions: int, bytes_per_leader: floa
 
 def test_exchange_time_factor_follows_the_runtime() -> None:
     # The async server's port takes the R−1 updates in, then sends the R−1 answers out.
-    assert float(cm.wan_time_factor(SyncSpec(mode="async"), 1.0, 3)) == pytest.approx(2 * 8.0)
+    assert float(cm.wan_time_factor(_sync(mode="async"), 1.0, 3)) == pytest.approx(2 * 8.0)
     # ssp's pushes leave the sender's port together; the ring sends 2(R−1)/R.
-    assert float(cm.wan_time_factor(SyncSpec(mode="ssp"), 1.0, 3)) == pytest.approx(2 * 4.0)
-    assert float(cm.wan_time_factor(SyncSpec(mode="sync"), 1.0, 3)) == pytest.approx(4 / 3 * 4.0)
+    assert float(cm.wan_time_factor(_sync(mode="ssp"), 1.0, 3)) == pytest.approx(2 * 4.0)
+    assert float(cm.wan_time_factor(_sync(mode="sync"), 1.0, 3)) == pytest.approx(4 / 3 * 4.0)
 
 
 def test_sync_modes_amortise_and_overlap() -> None:
-    assert cm.wan_sync_per_step(SyncSpec(mode="sync"), 100, 2.0, 1.0) == pytest.approx(2.0)
-    assert cm.wan_sync_per_step(SyncSpec(mode="local_sgd", every=10), 100, 2.0, 1.0) == pytest.approx(0.2)
+    assert cm.wan_sync_per_step(_sync(mode="sync"), 100, 2.0, 1.0) == pytest.approx(2.0)
+    assert cm.wan_sync_per_step(_sync(mode="local_sgd", every=10), 100, 2.0, 1.0) == pytest.approx(0.2)
     # DiLoCo blocks as the control plane configures it (no sync.overlap): every H-th step waits.
-    assert cm.wan_sync_per_step(SyncSpec(mode="diloco", every=10), 100, 2.0, 1.0) == pytest.approx(0.2)
-    assert not cm.sync_overlapped(SyncSpec(mode="diloco", every=10))
-    assert cm.wan_sync_per_step(SyncSpec(mode="async", every=1), 100, 2.0, 1.0) == pytest.approx(1.0)
-    assert cm.wan_sync_per_step(SyncSpec(mode="ssp", every=1, staleness=0), 100, 2.0, 1.0) == pytest.approx(
+    assert cm.wan_sync_per_step(_sync(mode="diloco", every=10), 100, 2.0, 1.0) == pytest.approx(0.2)
+    assert not cm.sync_overlapped(_sync(mode="diloco", every=10))
+    assert cm.wan_sync_per_step(_sync(mode="async", every=1), 100, 2.0, 1.0) == pytest.approx(1.0)
+    assert cm.wan_sync_per_step(_sync(mode="ssp", every=1, staleness=0), 100, 2.0, 1.0) == pytest.approx(
         2.0
     )
-    assert cm.wan_sync_per_step(SyncSpec(mode="ssp", every=1, staleness=2), 100, 2.0, 1.0) == pytest.approx(
+    assert cm.wan_sync_per_step(_sync(mode="ssp", every=1, staleness=2), 100, 2.0, 1.0) == pytest.approx(
         1.0
     )
     # ssp and async send their update once a round of H steps, as the runtime's strategies do.
-    assert cm.wan_sync_per_step(SyncSpec(mode="ssp", every=10, staleness=0), 100, 2.0, 1.0) == pytest.approx(
+    assert cm.wan_sync_per_step(_sync(mode="ssp", every=10, staleness=0), 100, 2.0, 1.0) == pytest.approx(
         0.2
     )
-    assert cm.exchanges_per_step(SyncSpec(mode="async", every=10), 100) == pytest.approx(0.1)
+    assert cm.exchanges_per_step(_sync(mode="async", every=10), 100) == pytest.approx(0.1)
     # The last round of ceil(T/H) still happens: 95 steps, H=10 -> 10 exchanges.
-    assert cm.exchanges_per_step(SyncSpec(mode="diloco", every=10), 95) == pytest.approx(10 / 95)
+    assert cm.exchanges_per_step(_sync(mode="diloco", every=10), 95) == pytest.approx(10 / 95)
 
 
 def test_calibration_lookups() -> None:

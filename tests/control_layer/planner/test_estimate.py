@@ -61,7 +61,7 @@ def _spec(**sync) -> JobSpec:
             "name": "t",
             "model": {"n_layers": 4, "d_model": 512, "n_heads": 8, "vocab": 8192, "seq_len": 512},
             "training": {"steps": 1000, "global_batch_tokens": 512 * 8},
-            "sync": {"mode": "sync", **sync},
+            "sync": {"mode": "sync", "compression": "none", **sync},
         }
     )
 

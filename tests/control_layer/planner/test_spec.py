@@ -21,7 +21,9 @@ def test_defaults_and_auto_parallelism() -> None:
     spec = JobSpec.model_validate(BASE)
     assert spec.parallelism == "auto"
     assert spec.pinned == ParallelismSpec()
-    assert spec.sync.mode == "diloco" and spec.sync.every == 100
+    # H and the codec are the planner's unless the spec sets them (``planner.sync_choice``)
+    assert spec.sync.mode == "diloco" and spec.sync.every == "auto" and spec.sync.compression == "auto"
+    assert spec.sync.chosen_by_planner == ("every", "compression")
     assert spec.global_batch_sequences == 8
 
 
