@@ -106,8 +106,9 @@ def byo_parallelism_problems(values: Collection[str]) -> list[str]:
 
 
 def replica_node_problems(nodes_of_replica: Mapping[int, Collection[str]]) -> list[str]:
-    """Each replica (its tp x pp group) sits on one node: the runtime starts one single-node torchrun
-    group per node, so a tensor or pipeline group cannot reach across nodes."""
+    """Each replica (its tp x pp group) sits on one node, as the planner prices it: the runtime can
+    run a group across the nodes of one cluster (``control_layer.node_groups``), but the cost model
+    has no price yet for its collectives over the links between nodes."""
     return [
         f"replica {rank} spans nodes {sorted(nodes)}; a replica's tensor/pipeline group must fit on one node"
         for rank, nodes in sorted(nodes_of_replica.items())

@@ -161,6 +161,9 @@ def _replace(
     ctx: ServerContext, session: Session, job: Job, spec: JobSpec, lost: Task, others: list[Task]
 ) -> Task | str:
     """The lost task's replacement, dispatched; or why there is none."""
+    if (lost.worker_config or {}).get("group"):
+        # Its node's ranks left a torchrun group spanning nodes; a group only starts as a whole.
+        return "it ran part of a group spanning nodes, which cannot take a lone replacement"
     steps = spec.training.steps
     survivors_at = [
         int(s)
