@@ -196,10 +196,15 @@ def build_worker_configs(
             "entrypoint": spec.entrypoint,
         }
         for node_rank, slot in enumerate(group):
+            ck = _checkpoint(
+                job_id, key, slot, runtime, checkpoints or {}, multi, spec.training.steps, spec.sync.mode
+            )
+            if len(group) > 1:
+                # Each node would write its ranks' shards to its own disk and only the first node the
+                # metadata, so no node could resume from them: such a group keeps none (yet).
+                ck |= {"dir": None, "fetch": None}
             configs[slot.node_id] = copy.deepcopy(shared) | {
-                "checkpoint": _checkpoint(
-                    job_id, key, slot, runtime, checkpoints or {}, multi, spec.training.steps, spec.sync.mode
-                ),
+                "checkpoint": ck,
                 "group": _group(group, node_rank),
             }
         offset += dp_local

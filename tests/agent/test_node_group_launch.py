@@ -28,22 +28,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def pipeline_option(nodes: list[Node], pp: int, micro: int) -> PlanOption:
-    """One replica whose stage s runs on nodes[s]."""
+def pipeline_option(nodes: list[Node], pp: int, dp: int, micro: int) -> PlanOption:
+    """``dp`` replicas whose stage s runs on nodes[s] (device r for replica r)."""
     base = hand_option([(CLUSTER, n, 0) for n in nodes])
     tasks = [
         PlannedTask(
-            dp_rank=0, pp_stage=s, tp_rank=0, cluster=CLUSTER.id, node=n.id, device=0, region=CLUSTER.region
+            dp_rank=r, pp_stage=s, tp_rank=0, cluster=CLUSTER.id, node=n.id, device=r, region=CLUSTER.region
         )
         for s, n in enumerate(nodes)
+        for r in range(dp)
     ]
     return base.model_copy(
         update={
-            "dp": 1,
+            "dp": dp,
             "pp": pp,
             "n_micro_batches": micro,
             "tasks": tasks,
-            "replicas_per_cluster": {CLUSTER.id: 1},
+            "replicas_per_cluster": {CLUSTER.id: dp},
         }
     )
 
@@ -64,15 +65,19 @@ def slots_for(option: PlanOption, nodes: list[Node], group_port: int) -> list[Ta
     ]
 
 
-def test_a_pipeline_spans_two_nodes_as_one_torchrun_group(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dp", [1, 2])
+def test_a_pipeline_spans_two_nodes_as_one_torchrun_group(tmp_path: Path, dp: int) -> None:
+    """dp=2: each node holds one stage of both replicas, whose gradients average on that node."""
     nodes = [Node(id="node-a00000", cluster_id=CLUSTER.id), Node(id="node-b00000", cluster_id=CLUSTER.id)]
-    spec = tiny_spec(training={"steps": 6, "global_batch_tokens": 64, "lr": 3e-3}, sync={"mode": "sync"})
-    option = pipeline_option(nodes, pp=2, micro=2)
+    spec = tiny_spec(training={"steps": 6, "global_batch_tokens": 128, "lr": 3e-3}, sync={"mode": "sync"})
+    option = pipeline_option(nodes, pp=2, dp=dp, micro=2)
     port = _free_port()
     configs = build_worker_configs("job-pp", spec, option, slots_for(option, nodes, port))
     groups = [validate_worker_config(configs[n.id])["group"] for n in nodes]
     assert [(g["nnodes"], g["node_rank"], g["master_port"]) for g in groups] == [(2, 0, port), (2, 1, port)]
-    assert {configs[n.id]["parallel"]["pp"] for n in nodes} == {2}
+    assert {(configs[n.id]["parallel"]["pp"], configs[n.id]["parallel"]["dp_local"]) for n in nodes} == {
+        (2, dp)
+    }
     sent: dict[str, list[agent_pb2.AgentMessage]] = {n.id: [] for n in nodes}
 
     async def launch() -> list[WorkerRun]:
@@ -83,7 +88,7 @@ def test_a_pipeline_spans_two_nodes_as_one_torchrun_group(tmp_path: Path) -> Non
                 server="127.0.0.1:50051", region="eu-west", cluster="eu1", price_per_device_hour=1.0,
                 work_dir=work, metrics_min_interval_s=0.0,
             )  # fmt: skip
-            a = Assignment(f"task-{n.id}", "job-pp", 1, (0,), 1, configs[n.id])
+            a = Assignment(f"task-{n.id}", "job-pp", 1, tuple(range(dp)), dp, configs[n.id])
             runs.append(
                 WorkerRun(a, work / "run", settings=settings, device_kind="cpu", send=sent[n.id].append)
             )

@@ -120,6 +120,7 @@ def test_a_replica_spanning_nodes_of_one_cluster_is_one_group_with_its_rendezvou
     # One participant: nobody to sync with, one replica of tp=2 over the two nodes' devices.
     assert lead["sync"]["mode"] == other["sync"]["mode"] == "none"
     assert lead["parallel"] == other["parallel"] and lead["parallel"]["dp_local"] == 1
+    assert lead["checkpoint"]["dir"] is None and other["checkpoint"]["dir"] is None  # no node could resume
     for cfg in configs.values():
         validate_worker_config(cfg)
 
