@@ -46,9 +46,9 @@ from contracts.errors import CpnError, NoFeasiblePlan  # noqa: E402
 from contracts.job_spec import JobSpec  # noqa: E402
 from contracts.model import model_config  # noqa: E402
 from contracts.worker_config import WorkerConfig  # noqa: E402
-from control_layer.node_groups import node_groups  # noqa: E402
 from control_layer.planner import cost_model as cm  # noqa: E402
 from control_layer.planner import plan  # noqa: E402
+from control_layer.planner.node_groups import node_groups  # noqa: E402
 from control_layer.planner.plan_types import PlanOption  # noqa: E402
 from control_layer.planner.snapshot import ResourceSnapshot  # noqa: E402
 from control_layer.worker_config import (  # noqa: E402

@@ -22,7 +22,7 @@ from contracts.errors import Aborted
 from contracts.job_spec import JobSpec
 from contracts.states import TASK_ACTIVE, TaskState
 from control_layer.checkpoint_copies import reachable_checkpoints, sign_fetches
-from control_layer.node_groups import node_groups
+from control_layer.planner.node_groups import node_groups
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.snapshot import current_prices
 from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config

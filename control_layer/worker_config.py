@@ -1,7 +1,7 @@
 """Per-task worker configuration: a plan option cut into one ``WorkerConfig`` per node.
 
 Pure: (spec, option, the placed tasks) -> JSON-able dicts. Each node runs its share with
-torchrun. Nodes whose replicas cross them (``control_layer.node_groups``) form one torchrun group,
+torchrun. Nodes whose replicas cross them (``control_layer.planner.node_groups``) form one torchrun group,
 each node its block of ranks; any other node is a group of its own. A group's replicas are its
 data-parallel group, and its leader (node rank 0, rank 0) talks to the leaders of every other
 group over the WAN (``sync.listen`` / ``sync.peers``).
@@ -26,7 +26,7 @@ from contracts.feasibility import (
     sync_port_problems,
 )
 from contracts.job_spec import JobSpec
-from control_layer.node_groups import node_group_problems, node_groups, rank_key
+from control_layer.planner.node_groups import node_group_problems, node_groups, rank_key
 from control_layer.planner.plan_types import PlannedTask, PlanOption, RuntimeSettings
 from control_layer.planner.runtime_settings import runtime_settings
 

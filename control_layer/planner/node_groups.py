@@ -9,6 +9,7 @@ nodes puts its first stages on node rank 0 and the rest on node rank 1. Pure.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from contracts.worker_config import MAX_GROUP_NODES
@@ -48,13 +49,14 @@ def node_groups(tasks: Iterable[PlannedTask]) -> list[list[str]]:
 
 
 def node_group_problems(tasks: Sequence[PlannedTask]) -> list[str]:
-    """Why these nodes cannot run as torchrun groups: a group across clusters (its collectives would
-    cross a link the plan priced as WAN sync), too many nodes, or a node whose devices are not one
-    contiguous block of the group's rank order."""
+    """Why these tasks cannot run as torchrun groups: a device given two roles, a group across
+    clusters (its collectives would cross a link the plan priced as WAN sync), too many nodes, or a
+    node whose devices are not one contiguous block of the group's rank order."""
     by_node: dict[str, list[PlannedTask]] = {}
     for t in tasks:
         by_node.setdefault(t.node, []).append(t)
-    problems = []
+    roles = Counter((t.cluster, t.node, t.device) for t in tasks)
+    problems = [f"device {c}/{n}/{d} is given {k} roles" for (c, n, d), k in sorted(roles.items()) if k > 1]
     for nodes in node_groups(tasks):
         if len(nodes) == 1:
             continue
