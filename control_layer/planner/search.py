@@ -39,6 +39,7 @@ from control_layer.planner.problem import (
 )
 from control_layer.planner.screen import Bounds, screen
 from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.spanning import spanning_options
 
 # A heuristic answer within this fraction of the candidate's lower bound is taken as optimal,
 # and a candidate that cannot beat the objective's best option by more is not solved.
@@ -273,6 +274,10 @@ def search(
             )
         except NoFeasiblePlan as exc:
             failures.append(exc)
+    if not options:
+        # Nothing with every replica on one node: replicas across nodes of a cluster, if they fit.
+        for precision, pools in precision_groups(spec, filtered.pools):
+            options += spanning_options(with_precision(spec, precision), snapshot, pools, calibration)
     if not options:
         raise failures[0]
     return finish(options, spec.qos.objective, max_options)

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.sim import simulate
-from contracts.errors import CpnError, InvalidArgument
+from contracts.errors import CpnError, InvalidArgument, NoFeasiblePlan
 from contracts.job_spec import JobSpec
-from control_layer.planner import estimate_option
+from control_layer.planner import estimate_option, plan
 from control_layer.planner.node_groups import node_group_problems, node_groups
 from control_layer.planner.plan_types import Estimates, PlannedTask, PlanOption
 from control_layer.planner.snapshot import ResourceSnapshot
@@ -193,3 +193,60 @@ def test_the_planner_prices_exactly_the_placements_the_control_plane_launches(
     assert priced == launched == (not node_group_problems(tasks))
     if priced:  # and what runs never uses a device twice
         assert len({(t.node, t.device) for t in tasks}) == len(tasks)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.tuples(st.integers(2, 6), st.sampled_from([1, 2])), min_size=1, max_size=3),
+    mode=st.sampled_from(["diloco", "sync", "gossip"]),
+)
+def test_replicas_too_big_for_any_node_are_placed_across_nodes_as_the_runtime_runs_them(
+    sizes: list[tuple[int, int]], mode: str
+) -> None:
+    """Nodes of 1-2 16 GB devices, a model that needs 4 of them per replica: every option the
+    planner offers puts each replica on whole nodes of one cluster, never a device twice, in
+    groups the control plane launches, priced as estimate_option prices its tasks."""
+    clusters = [
+        {
+            "id": f"c{i}",
+            "region": f"r{i % 2}",
+            "price_per_device_hour": 1.0 + i,
+            "nodes": [
+                {
+                    "id": f"c{i}n{j}",
+                    "devices": [
+                        {"index": k, "model": "T4", "memory_gb": 16, "tflops": 60} for k in range(per)
+                    ],
+                }
+                for j in range(n)
+            ],
+        }
+        for i, (n, per) in enumerate(sizes)
+    ]
+    links = [{"src": "r0", "dst": "r1", "bandwidth_gbps": 10.0, "latency_ms": 20.0}]
+    snap = ResourceSnapshot.model_validate({"clusters": clusters, "links": links})
+    spec = JobSpec.model_validate(
+        {
+            "name": "big",
+            "model": {"n_layers": 8, "d_model": 4096, "n_heads": 32, "vocab": 50304, "seq_len": 1024},
+            "training": {"steps": 10, "global_batch_tokens": 1024 * 8},
+            "sync": {"mode": mode, "every": 5},
+        }
+    )
+    try:
+        options = plan(spec, snap)
+    except NoFeasiblePlan:
+        # Only when no cluster has the devices for one 4-stage replica (memory needs >= 4 T4s).
+        assert all(n * per < 4 for n, per in sizes)
+        return
+    for o in options:
+        assert o.tp * o.pp > max(per for _, per in sizes)  # no node could hold a replica
+        assert not node_group_problems(o.tasks)
+        assert len({(t.cluster, t.node, t.device) for t in o.tasks}) == len(o.tasks)
+        for group in node_groups(o.tasks):
+            assert len({t.cluster for t in o.tasks if t.node in group}) == 1
+        again = estimate_option(
+            spec, snap, o.tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero, runtime=o.runtime
+        )
+        assert again.duration_s == pytest.approx(o.estimates.duration_s)
+        assert all(c.ok for c in o.qos_checks)
