@@ -329,6 +329,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def spans_nodes(option: PlanOption) -> bool:
+    """Whether a replica of the option runs across nodes (one torchrun group over several)."""
+    return any(len(g) > 1 for g in node_groups(option.tasks))
+
+
 @dataclass
 class Runnable:
     spec: JobSpec
@@ -339,6 +344,7 @@ class Runnable:
     def kind(self) -> tuple:
         o = self.option
         return (
+            spans_nodes(o),
             len(group_by_node(o)) > 1,
             o.pp > 1,
             o.tp > 1,
@@ -461,6 +467,7 @@ def main() -> None:
             stats["options"] += 1
             stats[f"options at {o.precision}"] += 1
             stats["options with several nodes"] += len(group_by_node(o)) > 1
+            stats["options with a replica across nodes"] += spans_nodes(o)
             stats["options with pp > 1"] += o.pp > 1
             stats["options with tp > 1"] += o.tp > 1
             stats["options with zero > 0"] += o.zero > 0
@@ -488,7 +495,8 @@ def main() -> None:
             why = run_option(r, d, args.run_timeout)
             o = r.option
             print(
-                f"  run {k:2d}: {len(group_by_node(o))} node(s) dp={o.dp} tp={o.tp} pp={o.pp} zero={o.zero}"
+                f"  run {k:2d}: {len(group_by_node(o))} node(s){' spanning' if spans_nodes(o) else ''}"
+                f" dp={o.dp} tp={o.tp} pp={o.pp} zero={o.zero}"
                 f" {o.precision}{' AC' if o.activation_checkpointing else ''}"
                 f"{' BYO' if r.spec.entrypoint else ''} sync={r.spec.sync.mode}"
                 f" -> {'ok' if why is None else 'FAILED'} ({time.perf_counter() - started:.1f} s)",
