@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import plan_executes  # noqa: E402
 
+from control_layer.planner import plan  # noqa: E402
 from control_layer.planner.plan_types import PlannedTask  # noqa: E402
 from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, NodeInfo, ResourceSnapshot  # noqa: E402
 from orchestration.db.models import Cluster, Node  # noqa: E402
@@ -42,3 +43,26 @@ def test_a_pipeline_across_two_nodes_is_checked_and_runs(tmp_path: Path) -> None
     assert plan_executes.check_option("job", spec, option, snap) is None
     assert plan_executes.group_devices(option) == {"na": 2, "nb": 2}
     assert plan_executes.run_option(plan_executes.Runnable(spec, option, snap), tmp_path, 120) is None
+
+
+def test_a_pinned_pipeline_on_one_device_nodes_is_planned_across_them_and_runs(tmp_path: Path) -> None:
+    """No node holds the pinned 2-stage replica: the planner places it across two nodes, and the
+    option runs as the agents would launch it."""
+    nodes = [
+        NodeInfo(
+            id=f"n{i}", devices=[DeviceSlot(index=0, model="cpu", memory_gb=8.0, tflops=0.1, kind="cpu")]
+        )
+        for i in range(3)
+    ]
+    snap = ResourceSnapshot(
+        clusters=[ClusterInfo(id="c1", name="eu1", region="eu-west", price_per_device_hour=1.0, nodes=nodes)]
+    )
+    spec = tiny_spec(
+        training={"steps": 2, "global_batch_tokens": 64}, parallelism={"dp": 1, "tp": 1, "pp": 2}
+    )
+    options = plan(spec, snap)
+    assert options and all(plan_executes.spans_nodes(o) for o in options)
+    o = options[0]
+    assert (o.dp, o.tp, o.pp) == (1, 1, 2) and len({t.node for t in o.tasks}) == 2
+    assert plan_executes.check_option("job", spec, o, snap) is None
+    assert plan_executes.run_option(plan_executes.Runnable(spec, o, snap), tmp_path, 120) is None
