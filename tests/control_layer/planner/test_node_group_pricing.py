@@ -205,7 +205,8 @@ def test_replicas_too_big_for_any_node_are_placed_across_nodes_as_the_runtime_ru
 ) -> None:
     """Nodes of 1-2 16 GB devices, a model that needs 4 of them per replica: every option the
     planner offers puts each replica on whole nodes of one cluster, never a device twice, in
-    groups the control plane launches, priced as estimate_option prices its tasks."""
+    groups the control plane launches, priced as estimate_option prices its tasks and within 10 %
+    of the simulator."""
     clusters = [
         {
             "id": f"c{i}",
@@ -250,3 +251,5 @@ def test_replicas_too_big_for_any_node_are_placed_across_nodes_as_the_runtime_ru
         )
         assert again.duration_s == pytest.approx(o.estimates.duration_s)
         assert all(c.ok for c in o.qos_checks)
+        sim = simulate(spec, o, snap, **GOODPUT).step_s
+        assert abs(_iteration(o.estimates) - sim) / sim <= 0.10
