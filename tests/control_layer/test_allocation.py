@@ -126,6 +126,26 @@ def test_a_replica_across_nodes_is_one_group_whose_leader_holds_its_rendezvous_p
             allocate(s, _job(s), tiny_spec(), hand_option([(c, a, 2), (c, b, 2)], tp=2), attempt=1)
 
 
+def test_two_groups_across_nodes_each_lead_with_a_sync_port_and_a_rendezvous_port(
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_scope(session_factory) as s:
+        c, (a, b, x, y) = add_cluster(s, nodes=4, devices_per_node=1, sync_ports=(26000, 26003))
+        option = hand_option([(c, a, 0), (c, b, 0), (c, x, 0), (c, y, 0)], tp=2)
+        tasks = {t.node_id: t for t in allocate(s, _job(s), tiny_spec(), option, attempt=1)}
+        for lead, other in ((a, b), (x, y)):
+            cfg, cfg2 = tasks[lead.id].worker_config, tasks[other.id].worker_config
+            assert tasks[lead.id].sync_port is not None and tasks[other.id].sync_port is None
+            port = cfg["group"]["master_port"]
+            assert port != tasks[lead.id].sync_port and 26000 <= port <= 26003
+            assert cfg2["group"] == cfg["group"] | {"node_rank": 1}
+            assert cfg["sync"]["listen"] == f"127.0.0.1:{tasks[lead.id].sync_port}"
+        # the two groups are the job's two sync participants
+        assert {tasks[a.id].worker_config["region"], tasks[x.id].worker_config["region"]} == set(
+            tasks[a.id].worker_config["sync"]["peers"]
+        ) | {tasks[a.id].worker_config["region"]}
+
+
 def test_a_replica_across_clusters_is_refused(session_factory: sessionmaker[Session]) -> None:
     with session_scope(session_factory) as s:
         c1, (a,) = add_cluster(s, name="c1")
