@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from agent.checkpoint_transfer import has_checkpoint, run_copy
 from agent.output import (
     ERROR_PREFIX,
@@ -32,6 +34,7 @@ from contracts.checkpoint_transfer import CheckpointTicket
 from contracts.errors import InvalidArgument
 from contracts.lost_notices import LostNotice, append_notice
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
+from contracts.worker_config import NodeGroupSpec
 from proto.cpn.agent.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -89,13 +92,36 @@ def worker_command(a: Assignment, config_path: Path, *, allow_override: bool) ->
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *rendezvous_args(a.worker_config.get("group")),
         "--nproc-per-node",
         str(a.nproc),
         "-m",
         "training.worker",
         "--config",
         str(config_path),
+    ]
+
+
+def rendezvous_args(group: Any) -> list[str]:
+    """torchrun's rendezvous: standalone for a node's own group; for a group spanning nodes, the
+    static rendezvous on node rank 0's store. Static, not c10d's dynamic one, because dynamic
+    rendezvous numbers nodes by arrival, and the plan put stage s on a chosen node: global ranks
+    must follow the node ranks the control plane gave."""
+    if group is None:
+        return ["--standalone"]
+    try:
+        spec = NodeGroupSpec.model_validate(group)
+    except ValidationError as exc:
+        raise InvalidArgument(f"worker_config.group: {exc.errors()[0]['msg']}", field="group") from None
+    return [
+        "--nnodes",
+        str(spec.nnodes),
+        "--node-rank",
+        str(spec.node_rank),
+        "--master-addr",
+        spec.master_addr,
+        "--master-port",
+        str(spec.master_port),
     ]
 
 

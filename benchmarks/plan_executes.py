@@ -41,13 +41,14 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 from pydantic import ValidationError  # noqa: E402
 
-from agent.workers import resolve_checkpoint_dir  # noqa: E402
+from agent.workers import rendezvous_args, resolve_checkpoint_dir  # noqa: E402
 from contracts.errors import CpnError, NoFeasiblePlan  # noqa: E402
 from contracts.job_spec import JobSpec  # noqa: E402
 from contracts.model import model_config  # noqa: E402
 from contracts.worker_config import WorkerConfig  # noqa: E402
 from control_layer.planner import cost_model as cm  # noqa: E402
 from control_layer.planner import plan  # noqa: E402
+from control_layer.planner.node_groups import node_groups  # noqa: E402
 from control_layer.planner.plan_types import PlanOption  # noqa: E402
 from control_layer.planner.snapshot import ResourceSnapshot  # noqa: E402
 from control_layer.worker_config import (  # noqa: E402
@@ -216,13 +217,16 @@ def random_spec(rng: np.random.Generator, tiny: bool, regions: list[str]) -> Job
 
 
 def task_slots(option: PlanOption, snap: ResourceSnapshot, port: Any) -> list[TaskSlot]:
-    """One TaskSlot per node, as control_layer.allocation makes them: sync ports only when the job
-    has several nodes (``port()`` hands out a free one)."""
-    groups = group_by_node(option)
+    """One TaskSlot per node, as control_layer.allocation makes them: a sync port for each group's
+    leader when the job has several groups, a rendezvous port for the leader of a group spanning
+    nodes (``port()`` hands out a free one)."""
+    by_node = group_by_node(option)
     clusters = {c.id: c for c in snap.clusters}
+    groups = node_groups(option.tasks)
     multi = len(groups) > 1
+    leads = {g[0]: len(g) > 1 for g in groups}
     slots = []
-    for node_id, entries in groups.items():
+    for node_id, entries in by_node.items():
         cluster = clusters[entries[0].cluster]
         slots.append(
             TaskSlot(
@@ -231,11 +235,18 @@ def task_slots(option: PlanOption, snap: ResourceSnapshot, port: Any) -> list[Ta
                 cluster_name=cluster.name or cluster.id,
                 region=cluster.region,
                 host="127.0.0.1",
-                sync_port=port() if multi else None,
+                sync_port=port() if multi and node_id in leads else None,
                 entries=tuple(entries),
+                group_port=port() if leads.get(node_id) else None,
             )
         )
     return slots
+
+
+def group_devices(option: PlanOption) -> dict[str, int]:
+    """Per node: the devices of the torchrun group it is part of (its world size)."""
+    count = Counter(t.node for t in option.tasks)
+    return {n: sum(count[m] for m in g) for g in node_groups(option.tasks) for n in g}
 
 
 def runtime_checks(cfg: WorkerConfig, n_devices: int) -> None:
@@ -266,14 +277,16 @@ def check_option(job_id: str, spec: JobSpec, option: PlanOption, snap: ResourceS
         slots = task_slots(option, snap, lambda: next(ports))
         configs = build_worker_configs(job_id, spec, option, slots)
         replicas = 0
+        world = group_devices(option)
         for slot in slots:
             cfg = WorkerConfig.model_validate(validate_worker_config(configs[slot.node_id]))
-            runtime_checks(cfg, len(slot.device_indices))
+            runtime_checks(cfg, world[slot.node_id])
             if cfg.global_replicas != option.dp:
                 return f"global_replicas {cfg.global_replicas} != dp {option.dp}"
             if cfg.training.precision != option.precision:
                 return f"worker precision {cfg.training.precision} != priced {option.precision}"
-            replicas += cfg.parallel.dp_local
+            if cfg.group is None or cfg.group.node_rank == 0:  # a group's replicas counted once
+                replicas += cfg.parallel.dp_local
         if replicas != option.dp:
             return f"tasks hold {replicas} replicas, option has dp={option.dp}"
     except (CpnError, ValidationError, ValueError, AssertionError) as exc:
@@ -316,6 +329,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def spans_nodes(option: PlanOption) -> bool:
+    """Whether a replica of the option runs across nodes (one torchrun group over several)."""
+    return any(len(g) > 1 for g in node_groups(option.tasks))
+
+
 @dataclass
 class Runnable:
     spec: JobSpec
@@ -326,6 +344,7 @@ class Runnable:
     def kind(self) -> tuple:
         o = self.option
         return (
+            spans_nodes(o),
             len(group_by_node(o)) > 1,
             o.pp > 1,
             o.tp > 1,
@@ -354,7 +373,8 @@ def pick_runs(candidates: list[Runnable], n: int, rng: np.random.Generator) -> l
 
 
 def run_option(r: Runnable, workdir: Path, timeout_s: float) -> str | None:
-    """Launch every task of the option (one torchrun per node), 2 steps; None when all finish."""
+    """Launch every task of the option (one torchrun per node, the nodes of a group spanning nodes
+    meeting at its first), 2 steps; None when all finish."""
     slots = task_slots(r.option, r.snap, _free_port)
     # signed sync calls, as the placer configures every real job
     configs = build_worker_configs(
@@ -365,7 +385,7 @@ def run_option(r: Runnable, workdir: Path, timeout_s: float) -> str | None:
         "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)]),
         "OMP_NUM_THREADS": "1",
     }
-    procs = []
+    procs, reporting = [], []
     for i, slot in enumerate(slots):
         path = workdir / f"worker{i}.json"
         # as the node's agent does: checkpoints under its own work dir
@@ -373,7 +393,8 @@ def run_option(r: Runnable, workdir: Path, timeout_s: float) -> str | None:
             {**validate_worker_config(configs[slot.node_id]), "device": "cpu"}, workdir / f"node{i}"
         )
         path.write_text(json.dumps(cfg))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+        reporting.append(not cfg.get("group") or cfg["group"]["node_rank"] == 0)
+        cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous_args(cfg.get("group")),
                "--nproc-per-node", str(len(slot.device_indices)),
                "-m", "training.worker", "--config", str(path)]  # fmt: skip
         procs.append(
@@ -398,9 +419,13 @@ def run_option(r: Runnable, workdir: Path, timeout_s: float) -> str | None:
                     os.killpg(q.pid, signal.SIGKILL)
             tails = [q.communicate()[0][-800:] for q in procs]
             return f"timed out after {timeout_s:.0f} s; output tails: {tails}"
-    for p, out in zip(procs, outputs, strict=True):
+    for p, out, reports in zip(procs, outputs, reporting, strict=True):
         results = [json.loads(ln.split(" ", 1)[1]) for ln in out.splitlines() if ln.startswith("CPN_RESULT ")]
-        if p.returncode != 0 or not results:
+        if p.returncode != 0:
+            return f"exit {p.returncode}: {out[-1500:]}"
+        if not reports:
+            continue  # a later node of a group spanning nodes: its group's leader reports
+        if not results:
             return f"exit {p.returncode}: {out[-1500:]}"
         if results[-1].get("steps") != r.spec.training.steps or not math.isfinite(results[-1]["final_loss"]):
             return f"bad result {results[-1]}"
@@ -442,6 +467,7 @@ def main() -> None:
             stats["options"] += 1
             stats[f"options at {o.precision}"] += 1
             stats["options with several nodes"] += len(group_by_node(o)) > 1
+            stats["options with a replica across nodes"] += spans_nodes(o)
             stats["options with pp > 1"] += o.pp > 1
             stats["options with tp > 1"] += o.tp > 1
             stats["options with zero > 0"] += o.zero > 0
@@ -469,7 +495,8 @@ def main() -> None:
             why = run_option(r, d, args.run_timeout)
             o = r.option
             print(
-                f"  run {k:2d}: {len(group_by_node(o))} node(s) dp={o.dp} tp={o.tp} pp={o.pp} zero={o.zero}"
+                f"  run {k:2d}: {len(group_by_node(o))} node(s){' spanning' if spans_nodes(o) else ''}"
+                f" dp={o.dp} tp={o.tp} pp={o.pp} zero={o.zero}"
                 f" {o.precision}{' AC' if o.activation_checkpointing else ''}"
                 f"{' BYO' if r.spec.entrypoint else ''} sync={r.spec.sync.mode}"
                 f" -> {'ok' if why is None else 'FAILED'} ({time.perf_counter() - started:.1f} s)",

@@ -8,7 +8,7 @@ so every caller reports the same reason. Pure: no torch, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from typing import Literal
 
 Precision = Literal["bf16", "fp32"]
@@ -103,16 +103,6 @@ def byo_parallelism_problems(values: Collection[str]) -> list[str]:
     if "dp" not in values:
         out.append("'dp' is required: every model is replicated across clusters")
     return out
-
-
-def replica_node_problems(nodes_of_replica: Mapping[int, Collection[str]]) -> list[str]:
-    """Each replica (its tp x pp group) sits on one node: the runtime starts one single-node torchrun
-    group per node, so a tensor or pipeline group cannot reach across nodes."""
-    return [
-        f"replica {rank} spans nodes {sorted(nodes)}; a replica's tensor/pipeline group must fit on one node"
-        for rank, nodes in sorted(nodes_of_replica.items())
-        if len(set(nodes)) > 1
-    ]
 
 
 def data_region_problems(data_region: str | None, task_regions: Iterable[str]) -> list[str]:

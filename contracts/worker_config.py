@@ -75,6 +75,29 @@ class ParallelSpec(BaseModel):
         return self.dp_local * self.tp * self.pp
 
 
+MAX_GROUP_NODES = 64  # nodes one torchrun group may span
+
+
+class NodeGroupSpec(BaseModel):
+    """This node's share of a torchrun group spanning several nodes of one cluster (a replica or a
+    pipeline that does not fit on one node). Node ranks are fixed, not assigned on arrival, so rank
+    blocks (and with them pipeline stages) land on the nodes the plan chose."""
+
+    model_config = _STRICT
+
+    nnodes: int = Field(ge=2, le=MAX_GROUP_NODES)
+    node_rank: int = Field(ge=0, lt=MAX_GROUP_NODES)
+    # Where node rank 0 hosts the group's rendezvous store (torch's TCPStore).
+    master_addr: str = Field(min_length=1, max_length=255)
+    master_port: int = Field(gt=0, lt=65536)
+
+    @model_validator(mode="after")
+    def _rank_in_group(self) -> NodeGroupSpec:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"group.node_rank ({self.node_rank}) must be < group.nnodes ({self.nnodes})")
+        return self
+
+
 class CheckpointFetch(BaseModel):
     """Where the agent fetches the task's checkpoint from before launching it (a node of its
     region holding a copy) and the ticket that source checks (``contracts.checkpoint_transfer``)."""
@@ -127,6 +150,7 @@ class WorkerConfig(BaseModel):
     metrics_path: str | None = None
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     entrypoint: str | None = None  # bring your own: "package.module:function"
+    group: NodeGroupSpec | None = None  # None: the group is this node's alone
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     @model_validator(mode="after")

@@ -22,6 +22,7 @@ from contracts.errors import Aborted
 from contracts.job_spec import JobSpec
 from contracts.states import TASK_ACTIVE, TaskState
 from control_layer.checkpoint_copies import reachable_checkpoints, sign_fetches
+from control_layer.planner.node_groups import node_groups
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.snapshot import current_prices
 from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
@@ -74,8 +75,13 @@ def allocate(
             select(Cluster).where(Cluster.id.in_({n.cluster_id for n in nodes.values()}))
         )
     }
-    multi = len(groups) > 1
-    ports = _assign_sync_ports(session, nodes.values()) if multi else {}
+    # A group's leader listens for the other groups' leaders (when there are any) and, when the
+    # group spans nodes, hosts its rendezvous; other nodes of a group need no port.
+    process_groups = node_groups(option.tasks)
+    multi = len(process_groups) > 1
+    spanning = {g[0] for g in process_groups if len(g) > 1}
+    wanted_ports = {g[0]: int(multi) + int(g[0] in spanning) for g in process_groups}
+    ports = _assign_sync_ports(session, [nodes[n] for n, k in wanted_ports.items() if k], wanted_ports)
     slots = [
         TaskSlot(
             node_id=node_id,
@@ -83,8 +89,9 @@ def allocate(
             cluster_name=clusters[nodes[node_id].cluster_id].name,
             region=clusters[nodes[node_id].cluster_id].region,
             host=nodes[node_id].advertise_host,
-            sync_port=ports.get(node_id),
+            sync_port=ports[node_id][0] if multi and node_id in ports else None,
             entries=tuple(entries),
+            group_port=ports[node_id][-1] if node_id in spanning and node_id in ports else None,
         )
         for node_id, entries in groups.items()
     ]
@@ -179,7 +186,11 @@ def allocate_replacement(
     )
     if busy:
         raise AllocationConflict(f"devices of node {node_id} were allocated meanwhile")
-    port = _assign_sync_ports(session, [node]).get(node_id) if lost.sync_port is not None else None
+    port = (
+        _assign_sync_ports(session, [node], {node_id: 1}).get(node_id, [None])[0]
+        if lost.sync_port is not None
+        else None
+    )
     slot = TaskSlot(
         node_id=node_id,
         cluster_id=cluster.id,
@@ -274,22 +285,28 @@ def _lock_accelerators(
     return wanted
 
 
-def _assign_sync_ports(session: Session, nodes: Iterable[Node]) -> dict[str, int]:
-    """A port of each node's declared range not held by another active task on it, going round the
-    range from the last one handed out (a just-cancelled worker may still be releasing its port).
-    The node rows are locked, so two placements on one node cannot pick the same port."""
-    ports: dict[str, int] = {}
+def _assign_sync_ports(
+    session: Session, nodes: Iterable[Node], counts: dict[str, int]
+) -> dict[str, list[int]]:
+    """``counts[node]`` ports of each node's declared range not held by another active task on it
+    (its sync port, or the rendezvous port of a group it leads), going round the range from the last
+    one handed out (a just-cancelled worker may still be releasing its port). The node rows are
+    locked, so two placements on one node cannot pick the same port."""
+    ports: dict[str, list[int]] = {}
     for node in nodes:
         low, high = node.sync_port_min, node.sync_port_max
         if low <= 0 or high < low:
             continue  # no range declared: worker_config refuses multi-node jobs on it, naming the node
-        used = set(
-            session.scalars(
-                select(Task.sync_port).where(
-                    Task.node_id == node.id, Task.status.in_(TASK_ACTIVE), Task.sync_port.is_not(None)
-                )
+        active = session.execute(
+            select(Task.sync_port, Task.worker_config).where(
+                Task.node_id == node.id, Task.status.in_(TASK_ACTIVE)
             )
-        )
+        ).all()
+        used = {p for p, _ in active if p is not None} | {
+            int(g["master_port"])
+            for _, wc in active
+            if (g := (wc or {}).get("group")) and g.get("node_rank") == 0
+        }
         last = session.scalar(
             select(Task.sync_port)
             .where(Task.node_id == node.id, Task.sync_port.is_not(None))
@@ -298,8 +315,8 @@ def _assign_sync_ports(session: Session, nodes: Iterable[Node]) -> dict[str, int
         )
         start = last + 1 if last is not None and low <= last < high else low
         order = [*range(start, high + 1), *range(low, start)]
-        free = next((p for p in order if p not in used), None)
-        if free is None:
+        free = [p for p in order if p not in used][: counts.get(node.id, 1)]
+        if len(free) < counts.get(node.id, 1):
             raise AllocationConflict(f"node {node.id}: all sync ports {low}-{high} are in use")
         ports[node.id] = free
     return ports

@@ -1,12 +1,15 @@
 """Per-task worker configuration: a plan option cut into one ``WorkerConfig`` per node.
 
 Pure: (spec, option, the placed tasks) -> JSON-able dicts. Each node runs its share with
-torchrun; the replicas it holds form its data-parallel group, and its leader talks to the leaders
-of every other task over the WAN (``sync.listen`` / ``sync.peers``).
+torchrun. Nodes whose replicas cross them (``control_layer.planner.node_groups``) form one torchrun group,
+each node its block of ranks; any other node is a group of its own. A group's replicas are its
+data-parallel group, and its leader (node rank 0, rank 0) talks to the leaders of every other
+group over the WAN (``sync.listen`` / ``sync.peers``).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import hmac
 import re
@@ -19,11 +22,11 @@ from contracts.feasibility import (
     batch_problems,
     byo_problems,
     data_region_problems,
-    replica_node_problems,
     shape_problems,
     sync_port_problems,
 )
 from contracts.job_spec import JobSpec
+from control_layer.planner.node_groups import node_group_problems, node_groups, rank_key
 from control_layer.planner.plan_types import PlannedTask, PlanOption, RuntimeSettings
 from control_layer.planner.runtime_settings import runtime_settings
 from control_layer.planner.sync_choice import pinned
@@ -40,6 +43,8 @@ class TaskSlot:
     host: str
     sync_port: int | None
     entries: tuple[PlannedTask, ...]
+    # Node rank 0 of a group spanning nodes: where it hosts the group's rendezvous store.
+    group_port: int | None = None
 
     @property
     def dp_ranks(self) -> list[int]:
@@ -47,8 +52,8 @@ class TaskSlot:
 
     @property
     def device_indices(self) -> list[int]:
-        """Devices in rank order (replica, then stage, then tensor shard): torchrun's local ranks."""
-        ordered = sorted(self.entries, key=lambda e: (e.dp_rank, e.pp_stage, e.tp_rank))
+        """Devices in the worker's rank order (stage, replica, tensor shard): torchrun's local ranks."""
+        ordered = sorted(self.entries, key=rank_key)
         return [e.device for e in ordered]
 
     @property
@@ -66,10 +71,7 @@ def group_by_node(option: PlanOption) -> dict[str, list[PlannedTask]]:
 def option_problems(spec: JobSpec, option: PlanOption) -> list[str]:
     """Why the runtime could not run this option (``contracts.feasibility``), empty when it can."""
     model = spec.model
-    nodes_of_replica: dict[int, set[str]] = {}
-    for entry in option.tasks:
-        nodes_of_replica.setdefault(entry.dp_rank, set()).add(entry.node)
-    problems = replica_node_problems(nodes_of_replica)
+    problems = node_group_problems(option.tasks)
     per_replica = option.tp * option.pp
     counts = Counter(e.dp_rank for e in option.tasks)
     if any(n != per_replica for n in counts.values()) or len(counts) != option.dp:
@@ -99,8 +101,8 @@ def option_problems(spec: JobSpec, option: PlanOption) -> list[str]:
 
 
 def check_node_groups(option: PlanOption, spec: JobSpec) -> None:
-    """Refuse an option the runtime cannot run: every replica whole on one node (torchrun groups do
-    not span nodes), complete replicas, and the shape, batch and data-region rules."""
+    """Refuse an option the runtime cannot run: node groups it can launch (one cluster, a block of
+    ranks per node), complete replicas, and the shape, batch and data-region rules."""
     problems = option_problems(spec, option)
     if problems:
         raise FailedPrecondition(
@@ -122,11 +124,6 @@ def sync_keys(slots: list[TaskSlot]) -> list[str]:
         else:
             keys.append(f"{s.region}/{s.cluster_name}/{s.node_id[:8]}")
     return keys
-
-
-def order_slots(slots: list[TaskSlot]) -> list[TaskSlot]:
-    """Tasks ordered by their first replica, so replica offsets follow the plan's dp ranks."""
-    return sorted(slots, key=lambda s: (s.dp_ranks[0], s.node_id))
 
 
 def job_sync_secret(server_secret: str, job_id: str) -> str:
@@ -152,33 +149,37 @@ def build_worker_configs(
     Sync settings the spec left to the planner are the option's (``sync_choice.pinned``)."""
     spec = pinned(spec, option)
     check_node_groups(option, spec)
-    slots = order_slots(slots)
-    keys = sync_keys(slots)
+    groups = slot_groups(option, slots)
+    leaders = [g[0] for g in groups]
+    keys = sync_keys(leaders)
     global_batch = spec.global_batch_sequences
     local_batch = global_batch // option.dp
-    multi = len(slots) > 1
-    missing = [s.node_id for s in slots if s.listen is None]
-    problems = sync_port_problems(len(slots), missing)
+    multi = len(leaders) > 1
+    missing = [s.node_id for s in leaders if s.listen is None]
+    problems = sync_port_problems(len(leaders), missing)
     problems += data_region_problems(spec.data.region, [s.region for s in slots])
+    unported = [g[0].node_id for g in groups if len(g) > 1 and g[0].group_port is None]
+    if unported:
+        problems.append(f"nodes {unported} lead groups spanning nodes and have no port for their rendezvous")
     if problems:
-        raise FailedPrecondition("; ".join(problems), nodes=missing)
-    gossip = _gossip_graph(option, slots, keys)
+        raise FailedPrecondition("; ".join(problems), nodes=missing + unported)
+    gossip = _gossip_graph(option, leaders, keys)
     runtime = option.runtime or runtime_settings(spec, option)
-    ring = _ring_order(option, slots, keys)
+    ring = _ring_order(option, leaders, keys)
 
     configs: dict[str, dict[str, Any]] = {}
     offset = 0
-    for slot, key in zip(slots, keys, strict=True):
-        dp_local = len(slot.dp_ranks)
-        peers = {k: s.listen for s, k in zip(slots, keys, strict=True) if s is not slot} if multi else {}
-        configs[slot.node_id] = {
+    for group, leader, key in zip(groups, leaders, keys, strict=True):
+        dp_local = len({r for s in group for r in s.dp_ranks})
+        peers = {k: s.listen for s, k in zip(leaders, keys, strict=True) if s is not leader} if multi else {}
+        shared = {
             "job_id": job_id,
             # The worker's region is its name among the job's sync participants (training.sync keys
-            # peers by it): the region itself, unless the job has several tasks there.
+            # peers by it): the region itself, unless the job has several groups there.
             "region": key,
-            "cluster": slot.cluster_name,
+            "cluster": leader.cluster_name,
             "model": _model(spec),
-            "data": _data(spec, slot, key),
+            "data": _data(spec, leader, key),
             "training": _training(spec, option, local_batch, global_batch),
             "parallel": {
                 "dp_local": dp_local,
@@ -189,19 +190,50 @@ def build_worker_configs(
                 "microbatches": option.n_micro_batches if option.pp > 1 else None,
             },
             "sync": (
-                _sync(spec, option, slot, key, peers, offset, gossip)
+                _sync(spec, option, leader, key, peers, offset, gossip)
                 | _overlap(runtime, spec.sync.mode)
                 | {"auth_secret": sync_secret, "ring_order": ring}
                 if multi
                 else _solo(option, offset)
             ),
-            "checkpoint": _checkpoint(
-                job_id, key, slot, runtime, checkpoints or {}, multi, spec.training.steps, spec.sync.mode
-            ),
             "entrypoint": spec.entrypoint,
         }
+        for node_rank, slot in enumerate(group):
+            ck = _checkpoint(
+                job_id, key, slot, runtime, checkpoints or {}, multi, spec.training.steps, spec.sync.mode
+            )
+            if len(group) > 1:
+                # Each node would write its ranks' shards to its own disk and only the first node the
+                # metadata, so no node could resume from them: such a group keeps none (yet).
+                ck |= {"dir": None, "fetch": None}
+            configs[slot.node_id] = copy.deepcopy(shared) | {
+                "checkpoint": ck,
+                "group": _group(group, node_rank),
+            }
         offset += dp_local
     return configs
+
+
+def slot_groups(option: PlanOption, slots: list[TaskSlot]) -> list[list[TaskSlot]]:
+    """The option's torchrun groups as slots, each in node-rank order (``node_groups``)."""
+    by_node = {s.node_id: s for s in slots}
+    unknown = sorted({e.node for e in option.tasks} - set(by_node))
+    if unknown or len(by_node) != len(slots):
+        raise FailedPrecondition(f"the placed tasks do not match the option's nodes (missing {unknown})")
+    return [[by_node[n] for n in nodes] for nodes in node_groups(option.tasks)]
+
+
+def _group(group: list[TaskSlot], node_rank: int) -> dict[str, Any] | None:
+    """contracts.worker_config.NodeGroupSpec: where this node's share meets the group's others."""
+    if len(group) == 1:
+        return None
+    head = group[0]
+    return {
+        "nnodes": len(group),
+        "node_rank": node_rank,
+        "master_addr": head.host,
+        "master_port": head.group_port,
+    }
 
 
 def _sync(

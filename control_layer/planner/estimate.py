@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from contracts.errors import InvalidArgument
-from contracts.feasibility import replica_node_problems, resolve_precision
+from contracts.feasibility import resolve_precision
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.intervals import basis, interval
+from control_layer.planner.node_groups import node_group_problems, node_groups, rank_key
 from control_layer.planner.plan_types import (
     Calibration,
     CostBreakdown,
@@ -208,7 +209,12 @@ class Replica:
 
     rank: int
     devices: list[tuple[ClusterInfo, DeviceSlot]]
-    participant: Participant
+    participant: Participant  # (cluster, its torchrun group's first node, device model)
+    nodes: tuple[str, ...] = ()  # every node it runs on, when more than the participant's
+
+    @property
+    def all_nodes(self) -> tuple[str, ...]:
+        return self.nodes or (self.participant[1],)
 
 
 def device_slots(snapshot: ResourceSnapshot) -> dict[tuple[str, str], dict[int, DeviceSlot]]:
@@ -253,12 +259,21 @@ def _replicas(
         models = {slot.model for _, slot in devices}
         if len(models) != 1:
             raise InvalidArgument(f"dp rank {rank} mixes device models {sorted(models)}", dp_rank=rank)
-        nodes = {(t.cluster, t.node) for t in group}
-        if len(nodes) > 1:
-            problems = replica_node_problems({rank: [f"{c}/{n}" for c, n in nodes]})
-            raise InvalidArgument(problems[0], dp_rank=rank)
-        out.append(Replica(rank, devices, (group[0].cluster, group[0].node, models.pop())))
-    return out
+        nodes = tuple(dict.fromkeys(t.node for t in sorted(group, key=rank_key)))
+        out.append(
+            Replica(
+                rank, devices, (group[0].cluster, nodes[0], models.pop()), nodes if len(nodes) > 1 else ()
+            )
+        )
+    # Nodes that share a replica run as one torchrun group (node_groups): its replicas average
+    # every step over the cluster's fabric, and its first node leads it.
+    group_problems = node_group_problems(tasks)
+    if group_problems:
+        raise InvalidArgument(group_problems[0], field="tasks")
+    leader = {n: g[0] for g in node_groups(tasks) for n in g}
+    return [
+        replace(r, participant=(r.participant[0], leader[r.participant[1]], r.participant[2])) for r in out
+    ]
 
 
 @dataclass(frozen=True)
@@ -475,8 +490,7 @@ def _estimate(
         group_size[rep.participant] += 1
 
     nodes = snapshot.nodes_by_id()
-    # A replica sits on one node, so the replicas name the plan's nodes.
-    in_order = dict.fromkeys(rep.participant[1] for rep in replicas)
+    in_order = dict.fromkeys(n for rep in replicas for n in rep.all_nodes)
     plan_nodes = sorted(in_order)
     if any(s.kind == "cpu" for rep in replicas for _, s in rep.devices):
         shares = host_shares(snapshot, tasks)
@@ -501,19 +515,21 @@ def _estimate(
         kind = devices[0][1].kind
         smallest = min([s.memory_gb for _, s in devices])
         r = group_size[rep.participant]
-        node = rep.participant[1]
         ids = tuple(sorted({c.id for c, _ in devices}))
-        profile = nodes[node].profile
+        on = rep.all_nodes
         # Replicas on the same clusters with the same weakest device and group size estimate the
-        # same, unless their node's own measurements or host share set them apart.
-        own = node if profile is not None or kind == "cpu" else None
+        # same, unless their nodes' own measurements or host share set them apart.
+        own = on if kind == "cpu" or any(nodes[n].profile is not None for n in on) else None
         key = (ids, own, model, kind, tflops, smallest, r)
         if key in seen:
             continue
         seen.add(key)
+        # A replica across nodes runs at its slowest node's pace (the busiest stage paces the
+        # pipeline); a node without a measured rate leaves the whole replica to the defaults.
+        rates = [p.rates.get(precision) if (p := nodes[n].profile) else None for n in on]
+        rate = None if any(x is None for x in rates) else min(rates, key=lambda x: x.tflops)  # type: ignore[union-attr]
+        share = max(shares.get(n, 1.0) for n in on) if kind == "cpu" else 1.0
         cls = [clusters[i] for i in ids]
-        rate = profile.rates.get(precision) if profile else None
-        share = shares.get(node, 1.0) if kind == "cpu" else 1.0
         intra_bw = min(intra_bytes_per_s(c, calibration) for c in cls)
         intra_lat = max(c.intra_latency_ms for c in cls) / 1000.0
         if rate is None:

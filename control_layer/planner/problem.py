@@ -1,9 +1,10 @@
 """The placement problem of one candidate, as arrays over placement units.
 
-A member is one node's free devices of one model (a ``Pool``): the runtime starts one
-single-node torchrun group per node, so a replica sits whole on a node
-(``contracts.feasibility.replica_node_problems``), ZeRO shards and gradients are all-reduced
-every step among the replicas of that node, and nodes meet through the job's sync. A unit is a
+A member is one node's free devices of one model (a ``Pool``): the search keeps a replica whole
+on a node (the runtime could run it across nodes of a cluster, ``node_groups``, and
+``estimate_option`` prices such a placement, but the search does not propose one yet), ZeRO
+shards and gradients are all-reduced every step among the replicas of that node, and nodes meet
+through the job's sync. A unit is a
 class of identical members (same region, device model and kind, price, speed, memory, fabric and
 free devices: any member is as good as another); a member hosts free // (tp·pp) replicas. A
 solution says, per unit, how many members host exactly one replica (n1) and how many host two

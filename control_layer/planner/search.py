@@ -39,6 +39,7 @@ from control_layer.planner.problem import (
 )
 from control_layer.planner.screen import Bounds, screen
 from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.spanning import spanning_options
 from control_layer.planner.sync_choice import AutoSync, provisional
 
 # A heuristic answer within this fraction of the candidate's lower bound is taken as optimal,
@@ -278,6 +279,11 @@ def search(
             )
         except NoFeasiblePlan as exc:
             failures.append(exc)
+    if not options:
+        # Nothing with every replica on one node: replicas across nodes of a cluster, if they fit
+        # (priced at the provisional H, which their workers then run: ``sync_choice.pinned``).
+        for precision, pools in precision_groups(spec, filtered.pools):
+            options += spanning_options(with_precision(spec, precision), snapshot, pools, calibration)
     if not options:
         if failures:
             raise failures[0]

@@ -104,11 +104,54 @@ def test_single_node_job_needs_no_sync_port_and_multi_node_needs_one(
         assert len(s.scalars(select(Allocation).where(Allocation.active.is_(True))).all()) == 2
 
 
-def test_replica_split_across_nodes_is_refused(session_factory: sessionmaker[Session]) -> None:
+def test_a_replica_across_nodes_is_one_group_whose_leader_holds_its_rendezvous_port(
+    session_factory: sessionmaker[Session],
+) -> None:
     with session_scope(session_factory) as s:
-        c, (a, b) = add_cluster(s, nodes=2)
-        with pytest.raises(FailedPrecondition, match="spans nodes"):
-            allocate(s, _job(s), tiny_spec(), hand_option([(c, a, 0), (c, b, 0)], tp=2), attempt=1)
+        c, (a, b) = add_cluster(s, nodes=2, devices_per_node=3, sync_ports=(25000, 25001))
+        tasks = {
+            t.node_id: t
+            for t in allocate(s, _job(s), tiny_spec(), hand_option([(c, a, 0), (c, b, 0)], tp=2), attempt=1)
+        }
+        groups = {n: parse_worker_config(t.worker_config).group for n, t in tasks.items()}
+        assert groups[a.id] is not None and groups[b.id] is not None
+        assert (groups[a.id].node_rank, groups[b.id].node_rank) == (0, 1)
+        assert groups[a.id].master_port == groups[b.id].master_port == 25000
+        assert {t.sync_port for t in tasks.values()} == {None}  # one participant: no WAN sync
+        # The rendezvous port stays taken while the group runs: the next group gets the other one,
+        # and a third finds the range used up.
+        second = allocate(s, _job(s), tiny_spec(), hand_option([(c, a, 1), (c, b, 1)], tp=2), attempt=1)
+        assert {t.worker_config["group"]["master_port"] for t in second} == {25001}
+        with pytest.raises(AllocationConflict, match="sync ports 25000-25001 are in use"):
+            allocate(s, _job(s), tiny_spec(), hand_option([(c, a, 2), (c, b, 2)], tp=2), attempt=1)
+
+
+def test_two_groups_across_nodes_each_lead_with_a_sync_port_and_a_rendezvous_port(
+    session_factory: sessionmaker[Session],
+) -> None:
+    with session_scope(session_factory) as s:
+        c, (a, b, x, y) = add_cluster(s, nodes=4, devices_per_node=1, sync_ports=(26000, 26003))
+        option = hand_option([(c, a, 0), (c, b, 0), (c, x, 0), (c, y, 0)], tp=2)
+        tasks = {t.node_id: t for t in allocate(s, _job(s), tiny_spec(), option, attempt=1)}
+        for lead, other in ((a, b), (x, y)):
+            cfg, cfg2 = tasks[lead.id].worker_config, tasks[other.id].worker_config
+            assert tasks[lead.id].sync_port is not None and tasks[other.id].sync_port is None
+            port = cfg["group"]["master_port"]
+            assert port != tasks[lead.id].sync_port and 26000 <= port <= 26003
+            assert cfg2["group"] == cfg["group"] | {"node_rank": 1}
+            assert cfg["sync"]["listen"] == f"127.0.0.1:{tasks[lead.id].sync_port}"
+        # the two groups are the job's two sync participants
+        assert {tasks[a.id].worker_config["region"], tasks[x.id].worker_config["region"]} == set(
+            tasks[a.id].worker_config["sync"]["peers"]
+        ) | {tasks[a.id].worker_config["region"]}
+
+
+def test_a_replica_across_clusters_is_refused(session_factory: sessionmaker[Session]) -> None:
+    with session_scope(session_factory) as s:
+        c1, (a,) = add_cluster(s, name="c1")
+        c2, (b,) = add_cluster(s, name="c2")
+        with pytest.raises(FailedPrecondition, match="across clusters"):
+            allocate(s, _job(s), tiny_spec(), hand_option([(c1, a, 0), (c2, b, 0)], tp=2), attempt=1)
 
 
 def test_ports_go_round_the_range_instead_of_reusing_a_just_freed_one(

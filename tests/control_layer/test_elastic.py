@@ -109,6 +109,10 @@ def test_which_losses_stop_the_attempt() -> None:
     assert "parameter server" in (elastic_refusal("async", named, named[2], 2) or "")
     assert elastic_refusal("async", named, named[0], 2) is None
     assert "retries" in (elastic_refusal("local_sgd", [a, b], b, 0) or "")
+    part = Task(
+        id="g", status="running", region="g", worker_config={"region": "g", "group": {"node_rank": 1}}
+    )
+    assert "spanning nodes" in (elastic_refusal("diloco", [a, b, part], part, 2) or "")
 
 
 def test_no_replacement_once_the_others_are_at_their_last_step(ctx: ServerContext) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from contracts.errors import FailedPrecondition
@@ -100,11 +102,41 @@ def test_refusals_name_the_problem() -> None:
         validate_worker_config(bad)
 
 
-def test_a_replica_spanning_nodes_is_refused_before_any_config_is_written() -> None:
+def test_a_replica_spanning_nodes_of_one_cluster_is_one_group_with_its_rendezvous() -> None:
     c, n = _fleet()
     option = hand_option([(c["eu"], n["eu"], 0), (c["eu"], n["eu2"], 0)], tp=2)
-    with pytest.raises(FailedPrecondition, match=r"replica 0 spans nodes"):
+    with pytest.raises(FailedPrecondition, match=r"no port for their rendezvous"):
         build_worker_configs("job", tiny_spec(), option, _slots(option, c))
+    slots = [replace(s, group_port=7000) if s.node_id == n["eu"].id else s for s in _slots(option, c)]
+    configs = build_worker_configs("job", tiny_spec(), option, slots)
+    lead, other = configs[n["eu"].id], configs[n["eu2"].id]
+    assert lead["group"] == {
+        "nnodes": 2,
+        "node_rank": 0,
+        "master_addr": f"h-{n['eu'].id}",
+        "master_port": 7000,
+    }
+    assert other["group"] == lead["group"] | {"node_rank": 1}
+    # One participant: nobody to sync with, one replica of tp=2 over the two nodes' devices.
+    assert lead["sync"]["mode"] == other["sync"]["mode"] == "none"
+    assert lead["parallel"] == other["parallel"] and lead["parallel"]["dp_local"] == 1
+    assert lead["checkpoint"]["dir"] is None and other["checkpoint"]["dir"] is None  # no node could resume
+    for cfg in configs.values():
+        validate_worker_config(cfg)
+
+
+def test_groups_across_clusters_or_with_interleaved_ranks_are_refused() -> None:
+    c, n = _fleet()
+    across = hand_option([(c["eu"], n["eu"], 0), (c["us"], n["us"], 0)], tp=2)
+    with pytest.raises(FailedPrecondition, match=r"across clusters \['ceu', 'cus'\]"):
+        build_worker_configs("job", tiny_spec(), across, _slots(across, c))
+    # Two replicas of 2 shards, shards 0 on one node and shards 1 on the other: ranks (r0 s0, r0 s1,
+    # r1 s0, r1 s1) alternate between the nodes, which torchrun cannot number node by node.
+    mixed = hand_option(
+        [(c["eu"], n["eu"], 0), (c["eu"], n["eu2"], 0), (c["eu"], n["eu"], 1), (c["eu"], n["eu2"], 1)], tp=2
+    )
+    with pytest.raises(FailedPrecondition, match=r"contiguous block"):
+        build_worker_configs("job", tiny_spec(), mixed, _slots(mixed, c))
 
 
 def test_byo_entrypoint_gets_no_tensor_parallelism_and_zero_only_when_it_says_so() -> None:

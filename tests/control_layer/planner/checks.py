@@ -36,7 +36,7 @@ def check_option(spec: JobSpec, snap: ResourceSnapshot, o: PlanOption) -> None:
         assert sorted((t.pp_stage, t.tp_rank) for t, _ in group) == [
             (s, r) for s in range(o.pp) for r in range(o.tp)
         ], rank
-        # The runtime runs one single-node torchrun group per node: a replica never spans nodes.
+        # The search keeps a replica on one node (the runtime could run it across nodes of a cluster).
         assert len({(t.cluster, t.node) for t, _ in group}) == 1, "a replica must sit in one node"
     counts = defaultdict(int)
     for group in by_rank.values():

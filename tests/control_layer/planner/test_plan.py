@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from contracts.errors import InvalidArgument, NoFeasiblePlan
+from contracts.errors import InvalidArgument
 from control_layer.planner import Calibration, JobSpec, ResourceSnapshot, estimate_option, plan
+from control_layer.planner.node_groups import node_group_problems, node_groups
 
 from .checks import check_front, check_option
 
@@ -122,9 +123,9 @@ def test_byo_entrypoint_is_planned_with_what_it_supports(example) -> None:
         assert (o.tp, o.pp, o.zero) == (1, 1, 0)
 
 
-def test_a_pipeline_never_spans_nodes() -> None:
-    # A model too big for one 16 GB device, on nodes of one device each: a pipeline would have to
-    # span nodes, which the runtime cannot run, so nothing is offered.
+def test_a_pipeline_spans_nodes_only_when_no_node_holds_a_replica() -> None:
+    # A model too big for one 16 GB device, on nodes of one device each: each replica's pipeline
+    # runs across nodes of the cluster, one torchrun group per replica, a stage per node.
     nodes = [
         {"id": f"n{i}", "devices": [{"index": 0, "model": "T4", "memory_gb": 16, "tflops": 60}]}
         for i in range(8)
@@ -139,8 +140,18 @@ def test_a_pipeline_never_spans_nodes() -> None:
             "training": {"steps": 10, "global_batch_tokens": 1024 * 8},
         }
     )
-    with pytest.raises(NoFeasiblePlan):
-        plan(spec, snap)
+    spanning = plan(spec, snap)
+    assert spanning
+    for o in spanning:
+        assert o.pp > 1 and o.tp == 1
+        assert not node_group_problems(o.tasks)  # what the control plane launches
+        assert len({(t.node, t.device) for t in o.tasks}) == len(o.tasks)
+        groups = node_groups(o.tasks)
+        assert len(groups) == o.dp and all(len(g) == o.pp for g in groups)
+        again = estimate_option(
+            spec, snap, o.tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero, runtime=o.runtime
+        )
+        assert again.duration_s == pytest.approx(o.estimates.duration_s)
     # The same eight devices on one node carry the pipeline.
     one = [
         {

@@ -1,0 +1,79 @@
+"""Which nodes run one torchrun group, and in which node-rank order.
+
+Nodes that share a replica (its tensor or pipeline group crosses them) must be one process group;
+every other node is a group of its own. Inside a group the worker lays world ranks out
+(pp, dp, tp), tp fastest (``training.parallel.dims``), and torchrun numbers ranks node by node in
+node-rank order, so each node must hold one contiguous block of that order: a pipeline across two
+nodes puts its first stages on node rank 0 and the rest on node rank 1. Pure.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from contracts.worker_config import MAX_GROUP_NODES
+from control_layer.planner.plan_types import PlannedTask
+
+
+def rank_key(entry: PlannedTask) -> tuple[int, int, int]:
+    """An entry's place in its group's rank order: stage, then replica, then tensor shard."""
+    return (entry.pp_stage, entry.dp_rank, entry.tp_rank)
+
+
+def node_groups(tasks: Iterable[PlannedTask]) -> list[list[str]]:
+    """Node ids per process group, each in node-rank order; groups ordered by their first replica."""
+    by_node: dict[str, list[PlannedTask]] = {}
+    for t in tasks:
+        by_node.setdefault(t.node, []).append(t)
+    parent = {n: n for n in by_node}
+
+    def root(n: str) -> str:
+        while parent[n] != n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    first_node: dict[int, str] = {}
+    for node, entries in by_node.items():
+        for e in entries:
+            other = first_node.setdefault(e.dp_rank, node)
+            parent[root(node)] = root(other)
+    groups: dict[str, list[str]] = {}
+    for node in by_node:
+        groups.setdefault(root(node), []).append(node)
+    ordered = [
+        sorted(nodes, key=lambda n: (min(rank_key(e) for e in by_node[n]), n)) for nodes in groups.values()
+    ]
+    return sorted(ordered, key=lambda nodes: min(e.dp_rank for n in nodes for e in by_node[n]))
+
+
+def node_group_problems(tasks: Sequence[PlannedTask]) -> list[str]:
+    """Why these tasks cannot run as torchrun groups: a device given two roles, a group across
+    clusters (its collectives would cross a link the plan priced as WAN sync), too many nodes, or a
+    node whose devices are not one contiguous block of the group's rank order."""
+    by_node: dict[str, list[PlannedTask]] = {}
+    for t in tasks:
+        by_node.setdefault(t.node, []).append(t)
+    roles = Counter((t.cluster, t.node, t.device) for t in tasks)
+    problems = [f"device {c}/{n}/{d} is given {k} roles" for (c, n, d), k in sorted(roles.items()) if k > 1]
+    for nodes in node_groups(tasks):
+        if len(nodes) == 1:
+            continue
+        clusters = sorted({e.cluster for n in nodes for e in by_node[n]})
+        if len(clusters) > 1:
+            problems.append(
+                f"nodes {nodes} share replicas across clusters {clusters}; a group stays in one cluster"
+            )
+            continue
+        if len(nodes) > MAX_GROUP_NODES:
+            problems.append(f"a group of {len(nodes)} nodes exceeds {MAX_GROUP_NODES}")
+            continue
+        order = sorted(rank_key(e) for n in nodes for e in by_node[n])
+        blocks = [sorted(rank_key(e) for e in by_node[n]) for n in nodes]
+        if [k for b in blocks for k in b] != order:
+            problems.append(
+                f"nodes {nodes} do not each hold a contiguous block of (stage, replica, shard) ranks;"
+                " torchrun numbers a group's ranks node by node"
+            )
+    return problems

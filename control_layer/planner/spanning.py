@@ -1,0 +1,184 @@
+"""Options whose replicas span nodes of one cluster, for a job no single node can hold a replica of.
+
+The search keeps a replica on one node. When that leaves nothing (a model that needs more devices
+per replica than any node has free), this places each replica on whole nodes of one cluster: a
+stage's tensor group on one node, consecutive stages on one node or the next, a node given to one
+replica only, so every replica is its own torchrun group with one block of ranks per node
+(``node_groups``). The snapshot has no bandwidth figure between a cluster's nodes (the fabric is
+one figure), so any order of its nodes is as fast as another: nodes are taken in the order the
+pools list them. Every placement is priced by ``estimate_planned``, exactly as the search's.
+Pure.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from contracts.errors import InvalidArgument
+from contracts.job_spec import JobSpec
+from control_layer.planner import cost_model as cm
+from control_layer.planner.candidates import Degrees, enumerate_degrees
+from control_layer.planner.estimate import Links, estimate_planned, n_micro_batches
+from control_layer.planner.fleet import Pool
+from control_layer.planner.options import option_id, qos_checks
+from control_layer.planner.plan_types import Calibration, PlannedTask, PlanOption, SyncTopology
+from control_layer.planner.quality import quality
+from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.topology import gossip_graph, order_ring
+
+MAX_DEGREES = 64  # degree combinations tried, smallest replicas first: each costs one estimate
+
+Slot = tuple[str, str, int]  # cluster id, node id, device index
+
+
+def _replicas(pools: list[Pool], tp: int, pp: int) -> list[list[Slot]]:
+    """Replica device lists in (stage, tp rank) order, cluster by cluster, each on whole nodes."""
+    by_cluster: dict[tuple[str, str], list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
+    for p in pools:
+        by_cluster[(p.cluster.id, p.model)] += list(p.nodes)
+    out: list[list[Slot]] = []
+    for (cid, _), nodes in sorted(by_cluster.items()):
+        current: list[Slot] = []
+        for node, free in nodes:
+            per_node = len(free) // tp  # whole stages this node can hold
+            if per_node == 0:
+                continue
+            take = min(per_node, pp - len(current) // tp)
+            current += [(cid, node, d) for d in free[: take * tp]]
+            if len(current) == tp * pp:
+                out.append(current)
+                current = []
+    return out
+
+
+def _tasks(replicas: list[list[Slot]], tp: int, regions: dict[str, str]) -> list[PlannedTask]:
+    return [
+        PlannedTask(
+            dp_rank=r, pp_stage=i // tp, tp_rank=i % tp, cluster=c, node=n, device=d, region=regions[c]
+        )
+        for r, devices in enumerate(replicas)
+        for i, (c, n, d) in enumerate(devices)
+    ]
+
+
+def spanning_options(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    pools: list[Pool],
+    calibration: Calibration | None,
+) -> list[PlanOption]:
+    """Priced options with replicas across nodes (possibly none): per degrees, the replicas on the
+    cheapest devices and on the fastest ones."""
+    total = sum(p.n_free for p in pools)
+    degrees, _, _ = enumerate_degrees(spec, total, total)
+    widest = max((len(ix) for p in pools for _, ix in p.nodes), default=0)
+    # Only what the search could not place: a replica larger than every node, tp within a node.
+    wanted = sorted(
+        (d for d in degrees if d.tp <= widest < d.tp * d.pp), key=lambda d: (d.tp * d.pp, d.dp, d.tp, d.zero)
+    )[:MAX_DEGREES]
+    clusters = snapshot.clusters_by_id()
+    regions = {c.id: c.region for c in snapshot.clusters}
+    price = {p.cluster.id: p.price for p in pools}
+    speed = {p.cluster.id: p.tflops for p in pools}
+    out: dict[str, PlanOption] = {}
+    for deg in wanted:
+        replicas = _replicas(pools, deg.tp, deg.pp)
+        if len(replicas) < deg.dp:
+            continue
+        for order in (lambda r: (price[r[0][0]], r[0][0]), lambda r: (-speed[r[0][0]], r[0][0])):
+            chosen = sorted(replicas, key=order)[: deg.dp]
+            option = _option(spec, snapshot, deg, _tasks(chosen, deg.tp, regions), calibration, clusters)
+            if option is not None:
+                out[option.id] = option
+    return list(out.values())
+
+
+def _option(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    deg: Degrees,
+    tasks: list[PlannedTask],
+    calibration: Calibration | None,
+    clusters: dict,
+) -> PlanOption | None:
+    spot = spec.qos.preemptible and any(
+        (s := clusters[t.cluster].spot_price_per_device_hour) is not None
+        and s < clusters[t.cluster].price_per_device_hour
+        for t in tasks
+    )
+    try:
+        est, runtime = estimate_planned(
+            spec,
+            snapshot,
+            tasks,
+            dp=deg.dp,
+            tp=deg.tp,
+            pp=deg.pp,
+            zero=deg.zero,
+            pp_schedule=spec.pp_schedule,
+            spot=spot,
+            calibration=calibration,
+        )
+    except InvalidArgument:  # out of memory on these devices: not an option
+        return None
+    checks = qos_checks(spec, snapshot, tasks, est, spot)
+    if not all(c.ok for c in checks):
+        return None
+    links = Links(snapshot, calibration)
+    region_ring = order_ring(sorted({t.region for t in tasks}), links.bw, links.lat)
+    pos = {r: i for i, r in enumerate(region_ring)}
+    ring = sorted(dict.fromkeys(t.cluster for t in tasks), key=lambda c: (pos[clusters[c].region], c))
+    gossip: dict[str, list[str]] = {}
+    if spec.sync.mode == "gossip":
+        # As the search's options have it (``assign``): a region's first cluster leads it, its
+        # other clusters talk to that one.
+        lead: dict[str, str] = {}
+        for c in ring:
+            lead.setdefault(clusters[c].region, c)
+        graph = gossip_graph(region_ring, spec.sync.gossip_peers, links.bw)
+        for region, peers in graph.items():
+            members = [c for c in ring if clusters[c].region == region and c != lead[region]]
+            gossip[lead[region]] = sorted({lead[p] for p in peers} | set(members))
+            for m in members:
+                gossip[m] = [lead[region]]
+    every = cm.sync_every(spec.sync)
+    q = quality(spec.sync.mode, every, spec.sync.compression, overlap=runtime.overlap)
+    sync = SyncTopology(
+        mode=spec.sync.mode,
+        ring=ring,
+        gossip=gossip,
+        compression=spec.sync.compression,
+        every=every,
+        loss_ratio=None if q is None else q.loss_ratio,
+        loss_ratio_basis="" if q is None else q.measured_as,
+    )
+    per_cluster: dict[str, int] = defaultdict(int)
+    for t in tasks:
+        if t.pp_stage == 0 and t.tp_rank == 0:
+            per_cluster[t.cluster] += 1
+    payload = {
+        "degrees": [deg.dp, deg.tp, deg.pp, deg.zero, spec.pp_schedule],
+        "precision": [spec.training.precision, spec.training.activation_checkpointing],
+        "spot": spot,
+        "tasks": "\n".join(f"{t.cluster}/{t.node}/{t.device}" for t in tasks),
+    }
+    return PlanOption(
+        id=option_id(payload),
+        dp=deg.dp,
+        tp=deg.tp,
+        pp=deg.pp,
+        zero=deg.zero,
+        pp_schedule=spec.pp_schedule,
+        micro_batch_size=spec.training.micro_batch_size,
+        n_micro_batches=n_micro_batches(spec, deg.dp),
+        spot=spot,
+        precision=spec.training.precision,
+        activation_checkpointing=spec.training.activation_checkpointing,
+        replicas_per_cluster=dict(sorted(per_cluster.items())),
+        tasks=tasks,
+        sync=sync,
+        runtime=runtime,
+        estimates=est,
+        qos_checks=checks,
+        regions=region_ring,
+    )

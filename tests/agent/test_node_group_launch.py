@@ -1,0 +1,142 @@
+"""A torchrun group spanning two nodes: the control plane's configs, two agents' launchers, one
+pipeline whose stages sit on different nodes (loopback stands in for the cluster fabric)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+from pathlib import Path
+
+import pytest
+
+from agent.settings import AgentSettings
+from agent.workers import Assignment, WorkerRun, worker_command
+from contracts.errors import InvalidArgument
+from control_layer.planner.plan_types import PlannedTask, PlanOption
+from control_layer.worker_config import TaskSlot, build_worker_configs, validate_worker_config
+from orchestration.db.models import Cluster, Node
+from proto.cpn.agent.v1 import agent_pb2
+from tests.orchestration.fleet import hand_option, tiny_spec
+
+CLUSTER = Cluster(id="ceu", name="eu1", region="eu-west")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pipeline_option(nodes: list[Node], pp: int, dp: int, micro: int) -> PlanOption:
+    """``dp`` replicas whose stage s runs on nodes[s] (device r for replica r)."""
+    base = hand_option([(CLUSTER, n, 0) for n in nodes])
+    tasks = [
+        PlannedTask(
+            dp_rank=r, pp_stage=s, tp_rank=0, cluster=CLUSTER.id, node=n.id, device=r, region=CLUSTER.region
+        )
+        for s, n in enumerate(nodes)
+        for r in range(dp)
+    ]
+    return base.model_copy(
+        update={
+            "dp": dp,
+            "pp": pp,
+            "n_micro_batches": micro,
+            "tasks": tasks,
+            "replicas_per_cluster": {CLUSTER.id: dp},
+        }
+    )
+
+
+def slots_for(option: PlanOption, nodes: list[Node], group_port: int) -> list[TaskSlot]:
+    return [
+        TaskSlot(
+            node_id=n.id,
+            cluster_id=CLUSTER.id,
+            cluster_name=CLUSTER.name,
+            region=CLUSTER.region,
+            host="127.0.0.1",
+            sync_port=None,
+            entries=tuple(e for e in option.tasks if e.node == n.id),
+            group_port=group_port if i == 0 else None,
+        )
+        for i, n in enumerate(nodes)
+    ]
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_a_pipeline_spans_two_nodes_as_one_torchrun_group(tmp_path: Path, dp: int) -> None:
+    """dp=2: each node holds one stage of both replicas, whose gradients average on that node."""
+    nodes = [Node(id="node-a00000", cluster_id=CLUSTER.id), Node(id="node-b00000", cluster_id=CLUSTER.id)]
+    spec = tiny_spec(training={"steps": 6, "global_batch_tokens": 128, "lr": 3e-3}, sync={"mode": "sync"})
+    option = pipeline_option(nodes, pp=2, dp=dp, micro=2)
+    port = _free_port()
+    configs = build_worker_configs("job-pp", spec, option, slots_for(option, nodes, port))
+    groups = [validate_worker_config(configs[n.id])["group"] for n in nodes]
+    assert [(g["nnodes"], g["node_rank"], g["master_port"]) for g in groups] == [(2, 0, port), (2, 1, port)]
+    assert {(configs[n.id]["parallel"]["pp"], configs[n.id]["parallel"]["dp_local"]) for n in nodes} == {
+        (2, dp)
+    }
+    sent: dict[str, list[agent_pb2.AgentMessage]] = {n.id: [] for n in nodes}
+
+    async def launch() -> list[WorkerRun]:
+        runs = []
+        for n in nodes:
+            work = tmp_path / n.id
+            settings = AgentSettings(
+                server="127.0.0.1:50051", region="eu-west", cluster="eu1", price_per_device_hour=1.0,
+                work_dir=work, metrics_min_interval_s=0.0,
+            )  # fmt: skip
+            a = Assignment(f"task-{n.id}", "job-pp", 1, tuple(range(dp)), dp, configs[n.id])
+            runs.append(
+                WorkerRun(a, work / "run", settings=settings, device_kind="cpu", send=sent[n.id].append)
+            )
+        await asyncio.wait_for(asyncio.gather(*(r.run() for r in runs)), timeout=240)
+        return runs
+
+    runs = asyncio.run(launch())
+    for r in runs:
+        status = r.current.task_status
+        assert status.state == agent_pb2.TASK_STATE_SUCCEEDED, (
+            status.message,
+            (r.run_dir / "worker.log").read_text(),
+        )
+    # The leader (node rank 0, stage 0) reports the loss, which only the last stage (on the other
+    # node) computes: a finite, falling loss is the pipeline working across the two nodes.
+    losses = {m.metrics.step: m.metrics.loss for m in sent[nodes[0].id] if m.WhichOneof("kind") == "metrics"}
+    assert sorted(losses) == list(range(1, 7)), losses
+    assert all(math.isfinite(v) and v > 0 for v in losses.values())
+    assert losses[6] < losses[1]
+    assert not [m for m in sent[nodes[1].id] if m.WhichOneof("kind") == "metrics"]  # it leads nothing
+
+
+def test_a_group_command_uses_fixed_node_ranks_and_bad_groups_are_refused(tmp_path: Path) -> None:
+    group = {"nnodes": 2, "node_rank": 1, "master_addr": "10.0.0.5", "master_port": 29500}
+    cmd = worker_command(
+        Assignment("t", "j", 1, (0, 1), 2, {"group": group}), tmp_path / "c.json", allow_override=False
+    )
+    i = cmd.index("--nnodes")
+    assert cmd[i : i + 8] == [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "10.0.0.5",
+        "--master-port",
+        "29500",
+    ]
+    assert "--standalone" not in cmd
+    solo = worker_command(Assignment("t", "j", 1, (0,), 1, {}), tmp_path / "c.json", allow_override=False)
+    assert "--standalone" in solo and "--nnodes" not in solo
+    for bad in (
+        {**group, "node_rank": 2},
+        {**group, "master_port": 0},
+        {**group, "nnodes": 1},
+        {"nnodes": 2},
+    ):
+        with pytest.raises(InvalidArgument, match="worker_config.group"):
+            worker_command(
+                Assignment("t", "j", 1, (0,), 1, {"group": bad}), tmp_path / "c.json", allow_override=False
+            )
