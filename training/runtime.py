@@ -170,8 +170,8 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        if (at := self.sync.job_step(step)) != step:
-            self._set_lr(at)  # balanced rounds: the schedule follows the job's progress
+        if (job_step := self.sync.job_step(step)) != step:
+            self._set_lr(job_step)  # balanced rounds: the schedule follows the job's progress
         self._device_sync()
         t_opt_end = time.perf_counter()
         loss = self._cluster_loss(local_loss)  # also the point where the step's compute has finished
@@ -209,6 +209,8 @@ class Trainer:
             "compute_util": (t2 - t1 - grad_sync_s) / (t3 - t0),
             "precision": self.cfg.training.precision,
         }
+        if job_step != step:  # balanced rounds: this region's step count is its own
+            m["job_step"] = job_step
         if grad_norm is not None:
             m["grad_norm"] = grad_norm
         self._poll_checkpoint()
