@@ -125,8 +125,9 @@ class AnchoredSync(Strategy):
 
     def _figures(self, step: int) -> tuple[float, float]:
         """(wall time this round opened, seconds per step since the last opening without sync
-        waits); (0, 0) where there is nothing measured yet."""
-        if self._now is None or self._mark is None or step <= self._mark[0]:
+        waits); (0, 0) where there is nothing measured yet, or where this region does not balance
+        (its peers then split evenly: every region must run the split the others planned)."""
+        if self.plan is None or self._now is None or self._mark is None or step <= self._mark[0]:
             return 0.0, 0.0
         s0, m0, w0 = self._mark
         _, m1, wall, w1 = self._now
