@@ -90,6 +90,13 @@ def test_plan_keeps_the_jobs_total_and_maps_steps_onto_the_job_axis() -> None:
     assert a.job_step(a.end(2)) == 30
 
 
+def test_a_region_without_figures_keeps_every_region_on_the_fixed_plan() -> None:
+    # a peer that does not balance sends no figures (step_s 0): it runs the fixed size, so must we
+    p = RoundPlan("a", 10, 50)
+    p.on_figures(0, {"a": (1.0, 0.1), "b": (2.0, 0.0)})
+    assert p.end(2) == 30 and 2 not in p.splits
+
+
 SLOW_S = 0.03
 
 

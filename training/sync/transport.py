@@ -126,10 +126,12 @@ def _check_figures(h: sync_pb2.Header) -> None:
     refused rather than planned on."""
     if not (math.isfinite(h.step_s) and 0.0 <= h.step_s <= MAX_STEP_S):
         raise InvalidArgument(
-            f"step_s must be within [0, {MAX_STEP_S:.0f}] s, got {h.step_s}", field="header.step_s"
+            f"header.step_s must be within [0, {MAX_STEP_S:.0f}] s, got {h.step_s}", field="header.step_s"
         )
     if not (math.isfinite(h.opened_at) and 0.0 <= h.opened_at <= MAX_WALL_CLOCK):
-        raise InvalidArgument(f"opened_at must be a unix time, got {h.opened_at}", field="header.opened_at")
+        raise InvalidArgument(
+            f"header.opened_at must be a unix time, got {h.opened_at}", field="header.opened_at"
+        )
 
 
 class Assembler:
