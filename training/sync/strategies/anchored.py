@@ -109,6 +109,8 @@ class AnchoredSync(Strategy):
         """The engine, at each event before ``on_event``: when the step ended (monotonic and wall
         clock) and the seconds this region has spent in sync calls so far."""
         self._now = (step, mono, wall, waits)
+        if self.plan is not None:
+            self.step = step  # a catch-up before ``on_event`` rebases the plan at this step
         if self._mark is None:
             self._mark = (step, mono, waits)
 
