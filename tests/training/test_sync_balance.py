@@ -97,6 +97,20 @@ def test_a_region_without_figures_keeps_every_region_on_the_fixed_plan() -> None
     assert p.end(2) == 30 and 2 not in p.splits
 
 
+def test_plan_survives_a_checkpoint_and_rebases_after_a_catch_up() -> None:
+    p = RoundPlan("a", 10, 50)
+    p.on_figures(0, {"a": (1.0, 0.1), "b": (1.5, 0.2)})
+    q = RoundPlan("a", 10, 50)
+    q.load_state_dict(p.state_dict())
+    assert (q.ends, q.splits) == (p.ends, p.splits) and 2 in q.splits
+    # took a peer's state at round 3, at local step 7: fixed rounds from there, job axis from 30
+    q.rebase(3, 7)
+    assert q.ends == {3: 17, 4: 27} and q.local_steps() == 27
+    assert q.job_step(7) == 30 and q.job_step(17) == 40 and q.job_step(27) == 50
+    q.rebase(5, 9)  # past the last round: nothing left to run
+    assert q.local_steps() == 9
+
+
 SLOW_S = 0.03
 
 

@@ -69,6 +69,8 @@ class RoundPlan:
     def local_steps(self) -> int:
         """This region's step count: known once the last round is planned, else the known ends
         plus the fixed plan's rounds after them (an estimate that only ever grows to the truth)."""
+        if not self.ends:  # rebased at or past the last round: nothing left to plan
+            return self.base_step
         last = max(self.ends)
         return self.ends[last] + sum(self.fixed_size(r) for r in range(last + 1, self.rounds))
 

@@ -151,10 +151,7 @@ class AnchoredSync(Strategy):
             flat = self._apply(rnd, flat)
             changed = True
         if final:  # end on one model: every fragment syncs once more, blocking
-            n = self.cfg.fragments
-            if self.plan is None and not (n > 1 or not is_start(step, self.round_steps)):
-                n = 1
-            for _ in range(n):
+            for _ in range(self.cfg.fragments):
                 flat = self._apply(self._open(step, flat, blocking=True), flat)
             return flat
         if self.opens_at(step):
@@ -177,7 +174,7 @@ class AnchoredSync(Strategy):
         if plan is not None and plan.end(r) == step:
             # Tokens, not regions: a region that trained more steps this round counts for more.
             weight *= (step - plan.start(r)) / max(1, plan.fixed_size(r))
-            plan.end(r + 1)  # the round after next is planned from this one's figures, or fixed
+            plan.end(r + 1)  # planned from round r-1's figures when they came, else fixed
         self.opened += 1
         # The anchor and momentum stay as they are until this round is applied (the round before
         # has been, and a catch-up replaces them rather than writing into them), so the
