@@ -17,8 +17,9 @@ STEP_PARTS = {
     "checkpoint_s": "checkpoint_s",
     "step_wall_s": "wall_s",
 }
-# Optional TaskMetrics fields a worker reports under the same name on some steps only.
-SOMETIMES = ("gossip_spread",)
+# Optional TaskMetrics fields a worker reports under the same name on some steps only (or some
+# workers only: the job step, where balanced rounds make the region's step count its own).
+SOMETIMES = ("gossip_spread", "job_step")
 
 
 def parse_prefixed(line: str, prefix: str) -> dict[str, Any] | None:

@@ -83,7 +83,8 @@ FAULT_SYNC = {"mode": "diloco", "every": 20, "compression": "none"}
 
 def modes() -> list[tuple[str, dict[str, Any]]]:
     """(name, the spec's sync section). Everything else (overlap, fragments, checkpoint interval,
-    ring order) is what the planner chooses for the option."""
+    ring order, balanced rounds for local SGD and DiLoCo) is what the control plane gives the
+    option's workers."""
     return [
         ("sync", {"mode": "sync", "every": 1, "compression": "none"}),
         ("local_sgd H=20", {"mode": "local_sgd", "every": 20, "compression": "none"}),
@@ -259,6 +260,8 @@ def run_job(
         "utilization": min(util.values()),
         "utilization_fwd_bwd": min(strict.values()),
         "utilization_by_region": util,
+        # Balanced rounds: each region's own step count (they sum to regions x steps).
+        "steps_by_region": {r: x["steps"] for r, x in results.items()},
         "parts_by_region": {r: {"train_s": x["train_s"], **x["parts_total_s"]} for r, x in results.items()},
         "last_step_by_region": {r: x.get("last_step_s") for r, x in results.items()},
         "wan_bytes_veth": after - before,

@@ -51,6 +51,12 @@ class SyncConfig(BaseModel):
         "new anchor (Streaming DiLoCo, Douillard et al. 2025)",
     )
     overlap_mix: float = Field(default=0.5, ge=0, le=1)
+    balance: bool = Field(
+        default=False,
+        description="local_sgd / diloco: each region's steps per round follow its measured speed "
+        "(the round's total stays regions x H), so regions of unequal speed reach every round's end "
+        "together; contributions are weighted by the tokens each region trained",
+    )
     # gossip
     gossip_protocol: Literal["pairwise", "push_sum"] = "pairwise"
     gossip_peers: int = Field(default=1, gt=0)
@@ -122,6 +128,8 @@ class SyncConfig(BaseModel):
             raise ValueError("tls_ca_pem, tls_cert_pem and tls_key_pem go together: give all three or none")
         if self.mode == "diloco" and self.every % self.fragments:
             raise ValueError(f"every ({self.every}) must be divisible by fragments ({self.fragments})")
+        if self.balance and self.mode not in ("local_sgd", "diloco"):
+            raise ValueError("balance applies to modes 'local_sgd' and 'diloco' only")
         if self.fragments > 1 and self.mode != "diloco":
             raise ValueError("fragments applies to mode 'diloco' only")
         if self.overlap_steps is not None and self.overlap_steps > self.round_steps:

@@ -163,6 +163,13 @@ def _stranded(task: Task) -> bool:
     return isinstance(start, int) and start > 0 and not (isinstance(step, int) and step > start)
 
 
+def _job_step(metrics: dict) -> int | float | None:
+    """How far a task is on the job's step axis: its step, unless balanced rounds give its region
+    a step count of its own (a fast region passes ``training.steps`` before the job ends)."""
+    at = metrics.get("job_step")
+    return at if isinstance(at, int | float) else metrics.get("step")
+
+
 def _replace(
     ctx: ServerContext, session: Session, job: Job, spec: JobSpec, lost: Task, others: list[Task]
 ) -> Task | str:
@@ -171,7 +178,7 @@ def _replace(
     survivors_at = [
         int(s)
         for t in others
-        if isinstance(s := (t.last_metrics or {}).get("step"), int) and t.status in TASK_ACTIVE
+        if isinstance(s := _job_step(t.last_metrics or {}), int | float) and t.status in TASK_ACTIVE
     ] + [steps for t in others if t.status == "succeeded"]
     if max(survivors_at, default=0) >= steps:
         # A replacement could only start from scratch and train the whole run alone.

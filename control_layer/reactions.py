@@ -196,6 +196,14 @@ def on_task_metrics(ctx: ServerContext, node_id: str, assignment_id: str, metric
             f"metrics.gossip_spread must be a finite non-negative number, got {spread!r}",
             field="metrics.gossip_spread",
         )
+    job_step = metrics.get("job_step")
+    if job_step is not None and not (
+        isinstance(job_step, int | float) and not isinstance(job_step, bool) and 0 <= job_step < math.inf
+    ):
+        raise InvalidArgument(
+            f"metrics.job_step must be a finite non-negative number, got {job_step!r}",
+            field="metrics.job_step",
+        )
     clean = _finite(metrics)
     with session_scope(ctx.session_factory) as session:
         job_id = session.scalar(select(Task.job_id).where(Task.id == assignment_id))

@@ -269,6 +269,11 @@ def _sync(
         sync["outer_momentum"] = s.outer_momentum
     if s.mode == "gossip" and gossip:
         sync["gossip_graph"] = [gossip]
+    if s.mode in ("local_sgd", "diloco"):
+        # Regions of unequal speed (an A100 region beside an H100 one, or hosts shared unevenly)
+        # reach every round's end together: each region's steps per round follow its speed, the
+        # round's total stays the plan's (the planner prices the balanced round).
+        sync["balance"] = True
     return sync
 
 

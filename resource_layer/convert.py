@@ -23,8 +23,9 @@ TASK_STATES: dict[int, str] = {
 SERVER_MESSAGE_KINDS = ("assignment", "cancel", "drain", "ack", "probe", "checkpoint_copy", "peer_lost")
 METRIC_PARTS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s")
 # Optional TaskMetrics fields set on some steps only (gossip's spread: at its checks) or by some
-# workers only (wire bytes: where the kernel's TCP counters can be read).
-METRIC_SOMETIMES = ("gossip_spread", "wan_wire_bytes_sent")
+# workers only (wire bytes: where the kernel's TCP counters can be read; the job step: where
+# balanced rounds give the region a step count of its own).
+METRIC_SOMETIMES = ("gossip_spread", "wan_wire_bytes_sent", "job_step")
 
 
 def device_from_proto(d: agent_pb2.Device) -> DeviceReport:

@@ -170,6 +170,8 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        if (job_step := self.sync.job_step(step)) != step:
+            self._set_lr(job_step)  # balanced rounds: the schedule follows the job's progress
         self._device_sync()
         t_opt_end = time.perf_counter()
         loss = self._cluster_loss(local_loss)  # also the point where the step's compute has finished
@@ -207,6 +209,8 @@ class Trainer:
             "compute_util": (t2 - t1 - grad_sync_s) / (t3 - t0),
             "precision": self.cfg.training.precision,
         }
+        if job_step != step:  # balanced rounds: this region's step count is its own
+            m["job_step"] = job_step
         if grad_norm is not None:
             m["grad_norm"] = grad_norm
         self._poll_checkpoint()
@@ -241,11 +245,16 @@ class Trainer:
 
     def _set_schedule(self, step: int) -> None:
         """The LR schedule where it is at ``step`` (no optimizer step is replayed)."""
+        self._set_lr(step)
+        self.scheduler.last_epoch = step
+
+    def _set_lr(self, at: float) -> None:
+        """The learning rate the schedule gives at (fractional) step ``at``."""
         sched = self.scheduler
-        lrs = [base * f(step) for base, f in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]
+        lrs = [base * f(at) for base, f in zip(sched.base_lrs, sched.lr_lambdas, strict=True)]
         for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
             group["lr"] = lr
-        sched.last_epoch, sched._last_lr = step, lrs
+        sched._last_lr = lrs
 
     def save(self, wait: bool = True) -> None:
         """Checkpoint this step. With ``wait=False`` the writing overlaps the next steps (it is
@@ -296,14 +305,17 @@ class Trainer:
         this worker's launcher, so the result can say how long start-up took; ``started_at``: when
         this worker process started, so it can say how much of that was the launcher's."""
         start, t0, first_at = self.step, time.perf_counter(), time.time()
-        every, last = self.cfg.checkpoint.every, self.cfg.training.steps
+        every, planned = self.cfg.checkpoint.every, self.cfg.training.steps
         totals: dict[str, float] = {}
         exchanges = ExchangeTotals()
         first: dict[str, float] | None = None
         final: dict[str, Any] = {}
         delay = None  # steps the last overlapped round took to land (on arrival: as its exchange took)
-        while self.step < last:
+        # Balanced rounds (``training.sync.algorithms.round_plan``) give each region its own step
+        # count, known for certain only once its last round is planned: asked after every step.
+        while self.step < (last := self.sync.local_steps(planned)):
             m = self.train_step()
+            last = self.sync.local_steps(planned)
             delay = (m.get("sync") or {}).get("overlap_steps", delay)
             exchanges.add(m, exchanged=self.exchanged, joining=self.step == self.first_step)
             periodic = bool(every) and self.step % every == 0 and self.step < last

@@ -42,6 +42,12 @@ class NoOpSync:
     def totals(self) -> dict[str, int]:
         return {}
 
+    def local_steps(self, planned: int) -> int:
+        return planned
+
+    def job_step(self, step: int) -> float:
+        return float(step)
+
 
 def other_regions(cfg: WorkerConfig) -> list[str]:
     return sorted(r for r in cfg.sync.peers if r != cfg.region)

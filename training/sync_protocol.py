@@ -33,6 +33,9 @@ Contract for an engine (implemented in ``training.sync``, chosen by ``training.s
   "bytes_recv": {region: n}, "latency_s": x}``; called on the leader every step. Its
   ``wire_bytes_sent_total``, where present, is a running total instead: the bytes the leader's
   sync sockets put on the wire, from the kernel's counters (``training.wan.wire_count``).
+- ``local_steps(planned)``: how many steps this region runs (``planned``, the job's, unless rounds
+  are balanced: then its own, which may grow while it runs; the loop asks after every step);
+  ``job_step(step)``: where ``step`` is on the job's step axis, which the LR schedule follows.
 - ``totals`` (after ``close``, on the leader): the run's totals for the result, e.g.
   ``{"wan_bytes_sent": n, "wan_wire_bytes_sent": n}``; ``{}`` where nothing crossed a WAN.
 """
@@ -81,3 +84,5 @@ class CrossRegionSync(Protocol):
     def close(self) -> None: ...
 
     def totals(self) -> dict[str, int]: ...
+    def local_steps(self, planned: int) -> int: ...
+    def job_step(self, step: int) -> float: ...

@@ -257,6 +257,14 @@ def test_metrics_tracker_passes_the_steps_parts_only_when_measured() -> None:
     assert "compute_s" not in t.update({"step": 3, "compute_s": float("nan")})
 
 
+def test_a_balanced_regions_job_step_reaches_the_server_only_where_reported() -> None:
+    t = MetricsTracker(total_steps=10)
+    first = agent_pb2.TaskMetrics(assignment_id="a", **t.update({"step": 1}))
+    assert "job_step" not in metrics_to_dict(first)
+    m = t.update({"step": 12, "job_step": 9.5})  # a fast region: past training.steps, job not done
+    assert metrics_to_dict(agent_pb2.TaskMetrics(assignment_id="a", **m))["job_step"] == 9.5
+
+
 def test_metrics_tracker_passes_the_wire_total_only_where_the_worker_read_it() -> None:
     t = MetricsTracker(total_steps=10)
     m = t.update({"step": 1, "sync": {"bytes_sent": {"a": 100}}})

@@ -4,8 +4,10 @@ dropped and the job still succeeds; sync mode and async's parameter server stop 
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import select
 
+from contracts.errors import InvalidArgument
 from control_layer.elastic import elastic_refusal
 from control_layer.reactions import on_task_metrics, on_task_status
 from orchestration.context import ServerContext
@@ -127,6 +129,23 @@ def test_no_replacement_once_the_others_are_at_their_last_step(ctx: ServerContex
     job, tasks, events, active = _read(ctx, job_id)
     assert job.status == "running" and len(tasks) == 2 and active == {sibling.id}
     assert events[-1].kind == "job.region_dropped" and "last step" in events[-1].payload["why"]
+
+
+def test_a_balanced_region_past_the_jobs_steps_is_not_at_the_jobs_end(ctx: ServerContext) -> None:
+    """Balanced rounds give a fast region more steps than training.steps: its job step says
+    where the job is, so the lost region is still replaced."""
+    job_id, _ = _setup(ctx)
+    _, (bad, sibling), _, _ = _read(ctx, job_id)
+    for t in (bad, sibling):
+        on_task_status(ctx, t.node_id, t.id, "running", "", None, None)
+    with pytest.raises(InvalidArgument, match="metrics.job_step"):
+        on_task_metrics(ctx, sibling.node_id, sibling.id, {"step": 44, "job_step": -1.0})
+    on_task_metrics(ctx, sibling.node_id, sibling.id, {"step": 44, "job_step": 30.0, "checkpoint_step": 40})
+
+    on_task_status(ctx, bad.node_id, bad.id, "failed", "node lost: no heartbeat", None, None)
+    job, tasks, events, _ = _read(ctx, job_id)
+    assert job.status == "running" and len(tasks) == 3
+    assert events[-1].kind == "job.region_replaced", [e.kind for e in events]
 
 
 def test_a_replacement_the_others_finished_without_is_dropped(ctx: ServerContext) -> None:

@@ -57,6 +57,12 @@ class ReplaceAt:
     def totals(self) -> dict[str, int]:
         return {}
 
+    def local_steps(self, planned: int) -> int:
+        return planned
+
+    def job_step(self, step: int) -> float:
+        return float(step)
+
 
 def main() -> None:
     cfg = load_worker_config(sys.argv[1])

@@ -82,8 +82,16 @@ class RegionProcess:
         return res[-1] if res else None
 
 
-def start_region(cfg: dict[str, Any], workdir: Path, nproc: int = 1, tag: str = "") -> RegionProcess:
-    """Start one region's worker processes (non-blocking); output goes to ``workdir/<region>/``."""
+def start_region(
+    cfg: dict[str, Any],
+    workdir: Path,
+    nproc: int = 1,
+    tag: str = "",
+    module: str = "training.worker",
+    env_extra: dict[str, str] | None = None,
+) -> RegionProcess:
+    """Start one region's worker processes (non-blocking); output goes to ``workdir/<region>/``.
+    ``module`` is what each rank runs (a test's own worker wraps ``training.worker``)."""
     region = cfg["region"]
     d = workdir / region
     d.mkdir(parents=True, exist_ok=True)
@@ -102,12 +110,13 @@ def start_region(cfg: dict[str, Any], workdir: Path, nproc: int = 1, tag: str = 
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1",
             "PYTHONPATH": str(REPO),
+            **(env_extra or {}),
         }
         log = d / f"rank{rank}{tag}.log"
         with log.open("w") as f:
             rp.procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "training.worker", "--config", str(path)],
+                    [sys.executable, "-m", module, "--config", str(path)],
                     cwd=REPO,
                     env=env,
                     stdout=f,

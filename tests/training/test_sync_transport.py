@@ -91,6 +91,19 @@ def test_errors_map_to_grpc_codes(server) -> None:  # noqa: ANN001
     a.close()
 
 
+def test_balancing_figures_travel_and_impossible_ones_are_refused(server) -> None:  # noqa: ANN001
+    s, region = server
+    a = PeerClient("a", "b", s.address, LinkShaper(), TransferStats())
+    a.push(OutMessage(Meta("a", "t", step_s=0.125, opened_at=1.8e9)), timeout=5)
+    assert (region.got[-1].meta.step_s, region.got[-1].meta.opened_at) == (0.125, 1.8e9)
+    for bad in ({"step_s": float("nan")}, {"step_s": -1.0}, {"step_s": 1e9}, {"opened_at": float("inf")}):
+        with pytest.raises(PeerError) as e:
+            a.push(OutMessage(Meta("a", "t", **bad)), timeout=5)  # type: ignore[arg-type]
+        assert e.value.status == "INVALID_ARGUMENT" and "header." in e.value.message
+    assert len(region.got) == 1  # nothing refused reached the region
+    a.close()
+
+
 def test_calls_to_a_dead_peer_fail_fast_with_a_status() -> None:
     c = PeerClient("a", "b", "127.0.0.1:1", LinkShaper(), TransferStats())
     with pytest.raises(PeerError) as e:

@@ -46,6 +46,8 @@ class Reduced:
     ring: bool
     stale: bool = False  # a peer had completed this round already: we are behind
     members: list[str] = field(default_factory=list)
+    # Balancing figures per contributing region: (wall time it opened the round, seconds per step).
+    figures: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 class DenseReducer:
@@ -63,6 +65,7 @@ class DenseReducer:
         self.me = node.region
         self.own = self._ef()
         self.hops: dict[str, ErrorFeedback] = {}  # ring: one residual per (ring, hop), see _hop
+        self.figures: tuple[float, float] = (0.0, 0.0)  # this round's own balancing figures
 
     def _ef(self) -> ErrorFeedback:
         return ErrorFeedback(self.codec, self.chunk_bytes, self.error_feedback)
@@ -75,9 +78,19 @@ class DenseReducer:
     # ------------------------------------------------------------ the round
 
     def reduce(
-        self, r: int, x: Tensor, weight: float, fingerprint: str, step: int, timeout: float
+        self,
+        r: int,
+        x: Tensor,
+        weight: float,
+        fingerprint: str,
+        step: int,
+        timeout: float,
+        figures: tuple[float, float] = (0.0, 0.0),
     ) -> Reduced:
+        """``figures``: this region's (opened_at, step_s) for work balancing; every region gets
+        every contributor's in the result, on the messages the round sends anyway."""
         deadline = time.monotonic() + timeout
+        self.figures = figures
         participants = self.node.participants(r)
         members = ring_members(self.ring_order, [self.me, *participants])
         if len(members) >= 3:
@@ -137,7 +150,10 @@ class DenseReducer:
     ) -> Reduced:
         stream = self.stream
         enc, decoded, residual = self.own.compress(x)
-        meta = Meta(self.me, stream, r, weight, fingerprint=fingerprint, step=step)
+        opened_at, step_s = self.figures
+        meta = Meta(
+            self.me, stream, r, weight, fingerprint=fingerprint, step=step, step_s=step_s, opened_at=opened_at
+        )
         msg = OutMessage(meta, [("x", enc)])
         timeout = max(0.1, deadline - time.monotonic())
         pushes = {p: self._send(p, msg, timeout) for p in participants}
@@ -151,7 +167,8 @@ class DenseReducer:
         avg = weighted_mean([contrib[s][0] for s in order], [contrib[s][1] for s in order])
         self.own.commit(residual)
         fps = {self.me: fingerprint} | {s: m.meta.fingerprint for s, m in got.items()}
-        return Reduced(avg, fps, ring=False, stale=stale, members=order)
+        figs = {self.me: self.figures} | {s: (m.meta.opened_at, m.meta.step_s) for s, m in got.items()}
+        return Reduced(avg, fps, ring=False, stale=stale, members=order, figures=figs)
 
     def _hop(self, members: list[str], phase: str, k: int) -> ErrorFeedback:
         # The chunk a region sends at a given hop is fixed by the ring and the hop, so the residual
@@ -212,20 +229,25 @@ class DenseReducer:
         residuals.append((ef, res))
         out[sl[own]] = decoded
         origin = f"{self.me}={fingerprint}"
+        figs = {self.me: self.figures}
+        opened_at, step_s = self.figures
         for k in range(size - 1):
             _, recv_c = all_gather_step(i, k, size)
             stream = f"{self.stream}.ag{k}"
-            msg = OutMessage(Meta(self.me, stream, r, fingerprint=origin, step=step), [("x", enc)])
-            got, st = self._exchange(stream, r, nxt, prv, msg, deadline)
+            meta = Meta(self.me, stream, r, fingerprint=origin, step=step, step_s=step_s, opened_at=opened_at)
+            got, st = self._exchange(stream, r, nxt, prv, OutMessage(meta, [("x", enc)]), deadline)
             stale = stale or st
             out[sl[recv_c]] = got.tensors["x"]
             origin = got.meta.fingerprint
             region, _, fp = origin.partition("=")
             fps[region] = fp
+            # The chunk's origin's figures travel with it, so every region gets every region's.
+            opened_at, step_s = got.meta.opened_at, got.meta.step_s
+            figs[region] = (opened_at, step_s)
             enc = got.encoded["x"]  # forwarded as received: every region decodes the same bytes
         for ef, res in residuals:
             ef.commit(res)
-        return Reduced(out, fps, ring=True, stale=stale, members=members)
+        return Reduced(out, fps, ring=True, stale=stale, members=members, figures=figs)
 
     # ------------------------------------------------------------ checkpoint
 

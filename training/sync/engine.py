@@ -16,6 +16,7 @@ from torch import Tensor
 
 from contracts.errors import FailedPrecondition, InvalidArgument
 from contracts.sync_config import SyncConfig
+from training.sync.algorithms.round_plan import RoundPlan
 from training.sync.algorithms.schedule import anchored_event, is_start
 from training.sync.node import RegionNode
 from training.sync.stats import goodput_fraction
@@ -97,6 +98,7 @@ class SyncEngine:
         self.joined = False
         self.caught_up_step = 0  # the step of the peer this region last took its state from
         self.blocked_s = 0.0
+        self.waited_s = 0.0  # every second spent in sync calls, never reset (balancing's clock)
         self.node: RegionNode | None = None
         self.strategy: Strategy | None = None
         if is_leader:
@@ -108,6 +110,10 @@ class SyncEngine:
             self.node.strategy = self.strategy
             if isinstance(self.strategy, AnchoredSync):
                 self.strategy.on_arrival = land_on_arrival and cfg.overlap
+                # Balanced rounds move round ends off the fixed schedule, which only a region whose
+                # leader is its one process can follow (the same condition as landing on arrival).
+                if cfg.balance and land_on_arrival:
+                    self.strategy.plan = RoundPlan(region, cfg.round_steps, total_steps)
             self.node.start()
 
     @property
@@ -122,12 +128,26 @@ class SyncEngine:
         # when its result is in, so the engine does it only where the leader is the region's one
         # process. The fixed schedule's landing step is then no event of its own.
         s = self.strategy
+        if isinstance(s, AnchoredSync) and s.plan is not None:
+            return step == 1 or s.due(step) or s.opens_at(step)
         if isinstance(s, AnchoredSync) and s.on_arrival:
             return s.due(step) or anchored_event(step, self.cfg.round_steps, 0, self.total_steps)
         return is_event(self.cfg, step, self.total_steps)
 
     def syncs_gradients(self, step: int) -> bool:
         return self.cfg.mode == "sync"
+
+    @property
+    def plan(self) -> RoundPlan | None:
+        return self.strategy.plan if isinstance(self.strategy, AnchoredSync) else None
+
+    def local_steps(self, planned: int) -> int:
+        """This region's step count: balanced rounds make it follow the region's speed."""
+        return planned if self.plan is None else self.plan.local_steps()
+
+    def job_step(self, step: int) -> float:
+        """Where ``step`` is on the job's fixed step axis (the learning-rate schedule's)."""
+        return float(step) if self.plan is None else self.plan.job_step(step)
 
     @torch.no_grad()
     def reduce_gradients(self, step: int, grads: list[Tensor]) -> None:
@@ -160,6 +180,8 @@ class SyncEngine:
             return
         assert self.strategy is not None
         t0 = time.monotonic()
+        if isinstance(self.strategy, AnchoredSync):
+            self.strategy.tick(step, t0, time.time(), self.waited_s)
         flat = torch.cat([p.reshape(-1).float() for p in model_params])
         changed = False
         if not self.joined:
@@ -184,6 +206,7 @@ class SyncEngine:
                 p.copy_(flat[offset : offset + n].view_as(p))
                 offset += n
         self.blocked_s += time.monotonic() - t0
+        self.waited_s += time.monotonic() - t0
 
     def _meet(self, step: int, fresh: bool) -> dict[str, Any]:
         """Ask every peer for its status; a fresh start waits until every reachable one is ready."""
@@ -229,9 +252,10 @@ class SyncEngine:
                     # The step of the state taken (its round counter is as of then), not the step
                     # the peer reported earlier: it may have opened another round in between.
                     peer = late.get(src) or statuses.get(src)
-                    self.caught_up_step = max(
-                        self.caught_up_step, state.meta.step or (peer.step if peer else 0)
-                    )
+                    if self.plan is None:  # balanced: the plan restarts at our own step instead
+                        self.caught_up_step = max(
+                            self.caught_up_step, state.meta.step or (peer.step if peer else 0)
+                        )
                 except PeerError as e:
                     node.mark_dead(src, f"catch-up failed: {e.status}")
             opened, _ = s.progress()
@@ -278,6 +302,9 @@ class SyncEngine:
             if self.strategy.landings:  # overlapped rounds applied at this step: steps since opening
                 out["landed_after_steps"] = [lag for _, lag in self.strategy.landings]
                 self.strategy.landings = []
+        if isinstance(self.strategy, AnchoredSync) and self.strategy.splits:
+            out["round_split"] = self.strategy.splits[-1]  # steps per region of the latest planned round
+            self.strategy.splits = []
         if lat:
             out["latency_s"] = comm / len(lat)
             out["exchanges"] = len(lat)

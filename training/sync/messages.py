@@ -20,6 +20,8 @@ class Meta:
     base_seq: int = 0
     fingerprint: str = ""
     step: int = 0
+    step_s: float = 0.0  # balancing figures of the contribution's origin (see sync.proto Header)
+    opened_at: float = 0.0
 
 
 @dataclass

@@ -8,6 +8,7 @@ gRPC's HTTP/2 flow control keeps the sender from running ahead of the receiver.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -21,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from proto.cpn.sync.v1 import sync_pb2, sync_pb2_grpc
 from training.compression.codecs import EncodedChunk, EncodedTensor, decode_chunk_into, get_codec
+from training.sync.algorithms.balance import MAX_STEP_S
 from training.sync.auth import ClientAuth, ServerAuth
 from training.sync.messages import InMessage, Meta, OutMessage, PeerStatus, PushResult
 from training.sync.stats import TransferStats
@@ -38,6 +40,7 @@ _CODEC_TO_PB = {
 _PB_TO_CODEC = {v: k for k, v in _CODEC_TO_PB.items()}
 _GRPC_PREFIX = 5  # bytes of gRPC length-prefix per message
 MAX_MESSAGE = 8 << 20
+MAX_WALL_CLOCK = 1e11  # unix seconds: about year 5138; only bounds what a peer may send
 _OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)]
 
 
@@ -83,6 +86,8 @@ def frames(
         base_seq=m.base_seq,
         fingerprint=m.fingerprint,
         step=m.step,
+        step_s=m.step_s,
+        opened_at=m.opened_at,
         sent_at=time.time(),
         parts=[sync_pb2.TensorSpec(name=n, numel=e.numel, codec=_CODEC_TO_PB[e.codec]) for n, e in msg.parts],
     )
@@ -116,6 +121,19 @@ def _paced(
     return frame
 
 
+def _check_figures(h: sync_pb2.Header) -> None:
+    """The balancing figures feed every region's split: a value no clock or step time can have is
+    refused rather than planned on."""
+    if not (math.isfinite(h.step_s) and 0.0 <= h.step_s <= MAX_STEP_S):
+        raise InvalidArgument(
+            f"header.step_s must be within [0, {MAX_STEP_S:.0f}] s, got {h.step_s}", field="header.step_s"
+        )
+    if not (math.isfinite(h.opened_at) and 0.0 <= h.opened_at <= MAX_WALL_CLOCK):
+        raise InvalidArgument(
+            f"header.opened_at must be a unix time, got {h.opened_at}", field="header.opened_at"
+        )
+
+
 class Assembler:
     """Rebuilds an ``InMessage`` from frames, decoding each chunk as it arrives."""
 
@@ -137,6 +155,7 @@ class Assembler:
                 h = frame.header
                 if callable(check_sender):
                     check_sender(h.sender)
+                _check_figures(h)
                 msg = InMessage(
                     Meta(
                         h.sender,
@@ -148,6 +167,8 @@ class Assembler:
                         h.base_seq,
                         h.fingerprint,
                         h.step,
+                        h.step_s,
+                        h.opened_at,
                     )
                 )
                 for spec in h.parts:

@@ -13,6 +13,11 @@ steps; the anchors stay equal (the outer step depends on the round's result alon
 local progress is mixed in differs. With ``fragments``
 the parameters are split and each fragment syncs on its own staggered schedule (Streaming
 DiLoCo). The last step always ends with a blocking round.
+
+With a ``plan`` (work balancing, ``training.sync.algorithms.round_plan``) rounds end where the
+plan says instead of every H steps: each region's steps per round follow its measured speed, its
+contribution is weighted by the tokens it trained in the round, and every round's messages carry
+the figures the next splits are computed from.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from training.sync.algorithms.balance import MAX_STEP_S
 from training.sync.algorithms.outer import outer_step
+from training.sync.algorithms.round_plan import RoundPlan
 from training.sync.algorithms.schedule import fragment_of, fragment_slices, is_start
 from training.sync.collective import DenseReducer
 from training.sync.messages import InMessage, OutMessage, PushResult
@@ -39,6 +46,7 @@ class _Result:
     latency: float
     anchor: Tensor  # the fragment's new anchor and outer momentum (the outer step, done in the exchange)
     momentum: Tensor | None
+    figures: dict[str, tuple[float, float]]  # balancing figures per contributing region
 
 
 @dataclass
@@ -77,6 +85,10 @@ class AnchoredSync(Strategy):
         self.opened = self.completed = 0
         self.inflight: deque[_Round] = deque()
         self.public_round = 0
+        self.plan: RoundPlan | None = None  # work balancing: set by the engine where it applies
+        self._now: tuple[int, float, float, float] | None = None  # (step, monotonic, wall, waits)
+        self._mark: tuple[int, float, float] | None = None  # (step, monotonic, waits) at the last open
+        self.splits: list[dict[str, int]] = []  # balanced splits planned since last taken (metrics)
 
     # ------------------------------------------------------------ engine side
 
@@ -93,9 +105,43 @@ class AnchoredSync(Strategy):
     def accepts(self, next_round: int) -> bool:
         return self.opened <= next_round
 
+    def tick(self, step: int, mono: float, wall: float, waits: float) -> None:
+        """The engine, at each event before ``on_event``: when the step ended (monotonic and wall
+        clock) and the seconds this region has spent in sync calls so far."""
+        self._now = (step, mono, wall, waits)
+        if self.plan is not None:
+            self.step = step  # a catch-up before ``on_event`` rebases the plan at this step
+        if self._mark is None:
+            self._mark = (step, mono, waits)
+
+    def opens_at(self, step: int) -> bool:
+        """Whether a round opens (ends this region's part of it) at ``step``."""
+        if self.plan is None:
+            return is_start(step, self.round_steps) or step == self.total_steps
+        return self.plan.end(self.opened) == step
+
+    def _is_final(self, step: int) -> bool:
+        if self.plan is None:
+            return step == self.total_steps
+        return self.plan.is_final(self.opened) and self.plan.end(self.opened) == step
+
+    def _figures(self, step: int) -> tuple[float, float]:
+        """(wall time this round opened, seconds per step since the last opening without sync
+        waits); (0, 0) where there is nothing measured yet, or where this region does not balance
+        (its peers then split evenly: every region must run the split the others planned)."""
+        if self.plan is None or self._now is None or self._mark is None or step <= self._mark[0]:
+            return 0.0, 0.0
+        s0, m0, w0 = self._mark
+        _, m1, wall, w1 = self._now
+        self._mark = (step, m1, w1)
+        return wall, min(MAX_STEP_S, max(0.0, m1 - m0 - (w1 - w0)) / (step - s0))
+
     def on_event(self, step: int, flat: Tensor) -> Tensor | None:
         self.step = step
-        final = step == self.total_steps
+        plan = self.plan
+        if plan is not None and (plan.end(self.opened) or 0) < step and step > 1:
+            plan.rebase(self.opened, step)  # resumed past what the saved plan knows: start afresh
+        final = self._is_final(step)
         changed = False
         while self.inflight and (final or self._lands(self.inflight[0], step)):
             rnd = self.inflight.popleft()
@@ -105,12 +151,10 @@ class AnchoredSync(Strategy):
             flat = self._apply(rnd, flat)
             changed = True
         if final:  # end on one model: every fragment syncs once more, blocking
-            for _ in range(
-                self.cfg.fragments if self.cfg.fragments > 1 or not is_start(step, self.round_steps) else 1
-            ):
+            for _ in range(self.cfg.fragments):
                 flat = self._apply(self._open(step, flat, blocking=True), flat)
             return flat
-        if is_start(step, self.round_steps):
+        if self.opens_at(step):
             rnd = self._open(step, flat, blocking=self.delay == 0)
             if self.delay == 0:
                 flat = self._apply(rnd, flat)
@@ -125,15 +169,24 @@ class AnchoredSync(Strategy):
         f = fragment_of(r, self.cfg.fragments)
         sl = self.slices[f]
         snap = flat[sl].clone()
+        weight, figures = self.weight, self._figures(step)
+        plan = self.plan
+        if plan is not None and plan.end(r) == step:
+            # Tokens, not regions: a region that trained more steps this round counts for more.
+            weight *= (step - plan.start(r)) / max(1, plan.fixed_size(r))
+            plan.end(r + 1)  # planned from round r-1's figures when they came, else fixed
         self.opened += 1
         # The anchor and momentum stay as they are until this round is applied (the round before
         # has been, and a catch-up replaces them rather than writing into them), so the
         # fingerprint, the pseudo-gradient and the outer step run in the exchange's thread, off
         # the training thread.
-        fut = self.node.pool.submit(self._exchange, r, f, self.anchor, self.momentum[f], snap, step)
+        fut = self.node.pool.submit(
+            self._exchange, r, f, self.anchor, self.momentum[f], snap, step, weight, figures
+        )
         apply_from = step if blocking else step + self.delay
         # On arrival, a late result is waited for only where the next round opens.
-        wait = step + self.round_steps if self.on_arrival and not blocking else apply_from
+        nxt = step + self.round_steps if plan is None else plan.end(r + 1) or step + self.round_steps
+        wait = nxt if self.on_arrival and not blocking else apply_from
         return _Round(r, f, snap, step, apply_from, wait, blocking, fut)
 
     def _lands(self, rnd: _Round, step: int) -> bool:
@@ -154,17 +207,27 @@ class AnchoredSync(Strategy):
         self.blocked_on_comm += time.monotonic() - t0
 
     def _exchange(
-        self, r: int, f: int, anchor: Tensor, momentum: Tensor | None, snap: Tensor, step: int
+        self,
+        r: int,
+        f: int,
+        anchor: Tensor,
+        momentum: Tensor | None,
+        snap: Tensor,
+        step: int,
+        weight: float,
+        figures: tuple[float, float],
     ) -> _Result:
         t0 = time.monotonic()
         a = anchor[self.slices[f]]
-        res = self.reducers[f].reduce(r, a - snap, self.weight, fingerprint(a), step, self.cfg.timeout_s)
+        res = self.reducers[f].reduce(
+            r, a - snap, weight, fingerprint(a), step, self.cfg.timeout_s, figures=figures
+        )
         if res.stale:
             self.needs_catch_up = True  # the others have moved on without us
         latency = time.monotonic() - t0
         self.record_latency(latency)
         new_anchor, mom = outer_step(a, res.avg, momentum, self.lr, self.mu, self.cfg.nesterov)
-        return _Result(res.avg, res.fingerprints, latency, new_anchor, mom)
+        return _Result(res.avg, res.fingerprints, latency, new_anchor, mom, res.figures)
 
     def _apply(self, rnd: _Round, flat: Tensor) -> Tensor:
         assert self.anchor is not None
@@ -186,6 +249,10 @@ class AnchoredSync(Strategy):
             self.completed += 1
             self._publish()
             self.lock.notify_all()
+        if self.plan is not None and rnd.index + 2 not in self.plan.ends:
+            self.plan.on_figures(rnd.index, res.figures)
+            if rnd.index + 2 in self.plan.splits:
+                self.splits.append(self.plan.splits[rnd.index + 2])
         root = min(res.fingerprints)
         if res.fingerprints[root] != res.fingerprints[self.me]:
             # Our anchor drifted from the others' (a round seen by some regions but not all):
@@ -213,6 +280,9 @@ class AnchoredSync(Strategy):
             self.opened = self.completed = msg.meta.round
             self._publish()
             self.lock.notify_all()
+        if self.plan is not None:  # our rounds restart from theirs: fixed sizes until figures come
+            self.plan.rebase(self.opened, self.step)
+            self._mark = None
         return flat
 
     def finish(self) -> None:
@@ -248,6 +318,7 @@ class AnchoredSync(Strategy):
                 "anchor": None if self.anchor is None else self.anchor.clone(),
                 "momentum": [None if m is None else m.clone() for m in self.momentum],
                 "reducers": [red.state_dict() for red in self.reducers],
+                "plan": None if self.plan is None else self.plan.state_dict(),
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -268,3 +339,5 @@ class AnchoredSync(Strategy):
         for red, s in zip(self.reducers, state.get("reducers", []), strict=False):
             red.load_state_dict(s)
         self.opened = self.completed = int(state.get("round", 0))
+        if self.plan is not None and state.get("plan"):
+            self.plan.load_state_dict(state["plan"])

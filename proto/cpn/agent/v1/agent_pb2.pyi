@@ -191,7 +191,7 @@ class TaskStatus(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ..., result_json: _Optional[str] = ...) -> None: ...
 
 class TaskMetrics(_message.Message):
-    __slots__ = ("assignment_id", "step", "total_steps", "loss", "tokens_per_s", "compute_utilization", "wan_bytes_sent", "wan_bytes_recv", "sync_latency_s", "wall_time_s", "data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s", "checkpoint_step", "gossip_spread", "wan_wire_bytes_sent")
+    __slots__ = ("assignment_id", "step", "total_steps", "loss", "tokens_per_s", "compute_utilization", "wan_bytes_sent", "wan_bytes_recv", "sync_latency_s", "wall_time_s", "data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s", "checkpoint_step", "gossip_spread", "wan_wire_bytes_sent", "job_step")
     ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -211,6 +211,7 @@ class TaskMetrics(_message.Message):
     CHECKPOINT_STEP_FIELD_NUMBER: _ClassVar[int]
     GOSSIP_SPREAD_FIELD_NUMBER: _ClassVar[int]
     WAN_WIRE_BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    JOB_STEP_FIELD_NUMBER: _ClassVar[int]
     assignment_id: str
     step: int
     total_steps: int
@@ -230,7 +231,8 @@ class TaskMetrics(_message.Message):
     checkpoint_step: int
     gossip_spread: float
     wan_wire_bytes_sent: int
-    def __init__(self, assignment_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., wan_bytes_sent: _Optional[int] = ..., wan_bytes_recv: _Optional[int] = ..., sync_latency_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., data_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., sync_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ..., step_wall_s: _Optional[float] = ..., checkpoint_step: _Optional[int] = ..., gossip_spread: _Optional[float] = ..., wan_wire_bytes_sent: _Optional[int] = ...) -> None: ...
+    job_step: float
+    def __init__(self, assignment_id: _Optional[str] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., compute_utilization: _Optional[float] = ..., wan_bytes_sent: _Optional[int] = ..., wan_bytes_recv: _Optional[int] = ..., sync_latency_s: _Optional[float] = ..., wall_time_s: _Optional[float] = ..., data_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., optimizer_s: _Optional[float] = ..., sync_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ..., step_wall_s: _Optional[float] = ..., checkpoint_step: _Optional[int] = ..., gossip_spread: _Optional[float] = ..., wan_wire_bytes_sent: _Optional[int] = ..., job_step: _Optional[float] = ...) -> None: ...
 
 class TaskLog(_message.Message):
     __slots__ = ("assignment_id", "stream", "line")

@@ -1,0 +1,162 @@
+"""Work balancing for round-based sync: the split rule (property tests), the round plan, and real
+worker processes where one region is slowed on purpose."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.training.sync_launch import region_configs, start_region
+from training.sync.algorithms.balance import split_round
+from training.sync.algorithms.round_plan import RoundPlan
+
+NAMES = ["a", "b", "c", "d", "e", "f"]
+paces = st.floats(min_value=1e-3, max_value=10.0, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(paces, min_size=1, max_size=6), st.integers(1, 200), st.data())
+def test_split_sums_exactly_gives_every_region_a_step_and_follows_speed(
+    step_s: list[float], h: int, data: st.DataObject
+) -> None:
+    regions = NAMES[: len(step_s)]
+    pace = dict(zip(regions, step_s, strict=True))
+    total = h * len(regions)
+    split = split_round(dict.fromkeys(regions, 100.0), pace, total)
+    assert sum(split.values()) == total
+    assert all(n >= 1 for n in split.values())
+    for a in regions:  # monotone: a faster region never gets fewer steps
+        for b in regions:
+            if pace[a] < pace[b]:
+                assert split[a] >= split[b], (pace, split)
+    # deterministic: the same figures in any order give the same split
+    order = data.draw(st.permutations(regions))
+    assert split_round({r: 100.0 for r in order}, {r: pace[r] for r in order}, total) == split
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(paces, st.floats(0, 50)), min_size=2, max_size=6), st.integers(1, 100))
+def test_split_with_late_starters_still_sums_and_ends_together(
+    figs: list[tuple[float, float]], h: int
+) -> None:
+    regions = NAMES[: len(figs)]
+    pace = {r: s for r, (s, _) in zip(regions, figs, strict=True)}
+    arrive = {r: a for r, (_, a) in zip(regions, figs, strict=True)}
+    total = h * len(regions)
+    split = split_round(arrive, pace, total)
+    assert sum(split.values()) == total and all(n >= 1 for n in split.values())
+    ends = {r: arrive[r] + split[r] * pace[r] for r in regions}
+    # Every region above the 1-step floor ends within one of its own steps of the latest end of
+    # the regions that got more than one step (integers allow no closer).
+    free = [r for r in regions if split[r] > 1]
+    if len(free) >= 2:
+        latest = max(ends[r] for r in free)
+        for r in free:
+            assert ends[r] >= latest - max(pace[x] for x in free) - 1e-9 * latest
+
+
+def test_split_is_even_without_usable_figures() -> None:
+    assert split_round({"a": 0, "b": 0}, {"a": 0.0, "b": 1.0}, 40) == {"a": 20, "b": 20}
+    with pytest.raises(ValueError, match="cannot split"):
+        split_round({"a": 0, "b": 0}, {"a": 1.0, "b": 1.0}, 1)
+
+
+def test_plan_keeps_the_jobs_total_and_maps_steps_onto_the_job_axis() -> None:
+    # region a twice as fast as b: round 2 also makes up the 2 s b fell behind in the two fixed
+    # rounds, later rounds give a about twice b's steps; each round's total stays 2 x 10 and a's
+    # learning-rate axis still ends at the job's 50 steps
+    plans = {r: RoundPlan(r, 10, 50) for r in ("a", "b")}
+    pace = {"a": 0.1, "b": 0.2}
+    t = {"a": 0.0, "b": 0.0}
+    done = {"a": 0, "b": 0}
+    for rnd in range(5):
+        for r, p in plans.items():
+            h = p.end(rnd) - p.start(rnd)
+            t[r] += h * pace[r]
+            done[r] += h
+        figs = {r: (t[r], pace[r]) for r in plans}
+        for p in plans.values():
+            p.on_figures(rnd, figs)
+    assert done["a"] + done["b"] == 100
+    assert plans["a"].splits == plans["b"].splits
+    assert plans["a"].splits[2] == {"a": 19, "b": 1} and plans["a"].splits[4] == {"a": 14, "b": 6}
+    assert abs(t["a"] - t["b"]) <= 0.2 + 1e-9  # within one of the slower region's steps at the end
+    a = plans["a"]
+    assert a.local_steps() == done["a"]
+    assert a.job_step(0) == 0 and a.job_step(a.local_steps()) == 50
+    assert a.job_step(a.end(2)) == 30
+
+
+def test_a_region_without_figures_keeps_every_region_on_the_fixed_plan() -> None:
+    # a peer that does not balance sends no figures (step_s 0): it runs the fixed size, so must we
+    p = RoundPlan("a", 10, 50)
+    p.on_figures(0, {"a": (1.0, 0.1), "b": (2.0, 0.0)})
+    assert p.end(2) == 30 and 2 not in p.splits
+
+
+def test_plan_survives_a_checkpoint_and_rebases_after_a_catch_up() -> None:
+    p = RoundPlan("a", 10, 50)
+    p.on_figures(0, {"a": (1.0, 0.1), "b": (1.5, 0.2)})
+    q = RoundPlan("a", 10, 50)
+    q.load_state_dict(p.state_dict())
+    assert (q.ends, q.splits) == (p.ends, p.splits) and 2 in q.splits
+    # took a peer's state at round 3, at local step 7: fixed rounds from there, job axis from 30
+    q.rebase(3, 7)
+    assert q.ends == {3: 17, 4: 27} and q.local_steps() == 27
+    assert q.job_step(7) == 30 and q.job_step(17) == 40 and q.job_step(27) == 50
+    q.rebase(5, 9)  # past the last round: nothing left to run
+    assert q.local_steps() == 9
+
+
+SLOW_S = 0.03
+
+
+@pytest.mark.slow
+def test_a_slowed_region_reaches_every_round_end_with_the_other(tmp_path: Path) -> None:
+    # Region b sleeps 30 ms a step (a slower accelerator); balanced DiLoCo gives it fewer steps per
+    # round so both regions reach each round's end together, and the job's total stays 2 x steps.
+    steps, every = 120, 10
+    base = {
+        "job_id": "balance",
+        "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab": 16, "seq_len": 16},
+        "data": {"kind": "synthetic-markov", "seed": 1},
+        "training": {"steps": steps, "local_batch": 4, "lr": 3e-3, "warmup": 5, "seed": 7},
+    }
+    sync = {"mode": "diloco", "every": every, "overlap": True, "balance": True}
+    cfgs = region_configs(base, ["a", "b"], sync, tmp_path)
+    env = {"a": {}, "b": {"CPN_TEST_STEP_SLEEP_S": str(SLOW_S)}}
+    procs = {
+        r: start_region(c, tmp_path, module="tests.training.paced_worker", env_extra=env[r])
+        for r, c in cfgs.items()
+    }
+    try:
+        for p in procs.values():
+            p.wait(300)
+    finally:
+        for p in procs.values():
+            p.kill()
+    results = {r: p.result() for r, p in procs.items()}
+    for r, res in results.items():
+        assert res is not None, procs[r].output()[-3000:]
+    assert results["a"]["steps"] + results["b"]["steps"] == 2 * steps  # the job's tokens
+    assert results["a"]["steps"] > 2 * results["b"]["steps"]
+    reached: dict[str, dict[int, float]] = {}
+    for r, p in procs.items():
+        ms = p.metrics()
+        reached[r] = {}
+        for prev, m in zip(ms, ms[1:], strict=False):
+            if m["rounds_opened"] > prev["rounds_opened"]:  # m's step ended round rounds_opened - 1
+                reached[r][prev["rounds_opened"]] = m["t_end"] - m["sync_s"]
+    rounds = steps // every
+    assert sorted(reached["a"]) == sorted(reached["b"]) == list(range(rounds))
+    # From round 3 on (round 2 is the first balanced one) the regions reach each end within a
+    # few of b's steps of each other; with fixed H, b would fall behind by every x 30 ms a round.
+    gaps = [abs(reached["a"][k] - reached["b"][k]) for k in range(3, rounds)]
+    print("gaps", gaps, "steps", results["a"]["steps"], results["b"]["steps"])
+    assert max(gaps) < 3 * SLOW_S + 0.05, gaps
+    fixed_skew = every * SLOW_S * (rounds - 1) * 0.5
+    waits_a = results["a"]["parts_total_s"]["sync_s"] - results["a"]["first_step_s"]["sync_s"]
+    assert waits_a < fixed_skew, (waits_a, fixed_skew)

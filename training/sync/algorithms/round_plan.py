@@ -1,0 +1,119 @@
+"""One region's balanced round schedule: at which of its own steps each round ends.
+
+The fixed plan has ``ceil(total_steps / size)`` rounds of ``size`` steps in every region (the last
+one shorter if ``size`` does not divide ``total_steps``). Balanced, round r's steps per region come
+from ``split_round`` over the figures carried in round r-2's messages (the latest every region is
+sure to hold when round r starts: round r-1 is only then opening), so rounds 0 and 1 are the fixed
+plan's. Each round's total over the regions stays the fixed plan's, so the job trains the same
+tokens; a region's own step count is whatever its speed earns it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from training.sync.algorithms.balance import split_round
+
+# One region's figures from a round's messages: (wall time it opened the round, seconds per step).
+Figures = dict[str, tuple[float, float]]
+
+
+@dataclass
+class RoundPlan:
+    me: str
+    size: int  # steps per region per round in the fixed plan
+    total_steps: int  # the fixed plan's steps per region
+    base_round: int = 0  # the first round this plan holds ends for (a rejoiner's starts later)
+    base_step: int = 0  # the local step the base round starts after
+    ends: dict[int, int] = field(default_factory=dict)  # round -> the local step it ends at
+    splits: dict[int, dict[str, int]] = field(default_factory=dict)  # round -> steps per region
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or self.total_steps < 1:
+            raise ValueError(f"a round plan needs size >= 1 and total_steps >= 1, got {self}")
+        if not self.ends:
+            self._fill_fixed()
+
+    @property
+    def rounds(self) -> int:
+        return -(-self.total_steps // self.size)
+
+    def fixed_size(self, r: int) -> int:
+        return max(0, min(self.size, self.total_steps - r * self.size))
+
+    def _fill_fixed(self) -> None:
+        """Until figures come in, rounds are the fixed plan's (two ahead: see the module doc)."""
+        end = self.base_step
+        for r in range(self.base_round, min(self.rounds, self.base_round + 2)):
+            end += self.fixed_size(r)
+            self.ends[r] = end
+
+    def steps_of(self, r: int, region: str) -> int:
+        split = self.splits.get(r)
+        return split[region] if split and region in split else self.fixed_size(r)
+
+    def end(self, r: int) -> int | None:
+        """The local step round ``r`` ends at; a round its figures never planned (they were
+        missing) is the fixed plan's size after the one before it. None beyond what is known."""
+        if r not in self.ends and r - 1 in self.ends and r < self.rounds:
+            self.ends[r] = self.ends[r - 1] + self.fixed_size(r)
+        return self.ends.get(r)
+
+    def start(self, r: int) -> int:
+        return self.ends.get(r - 1, self.base_step)
+
+    def is_final(self, r: int) -> bool:
+        return r == self.rounds - 1
+
+    def local_steps(self) -> int:
+        """This region's step count: known once the last round is planned, else the known ends
+        plus the fixed plan's rounds after them (an estimate that only ever grows to the truth)."""
+        if not self.ends:  # rebased at or past the last round: nothing left to plan
+            return self.base_step
+        last = max(self.ends)
+        return self.ends[last] + sum(self.fixed_size(r) for r in range(last + 1, self.rounds))
+
+    def on_figures(self, r: int, figures: Figures) -> None:
+        """Round ``r``'s figures are in: plan round r+2 (round r+1 is planned already)."""
+        nxt = r + 2
+        if nxt >= self.rounds or nxt in self.ends or r + 1 not in self.ends:
+            return
+        if self.me not in figures or any(s <= 0 for _, s in figures.values()):
+            return  # nothing to balance on: ``end`` gives the round the fixed size
+        arrive = {p: t + self.steps_of(r + 1, p) * s for p, (t, s) in figures.items()}
+        pace = {p: s for p, (_, s) in figures.items()}
+        split = split_round(arrive, pace, self.fixed_size(nxt) * len(figures))
+        self.splits[nxt] = split
+        self.ends[nxt] = self.ends[r + 1] + split[self.me]
+
+    def job_step(self, step: int) -> float:
+        """Where ``step`` (completed local steps) is on the fixed plan's step axis: the schedule
+        (learning rate) follows the job's progress, not this region's step count."""
+        for r in sorted(self.ends):
+            lo, hi = self.start(r), self.ends[r]
+            if step <= hi:
+                frac = (step - lo) / max(1, hi - lo)
+                return r * self.size + max(0.0, frac) * self.fixed_size(r)
+        return float(self.total_steps)
+
+    def rebase(self, r: int, step: int) -> None:
+        """A region that took a peer's state at round ``r`` starts it after local ``step``."""
+        self.base_round, self.base_step = r, step
+        self.ends, self.splits = {}, {}
+        self._fill_fixed()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "base_round": self.base_round,
+            "base_step": self.base_step,
+            "ends": {str(k): v for k, v in self.ends.items()},
+            "splits": {str(k): dict(v) for k, v in self.splits.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state.get("ends"):
+            return
+        self.base_round, self.base_step = int(state["base_round"]), int(state["base_step"])
+        self.ends = {int(k): int(v) for k, v in state["ends"].items()}
+        self.splits = {int(k): {p: int(n) for p, n in v.items()} for k, v in state["splits"].items()}
