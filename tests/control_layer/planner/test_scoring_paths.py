@@ -22,7 +22,7 @@ from control_layer.planner import cost_model as cm
 from control_layer.planner.bounds import lower_bounds
 from control_layer.planner.estimate import device_price
 from control_layer.planner.exhaustive import all_solutions
-from control_layer.planner.fleet import _cluster_pools, _fleet_pools
+from control_layer.planner.fleet import Pool, _cluster_pools, _fleet_pools
 from control_layer.planner.heuristic import _in_region_hops, candidate_solutions
 from control_layer.planner.problem import (
     Problem,
@@ -34,6 +34,7 @@ from control_layer.planner.problem import (
     region_links,
     runtime_step,
 )
+from control_layer.planner.snapshot import NodeProfileInfo
 
 from .fleetgen import jobs, snapshots
 from .test_search import _problems
@@ -301,6 +302,20 @@ def test_pools_derived_from_the_other_price_setting_equal_fresh_ones(snap, spot_
     derived = _fleet_pools(snap, not spot_first)
     fresh = [p for c in sorted(snap.clusters, key=lambda c: c.id) for p in _cluster_pools(c, not spot_first)]
     assert _pool_fields(derived) == _pool_fields(fresh)
+
+    # The start-up figures handed over node by node equal those a pool derives from its cluster.
+    def measured(c):
+        nodes = []
+        for i, n in enumerate(c.nodes):
+            prof = NodeProfileInfo(startup_s=1.0 + i, teardown_s=0.5 * i, host_load_factor=i)
+            nodes.append(n.model_copy(update={"profile": prof}))
+        return c.model_copy(update={"nodes": nodes})
+
+    profiled = [measured(c) for c in snap.clusters]
+    built = [p for c in profiled for p in _cluster_pools(c, spot_first)]
+    walked = [Pool(p.cluster, p.model, p.nodes, p.tflops, p.memory_gb, p.price, p.kind) for p in built]
+    assert _pool_fields(walked) == _pool_fields(built)
+    assert all(fixed[1] is not None for p in built for fixed in p.measured_fixed)
     assert [p.price for p in first] == [device_price(p.cluster, spot_first) for p in first]
     dearer = type(snap)(
         regions=snap.regions,
