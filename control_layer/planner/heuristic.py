@@ -225,11 +225,12 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
             cols = ordr[inside[ordr]]  # this order, restricted to the set's units
             if not len(cols):
                 continue
-            cum = np.cumsum(elig[:, cols], axis=1)
+            el = elig[:, cols]
+            cum = np.cumsum(el, axis=1)
             good = cum[:, -1] >= dp  # a level whose set can hold dp fills it exactly
             if not good.any():
                 continue
-            el, cum = elig[good][:, cols], cum[good]
+            el, cum = el[good], cum[good]
             take = np.minimum(np.maximum(dp - (cum - el), 0), el)  # np.clip, without its wrapper
             pieces.append((cols, take))
             row_level.append(levels[good])
