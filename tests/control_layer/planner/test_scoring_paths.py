@@ -23,7 +23,7 @@ from control_layer.planner.bounds import lower_bounds
 from control_layer.planner.estimate import device_price
 from control_layer.planner.exhaustive import all_solutions
 from control_layer.planner.fleet import Pool, _cluster_pools, _fleet_pools
-from control_layer.planner.heuristic import _in_region_hops, candidate_solutions
+from control_layer.planner.heuristic import _in_region_hops, _score, candidate_solutions
 from control_layer.planner.problem import (
     Problem,
     Score,
@@ -172,6 +172,71 @@ def _hops_by_loop(pr: Problem, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                 lat = max([f.local_lat[r], *fab_lat[many]])
             in_bw[i], in_lat[i] = min(in_bw[i], bw), max(in_lat[i], lat)
     return in_bw, in_lat
+
+
+def _score_by_loop(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """heuristic._score with its in-region hops and region pairs read one row at a time, over
+    every region the rows use."""
+    f, spec = pr.fleet, pr.fleet.spec
+    cols = np.flatnonzero(x.any(axis=0))
+    xc = x[:, cols]
+    t1, t2, lo, cap = pr.t1[cols], pr.t2[cols], pr.lo[cols], pr.cap[cols]
+    single = (xc == 1) & (lo <= 1)[None, :] & (t1[None, :] <= levels[:, None])
+    t_local = np.where(xc > 0, np.where(single, t1[None, :], t2[None, :]), 0.0).max(axis=1)
+    members = np.where(xc > 0, np.maximum(1, -(-xc // np.maximum(cap, 1))), 0)
+    in_bw, in_lat = _hops_by_loop(pr, x)
+    regs = np.unique(pr.region[cols])
+    bw, lat, eg = np.full(len(x), np.inf), np.zeros(len(x)), np.zeros(len(x))
+    n_used = np.zeros(len(x), dtype=int)
+    for i, row in enumerate(members):
+        used = [r for r in regs if row[pr.region[cols] == r].sum() > 0]
+        n_used[i] = len(used)
+        for a in used:
+            for b in used:
+                if a != b:
+                    bw[i], lat[i] = min(bw[i], f.pair_bw[a, b]), max(lat[i], f.pair_lat[a, b])
+        eg[i] = np.array(
+            [max([f.egress[a, b] for b in used if b != a], default=0.0) if a in used else 0.0 for a in regs]
+        ).sum()
+    multi = n_used >= 2
+    n_part = members.sum(axis=1)
+    hop_bw = np.minimum(in_bw, np.where(multi, bw, np.inf))
+    hop_lat = np.maximum(in_lat, np.where(multi, lat, 0.0))
+    ring = n_part >= 2
+    n_params = float(spec.model.n_params)
+    safe_bw = np.where(ring & (hop_bw > 0) & np.isfinite(hop_bw), hop_bw, 1.0)
+    t_sync = np.where(ring, cm.ring_sync_s(spec.sync, n_params, np.maximum(n_part, 2), safe_bw, hop_lat), 0.0)
+    t_sync = np.where(ring & (hop_bw <= 0), np.inf, t_sync)
+    t_sync = t_sync + np.where(ring, f.wan_param_s, 0.0)
+    step, final = runtime_step(pr, t_local, t_sync, n_part)
+    per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
+    steps = spec.training.steps
+    rate = (xc * pr.price[cols][None, :]).sum(axis=1) * pr.dev
+    duration = steps * step + final + f.fixed_s
+    cost = duration * rate / 3600.0 + steps * pr.xps * np.where(multi, per / cm.GB * eg, 0.0)
+    return duration / steps, cost
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs(with_qos=False), seed=st.integers(0, 2**16))
+def test_fill_scores_match_a_loop_over_rows_and_regions(snap, spec, seed) -> None:
+    """The heuristic reads region pairs once per distinct set of used regions, and in-region hops
+    only where some row has two or more participants: the same floats as row by row."""
+    rng = np.random.default_rng(seed)
+    _, problems = _problems(spec, snap)
+    for pr in problems[:6]:
+        cap = np.maximum(pr.count * pr.cap, 0)
+        if not cap.any():
+            continue
+        x = rng.integers(0, cap + 1, size=(6, pr.n_units)) * rng.integers(0, 2, size=(6, pr.n_units))
+        x = np.concatenate([x, x[:2]])  # repeated sets of regions
+        x = x[x.any(axis=1)]
+        if not len(x):
+            continue
+        levels = rng.choice(np.concatenate([pr.t1, pr.t2]), size=len(x))
+        got = _score(pr, x, levels)
+        want = _score_by_loop(pr, x, levels)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
 @FAST
