@@ -32,12 +32,16 @@ from sim_vs_planner import iteration_s  # noqa: E402
 from sim_vs_planner import run as sim_run  # noqa: E402
 
 from contracts.errors import NoFeasiblePlan  # noqa: E402
-from control_layer.planner import plan  # noqa: E402
+from control_layer.heap import settle_long_lived  # noqa: E402
+from control_layer.planner import plan, prepare  # noqa: E402
 from control_layer.planner.exhaustive import exhaustive_best, objective_key  # noqa: E402
 
 
 def latency(n_clusters: int, quotes: int, seed: int) -> dict:
     snap = fleet(n_clusters, seed=seed)
+    # As the server does once its in-memory fleet is loaded (control_layer/live_snapshot.py).
+    prepare(snap)
+    settle_long_lived()
     rng = np.random.default_rng(seed)
     times, cpu, infeasible = [], [], 0
     for i in range(quotes):

@@ -118,6 +118,8 @@ class ParallelismSpec(_Strict):
     pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"
 
 
+_AUTO = ParallelismSpec()  # frozen, so shared: ``pinned`` is read thousands of times per quote
+
 SyncMode = Literal["sync", "ssp", "local_sgd", "diloco", "async", "gossip"]
 Compression = Literal["none", "fp16", "bf16", "int8", "topk"]
 AUTO = "auto"
@@ -265,7 +267,7 @@ class JobSpec(_Strict):
     @property
     def pinned(self) -> ParallelismSpec:
         """The pinned degrees (all None when parallelism is 'auto')."""
-        return self.parallelism if isinstance(self.parallelism, ParallelismSpec) else ParallelismSpec()
+        return self.parallelism if isinstance(self.parallelism, ParallelismSpec) else _AUTO
 
     @property
     def pp_schedule(self) -> str:

@@ -7,6 +7,7 @@ it (separate ``lm_head``, no tying), so the planner prices exactly the model tha
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -37,8 +38,10 @@ class GPTConfig(BaseModel):
         return self.d_model // self.n_heads
 
 
+@functools.lru_cache(maxsize=256)
 def model_config(spec: ModelSpec) -> GPTConfig:
-    """The worker's model config for a job's model spec."""
+    """The worker's model config for a job's model spec (both frozen, so one object is shared:
+    the planner asks for it thousands of times per quote and validation is the cost)."""
     return GPTConfig(
         n_layers=spec.n_layers,
         d_model=spec.d_model,

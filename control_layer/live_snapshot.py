@@ -26,6 +26,8 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from control_layer.heap import settle_long_lived
+from control_layer.planner import prepare
 from control_layer.planner.snapshot import (
     ClusterInfo,
     DeviceSlot,
@@ -46,6 +48,7 @@ from resource_layer.link_probes import current_links
 log = logging.getLogger(__name__)
 
 FULL_RELOAD_S = 300.0  # a safety net: a lost subscription already triggers a full reload
+SETTLE_MIN_CLUSTERS = 64  # a small fleet is cheap to walk: not worth a full collection per change
 LINK_RECHECK_S = 10.0  # links are few; re-reading them this often bounds how late a stale probe drops
 _CHUNK = 900  # ids per IN (...) list: far below SQLite's and PostgreSQL's parameter limits
 
@@ -97,6 +100,7 @@ class _State:
     order: list[ClusterInfo] | None = None
     stale: set[str] = field(default_factory=set)  # clusters whose ClusterInfo must be rebuilt
     loaded_at: float = 0.0
+    rebuilt: int = 0  # ClusterInfos built since the heap was last settled
     whole: ResourceSnapshot | None = None  # handed out again while nothing changes
     link_fresh_s: float = 1800.0
     links_read_at: float = 0.0
@@ -273,6 +277,7 @@ class _State:
         """Unchanged fleet, same object (its taken_at is when it was assembled): what the planner
         derives from a snapshot can then be reused across quotes."""
         if self.stale:
+            self.rebuilt += len(self.stale)
             for cid in self.stale:
                 self.built[cid] = self._build_cluster(cid)
             self.stale.clear()
@@ -295,6 +300,16 @@ class _State:
         if not exclude_nodes:
             self.whole = snap
         return snap
+
+    def settle_if_grown(self) -> None:
+        """Once most of the fleet is newly built (a full load, or a fleet that arrived through
+        registrations): derive the pools quotes reuse, then settle the heap with them in it
+        (``control_layer.heap``). Each quote's few changed clusters wait until they add up to
+        half the fleet."""
+        if self.rebuilt >= max(SETTLE_MIN_CLUSTERS, len(self.built) // 2):
+            self.rebuilt = 0
+            prepare(self.snapshot())
+            settle_long_lived()
 
     def _build_cluster(self, cid: str) -> ClusterInfo | None:
         """As build_snapshot decides: alive nodes, measured devices, a price in force, or nothing."""
@@ -385,7 +400,9 @@ class LiveSnapshot:
                     self._state = state
                 elif changes or state.next_price_at is not None or state.links_due():
                     state.apply(session, changes)
-            return state.snapshot(exclude_nodes)
+            snap = state.snapshot(exclude_nodes)
+            state.settle_if_grown()
+            return snap
 
     def reload(self) -> None:
         """Read everything afresh without holding up quotes; re-apply what changed meanwhile."""
@@ -398,10 +415,12 @@ class LiveSnapshot:
         finally:
             with self._lock:
                 meanwhile, self._since_load = self._since_load, None
+        state.snapshot()  # assembled here, off the quote path
         with self._refresh:
             with self._lock:
                 self._dirty = meanwhile or ResourceChanges()
             self._state = state
+            state.settle_if_grown()
 
 
 def attach_live_snapshot(ctx: ServerContext, *, full_reload_s: float = FULL_RELOAD_S) -> LiveSnapshot:

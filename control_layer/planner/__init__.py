@@ -17,6 +17,7 @@ from contracts.job_spec import (
     TrainingSpec,
 )
 from control_layer.planner.estimate import estimate_option
+from control_layer.planner.fleet import prepare_pools
 from control_layer.planner.plan_types import (
     Calibration,
     CostBreakdown,
@@ -61,6 +62,7 @@ __all__ = [
     "TrainingSpec",
     "estimate_option",
     "plan",
+    "prepare",
 ]
 
 
@@ -81,3 +83,14 @@ def plan(
     if max_options < 1:
         raise InvalidArgument("max_options must be at least 1", field="max_options")
     return _search(spec, snapshot, calibration, max_options)
+
+
+def prepare(snapshot: ResourceSnapshot) -> None:
+    """Derive now what every quote on this snapshot reuses: its pools at both price settings.
+
+    A server calls it once its fleet is loaded (off the quote path), so that no quote pays for
+    grouping 40,000 devices; what a later change touches is regrouped per cluster. Options do not
+    depend on whether it was called.
+    """
+    for spot in (False, True):
+        prepare_pools(snapshot, spot)

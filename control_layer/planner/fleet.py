@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.job_spec import JobSpec
 from control_layer.planner.estimate import device_price
-from control_layer.planner.snapshot import ClusterInfo, ResourceSnapshot
+from control_layer.planner.snapshot import ClusterInfo, NodeInfo, ResourceSnapshot
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,18 +41,10 @@ class Pool:
         object.__setattr__(self, "free_per_node", counts)
         object.__setattr__(self, "n_free", sum(counts))
         object.__setattr__(self, "region", self.cluster.region)
-        mine = {node_id for node_id, _ in self.nodes}
-        fixed = []
-        for n in self.cluster.nodes:
-            if n.id in mine:
-                prof = n.profile
-                if prof is None:
-                    fixed.append((n.id, None, None))
-                else:
-                    under = max(1.0, prof.host_load_factor)
-                    # The profile's start-up is per idle core already (CPU time, agent/profile.py).
-                    fixed.append((n.id, prof.startup_s, prof.teardown_s / under))
-        object.__setattr__(self, "measured_fixed", tuple(fixed))
+        if not self.measured_fixed:  # a caller that built the pool node by node hands it over
+            mine = {node_id for node_id, _ in self.nodes}
+            fixed = tuple(_measured_fixed(n) for n in self.cluster.nodes if n.id in mine)
+            object.__setattr__(self, "measured_fixed", fixed)
 
     @property
     def class_key(self) -> tuple:
@@ -71,6 +63,15 @@ class Pool:
         )
 
 
+def _measured_fixed(node: NodeInfo) -> tuple[str, float | None, float | None]:
+    prof = node.profile
+    if prof is None:
+        return (node.id, None, None)
+    under = max(1.0, prof.host_load_factor)
+    # The profile's start-up is per idle core already (CPU time, agent/profile.py).
+    return (node.id, prof.startup_s, prof.teardown_s / under)
+
+
 @dataclass
 class Filtered:
     pools: list[Pool]
@@ -87,6 +88,11 @@ _POOL_CACHE_LOCK = threading.Lock()
 
 
 _FLEET_POOLS: OrderedDict[tuple[int, bool], tuple[ResourceSnapshot, list[Pool]]] = OrderedDict()
+
+
+def prepare_pools(snapshot: ResourceSnapshot, spot: bool) -> None:
+    """Build and keep the snapshot's pools at one price setting ahead of its first quote."""
+    _pools(snapshot, spot)
 
 
 def _pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
@@ -120,7 +126,7 @@ def _fleet_pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
         if other is not None and other[0] is cluster:
             # The same devices at the other price setting: only the price can differ.
             price = device_price(cluster, spot)
-            pools = [p if p.price == price else replace(p, price=price) for p in other[1]]
+            pools = [p if p.price == price else _repriced(p, price) for p in other[1]]
         else:
             pools = _cluster_pools(cluster, spot)
         with _POOL_CACHE_LOCK:
@@ -129,6 +135,12 @@ def _fleet_pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
                 _POOL_CACHE.popitem(last=False)
         out.extend(pools)
     return out
+
+
+def _repriced(p: Pool, price: float) -> Pool:
+    # As dataclasses.replace, without its per-field introspection (thousands of pools per fleet).
+    fixed = p.measured_fixed
+    return Pool(p.cluster, p.model, p.nodes, p.tflops, p.memory_gb, price, p.kind, measured_fixed=fixed)
 
 
 def _cluster_pools(cluster: ClusterInfo, spot: bool) -> list[Pool]:
@@ -143,12 +155,15 @@ def _cluster_pools(cluster: ClusterInfo, spot: bool) -> list[Pool]:
         if not free:
             continue
         models = {(d.model, d.kind) for d in free}
+        fixed = (_measured_fixed(node),)  # not a walk over the cluster's nodes per pool
         for m in sorted(models):
             mine = free if len(models) == 1 else [d for d in free if (d.model, d.kind) == m]
             ix = tuple(sorted([d.index for d in mine]))
             tflops = min([d.tflops for d in mine])
             memory = min([d.memory_gb for d in mine])
-            out.append(Pool(cluster, m[0], ((node.id, ix),), tflops, memory, price, m[1]))
+            out.append(
+                Pool(cluster, m[0], ((node.id, ix),), tflops, memory, price, m[1], measured_fixed=fixed)
+            )
     return out
 
 

@@ -154,12 +154,35 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     per_region = np.add.reduceat(members[:, perm], starts, axis=1).astype(float)  # rows × used regions
     used = per_region > 0
     n_used = used.sum(axis=1)
-    in_bw, in_lat = _in_region_hops(f, cols[perm], members[:, perm], starts, regs, per_region)
+    # Only regions where some row has two or more participants have an in-region hop: the others'
+    # units are left out of the segment reductions (their regions would give inf and 0 anyway).
+    active = (per_region >= 2).any(axis=0)
+    if active.all():
+        in_bw, in_lat = _in_region_hops(f, cols[perm], members[:, perm], starts, regs, per_region)
+    elif active.any():
+        keep = active[reg_of.reshape(-1)[perm]]
+        at = np.flatnonzero(active)
+        kept_starts = np.searchsorted(reg_of.reshape(-1)[perm][keep], at)
+        in_bw, in_lat = _in_region_hops(
+            f, cols[perm][keep], members[:, perm][:, keep], kept_starts, regs[at], per_region[:, at]
+        )
+    else:
+        in_bw, in_lat = np.full(len(x), np.inf), np.zeros(len(x))
+    # Rows mostly repeat a few sets of used regions: the region pairs (rows × regions² otherwise)
+    # are read once per distinct set, then spread back to the rows.
+    if len(regs) <= 62:
+        _, first, row_set = np.unique(
+            used @ (1 << np.arange(len(regs), dtype=np.int64)), return_index=True, return_inverse=True
+        )
+        sets = used[first]
+    else:
+        sets, row_set = used, np.arange(len(used))
+    row_set = row_set.reshape(-1)
     sub = np.ix_(regs, regs)
-    pair = used[:, :, None] & used[:, None, :] & ~np.eye(len(regs), dtype=bool)[None, :, :]
-    bw = np.where(pair, f.pair_bw[sub][None, :, :], np.inf).min(axis=(1, 2))
-    lat = np.where(pair, f.pair_lat[sub][None, :, :], 0.0).max(axis=(1, 2))
-    eg = np.where(pair, f.egress[sub][None, :, :], 0.0).max(axis=2).sum(axis=1)
+    pair = sets[:, :, None] & sets[:, None, :] & ~np.eye(len(regs), dtype=bool)[None, :, :]
+    bw = np.where(pair, f.pair_bw[sub][None, :, :], np.inf).min(axis=(1, 2))[row_set]
+    lat = np.where(pair, f.pair_lat[sub][None, :, :], 0.0).max(axis=(1, 2))[row_set]
+    eg = np.where(pair, f.egress[sub][None, :, :], 0.0).max(axis=2).sum(axis=1)[row_set]
     multi = n_used >= 2
     n_part = members.sum(axis=1)
     hop_bw = np.minimum(in_bw, np.where(multi, bw, np.inf))
@@ -225,11 +248,12 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
             cols = ordr[inside[ordr]]  # this order, restricted to the set's units
             if not len(cols):
                 continue
-            cum = np.cumsum(elig[:, cols], axis=1)
+            el = elig[:, cols]
+            cum = np.cumsum(el, axis=1)
             good = cum[:, -1] >= dp  # a level whose set can hold dp fills it exactly
             if not good.any():
                 continue
-            el, cum = elig[good][:, cols], cum[good]
+            el, cum = el[good], cum[good]
             take = np.minimum(np.maximum(dp - (cum - el), 0), el)  # np.clip, without its wrapper
             pieces.append((cols, take))
             row_level.append(levels[good])

@@ -4,6 +4,7 @@ PostgreSQL, including changes another control-plane context (a replica) commits.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy import update
 
 from contracts.registration import DeviceReport, NodeRegistration
+from control_layer import live_snapshot
 from control_layer.allocation import release
 from control_layer.live_snapshot import (
     LiveSnapshot,
@@ -269,3 +271,35 @@ def test_a_change_committed_by_another_replica_reaches_the_live_snapshot(
         if bus2 is not ctx.bus:
             bus2.close()
         engine2.dispose()
+
+
+def test_a_fleet_that_arrived_settles_the_heap_and_keeps_the_options(
+    ctx: ServerContext, live: LiveSnapshot, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(live_snapshot, "SETTLE_MIN_CLUSTERS", 2)
+    try:
+        gc.unfreeze()
+        register(ctx, "eu-west", "a", 2, 1.0)
+        b, _ = register(ctx, "us-east", "b", 2, 1.0)
+        live.snapshot()  # both clusters newly built: pools derived, heap settled
+        assert gc.get_freeze_count() > 0
+        gc.unfreeze()
+        with session_scope(ctx.session_factory) as s:
+            tenant = add_tenant(s)
+            node = s.get(Node, b)
+            assert node is not None
+            hold_devices(s, tenant, node, [0])
+        live.snapshot()  # one cluster of two rebuilt: below the threshold of 2
+        assert gc.get_freeze_count() == 0
+        with session_scope(ctx.session_factory) as s:
+            node = s.get(Node, b)
+            assert node is not None
+            hold_devices(s, tenant, node, [1])
+        snap = live.snapshot()  # two rebuilds since the last settle
+        assert gc.get_freeze_count() > 0
+        spec = tiny_spec(qos={"objective": "time"})
+        with session_scope(ctx.session_factory) as s:
+            fresh = build_snapshot(s)
+        assert [o.model_dump() for o in plan(spec, snap)] == [o.model_dump() for o in plan(spec, fresh)]
+    finally:
+        gc.unfreeze()

@@ -22,8 +22,8 @@ from control_layer.planner import cost_model as cm
 from control_layer.planner.bounds import lower_bounds
 from control_layer.planner.estimate import device_price
 from control_layer.planner.exhaustive import all_solutions
-from control_layer.planner.fleet import _cluster_pools, _fleet_pools
-from control_layer.planner.heuristic import _in_region_hops, candidate_solutions
+from control_layer.planner.fleet import Pool, _cluster_pools, _fleet_pools
+from control_layer.planner.heuristic import _in_region_hops, _score, candidate_solutions
 from control_layer.planner.problem import (
     Problem,
     Score,
@@ -34,6 +34,7 @@ from control_layer.planner.problem import (
     region_links,
     runtime_step,
 )
+from control_layer.planner.snapshot import NodeProfileInfo
 
 from .fleetgen import jobs, snapshots
 from .test_search import _problems
@@ -173,6 +174,71 @@ def _hops_by_loop(pr: Problem, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return in_bw, in_lat
 
 
+def _score_by_loop(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """heuristic._score with its in-region hops and region pairs read one row at a time, over
+    every region the rows use."""
+    f, spec = pr.fleet, pr.fleet.spec
+    cols = np.flatnonzero(x.any(axis=0))
+    xc = x[:, cols]
+    t1, t2, lo, cap = pr.t1[cols], pr.t2[cols], pr.lo[cols], pr.cap[cols]
+    single = (xc == 1) & (lo <= 1)[None, :] & (t1[None, :] <= levels[:, None])
+    t_local = np.where(xc > 0, np.where(single, t1[None, :], t2[None, :]), 0.0).max(axis=1)
+    members = np.where(xc > 0, np.maximum(1, -(-xc // np.maximum(cap, 1))), 0)
+    in_bw, in_lat = _hops_by_loop(pr, x)
+    regs = np.unique(pr.region[cols])
+    bw, lat, eg = np.full(len(x), np.inf), np.zeros(len(x)), np.zeros(len(x))
+    n_used = np.zeros(len(x), dtype=int)
+    for i, row in enumerate(members):
+        used = [r for r in regs if row[pr.region[cols] == r].sum() > 0]
+        n_used[i] = len(used)
+        for a in used:
+            for b in used:
+                if a != b:
+                    bw[i], lat[i] = min(bw[i], f.pair_bw[a, b]), max(lat[i], f.pair_lat[a, b])
+        eg[i] = np.array(
+            [max([f.egress[a, b] for b in used if b != a], default=0.0) if a in used else 0.0 for a in regs]
+        ).sum()
+    multi = n_used >= 2
+    n_part = members.sum(axis=1)
+    hop_bw = np.minimum(in_bw, np.where(multi, bw, np.inf))
+    hop_lat = np.maximum(in_lat, np.where(multi, lat, 0.0))
+    ring = n_part >= 2
+    n_params = float(spec.model.n_params)
+    safe_bw = np.where(ring & (hop_bw > 0) & np.isfinite(hop_bw), hop_bw, 1.0)
+    t_sync = np.where(ring, cm.ring_sync_s(spec.sync, n_params, np.maximum(n_part, 2), safe_bw, hop_lat), 0.0)
+    t_sync = np.where(ring & (hop_bw <= 0), np.inf, t_sync)
+    t_sync = t_sync + np.where(ring, f.wan_param_s, 0.0)
+    step, final = runtime_step(pr, t_local, t_sync, n_part)
+    per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
+    steps = spec.training.steps
+    rate = (xc * pr.price[cols][None, :]).sum(axis=1) * pr.dev
+    duration = steps * step + final + f.fixed_s
+    cost = duration * rate / 3600.0 + steps * pr.xps * np.where(multi, per / cm.GB * eg, 0.0)
+    return duration / steps, cost
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs(with_qos=False), seed=st.integers(0, 2**16))
+def test_fill_scores_match_a_loop_over_rows_and_regions(snap, spec, seed) -> None:
+    """The heuristic reads region pairs once per distinct set of used regions, and in-region hops
+    only where some row has two or more participants: the same floats as row by row."""
+    rng = np.random.default_rng(seed)
+    _, problems = _problems(spec, snap)
+    for pr in problems[:6]:
+        cap = np.maximum(pr.count * pr.cap, 0)
+        if not cap.any():
+            continue
+        x = rng.integers(0, cap + 1, size=(6, pr.n_units)) * rng.integers(0, 2, size=(6, pr.n_units))
+        x = np.concatenate([x, x[:2]])  # repeated sets of regions
+        x = x[x.any(axis=1)]
+        if not len(x):
+            continue
+        levels = rng.choice(np.concatenate([pr.t1, pr.t2]), size=len(x))
+        got = _score(pr, x, levels)
+        want = _score_by_loop(pr, x, levels)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
 @FAST
 @given(snap=snapshots(), spec=jobs(with_qos=False), seed=st.integers(0, 2**16))
 def test_in_region_hops_match_a_loop_over_regions(snap, spec, seed) -> None:
@@ -301,6 +367,20 @@ def test_pools_derived_from_the_other_price_setting_equal_fresh_ones(snap, spot_
     derived = _fleet_pools(snap, not spot_first)
     fresh = [p for c in sorted(snap.clusters, key=lambda c: c.id) for p in _cluster_pools(c, not spot_first)]
     assert _pool_fields(derived) == _pool_fields(fresh)
+
+    # The start-up figures handed over node by node equal those a pool derives from its cluster.
+    def measured(c):
+        nodes = []
+        for i, n in enumerate(c.nodes):
+            prof = NodeProfileInfo(startup_s=1.0 + i, teardown_s=0.5 * i, host_load_factor=i)
+            nodes.append(n.model_copy(update={"profile": prof}))
+        return c.model_copy(update={"nodes": nodes})
+
+    profiled = [measured(c) for c in snap.clusters]
+    built = [p for c in profiled for p in _cluster_pools(c, spot_first)]
+    walked = [Pool(p.cluster, p.model, p.nodes, p.tflops, p.memory_gb, p.price, p.kind) for p in built]
+    assert _pool_fields(walked) == _pool_fields(built)
+    assert all(fixed[1] is not None for p in built for fixed in p.measured_fixed)
     assert [p.price for p in first] == [device_price(p.cluster, spot_first) for p in first]
     dearer = type(snap)(
         regions=snap.regions,
