@@ -31,13 +31,22 @@ MAX_DEGREES = 64  # degree combinations tried, smallest replicas first: each cos
 Slot = tuple[str, str, int]  # cluster id, node id, device index
 
 
-def _replicas(pools: list[Pool], tp: int, pp: int) -> list[list[Slot]]:
-    """Replica device lists in (stage, tp rank) order, cluster by cluster, each on whole nodes."""
+Group = tuple[str, list[tuple[str, tuple[int, ...]]]]  # cluster id, its (node, free devices)
+
+
+def _groups(pools: list[Pool]) -> list[Group]:
+    """Each (cluster, device model)'s nodes, sorted by cluster id and model: built once per quote."""
     by_cluster: dict[tuple[str, str], list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
     for p in pools:
         by_cluster[(p.cluster.id, p.model)] += list(p.nodes)
+    return [(cid, nodes) for (cid, _), nodes in sorted(by_cluster.items())]
+
+
+def _replicas(groups: list[Group], tp: int, pp: int, need: int) -> list[list[Slot]]:
+    """The first ``need`` replica device lists in (stage, tp rank) order, group by group, each on
+    whole nodes of one cluster (fewer when the groups hold fewer)."""
     out: list[list[Slot]] = []
-    for (cid, _), nodes in sorted(by_cluster.items()):
+    for cid, nodes in groups:
         current: list[Slot] = []
         for node, free in nodes:
             per_node = len(free) // tp  # whole stages this node can hold
@@ -48,6 +57,8 @@ def _replicas(pools: list[Pool], tp: int, pp: int) -> list[list[Slot]]:
             if len(current) == tp * pp:
                 out.append(current)
                 current = []
+                if len(out) == need:
+                    return out
     return out
 
 
@@ -72,21 +83,39 @@ def spanning_options(
     total = sum(p.n_free for p in pools)
     degrees, _, _ = enumerate_degrees(spec, total, total)
     widest = max((len(ix) for p in pools for _, ix in p.nodes), default=0)
-    # Only what the search could not place: a replica larger than every node, tp within a node.
+    roomiest = max((p.memory_gb for p in pools), default=0.0)
+    # Only what the search could not place: a replica larger than every node, tp within a node;
+    # and only layouts whose leanest form (one micro-batch; no ZeRO shard group, each replica here
+    # being a torchrun group of its own) fits the roomiest device. Most jobs that reach here fit
+    # nowhere, and this says so before any replica is laid out over the fleet's nodes.
     wanted = sorted(
-        (d for d in degrees if d.tp <= widest < d.tp * d.pp), key=lambda d: (d.tp * d.pp, d.dp, d.tp, d.zero)
+        (
+            d
+            for d in degrees
+            if d.tp <= widest < d.tp * d.pp
+            and cm.fits(
+                cm.memory_per_device(spec, d.tp, d.pp, d.zero, 1, 1, spec.pp_schedule).total, roomiest
+            )
+        ),
+        key=lambda d: (d.tp * d.pp, d.dp, d.tp, d.zero),
     )[:MAX_DEGREES]
     clusters = snapshot.clusters_by_id()
     regions = {c.id: c.region for c in snapshot.clusters}
     price = {p.cluster.id: p.price for p in pools}
     speed = {p.cluster.id: p.tflops for p in pools}
+    groups = _groups(pools)
+    # The cheapest clusters first, then the fastest; a stable order, so a cluster's replicas keep
+    # theirs. Taking the first dp replicas in that order is the dp best of all of them.
+    orders = [
+        sorted(groups, key=lambda g: (price[g[0]], g[0])),
+        sorted(groups, key=lambda g: (-speed[g[0]], g[0])),
+    ]
     out: dict[str, PlanOption] = {}
     for deg in wanted:
-        replicas = _replicas(pools, deg.tp, deg.pp)
-        if len(replicas) < deg.dp:
-            continue
-        for order in (lambda r: (price[r[0][0]], r[0][0]), lambda r: (-speed[r[0][0]], r[0][0])):
-            chosen = sorted(replicas, key=order)[: deg.dp]
+        for ordered in orders:
+            chosen = _replicas(ordered, deg.tp, deg.pp, deg.dp)
+            if len(chosen) < deg.dp:
+                break  # too few replicas in the whole fleet, whatever the order
             option = _option(spec, snapshot, deg, _tasks(chosen, deg.tp, regions), calibration, clusters)
             if option is not None:
                 out[option.id] = option
