@@ -26,7 +26,7 @@ from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.topology import gossip_graph, order_ring
 
-MAX_DEGREES = 64  # degree combinations tried, smallest replicas first: each costs one estimate
+MAX_DEGREES = 16  # degree combinations tried, smallest replicas first: each costs two estimates
 
 Slot = tuple[str, str, int]  # cluster id, node id, device index
 
@@ -85,16 +85,19 @@ def spanning_options(
     widest = max((len(ix) for p in pools for _, ix in p.nodes), default=0)
     roomiest = max((p.memory_gb for p in pools), default=0.0)
     # Only what the search could not place: a replica larger than every node, tp within a node;
-    # and only layouts whose leanest form (one micro-batch; no ZeRO shard group, each replica here
-    # being a torchrun group of its own) fits the roomiest device. Most jobs that reach here fit
-    # nowhere, and this says so before any replica is laid out over the fleet's nodes.
+    # and only layouts that fit the roomiest device as the estimate sizes them (its micro-batches;
+    # no ZeRO shard group, each replica here being a torchrun group of its own). Most layouts of a
+    # job that reaches here fit nowhere: they must not crowd out those that do.
     wanted = sorted(
         (
             d
             for d in degrees
             if d.tp <= widest < d.tp * d.pp
             and cm.fits(
-                cm.memory_per_device(spec, d.tp, d.pp, d.zero, 1, 1, spec.pp_schedule).total, roomiest
+                cm.memory_per_device(
+                    spec, d.tp, d.pp, d.zero, 1, n_micro_batches(spec, d.dp), spec.pp_schedule
+                ).total,
+                roomiest,
             )
         ),
         key=lambda d: (d.tp * d.pp, d.dp, d.tp, d.zero),
