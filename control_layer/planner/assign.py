@@ -13,7 +13,7 @@ from control_layer.planner.fleet import Pool
 from control_layer.planner.plan_types import PlannedTask, SyncTopology
 from control_layer.planner.problem import Problem, Solution
 from control_layer.planner.quality import quality
-from control_layer.planner.topology import gossip_graph, order_ring
+from control_layer.planner.topology import cluster_gossip, order_ring
 
 Device = tuple[Pool, str, int]  # pool, node id, device index
 _TASKS = TypeAdapter(list[PlannedTask])
@@ -105,20 +105,10 @@ def assign(pr: Problem, sol: Solution) -> Assignment:
     # One batched validation for thousands of tasks; strict: the rows are built here, nothing to coerce.
     tasks = _TASKS.validate_python(rows, strict=True)
     ring = list(dict.fromkeys(g.leader for g in groups))
-    leaders: dict[str, str] = {}
-    members: dict[str, dict[str, None]] = defaultdict(dict)
-    for g in groups:
-        leaders.setdefault(g.region, g.leader)
-        if g.leader != leaders[g.region]:
-            members[g.region][g.leader] = None
     gossip: dict[str, list[str]] = {}
     if spec.sync.mode == "gossip":
-        graph = gossip_graph(region_ring, spec.sync.gossip_peers, links.bw)
-        for region, peers in graph.items():
-            lead = leaders[region]
-            gossip[lead] = sorted({leaders[p] for p in peers} | set(members[region]))
-            for m in members[region]:
-                gossip[m] = [lead]
+        region_of = {g.leader: g.region for g in groups}
+        gossip = cluster_gossip(ring, region_of.__getitem__, region_ring, spec.sync.gossip_peers, links.bw)
     every = cm.sync_every(spec.sync)
     q = quality(spec.sync.mode, every, spec.sync.compression)
     topology = SyncTopology(

@@ -24,6 +24,19 @@ def option_id(payload: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def plan_id(spec: JobSpec, dp: int, tp: int, pp: int, zero: int, spot: bool, tasks: list[PlannedTask]) -> str:
+    """An option's id: its degrees, precision, spot and where each task sits. Tasks come in
+    (dp rank, stage, tp rank) order, so their places identify the plan."""
+    return option_id(
+        {
+            "degrees": [dp, tp, pp, zero, spec.pp_schedule],
+            "precision": [spec.training.precision, spec.training.activation_checkpointing],
+            "spot": spot,
+            "tasks": "\n".join(f"{t.cluster}/{t.node}/{t.device}" for t in tasks),
+        }
+    )
+
+
 def qos_checks(
     spec: JobSpec, snapshot: ResourceSnapshot, tasks: list[PlannedTask], est: Estimates, spot: bool
 ) -> list[QosCheck]:
@@ -128,15 +141,8 @@ def build_option(pr: Problem, sol: Solution, auto: AutoSync | None = None) -> Pl
             "loss_ratio_basis": "" if q is None else q.measured_as,
         }
     )
-    payload = {
-        "degrees": [deg.dp, deg.tp, deg.pp, deg.zero, spec.pp_schedule],
-        "precision": [spec.training.precision, spec.training.activation_checkpointing],
-        "spot": spot,
-        # Tasks come in (dp rank, stage, tp rank) order, so where each sits identifies the plan.
-        "tasks": "\n".join(f"{t.cluster}/{t.node}/{t.device}" for t in a.tasks),
-    }
     return PlanOption(
-        id=option_id(payload),
+        id=plan_id(spec, deg.dp, deg.tp, deg.pp, deg.zero, spot, a.tasks),
         dp=deg.dp,
         tp=deg.tp,
         pp=deg.pp,

@@ -20,11 +20,11 @@ from control_layer.planner import cost_model as cm
 from control_layer.planner.candidates import Degrees, enumerate_degrees
 from control_layer.planner.estimate import Links, estimate_planned, n_micro_batches
 from control_layer.planner.fleet import Pool
-from control_layer.planner.options import option_id, qos_checks
+from control_layer.planner.options import plan_id, qos_checks
 from control_layer.planner.plan_types import Calibration, PlannedTask, PlanOption, SyncTopology
 from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.topology import gossip_graph, order_ring
+from control_layer.planner.topology import cluster_gossip, order_ring
 
 MAX_DEGREES = 16  # degree combinations tried, smallest replicas first: each costs two estimates
 
@@ -162,17 +162,10 @@ def _option(
     ring = sorted(dict.fromkeys(t.cluster for t in tasks), key=lambda c: (pos[clusters[c].region], c))
     gossip: dict[str, list[str]] = {}
     if spec.sync.mode == "gossip":
-        # As the search's options have it (``assign``): a region's first cluster leads it, its
-        # other clusters talk to that one.
-        lead: dict[str, str] = {}
-        for c in ring:
-            lead.setdefault(clusters[c].region, c)
-        graph = gossip_graph(region_ring, spec.sync.gossip_peers, links.bw)
-        for region, peers in graph.items():
-            members = [c for c in ring if clusters[c].region == region and c != lead[region]]
-            gossip[lead[region]] = sorted({lead[p] for p in peers} | set(members))
-            for m in members:
-                gossip[m] = [lead[region]]
+        # As the search's options have it (``assign``).
+        gossip = cluster_gossip(
+            ring, lambda c: clusters[c].region, region_ring, spec.sync.gossip_peers, links.bw
+        )
     every = cm.sync_every(spec.sync)
     q = quality(spec.sync.mode, every, spec.sync.compression, overlap=runtime.overlap)
     sync = SyncTopology(
@@ -188,14 +181,8 @@ def _option(
     for t in tasks:
         if t.pp_stage == 0 and t.tp_rank == 0:
             per_cluster[t.cluster] += 1
-    payload = {
-        "degrees": [deg.dp, deg.tp, deg.pp, deg.zero, spec.pp_schedule],
-        "precision": [spec.training.precision, spec.training.activation_checkpointing],
-        "spot": spot,
-        "tasks": "\n".join(f"{t.cluster}/{t.node}/{t.device}" for t in tasks),
-    }
     return PlanOption(
-        id=option_id(payload),
+        id=plan_id(spec, deg.dp, deg.tp, deg.pp, deg.zero, spot, tasks),
         dp=deg.dp,
         tp=deg.tp,
         pp=deg.pp,

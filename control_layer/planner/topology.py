@@ -85,3 +85,28 @@ def gossip_graph(ring: Sequence[str], peers: int, bw: Bandwidth) -> dict[str, li
             graph[a].add(b)
             graph[b].add(a)
     return {n: sorted(graph[n]) for n in nodes}
+
+
+def cluster_gossip(
+    ring: Sequence[str],
+    region_of: Callable[[str], str],
+    region_ring: Sequence[str],
+    peers: int,
+    bw: Bandwidth,
+) -> dict[str, list[str]]:
+    """Gossip between clusters: a region's first cluster in `ring` leads it and gossips with the
+    leaders of its region-graph neighbours; the region's other clusters talk to their leader only."""
+    leaders: dict[str, str] = {}
+    members: dict[str, list[str]] = {}
+    for c in ring:
+        region = region_of(c)
+        if leaders.setdefault(region, c) != c:
+            members.setdefault(region, []).append(c)
+    gossip: dict[str, list[str]] = {}
+    for region, neighbours in gossip_graph(region_ring, peers, bw).items():
+        lead = leaders[region]
+        own = members.get(region, [])
+        gossip[lead] = sorted({leaders[p] for p in neighbours} | set(own))
+        for m in own:
+            gossip[m] = [lead]
+    return gossip
