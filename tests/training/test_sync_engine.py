@@ -409,3 +409,26 @@ def test_gossip_state_reports_the_step_its_round_counter_is_as_of(tmp_path: Path
     assert (state.meta.step, state.meta.round) == (10, 2)
     for eng in engines.values():
         eng.node.close()  # type: ignore[union-attr]
+
+
+def test_a_region_that_leaves_first_hears_the_others_leave(tmp_path: Path) -> None:
+    # A finished region waits for every live peer's leave before closing its connections; the
+    # peers that finish later must tell it too, or it waits out the whole leave wait (it was 5 s
+    # at the end of every multi-region job).
+    steps = 10
+    engines = {r: engine(r, tmp_path, steps, mode="local_sgd", every=5) for r in REGIONS}
+    logs: dict[str, list] = {r: [] for r in REGIONS}
+
+    def go(r: str, delay: float) -> None:
+        train(engines[r], r, steps, logs[r])
+        time.sleep(delay)  # "a" leaves first, "c" last
+        engines[r].close()
+
+    threads = [threading.Thread(target=go, args=(r, 0.3 * i)) for i, r in enumerate(REGIONS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for r, eng in engines.items():
+        assert eng.node is not None
+        assert eng.node.left == set(REGIONS) - {r}, r

@@ -327,8 +327,12 @@ class RegionNode:
             return False
 
     def leave_all(self) -> None:
+        # Peers that left already are told too: they wait for every live peer's leave before
+        # closing (``wait_all_left``), and would otherwise wait out the whole LEAVE_WAIT_S.
         for p, c in list(self._clients.items()):
-            if self.is_alive(p):
+            with self.cv:
+                live = self.alive[p]
+            if live:
                 with contextlib.suppress(PeerError):  # gone already
                     c.leave("finished", timeout=2.0)
 
