@@ -8,12 +8,11 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from contracts.job_spec import invalid_argument_from
+from contracts.registration import MAX_FABRIC_GBPS, MAX_FABRIC_LATENCY_MS
 
 # Two clusters in the same region talk over the region's fabric unless a link says otherwise.
 LOCAL_BANDWIDTH_GBPS = 100.0
 LOCAL_LATENCY_MS = 0.5
-MAX_FABRIC_GBPS = 10_000.0  # a node's port figure above this is a typo, not a network
-MAX_FABRIC_LATENCY_MS = 1_000.0
 
 T = TypeVar("T")
 
