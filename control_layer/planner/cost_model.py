@@ -6,6 +6,7 @@ once) and returns seconds, bytes or USD. docs/cost-model.md states each formula 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Sequence
@@ -605,6 +606,20 @@ def pipeline_comm_s(
     adds the same per micro-batch)."""
     if pp <= 1:
         return 0.0
+    return _pipeline_comm_s(pp, m, tuple(fwd), tuple(bwd), links, float(nbytes), schedule)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pipeline_comm_s(
+    pp: int,
+    m: int,
+    fwd: tuple[float, ...],
+    bwd: tuple[float, ...],
+    links: PipelineLinks,
+    nbytes: float,
+    schedule: str,
+) -> float:
+    """``pipeline_comm_s``, kept per input: a fleet's like replicas walk the same schedule."""
 
     def extra(n: int) -> float:
         return _pipeline_makespan(n, fwd, bwd, links, nbytes, schedule) - _pipeline_makespan(
