@@ -9,8 +9,9 @@ declared fabric figures narrow the cluster's), so the first replicas get the fas
 replica's stages run down its nodes in falling port speed: a boundary between two nodes runs at the
 slower port, so this order makes every boundary as fast as any order can (the fastest node is
 never the slower end of a boundary) and keeps slow nodes out of the fast replicas. Ties keep the
-order the pools list. Every placement is priced by ``estimate_planned``, exactly as the search's.
-Pure.
+order the pools list. (A replica that must take slow nodes can walk faster with them at the
+pipeline's ends; that order is not searched.) Every placement is priced by
+``estimate_planned``, exactly as the search's. Pure.
 """
 
 from __future__ import annotations
