@@ -52,6 +52,12 @@ def agent_command(
     advertise_host: str = typer.Option("127.0.0.1", "--advertise-host", help="Where peers reach this node"),
     sync_ports: str = typer.Option("29600-29699", "--sync-ports", help="Ports for cross-region sync servers"),
     intra_bandwidth_gbps: float = typer.Option(0.0, "--intra-bandwidth-gbps", min=0, help="0: not declared"),
+    node_fabric_gbps: float = typer.Option(
+        0.0, "--node-fabric-gbps", min=0, help="Node port into the fabric, Gb/s (0: none)"
+    ),
+    node_fabric_latency_ms: float = typer.Option(
+        0.0, "--node-fabric-latency-ms", min=0, help="Node one-way fabric latency (0: none)"
+    ),
     probe_port: int = typer.Option(
         0, "--probe-port", help="Port peers probe this node's links on (0: any free one, -1: none)"
     ),
@@ -89,6 +95,8 @@ def agent_command(
             advertise_host=advertise_host,
             sync_ports=sync_ports,
             intra_bandwidth_gbps=intra_bandwidth_gbps,
+            node_fabric_gbps=node_fabric_gbps,
+            node_fabric_latency_ms=node_fabric_latency_ms,
             probe_port=probe_port,
             probe_bind=probe_bind,
             work_dir=work_dir,

@@ -355,6 +355,8 @@ class Agent:
             sync_port_min=s.sync_ports[0],
             sync_port_max=s.sync_ports[1],
             intra_bandwidth_gbps=s.intra_bandwidth_gbps,
+            node_fabric_gbps=s.node_fabric_gbps,
+            node_fabric_latency_ms=s.node_fabric_latency_ms,
             jurisdiction=s.jurisdiction,
             node_id=creds.node_id if creds else "",
             node_token=creds.node_token if creds else "",

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from contracts.errors import InvalidArgument
-from contracts.registration import NAME_RE
+from contracts.registration import MAX_FABRIC_GBPS, MAX_FABRIC_LATENCY_MS, NAME_RE
 
 MAX_SERVERS = 16
 _SERVER_RE = re.compile(r"(?P<host>[A-Za-z0-9.\-_]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})")
@@ -86,6 +86,11 @@ class AgentSettings(BaseModel):
     advertise_host: str = "127.0.0.1"
     sync_ports: tuple[int, int] = (29600, 29699)
     intra_bandwidth_gbps: float = Field(0.0, ge=0)
+    # This node's own port into the cluster fabric where it is slower than the cluster's figure.
+    node_fabric_gbps: float = Field(0.0, ge=0, le=MAX_FABRIC_GBPS, description="Gb/s; 0: none")
+    node_fabric_latency_ms: float = Field(
+        0.0, ge=0, le=MAX_FABRIC_LATENCY_MS, description="one-way ms across the fabric; 0: not declared"
+    )
     probe_port: int = Field(
         0, ge=-1, le=65535, description="LinkProbeService port (0: any free one, -1: serve no probes)"
     )

@@ -39,6 +39,8 @@ STEP_RATE_FIELDS = (
     "checkpoint_s_per_mparam",
 )
 PRECISIONS = ("fp32", "bf16")
+MAX_FABRIC_GBPS = 10_000.0  # a node's port figure above this is a typo, not a network
+MAX_FABRIC_LATENCY_MS = 1_000.0
 MAX_SECONDS = 86_400.0  # no measured fixed cost of a worker is anywhere near a day
 
 
@@ -99,6 +101,9 @@ class NodeRegistration:
     node_token: str = ""
     probe_port: int = 0  # its LinkProbeService on advertise_host; 0: none
     profile: NodeProfile | None = None  # None: not measured; the planner uses its defaults
+    # The node's own port into the cluster fabric (Gb/s per device, one-way ms); 0: not declared.
+    node_fabric_gbps: float = 0.0
+    node_fabric_latency_ms: float = 0.0
 
 
 def _finite(x: float) -> bool:
@@ -189,6 +194,15 @@ def registration_problems(reg: NodeRegistration) -> list[str]:
         )
     if not (_finite(reg.intra_bandwidth_gbps) and reg.intra_bandwidth_gbps >= 0):
         p.append(f"intra_bandwidth_gbps: must be a finite number >= 0, got {reg.intra_bandwidth_gbps}")
+    if not (_finite(reg.node_fabric_gbps) and 0 <= reg.node_fabric_gbps <= MAX_FABRIC_GBPS):
+        p.append(
+            f"node_fabric_gbps: must be a finite number in 0..{MAX_FABRIC_GBPS:g}, got {reg.node_fabric_gbps}"
+        )
+    if not (_finite(reg.node_fabric_latency_ms) and 0 <= reg.node_fabric_latency_ms <= MAX_FABRIC_LATENCY_MS):
+        p.append(
+            f"node_fabric_latency_ms: must be a finite number in 0..{MAX_FABRIC_LATENCY_MS:g},"
+            f" got {reg.node_fabric_latency_ms}"
+        )
     lo, hi = reg.sync_port_min, reg.sync_port_max
     if not (1024 <= lo <= hi <= 65535):
         p.append(f"sync_port_min/sync_port_max: need 1024 <= min <= max <= 65535, got {lo}-{hi}")

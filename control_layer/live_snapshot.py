@@ -69,6 +69,8 @@ class _NodeRow:
     alive: bool
     profile: NodeProfileInfo | None
     cpu_contention: float | None
+    fabric_bandwidth_gbps: float | None = None
+    fabric_latency_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,14 @@ class _State:
     def _nodes(self, session: Session, ids: Collection[str] | None) -> None:
         # Columns, not ORM objects: a full read is ~50,000 rows at 1,000 clusters.
         node_cols = select(
-            Node.id, Node.cluster_id, Node.hostname, Node.status, Node.profile, Node.cpu_contention
+            Node.id,
+            Node.cluster_id,
+            Node.hostname,
+            Node.status,
+            Node.profile,
+            Node.cpu_contention,
+            Node.fabric_bandwidth_gbps,
+            Node.fabric_latency_ms,
         )
         acc_cols = select(
             Accelerator.id,
@@ -244,9 +253,15 @@ class _State:
                 self._drop_node(nid)
             for chunk in _chunks([r[0] for r in acc_rows]):
                 self.busy.update(session.scalars(active.where(Allocation.accelerator_id.in_(chunk))))
-        for node_id, cluster_id, hostname, status, profile, contention in node_rows:
+        for node_id, cluster_id, hostname, status, profile, contention, fabric_gbps, fabric_ms in node_rows:
             self.nodes[node_id] = _NodeRow(
-                cluster_id, hostname, status == "alive", node_profile(profile), contention
+                cluster_id,
+                hostname,
+                status == "alive",
+                node_profile(profile),
+                contention,
+                fabric_gbps,
+                fabric_ms,
             )
             self.cluster_nodes.setdefault(cluster_id, set()).add(node_id)
             self.stale.add(cluster_id)
@@ -323,6 +338,8 @@ class _State:
                 hostname=self.nodes[nid].hostname,
                 profile=self.nodes[nid].profile,
                 cpu_contention=self.nodes[nid].cpu_contention,
+                fabric_bandwidth_gbps=self.nodes[nid].fabric_bandwidth_gbps,
+                fabric_latency_ms=self.nodes[nid].fabric_latency_ms,
                 devices=[
                     DeviceSlot(
                         index=d.index,

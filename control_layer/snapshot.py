@@ -96,6 +96,8 @@ def build_snapshot(
                 devices=devices_by_node.get(node.id, []),
                 profile=node_profile(node.profile),
                 cpu_contention=node.cpu_contention,
+                fabric_bandwidth_gbps=node.fabric_bandwidth_gbps,
+                fabric_latency_ms=node.fabric_latency_ms,
             )
         )
 

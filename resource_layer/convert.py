@@ -53,6 +53,8 @@ def registration_from_proto(r: agent_pb2.RegisterRequest) -> NodeRegistration:
         node_id=r.node_id,
         node_token=r.node_token,
         probe_port=r.probe_port,
+        node_fabric_gbps=r.node_fabric_gbps,
+        node_fabric_latency_ms=r.node_fabric_latency_ms,
         profile=profile_from_proto(r.measured_profile) if r.HasField("measured_profile") else None,
     )
 

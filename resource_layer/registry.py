@@ -78,6 +78,9 @@ def register_node(
     node.probe_key = new_probe_key()  # rotated with the node token: the old agent process is gone
     node.agent_version = reg.agent_version
     node.profile = reg.profile.as_dict() if reg.profile is not None else None
+    # Declared with every registration: a node that stops declaring goes back to the cluster's.
+    node.fabric_bandwidth_gbps = reg.node_fabric_gbps or None
+    node.fabric_latency_ms = reg.node_fabric_latency_ms or None
     if node.status == "lost":
         node.status = "alive"
     session.flush()

@@ -7,7 +7,10 @@ are the orders ``torch.distributed.pipelining``'s ScheduleGPipe and Schedule1F1B
 
 A stage runs its ops one at a time in that order. A forward of micro-batch i on stage s waits for
 its activation from stage s-1; a backward waits for the gradient from stage s+1. Sends are
-asynchronous (isend): a stage goes on computing while its output is on the wire. With tensor
+asynchronous (isend): a stage goes on computing while its output is on the wire. Messages from one
+rank to another go in order, one after the other: gloo carries a pair of ranks over one TCP
+stream, and NCCL runs a communicator's point-to-point operations in order on its stream, so a
+second activation waits for the first one's last byte rather than sharing the wire with it. With tensor
 parallelism each tp rank sends its copy to the same tp rank of the next stage, and an op starts
 when all its tp ranks' inputs have arrived.
 """
@@ -74,6 +77,7 @@ class Pipeline:
                     self.waiting[(s, "B", i)] = len(self.devices[s])
         self.done_at = [0.0] * pp
         self.busy = [0.0] * pp
+        self._pairs: dict[tuple[object, object], list[Callable[[], None]]] = {}
         for s in range(pp):
             self._try(s)
 
@@ -108,5 +112,22 @@ class Pipeline:
         if self.free_links:
             self.net.at(0.0, arrived)
             return
+        queue = self._pairs.setdefault((src, dst), [])
+        queue.append(arrived)
+        if len(queue) == 1:
+            self._next_on_pair(src, dst)
+
+    def _next_on_pair(self, src: object, dst: object) -> None:
+        """Start the oldest message waiting between src and dst; when its last byte has left,
+        deliver it one latency later and start the next."""
+        queue = self._pairs[(src, dst)]
         path, latency, label = self.route(src, dst)
-        self.net.send(path, self.activation_bytes, latency, arrived, label)
+        arrived = queue[0]
+
+        def sent() -> None:
+            self.net.at(latency, arrived)
+            queue.pop(0)
+            if queue:
+                self._next_on_pair(src, dst)
+
+        self.net.send(path, self.activation_bytes, 0.0, sent, label)

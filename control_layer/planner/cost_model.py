@@ -6,7 +6,10 @@ once) and returns seconds, bytes or USD. docs/cost-model.md states each formula 
 
 from __future__ import annotations
 
+import functools
+import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -271,15 +274,20 @@ def stage_flops_per_token(
     attention; 8 and 16 when checkpointing recomputes its forward) split tp ways; the head, 6 per
     parameter (a block checkpoints, the head does not), is computed whole on every tp rank.
     """
+    work = stage_flops(model, activation_checkpointing, tp, pp)
+    return max(work), sum(work)
+
+
+def stage_flops(model: ModelSpec, activation_checkpointing: bool, tp: int, pp: int) -> list[float]:
+    """Training FLOPs per token on one tp rank of each pipeline stage (``stage_flops_per_token``)."""
     cfg = model_config(model)
     dense, attn = (8.0, 16.0) if activation_checkpointing else (6.0, 12.0)
     block = (dense * gpt_block_param_count(cfg) + attn * cfg.seq_len * cfg.d_model) / tp
     head = 6.0 * (cfg.d_model * cfg.vocab + 2 * cfg.d_model)
     base, extra = divmod(cfg.n_layers, pp)
-    layers = [base + (1 if i < extra else 0) for i in range(pp)]
-    work = [n * block for n in layers]
+    work = [(base + (1 if i < extra else 0)) * block for i in range(pp)]
     work[-1] += head
-    return max(work), sum(work)
+    return work
 
 
 def block_params(model: ModelSpec) -> int:
@@ -406,6 +414,21 @@ class ReplicaTime:
         return self.compute + self.tp_comm + self.dp_comm + self.pp_bubble + self.pp_comm
 
 
+@dataclass(frozen=True)
+class PipelineLinks:
+    """How one replica's stages reach each other when it spans nodes.
+
+    ``port_out[s]`` / ``port_in[s]``: bytes/s of stage s's port into the cluster fabric (its
+    node's, ``ClusterInfo.port``); ``across[s]``: boundary s -> s+1 crosses the fabric (else it
+    stays inside a node, at ``local_bw``); ``latency[s]``: that boundary's one-way seconds."""
+
+    port_out: tuple[float, ...]
+    port_in: tuple[float, ...]
+    across: tuple[bool, ...]
+    latency: tuple[float, ...]
+    local_bw: float
+
+
 def replica_time(
     spec: JobSpec,
     tp: int,
@@ -420,6 +443,8 @@ def replica_time(
     pp_lat,
     micro_batch_s=0.0,
     step_s=0.0,
+    pp_links: PipelineLinks | None = None,
+    schedule: str = "1f1b",
 ) -> ReplicaTime:
     """One replica's step on devices of effective_flops (FLOP/s, measured × efficiency).
 
@@ -429,6 +454,8 @@ def replica_time(
     2(r−1)/r·G (NCCL/gloo ring all-reduce).
     micro_batch_s / step_s: fixed seconds per micro-batch and per step beyond the FLOPs (kernel
     launches, Python, the loss all-reduce), as the node's reference step measured them.
+    pp_links: a replica across nodes, whose boundaries differ (``PipelineLinks``): its schedule is
+    walked (``pipeline_comm_s``); None: every boundary at pp_bw/pp_lat, the closed form.
     """
     model, training = spec.model, spec.training
     b, s, d = training.micro_batch_size, model.seq_len, model.d_model
@@ -449,10 +476,27 @@ def replica_time(
         tp_comm = 0.0 * t_mb
 
     if pp > 1:
-        hop = pp_lat + b * s * d * RESIDUAL_BYTES / pp_bw
-        # Fill and drain put 2(p−1) hops on the critical path; in steady state a transfer hides
-        # behind the opposite pass (a forward is a third of fwd+bwd) unless it is slower.
-        pp_comm = 2.0 * (pp - 1) * hop + 2.0 * n_micro * np.maximum(0.0, hop - t_mb / 3.0)
+        # Fill and drain put every boundary's hop on the critical path twice (activation forward,
+        # its gradient back); in steady state a transfer hides behind the opposite pass (a forward
+        # is a third of fwd+bwd) unless it is slower, and the slowest boundary paces the rest.
+        if pp_links is None:
+            hop = pp_lat + b * s * d * RESIDUAL_BYTES / pp_bw
+            pp_comm = 2.0 * (pp - 1) * hop + 2.0 * n_micro * np.maximum(0.0, hop - t_mb / 3.0)
+        else:
+            # Boundaries that differ (a replica across nodes): walk the schedule itself.
+            # Each stage's own op times (its layers, the head on the last, its share of the tp
+            # all-reduces), so a fast stage's slack can absorb a slow boundary as it does.
+            flops = stage_flops(model, training.activation_checkpointing, tp, pp)
+            base, extra = divmod(model.n_layers, pp)
+            tp_mb = float(tp_comm) / n_micro / max(lps, 1)  # per layer of a micro-batch
+            t_ops = [
+                f * b * s / effective_flops + micro_batch_s + tp_mb * (base + (1 if i < extra else 0))
+                for i, f in enumerate(flops)
+            ]
+            fwd_part = 2.0 / (8.0 if training.activation_checkpointing else 6.0)
+            fwd = [float(t) * fwd_part for t in t_ops]
+            bwd = [float(t) * (1.0 - fwd_part) for t in t_ops]
+            pp_comm = pipeline_comm_s(pp, n_micro, fwd, bwd, pp_links, b * s * d * RESIDUAL_BYTES, schedule)
     else:
         pp_comm = 0.0 * t_mb
 
@@ -460,6 +504,133 @@ def replica_time(
     if np.ndim(dp_comm) == 0:
         dp_comm = float(dp_comm)
     return ReplicaTime(compute, tp_comm, dp_comm, bubble, pp_comm)
+
+
+def _pipeline_makespan(
+    m: int,
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    links: PipelineLinks,
+    nbytes: float,
+    schedule: str,
+) -> float:
+    """When the last op of one pipeline ends.
+
+    Each stage runs its ops one at a time in the schedule's order (GPipe: every forward, then
+    every backward; 1F1B: min(pp-s-1, m) warm-up forwards, then one forward and one backward in
+    turn, then the remaining backwards: ``torch.distributed.pipelining``'s ScheduleGPipe and
+    Schedule1F1B). A forward waits for its activation, a backward for its gradient. Sends are
+    asynchronous; messages between two stages go in order (one gloo TCP stream, one NCCL stream
+    per pair), and across the fabric a message holds the sender's port for nbytes/port_out and the
+    receiver's for nbytes/port_in, so a stage's activations forward and gradients back take turns
+    on its port while a slow far end does not hold a fast near one for longer than its bytes need.
+    ``nbytes`` 0: transfers take no time (the bare schedule)."""
+    pp = len(fwd)
+    ops: list[list[tuple[bool, int]]] = []
+    for st in range(pp):
+        if schedule == "gpipe":
+            ops.append([(True, i) for i in range(m)] + [(False, i) for i in range(m)])
+            continue
+        warm = min(pp - st - 1, m)
+        seq = [(True, i) for i in range(warm)]
+        for i in range(m - warm):
+            seq += [(True, warm + i), (False, i)]
+        ops.append(seq + [(False, i) for i in range(m - warm, m)])
+    arrived: list[set[tuple[bool, int]]] = [set() for _ in range(pp)]
+    pair_free: dict[tuple[int, int], float] = {}
+    tx, rx = [0.0] * pp, [0.0] * pp  # when each stage's fabric port is next free to send / receive
+    nxt, idle = [0] * pp, [True] * pp
+    events: list[tuple[float, int, int, bool, int, bool]] = []  # (t, seq, stage, forward, i, is_end)
+    seq, now = 0, 0.0
+
+    def push(t: float, st: int, forward: bool, i: int, is_end: bool) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (t, seq, st, forward, i, is_end))
+
+    def try_start(st: int) -> None:
+        if not idle[st] or nxt[st] >= len(ops[st]):
+            return
+        forward, i = ops[st][nxt[st]]
+        first = st == 0 if forward else st == pp - 1
+        if first or (forward, i) in arrived[st]:
+            idle[st] = False
+            push(now + (fwd[st] if forward else bwd[st]), st, forward, i, True)
+
+    for st in range(pp):
+        try_start(st)
+    # Events in time order, so every transfer books the ports after those issued before it.
+    while events:
+        now, _, st, forward, i, is_end = heapq.heappop(events)
+        if not is_end:
+            arrived[st].add((forward, i))
+            try_start(st)
+            continue
+        idle[st] = True
+        nxt[st] += 1
+        to = st + 1 if forward else st - 1
+        if 0 <= to < pp:
+            k = min(st, to)
+            start = max(now, pair_free.get((st, to), 0.0))
+            if nbytes <= 0:
+                done = arrive = now
+            elif links.across[k]:
+                start = max(start, tx[st], rx[to])
+                t_out, t_in = nbytes / links.port_out[st], nbytes / links.port_in[to]
+                tx[st], rx[to] = start + t_out, start + t_in
+                done = start + max(t_out, t_in)
+                arrive = done + links.latency[k]
+            else:
+                done = start + nbytes / links.local_bw
+                arrive = done + links.latency[k]
+            pair_free[(st, to)] = done
+            push(arrive, to, forward, i, False)
+        try_start(st)
+    if any(n < len(o) for n, o in zip(nxt, ops, strict=True)):
+        raise ValueError("pipeline schedule deadlocked")  # cannot happen for these orders
+    return now
+
+
+def pipeline_comm_s(
+    pp: int,
+    m: int,
+    fwd: Sequence[float],
+    bwd: Sequence[float],
+    links: PipelineLinks,
+    nbytes: float,
+    schedule: str = "1f1b",
+) -> float:
+    """What stage-to-stage transfers of ``nbytes`` add to one pipeline of m micro-batches of
+    fwd[s]/bwd[s] seconds on stage s: its makespan with them less without. Past a few rounds the
+    schedule is periodic, so a long one is extrapolated from two shorter ones (the steady state
+    adds the same per micro-batch)."""
+    if pp <= 1:
+        return 0.0
+    return _pipeline_comm_s(pp, m, tuple(fwd), tuple(bwd), links, float(nbytes), schedule)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pipeline_comm_s(
+    pp: int,
+    m: int,
+    fwd: tuple[float, ...],
+    bwd: tuple[float, ...],
+    links: PipelineLinks,
+    nbytes: float,
+    schedule: str,
+) -> float:
+    """``pipeline_comm_s``, kept per input: a fleet's like replicas walk the same schedule."""
+
+    def extra(n: int) -> float:
+        return _pipeline_makespan(n, fwd, bwd, links, nbytes, schedule) - _pipeline_makespan(
+            n, fwd, bwd, links, 0.0, schedule
+        )
+
+    m1, m2 = 2 * pp, 4 * pp
+    if m <= m2:
+        return extra(m)
+    e1, e2 = extra(m1), extra(m2)
+    return e2 + (m - m2) * (e2 - e1) / (m2 - m1)
 
 
 def dp_comm_s(spec: JobSpec, tp: int, pp: int, zero: int, replicas_on_node, intra_bw, intra_lat):

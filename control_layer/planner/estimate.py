@@ -53,6 +53,11 @@ def intra_bytes_per_s(cluster: ClusterInfo, calibration: Calibration | None) -> 
     return cm.bytes_per_s(cluster.intra_bandwidth_gbps, goodput)
 
 
+def port_bytes_per_s(cluster: ClusterInfo, gbps: float, calibration: Calibration | None) -> float:
+    """A node-level figure of the cluster's fabric, at the fabric's achieved fraction."""
+    return cm.bytes_per_s(gbps, cm.link_goodput(cluster.region, cluster.region, calibration))
+
+
 def n_micro_batches(spec: JobSpec, dp: int) -> int:
     per_replica = spec.global_batch_sequences // dp
     return max(1, per_replica // spec.training.micro_batch_size)
@@ -211,6 +216,9 @@ class Replica:
     devices: list[tuple[ClusterInfo, DeviceSlot]]
     participant: Participant  # (cluster, its torchrun group's first node, device model)
     nodes: tuple[str, ...] = ()  # every node it runs on, when more than the participant's
+    # Per stage boundary (stage order), the (sending node, receiving node) of each tp rank's
+    # transfer, when the replica spans nodes; () otherwise.
+    boundaries: tuple[tuple[tuple[str, str], ...], ...] = ()
 
     @property
     def all_nodes(self) -> tuple[str, ...]:
@@ -260,9 +268,19 @@ def _replicas(
         if len(models) != 1:
             raise InvalidArgument(f"dp rank {rank} mixes device models {sorted(models)}", dp_rank=rank)
         nodes = tuple(dict.fromkeys(t.node for t in sorted(group, key=rank_key)))
+        boundaries: tuple[tuple[tuple[str, str], ...], ...] = ()
+        if len(nodes) > 1:
+            at = {(t.pp_stage, t.tp_rank): t.node for t in group}
+            boundaries = tuple(
+                tuple(sorted({(at[(st, r)], at[(st + 1, r)]) for r in range(tp)})) for st in range(pp - 1)
+            )
         out.append(
             Replica(
-                rank, devices, (group[0].cluster, nodes[0], models.pop()), nodes if len(nodes) > 1 else ()
+                rank,
+                devices,
+                (group[0].cluster, nodes[0], models.pop()),
+                nodes if len(nodes) > 1 else (),
+                boundaries,
             )
         )
     # Nodes that share a replica run as one torchrun group (node_groups): its replicas average
@@ -387,6 +405,39 @@ def _fixed_seconds(
     )
     teardown = cm.teardown_seconds(node.id, prof.teardown_s / under if prof else None, calibration)
     return launcher * launch_share + workers * share, teardown * share
+
+
+def _pp_links(
+    rep: Replica,
+    cluster: ClusterInfo,
+    nodes: dict[str, NodeInfo],
+    intra_bw: float,
+    intra_lat: float,
+    calibration: Calibration | None,
+) -> cm.PipelineLinks | None:
+    """How a replica across nodes reaches its stages (None for one on a node): each stage's port
+    is its node's (the slowest of its tp ranks' nodes), a boundary inside a node runs at the
+    cluster's figures as on one node, one between nodes pays the larger latency of the two."""
+    if not rep.boundaries:
+        return None
+
+    def port(node_id: str) -> tuple[float, float]:
+        gbps, lat_ms = cluster.port(nodes[node_id])
+        return port_bytes_per_s(cluster, gbps, calibration), lat_ms / 1000.0
+
+    pp = len(rep.boundaries) + 1
+    stage_nodes: list[set[str]] = [set() for _ in range(pp)]
+    for k, pairs in enumerate(rep.boundaries):
+        for a, b in pairs:
+            stage_nodes[k].add(a)
+            stage_nodes[k + 1].add(b)
+    ports = [min(port(n)[0] for n in on) for on in stage_nodes]
+    across, latency = [], []
+    for pairs in rep.boundaries:
+        crossing = [(a, b) for a, b in pairs if a != b]
+        across.append(bool(crossing))
+        latency.append(max([intra_lat, *(max(port(a)[1], port(b)[1]) for a, b in crossing)]))
+    return cm.PipelineLinks(tuple(ports), tuple(ports), tuple(across), tuple(latency), intra_bw)
 
 
 def estimate_option(
@@ -520,7 +571,11 @@ def _estimate(
         # Replicas on the same clusters with the same weakest device and group size estimate the
         # same, unless their nodes' own measurements or host share set them apart.
         own = on if kind == "cpu" or any(nodes[n].profile is not None for n in on) else None
-        key = (ids, own, model, kind, tflops, smallest, r)
+        cls = [clusters[i] for i in ids]
+        intra_bw = min(intra_bytes_per_s(c, calibration) for c in cls)
+        intra_lat = max(c.intra_latency_ms for c in cls) / 1000.0
+        pp_links = _pp_links(rep, cls[0], nodes, intra_bw, intra_lat, calibration)
+        key = (ids, own, model, kind, tflops, smallest, r, pp_links)
         if key in seen:
             continue
         seen.add(key)
@@ -529,13 +584,22 @@ def _estimate(
         rates = [p.rates.get(precision) if (p := nodes[n].profile) else None for n in on]
         rate = None if any(x is None for x in rates) else min(rates, key=lambda x: x.tflops)  # type: ignore[union-attr]
         share = max(shares.get(n, 1.0) for n in on) if kind == "cpu" else 1.0
-        cls = [clusters[i] for i in ids]
-        intra_bw = min(intra_bytes_per_s(c, calibration) for c in cls)
-        intra_lat = max(c.intra_latency_ms for c in cls) / 1000.0
         if rate is None:
             flops = cm.effective_flops(tflops, model, kind, precision, calibration)
             rt = cm.replica_time(
-                spec, tp, pp, zero, n_micro, r, flops / share, intra_bw, intra_lat, intra_bw, intra_lat
+                spec,
+                tp,
+                pp,
+                zero,
+                n_micro,
+                r,
+                flops / share,
+                intra_bw,
+                intra_lat,
+                intra_bw,
+                intra_lat,
+                pp_links=pp_links,
+                schedule=pp_schedule,
             )
             locals_.append(LocalStep(rt, 0.0, 0.0, default_write_s))
         else:
@@ -557,6 +621,8 @@ def _estimate(
                 intra_lat,
                 micro_batch_s=rate.micro_batch_s * share / eff,
                 step_s=rate.step_s * share / eff,
+                pp_links=pp_links,
+                schedule=pp_schedule,
             )
             p = cm.stage_params(spec.model, tp, pp) / 1e6
             opt_params = p / r if zero >= 1 else p
@@ -581,11 +647,13 @@ def _estimate(
     members: dict[str, int] = defaultdict(int)
     for p_ in group_size:
         members[clusters[p_[0]].region] += 1
-    in_plan = {p_[0] for p_ in group_size}
-    fabric = {
-        cid: (intra_bytes_per_s(clusters[cid], calibration), clusters[cid].intra_latency_ms / 1000.0)
-        for cid in in_plan
-    }
+    # A ring between a cluster's participants runs at its slowest leader's port.
+    fabric: dict[str, tuple[float, float]] = {}
+    for p_ in group_size:
+        c = clusters[p_[0]]
+        gbps, lat_ms = c.port(nodes[p_[1]])
+        bw_was, lat_was = fabric.get(c.id, (math.inf, 0.0))
+        fabric[c.id] = (min(bw_was, port_bytes_per_s(c, gbps, calibration)), max(lat_was, lat_ms / 1000.0))
     sc = sync_cost(spec, links, [(clusters[p_[0]].region, p_[0]) for p_ in group_size], fabric)
     xb = sc.basis
     # Beside the steps, on a host with no idle core, the exchange's CPU work takes turns with

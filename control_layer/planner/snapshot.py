@@ -8,6 +8,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from contracts.job_spec import invalid_argument_from
+from contracts.registration import MAX_FABRIC_GBPS, MAX_FABRIC_LATENCY_MS
 
 # Two clusters in the same region talk over the region's fabric unless a link says otherwise.
 LOCAL_BANDWIDTH_GBPS = 100.0
@@ -88,6 +89,22 @@ class NodeInfo(_Plain):
         allow_inf_nan=False,
         description="How many times slower than an idle core a new CPU worker runs on the host (heartbeats).",
     )
+    # The node's own place in its cluster's fabric, where the agent declared it: a node with a
+    # slower NIC (or behind an oversubscribed switch) than the cluster's figure. None: the cluster's.
+    fabric_bandwidth_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_FABRIC_GBPS,
+        allow_inf_nan=False,
+        description="Each device's port into the cluster fabric on this node, Gb/s; the cluster's caps it.",
+    )
+    fabric_latency_ms: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_FABRIC_LATENCY_MS,
+        allow_inf_nan=False,
+        description="One-way latency from this node across the cluster fabric, ms; at least the cluster's.",
+    )
 
     @property
     def host(self) -> str:
@@ -116,6 +133,22 @@ class ClusterInfo(_Plain):
     @property
     def n_free(self) -> int:
         return sum(len(n.free_devices()) for n in self.nodes)
+
+    def port(self, node: NodeInfo) -> tuple[float, float]:
+        """(Gb/s, one-way ms) of a device's port into this fabric on ``node``: the cluster's
+        figures, narrowed by the node's own where it has them."""
+        bw, lat = self.intra_bandwidth_gbps, self.intra_latency_ms
+        if node.fabric_bandwidth_gbps is not None:
+            bw = min(bw, node.fabric_bandwidth_gbps)
+        if node.fabric_latency_ms is not None:
+            lat = max(lat, node.fabric_latency_ms)
+        return bw, lat
+
+    def between(self, a: NodeInfo, b: NodeInfo) -> tuple[float, float]:
+        """(Gb/s, one-way ms) of a message from a device on node a to one on node b across the
+        fabric (non-blocking: only the two ports limit it, the slower one sets the rate)."""
+        (bw_a, lat_a), (bw_b, lat_b) = self.port(a), self.port(b)
+        return min(bw_a, bw_b), max(lat_a, lat_b)
 
 
 class RegionInfo(_Plain):

@@ -4,10 +4,14 @@ The search keeps a replica on one node. When that leaves nothing (a model that n
 per replica than any node has free), this places each replica on whole nodes of one cluster: a
 stage's tensor group on one node, consecutive stages on one node or the next, a node given to one
 replica only, so every replica is its own torchrun group with one block of ranks per node
-(``node_groups``). The snapshot has no bandwidth figure between a cluster's nodes (the fabric is
-one figure), so any order of its nodes is as fast as another: nodes are taken in the order the
-pools list them. Every placement is priced by ``estimate_planned``, exactly as the search's.
-Pure.
+(``node_groups``). A cluster's nodes are taken fastest port first (``ClusterInfo.port``: a node's
+declared fabric figures narrow the cluster's), so the first replicas get the fast nodes and each
+replica's stages run down its nodes in falling port speed: a boundary between two nodes runs at the
+slower port, so this order makes every boundary as fast as any order can (the fastest node is
+never the slower end of a boundary) and keeps slow nodes out of the fast replicas. Ties keep the
+order the pools list. (A replica that must take slow nodes can walk faster with them at the
+pipeline's ends; that order is not searched.) Every placement is priced by
+``estimate_planned``, exactly as the search's. Pure.
 """
 
 from __future__ import annotations
@@ -34,12 +38,18 @@ Slot = tuple[str, str, int]  # cluster id, node id, device index
 Group = tuple[str, list[tuple[str, tuple[int, ...]]]]  # cluster id, its (node, free devices)
 
 
-def _groups(pools: list[Pool]) -> list[Group]:
-    """Each (cluster, device model)'s nodes, sorted by cluster id and model: built once per quote."""
+def _groups(pools: list[Pool], snapshot: ResourceSnapshot) -> list[Group]:
+    """Each (cluster, device model)'s nodes, fastest fabric port first (then lowest latency),
+    sorted by cluster id and model: built once per quote."""
     by_cluster: dict[tuple[str, str], list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
     for p in pools:
         by_cluster[(p.cluster.id, p.model)] += list(p.nodes)
-    return [(cid, nodes) for (cid, _), nodes in sorted(by_cluster.items())]
+    clusters, nodes_by_id = snapshot.clusters_by_id(), snapshot.nodes_by_id()
+    out: list[Group] = []
+    for (cid, _), nodes in sorted(by_cluster.items()):
+        ports = {n: clusters[cid].port(nodes_by_id[n]) for n, _ in nodes}
+        out.append((cid, sorted(nodes, key=lambda e: (-ports[e[0]][0], ports[e[0]][1]))))
+    return out
 
 
 def _replicas(groups: list[Group], tp: int, pp: int, need: int) -> list[list[Slot]]:
@@ -106,7 +116,7 @@ def spanning_options(
     regions = {c.id: c.region for c in snapshot.clusters}
     price = {p.cluster.id: p.price for p in pools}
     speed = {p.cluster.id: p.tflops for p in pools}
-    groups = _groups(pools)
+    groups = _groups(pools, snapshot)
     # The cheapest clusters first, then the fastest; a stable order, so a cluster's replicas keep
     # theirs. Taking the first dp replicas in that order is the dp best of all of them.
     orders = [

@@ -241,6 +241,9 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
         {"measured_profile": agent_pb2.MeasuredProfile(rates=[agent_pb2.MeasuredStepRate(precision="fp8")])},
         "measured_profile.rates[0].precision",
     ),
+    ("negative node fabric", {"node_fabric_gbps": -1.0}, "node_fabric_gbps"),
+    ("node fabric beyond any network", {"node_fabric_gbps": 1e6}, "node_fabric_gbps"),
+    ("node fabric latency not a number", {"node_fabric_latency_ms": float("nan")}, "node_fabric_latency_ms"),
 ]
 
 
@@ -265,6 +268,35 @@ def test_a_measured_profile_is_stored_and_reaches_the_planners_snapshot(
     assert info.profile.launcher_s == pytest.approx(1.25)
     assert info.profile.rates["fp32"].data_s_per_mtoken == pytest.approx(9.0)
     assert info.host == "node-a"
+
+
+def test_a_declared_node_fabric_is_stored_and_reaches_both_snapshots(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    """What the agent declares for its own port narrows the cluster's figure in the planner's
+    snapshot, rebuilt from the database and kept live; re-registering without it clears it."""
+    from control_layer.live_snapshot import LiveSnapshot
+
+    slow = stub.Register(
+        request(enrollment_token(ctx), node_fabric_gbps=10.0, node_fabric_latency_ms=0.2), timeout=10
+    )
+    plain = stub.Register(request(enrollment_token(ctx), hostname="node-b"), timeout=10)
+    with ctx.session_factory() as s:
+        built = build_snapshot(s)
+    for snap in (built, LiveSnapshot(ctx).snapshot()):
+        (cluster,) = snap.clusters
+        nodes = {n.id: n for n in cluster.nodes}
+        mine = nodes[slow.node_id]
+        assert (mine.fabric_bandwidth_gbps, mine.fabric_latency_ms) == (10.0, 0.2)
+        assert cluster.port(nodes[slow.node_id]) == (10.0, 0.2)
+        assert cluster.port(nodes[plain.node_id]) == (50.0, cluster.intra_latency_ms)
+        assert cluster.between(nodes[slow.node_id], nodes[plain.node_id]) == (10.0, 0.2)
+    again = stub.Register(
+        request("", node_id=slow.node_id, node_token=slow.node_token, hostname="node-a"), timeout=10
+    )
+    with ctx.session_factory() as s:
+        node = s.get(Node, again.node_id)
+        assert node is not None and node.fabric_bandwidth_gbps is None and node.fabric_latency_ms is None
 
 
 @pytest.mark.parametrize(("case", "overrides", "reason"), MALFORMED, ids=[m[0] for m in MALFORMED])

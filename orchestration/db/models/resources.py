@@ -65,6 +65,10 @@ class Node(Base):
     # How many times slower than an idle core a CPU worker runs on the host now (agent/contention.py),
     # as the last stored heartbeat reported it; None: not reported.
     cpu_contention: Mapped[float | None] = mapped_column(default=None)
+    # The node's own port into its cluster's fabric, as its agent declared it (a slower NIC or an
+    # oversubscribed switch than the cluster's figure); None: the cluster's figures hold.
+    fabric_bandwidth_gbps: Mapped[float | None] = mapped_column(default=None)
+    fabric_latency_ms: Mapped[float | None] = mapped_column(default=None)
 
     cluster: Mapped[Cluster] = relationship(back_populates="nodes", lazy="raise")
     accelerators: Mapped[list[Accelerator]] = relationship(back_populates="node", lazy="raise")

@@ -123,9 +123,9 @@ def test_groups_across_nodes_are_priced_within_ten_percent_of_the_simulator_p90(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=st.sampled_from(GRID))
 def test_a_group_across_nodes_prices_as_the_same_roles_on_one_node(case: tuple) -> None:
-    """The snapshot has no figure for a node's own interconnect, so the cost model (and the
-    simulator reading the same snapshot) prices it at the fabric's: spanning nodes leaves the
-    estimate as it is on one node."""
+    """Without node figures every boundary runs at the fabric's, on one node or across nodes; a
+    replica across nodes is priced by walking its schedule (``cm.pipeline_comm_s``), one on a
+    node by the closed form the search evaluates, and the two stay within 10 %."""
     dp, tp, pp, devices, fabric = case
     tasks = _blocks(dp, tp, pp, devices)
     groups = node_groups(tasks)
@@ -137,7 +137,7 @@ def test_a_group_across_nodes_prices_as_the_same_roles_on_one_node(case: tuple) 
     one_snap = _snapshot(1, total, fabric)
     one_tasks = _blocks(dp, tp, pp, total)
     one = _estimate(one_tasks, one_snap, dp, tp, pp)
-    assert _iteration(one) == pytest.approx(_iteration(est), rel=1e-9)
+    assert _iteration(one) == pytest.approx(_iteration(est), rel=0.10)
     one_sim = simulate(SPEC, _option(one_tasks, dp, tp, pp, one), one_snap, **GOODPUT).step_s
     # The simulator gives each device a port into its node and one into the fabric: transfers
     # between nodes leave the node's port to the stage groups' all-reduces, never adding contention.
