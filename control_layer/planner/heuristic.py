@@ -249,23 +249,28 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
     # Two fill orders: cheapest first, and largest members first (fewest sync participants,
     # what per-step synchronisation rewards).
     big_first = np.lexsort((np.arange(pr.n_units), pr.price, -pr.cap))
+    # Per order, the eligible counts and the units' regions in that order, gathered once.
+    by_order = [(ordr, elig[:, ordr], pr.region[ordr]) for ordr in (order, big_first)]
     pieces: list[tuple[np.ndarray, np.ndarray]] = []  # (units, fills) per (set, order)
     row_level, n_rows = [], 0
     for regions in sets.values():
-        inside = regions[pr.region]
-        for ordr in (order, big_first):
-            cols = ordr[inside[ordr]]  # this order, restricted to the set's units
+        for ordr, el_o, reg_o in by_order:
+            inside = regions[reg_o]  # this order, restricted to the set's units
+            cols = ordr[inside]
             if not len(cols):
                 continue
-            el = elig[:, cols]
+            el = el_o[:, inside]
             cum = np.cumsum(el, axis=1)
             good = cum[:, -1] >= dp  # a level whose set can hold dp fills it exactly
-            if not good.any():
+            n_good = int(np.count_nonzero(good))
+            if not n_good:
                 continue
-            el, cum = el[good], cum[good]
+            lv = levels
+            if n_good < len(good):
+                el, cum, lv = el[good], cum[good], levels[good]
             take = np.minimum(np.maximum(dp - (cum - el), 0), el)  # np.clip, without its wrapper
             pieces.append((cols, take))
-            row_level.append(levels[good])
+            row_level.append(lv)
             n_rows += len(take)
     if not n_rows:
         return []
