@@ -9,7 +9,7 @@ replica, step times and memory), which becomes the row of 2-D arrays.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,6 +36,21 @@ class Rows:
     z_rate: np.ndarray  # (D,) least Σ price × step of such a member, per replica-second
     room_all: np.ndarray  # (D, R) replicas each region can hold
     room_one: np.ndarray  # (D, R) replicas the largest member of each region can hold
+
+    def select(self, idx: np.ndarray) -> Rows:
+        """These rows only (every figure of a row depends on that row alone)."""
+        return replace(
+            self,
+            dp=self.dp[idx],
+            t1=self.t1[idx],
+            t2=self.t2[idx],
+            n_single=self.n_single[idx],
+            n_multi=self.n_multi[idx],
+            z_time=self.z_time[idx],
+            z_rate=self.z_rate[idx],
+            room_all=self.room_all[idx],
+            room_one=self.room_one[idx],
+        )
 
 
 def sum_by(x: np.ndarray, key: np.ndarray, n: int) -> np.ndarray:
@@ -206,8 +221,19 @@ def wan_floor(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
     return np.minimum(t_b, t_c), np.minimum(e_b, e_c)
 
 
+def key_span(key: np.ndarray) -> float:
+    """More than any finite key: _by_region's sort key puts each region's keys in its own span."""
+    return float(np.nanmax(np.where(np.isfinite(key), key, 0.0))) + 1.0
+
+
 def _by_region(
-    n: np.ndarray, key: np.ndarray, g_region: np.ndarray, n_reg: int, dp: np.ndarray, want: str = "both"
+    n: np.ndarray,
+    key: np.ndarray,
+    g_region: np.ndarray,
+    n_reg: int,
+    dp: np.ndarray,
+    want: str = "both",
+    span: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row and region: the dp-th smallest slot key, and the sum of the dp smallest keys.
 
@@ -215,13 +241,16 @@ def _by_region(
     Slots are sorted by region, then key (one sort per row, same region segments in every row);
     segment sums then give each region's fill. Returns two (D, R) arrays, inf where a region has
     fewer than dp slots; want "kth" or "sum" leaves the other one inf (each caller reads one).
+    span: ``key_span(key)`` unless given (from the rows these were selected from, so that a
+    selection sorts, and rounds, its rows as the whole would).
     """
     d, width = n.shape
     out_kth = np.full((d, n_reg), np.inf)
     out_sum = np.full((d, n_reg), np.inf)
     if width == 0:
         return out_kth, out_sum
-    span = float(np.nanmax(np.where(np.isfinite(key), key, 0.0))) + 1.0
+    if span is None:
+        span = key_span(key)
     composite = np.where(np.isfinite(key), key, span - 0.5) + g_region[None, :] * span
     # A key with one row is every row's: one sort serves them all.
     order = np.broadcast_to(np.argsort(composite, axis=1, kind="stable"), n.shape)
@@ -246,7 +275,9 @@ def _by_region(
     return out_kth, out_sum
 
 
-def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def lower_bounds_rows(
+    rows: Rows, quick: bool = False, only: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Per row, (duration, cost) no placement of that candidate can beat.
 
     The step is at least the slowest used replica's time (with its checkpoint writes) plus (or,
@@ -268,7 +299,18 @@ def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.n
     quick: a weaker, cheaper bound (one participant, or any slots anywhere with no
     synchronisation); never above the full one, so it can rule a candidate out before the full
     bound is computed.
+
+    only: the indices of the rows wanted (the bounds of those rows, in that order); the others
+    are not computed.
     """
+    spans = (None, None)
+    if only is not None and not quick:
+        # The regions' sort keys are spaced by the largest key over all rows, as for the whole.
+        t_all = np.concatenate([rows.t1, rows.t2], axis=1)
+        spans = (key_span(t_all), key_span(t_all * np.concatenate([rows.price, rows.price])[None, :]))
+        rows = rows.select(only)
+    elif only is not None:
+        rows = rows.select(only)
     f = rows.fleet
     steps = f.spec.training.steps
     dp = rows.dp
@@ -306,8 +348,8 @@ def lower_bounds_rows(rows: Rows, quick: bool = False) -> tuple[np.ndarray, np.n
         sync_r = f.xps * (f.local_floor + f.wan_param_s)  # (R,); every exchange pays the leaders' work
         t = np.concatenate([rows.t1, rows.t2], axis=1)
         g_region = np.concatenate([rows.g_region, rows.g_region])
-        kth_t, _ = _by_region(n, t, g_region, n_reg, dp, "kth")
-        _, sum_pt = _by_region(n, t * price, g_region, n_reg, dp, "sum")
+        kth_t, _ = _by_region(n, t, g_region, n_reg, dp, "kth", spans[0])
+        _, sum_pt = _by_region(n, t * price, g_region, n_reg, dp, "sum", spans[1])
         _, sum_p = _by_region(n, price, g_region, n_reg, dp, "sum")
         t_a = floor_at(kth_t, sync_r[None, :]).min(axis=1)
         sync_cost = 0.0 if hidden else sync_r[None, :] * sum_p

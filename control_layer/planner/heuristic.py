@@ -114,15 +114,21 @@ def _in_region_hops(
     ``starts``: one min or max per segment, not a loop over regions."""
     fab_bw, fab_lat = f.cls_intra_bw[cols], f.cls_hop_lat[cols]
     on = m > 0
-    fits = (m <= f.cls_first_cluster[cols][None, :]) & on
     many = m >= 2
     cids = f.cls_first_cid[cols][None, :]
     least = np.minimum.reduceat(np.where(on, cids, np.iinfo(np.int64).max), starts, axis=1)
     most = np.maximum.reduceat(np.where(on, cids, -1), starts, axis=1)
-    misfits = np.add.reduceat((on & ~fits).astype(np.int64), starts, axis=1)
-    alone = (least == most) & (misfits == 0)
-    fit_bw = np.minimum.reduceat(np.where(fits, fab_bw[None, :], np.inf), starts, axis=1)
-    fit_lat = np.maximum.reduceat(np.where(fits, fab_lat[None, :], 0.0), starts, axis=1)
+    # A unit misfits when its members outnumber those in its first cluster (≥ 1, so it is used).
+    misfits = np.logical_or.reduceat(m > f.cls_first_cluster[cols][None, :], starts, axis=1)
+    alone = (least == most) & ~misfits
+    # Where a region's units all lie in one cluster they share its fabric (units are classes of
+    # one first cluster, whose bandwidth and hop latency they carry): read that cluster's figures
+    # rather than reduce over the units again.
+    by_cid = np.zeros((2, int(f.cls_first_cid[cols].max()) + 1 if len(cols) else 1))
+    by_cid[0, f.cls_first_cid[cols]] = fab_bw
+    by_cid[1, f.cls_first_cid[cols]] = fab_lat
+    cid = np.where(alone, least, 0)
+    fit_bw, fit_lat = by_cid[0, cid], by_cid[1, cid]
     span_bw = np.minimum(
         f.local_bw[regs][None, :],
         np.minimum.reduceat(np.where(many, fab_bw[None, :], np.inf), starts, axis=1),
@@ -146,25 +152,28 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     t1, t2, lo, cap = pr.t1[cols], pr.t2[cols], pr.lo[cols], pr.cap[cols]
     single = (x == 1) & (lo <= 1)[None, :] & (t1[None, :] <= levels[:, None])
     t_local = np.where(x > 0, np.where(single, t1[None, :], t2[None, :]), 0.0).max(axis=1)
-    members = np.where(x > 0, np.maximum(1, -(-x // np.maximum(cap, 1))), 0)
+    # Members per unit, ceil(x / cap): in floats (exact for these small counts, and faster than
+    # integer division); zero where the unit is unused.
+    members = np.ceil(x / np.maximum(cap, 1)).astype(np.int64)
     regs, reg_of = np.unique(pr.region[cols], return_inverse=True)
     # The used units grouped by region: per-region sums, minima and maxima as segment reductions.
     perm = np.argsort(reg_of.reshape(-1), kind="stable")
     starts = np.searchsorted(reg_of.reshape(-1)[perm], np.arange(len(regs)))
-    per_region = np.add.reduceat(members[:, perm], starts, axis=1).astype(float)  # rows × used regions
+    members_p = members[:, perm]
+    per_region = np.add.reduceat(members_p, starts, axis=1).astype(float)  # rows × used regions
     used = per_region > 0
     n_used = used.sum(axis=1)
     # Only regions where some row has two or more participants have an in-region hop: the others'
     # units are left out of the segment reductions (their regions would give inf and 0 anyway).
     active = (per_region >= 2).any(axis=0)
     if active.all():
-        in_bw, in_lat = _in_region_hops(f, cols[perm], members[:, perm], starts, regs, per_region)
+        in_bw, in_lat = _in_region_hops(f, cols[perm], members_p, starts, regs, per_region)
     elif active.any():
         keep = active[reg_of.reshape(-1)[perm]]
         at = np.flatnonzero(active)
         kept_starts = np.searchsorted(reg_of.reshape(-1)[perm][keep], at)
         in_bw, in_lat = _in_region_hops(
-            f, cols[perm][keep], members[:, perm][:, keep], kept_starts, regs[at], per_region[:, at]
+            f, cols[perm][keep], members_p[:, keep], kept_starts, regs[at], per_region[:, at]
         )
     else:
         in_bw, in_lat = np.full(len(x), np.inf), np.zeros(len(x))
@@ -240,23 +249,28 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
     # Two fill orders: cheapest first, and largest members first (fewest sync participants,
     # what per-step synchronisation rewards).
     big_first = np.lexsort((np.arange(pr.n_units), pr.price, -pr.cap))
+    # Per order, the eligible counts and the units' regions in that order, gathered once.
+    by_order = [(ordr, elig[:, ordr], pr.region[ordr]) for ordr in (order, big_first)]
     pieces: list[tuple[np.ndarray, np.ndarray]] = []  # (units, fills) per (set, order)
     row_level, n_rows = [], 0
     for regions in sets.values():
-        inside = regions[pr.region]
-        for ordr in (order, big_first):
-            cols = ordr[inside[ordr]]  # this order, restricted to the set's units
+        for ordr, el_o, reg_o in by_order:
+            inside = regions[reg_o]  # this order, restricted to the set's units
+            cols = ordr[inside]
             if not len(cols):
                 continue
-            el = elig[:, cols]
+            el = el_o[:, inside]
             cum = np.cumsum(el, axis=1)
             good = cum[:, -1] >= dp  # a level whose set can hold dp fills it exactly
-            if not good.any():
+            n_good = int(np.count_nonzero(good))
+            if not n_good:
                 continue
-            el, cum = el[good], cum[good]
+            lv = levels
+            if n_good < len(good):
+                el, cum, lv = el[good], cum[good], levels[good]
             take = np.minimum(np.maximum(dp - (cum - el), 0), el)  # np.clip, without its wrapper
             pieces.append((cols, take))
-            row_level.append(levels[good])
+            row_level.append(lv)
             n_rows += len(take)
     if not n_rows:
         return []

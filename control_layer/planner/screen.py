@@ -72,20 +72,31 @@ def _times(fleet: Fleet, tp: int, pp: int, zero: int, dps: list[int]) -> tuple[n
 
 
 class Bounds:
-    """Full lower bounds, computed a layout at a time and only when first asked for."""
+    """Full lower bounds, computed a layout at a time and only when first asked for; once the
+    search has named the candidates it may ask about (``ask_only``), only their rows."""
 
     def __init__(self) -> None:
         self._rows: dict[tuple[int, int], tuple[Rows, list[Degrees]]] = {}
         self._full: dict[Degrees, tuple[float, float]] = {}
+        self._asked: set[Degrees] | None = None
 
     def add(self, key: tuple[int, int], rows: Rows, degs: list[Degrees]) -> None:
         self._rows[key] = (rows, degs)
 
+    def ask_only(self, degs: set[Degrees]) -> None:
+        """The candidates whose full bounds may be asked for (the others' rows are skipped)."""
+        self._asked = degs
+
     def full(self, deg: Degrees) -> tuple[float, float]:
         if deg not in self._full:
             rows, degs = self._rows[(deg.tp, deg.pp)]
-            t, c = lower_bounds_rows(rows)
-            self._full.update({d: (float(t[i]), float(c[i])) for i, d in enumerate(degs)})
+            if self._asked is None:
+                pick = list(range(len(degs)))
+                t, c = lower_bounds_rows(rows)
+            else:
+                pick = [i for i, d in enumerate(degs) if d in self._asked or d == deg]
+                t, c = lower_bounds_rows(rows, only=np.array(pick))
+            self._full.update({degs[i]: (float(t[j]), float(c[j])) for j, i in enumerate(pick)})
         return self._full[deg]
 
 
@@ -144,7 +155,10 @@ def screen(fleet: Fleet, degrees: list[Degrees], pinned_zero: bool) -> tuple[lis
             lay.speed_groups,
         )
         capacity = rows.room_all.sum(axis=1)
-        lb_t, lb_c = lower_bounds_rows(rows, quick=True)
+        # Quick bounds only where the fleet has room for dp replicas (rows are independent).
+        fits = np.flatnonzero(capacity >= rows.dp)
+        lb_t, lb_c = lower_bounds_rows(rows, quick=True, only=fits) if len(fits) else ([], [])
+        at = {int(j): k for k, j in enumerate(fits)}
         bounds.add((tp, pp), rows, degs)
         for j, deg in enumerate(degs):
             if capacity[j] < 1:
@@ -152,5 +166,6 @@ def screen(fleet: Fleet, degrees: list[Degrees], pinned_zero: bool) -> tuple[lis
             elif capacity[j] < deg.dp:
                 verdict[deg] = Screened(deg, "capacity", capacity=int(capacity[j]))
             else:
-                verdict[deg] = Screened(deg, "ok", (float(lb_t[j]), float(lb_c[j])), int(capacity[j]))
+                k = at[j]
+                verdict[deg] = Screened(deg, "ok", (float(lb_t[k]), float(lb_c[k])), int(capacity[j]))
     return [verdict[d] for d in degrees], bounds

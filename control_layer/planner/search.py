@@ -329,6 +329,7 @@ def _search_pools(
             if run.within_qos(v.lb) and math.isfinite(v.lb[0]):
                 queue.append((v.lb, v.deg))
 
+    bounds.ask_only({deg for _, deg in queue})  # full bounds are asked of queued candidates only
     solved = run.heuristic_pass(queue)
     run.fill_front(queue, solved, max_options)
     run.milp_pass(queue)
