@@ -202,3 +202,51 @@ def test_a_slowed_region_reaches_every_round_end_with_the_other(tmp_path: Path) 
     fixed_skew = every * SLOW_S * (rounds - 1) * 0.5
     waits_a = results["a"]["parts_total_s"]["sync_s"] - results["a"]["first_step_s"]["sync_s"]
     assert waits_a < fixed_skew, (waits_a, fixed_skew)
+
+
+@pytest.mark.slow
+def test_the_running_round_is_re_split_in_real_workers_and_keeps_the_jobs_tokens(tmp_path: Path) -> None:
+    # a sleeps 10 ms a step, b 30 ms; results land 2 steps after opening, so each region gets at
+    # least 5 steps of a 20-step round and the running round is re-split from round 0 on: both
+    # regions reach every round's end together from round 1, and the job's total stays 2 x steps.
+    steps, every = 160, 20
+    base = {
+        "job_id": "resplit",
+        "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab": 16, "seq_len": 16},
+        "data": {"kind": "synthetic-markov", "seed": 1},
+        "training": {"steps": steps, "local_batch": 4, "lr": 3e-3, "warmup": 5, "seed": 7},
+    }
+    sync = {"mode": "diloco", "every": every, "overlap": True, "overlap_steps": 2, "balance": True}
+    cfgs = region_configs(base, ["a", "b"], sync, tmp_path)
+    env = {"a": {"CPN_TEST_STEP_SLEEP_S": "0.01"}, "b": {"CPN_TEST_STEP_SLEEP_S": str(SLOW_S)}}
+    procs = {
+        r: start_region(c, tmp_path, module="tests.training.paced_worker", env_extra=env[r])
+        for r, c in cfgs.items()
+    }
+    try:
+        for p in procs.values():
+            p.wait(300)
+    finally:
+        for p in procs.values():
+            p.kill()
+    results = {r: p.result() for r, p in procs.items()}
+    for r, res in results.items():
+        assert res is not None, procs[r].output()[-3000:]
+    assert results["a"]["steps"] + results["b"]["steps"] == 2 * steps  # no region overran its share
+    assert results["a"]["steps"] > 1.5 * results["b"]["steps"]
+    reached: dict[str, dict[int, float]] = {}
+    splits: list[dict[str, int]] = []
+    for r, p in procs.items():
+        ms = p.metrics()
+        reached[r] = {}
+        for prev, m in zip(ms, ms[1:], strict=False):
+            if m["rounds_opened"] > prev["rounds_opened"]:
+                reached[r][prev["rounds_opened"]] = m["t_end"] - m["sync_s"]
+        splits += [m["sync"]["round_split"] for m in ms if "round_split" in m.get("sync", {})]
+    rounds = steps // every
+    assert sorted(reached["a"]) == sorted(reached["b"]) == list(range(rounds))
+    assert splits and all(sum(s.values()) == 2 * every and min(s.values()) >= 5 for s in splits)
+    # round 1, re-split while it runs, already ends together (planned two ahead it was fixed)
+    gaps = [abs(reached["a"][k] - reached["b"][k]) for k in range(1, rounds)]
+    print("gaps", gaps, "steps", results["a"]["steps"], results["b"]["steps"], "splits", splits)
+    assert max(gaps) < 3 * SLOW_S + 0.05, gaps

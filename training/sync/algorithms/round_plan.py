@@ -85,17 +85,20 @@ class RoundPlan:
         """Round ``r``'s figures are in: re-split round r+1, the round running, and plan round
         r+2 after it (module doc). ``now``: this region's step; ``least``: the fewest steps a
         region gets in round r+1, more than a round's result takes to land, so that no region
-        has passed its new end when it learns it. One that has (its result landed later) ends
-        round r+1 where it is: its count then exceeds its share by the overrun, and its
-        contribution is weighted by the tokens it trained."""
+        has passed its new end when it learns it (no re-split where that is over half the
+        round). One that has (its result landed later) ends round r+1 where it is: its count
+        then exceeds its share by the overrun, and its contribution is weighted by the tokens it
+        trained."""
         if self.me not in figures or any(s <= 0 for _, s in figures.values()):
             return  # nothing to balance on: ``end`` gives the rounds the fixed size
         pace = {p: s for p, (_, s) in figures.items()}
         cur = r + 1
-        if cur < self.rounds and cur in self.ends and cur not in self.resplit:
+        floor = max(1, least)
+        # A floor above half the round leaves too little to move: the provisional plan stands.
+        room = 2 * floor <= self.fixed_size(cur)
+        if room and cur < self.rounds and cur in self.ends and cur not in self.resplit:
             # Round r+1 began in each region when it opened round r: the time its figures carry.
             total = self.fixed_size(cur) * len(figures)
-            floor = min(max(1, least), self.fixed_size(cur))
             split = split_round({p: t for p, (t, _) in figures.items()}, pace, total, floor)
             self.splits[cur] = split
             self.resplit.add(cur)
