@@ -5,13 +5,19 @@ held-out loss stays within ``LOSS_TOLERANCE`` of the same mode uncompressed at e
 both (``quality.MEASURED``; unmeasured codecs are never picked). Today that is int8 with error
 feedback for DiLoCo (overlapped, as real jobs run it) and no compression for the other modes.
 
-H is chosen per option, from its local step and its exchange as the estimator prices them: the
-smallest H of ``EVERY_LADDER`` (at most a quarter of the run, so there are rounds to average)
-whose exchange costs the steps at most ``EXPOSED_SHARE`` of their time, overlap counted, whose
-egress adds at most ``EGRESS_SHARE`` to the devices' cost, and, where the runtime overlaps it,
-lands within ``LAG_SHARE`` of its round. A smaller H averages the regions more often (DiLoCo's
-ablation over H: Douillard et al. 2023); the exchange's time and egress bound it from below.
-Where no H of the ladder qualifies the largest is taken.
+H is chosen per option, from its local step and its exchange as the estimator prices them, among
+``EVERY_LADDER`` (at most a quarter of the run, so there are rounds to average). An H is
+*affordable* where its exchange costs the steps at most ``EXPOSED_SHARE`` of their time, overlap
+counted, its egress adds at most ``EGRESS_SHARE`` to the devices' cost, and, where the runtime
+overlaps it, it lands within ``LAG_SHARE`` of its round. Fewer exchanges send fewer WAN bytes, so
+the planner takes the *largest* affordable H that the measured quality vouches for: at most the
+``quality_cap`` of the setting (mode, codec, overlap), the largest H measured whose held-out loss,
+and that of every smaller H measured, is within ``LOSS_TOLERANCE`` of sync's. Between measured H
+the loss is bracketed by measurements; beyond the largest it is not, and DiLoCo's ablation over H
+(Douillard et al. 2023) finds the loss rising with H, so the planner does not extrapolate. Where
+nothing is vouched for (a mode measured worse than sync, or not measured), or no vouched H is
+affordable, it takes the smallest affordable H (the exchange's time and egress bound H from below);
+where none is affordable, the largest.
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ EXPOSED_SHARE = 0.05
 LAG_SHARE = 0.1
 # Egress an exchange bills may add at most this share to the devices' cost over its round.
 EGRESS_SHARE = 0.05
-LOSS_TOLERANCE = 0.005  # relative held-out loss a cheaper codec may add
+# Relative held-out loss a cheaper codec may add over uncompressed, and an H over sync's.
+LOSS_TOLERANCE = 0.005
 # Codecs tried cheapest first (top-k drops most of each update: never chosen unasked).
 CODEC_ORDER = ("int8", "bf16", "fp16", "none")
 
@@ -91,6 +98,21 @@ def choose_compression(mode: str) -> tuple[str, str]:
     return "none", f"none: no cheaper codec measured within {LOSS_TOLERANCE:.1%} for {mode}"
 
 
+def quality_cap(mode: str, compression: str, overlap: bool) -> int | None:
+    """The largest H measured for this setting such that it and every smaller H measured kept
+    held-out loss within LOSS_TOLERANCE of sync's; None where the setting was not measured or its
+    smallest measured H already lost more."""
+    measured = sorted(
+        (h, r) for (m, h, c, o), r in MEASURED.items() if (m, c, o) == (mode, compression, overlap)
+    )
+    cap = None
+    for h, ratio in measured:
+        if ratio > 1 + LOSS_TOLERANCE:
+            break
+        cap = h
+    return cap
+
+
 def every_candidates(steps: int) -> tuple[int, ...]:
     """The H values a run of ``steps`` may get: the ladder up to steps / MIN_ROUNDS, else the
     largest that still leaves MIN_ROUNDS rounds (a short run)."""
@@ -128,12 +150,13 @@ def choose_every(
     egress_usd: float = 0.0,
     device_usd_per_s: float = 0.0,
 ) -> tuple[int, str]:
-    """The smallest H (``every_candidates``) at which an exchange of ``t_exchange`` seconds costs
-    steps of ``step_s`` (their work, no exchange) at most EXPOSED_SHARE of their time, its egress
-    (``egress_usd`` an exchange) at most EGRESS_SHARE of the devices' cost over those steps
-    (``device_usd_per_s``), and, when ``overlap`` (the runtime overlaps DiLoCo's exchange), it
-    lands within LAG_SHARE of its round. ``spec`` has its codec resolved; its H is ignored.
-    Returns H and why."""
+    """H among ``every_candidates``: the largest affordable one at most ``quality_cap``, else the
+    smallest affordable one, else the largest (module doc). Affordable: an exchange of
+    ``t_exchange`` seconds costs steps of ``step_s`` (their work, no exchange) at most
+    EXPOSED_SHARE of their time, its egress (``egress_usd`` an exchange) at most EGRESS_SHARE of
+    the devices' cost over those steps (``device_usd_per_s``), and, when ``overlap`` (the runtime
+    overlaps DiLoCo's exchange), it lands within LAG_SHARE of its round. ``spec`` has its codec
+    resolved; its H is ignored. Returns H and why."""
     if spec.sync.mode not in cm.PERIODIC_MODES:
         return 1, f"{spec.sync.mode}: exchanges every step"
     candidates = every_candidates(spec.training.steps)
@@ -142,6 +165,7 @@ def choose_every(
     if not (math.isfinite(t_exchange) and math.isfinite(step_s) and step_s > 0):
         return candidates[-1], "exchange or step time unknown: the largest H"
     payload = payload_bytes(spec.model.n_params, str(spec.sync.compression), spec.sync.topk_ratio)
+    affordable: dict[int, str] = {}
     for h in candidates:
         terms = runtime_terms(with_every(spec, h))
         fragments = diloco_fragments(h, payload) if overlap else 1
@@ -153,7 +177,18 @@ def choose_every(
         if exposed <= EXPOSED_SHARE * step_s and lag_ok and egress_ok:
             lag = f", lands {delay} of {round_steps} step(s) late" if overlap else ""
             adds = f"adds {exposed / step_s:.1%} to a {step_s:.3g} s step"
-            return h, f"H={h}: exchange {t_exchange:.3g} s {adds}{lag}"
+            affordable[h] = f"exchange {t_exchange:.3g} s {adds}{lag}"
+    mode, codec = spec.sync.mode, str(spec.sync.compression)
+    cap = quality_cap(mode, codec, overlap)
+    vouched = [h for h in affordable if cap is not None and h <= cap]
+    if vouched:
+        h = max(vouched)
+        how = f"{mode} {codec}{' overlapped' if overlap else ''} up to H={cap}"
+        within = f"the fewest exchanges measured within {LOSS_TOLERANCE:.1%} of sync ({how})"
+        return h, f"H={h}: {within}; {affordable[h]}"
+    if affordable:
+        h = min(affordable)
+        return h, f"H={h}: the smallest affordable; {affordable[h]}"
     long = f"exchange {t_exchange:.3g} s (${egress_usd:.3g} egress) is dear for a {step_s:.3g} s step"
     return candidates[-1], f"H={candidates[-1]}: the largest allowed; {long}"
 

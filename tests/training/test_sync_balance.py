@@ -65,9 +65,10 @@ def test_split_is_even_without_usable_figures() -> None:
 
 
 def test_plan_keeps_the_jobs_total_and_maps_steps_onto_the_job_axis() -> None:
-    # region a twice as fast as b: round 2 also makes up the 2 s b fell behind in the two fixed
-    # rounds, later rounds give a about twice b's steps; each round's total stays 2 x 10 and a's
-    # learning-rate axis still ends at the job's 50 steps
+    # region a twice as fast as b: round 1, re-split from round 0's figures (the times the
+    # regions began it), also makes up the 1 s b fell behind in the fixed round 0; later rounds
+    # give a about twice b's steps; each round's total stays 2 x 10 and a's learning-rate axis
+    # still ends at the job's 50 steps
     plans = {r: RoundPlan(r, 10, 50) for r in ("a", "b")}
     pace = {"a": 0.1, "b": 0.2}
     t = {"a": 0.0, "b": 0.0}
@@ -82,12 +83,53 @@ def test_plan_keeps_the_jobs_total_and_maps_steps_onto_the_job_axis() -> None:
             p.on_figures(rnd, figs)
     assert done["a"] + done["b"] == 100
     assert plans["a"].splits == plans["b"].splits
-    assert plans["a"].splits[2] == {"a": 19, "b": 1} and plans["a"].splits[4] == {"a": 14, "b": 6}
+    assert plans["a"].splits[1] == {"a": 17, "b": 3} and plans["a"].splits[4] == {"a": 14, "b": 6}
+    assert plans["a"].resplit == {1, 2, 3, 4}
     assert abs(t["a"] - t["b"]) <= 0.2 + 1e-9  # within one of the slower region's steps at the end
+    # every round from 1 on ends within one of b's steps in both regions (a fixed round 1 would
+    # leave b 1 s behind and round 2, planned from round 0 alone, would overshoot)
     a = plans["a"]
     assert a.local_steps() == done["a"]
     assert a.job_step(0) == 0 and a.job_step(a.local_steps()) == 50
     assert a.job_step(a.end(2)) == 30
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(paces, st.floats(0, 50)), min_size=1, max_size=6), st.integers(1, 60), st.data())
+def test_split_gives_every_region_at_least_the_floor(
+    figs: list[tuple[float, float]], h: int, data: st.DataObject
+) -> None:
+    regions = NAMES[: len(figs)]
+    least = data.draw(st.integers(1, h))
+    split = split_round(
+        {r: a for r, (_, a) in zip(regions, figs, strict=True)},
+        {r: s for r, (s, _) in zip(regions, figs, strict=True)},
+        h * len(regions),
+        least,
+    )
+    assert sum(split.values()) == h * len(regions) and min(split.values()) >= least
+    with pytest.raises(ValueError, match="cannot split"):
+        split_round(dict.fromkeys(regions, 0.0), dict.fromkeys(regions, 1.0), h * len(regions), h + 1)
+
+
+def test_the_running_round_is_re_split_and_a_region_past_its_new_end_stops_there() -> None:
+    # Round 0's figures land 3 steps into round 1: b began round 1 1 s after a and runs half as
+    # fast, so round 1 is re-split 17 / 3 (ends together), with a floor of 4 steps: 16 / 4.
+    figs = {"a": (1.0, 0.1), "b": (2.0, 0.2)}
+    a, b = RoundPlan("a", 10, 50), RoundPlan("b", 10, 50)
+    a.on_figures(0, figs, now=13, least=4)
+    b.on_figures(0, figs, now=13, least=4)
+    assert a.splits[1] == b.splits[1] == {"a": 16, "b": 4}
+    assert (a.end(1), b.end(1)) == (26, 14)
+    # round 2 follows the new ends: a starts it at 1 + 1.6 s, b at 2 + 0.8 s
+    assert a.splits[2] == b.splits[2] and a.end(2) - a.end(1) == a.splits[2]["a"]
+    # the same figures landing once b is already 15 steps in: b ends round 1 where it is
+    late = RoundPlan("b", 10, 50)
+    late.on_figures(0, figs, now=15, least=4)
+    assert late.end(1) == 15 and late.splits[1] == {"a": 16, "b": 4}
+    # a round is re-split once: figures for it coming again (a catch-up) leave it as it is
+    a.on_figures(0, {"a": (1.0, 0.2), "b": (1.0, 0.1)}, now=14, least=4)
+    assert a.end(1) == 26
 
 
 def test_a_region_without_figures_keeps_every_region_on_the_fixed_plan() -> None:
@@ -160,3 +202,51 @@ def test_a_slowed_region_reaches_every_round_end_with_the_other(tmp_path: Path) 
     fixed_skew = every * SLOW_S * (rounds - 1) * 0.5
     waits_a = results["a"]["parts_total_s"]["sync_s"] - results["a"]["first_step_s"]["sync_s"]
     assert waits_a < fixed_skew, (waits_a, fixed_skew)
+
+
+@pytest.mark.slow
+def test_the_running_round_is_re_split_in_real_workers_and_keeps_the_jobs_tokens(tmp_path: Path) -> None:
+    # a sleeps 10 ms a step, b 30 ms; results land 2 steps after opening, so each region gets at
+    # least 5 steps of a 20-step round and the running round is re-split from round 0 on: both
+    # regions reach every round's end together from round 1, and the job's total stays 2 x steps.
+    steps, every = 160, 20
+    base = {
+        "job_id": "resplit",
+        "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab": 16, "seq_len": 16},
+        "data": {"kind": "synthetic-markov", "seed": 1},
+        "training": {"steps": steps, "local_batch": 4, "lr": 3e-3, "warmup": 5, "seed": 7},
+    }
+    sync = {"mode": "diloco", "every": every, "overlap": True, "overlap_steps": 2, "balance": True}
+    cfgs = region_configs(base, ["a", "b"], sync, tmp_path)
+    env = {"a": {"CPN_TEST_STEP_SLEEP_S": "0.01"}, "b": {"CPN_TEST_STEP_SLEEP_S": str(SLOW_S)}}
+    procs = {
+        r: start_region(c, tmp_path, module="tests.training.paced_worker", env_extra=env[r])
+        for r, c in cfgs.items()
+    }
+    try:
+        for p in procs.values():
+            p.wait(300)
+    finally:
+        for p in procs.values():
+            p.kill()
+    results = {r: p.result() for r, p in procs.items()}
+    for r, res in results.items():
+        assert res is not None, procs[r].output()[-3000:]
+    assert results["a"]["steps"] + results["b"]["steps"] == 2 * steps  # no region overran its share
+    assert results["a"]["steps"] > 1.5 * results["b"]["steps"]
+    reached: dict[str, dict[int, float]] = {}
+    splits: list[dict[str, int]] = []
+    for r, p in procs.items():
+        ms = p.metrics()
+        reached[r] = {}
+        for prev, m in zip(ms, ms[1:], strict=False):
+            if m["rounds_opened"] > prev["rounds_opened"]:
+                reached[r][prev["rounds_opened"]] = m["t_end"] - m["sync_s"]
+        splits += [m["sync"]["round_split"] for m in ms if "round_split" in m.get("sync", {})]
+    rounds = steps // every
+    assert sorted(reached["a"]) == sorted(reached["b"]) == list(range(rounds))
+    assert splits and all(sum(s.values()) == 2 * every and min(s.values()) >= 5 for s in splits)
+    # round 1, re-split while it runs, already ends together (planned two ahead it was fixed)
+    gaps = [abs(reached["a"][k] - reached["b"][k]) for k in range(1, rounds)]
+    print("gaps", gaps, "steps", results["a"]["steps"], results["b"]["steps"], "splits", splits)
+    assert max(gaps) < 3 * SLOW_S + 0.05, gaps

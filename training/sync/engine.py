@@ -303,7 +303,7 @@ class SyncEngine:
                 out["landed_after_steps"] = [lag for _, lag in self.strategy.landings]
                 self.strategy.landings = []
         if isinstance(self.strategy, AnchoredSync) and self.strategy.splits:
-            out["round_split"] = self.strategy.splits[-1]  # steps per region of the latest planned round
+            out["round_split"] = self.strategy.splits[-1]  # steps per region of the round re-split latest
             self.strategy.splits = []
         if lat:
             out["latency_s"] = comm / len(lat)

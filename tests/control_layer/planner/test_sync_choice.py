@@ -17,11 +17,13 @@ from control_layer.planner.quality import MEASURED
 from control_layer.planner.sync_choice import (
     EVERY_LADDER,
     EXPOSED_SHARE,
+    LOSS_TOLERANCE,
     choose_compression,
     choose_every,
     every_candidates,
     pinned,
     provisional,
+    quality_cap,
 )
 from tests.control_layer.planner.checks import check_option
 
@@ -132,15 +134,58 @@ def test_a_blocking_h_is_the_smallest_whose_exchange_stays_under_the_share(step_
         assert t * rounds(smaller[-1]) > EXPOSED_SHARE * step_s
 
 
-def test_overlapped_diloco_takes_a_small_h_where_the_exchange_hides_early() -> None:
+def test_the_quality_cap_is_the_largest_h_measured_within_tolerance_of_sync() -> None:
+    # int8 overlapped DiLoCo: 0.991 of sync's loss at H=20 and at H=100, so up to 100
+    assert quality_cap("diloco", "int8", True) == 100
+    # uncompressed DiLoCo: 0.988 at H=20 but 1.008 at H=100, beyond the tolerance
+    assert MEASURED[("diloco", 100, "none", False)] > 1 + LOSS_TOLERANCE
+    assert quality_cap("diloco", "none", False) == 20
+    # local SGD and gossip were measured worse than sync; ssp and async not at all
+    for mode, codec in (("local_sgd", "none"), ("gossip", "none"), ("ssp", "none"), ("async", "none")):
+        assert quality_cap(mode, codec, False) is None
+    assert quality_cap("diloco", "bf16", True) is None  # never measured: nothing vouched for
+
+
+def test_overlapped_diloco_takes_the_largest_h_measured_good_where_it_is_affordable() -> None:
     spec = provisional(_spec({"mode": "diloco"}, steps=10_000))[0]
-    assert choose_every(spec, 1.0, 0.01, 3, overlap=True)[0] == 20  # lands one step late
-    # 30 steps of exchange: only H=500 lands within a tenth of its round
-    assert choose_every(spec, 1.0, 30.0, 3, overlap=True)[0] == 500
+    h, why = choose_every(spec, 1.0, 0.01, 3, overlap=True)  # every H of the ladder is affordable
+    assert h == 100 and "fewest exchanges" in why
+    # a 500-step run: H at most 125, so the ladder ends at 100 and that is taken
+    short = provisional(_spec({"mode": "diloco"}, steps=500))[0]
+    assert choose_every(short, 1.0, 0.01, 3, overlap=True)[0] == 100
+    # a 200-step run: H at most 50, below the cap
+    assert choose_every(provisional(_spec({"mode": "diloco"}, steps=200))[0], 1.0, 0.01, 3, True)[0] == 50
+    # 30 steps of exchange: only H=500 lands within a tenth of its round, beyond the cap
+    h, why = choose_every(spec, 1.0, 30.0, 3, overlap=True)
+    assert h == 500 and "smallest affordable" in why
     h, why = choose_every(spec, 1.0, 1e4, 3, overlap=True)
     assert h == 500 and "largest" in why
     assert choose_every(spec, 1.0, math.inf, 3, overlap=True)[0] == 500
     assert choose_every(spec, 1.0, 30.0, 1, overlap=False)[0] == 20  # nothing crosses a link
+    # uncompressed and asked for: vouched for only up to H=20
+    plain = _spec({"mode": "diloco", "compression": "none"}, steps=10_000)
+    assert choose_every(plain, 1.0, 0.01, 3, overlap=False)[0] == 20
+
+
+@settings(max_examples=150, deadline=None)
+@given(egress=st.floats(0.0, 10.0), device=st.floats(1e-4, 1.0), steps=st.integers(80, 100_000))
+def test_diloco_takes_the_largest_vouched_affordable_h_else_the_smallest_affordable(
+    egress: float, device: float, steps: int
+) -> None:
+    # A free exchange (t = 0): only egress decides what is affordable, x(H) = ceil(T/H)/T
+    # exchanges a step each billing ``egress`` against ``device`` $/s of 1 s steps.
+    spec = provisional(_spec({"mode": "diloco"}, steps=steps))[0]
+    kw = {"participants": 3, "overlap": True, "egress_usd": egress, "device_usd_per_s": device}
+    h, why = choose_every(spec, 1.0, 0.0, **kw)
+    cands = every_candidates(steps)
+    affordable = [k for k in cands if egress * math.ceil(steps / k) / steps <= 0.05 * device]
+    vouched = [k for k in affordable if k <= 100]  # int8 overlapped measured good up to H=100
+    if vouched:
+        assert h == max(vouched) and "fewest exchanges" in why
+    elif affordable:
+        assert h == min(affordable) and "smallest affordable" in why
+    else:
+        assert h == cands[-1] and "largest allowed" in why
 
 
 @settings(max_examples=100, deadline=None)
@@ -156,9 +201,11 @@ def test_dearer_egress_never_gets_a_smaller_h(egress: float, dearer: float, t: f
 def test_egress_bounds_h_from_below() -> None:
     spec = provisional(_spec({"mode": "diloco"}, steps=10_000))[0]
     kw = {"step_s": 1.0, "t_exchange": 0.01, "participants": 3, "overlap": True, "device_usd_per_s": 0.01}
-    assert choose_every(spec, **kw)[0] == 20  # free egress: the exchange alone decides
-    # $0.02 an exchange against $0.01 of devices a step: at most 5 % is H >= 40
-    assert choose_every(spec, **kw, egress_usd=0.02)[0] == 50
+    assert choose_every(spec, **kw)[0] == 100  # free egress: the largest vouched for
+    # $0.02 an exchange against $0.01 of devices a step: at most 5 % is H >= 40, below the cap
+    assert choose_every(spec, **kw, egress_usd=0.02)[0] == 100
+    # $0.1 an exchange: H >= 200, beyond what quality vouches for: the smallest affordable
+    assert choose_every(spec, **kw, egress_usd=0.1)[0] == 200
     assert choose_every(spec, **kw, egress_usd=10.0)[0] == 500
 
 

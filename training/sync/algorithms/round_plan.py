@@ -1,11 +1,17 @@
 """One region's balanced round schedule: at which of its own steps each round ends.
 
 The fixed plan has ``ceil(total_steps / size)`` rounds of ``size`` steps in every region (the last
-one shorter if ``size`` does not divide ``total_steps``). Balanced, round r's steps per region come
-from ``split_round`` over the figures carried in round r-2's messages (the latest every region is
-sure to hold when round r starts: round r-1 is only then opening), so rounds 0 and 1 are the fixed
-plan's. Each round's total over the regions stays the fixed plan's, so the job trains the same
-tokens; a region's own step count is whatever its speed earns it.
+one shorter if ``size`` does not divide ``total_steps``). Balanced, each round's steps per region
+come from ``split_round`` over the figures carried in the messages of the round before it: the
+wall time each region opened that round, which is when it began this one, and its seconds per
+step over it. Those arrive with the round's result, a few steps into the round they split, so the
+round is re-split while it runs; every region computes the same split from the same figures, and
+each region gets at least as many steps as a result takes to land, so none has passed its new
+end when it learns it. Round r+2 is planned from round r's figures too (provisional: what the
+runtime waits against and the step count estimated until round r+1's figures re-split it).
+Rounds 0 and 1 start as the fixed plan's. Each round's total over the regions stays the fixed
+plan's, so the job trains the same tokens; a region's own step count is whatever its speed earns
+it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ class RoundPlan:
     base_step: int = 0  # the local step the base round starts after
     ends: dict[int, int] = field(default_factory=dict)  # round -> the local step it ends at
     splits: dict[int, dict[str, int]] = field(default_factory=dict)  # round -> steps per region
+    resplit: set[int] = field(default_factory=set)  # rounds re-split from their own start's figures
 
     def __post_init__(self) -> None:
         if self.size < 1 or self.total_steps < 1:
@@ -74,18 +81,37 @@ class RoundPlan:
         last = max(self.ends)
         return self.ends[last] + sum(self.fixed_size(r) for r in range(last + 1, self.rounds))
 
-    def on_figures(self, r: int, figures: Figures) -> None:
-        """Round ``r``'s figures are in: plan round r+2 (round r+1 is planned already)."""
-        nxt = r + 2
-        if nxt >= self.rounds or nxt in self.ends or r + 1 not in self.ends:
-            return
+    def on_figures(self, r: int, figures: Figures, now: int | None = None, least: int = 1) -> None:
+        """Round ``r``'s figures are in: re-split round r+1, the round running, and plan round
+        r+2 after it (module doc). ``now``: this region's step; ``least``: the fewest steps a
+        region gets in round r+1, more than a round's result takes to land, so that no region
+        has passed its new end when it learns it (no re-split where that is over half the
+        round). One that has (its result landed later) ends round r+1 where it is: its count
+        then exceeds its share by the overrun, and its contribution is weighted by the tokens it
+        trained."""
         if self.me not in figures or any(s <= 0 for _, s in figures.values()):
-            return  # nothing to balance on: ``end`` gives the round the fixed size
-        arrive = {p: t + self.steps_of(r + 1, p) * s for p, (t, s) in figures.items()}
+            return  # nothing to balance on: ``end`` gives the rounds the fixed size
         pace = {p: s for p, (_, s) in figures.items()}
+        cur = r + 1
+        floor = max(1, least)
+        # A floor above half the round leaves too little to move: the provisional plan stands.
+        room = 2 * floor <= self.fixed_size(cur)
+        if room and cur < self.rounds and cur in self.ends and cur not in self.resplit:
+            # Round r+1 began in each region when it opened round r: the time its figures carry.
+            total = self.fixed_size(cur) * len(figures)
+            split = split_round({p: t for p, (t, _) in figures.items()}, pace, total, floor)
+            self.splits[cur] = split
+            self.resplit.add(cur)
+            end = self.start(cur) + split[self.me]
+            self.ends[cur] = end if now is None else max(end, now)
+            self.ends.pop(cur + 1, None)  # follows round r+1's end: planned below or fixed
+        nxt = r + 2
+        if nxt >= self.rounds or nxt in self.ends or cur not in self.ends:
+            return
+        arrive = {p: t + self.steps_of(cur, p) * s for p, (t, s) in figures.items()}
         split = split_round(arrive, pace, self.fixed_size(nxt) * len(figures))
         self.splits[nxt] = split
-        self.ends[nxt] = self.ends[r + 1] + split[self.me]
+        self.ends[nxt] = self.ends[cur] + split[self.me]
 
     def job_step(self, step: int) -> float:
         """Where ``step`` (completed local steps) is on the fixed plan's step axis: the schedule
@@ -100,7 +126,7 @@ class RoundPlan:
     def rebase(self, r: int, step: int) -> None:
         """A region that took a peer's state at round ``r`` starts it after local ``step``."""
         self.base_round, self.base_step = r, step
-        self.ends, self.splits = {}, {}
+        self.ends, self.splits, self.resplit = {}, {}, set()
         self._fill_fixed()
 
     def state_dict(self) -> dict[str, Any]:
@@ -109,6 +135,7 @@ class RoundPlan:
             "base_step": self.base_step,
             "ends": {str(k): v for k, v in self.ends.items()},
             "splits": {str(k): dict(v) for k, v in self.splits.items()},
+            "resplit": sorted(self.resplit),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -117,3 +144,4 @@ class RoundPlan:
         self.base_round, self.base_step = int(state["base_round"]), int(state["base_step"])
         self.ends = {int(k): int(v) for k, v in state["ends"].items()}
         self.splits = {int(k): {p: int(n) for p, n in v.items()} for k, v in state["splits"].items()}
+        self.resplit = {int(k) for k in state.get("resplit", [])}

@@ -249,10 +249,13 @@ class AnchoredSync(Strategy):
             self.completed += 1
             self._publish()
             self.lock.notify_all()
-        if self.plan is not None and rnd.index + 2 not in self.plan.ends:
-            self.plan.on_figures(rnd.index, res.figures)
-            if rnd.index + 2 in self.plan.splits:
-                self.splits.append(self.plan.splits[rnd.index + 2])
+        if self.plan is not None:
+            # Re-splits the running round: each region gets at least twice the steps a result
+            # is planned to take to land (``delay``), so a region up to twice as fast as the one
+            # the delay was fitted to has not passed its new end when the result lands.
+            self.plan.on_figures(rnd.index, res.figures, now=self.step, least=2 * self.delay + 1)
+            if rnd.index + 1 in self.plan.splits:
+                self.splits.append(self.plan.splits[rnd.index + 1])
         root = min(res.fingerprints)
         if res.fingerprints[root] != res.fingerprints[self.me]:
             # Our anchor drifted from the others' (a round seen by some regions but not all):
