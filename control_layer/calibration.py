@@ -16,7 +16,8 @@ made with (``Estimates.basis``) they give an observed value per factor:
   its bytes and latency the fixed seconds per exchange, per exchange call and the leader's
   seconds per parameter, fitted apart over the exchanges of different payloads and rings the pair
   has seen (``exchange_fit``), from exchanges made every step; an exchange made every H steps teaches
-  instead how far the regions drift apart over those steps (the first waiting for the last).
+  instead how far the regions drift apart over those steps (the first waiting for the last),
+  whether it blocks or overlaps the steps (``_observe_overlapped_drift``).
 
 Per-step parts are the worker's totals over the run divided by its steps when its result has them
 (the agent forwards per-step metrics at a bounded rate, so the stored ones are a sample).
@@ -40,6 +41,7 @@ from typing import Any
 from control_layer import exchange_fit as xf
 from control_layer.planner import cost_model as cm
 from control_layer.planner.plan_types import Calibration, CalibrationBasis, ErrorBand, PlanOption
+from control_layer.planner.runtime_pricing import overlapped_exchange_s
 
 ALPHA = 0.5  # weight of the newest run
 RECENT_ERRORS = 20  # time/cost residuals the interval is taken from
@@ -185,7 +187,10 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
         goodput, sample = observe_exchange(basis, [t.result for t in run.tasks])
         for key, value in goodput.items():
             obs[key].append(value)
-        for key, value in _observe_drift(basis, sample, run.tasks).items():
+        drift = _observe_drift(basis, sample, run.tasks)
+        delay = run.option.runtime.overlap_steps if run.option.runtime is not None else None
+        drift |= _observe_overlapped_drift(basis, run.tasks, delay or 0)
+        for key, value in drift.items():
             obs[key].append(value)
     # Several tasks on one key (replicas of one model, one node's tasks): their median.
     return {k: statistics.median(v) for k, v in obs.items()}
@@ -271,15 +276,60 @@ def _observe_drift(
         return {}
     own = (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * max(1.0, ex.share)
     extra = sample.seconds * max(1.0, ex.share) - own
+    step = _local_step(tasks)
+    if step <= 0:
+        return {}
+    drift = _clamp(max(0.0, extra) / (ex.every * step), DRIFT_RANGE)
+    return {(EXCHANGE_DRIFT, key): drift for key in basis.exchange_s}
+
+
+def _local_step(tasks: Sequence[TaskRun]) -> float:
+    """The run's local step: each task's mean step less its sync wait, the median over tasks."""
     local = [
         m["wall_s"] - m.get("sync_s", 0.0)
         for t in tasks
         if "wall_s" in (m := run_means(t)) and m["wall_s"] > 0
     ]
-    step = statistics.median(local) if local else 0.0
-    if step <= 0:
+    return statistics.median(local) if local else 0.0
+
+
+def _observe_overlapped_drift(
+    basis: CalibrationBasis, tasks: Sequence[TaskRun], delay: int
+) -> dict[tuple[str, str], float]:
+    """The drift an overlapped DiLoCo run shows, per region pair, on the blocking runs' scale.
+
+    Every region ends the run at the same blocking round, so each one's training span is its own
+    work plus its waits, and that span is the slowest region's: what a typical (median) region
+    waited over the run is what the slowest region's lag and the exchanges cost it together.
+    Overlap hides an exchange's transfer and work behind ``delay`` steps, never that lag: a round
+    cannot complete before the last region sends, and the run cannot end before the last region
+    arrives. So, of the median region's total wait at its exchanges (the join at the first step
+    left out), what the exchanges themselves were priced at (the last, blocking round at its own
+    cost; each earlier round's part that does not hide behind ``delay`` local steps, as
+    ``runtime_pricing`` prices it) is taken off, and the rest over the run's rounds of H local
+    steps is δ, as ``_observe_drift`` takes it from blocking rounds."""
+    ex = basis.exchange
+    if ex is None or ex.blocking or ex.every <= 1 or ex.rounds < 1:
         return {}
-    drift = _clamp(max(0.0, extra) / (ex.every * step), DRIFT_RANGE)
+    waits = [t["wait_s"] for r in tasks if (t := _exchange_totals(r.result)) is not None]
+    steps = [s for r in tasks if (s := _num(r.result.get("steps"))) is not None and s >= 1]
+    step = _local_step(tasks)
+    if not waits or not steps or step <= 0:
+        return {}
+    rounds = math.ceil(statistics.median(steps) / ex.every)
+    share = max(1.0, ex.share)
+    cpu = (ex.fixed_s + ex.params * ex.param_s) * share
+    own = (
+        ex.local_s
+        + (ex.bytes / ex.bytes_per_s if ex.bytes > 0 and ex.bytes_per_s > 0 else 0.0)
+        + ex.latency_s
+        + cpu
+        + ex.rounds * ex.call_s * share
+    )
+    beside = float(overlapped_exchange_s(own, cpu, share))
+    priced = own + (rounds - 1) * max(0.0, beside - delay * step)
+    extra = statistics.median(waits) - priced
+    drift = _clamp(max(0.0, extra) / (rounds * ex.every * step), DRIFT_RANGE)
     return {(EXCHANGE_DRIFT, key): drift for key in basis.exchange_s}
 
 

@@ -27,6 +27,7 @@ from control_layer.planner.plan_types import (
     StepBreakdown,
 )
 from control_layer.planner.runtime_pricing import (
+    drift_per_step,
     final_sync_s,
     overlapped_exchange_s,
     runtime_terms,
@@ -700,12 +701,15 @@ def _estimate(
     terms = runtime_terms(spec)
     overlapped = runtime is not None and runtime.overlap and terms.diloco
     # Regions that exchange every H steps drift apart over those steps; at a blocking exchange the
-    # first to arrive waits for the last (calibrated per region pair, 0 until runs show it).
+    # first to arrive waits for the last (calibrated per region pair, 0 until runs show it). An
+    # overlapped round hides its exchange, not that lag: the run waits for the last region all
+    # the same (``runtime_pricing.drift_per_step``).
     h_sync = cm.sync_every(spec.sync)
     drift = 0.0
-    if h_sync > 1 and len(members) >= 2 and not overlapped:
+    if h_sync > 1 and len(members) >= 2:
         drift = cm.exchange_drift(sorted(members), calibration)
-    t_sync = sc.t_sync + drift * h_sync * t_local
+    drift_s = drift * h_sync * t_local
+    t_sync = sc.t_sync + (0.0 if overlapped else drift_s)
     # What the exchange hides behind is the steps' work: a checkpoint write comes once in many
     # rounds, so its amortised share would hide a round's exchange that no step covers.
     wan = float(
@@ -718,6 +722,8 @@ def _estimate(
             runtime.fragments if runtime is not None else 1,
         )
     )
+    if overlapped:
+        wan += float(drift_per_step(terms, drift_s))
     rt = slowest.replica
     step = StepBreakdown(
         data=slowest.data,

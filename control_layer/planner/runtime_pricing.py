@@ -1,5 +1,6 @@
 """What an option's runtime settings add to its step: checkpoint writes at the interval the policy
-picks, and the part of an overlapped exchange that does not hide behind the steps after it.
+picks, the part of an overlapped exchange that does not hide behind the steps after it, and the
+regions' drift over a round, which overlap does not hide (``drift_per_step``).
 
 One place for both callers: the search's objective prices arrays of placements with it and the
 estimator prices one placement, so the search ranks placements as their quotes price them. A
@@ -101,6 +102,16 @@ def exposed_wan_per_step(terms: RuntimeTerms, t_sync, t_step, delay, fragments: 
     ``t_step``; what does not fit blocks (the runtime waits for it then)."""
     f = max(1, fragments)
     return f * np.maximum(0.0, np.asarray(t_sync) / f - delay * np.asarray(t_step)) * terms.xps
+
+
+def drift_per_step(terms: RuntimeTerms, drift_s) -> np.ndarray:
+    """Seconds an overlapped exchange's rounds add to an average step for the regions' drift
+    (``drift_s``: δ · H · T_local, the last region's lag over a round's H steps): overlap hides a
+    round's transfer and work behind the steps after it, not that lag, since a round completes
+    only once the last region has sent and the run ends only once the last region arrives. Every
+    round pays it, the last, blocking one included (``final_sync_s`` prices that round's exchange
+    alone)."""
+    return np.asarray(drift_s, dtype=float) * terms.xps
 
 
 def wan_per_step(terms: RuntimeTerms, t_sync, t_step, overlapped, delay, fragments: int) -> np.ndarray:

@@ -9,7 +9,7 @@ import pytest
 from contracts.job_spec import JobSpec
 from control_layer import calibration as cal
 from control_layer.planner import cost_model as cm
-from control_layer.planner.estimate import estimate_option
+from control_layer.planner.estimate import estimate_option, estimate_planned
 from control_layer.planner.intervals import DEFAULT_BAND
 from control_layer.planner.plan_types import PlannedTask, PlanOption, SyncTopology
 from control_layer.planner.snapshot import ResourceSnapshot
@@ -426,3 +426,90 @@ def test_regions_that_exchange_every_h_steps_teach_their_drift_not_the_exchange_
     assert again.estimates.step_s.wan_sync == pytest.approx(per_step)
     # A lockstep mode never pays it.
     assert _option(cal.to_calibration(state), regions=2).estimates.basis.exchange.drift == 0.0
+
+
+def _overlapped_diloco(calibration=None) -> PlanOption:
+    """Two regions, DiLoCo every 5 steps with the runtime settings the planner gives it (overlap)."""
+    spec = _spec()
+    spec = spec.model_copy(update={"sync": spec.sync.model_copy(update={"mode": "diloco", "every": 5})})
+    tasks = [
+        PlannedTask(dp_rank=i, pp_stage=0, tp_rank=0, cluster=c, node=n, device=0)
+        for i, (c, n) in enumerate([("a", "a0"), ("b", "b0")])
+    ]
+    est, runtime = estimate_planned(spec, _snap(), tasks, dp=2, tp=1, pp=1, zero=0, calibration=calibration)
+    return PlanOption(
+        id="d",
+        dp=2,
+        tp=1,
+        pp=1,
+        zero=0,
+        replicas_per_cluster={"a": 1, "b": 1},
+        tasks=tasks,
+        sync=SyncTopology(mode="diloco"),
+        estimates=est,
+        regions=["eu", "us"],
+        runtime=runtime,
+    )
+
+
+def test_an_overlapped_run_teaches_the_drift_its_rounds_could_not_hide() -> None:
+    option = _overlapped_diloco()
+    ex, rt = option.estimates.basis.exchange, option.runtime
+    assert rt is not None and rt.overlap and rt.overlap_steps >= 1
+    assert not ex.blocking and ex.every == 5 and ex.drift == 0.0
+    # What the runtime waits for: the last, blocking round at its own cost, the part of the three
+    # overlapped rounds that does not hide behind the delay, and in each of the 4 rounds the last
+    # region's lag, a quarter of the 5 local steps of 0.2 s.
+    local_step, drift, steps = 0.2, 0.25, 20
+    cpu = (ex.fixed_s + ex.params * ex.param_s) * ex.share
+    own = ex.local_s + ex.bytes / ex.bytes_per_s + ex.latency_s + cpu + ex.rounds * ex.call_s * ex.share
+    beside = own + cpu if ex.share > 1 else own
+    exposed = max(0.0, beside - rt.overlap_steps * local_step)
+    typical = own + 3 * exposed + drift * 4 * 5 * local_step
+
+    def task(node: str, region: str, wait: float) -> cal.TaskRun:
+        totals = {"n": 7, "wait_s": wait, "bytes": ex.bytes * 7, "transfer_s": 0.01}
+        # Compute as estimated: the efficiency stays, so the local step quoted again does too.
+        compute = option.estimates.step_s.compute * steps
+        parts = {"wall_s": local_step * steps + wait, "sync_s": wait, "compute_s": compute}
+        result = {"exchange_totals": totals, "steps": steps, "parts_total_s": parts}
+        return cal.TaskRun(node, region, "cpu", [], result)
+
+    # The median region's total wait is what counts: here a third, slowest region waited least.
+    tasks = [task("a0", "eu", typical), task("b0", "us", typical + 0.3), task("c0", "ap", own)]
+    run = cal.FinishedRun("d", AT, True, option, tasks, 100.0, 1.0)
+    state, _ = cal.update(cal.State(), run)
+    assert state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value == pytest.approx(drift)
+    # Nothing else about the exchange is learned from an overlapped run.
+    assert not {(k, "eu|us") for k in (cal.EXCHANGE, cal.EXCHANGE_FIXED, cal.GOODPUT)} & set(state.factors)
+
+    # Quoted again, every round adds the drift over the option's own local steps, overlapped or
+    # not; the final round's exchange is priced as before.
+    again = _overlapped_diloco(cal.to_calibration(state))
+    est, was = again.estimates, option.estimates
+    assert est.basis.exchange.drift == pytest.approx(drift)
+    t_local = est.step_s.total - est.step_s.wan_sync
+    rounds = 4
+    per_step = was.step_s.wan_sync + drift * 5 * t_local * rounds / steps
+    assert est.step_s.wan_sync == pytest.approx(per_step)
+    assert est.final_sync_s == pytest.approx(was.final_sync_s)
+    assert est.duration_s > was.duration_s
+
+
+def test_an_overlapped_run_that_waited_only_for_its_exchanges_shows_no_drift() -> None:
+    option = _overlapped_diloco()
+    ex = option.estimates.basis.exchange
+    own = (
+        ex.local_s
+        + ex.bytes / ex.bytes_per_s
+        + ex.latency_s
+        + (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * ex.share
+    )
+    result = {
+        "exchange_totals": {"n": 7, "wait_s": own, "bytes": 0, "transfer_s": 0.0},
+        "steps": 20,
+        "parts_total_s": {"wall_s": 0.2 * 20 + own, "sync_s": own, "compute_s": 1.0},
+    }
+    tasks = [cal.TaskRun(n, r, "cpu", [], result) for n, r in (("a0", "eu"), ("b0", "us"))]
+    observed = cal.observe(cal.FinishedRun("d", AT, True, option, tasks, 100.0, 1.0))
+    assert observed[(cal.EXCHANGE_DRIFT, "eu|us")] == pytest.approx(0.0, abs=1e-9)
