@@ -184,10 +184,10 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
         if teardown is not None and teardown >= 0:
             obs[(TEARDOWN, task.node_id)].append(teardown / share)
     if _exchanged(run) and basis is not None:
-        goodput, sample = observe_exchange(basis, [t.result for t in run.tasks])
+        goodput, _ = observe_exchange(basis, [t.result for t in run.tasks])
         for key, value in goodput.items():
             obs[key].append(value)
-        drift = _observe_drift(basis, sample, run.tasks)
+        drift = _observe_drift(basis, run.tasks)
         delay = run.option.runtime.overlap_steps if run.option.runtime is not None else None
         drift |= _observe_overlapped_drift(basis, run.tasks, delay or 0)
         for key, value in drift.items():
@@ -217,6 +217,13 @@ def _exchange_totals(result: dict[str, Any]) -> dict[str, float] | None:
         return None
     out = {k: v for k in ("n", "wait_s", "bytes", "transfer_s") if (v := _num(got.get(k))) is not None}
     return out if len(out) == 4 and out["n"] >= 1 else None
+
+
+def _achieved_rate(totals: Sequence[dict[str, float]]) -> float | None:
+    """Bytes/s the leaders' timed payloads moved at, over all of them; None where none was timed."""
+    moved = sum(t["bytes"] for t in totals)
+    spent = sum(t["transfer_s"] for t in totals)
+    return moved / spent if moved > 0 and spent > 0 else None
 
 
 def _exchanged(run: FinishedRun) -> bool:
@@ -249,9 +256,7 @@ def observe_exchange(
     if not ex.blocking or ex.rounds < 1:
         return out, None
     totals = [t for r in results if (t := _exchange_totals(r)) is not None]
-    moved = sum(t["bytes"] for t in totals)
-    spent = sum(t["transfer_s"] for t in totals)
-    rate = moved / spent if moved > 0 and spent > 0 else None
+    rate = _achieved_rate(totals)
     if rate is not None and ex.bytes_per_s > 0:
         for key, used in basis.goodput.items():
             out[(GOODPUT, key)] = _clamp(used * rate / ex.bytes_per_s, GOODPUT_RANGE)
@@ -264,21 +269,33 @@ def observe_exchange(
     return out, sample
 
 
-def _observe_drift(
-    basis: CalibrationBasis, sample: xf.Sample | None, tasks: Sequence[TaskRun]
-) -> dict[tuple[str, str], float]:
+def _observe_drift(basis: CalibrationBasis, tasks: Sequence[TaskRun]) -> dict[tuple[str, str], float]:
     """At a blocking exchange made every H > 1 steps, the wait beyond what the exchange itself
     costs (its transfer, calls and per-parameter work as priced) is the first region waiting for
     the last, which drifted behind over the H local steps: as a fraction of those steps, per
-    region pair. An exchange every step has no room to drift (its steps are in lockstep)."""
+    region pair. An exchange every step has no room to drift (its steps are in lockstep).
+
+    A region's wait is taken per round of the run (its total over ceil(steps / H)), not per
+    exchange it counted: in gossip the regions count different numbers of exchanges (a region may
+    pull more often than it is pulled), and the per-exchange wait of the one that counted fewer
+    overstated the lag it waited for. The median region's, as ``_observe_overlapped_drift`` takes it."""
     ex = basis.exchange
-    if ex is None or sample is None or ex.every <= 1:
+    if ex is None or not ex.blocking or ex.every <= 1 or ex.rounds < 1:
         return {}
-    own = (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * max(1.0, ex.share)
-    extra = sample.seconds * max(1.0, ex.share) - own
+    per_round, totals = [], []
+    for r in tasks:
+        t, steps = _exchange_totals(r.result), _num(r.result.get("steps"))
+        if t is None or steps is None or steps < 1:
+            continue
+        totals.append(t)
+        per_round.append(t["wait_s"] / math.ceil(steps / ex.every))
     step = _local_step(tasks)
-    if step <= 0:
+    if not per_round or step <= 0:
         return {}
+    rate = _achieved_rate(totals) or ex.bytes_per_s
+    transfer = ex.local_s + (ex.bytes / rate if ex.bytes > 0 and rate > 0 else 0.0) + ex.latency_s
+    own = (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * max(1.0, ex.share)
+    extra = statistics.median(per_round) - transfer - own
     drift = _clamp(max(0.0, extra) / (ex.every * step), DRIFT_RANGE)
     return {(EXCHANGE_DRIFT, key): drift for key in basis.exchange_s}
 

@@ -428,6 +428,38 @@ def test_regions_that_exchange_every_h_steps_teach_their_drift_not_the_exchange_
     assert _option(cal.to_calibration(state), regions=2).estimates.basis.exchange.drift == 0.0
 
 
+def test_gossip_regions_that_count_different_exchanges_teach_the_same_drift() -> None:
+    # In gossip one region may count more exchanges than another (it pulls more often than it is
+    # pulled); the lag it waited for is its total wait over the run's rounds, not per exchange.
+    option = _option(regions=2, spec=_gossip())
+    ex = option.estimates.basis.exchange
+    local_step, drift, steps = 0.2, 0.2, 20
+    priced = (
+        ex.local_s
+        + ex.bytes / ex.bytes_per_s
+        + ex.latency_s
+        + (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * ex.share
+    )
+    per_round = priced + drift * 5 * local_step
+    rounds = steps // 5
+
+    def task(t: PlannedTask, n: int) -> cal.TaskRun:
+        wait = per_round * rounds  # the same lag, counted over n exchanges
+        totals = {"n": n, "wait_s": wait, "bytes": ex.bytes * n, "transfer_s": ex.bytes / ex.bytes_per_s * n}
+        result = {
+            "exchange_totals": totals,
+            "steps": steps,
+            "parts_total_s": {"wall_s": local_step * steps + wait, "sync_s": wait, "compute_s": 1.0},
+        }
+        return cal.TaskRun(
+            node_id=t.node, region=REGION_OF[t.cluster], device_model="cpu", steps=[], result=result
+        )
+
+    tasks = [task(t, n) for t, n in zip(option.tasks, (2, 5), strict=True)]
+    state, _ = cal.update(cal.State(), cal.FinishedRun("g2", AT, True, option, tasks, 100.0, 1.0))
+    assert state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value == pytest.approx(drift)
+
+
 def _overlapped_diloco(calibration=None) -> PlanOption:
     """Two regions, DiLoCo every 5 steps with the runtime settings the planner gives it (overlap)."""
     spec = _spec()
