@@ -30,7 +30,10 @@ from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.topology import cluster_gossip, order_ring
 
-MAX_DEGREES = 8  # degree combinations tried, smallest replicas first: each costs two estimates
+# Layouts (dp, tp, pp at the lowest ZeRO stage) tried, smallest replicas first: each costs up to
+# two estimates, and larger counts cost a fallback quote more than the search's own quotes take
+# (BENCHMARKS.md, "Planner: spanning layouts").
+MAX_DEGREES = 8
 
 Slot = tuple[str, str, int]  # cluster id, node id, device index
 
