@@ -33,7 +33,7 @@ from control_layer.planner.topology import cluster_gossip, order_ring
 # Layouts (dp, tp, pp at the lowest ZeRO stage) tried, smallest replicas first: each costs up to
 # two estimates, and larger counts cost a fallback quote more than the search's own quotes take
 # (BENCHMARKS.md, "Planner: spanning layouts").
-MAX_DEGREES = 8
+MAX_DEGREES = 12
 
 Slot = tuple[str, str, int]  # cluster id, node id, device index
 
