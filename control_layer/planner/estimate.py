@@ -34,7 +34,7 @@ from control_layer.planner.runtime_pricing import (
     wan_per_step,
 )
 from control_layer.planner.runtime_settings import settings_for, weakest_link
-from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, NodeInfo, ResourceSnapshot
+from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, NodeInfo, ResourceSnapshot, StepRateInfo
 from control_layer.planner.sync_choice import AutoSync, choice_for, provisional, with_every
 
 # Key of the group of replicas that average gradients every step: the replicas on one node (one
@@ -392,6 +392,20 @@ def host_shares(
     return out
 
 
+def _rate_key(rate: StepRateInfo | None) -> tuple[float, ...] | None:
+    """What of a measured rate the local step is priced from, hashable."""
+    if rate is None:
+        return None
+    return (
+        rate.tflops,
+        rate.micro_batch_s,
+        rate.step_s,
+        rate.optimizer_s_per_mparam,
+        rate.data_s_per_mtoken,
+        rate.checkpoint_s_per_mparam,
+    )
+
+
 def _fixed_seconds(
     node: NodeInfo, share: float, launch_share: float, calibration: Calibration | None
 ) -> tuple[float, float]:
@@ -569,22 +583,23 @@ def _estimate(
         r = group_size[rep.participant]
         ids = tuple(sorted({c.id for c, _ in devices}))
         on = rep.all_nodes
-        # Replicas on the same clusters with the same weakest device and group size estimate the
-        # same, unless their nodes' own measurements or host share set them apart.
-        own = on if kind == "cpu" or any(nodes[n].profile is not None for n in on) else None
         cls = [clusters[i] for i in ids]
         intra_bw = min(intra_bytes_per_s(c, calibration) for c in cls)
         intra_lat = max(c.intra_latency_ms for c in cls) / 1000.0
         pp_links = _pp_links(rep, cls[0], nodes, intra_bw, intra_lat, calibration)
-        key = (ids, own, model, kind, tflops, smallest, r, pp_links)
-        if key in seen:
-            continue
-        seen.add(key)
         # A replica across nodes runs at its slowest node's pace (the busiest stage paces the
         # pipeline); a node without a measured rate leaves the whole replica to the defaults.
         rates = [p.rates.get(precision) if (p := nodes[n].profile) else None for n in on]
         rate = None if any(x is None for x in rates) else min(rates, key=lambda x: x.tflops)  # type: ignore[union-attr]
         share = max(shares.get(n, 1.0) for n in on) if kind == "cpu" else 1.0
+        # Only the slowest local step counts, and a replica's is a function of what it is priced
+        # from: its fabric, the measured rate it runs at, its host share, its weakest device, its
+        # group size and its stage links. Replicas alike in all of these are priced once, whatever
+        # nodes or clusters hold them (node ids would price every profiled replica apart).
+        key = (intra_bw, intra_lat, _rate_key(rate), share, model, kind, tflops, smallest, r, pp_links)
+        if key in seen:
+            continue
+        seen.add(key)
         if rate is None:
             flops = cm.effective_flops(tflops, model, kind, precision, calibration)
             rt = cm.replica_time(

@@ -30,7 +30,10 @@ from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.topology import cluster_gossip, order_ring
 
-MAX_DEGREES = 16  # degree combinations tried, smallest replicas first: each costs two estimates
+# Layouts (dp, tp, pp at the lowest ZeRO stage) tried, smallest replicas first: each costs up to
+# two estimates, and larger counts cost a fallback quote more than the search's own quotes take
+# (BENCHMARKS.md, "Planner: spanning layouts").
+MAX_DEGREES = 12
 
 Slot = tuple[str, str, int]  # cluster id, node id, device index
 
@@ -73,8 +76,9 @@ def _replicas(groups: list[Group], tp: int, pp: int, need: int) -> list[list[Slo
 
 
 def _tasks(replicas: list[list[Slot]], tp: int, regions: dict[str, str]) -> list[PlannedTask]:
+    # Built from the snapshot's own ids and indices, validated when it was: constructed directly.
     return [
-        PlannedTask(
+        PlannedTask.model_construct(
             dp_rank=r, pp_stage=i // tp, tp_rank=i % tp, cluster=c, node=n, device=d, region=regions[c]
         )
         for r, devices in enumerate(replicas)
@@ -97,12 +101,17 @@ def spanning_options(
     # Only what the search could not place: a replica larger than every node, tp within a node;
     # and only layouts that fit the roomiest device as the estimate sizes them (its micro-batches;
     # no ZeRO shard group, each replica here being a torchrun group of its own). Most layouts of a
-    # job that reaches here fit nowhere: they must not crowd out those that do.
+    # job that reaches here fit nowhere: they must not crowd out those that do. Without a shard
+    # group a higher ZeRO stage never helps (stages 1-2 change nothing, stage 3 only adds its
+    # gathered layers), so only the lowest stage the spec allows is tried: its copies would take
+    # the places of distinct layouts.
+    lowest = min((d.zero for d in degrees), default=0)
     wanted = sorted(
         (
             d
             for d in degrees
-            if d.tp <= widest < d.tp * d.pp
+            if d.zero == lowest
+            and d.tp <= widest < d.tp * d.pp
             and cm.fits(
                 cm.memory_per_device(
                     spec, d.tp, d.pp, d.zero, 1, n_micro_batches(spec, d.dp), spec.pp_schedule
@@ -125,10 +134,14 @@ def spanning_options(
     ]
     out: dict[str, PlanOption] = {}
     for deg in wanted:
+        picked: list[list[list[Slot]]] = []
         for ordered in orders:
             chosen = _replicas(ordered, deg.tp, deg.pp, deg.dp)
             if len(chosen) < deg.dp:
                 break  # too few replicas in the whole fleet, whatever the order
+            if chosen in picked:
+                continue  # the cheapest devices are the fastest too: priced once
+            picked.append(chosen)
             option = _option(spec, snapshot, deg, _tasks(chosen, deg.tp, regions), calibration, clusters)
             if option is not None:
                 out[option.id] = option
