@@ -11,7 +11,7 @@ from control_layer import calibration as cal
 from control_layer.planner import cost_model as cm
 from control_layer.planner.estimate import estimate_option, estimate_planned
 from control_layer.planner.intervals import DEFAULT_BAND
-from control_layer.planner.plan_types import PlannedTask, PlanOption, SyncTopology
+from control_layer.planner.plan_types import ExchangeBasis, PlannedTask, PlanOption, SyncTopology
 from control_layer.planner.snapshot import ResourceSnapshot
 
 AT = datetime(2026, 11, 23, tzinfo=UTC)
@@ -382,6 +382,16 @@ def _gossip(every: int = 5) -> JobSpec:
     return spec.model_copy(update={"sync": spec.sync.model_copy(update={"mode": "gossip", "every": every})})
 
 
+def _blocking_exchange_s(ex: ExchangeBasis) -> float:
+    """What a blocking exchange was priced at: transfer, latency, and its own costs at the share."""
+    return (
+        ex.local_s
+        + ex.bytes / ex.bytes_per_s
+        + ex.latency_s
+        + (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * ex.share
+    )
+
+
 def test_regions_that_exchange_every_h_steps_teach_their_drift_not_the_exchange_costs() -> None:
     option = _option(regions=2, spec=_gossip())
     ex = option.estimates.basis.exchange
@@ -389,12 +399,7 @@ def test_regions_that_exchange_every_h_steps_teach_their_drift_not_the_exchange_
     # Each exchange costs what was priced, plus the first region waiting a fifth of the 5 local
     # steps (0.2 s each) for the last: 0.2 s.
     local_step, drift = 0.2, 0.2
-    priced = (
-        ex.local_s
-        + ex.bytes / ex.bytes_per_s
-        + ex.latency_s
-        + (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * ex.share
-    )
+    priced = _blocking_exchange_s(ex)
     wait = priced + drift * 5 * local_step
     n = 4
     totals = {"n": n, "wait_s": wait * n, "bytes": ex.bytes * n, "transfer_s": ex.bytes / ex.bytes_per_s * n}
@@ -434,12 +439,7 @@ def test_gossip_regions_that_count_different_exchanges_teach_the_same_drift() ->
     option = _option(regions=2, spec=_gossip())
     ex = option.estimates.basis.exchange
     local_step, drift, steps = 0.2, 0.2, 20
-    priced = (
-        ex.local_s
-        + ex.bytes / ex.bytes_per_s
-        + ex.latency_s
-        + (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * ex.share
-    )
+    priced = _blocking_exchange_s(ex)
     per_round = priced + drift * 5 * local_step
     rounds = steps // 5
 
