@@ -540,7 +540,7 @@ def _estimate(
     )
 
     cluster_of = node_clusters(snapshot)
-    shares = pipe_shares((rep.boundaries for rep in replicas if rep.boundaries), cluster_of)
+    cluster_pipes = pipe_shares((rep.boundaries for rep in replicas if rep.boundaries), cluster_of)
     locals_: list[LocalStep] = []
     peak_bytes = 0.0
     seen: set[tuple] = set()
@@ -558,7 +558,15 @@ def _estimate(
         intra_lat = max(c.intra_latency_ms for c in cls) / 1000.0
         pp_links = (
             pipeline_links(
-                rep.boundaries, cluster_of, nodes, snapshot, intra_bw, intra_lat, shares, tp, calibration
+                rep.boundaries,
+                cluster_of,
+                nodes,
+                snapshot,
+                intra_bw,
+                intra_lat,
+                cluster_pipes,
+                tp,
+                calibration,
             )
             if rep.boundaries
             else None
