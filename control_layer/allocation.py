@@ -200,6 +200,7 @@ def allocate_replacement(
         host=node.advertise_host,
         sync_port=port,
         entries=entries,
+        cross_cluster_host=node.cross_cluster_host,
     )
     price = current_prices(session, [cluster.id]).get(cluster.id)
     if price is None:
