@@ -539,8 +539,10 @@ def _estimate(
         runtime_terms(spec).write_s if derive else runtime.checkpoint_write_s if runtime is not None else 0.0
     )
 
-    cluster_of = node_clusters(snapshot)
-    cluster_pipes = pipe_shares((rep.boundaries for rep in replicas if rep.boundaries), cluster_of)
+    # Replicas across nodes only (the spanning fallback): a node's cluster and who shares its pipes.
+    spanning = [rep.boundaries for rep in replicas if rep.boundaries]
+    cluster_of = node_clusters(snapshot) if spanning else {}
+    cluster_pipes = pipe_shares(spanning, cluster_of)
     locals_: list[LocalStep] = []
     peak_bytes = 0.0
     seen: set[tuple] = set()
