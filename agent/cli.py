@@ -58,6 +58,12 @@ def agent_command(
     node_fabric_latency_ms: float = typer.Option(
         0.0, "--node-fabric-latency-ms", min=0, help="Node one-way fabric latency (0: none)"
     ),
+    cross_cluster_host: str = typer.Option(
+        "",
+        "--cross-cluster-host",
+        help="Where the region's other clusters reach this node's torchrun endpoint (its sync ports"
+        " and workers); set, the node may share a pipeline with them (default: none)",
+    ),
     probe_port: int = typer.Option(
         0, "--probe-port", help="Port peers probe this node's links on (0: any free one, -1: none)"
     ),
@@ -97,6 +103,7 @@ def agent_command(
             intra_bandwidth_gbps=intra_bandwidth_gbps,
             node_fabric_gbps=node_fabric_gbps,
             node_fabric_latency_ms=node_fabric_latency_ms,
+            cross_cluster_host=cross_cluster_host,
             probe_port=probe_port,
             probe_bind=probe_bind,
             work_dir=work_dir,

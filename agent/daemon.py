@@ -357,6 +357,7 @@ class Agent:
             intra_bandwidth_gbps=s.intra_bandwidth_gbps,
             node_fabric_gbps=s.node_fabric_gbps,
             node_fabric_latency_ms=s.node_fabric_latency_ms,
+            cross_cluster_host=s.cross_cluster_host,
             jurisdiction=s.jurisdiction,
             node_id=creds.node_id if creds else "",
             node_token=creds.node_token if creds else "",

@@ -238,6 +238,7 @@ def task_slots(option: PlanOption, snap: ResourceSnapshot, port: Any) -> list[Ta
                 sync_port=port() if multi and node_id in leads else None,
                 entries=tuple(entries),
                 group_port=port() if leads.get(node_id) else None,
+                cross_cluster_host="127.0.0.1" if snap.nodes_by_id()[node_id].cross_cluster_groups else None,
             )
         )
     return slots

@@ -104,6 +104,7 @@ class NodeRegistration:
     # The node's own port into the cluster fabric (Gb/s per device, one-way ms); 0: not declared.
     node_fabric_gbps: float = 0.0
     node_fabric_latency_ms: float = 0.0
+    cross_cluster_host: str = ""  # where other clusters of the region reach its torchrun endpoint; "": none
 
 
 def _finite(x: float) -> bool:
@@ -203,6 +204,8 @@ def registration_problems(reg: NodeRegistration) -> list[str]:
             f"node_fabric_latency_ms: must be a finite number in 0..{MAX_FABRIC_LATENCY_MS:g},"
             f" got {reg.node_fabric_latency_ms}"
         )
+    if reg.cross_cluster_host and not HOST_RE.fullmatch(reg.cross_cluster_host):
+        p.append(f"cross_cluster_host: must be a host name or IP address, got {reg.cross_cluster_host!r}")
     lo, hi = reg.sync_port_min, reg.sync_port_max
     if not (1024 <= lo <= hi <= 65535):
         p.append(f"sync_port_min/sync_port_max: need 1024 <= min <= max <= 65535, got {lo}-{hi}")

@@ -92,6 +92,7 @@ def allocate(
             sync_port=ports[node_id][0] if multi and node_id in ports else None,
             entries=tuple(entries),
             group_port=ports[node_id][-1] if node_id in spanning and node_id in ports else None,
+            cross_cluster_host=nodes[node_id].cross_cluster_host,
         )
         for node_id, entries in groups.items()
     ]
@@ -199,6 +200,7 @@ def allocate_replacement(
         host=node.advertise_host,
         sync_port=port,
         entries=entries,
+        cross_cluster_host=node.cross_cluster_host,
     )
     price = current_prices(session, [cluster.id]).get(cluster.id)
     if price is None:

@@ -71,6 +71,7 @@ class _NodeRow:
     cpu_contention: float | None
     fabric_bandwidth_gbps: float | None = None
     fabric_latency_ms: float | None = None
+    cross_cluster_groups: bool = False
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,7 @@ class _State:
             Node.cpu_contention,
             Node.fabric_bandwidth_gbps,
             Node.fabric_latency_ms,
+            Node.cross_cluster_host,
         )
         acc_cols = select(
             Accelerator.id,
@@ -253,7 +255,17 @@ class _State:
                 self._drop_node(nid)
             for chunk in _chunks([r[0] for r in acc_rows]):
                 self.busy.update(session.scalars(active.where(Allocation.accelerator_id.in_(chunk))))
-        for node_id, cluster_id, hostname, status, profile, contention, fabric_gbps, fabric_ms in node_rows:
+        for (
+            node_id,
+            cluster_id,
+            hostname,
+            status,
+            profile,
+            contention,
+            fabric_gbps,
+            fabric_ms,
+            cross,
+        ) in node_rows:
             self.nodes[node_id] = _NodeRow(
                 cluster_id,
                 hostname,
@@ -262,6 +274,7 @@ class _State:
                 contention,
                 fabric_gbps,
                 fabric_ms,
+                bool(cross),
             )
             self.cluster_nodes.setdefault(cluster_id, set()).add(node_id)
             self.stale.add(cluster_id)
@@ -340,6 +353,7 @@ class _State:
                 cpu_contention=self.nodes[nid].cpu_contention,
                 fabric_bandwidth_gbps=self.nodes[nid].fabric_bandwidth_gbps,
                 fabric_latency_ms=self.nodes[nid].fabric_latency_ms,
+                cross_cluster_groups=self.nodes[nid].cross_cluster_groups,
                 devices=[
                     DeviceSlot(
                         index=d.index,

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import re
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,9 @@ class TaskSlot:
     entries: tuple[PlannedTask, ...]
     # Node rank 0 of a group spanning nodes: where it hosts the group's rendezvous store.
     group_port: int | None = None
+    # Where the region's other clusters reach this node's torchrun endpoint, when its agent
+    # declared one (``--cross-cluster-host``): it may share a group with nodes there.
+    cross_cluster_host: str | None = None
 
     @property
     def dp_ranks(self) -> list[int]:
@@ -68,10 +72,11 @@ def group_by_node(option: PlanOption) -> dict[str, list[PlannedTask]]:
     return groups
 
 
-def option_problems(spec: JobSpec, option: PlanOption) -> list[str]:
-    """Why the runtime could not run this option (``contracts.feasibility``), empty when it can."""
+def option_problems(spec: JobSpec, option: PlanOption, reachable: Collection[str] = ()) -> list[str]:
+    """Why the runtime could not run this option (``contracts.feasibility``), empty when it can;
+    ``reachable``: the nodes that may share a group with other clusters' nodes."""
     model = spec.model
-    problems = node_group_problems(option.tasks)
+    problems = node_group_problems(option.tasks, reachable)
     per_replica = option.tp * option.pp
     counts = Counter(e.dp_rank for e in option.tasks)
     if any(n != per_replica for n in counts.values()) or len(counts) != option.dp:
@@ -100,10 +105,11 @@ def option_problems(spec: JobSpec, option: PlanOption) -> list[str]:
     return problems
 
 
-def check_node_groups(option: PlanOption, spec: JobSpec) -> None:
-    """Refuse an option the runtime cannot run: node groups it can launch (one cluster, a block of
-    ranks per node), complete replicas, and the shape, batch and data-region rules."""
-    problems = option_problems(spec, option)
+def check_node_groups(option: PlanOption, spec: JobSpec, reachable: Collection[str] = ()) -> None:
+    """Refuse an option the runtime cannot run: node groups it can launch (one cluster, or clusters
+    of one region whose nodes are all ``reachable``; a block of ranks per node), complete replicas,
+    and the shape, batch and data-region rules."""
+    problems = option_problems(spec, option, reachable)
     if problems:
         raise FailedPrecondition(
             f"plan option {option.id}: {'; '.join(problems)}", option_id=option.id, problems=problems
@@ -148,7 +154,7 @@ def build_worker_configs(
     own on its node but the job has peers to take the model from, it starts at their step.
     Sync settings the spec left to the planner are the option's (``sync_choice.pinned``)."""
     spec = pinned(spec, option)
-    check_node_groups(option, spec)
+    check_node_groups(option, spec, [s.node_id for s in slots if s.cross_cluster_host])
     groups = slot_groups(option, slots)
     leaders = [g[0] for g in groups]
     keys = sync_keys(leaders)
@@ -228,10 +234,12 @@ def _group(group: list[TaskSlot], node_rank: int) -> dict[str, Any] | None:
     if len(group) == 1:
         return None
     head = group[0]
+    # A group across clusters meets where the other clusters reach its head (checked: declared).
+    across = len({s.cluster_id for s in group}) > 1
     return {
         "nnodes": len(group),
         "node_rank": node_rank,
-        "master_addr": head.host,
+        "master_addr": head.cross_cluster_host if across else head.host,
         "master_port": head.group_port,
     }
 

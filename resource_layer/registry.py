@@ -81,6 +81,7 @@ def register_node(
     # Declared with every registration: a node that stops declaring goes back to the cluster's.
     node.fabric_bandwidth_gbps = reg.node_fabric_gbps or None
     node.fabric_latency_ms = reg.node_fabric_latency_ms or None
+    node.cross_cluster_host = reg.cross_cluster_host or None
     if node.status == "lost":
         node.status = "alive"
     session.flush()

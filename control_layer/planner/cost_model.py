@@ -420,13 +420,16 @@ class PipelineLinks:
 
     ``port_out[s]`` / ``port_in[s]``: bytes/s of stage s's port into the cluster fabric (its
     node's, ``ClusterInfo.port``); ``across[s]``: boundary s -> s+1 crosses the fabric (else it
-    stays inside a node, at ``local_bw``); ``latency[s]``: that boundary's one-way seconds."""
+    stays inside a node, at ``local_bw``); ``latency[s]``: that boundary's one-way seconds;
+    ``link_bw[s]`` (empty: none): bytes/s of the pipe between two clusters boundary s also crosses
+    in each direction (``cross_cluster.pipeline_links``), inf where it stays in one cluster."""
 
     port_out: tuple[float, ...]
     port_in: tuple[float, ...]
     across: tuple[bool, ...]
     latency: tuple[float, ...]
     local_bw: float
+    link_bw: tuple[float, ...] = ()
 
 
 def replica_time(
@@ -578,7 +581,7 @@ def _pipeline_makespan(
                 start = max(start, tx[st], rx[to])
                 t_out, t_in = nbytes / links.port_out[st], nbytes / links.port_in[to]
                 tx[st], rx[to] = start + t_out, start + t_in
-                done = start + max(t_out, t_in)
+                done = start + max(t_out, t_in, nbytes / links.link_bw[k] if links.link_bw else 0.0)
                 arrive = done + links.latency[k]
             else:
                 done = start + nbytes / links.local_bw

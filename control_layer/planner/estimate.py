@@ -15,6 +15,7 @@ from contracts.errors import InvalidArgument
 from contracts.feasibility import resolve_precision
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
+from control_layer.planner.cross_cluster import node_clusters, pipe_shares, pipeline_links, reachable_nodes
 from control_layer.planner.intervals import basis, interval
 from control_layer.planner.node_groups import node_group_problems, node_groups, rank_key
 from control_layer.planner.plan_types import (
@@ -286,7 +287,7 @@ def _replicas(
         )
     # Nodes that share a replica run as one torchrun group (node_groups): its replicas average
     # every step over the cluster's fabric, and its first node leads it.
-    group_problems = node_group_problems(tasks)
+    group_problems = node_group_problems(tasks, reachable_nodes(snapshot))
     if group_problems:
         raise InvalidArgument(group_problems[0], field="tasks")
     leader = {n: g[0] for g in node_groups(tasks) for n in g}
@@ -422,39 +423,6 @@ def _fixed_seconds(
     return launcher * launch_share + workers * share, teardown * share
 
 
-def _pp_links(
-    rep: Replica,
-    cluster: ClusterInfo,
-    nodes: dict[str, NodeInfo],
-    intra_bw: float,
-    intra_lat: float,
-    calibration: Calibration | None,
-) -> cm.PipelineLinks | None:
-    """How a replica across nodes reaches its stages (None for one on a node): each stage's port
-    is its node's (the slowest of its tp ranks' nodes), a boundary inside a node runs at the
-    cluster's figures as on one node, one between nodes pays the larger latency of the two."""
-    if not rep.boundaries:
-        return None
-
-    def port(node_id: str) -> tuple[float, float]:
-        gbps, lat_ms = cluster.port(nodes[node_id])
-        return port_bytes_per_s(cluster, gbps, calibration), lat_ms / 1000.0
-
-    pp = len(rep.boundaries) + 1
-    stage_nodes: list[set[str]] = [set() for _ in range(pp)]
-    for k, pairs in enumerate(rep.boundaries):
-        for a, b in pairs:
-            stage_nodes[k].add(a)
-            stage_nodes[k + 1].add(b)
-    ports = [min(port(n)[0] for n in on) for on in stage_nodes]
-    across, latency = [], []
-    for pairs in rep.boundaries:
-        crossing = [(a, b) for a, b in pairs if a != b]
-        across.append(bool(crossing))
-        latency.append(max([intra_lat, *(max(port(a)[1], port(b)[1]) for a, b in crossing)]))
-    return cm.PipelineLinks(tuple(ports), tuple(ports), tuple(across), tuple(latency), intra_bw)
-
-
 def estimate_option(
     spec: JobSpec,
     snapshot: ResourceSnapshot,
@@ -571,6 +539,10 @@ def _estimate(
         runtime_terms(spec).write_s if derive else runtime.checkpoint_write_s if runtime is not None else 0.0
     )
 
+    # Replicas across nodes only (the spanning fallback): a node's cluster and who shares its pipes.
+    spanning = [rep.boundaries for rep in replicas if rep.boundaries]
+    cluster_of = node_clusters(snapshot) if spanning else {}
+    cluster_pipes = pipe_shares(spanning, cluster_of)
     locals_: list[LocalStep] = []
     peak_bytes = 0.0
     seen: set[tuple] = set()
@@ -586,7 +558,21 @@ def _estimate(
         cls = [clusters[i] for i in ids]
         intra_bw = min(intra_bytes_per_s(c, calibration) for c in cls)
         intra_lat = max(c.intra_latency_ms for c in cls) / 1000.0
-        pp_links = _pp_links(rep, cls[0], nodes, intra_bw, intra_lat, calibration)
+        pp_links = (
+            pipeline_links(
+                rep.boundaries,
+                cluster_of,
+                nodes,
+                snapshot,
+                intra_bw,
+                intra_lat,
+                cluster_pipes,
+                tp,
+                calibration,
+            )
+            if rep.boundaries
+            else None
+        )
         # A replica across nodes runs at its slowest node's pace (the busiest stage paces the
         # pipeline); a node without a measured rate leaves the whole replica to the defaults.
         rates = [p.rates.get(precision) if (p := nodes[n].profile) else None for n in on]

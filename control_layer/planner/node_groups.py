@@ -10,7 +10,7 @@ nodes puts its first stages on node rank 0 and the rest on node rank 1. Pure.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from contracts.worker_config import MAX_GROUP_NODES
 from control_layer.planner.plan_types import PlannedTask
@@ -48,10 +48,11 @@ def node_groups(tasks: Iterable[PlannedTask]) -> list[list[str]]:
     return sorted(ordered, key=lambda nodes: min(e.dp_rank for n in nodes for e in by_node[n]))
 
 
-def node_group_problems(tasks: Sequence[PlannedTask]) -> list[str]:
+def node_group_problems(tasks: Sequence[PlannedTask], reachable: Collection[str] = ()) -> list[str]:
     """Why these tasks cannot run as torchrun groups: a device given two roles, a group across
-    clusters (its collectives would cross a link the plan priced as WAN sync), too many nodes, or a
-    node whose devices are not one contiguous block of the group's rank order."""
+    clusters whose nodes did not all declare their group endpoint reachable from other clusters
+    (``reachable``: those node ids, ``NodeInfo.cross_cluster_groups``) or across regions, too many
+    nodes, or a node whose devices are not one contiguous block of the group's rank order."""
     by_node: dict[str, list[PlannedTask]] = {}
     for t in tasks:
         by_node.setdefault(t.node, []).append(t)
@@ -62,10 +63,19 @@ def node_group_problems(tasks: Sequence[PlannedTask]) -> list[str]:
             continue
         clusters = sorted({e.cluster for n in nodes for e in by_node[n]})
         if len(clusters) > 1:
-            problems.append(
-                f"nodes {nodes} share replicas across clusters {clusters}; a group stays in one cluster"
-            )
-            continue
+            regions = sorted({e.region for n in nodes for e in by_node[n]})
+            closed = [n for n in nodes if n not in reachable]
+            if closed or len(regions) > 1:
+                problems.append(
+                    f"nodes {nodes} share replicas across clusters {clusters}; a group stays in one cluster"
+                    + (
+                        f" unless all its nodes are reachable from other clusters (not {closed})"
+                        if closed
+                        else ""
+                    )
+                    + (f" and one region (not {regions})" if len(regions) > 1 else "")
+                )
+                continue
         if len(nodes) > MAX_GROUP_NODES:
             problems.append(f"a group of {len(nodes)} nodes exceeds {MAX_GROUP_NODES}")
             continue

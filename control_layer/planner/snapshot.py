@@ -105,6 +105,9 @@ class NodeInfo(_Plain):
         allow_inf_nan=False,
         description="One-way latency from this node across the cluster fabric, ms; at least the cluster's.",
     )
+    # The agent declared its torchrun endpoint (advertise host, sync ports) reachable from the
+    # region's other clusters: the node may share a replica's pipeline with nodes there.
+    cross_cluster_groups: bool = False
 
     @property
     def host(self) -> str:

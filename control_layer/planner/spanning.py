@@ -1,4 +1,5 @@
-"""Options whose replicas span nodes of one cluster, for a job no single node can hold a replica of.
+"""Options whose replicas span nodes (of one cluster, or of one region's clusters that allow it), for a job
+no single node can hold a replica of.
 
 The search keeps a replica on one node. When that leaves nothing (a model that needs more devices
 per replica than any node has free), this places each replica on whole nodes of one cluster: a
@@ -10,8 +11,12 @@ replica's stages run down its nodes in falling port speed: a boundary between tw
 slower port, so this order makes every boundary as fast as any order can (the fastest node is
 never the slower end of a boundary) and keeps slow nodes out of the fast replicas. Ties keep the
 order the pools list. (A replica that must take slow nodes can walk faster with them at the
-pipeline's ends; that order is not searched.) Every placement is priced by
-``estimate_planned``, exactly as the search's. Pure.
+pipeline's ends; that order is not searched.) Where the clusters hold fewer replicas than a
+layout needs, the nodes left whose agents declared their group endpoint reachable from the
+region's other clusters (``NodeInfo.cross_cluster_groups``) form replicas across clusters of one
+region: a cluster's nodes together, clusters with the most free devices first, so a replica
+crosses the region's link at as few stage boundaries as it can (``cross_cluster``). Every placement
+is priced by ``estimate_planned``, exactly as the search's. Pure.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from contracts.errors import InvalidArgument
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.candidates import Degrees, enumerate_degrees
+from control_layer.planner.cross_cluster import cluster_order, reachable_nodes
 from control_layer.planner.estimate import Links, estimate_planned, n_micro_batches
 from control_layer.planner.fleet import Pool
 from control_layer.planner.options import plan_id, qos_checks
@@ -37,8 +43,8 @@ MAX_DEGREES = 12
 
 Slot = tuple[str, str, int]  # cluster id, node id, device index
 
-
-Group = tuple[str, list[tuple[str, tuple[int, ...]]]]  # cluster id, its (node, free devices)
+Entry = tuple[str, str, tuple[int, ...]]  # cluster id, node id, its free devices
+Group = tuple[str, str, list[Entry]]  # cluster id, device model, its nodes in the order replicas take them
 
 
 def _groups(pools: list[Pool], snapshot: ResourceSnapshot) -> list[Group]:
@@ -49,19 +55,40 @@ def _groups(pools: list[Pool], snapshot: ResourceSnapshot) -> list[Group]:
         by_cluster[(p.cluster.id, p.model)] += list(p.nodes)
     clusters, nodes_by_id = snapshot.clusters_by_id(), snapshot.nodes_by_id()
     out: list[Group] = []
-    for (cid, _), nodes in sorted(by_cluster.items()):
+    for (cid, model), nodes in sorted(by_cluster.items()):
         ports = {n: clusters[cid].port(nodes_by_id[n]) for n, _ in nodes}
-        out.append((cid, sorted(nodes, key=lambda e: (-ports[e[0]][0], ports[e[0]][1]))))
+        ordered = sorted(nodes, key=lambda e: (-ports[e[0]][0], ports[e[0]][1]))
+        out.append((cid, model, [(cid, n, free) for n, free in ordered]))
+    return out
+
+
+def _cross_groups(
+    groups: list[Group], used: set[str], reachable: frozenset[str], region_of: dict[str, str]
+) -> list[Group]:
+    """Per (region, device model), the nodes no one-cluster replica took whose agents declared
+    their group endpoint reachable from other clusters, a cluster's nodes together in their own
+    order, clusters by ``cluster_order``; only where two clusters or more have such nodes."""
+    by_region: dict[tuple[str, str], dict[str, list[Entry]]] = defaultdict(dict)
+    for cid, model, entries in groups:
+        left = [e for e in entries if e[1] in reachable and e[1] not in used]
+        if left:
+            by_region[(region_of[cid], model)][cid] = left
+    out: list[Group] = []
+    for (region, model), per_cluster in sorted(by_region.items()):
+        if len(per_cluster) < 2:
+            continue
+        order = cluster_order([(c, sum(len(e[2]) for e in es)) for c, es in per_cluster.items()])
+        out.append((region, model, [e for c in order for e in per_cluster[c]]))
     return out
 
 
 def _replicas(groups: list[Group], tp: int, pp: int, need: int) -> list[list[Slot]]:
     """The first ``need`` replica device lists in (stage, tp rank) order, group by group, each on
-    whole nodes of one cluster (fewer when the groups hold fewer)."""
+    whole nodes of one group (fewer when the groups hold fewer)."""
     out: list[list[Slot]] = []
-    for cid, nodes in groups:
+    for _, _, nodes in groups:
         current: list[Slot] = []
-        for node, free in nodes:
+        for cid, node, free in nodes:
             per_node = len(free) // tp  # whole stages this node can hold
             if per_node == 0:
                 continue
@@ -132,11 +159,18 @@ def spanning_options(
         sorted(groups, key=lambda g: (price[g[0]], g[0])),
         sorted(groups, key=lambda g: (-speed[g[0]], g[0])),
     ]
+    reachable = reachable_nodes(snapshot)
     out: dict[str, PlanOption] = {}
     for deg in wanted:
         picked: list[list[list[Slot]]] = []
         for ordered in orders:
             chosen = _replicas(ordered, deg.tp, deg.pp, deg.dp)
+            if len(chosen) < deg.dp and reachable:
+                # What no cluster holds alone: replicas across clusters of a region, from the
+                # nodes left that declared their group endpoint reachable from other clusters.
+                used = {n for r in chosen for _, n, _ in r}
+                cross = _cross_groups(ordered, used, reachable, regions)
+                chosen += _replicas(cross, deg.tp, deg.pp, deg.dp - len(chosen))
             if len(chosen) < deg.dp:
                 break  # too few replicas in the whole fleet, whatever the order
             if chosen in picked:
@@ -182,7 +216,11 @@ def _option(
     links = Links(snapshot, calibration)
     region_ring = order_ring(sorted({t.region for t in tasks}), links.bw, links.lat)
     pos = {r: i for i, r in enumerate(region_ring)}
-    ring = sorted(dict.fromkeys(t.cluster for t in tasks), key=lambda c: (pos[clusters[c].region], c))
+    # The clusters of the sync participants: a torchrun group's first node (its first stage) leads it.
+    ring = sorted(
+        {t.cluster for t in tasks if t.pp_stage == 0 and t.tp_rank == 0},
+        key=lambda c: (pos[clusters[c].region], c),
+    )
     gossip: dict[str, list[str]] = {}
     if spec.sync.mode == "gossip":
         # As the search's options have it (``assign``).

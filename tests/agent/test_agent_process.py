@@ -280,6 +280,7 @@ def test_normal_path_runs_torchrun_over_the_training_worker(shared: Shared) -> N
 def test_a_node_declares_its_own_fabric_port_and_the_plane_stores_it(
     plane: Plane, start_agent: StartAgent
 ) -> None:
-    start_agent(node_fabric_gbps="25", node_fabric_latency_ms="0.05")
+    start_agent(node_fabric_gbps="25", node_fabric_latency_ms="0.05", cross_cluster_host="127.0.0.1")
     node = node_of(plane)
     assert (node.fabric_bandwidth_gbps, node.fabric_latency_ms) == (25.0, 0.05)
+    assert node.cross_cluster_host == "127.0.0.1"

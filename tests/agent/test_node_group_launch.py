@@ -1,5 +1,6 @@
 """A torchrun group spanning two nodes: the control plane's configs, two agents' launchers, one
-pipeline whose stages sit on different nodes (loopback stands in for the cluster fabric)."""
+pipeline whose stages sit on different nodes (loopback stands in for the cluster fabric), in one
+cluster or in two clusters of a region whose nodes declared a cross-cluster host."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from agent.settings import AgentSettings
 from agent.workers import Assignment, WorkerRun, worker_command
-from contracts.errors import InvalidArgument
+from contracts.errors import FailedPrecondition, InvalidArgument
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.worker_config import TaskSlot, build_worker_configs, validate_worker_config
 from orchestration.db.models import Cluster, Node
@@ -20,6 +21,7 @@ from proto.cpn.agent.v1 import agent_pb2
 from tests.orchestration.fleet import hand_option, tiny_spec
 
 CLUSTER = Cluster(id="ceu", name="eu1", region="eu-west")
+OTHER = Cluster(id="ceu2", name="eu2", region="eu-west")
 
 
 def _free_port() -> int:
@@ -29,11 +31,12 @@ def _free_port() -> int:
 
 
 def pipeline_option(nodes: list[Node], pp: int, dp: int, micro: int) -> PlanOption:
-    """``dp`` replicas whose stage s runs on nodes[s] (device r for replica r)."""
+    """``dp`` replicas whose stage s runs on nodes[s] (device r for replica r), each node in its
+    ``cluster_id``."""
     base = hand_option([(CLUSTER, n, 0) for n in nodes])
     tasks = [
         PlannedTask(
-            dp_rank=r, pp_stage=s, tp_rank=0, cluster=CLUSTER.id, node=n.id, device=r, region=CLUSTER.region
+            dp_rank=r, pp_stage=s, tp_rank=0, cluster=n.cluster_id, node=n.id, device=r, region=CLUSTER.region
         )
         for s, n in enumerate(nodes)
         for r in range(dp)
@@ -49,32 +52,48 @@ def pipeline_option(nodes: list[Node], pp: int, dp: int, micro: int) -> PlanOpti
     )
 
 
-def slots_for(option: PlanOption, nodes: list[Node], group_port: int) -> list[TaskSlot]:
+def slots_for(
+    option: PlanOption, nodes: list[Node], group_port: int, host: str = "127.0.0.1", cross: str | None = None
+) -> list[TaskSlot]:
+    clusters = {c.id: c for c in (CLUSTER, OTHER)}
     return [
         TaskSlot(
             node_id=n.id,
-            cluster_id=CLUSTER.id,
-            cluster_name=CLUSTER.name,
+            cluster_id=n.cluster_id,
+            cluster_name=clusters[n.cluster_id].name,
             region=CLUSTER.region,
-            host="127.0.0.1",
+            host=host,
             sync_port=None,
             entries=tuple(e for e in option.tasks if e.node == n.id),
             group_port=group_port if i == 0 else None,
+            cross_cluster_host=cross,
         )
         for i, n in enumerate(nodes)
     ]
 
 
-@pytest.mark.parametrize("dp", [1, 2])
-def test_a_pipeline_spans_two_nodes_as_one_torchrun_group(tmp_path: Path, dp: int) -> None:
-    """dp=2: each node holds one stage of both replicas, whose gradients average on that node."""
-    nodes = [Node(id="node-a00000", cluster_id=CLUSTER.id), Node(id="node-b00000", cluster_id=CLUSTER.id)]
+@pytest.mark.parametrize(("dp", "across"), [(1, True), (2, False)])
+def test_a_pipeline_spans_two_nodes_as_one_torchrun_group(tmp_path: Path, dp: int, across: bool) -> None:
+    """dp=2: each node holds one stage of both replicas, whose gradients average on that node.
+    across: the two nodes are in two clusters and meet at the head's cross-cluster host (their
+    cluster address, a TEST-NET one, reaches nothing)."""
+    second = OTHER if across else CLUSTER
+    nodes = [Node(id="node-a00000", cluster_id=CLUSTER.id), Node(id="node-b00000", cluster_id=second.id)]
     spec = tiny_spec(training={"steps": 6, "global_batch_tokens": 128, "lr": 3e-3}, sync={"mode": "sync"})
     option = pipeline_option(nodes, pp=2, dp=dp, micro=2)
     port = _free_port()
-    configs = build_worker_configs("job-pp", spec, option, slots_for(option, nodes, port))
+    if across:
+        with pytest.raises(FailedPrecondition, match="reachable from other clusters"):
+            build_worker_configs("job-pp", spec, option, slots_for(option, nodes, port))
+        slots = slots_for(option, nodes, port, host="192.0.2.1", cross="127.0.0.1")
+    else:
+        slots = slots_for(option, nodes, port)
+    configs = build_worker_configs("job-pp", spec, option, slots)
     groups = [validate_worker_config(configs[n.id])["group"] for n in nodes]
-    assert [(g["nnodes"], g["node_rank"], g["master_port"]) for g in groups] == [(2, 0, port), (2, 1, port)]
+    assert [(g["nnodes"], g["node_rank"], g["master_addr"], g["master_port"]) for g in groups] == [
+        (2, 0, "127.0.0.1", port),
+        (2, 1, "127.0.0.1", port),
+    ]
     assert {(configs[n.id]["parallel"]["pp"], configs[n.id]["parallel"]["dp_local"]) for n in nodes} == {
         (2, dp)
     }

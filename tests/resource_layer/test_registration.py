@@ -244,6 +244,7 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     ("negative node fabric", {"node_fabric_gbps": -1.0}, "node_fabric_gbps"),
     ("node fabric beyond any network", {"node_fabric_gbps": 1e6}, "node_fabric_gbps"),
     ("node fabric latency not a number", {"node_fabric_latency_ms": float("nan")}, "node_fabric_latency_ms"),
+    ("cross-cluster host not a host", {"cross_cluster_host": "10.0.0.1; rm"}, "cross_cluster_host"),
 ]
 
 
@@ -274,11 +275,18 @@ def test_a_declared_node_fabric_is_stored_and_reaches_both_snapshots(
     ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
 ) -> None:
     """What the agent declares for its own port narrows the cluster's figure in the planner's
-    snapshot, rebuilt from the database and kept live; re-registering without it clears it."""
+    snapshot, rebuilt from the database and kept live, as does a declared cross-cluster host;
+    re-registering without them clears them."""
     from control_layer.live_snapshot import LiveSnapshot
 
     slow = stub.Register(
-        request(enrollment_token(ctx), node_fabric_gbps=10.0, node_fabric_latency_ms=0.2), timeout=10
+        request(
+            enrollment_token(ctx),
+            node_fabric_gbps=10.0,
+            node_fabric_latency_ms=0.2,
+            cross_cluster_host="10.1.2.3",
+        ),
+        timeout=10,
     )
     plain = stub.Register(request(enrollment_token(ctx), hostname="node-b"), timeout=10)
     with ctx.session_factory() as s:
@@ -291,12 +299,14 @@ def test_a_declared_node_fabric_is_stored_and_reaches_both_snapshots(
         assert cluster.port(nodes[slow.node_id]) == (10.0, 0.2)
         assert cluster.port(nodes[plain.node_id]) == (50.0, cluster.intra_latency_ms)
         assert cluster.between(nodes[slow.node_id], nodes[plain.node_id]) == (10.0, 0.2)
+        assert (mine.cross_cluster_groups, nodes[plain.node_id].cross_cluster_groups) == (True, False)
     again = stub.Register(
         request("", node_id=slow.node_id, node_token=slow.node_token, hostname="node-a"), timeout=10
     )
     with ctx.session_factory() as s:
         node = s.get(Node, again.node_id)
         assert node is not None and node.fabric_bandwidth_gbps is None and node.fabric_latency_ms is None
+        assert node.cross_cluster_host is None
 
 
 @pytest.mark.parametrize(("case", "overrides", "reason"), MALFORMED, ids=[m[0] for m in MALFORMED])

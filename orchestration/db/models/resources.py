@@ -69,6 +69,9 @@ class Node(Base):
     # oversubscribed switch than the cluster's figure); None: the cluster's figures hold.
     fabric_bandwidth_gbps: Mapped[float | None] = mapped_column(default=None)
     fabric_latency_ms: Mapped[float | None] = mapped_column(default=None)
+    # Where the region's other clusters reach the node's torchrun endpoint (its agent's
+    # --cross-cluster-host); None: it runs groups with its own cluster's nodes only.
+    cross_cluster_host: Mapped[str | None] = mapped_column(String(255), default=None)
 
     cluster: Mapped[Cluster] = relationship(back_populates="nodes", lazy="raise")
     accelerators: Mapped[list[Accelerator]] = relationship(back_populates="node", lazy="raise")

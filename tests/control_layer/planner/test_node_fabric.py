@@ -182,3 +182,144 @@ def test_the_order_of_stages_beats_the_listed_order_when_ports_differ() -> None:
         est = estimate_option(spec, snap, listed, dp=opt.dp, tp=opt.tp, pp=opt.pp, zero=opt.zero)
         mine = estimate_option(spec, snap, opt.tasks, dp=opt.dp, tp=opt.tp, pp=opt.pp, zero=opt.zero)
         assert mine.step_s.total < est.step_s.total
+
+
+def _two_clusters(
+    n_a: int, n_b: int, devices: int, link_gbps: float, link_ms: float, reachable: bool = True
+) -> ResourceSnapshot:
+    """Nodes n0..n{n_a-1} in cluster a, the next n_b in cluster b, one region; the region's local
+    link joins the two clusters."""
+    devs = [{"index": k, "model": "H100", "memory_gb": 80, "tflops": 400} for k in range(devices)]
+
+    def nodes(first: int, n: int) -> list[dict]:
+        return [
+            {"id": f"n{i}", "devices": devs, "cross_cluster_groups": reachable}
+            for i in range(first, first + n)
+        ]
+
+    return ResourceSnapshot.model_validate(
+        {
+            "regions": [{"name": "r"}],
+            "links": [{"src": "r", "dst": "r", "bandwidth_gbps": link_gbps, "latency_ms": link_ms}],
+            "clusters": [
+                {
+                    "id": cid,
+                    "region": "r",
+                    "price_per_device_hour": 2.0,
+                    "intra_bandwidth_gbps": 100.0,
+                    "nodes": ns,
+                }
+                for cid, ns in (("a", nodes(0, n_a)), ("b", nodes(n_a, n_b)))
+            ],
+        }
+    )
+
+
+def _cross_cases(seed: int, n: int) -> list[tuple]:
+    """Groups whose first stages are in cluster a and the rest in cluster b (the split falls on a
+    node boundary, so each stage's replicas meet inside one cluster)."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        dp, tp, pp, devices = (
+            rng.choice([1, 2]),
+            rng.choice([1, 2]),
+            rng.choice([2, 4]),
+            rng.choice([1, 2, 4]),
+        )
+        split = rng.randrange(1, pp)
+        if tp > devices or (split * dp * tp) % devices or (dp * tp * pp) % devices:
+            continue
+        n_a = split * dp * tp // devices
+        n_b = dp * tp * pp // devices - n_a
+        out.append(
+            (dp, tp, pp, devices, n_a, n_b, rng.choice([1.0, 10.0, 25.0, 100.0]), rng.choice([0.1, 1.0, 5.0]))
+        )
+    return out
+
+
+def _cross_error(dp, tp, pp, devices, n_a, n_b, link_gbps, link_ms) -> float:
+    snap = _two_clusters(n_a, n_b, devices, link_gbps, link_ms)
+    tasks = [
+        PlannedTask(**{**t.model_dump(), "cluster": "a" if int(t.node[1:]) < n_a else "b"})
+        for t in _blocks(dp, tp, pp, devices)
+    ]
+    est = estimate_option(SPEC, snap, tasks, dp=dp, tp=tp, pp=pp, zero=0)
+    opt = _option(tasks, dp, tp, pp, est).model_copy(update={"replicas_per_cluster": {"a": dp}})
+    sim = simulate(SPEC, opt, snap, **GOODPUT).step_s
+    return abs(_iteration(est) - sim) / sim
+
+
+def test_groups_across_two_clusters_are_priced_within_ten_percent_of_the_simulator_p90() -> None:
+    """Generated pipelines whose boundary between the clusters crosses the region's local link
+    (1 to 100 Gb/s, 0.1 to 5 ms), shared by the replicas that cross it."""
+    errors = sorted(_cross_error(*case) for case in _cross_cases(23, 60))
+    assert errors[int(0.9 * len(errors))] <= 0.10, errors[-10:]
+
+
+def test_a_group_across_clusters_needs_every_node_reachable() -> None:
+    snap = _two_clusters(1, 1, 1, 10.0, 1.0, reachable=False)
+    tasks = [
+        PlannedTask(**{**t.model_dump(), "cluster": "a" if t.node == "n0" else "b"})
+        for t in _blocks(1, 1, 2, 1)
+    ]
+    with pytest.raises(InvalidArgument, match="reachable from other clusters"):
+        estimate_option(SPEC, snap, tasks, dp=1, tp=1, pp=2, zero=0)
+
+
+def _two_big_clusters(n_a: int, n_b: int, reachable: bool, link_gbps: float = 25.0) -> ResourceSnapshot:
+    """Clusters a and b of one region, nodes of two A10 each: too few in either for a replica of BIG."""
+    devs = [{"index": k, "model": "A10", "memory_gb": 24, "tflops": 120} for k in range(2)]
+
+    def nodes(first: int, n: int) -> list[dict]:
+        return [
+            {"id": f"n{i}", "devices": devs, "cross_cluster_groups": reachable}
+            for i in range(first, first + n)
+        ]
+
+    return ResourceSnapshot.model_validate(
+        {
+            "regions": [{"name": "r"}],
+            "links": [{"src": "r", "dst": "r", "bandwidth_gbps": link_gbps, "latency_ms": 0.5}],
+            "clusters": [
+                {
+                    "id": cid,
+                    "region": "r",
+                    "price_per_device_hour": 1.0,
+                    "intra_bandwidth_gbps": 200.0,
+                    "nodes": ns,
+                }
+                for cid, ns in (("a", nodes(0, n_a)), ("b", nodes(n_a, n_b)))
+            ],
+        }
+    )
+
+
+@pytest.mark.parametrize(("n_a", "n_b"), [(2, 2), (3, 2), (1, 3)])
+def test_a_replica_no_cluster_holds_spans_clusters_whose_nodes_declared_it(n_a: int, n_b: int) -> None:
+    """Without the declaration nothing is offered; with it, a replica runs through both clusters,
+    the larger one's nodes first, crossing the region's link at one stage boundary only, and the
+    runtime's rules accept it with those nodes reachable."""
+    from control_layer.worker_config import option_problems
+
+    assert _spanning(BIG, _two_big_clusters(n_a, n_b, reachable=False)) == []
+    snap = _two_big_clusters(n_a, n_b, reachable=True)
+    options = _spanning(BIG, snap)
+    assert options
+    first = "a" if n_a >= n_b else "b"
+    for opt in options:
+        assert {t.cluster for t in opt.tasks} == {"a", "b"}
+        stages = {t.pp_stage: t.cluster for t in opt.tasks}
+        assert stages[0] == first
+        assert sum(stages[s] != stages[s + 1] for s in range(opt.pp - 1)) == 1
+        spec = with_precision(BIG, opt.precision)
+        assert option_problems(spec, opt, [t.node for t in opt.tasks]) == []
+        assert option_problems(spec, opt) != []
+
+
+def test_a_slower_link_between_the_clusters_makes_the_spanning_step_slower() -> None:
+    fast = _spanning(BIG, _two_big_clusters(2, 2, True, link_gbps=100.0))
+    slow = _spanning(BIG, _two_big_clusters(2, 2, True, link_gbps=1.0))
+    assert [o.tasks for o in fast] == [o.tasks for o in slow]
+    for f, s in zip(fast, slow, strict=True):
+        assert s.estimates.step_s.pp_comm > f.estimates.step_s.pp_comm
