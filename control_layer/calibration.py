@@ -17,12 +17,16 @@ made with (``Estimates.basis``) they give an observed value per factor:
   seconds per parameter, fitted apart over the exchanges of different payloads and rings the pair
   has seen (``exchange_fit``), from exchanges made every step; an exchange made every H steps teaches
   instead how far the regions drift apart over those steps (the first waiting for the last),
-  whether it blocks or overlaps the steps (``_observe_overlapped_drift``).
+  whether it blocks or overlaps the steps (``_observe_overlapped_drift``): a lag per round,
+  fitted over the runs' round lengths as a fraction of the round plus fixed seconds per round
+  (``drift_fit``);
+- a checkpoint write's fixed seconds per node (per idle core): the worker's mean write less the
+  part priced by its bytes (``_observe_checkpoint``).
 
 Per-step parts are the worker's totals over the run divided by its steps when its result has them
 (the agent forwards per-step metrics at a bounded rate, so the stored ones are a sample).
 
-Each factor moves toward its observation by ALPHA (an exponential decay per run, so recent runs
+Each factor not fitted moves toward its observation by ALPHA (an exponential decay per run, so recent runs
 weigh more); a factor seen for the first time takes the observation. Every move is a history row
 (old, new, observed, residual), and every finished job adds its time and cost errors, whose recent
 spread is the interval of the next quotes.
