@@ -17,12 +17,16 @@ made with (``Estimates.basis``) they give an observed value per factor:
   seconds per parameter, fitted apart over the exchanges of different payloads and rings the pair
   has seen (``exchange_fit``), from exchanges made every step; an exchange made every H steps teaches
   instead how far the regions drift apart over those steps (the first waiting for the last),
-  whether it blocks or overlaps the steps (``_observe_overlapped_drift``).
+  whether it blocks or overlaps the steps (``_observe_overlapped_drift``): a lag per round,
+  fitted over the runs' round lengths as a fraction of the round plus fixed seconds per round
+  (``drift_fit``);
+- a checkpoint write's fixed seconds per node (per idle core): the worker's mean write less the
+  part priced by its bytes (``_observe_checkpoint``).
 
 Per-step parts are the worker's totals over the run divided by its steps when its result has them
 (the agent forwards per-step metrics at a bounded rate, so the stored ones are a sample).
 
-Each factor moves toward its observation by ALPHA (an exponential decay per run, so recent runs
+Each factor not fitted moves toward its observation by ALPHA (an exponential decay per run, so recent runs
 weigh more); a factor seen for the first time takes the observation. Every move is a history row
 (old, new, observed, residual), and every finished job adds its time and cost errors, whose recent
 spread is the interval of the next quotes.
@@ -38,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from control_layer import drift_fit as df
 from control_layer import exchange_fit as xf
 from control_layer.planner import cost_model as cm
 from control_layer.planner.plan_types import Calibration, CalibrationBasis, ErrorBand, PlanOption
@@ -56,7 +61,12 @@ EXCHANGE, EXCHANGE_PARAM, EXCHANGE_FIXED = "exchange_s", "exchange_param_s", "ex
 # The decayed least-squares sums behind both (``exchange_fit``), keyed "a|b|<sum>".
 EXCHANGE_FIT = "exchange_fit"
 EXCHANGE_DRIFT = "exchange_drift"
-DRIFT_RANGE = (0.0, 10.0)  # the wait for the slowest region, in the local steps between exchanges
+EXCHANGE_DRIFT_FIXED = "exchange_drift_fixed_s"
+# The decayed least-squares sums behind both (``drift_fit``), keyed "a|b|<sum>".
+DRIFT_FIT = "drift_fit"
+DRIFT_RANGE = df.DRIFT_RANGE  # the wait for the slowest region, in the local steps between exchanges
+CHECKPOINT_FIXED = "checkpoint_fixed_s"
+CHECKPOINT_FIXED_RANGE = (0.0, 60.0)  # one write's fixed seconds per idle core
 TIME, COST = "time", "cost"
 
 
@@ -183,17 +193,41 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
         teardown = _num(task.result.get("teardown_s"))
         if teardown is not None and teardown >= 0:
             obs[(TEARDOWN, task.node_id)].append(teardown / share)
+        if (write_fixed := _observe_checkpoint(run, task, share)) is not None:
+            obs[(CHECKPOINT_FIXED, task.node_id)].append(write_fixed)
     if _exchanged(run) and basis is not None:
         goodput, _ = observe_exchange(basis, [t.result for t in run.tasks])
         for key, value in goodput.items():
             obs[key].append(value)
-        drift = _observe_drift(basis, run.tasks)
-        delay = run.option.runtime.overlap_steps if run.option.runtime is not None else None
-        drift |= _observe_overlapped_drift(basis, run.tasks, delay or 0)
-        for key, value in drift.items():
-            obs[key].append(value)
+        if (lag := drift_sample(run)) is not None and lag.round_s > 0:
+            # What this run alone implies as a fraction of its round; the factors are a fit over
+            # the runs' samples (``_learn_drift``).
+            implied = _clamp(lag.lag_s / lag.round_s, DRIFT_RANGE)
+            for key in basis.exchange_s:
+                obs[(EXCHANGE_DRIFT, key)].append(implied)
     # Several tasks on one key (replicas of one model, one node's tasks): their median.
     return {k: statistics.median(v) for k, v in obs.items()}
+
+
+def _observe_checkpoint(run: FinishedRun, task: TaskRun, share: float) -> float | None:
+    """One checkpoint write's fixed seconds per idle core on the task's node: its mean write (the
+    worker's checkpoint seconds over the writes its steps made at the option's interval) less the
+    part of a write priced by its bytes, over the share the plan was priced at. A write's fixed
+    part (files opened and synced, the writer set up) is most of a small model's write, which
+    the bytes alone priced at a fraction of it."""
+    est, basis, runtime = run.option.estimates, run.option.estimates.basis, run.option.runtime
+    totals, steps = task.result.get("parts_total_s"), _num(task.result.get("steps"))
+    if basis is None or runtime is None or not isinstance(totals, dict) or not steps or steps < 1:
+        return None
+    spent, in_force = _num(totals.get("checkpoint_s")), basis.checkpoint_fixed_s.get(task.node_id)
+    writes = cm.checkpoint_writes(int(steps), runtime.checkpoint_every)
+    priced_writes = cm.checkpoint_writes(est.steps, runtime.checkpoint_every)
+    if spent is None or spent < 0 or in_force is None or writes < 1 or priced_writes < 1:
+        return None
+    # One write as priced (the option's slowest replica): its bytes part is what the fixed part leaves.
+    priced = est.step_s.checkpoint * est.steps / priced_writes
+    by_bytes = max(0.0, priced - in_force * share)
+    return _clamp((spent / writes - by_bytes) / share, CHECKPOINT_FIXED_RANGE)
 
 
 def _observe_startup(basis: CalibrationBasis | None, task: TaskRun, share: float) -> dict[str, float]:
@@ -269,7 +303,16 @@ def observe_exchange(
     return out, sample
 
 
-def _observe_drift(basis: CalibrationBasis, tasks: Sequence[TaskRun]) -> dict[tuple[str, str], float]:
+def drift_sample(run: FinishedRun) -> df.Sample | None:
+    """The lag per round an exchange every H > 1 steps showed (``drift_fit``), blocking or overlapped."""
+    basis = run.option.estimates.basis
+    if basis is None or not _exchanged(run):
+        return None
+    delay = run.option.runtime.overlap_steps if run.option.runtime is not None else None
+    return _observe_drift(basis, run.tasks) or _observe_overlapped_drift(basis, run.tasks, delay or 0)
+
+
+def _observe_drift(basis: CalibrationBasis, tasks: Sequence[TaskRun]) -> df.Sample | None:
     """At a blocking exchange made every H > 1 steps, the wait beyond what the exchange itself
     costs (its transfer, calls and per-parameter work as priced) is the first region waiting for
     the last, which drifted behind over the H local steps: as a fraction of those steps, per
@@ -281,7 +324,7 @@ def _observe_drift(basis: CalibrationBasis, tasks: Sequence[TaskRun]) -> dict[tu
     overstated the lag it waited for. The median region's, as ``_observe_overlapped_drift`` takes it."""
     ex = basis.exchange
     if ex is None or not ex.blocking or ex.every <= 1 or ex.rounds < 1:
-        return {}
+        return None
     per_round, totals = [], []
     for r in tasks:
         t, steps = _exchange_totals(r.result), _num(r.result.get("steps"))
@@ -291,13 +334,12 @@ def _observe_drift(basis: CalibrationBasis, tasks: Sequence[TaskRun]) -> dict[tu
         per_round.append(t["wait_s"] / math.ceil(steps / ex.every))
     step = _local_step(tasks)
     if not per_round or step <= 0:
-        return {}
+        return None
     rate = _achieved_rate(totals) or ex.bytes_per_s
     transfer = ex.local_s + (ex.bytes / rate if ex.bytes > 0 and rate > 0 else 0.0) + ex.latency_s
     own = (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * max(1.0, ex.share)
     extra = statistics.median(per_round) - transfer - own
-    drift = _clamp(max(0.0, extra) / (ex.every * step), DRIFT_RANGE)
-    return {(EXCHANGE_DRIFT, key): drift for key in basis.exchange_s}
+    return df.Sample(round_s=ex.every * step, share=max(1.0, ex.share), lag_s=max(0.0, extra))
 
 
 def _local_step(tasks: Sequence[TaskRun]) -> float:
@@ -312,7 +354,7 @@ def _local_step(tasks: Sequence[TaskRun]) -> float:
 
 def _observe_overlapped_drift(
     basis: CalibrationBasis, tasks: Sequence[TaskRun], delay: int
-) -> dict[tuple[str, str], float]:
+) -> df.Sample | None:
     """The drift an overlapped DiLoCo run shows, per region pair, on the blocking runs' scale.
 
     Every region ends the run at the same blocking round, so each one's training span is its own
@@ -327,12 +369,12 @@ def _observe_overlapped_drift(
     steps is δ, as ``_observe_drift`` takes it from blocking rounds."""
     ex = basis.exchange
     if ex is None or ex.blocking or ex.every <= 1 or ex.rounds < 1:
-        return {}
+        return None
     waits = [t["wait_s"] for r in tasks if (t := _exchange_totals(r.result)) is not None]
     steps = [s for r in tasks if (s := _num(r.result.get("steps"))) is not None and s >= 1]
     step = _local_step(tasks)
     if not waits or not steps or step <= 0:
-        return {}
+        return None
     rounds = math.ceil(statistics.median(steps) / ex.every)
     share = max(1.0, ex.share)
     cpu = (ex.fixed_s + ex.params * ex.param_s) * share
@@ -346,8 +388,7 @@ def _observe_overlapped_drift(
     beside = float(overlapped_exchange_s(own, cpu, share))
     priced = own + (rounds - 1) * max(0.0, beside - delay * step)
     extra = statistics.median(waits) - priced
-    drift = _clamp(max(0.0, extra) / (rounds * ex.every * step), DRIFT_RANGE)
-    return {(EXCHANGE_DRIFT, key): drift for key in basis.exchange_s}
+    return df.Sample(round_s=ex.every * step, share=share, lag_s=max(0.0, extra) / rounds)
 
 
 def _learn_exchange(
@@ -382,6 +423,31 @@ def _learn_exchange(
     return moved
 
 
+def _learn_drift(
+    factors: dict[tuple[str, str], Factor], run: FinishedRun
+) -> list[tuple[str, str, float | None, float, float]]:
+    """Fold the run's lag per round into each of its region pairs' sums and refit δ and κ there.
+    Returns (kind, key, old, new, the run's lag seconds per round) per fitted factor; ``factors``
+    is updated."""
+    basis = run.option.estimates.basis
+    sample = drift_sample(run)
+    if basis is None or sample is None:
+        return []
+    moved = []
+    for pair in sorted(basis.exchange_s):
+        sums = {s: f.value for s in df.STATS if (f := factors.get((DRIFT_FIT, f"{pair}|{s}")))}
+        sums = df.accumulate(sums, sample)
+        runs = (factors[(DRIFT_FIT, f"{pair}|w")].runs if (DRIFT_FIT, f"{pair}|w") in factors else 0) + 1
+        for s, v in sums.items():
+            factors[(DRIFT_FIT, f"{pair}|{s}")] = Factor(v, runs)
+        got = df.fit(sums)
+        for kind, value in ((EXCHANGE_DRIFT, got.fraction), (EXCHANGE_DRIFT_FIXED, got.fixed_s)):
+            old = factors.get((kind, pair))
+            factors[(kind, pair)] = Factor(value, (old.runs if old else 0) + 1)
+            moved.append((kind, pair, old.value if old else None, value, sample.lag_s))
+    return moved
+
+
 def update(state: State, run: FinishedRun, alpha: float = ALPHA) -> tuple[State, list[Change]]:
     """The state after learning from ``run``, and the history rows that record how.
 
@@ -392,6 +458,8 @@ def update(state: State, run: FinishedRun, alpha: float = ALPHA) -> tuple[State,
     changes: list[Change] = []
     if run.succeeded:
         for (kind, key), observed in sorted(observe(run).items()):
+            if kind == EXCHANGE_DRIFT:
+                continue  # fitted over the runs' samples below, with its fixed part
             old = factors.get((kind, key))
             new = observed if old is None else old.value + alpha * (observed - old.value)
             factors[(kind, key)] = Factor(new, (old.runs if old else 0) + 1)
@@ -410,7 +478,7 @@ def update(state: State, run: FinishedRun, alpha: float = ALPHA) -> tuple[State,
         # The exchange's fixed, per-call and per-parameter costs come from a fit over every run's sample, not
         # a move toward this run's: the row records the fit and, as observed, this run's seconds
         # beyond the transfer per idle core.
-        for kind, key, old_value, new, seconds in _learn_exchange(factors, run):
+        for kind, key, old_value, new, seconds in _learn_exchange(factors, run) + _learn_drift(factors, run):
             changes.append(
                 Change(run.at, run.job_id, kind, key, old_value, new, seconds, _rel(new, old_value))
             )
@@ -463,6 +531,8 @@ def to_calibration(state: State) -> Calibration:
         EXCHANGE_PARAM: {},
         EXCHANGE_FIXED: {},
         EXCHANGE_DRIFT: {},
+        EXCHANGE_DRIFT_FIXED: {},
+        CHECKPOINT_FIXED: {},
     }
     for (kind, key), factor in state.factors.items():
         if kind in tables:
@@ -477,6 +547,8 @@ def to_calibration(state: State) -> Calibration:
         exchange_param_s=tables[EXCHANGE_PARAM],
         exchange_fixed_s=tables[EXCHANGE_FIXED],
         exchange_drift=tables[EXCHANGE_DRIFT],
+        exchange_drift_fixed_s=tables[EXCHANGE_DRIFT_FIXED],
+        checkpoint_fixed_s=tables[CHECKPOINT_FIXED],
         time_error=error_band(r for k, r in state.errors if k == TIME),
         cost_error=error_band(r for k, r in state.errors if k == COST),
     )

@@ -16,6 +16,7 @@ import numpy as np
 
 from contracts.job_spec import JobSpec, ModelSpec, SyncSpec, TrainingSpec
 from contracts.model import gpt_block_param_count, matmul_param_count, model_config, train_flops_per_token
+from control_layer.planner.checkpoint_policy import CHECKPOINT_FIXED_S
 from control_layer.planner.plan_types import Calibration
 
 # Fraction of measured TFLOPS a training step achieves when no calibration says otherwise.
@@ -141,6 +142,19 @@ def teardown_seconds(node: str, measured: float | None, calibration: Calibration
     return DEFAULT_TEARDOWN_S if measured is None else measured
 
 
+# One checkpoint write's fixed seconds per idle core, whatever the model's size, until runs
+# calibrate it per node: the runtime's own figure (the reference step's write is timed on one
+# model only, so its seconds per parameter miss it).
+DEFAULT_CHECKPOINT_FIXED_S = CHECKPOINT_FIXED_S
+
+
+def checkpoint_fixed_seconds(node: str, calibration: Calibration | None) -> float:
+    """Seconds one checkpoint write costs on ``node`` beyond its bytes, per idle core."""
+    if calibration and node in calibration.checkpoint_fixed_s:
+        return calibration.checkpoint_fixed_s[node]
+    return DEFAULT_CHECKPOINT_FIXED_S
+
+
 def host_share(slots_used: float, physical_cores: int) -> float:
     """How many times slower a one-thread CPU slot runs when ``slots_used`` slots share the host's
     cores: declared slots beyond its physical cores take turns (1 when the cores are unknown)."""
@@ -244,6 +258,13 @@ def exchange_drift(regions: list[str], calibration: Calibration | None) -> float
     fraction of the H local steps before it, among these regions: the largest calibrated figure of
     any pair among them, else 0 (regions of equal speed arrive together)."""
     return _largest_over_pairs(calibration.exchange_drift if calibration else {}, regions, 0.0)
+
+
+def exchange_drift_fixed_s(regions: list[str], calibration: Calibration | None) -> float:
+    """The part of that wait that does not grow with the round: seconds per round per idle core,
+    the largest calibrated figure of any pair among these regions, else 0."""
+    table = calibration.exchange_drift_fixed_s if calibration else {}
+    return _largest_over_pairs(table, regions, 0.0)
 
 
 def bytes_per_s(gbps: float, goodput: float) -> float:

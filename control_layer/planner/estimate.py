@@ -578,11 +578,25 @@ def _estimate(
         rates = [p.rates.get(precision) if (p := nodes[n].profile) else None for n in on]
         rate = None if any(x is None for x in rates) else min(rates, key=lambda x: x.tflops)  # type: ignore[union-attr]
         share = max(shares.get(n, 1.0) for n in on) if kind == "cpu" else 1.0
+        # A checkpoint write's fixed part at the host share, its bytes at the measured rate.
+        write_fixed = max(cm.checkpoint_fixed_seconds(n, calibration) for n in on) * share
         # Only the slowest local step counts, and a replica's is a function of what it is priced
         # from: its fabric, the measured rate it runs at, its host share, its weakest device, its
         # group size and its stage links. Replicas alike in all of these are priced once, whatever
         # nodes or clusters hold them (node ids would price every profiled replica apart).
-        key = (intra_bw, intra_lat, _rate_key(rate), share, model, kind, tflops, smallest, r, pp_links)
+        key = (
+            intra_bw,
+            intra_lat,
+            _rate_key(rate),
+            share,
+            model,
+            kind,
+            tflops,
+            smallest,
+            r,
+            pp_links,
+            write_fixed,
+        )
         if key in seen:
             continue
         seen.add(key)
@@ -634,7 +648,7 @@ def _estimate(
                     rt,
                     data=rate.data_s_per_mtoken * local_tokens / 1e6 * share,
                     optimizer=rate.optimizer_s_per_mparam * opt_params * share,
-                    write_s=rate.checkpoint_s_per_mparam * p,
+                    write_s=rate.checkpoint_s_per_mparam * p + write_fixed,
                 )
             )
         mem = cm.memory_per_device(spec, tp, pp, zero, r, n_micro, pp_schedule).total
@@ -705,11 +719,14 @@ def _estimate(
     # first to arrive waits for the last (calibrated per region pair, 0 until runs show it). An
     # overlapped round hides its exchange, not that lag: the run waits for the last region all
     # the same (``runtime_pricing.drift_per_step``).
+    # The lag has a part that grows with the round's steps and a fixed part per round at the
+    # leaders' host share (``drift_fit``).
     h_sync = cm.sync_every(spec.sync)
-    drift = 0.0
+    drift = drift_fixed = 0.0
     if h_sync > 1 and len(members) >= 2:
         drift = cm.exchange_drift(sorted(members), calibration)
-    drift_s = drift * h_sync * t_local
+        drift_fixed = cm.exchange_drift_fixed_s(sorted(members), calibration)
+    drift_s = drift * h_sync * t_local + drift_fixed * max(1.0, sc.basis.share)
     t_sync = sc.t_sync + (0.0 if overlapped else drift_s)
     # What the exchange hides behind is the steps' work: a checkpoint write comes once in many
     # rounds, so its amortised share would hide a round's exchange that no step covers.
@@ -766,7 +783,12 @@ def _estimate(
         basis=basis(tasks, snapshot, precision, calibration, shares, launch_shares).model_copy(
             update={
                 "exchange": sc.basis.model_copy(
-                    update={"blocking": not overlapped, "every": h_sync, "drift": drift}
+                    update={
+                        "blocking": not overlapped,
+                        "every": h_sync,
+                        "drift": drift,
+                        "drift_fixed_s": drift_fixed,
+                    }
                 )
             }
         ),

@@ -61,6 +61,7 @@ def basis(
     startup: dict[str, float] = {}
     teardown: dict[str, float] = {}
     launcher: dict[str, float] = {}
+    checkpoint_fixed: dict[str, float] = {}
     for node_id, indices in used.items():
         node = nodes.get(node_id)
         if node is None:
@@ -74,6 +75,7 @@ def basis(
             startup[node_id] = calibration.startup_s[node_id]
         if calibration and node_id in calibration.teardown_s:
             teardown[node_id] = calibration.teardown_s[node_id]
+        checkpoint_fixed[node_id] = cm.checkpoint_fixed_seconds(node_id, calibration)
         prof = node.profile
         measured = prof.startup_s if prof else None
         launcher[node_id] = cm.startup_parts(
@@ -101,6 +103,8 @@ def basis(
     exchange_fixed_s = {key: fixed.get(key, cm.DEFAULT_EXCHANGE_FIXED_S) for key in exchange_s}
     drifts = calibration.exchange_drift if calibration else {}
     exchange_drift = {key: drifts.get(key, 0.0) for key in exchange_s}
+    lags = calibration.exchange_drift_fixed_s if calibration else {}
+    exchange_drift_fixed_s = {key: lags.get(key, 0.0) for key in exchange_s}
     return CalibrationBasis(
         efficiency=efficiency,
         startup_s=startup,
@@ -113,6 +117,8 @@ def basis(
         exchange_param_s=exchange_param_s,
         exchange_fixed_s=exchange_fixed_s,
         exchange_drift=exchange_drift,
+        exchange_drift_fixed_s=exchange_drift_fixed_s,
+        checkpoint_fixed_s=checkpoint_fixed,
     )
 
 

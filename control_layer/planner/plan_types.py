@@ -124,9 +124,11 @@ class ExchangeBasis(_Plain):
     param_s: float = Field(default=0.0, ge=0)
     share: float = Field(default=1.0, ge=1)
     # Steps between exchanges (H; 1 for modes that exchange every step) and the drift priced: the
-    # wait for the slowest region at an exchange, a fraction of the H local steps before it.
+    # wait for the slowest region at an exchange, a fraction of the H local steps before it plus
+    # fixed seconds per round per idle core (``drift_fit``).
     every: int = Field(default=1, ge=1)
     drift: float = Field(default=0.0, ge=0)
+    drift_fixed_s: float = Field(default=0.0, ge=0)
     blocking: bool = True
 
 
@@ -154,6 +156,9 @@ class CalibrationBasis(_Plain):
     exchange_fixed_s: dict[str, float] = Field(default_factory=dict)
     exchange_param_s: dict[str, float] = Field(default_factory=dict)
     exchange_drift: dict[str, float] = Field(default_factory=dict)
+    exchange_drift_fixed_s: dict[str, float] = Field(default_factory=dict)
+    # Per node: the fixed seconds of one checkpoint write in force, per idle core.
+    checkpoint_fixed_s: dict[str, float] = Field(default_factory=dict)
     exchange: ExchangeBasis | None = None
 
 
@@ -279,7 +284,11 @@ class Calibration(_Plain):
     broadcast) per idle core; exchange_fixed_s: per region pair, the seconds one exchange costs
     whatever its size and ring (the loop over the parameter tensors, fingerprints, waking threads)
     per idle core; exchange_drift: per region pair, the wait for the slowest region at an
-    exchange made every H steps, as a fraction of the H local steps before it.
+    exchange made every H steps, as a fraction of the H local steps before it; exchange_drift_fixed_s:
+    per region pair, the part of that wait that does not grow with the round, seconds per round per
+    idle core (the lag per round is exchange_drift × H × T_local + exchange_drift_fixed_s × share).
+    checkpoint_fixed_s: per node id, the seconds one checkpoint write costs whatever the model's
+    size (opening and syncing files, the writer's set-up) per idle core.
     time_error / cost_error: the spread of recent quotes' errors, for the interval every quote carries.
     """
 
@@ -292,6 +301,8 @@ class Calibration(_Plain):
     exchange_param_s: dict[str, float] = Field(default_factory=dict)
     exchange_fixed_s: dict[str, float] = Field(default_factory=dict)
     exchange_drift: dict[str, float] = Field(default_factory=dict)
+    exchange_drift_fixed_s: dict[str, float] = Field(default_factory=dict)
+    checkpoint_fixed_s: dict[str, float] = Field(default_factory=dict)
     time_error: ErrorBand | None = None
     cost_error: ErrorBand | None = None
 
@@ -312,6 +323,8 @@ class Calibration(_Plain):
             ("exchange_param_s", self.exchange_param_s),
             ("exchange_fixed_s", self.exchange_fixed_s),
             ("exchange_drift", self.exchange_drift),
+            ("exchange_drift_fixed_s", self.exchange_drift_fixed_s),
+            ("checkpoint_fixed_s", self.checkpoint_fixed_s),
         ):
             for key, value in seconds.items():
                 if not (math.isfinite(value) and value >= 0):

@@ -377,6 +377,55 @@ def test_run_totals_count_every_step_and_teardown_is_learned() -> None:
     assert again.estimates.teardown_s == 3.0
 
 
+def _profiled_option(calibration=None) -> PlanOption:
+    """One node that measured a reference step (its checkpoint write by the bytes), checkpointing
+    every 10 of 20 steps, with the runtime settings the planner gives it."""
+    snap = _snap().model_dump()
+    rate = {"tflops": 0.05, "checkpoint_s_per_mparam": 0.2}
+    snap["clusters"][0]["nodes"][0]["profile"] = {"startup_s": 5.0, "rates": {"fp32": rate}}
+    spec = _spec()
+    spec = spec.model_copy(update={"training": spec.training.model_copy(update={"checkpoint_every": 10})})
+    tasks = [PlannedTask(dp_rank=0, pp_stage=0, tp_rank=0, cluster="a", node="a0", device=0)]
+    est, runtime = estimate_planned(
+        spec, ResourceSnapshot.model_validate(snap), tasks, dp=1, tp=1, pp=1, zero=0, calibration=calibration
+    )
+    return PlanOption(
+        id="c",
+        dp=1,
+        tp=1,
+        pp=1,
+        zero=0,
+        replicas_per_cluster={"a": 1},
+        tasks=tasks,
+        sync=SyncTopology(mode="sync"),
+        estimates=est,
+        regions=["eu"],
+        runtime=runtime,
+    )
+
+
+def test_a_checkpoint_write_has_a_fixed_part_learned_per_node() -> None:
+    option = _profiled_option()
+    est, rt = option.estimates, option.runtime
+    assert rt is not None and rt.checkpoint_every is not None
+    writes = cm.checkpoint_writes(est.steps, rt.checkpoint_every)
+    share = est.basis.host_share["a0"]
+    by_bytes = 0.2 * _spec().model.n_params / 1e6
+    assert est.step_s.checkpoint * est.steps == pytest.approx(
+        writes * (by_bytes + cm.DEFAULT_CHECKPOINT_FIXED_S * share)
+    )
+    # Each write took its bytes' seconds and 0.4 s per idle core besides (a small model's write is
+    # mostly files opened and synced): the node's fixed part is learned, and quoted again each
+    # write is priced at it.
+    spent = writes * (by_bytes + 0.4 * share)
+    result = {"steps": est.steps, "parts_total_s": {"checkpoint_s": spent, "compute_s": 1.0, "wall_s": 2.0}}
+    run = cal.FinishedRun("c", AT, True, option, [cal.TaskRun("a0", "eu", "cpu", [], result)], 10.0, 1.0)
+    state, _ = cal.update(cal.State(), run)
+    assert state.factors[(cal.CHECKPOINT_FIXED, "a0")].value == pytest.approx(0.4)
+    again = _profiled_option(cal.to_calibration(state))
+    assert again.estimates.step_s.checkpoint * est.steps == pytest.approx(spent)
+
+
 def _gossip(every: int = 5) -> JobSpec:
     spec = _spec()
     return spec.model_copy(update={"sync": spec.sync.model_copy(update={"mode": "gossip", "every": every})})
@@ -390,6 +439,57 @@ def _blocking_exchange_s(ex: ExchangeBasis) -> float:
         + ex.latency_s
         + (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * ex.share
     )
+
+
+def _priced_lag(state: cal.State, round_s: float, share: float, pair: str = "eu|us") -> float:
+    """The lag per round the state's drift factors price for a round of ``round_s`` local seconds."""
+    drift = state.factors[(cal.EXCHANGE_DRIFT, pair)].value
+    fixed = state.factors[(cal.EXCHANGE_DRIFT_FIXED, pair)].value
+    return drift * round_s + fixed * max(1.0, share)
+
+
+def _gossip_run(option: PlanOption, local_step: float, lag: float, job_id: str = "g") -> cal.FinishedRun:
+    """A blocking gossip run of 20 steps whose every exchange cost what was priced plus ``lag``."""
+    ex = option.estimates.basis.exchange
+    wait = _blocking_exchange_s(ex) + lag
+    n, steps = 4, 20
+    totals = {"n": n, "wait_s": wait * n, "bytes": ex.bytes * n, "transfer_s": ex.bytes / ex.bytes_per_s * n}
+    result = {
+        "exchange_totals": totals,
+        "steps": steps,
+        "parts_total_s": {"wall_s": local_step * steps + wait * n, "sync_s": wait * n, "compute_s": 1.0},
+    }
+    tasks = [
+        cal.TaskRun(node_id=t.node, region=REGION_OF[t.cluster], device_model="cpu", steps=[], result=result)
+        for t in option.tasks
+    ]
+    return cal.FinishedRun(job_id, AT, True, option, tasks, 100.0, 1.0)
+
+
+def test_the_drift_has_a_fixed_part_per_round_that_does_not_scale_with_the_round() -> None:
+    # The lag per round is 0.05 s per idle core whatever the round, plus a tenth of its local
+    # steps: learned on a small model's short rounds and a larger one's, it prices a round longer
+    # than either (a fraction of the round alone would overprice it: 0.3 s and 0.25 s over 0.25 s
+    # and 2 s of steps imply 1.2 and 0.125).
+    option = _option(regions=2, spec=_gossip())
+    share = option.estimates.basis.exchange.share
+
+    def lag(local_step: float) -> float:
+        return 0.1 * 5 * local_step + 0.05 * max(1.0, share)
+
+    state = cal.State()
+    for i, local_step in enumerate((0.05, 0.4, 0.05, 0.4)):
+        state, _ = cal.update(state, _gossip_run(option, local_step, lag(local_step), f"g{i}"))
+    assert _priced_lag(state, 5 * 1.6, share) == pytest.approx(lag(1.6), rel=0.05)
+    assert state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value == pytest.approx(0.1, rel=0.05)
+    assert state.factors[(cal.EXCHANGE_DRIFT_FIXED, "eu|us")].value == pytest.approx(0.05, rel=0.1)
+    # Quoted again, the fixed part is priced at the option's share, the rest over its own steps.
+    again = _option(cal.to_calibration(state), regions=2, spec=_gossip())
+    ex = again.estimates.basis.exchange
+    assert ex.drift_fixed_s == pytest.approx(state.factors[(cal.EXCHANGE_DRIFT_FIXED, "eu|us")].value)
+    t_local = again.estimates.step_s.total - again.estimates.step_s.wan_sync
+    per_step = option.estimates.step_s.wan_sync + _priced_lag(state, 5 * t_local, ex.share) / 5
+    assert again.estimates.step_s.wan_sync == pytest.approx(per_step)
 
 
 def test_regions_that_exchange_every_h_steps_teach_their_drift_not_the_exchange_costs() -> None:
@@ -420,14 +520,21 @@ def test_regions_that_exchange_every_h_steps_teach_their_drift_not_the_exchange_
         for t in option.tasks
     ]
     state, _ = cal.update(cal.State(), cal.FinishedRun("g", AT, True, option, tasks, 100.0, 1.0))
-    assert state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value == pytest.approx(drift)
+    # One round length: the lag it showed is priced back at that length (split between the
+    # fraction of the round and the fixed part until rounds of other lengths tell them apart).
+    assert _priced_lag(state, 5 * local_step, ex.share) == pytest.approx(
+        drift * 5 * local_step,
+        rel=0.01,  # the ridge's pull
+    )
     # The exchange's own costs are learned from lockstep exchanges.
     assert not {(k, "eu|us") for k in (cal.EXCHANGE, cal.EXCHANGE_FIXED)} & set(state.factors)
-    # Quoted again, each exchange adds the drift over the option's own local steps.
+    # Quoted again, each exchange adds the lag over the option's own local steps.
     again = _option(cal.to_calibration(state), regions=2, spec=_gossip())
-    assert again.estimates.basis.exchange.drift == pytest.approx(drift)
+    assert again.estimates.basis.exchange.drift == pytest.approx(
+        state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value
+    )
     t_local = again.estimates.step_s.total - again.estimates.step_s.wan_sync
-    per_step = option.estimates.step_s.wan_sync + drift * 5 * t_local / 5
+    per_step = option.estimates.step_s.wan_sync + _priced_lag(state, 5 * t_local, ex.share) / 5
     assert again.estimates.step_s.wan_sync == pytest.approx(per_step)
     # A lockstep mode never pays it.
     assert _option(cal.to_calibration(state), regions=2).estimates.basis.exchange.drift == 0.0
@@ -457,7 +564,10 @@ def test_gossip_regions_that_count_different_exchanges_teach_the_same_drift() ->
 
     tasks = [task(t, n) for t, n in zip(option.tasks, (2, 5), strict=True)]
     state, _ = cal.update(cal.State(), cal.FinishedRun("g2", AT, True, option, tasks, 100.0, 1.0))
-    assert state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value == pytest.approx(drift)
+    assert _priced_lag(state, 5 * local_step, ex.share) == pytest.approx(
+        drift * 5 * local_step,
+        rel=0.01,  # the ridge's pull
+    )
 
 
 def _overlapped_diloco(calibration=None) -> PlanOption:
@@ -511,7 +621,10 @@ def test_an_overlapped_run_teaches_the_drift_its_rounds_could_not_hide() -> None
     tasks = [task("a0", "eu", typical), task("b0", "us", typical + 0.3), task("c0", "ap", own)]
     run = cal.FinishedRun("d", AT, True, option, tasks, 100.0, 1.0)
     state, _ = cal.update(cal.State(), run)
-    assert state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value == pytest.approx(drift)
+    assert _priced_lag(state, 5 * local_step, ex.share) == pytest.approx(
+        drift * 5 * local_step,
+        rel=0.01,  # the ridge's pull
+    )
     # Nothing else about the exchange is learned from an overlapped run.
     assert not {(k, "eu|us") for k in (cal.EXCHANGE, cal.EXCHANGE_FIXED, cal.GOODPUT)} & set(state.factors)
 
@@ -519,10 +632,12 @@ def test_an_overlapped_run_teaches_the_drift_its_rounds_could_not_hide() -> None
     # not; the final round's exchange is priced as before.
     again = _overlapped_diloco(cal.to_calibration(state))
     est, was = again.estimates, option.estimates
-    assert est.basis.exchange.drift == pytest.approx(drift)
+    assert est.basis.exchange.drift == pytest.approx(state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value)
     t_local = est.step_s.total - est.step_s.wan_sync
     rounds = 4
-    per_step = was.step_s.wan_sync + drift * 5 * t_local * rounds / steps
+    per_step = (
+        was.step_s.wan_sync + _priced_lag(state, 5 * t_local, est.basis.exchange.share) * rounds / steps
+    )
     assert est.step_s.wan_sync == pytest.approx(per_step)
     assert est.final_sync_s == pytest.approx(was.final_sync_s)
     assert est.duration_s > was.duration_s

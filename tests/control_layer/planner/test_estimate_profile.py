@@ -166,8 +166,19 @@ def test_checkpoint_writes_are_priced_from_checkpoint_every() -> None:
     est = estimate_option(every, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
     writes = cm.checkpoint_writes(40, 10)
     assert writes == 4  # steps 10, 20, 30 and the final one
-    per_write = RATE["checkpoint_s_per_mparam"] * spec.model.n_params / 1e6
+    # Each write: its bytes at the measured rate and a fixed part (files opened and synced), the
+    # default until runs calibrate it per node; on a shared host the fixed part takes turns too.
+    by_bytes = RATE["checkpoint_s_per_mparam"] * spec.model.n_params / 1e6
+    per_write = by_bytes + cm.DEFAULT_CHECKPOINT_FIXED_S
     assert est.step_s.checkpoint * 40 == pytest.approx(writes * per_write)
+    assert est.basis is not None and est.basis.checkpoint_fixed_s == {"a0": cm.DEFAULT_CHECKPOINT_FIXED_S}
+    calibrated = Calibration(checkpoint_fixed_s={"a0": 0.05})
+    again = estimate_option(every, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0, calibration=calibrated)
+    assert again.step_s.checkpoint * 40 == pytest.approx(writes * (by_bytes + 0.05))
+    shared = estimate_option(
+        every, _snap(cores=1), ONE_NODE, dp=2, tp=1, pp=1, zero=0, calibration=calibrated
+    )
+    assert shared.step_s.checkpoint * 40 == pytest.approx(writes * (by_bytes + 0.05 * 2))
 
 
 def test_calibration_replaces_the_measured_startup_and_scales_the_rate() -> None:
