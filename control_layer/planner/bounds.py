@@ -9,7 +9,6 @@ replica, step times and memory), which becomes the row of 2-D arrays.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -37,8 +36,6 @@ class Rows:
     z_rate: np.ndarray  # (D,) least Σ price × step of such a member, per replica-second
     room_all: np.ndarray  # (D, R) replicas each region can hold
     room_one: np.ndarray  # (D, R) replicas the largest member of each region can hold
-    g_room_all: np.ndarray  # (D, G) replicas each group can hold
-    g_room_one: np.ndarray  # (D, G) replicas the largest member of each group can hold
 
     def select(self, idx: np.ndarray) -> Rows:
         """These rows only (every figure of a row depends on that row alone)."""
@@ -53,8 +50,6 @@ class Rows:
             z_rate=self.z_rate[idx],
             room_all=self.room_all[idx],
             room_one=self.room_one[idx],
-            g_room_all=self.g_room_all[idx],
-            g_room_one=self.g_room_one[idx],
         )
 
 
@@ -110,11 +105,6 @@ def make_rows(
     t_one = np.where((dp == 1)[:, None], t1, t2)
     z_time = np.where(holds, t_one, np.inf).min(axis=1, initial=np.inf)
     z_rate = np.where(holds, t_one * price[None, :], np.inf).min(axis=1, initial=np.inf) * dp
-    g_room_one = np.zeros((len(dp), n_g))
-    if n_u:  # the largest member per group, as per region above
-        by_g = np.argsort(group, kind="stable")
-        gs, g_starts = np.unique(group[by_g], return_index=True)
-        g_room_one[:, gs] = np.maximum.reduceat(member_cap[:, by_g], g_starts, axis=1)
     return Rows(
         fleet=fleet,
         dp=dp,
@@ -129,8 +119,6 @@ def make_rows(
         z_rate=z_rate,
         room_all=sum_by(member_cap * count[None, :], region, n_reg),
         room_one=room_one,
-        g_room_all=sum_by(member_cap * count[None, :], group, n_g),
-        g_room_one=g_room_one,
     )
 
 
@@ -187,7 +175,7 @@ def _link_orders(f: Fleet) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarra
     return got  # type: ignore[return-value]
 
 
-def _wan_floor(f: Fleet, dp: np.ndarray, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _wan_floor(rows: Rows, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row, (seconds, USD) of the cheapest WAN phase over region sets with room for dp.
 
     k is the fewest regions whose room adds up to dp (at least 2). Any such set S contains some
@@ -195,6 +183,8 @@ def _wan_floor(f: Fleet, dp: np.ndarray, room: np.ndarray) -> tuple[np.ndarray, 
     reach k−1 partners and room for dp (likewise for latency); each of the k leaders pays at least
     the cheapest egress price on offer.
     """
+    f = rows.fleet
+    dp = rows.dp
     n_reg = len(f.regions)
     d = len(dp)
     k = np.maximum(2, (np.cumsum(-np.sort(-room, axis=1), axis=1) < dp[:, None]).sum(axis=1) + 1)
@@ -226,49 +216,9 @@ def wan_floor(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
     the flat ring over P ≥ k participants (``problem.sync_seconds_and_egress``) costs at least
     its k-participant form over the region links alone, whether each region holds one
     participant (room counted from its largest member) or several (room counted from all)."""
-    t_b, e_b = _wan_floor(rows.fleet, rows.dp, rows.room_one)
-    t_c, e_c = _wan_floor(rows.fleet, rows.dp, rows.room_all)
+    t_b, e_b = _wan_floor(rows, rows.room_one)
+    t_c, e_c = _wan_floor(rows, rows.room_all)
     return np.minimum(t_b, t_c), np.minimum(e_b, e_c)
-
-
-# Thresholds per row for the WAN floor by slowest replica: more tighten it, each costs a WAN floor.
-THRESHOLDS = 24
-
-
-def wan_by_slowest(rows: Rows, step_at: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
-    """Per row, seconds per step at least, over placements whose replicas span ≥ 2 regions.
-
-    step_at(t, s): the step with slowest replica t and exchange s per step, rising in both.
-    A placement's slowest replica runs at some T, and each of its replicas lies on a group whose
-    quicker slot time (min of t1, t2) is at most T; so its regions have room for dp counting only
-    those groups, and the WAN floor of that smaller room (``wan_floor``'s argument, unchanged)
-    bounds its exchange. Groups sorted by that time are cut into buckets; a T in the bucket that
-    starts at time τ and ends before the next bucket's first time gives step ≥ step_at(τ, floor of
-    the room of every group before that next bucket), so the least over buckets is a bound.
-    """
-    f = rows.fleet
-    d, n_g = rows.t1.shape
-    n_reg = len(f.regions)
-    if n_g == 0 or n_reg < 2:
-        return np.full(d, math.inf)
-    t_g = np.where(rows.g_room_all > 0, np.minimum(rows.t1, rows.t2), np.inf)
-    order = np.argsort(t_g, axis=1, kind="stable")
-    t_s = np.take_along_axis(t_g, order, axis=1)
-    at = np.zeros((n_g, n_reg))
-    at[np.arange(n_g), rows.g_region] = 1.0
-    at_s = at[order]  # (D, G, R): region of each sorted group
-    room_all = np.cumsum(np.take_along_axis(rows.g_room_all, order, axis=1)[:, :, None] * at_s, axis=1)
-    room_one = np.maximum.accumulate(
-        np.take_along_axis(rows.g_room_one, order, axis=1)[:, :, None] * at_s, axis=1
-    )
-    starts = np.unique(np.linspace(0, n_g - 1, min(n_g, THRESHOLDS)).round().astype(int))
-    ends = np.append(starts[1:], n_g) - 1  # the last group of each bucket
-    m = len(starts)
-    dp = np.repeat(rows.dp, m)
-    t_b, _ = _wan_floor(f, dp, room_one[:, ends].reshape(d * m, n_reg))
-    t_c, _ = _wan_floor(f, dp, room_all[:, ends].reshape(d * m, n_reg))
-    sync = f.xps * (np.minimum(t_b, t_c) + f.wan_param_s)
-    return step_at(t_s[:, starts].reshape(-1), sync).reshape(d, m).min(axis=1)
 
 
 def key_span(key: np.ndarray) -> float:
@@ -418,8 +368,6 @@ def lower_bounds_rows(
     t_m = np.where(has_multi, _dp_th(n, t_m_all, dp), math.inf)
     c_m = np.where(has_multi, _fill(n, t_m_all * price, dp), math.inf)
     t_w = np.minimum(t_s, t_m)
-    if not quick and not only_local:
-        t_w = np.maximum(t_w, wan_by_slowest(rows, floor_at))
     c_w = np.minimum(c_s, c_m) * scale + steps * f.xps * egress
 
     return np.minimum(np.minimum(t_z, t_a), t_w) * steps, np.minimum(np.minimum(c_z, c_a), c_w)
