@@ -18,6 +18,7 @@ from contracts.job_spec import JobSpec, ModelSpec, SyncSpec, TrainingSpec
 from contracts.model import gpt_block_param_count, matmul_param_count, model_config, train_flops_per_token
 from control_layer.planner.checkpoint_policy import CHECKPOINT_FIXED_S
 from control_layer.planner.plan_types import Calibration
+from control_layer.planner.sync_settings import payload_bytes
 
 # Fraction of measured TFLOPS a training step achieves when no calibration says otherwise.
 DEFAULT_DEVICE_EFFICIENCY = 0.5
@@ -72,13 +73,8 @@ def _chosen(sync: SyncSpec, field: str) -> SyncSpec:
 
 def sync_bytes_per_param(sync: SyncSpec) -> float:
     """Bytes per parameter on the wire after compression (top-k sends a value and an index)."""
-    if _chosen(sync, "compression").compression in ("fp16", "bf16"):
-        return 2.0
-    if sync.compression == "int8":
-        return 1.0
-    if sync.compression == "topk":
-        return 8.0 * sync.topk_ratio
-    return SYNC_BASE_BYTES_PER_PARAM
+    _chosen(sync, "compression")
+    return payload_bytes(1, sync.compression, sync.topk_ratio)
 
 
 # ---------------------------------------------------------------- calibration lookups

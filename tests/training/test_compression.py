@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import zlib
+
+import numpy as np
 import pytest
 import torch
 
@@ -35,6 +38,40 @@ def test_int8_error_is_within_half_a_step_of_each_blocks_scale() -> None:
             continue
         step = x[blk].abs().max() / 127
         assert (y[blk] - x[blk]).abs().max() <= step / 2 + 1e-6
+
+
+def test_int8_values_are_huffman_coded_losslessly() -> None:
+    # Absmax-scaled Gaussian values crowd near zero: coded, a chunk is ~0.9 of a byte a value,
+    # and it decodes to exactly the quantised values (computed here apart from the codec).
+    codec = get_codec("int8", int8_block=256)
+    x = torch.randn(40_960, generator=torch.Generator().manual_seed(0))
+    enc = encode_tensor(x, codec, chunk_bytes=10_240)
+    assert len(enc.chunks) == 4
+    assert all(len(c.data) < 0.95 * c.numel for c in enc.chunks)
+    blocks = x.numpy().reshape(-1, 256)
+    scale = np.abs(blocks).max(axis=1, keepdims=True).astype(np.float32) / np.float32(127.0)
+    want = (np.clip(np.round(blocks / scale), -127, 127) * scale).reshape(-1)
+    assert np.array_equal(decode_tensor(enc, codec).numpy(), want)
+
+
+def test_int8_chunk_the_coding_cannot_shrink_travels_raw() -> None:
+    codec = get_codec("int8", int8_block=4096)
+    x = torch.rand(4096, generator=torch.Generator().manual_seed(1)) * 2 - 1  # uniform: ~8 bits a value
+    (chunk,) = encode_tensor(x, codec).chunks
+    assert len(chunk.data) == chunk.numel
+    step = float(x.abs().max()) / 127
+    assert (decode_tensor(encode_tensor(x, codec), codec) - x).abs().max() <= step / 2 + 1e-6
+
+
+def test_int8_coded_chunk_is_bounded_by_its_numel() -> None:
+    out = torch.zeros(100)
+    codec = get_codec("int8", int8_block=100)
+    scales = np.float32(1.0).tobytes()
+    bomb = zlib.compress(b"\0" * 10_000)  # inflates far past the 100 values it claims
+    for data in (bomb, zlib.compress(b"\1" * 100)[:-3], b"\x78garbage"):
+        assert len(data) < 100
+        with pytest.raises(InvalidArgument, match="int8 chunk"):
+            decode_chunk_into(codec, EncodedChunk(0, 100, data, scales=scales, block=100), out)
 
 
 def test_topk_keeps_the_largest_of_each_chunk() -> None:

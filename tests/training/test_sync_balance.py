@@ -139,6 +139,42 @@ def test_a_region_without_figures_keeps_every_region_on_the_fixed_plan() -> None
     assert p.end(2) == 30 and 2 not in p.splits
 
 
+def test_the_final_round_is_split_again_halfway_from_the_same_figures_everywhere() -> None:
+    # Rounds of 40 steps, 120 in all: the final round (2) is re-split at its start, evenly here.
+    plans = {r: RoundPlan(r, 40, 120) for r in ("a", "b")}
+    for p in plans.values():
+        p.on_figures(0, {"a": (0.0, 0.1), "b": (0.0, 0.1)}, now=42, least=5)
+        assert p.mid_step(1) is None  # only the final round is split halfway
+        p.on_figures(1, {"a": (4.0, 0.1), "b": (4.0, 0.1)}, now=82, least=5)
+        assert p.splits[2] == {"a": 40, "b": 40} and p.mid_step(2) == 100
+    # Halfway (20 steps in, both at t = 10 s) b has slowed to 0.3 s a step: the 40 steps left
+    # are split so both end at t = 13 s, a 30 more and b 10; the round's total stays 80.
+    mid = {"a": (10.0, 20, 0.1), "b": (10.0, 20, 0.3)}
+    plans["a"].on_mid_figures(2, mid, now=102, least=5)
+    plans["b"].on_mid_figures(2, mid, now=101, least=5)
+    assert plans["a"].splits[2] == plans["b"].splits[2] == {"a": 50, "b": 30}
+    assert (plans["a"].end(2), plans["b"].end(2)) == (130, 110) and plans["a"].local_steps() == 130
+    assert plans["a"].mid_step(2) is None  # once: figures coming again change nothing
+    plans["a"].on_mid_figures(2, {"a": (10.0, 20, 0.3), "b": (10.0, 20, 0.1)}, now=103)
+    assert plans["a"].end(2) == 130
+    # one already past its new end ends where it is
+    def started(me: str) -> RoundPlan:  # the final round re-split evenly at its start
+        even = {2: {"a": 40, "b": 40}}
+        return RoundPlan(me, 40, 120, ends={0: 40, 1: 80, 2: 120}, splits=even, resplit={2})
+
+    late = started("b")
+    late.on_mid_figures(2, mid, now=112, least=5)
+    assert late.end(2) == 112
+    # a region's figures missing (or unusable): every region keeps the start's split
+    for bad in ({"a": (10.0, 20, 0.1)}, mid | {"b": (float("nan"), 20, 0.3)}, mid | {"b": (10.0, 41, 0.3)}):
+        kept = started("a")
+        kept.on_mid_figures(2, bad, now=101)
+        assert kept.end(2) == 120 and kept.splits[2] == {"a": 40, "b": 40} and kept.mid_step(2) is None
+    state = RoundPlan("a", 40, 120)
+    state.load_state_dict(plans["a"].state_dict())
+    assert state.midsplit == {2} and state.mid_step(2) is None
+
+
 def test_plan_survives_a_checkpoint_and_rebases_after_a_catch_up() -> None:
     p = RoundPlan("a", 10, 50)
     p.on_figures(0, {"a": (1.0, 0.1), "b": (1.5, 0.2)})
@@ -246,6 +282,8 @@ def test_the_running_round_is_re_split_in_real_workers_and_keeps_the_jobs_tokens
     rounds = steps // every
     assert sorted(reached["a"]) == sorted(reached["b"]) == list(range(rounds))
     assert splits and all(sum(s.values()) == 2 * every and min(s.values()) >= 5 for s in splits)
+    # rounds 1 to 7 re-split as they run, and the final round once more halfway, the same in both
+    assert len(splits) == 2 * rounds and splits[: len(splits) // 2] == splits[len(splits) // 2 :]
     # round 1, re-split while it runs, already ends together (planned two ahead it was fixed)
     gaps = [abs(reached["a"][k] - reached["b"][k]) for k in range(1, rounds)]
     print("gaps", gaps, "steps", results["a"]["steps"], results["b"]["steps"], "splits", splits)

@@ -129,7 +129,7 @@ class SyncEngine:
         # process. The fixed schedule's landing step is then no event of its own.
         s = self.strategy
         if isinstance(s, AnchoredSync) and s.plan is not None:
-            return step == 1 or s.due(step) or s.opens_at(step)
+            return step == 1 or s.due(step) or s.opens_at(step) or s.balancing(step)
         if isinstance(s, AnchoredSync) and s.on_arrival:
             return s.due(step) or anchored_event(step, self.cfg.round_steps, 0, self.total_steps)
         return is_event(self.cfg, step, self.total_steps)

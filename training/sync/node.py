@@ -276,6 +276,24 @@ class RegionNode:
                 self.mark_dead(s, f"no contribution to {stream} round {round_index} in time")
         return got
 
+    def take_if_complete(
+        self, stream: str, round_index: int, senders: list[str], take: bool = True
+    ) -> dict[str, InMessage] | None:
+        """Without waiting: every awaited sender's message for the round (as ``collect`` awaits
+        them; a dead or departed one is not awaited), taken unless ``take`` is False; None while
+        one is still missing."""
+        key = (stream, round_index)
+        with self.cv:
+            box = self.inbox.get(key, {})
+            if any(
+                s not in box and self.alive[s] and s not in self.left and self.include_from[s] <= round_index
+                for s in senders
+            ):
+                return None
+            if take:
+                self.inbox.pop(key, None)
+            return {s: box[s] for s in senders if s in box}
+
     # ------------------------------------------------------------ calls out
 
     def hello_all(self, ready: bool, next_round: int, step: int, deadline: float) -> dict[str, PeerStatus]:

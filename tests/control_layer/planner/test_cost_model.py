@@ -10,6 +10,9 @@ import pytest
 from contracts.job_spec import JobSpec, SyncSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.plan_types import Calibration
+from control_layer.planner.sync_settings import CODEC_BYTES
+
+INT8 = CODEC_BYTES["int8"]  # Huffman-coded int8, as priced
 
 
 def _sync(**kw) -> SyncSpec:
@@ -160,7 +163,7 @@ def test_step_time_is_affine_in_micro_batches() -> None:
         (_sync(mode="sync"), 1, 0.0, 0.0),
         (_sync(mode="sync"), 2, 4.0, 2.0),
         # Every call of the exchange waits a round trip: a ring of R makes 2(R−1) calls in turn.
-        (_sync(mode="diloco", compression="int8"), 4, 2 * 3 / 4, 12.0),
+        (_sync(mode="diloco", compression="int8"), 4, 2 * 3 / 4 * INT8, 12.0),
         # Top-k stays top-k on the ring (every hop re-encodes its chunk): 2(R−1)/R payloads.
         (_sync(mode="local_sgd", compression="topk", topk_ratio=0.5), 3, 2 * 2 / 3 * 4.0, 8.0),
         (_sync(mode="gossip", gossip_peers=2), 5, 2 * 4.0, 2.0),
@@ -168,7 +171,7 @@ def test_step_time_is_affine_in_micro_batches() -> None:
         (_sync(mode="ssp", compression="bf16"), 4, 3 * 2.0, 2.0),
         # async: the R−1 others send an update (int8) and get the parameters back (bf16 when
         # compressed, fp32 otherwise), averaged over the R participants.
-        (_sync(mode="async", compression="int8"), 3, 2 / 3 * (1.0 + 2.0), 2.0),
+        (_sync(mode="async", compression="int8"), 3, 2 / 3 * (INT8 + 2.0), 2.0),
         (_sync(mode="async"), 2, 1 / 2 * (4.0 + 4.0), 2.0),
     ],
 )

@@ -12,17 +12,27 @@ runtime waits against and the step count estimated until round r+1's figures re-
 Rounds 0 and 1 start as the fixed plan's. Each round's total over the regions stays the fixed
 plan's, so the job trains the same tokens; a region's own step count is whatever its speed earns
 it.
+
+The final round is split once more halfway (``mid_step``, ``on_mid_figures``): an overlapped
+round absorbs the regions' drift (a region ahead opens the next round sooner), but the final one
+ends in a blocking exchange, where every second a region's speed drifted over the round from
+what its start figures said is a second the others wait. Halfway, each region sends its figures
+over the round so far (where it is, when, and its pace); every region splits what is left of the
+round from the same figures, so the drift of its second half alone is left to wait for.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from training.sync.algorithms.balance import split_round
+from training.sync.algorithms.balance import MAX_STEP_S, split_round
 
 # One region's figures from a round's messages: (wall time it opened the round, seconds per step).
 Figures = dict[str, tuple[float, float]]
+# One region's halfway figures of the final round: (wall time, steps into the round, seconds per step).
+MidFigures = dict[str, tuple[float, int, float]]
 
 
 @dataclass
@@ -35,6 +45,7 @@ class RoundPlan:
     ends: dict[int, int] = field(default_factory=dict)  # round -> the local step it ends at
     splits: dict[int, dict[str, int]] = field(default_factory=dict)  # round -> steps per region
     resplit: set[int] = field(default_factory=set)  # rounds re-split from their own start's figures
+    midsplit: set[int] = field(default_factory=set)  # final rounds split again halfway
 
     def __post_init__(self) -> None:
         if self.size < 1 or self.total_steps < 1:
@@ -113,6 +124,43 @@ class RoundPlan:
         self.splits[nxt] = split
         self.ends[nxt] = self.ends[cur] + split[self.me]
 
+    def mid_step(self, r: int) -> int | None:
+        """The step at which this region sends its figures for round ``r``'s halfway split: half
+        its share, where ``r`` is the final round, re-split at its start (its split is every
+        region's) and not split halfway yet; None otherwise."""
+        if not self.is_final(r) or r not in self.resplit or r in self.midsplit or r not in self.ends:
+            return None
+        share = self.ends[r] - self.start(r)
+        return self.start(r) + share // 2 if share >= 4 else None
+
+    def on_mid_figures(self, r: int, figures: MidFigures, now: int | None = None, least: int = 1) -> None:
+        """Round ``r``'s halfway figures are in, one per region of its split: (wall time it was
+        ``done`` steps into the round, ``done``, seconds per step over them). What is left of the
+        round's steps is split from them as ``split_round`` splits a round (the same figures give
+        every region the same split), each region at least ``least`` more steps; one already past
+        its new end ends where it is. Figures missing a region of the split, or unusable, leave
+        the round as it is (every region then keeps its start split)."""
+        split = self.splits.get(r)
+        if r in self.midsplit or split is None or r not in self.ends:
+            return
+        self.midsplit.add(r)
+        if set(figures) != set(split):
+            return
+        if not all(
+            0 <= d <= split[p] and math.isfinite(t) and 0 < s <= MAX_STEP_S
+            for p, (t, d, s) in figures.items()
+        ):
+            return
+        left = sum(split[p] - d for p, (_, d, _) in figures.items())
+        floor = max(1, least)
+        if left < floor * len(figures):
+            return
+        at = {p: t for p, (t, _, _) in figures.items()}
+        rest = split_round(at, {p: s for p, (_, _, s) in figures.items()}, left, floor)
+        self.splits[r] = {p: figures[p][1] + rest[p] for p in figures}
+        end = self.start(r) + self.splits[r][self.me]
+        self.ends[r] = end if now is None else max(end, now)
+
     def job_step(self, step: int) -> float:
         """Where ``step`` (completed local steps) is on the fixed plan's step axis: the schedule
         (learning rate) follows the job's progress, not this region's step count."""
@@ -126,7 +174,7 @@ class RoundPlan:
     def rebase(self, r: int, step: int) -> None:
         """A region that took a peer's state at round ``r`` starts it after local ``step``."""
         self.base_round, self.base_step = r, step
-        self.ends, self.splits, self.resplit = {}, {}, set()
+        self.ends, self.splits, self.resplit, self.midsplit = {}, {}, set(), set()
         self._fill_fixed()
 
     def state_dict(self) -> dict[str, Any]:
@@ -136,6 +184,7 @@ class RoundPlan:
             "ends": {str(k): v for k, v in self.ends.items()},
             "splits": {str(k): dict(v) for k, v in self.splits.items()},
             "resplit": sorted(self.resplit),
+            "midsplit": sorted(self.midsplit),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -145,3 +194,4 @@ class RoundPlan:
         self.ends = {int(k): int(v) for k, v in state["ends"].items()}
         self.splits = {int(k): {p: int(n) for p, n in v.items()} for k, v in state["splits"].items()}
         self.resplit = {int(k) for k in state.get("resplit", [])}
+        self.midsplit = {int(k) for k in state.get("midsplit", [])}

@@ -17,7 +17,9 @@ DiLoCo). The last step always ends with a blocking round.
 With a ``plan`` (work balancing, ``training.sync.algorithms.round_plan``) rounds end where the
 plan says instead of every H steps: each region's steps per round follow its measured speed, its
 contribution is weighted by the tokens it trained in the round, and every round's messages carry
-the figures the next splits are computed from.
+the figures the next splits are computed from; halfway through the final round each region sends
+its figures over the round so far on the ``balance`` stream, and every region splits the rest of
+the round from them (``RoundPlan.on_mid_figures``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from training.sync.algorithms.outer import outer_step
 from training.sync.algorithms.round_plan import RoundPlan
 from training.sync.algorithms.schedule import fragment_of, fragment_slices, is_start
 from training.sync.collective import DenseReducer
-from training.sync.messages import InMessage, OutMessage, PushResult
+from training.sync.messages import InMessage, Meta, OutMessage, PushResult
 from training.sync.strategies.base import Strategy, fingerprint
 
 
@@ -89,6 +91,8 @@ class AnchoredSync(Strategy):
         self._now: tuple[int, float, float, float] | None = None  # (step, monotonic, wall, waits)
         self._mark: tuple[int, float, float] | None = None  # (step, monotonic, waits) at the last open
         self.splits: list[dict[str, int]] = []  # balanced splits planned since last taken (metrics)
+        self.mid_sent: int | None = None  # the final round whose halfway figures we sent
+        self._mine: tuple[float, int, float] = (0.0, 0, 0.0)  # and what they said
 
     # ------------------------------------------------------------ engine side
 
@@ -136,11 +140,47 @@ class AnchoredSync(Strategy):
         self._mark = (step, m1, w1)
         return wall, min(MAX_STEP_S, max(0.0, m1 - m0 - (w1 - w0)) / (step - s0))
 
+    def balancing(self, step: int) -> bool:
+        """Whether ``step`` sends the final round's halfway figures, or can split it from the
+        peers' (all in): an event for the engine, off the fixed schedule."""
+        plan, r = self.plan, self.opened
+        if plan is None:
+            return False
+        if self.mid_sent != r:
+            return plan.mid_step(r) == step
+        if r in plan.midsplit:
+            return False
+        return self.node.take_if_complete("balance", r, self.node.participants(r), take=False) is not None
+
+    def _mid_split(self, step: int) -> None:
+        plan, r = self.plan, self.opened
+        if plan is None:
+            return
+        if self.mid_sent != r and plan.mid_step(r) == step and self._now is not None and self._mark:
+            s0, m0, w0 = self._mark  # the final round's opening
+            _, m1, wall, w1 = self._now
+            pace = min(MAX_STEP_S, max(0.0, m1 - m0 - (w1 - w0)) / max(1, step - s0))
+            meta = Meta(self.me, "balance", r, step=step - plan.start(r), step_s=pace, opened_at=wall)
+            for p in self.node.participants(r):
+                self.node.pool.submit(self.node.client(p).push, OutMessage(meta), self.cfg.timeout_s)
+            self.mid_sent = r
+            self._mine = (wall, step - plan.start(r), pace)
+        if self.mid_sent == r and r not in plan.midsplit:
+            got = self.node.take_if_complete("balance", r, self.node.participants(r))
+            if got is None:
+                return
+            figures = {p: (m.meta.opened_at, m.meta.step, m.meta.step_s) for p, m in got.items()}
+            before = plan.splits.get(r)
+            plan.on_mid_figures(r, figures | {self.me: self._mine}, now=step, least=2 * self.delay + 1)
+            if plan.splits.get(r) != before:
+                self.splits.append(plan.splits[r])
+
     def on_event(self, step: int, flat: Tensor) -> Tensor | None:
         self.step = step
         plan = self.plan
         if plan is not None and (plan.end(self.opened) or 0) < step and step > 1:
             plan.rebase(self.opened, step)  # resumed past what the saved plan knows: start afresh
+        self._mid_split(step)
         final = self._is_final(step)
         changed = False
         while self.inflight and (final or self._lands(self.inflight[0], step)):
