@@ -24,8 +24,12 @@ from orchestration.settings import Settings
 from tests.dbtemplate import (
     POSTGRES_ADMIN_URL,
     create_postgres_database,
-    drop_postgres_database,
+    drop_postgres_database_later,
+    finish_drops,
     migrated_sqlite_url,
+)
+from tests.dbtemplate import (
+    drop_postgres_database as drop_postgres_database,  # for the tests that make their own
 )
 
 REDIS_URL = os.environ.get("CPN_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -57,6 +61,10 @@ def redis_unreachable() -> str | None:
         return f"Redis unreachable at {REDIS_URL}: {exc.__class__.__name__}: {exc}"
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    finish_drops()
+
+
 def _require(reason: str | None) -> None:
     if reason is not None:
         pytest.skip(reason)
@@ -73,7 +81,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     try:
         yield url
     finally:
-        drop_postgres_database(url)
+        drop_postgres_database_later(url)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
@@ -88,3 +89,18 @@ def drop_postgres_database(url: str) -> None:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     finally:
         admin.dispose()
+
+
+# Dropping a database takes a checkpoint's worth of I/O; nothing waits for it but the run's end.
+_DROPPER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drop-db")
+_DROPS: list[Future[None]] = []
+
+
+def drop_postgres_database_later(url: str) -> None:
+    _DROPS.append(_DROPPER.submit(drop_postgres_database, url))
+
+
+def finish_drops() -> None:
+    """Wait for the pending drops; re-raises the first failure."""
+    while _DROPS:
+        _DROPS.pop(0).result()
