@@ -12,6 +12,7 @@ import atexit
 import os
 import secrets
 import shutil
+import sqlite3
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
@@ -44,6 +45,13 @@ def _sqlite_template() -> Path:
     atexit.register(shutil.rmtree, folder, True)
     path = folder / "head.sqlite"
     upgrade(f"sqlite:///{path}")
+    # The database runs in WAL mode: fold the log into the file so a plain copy holds everything.
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    assert not path.with_name(path.name + "-wal").exists()
     return path
 
 
