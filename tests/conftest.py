@@ -15,18 +15,23 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestration.bus import Bus, InProcessBus, RedisBus
 from orchestration.context import ServerContext
 from orchestration.db.engine import make_engine, make_session_factory, normalize_url
-from orchestration.db.migrate import upgrade
 from orchestration.settings import Settings
-
-POSTGRES_ADMIN_URL = os.environ.get(
-    "CPN_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+from tests.dbtemplate import (
+    POSTGRES_ADMIN_URL,
+    create_postgres_database,
+    drop_postgres_database_later,
+    finish_drops,
+    migrated_sqlite_url,
 )
+from tests.dbtemplate import (
+    drop_postgres_database as drop_postgres_database,  # for the tests that make their own
+)
+
 REDIS_URL = os.environ.get("CPN_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
@@ -56,54 +61,27 @@ def redis_unreachable() -> str | None:
         return f"Redis unreachable at {REDIS_URL}: {exc.__class__.__name__}: {exc}"
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    finish_drops()
+
+
 def _require(reason: str | None) -> None:
     if reason is not None:
         pytest.skip(reason)
-
-
-def _admin_engine() -> Engine:
-    return create_engine(normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT")
-
-
-def create_postgres_database() -> str:
-    """CREATE DATABASE cpn_test_<hex>; returns its URL (psycopg driver)."""
-    name = f"cpn_test_{secrets.token_hex(6)}"
-    admin = _admin_engine()
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        admin.dispose()
-    return (
-        make_url(normalize_url(POSTGRES_ADMIN_URL)).set(database=name).render_as_string(hide_password=False)
-    )
-
-
-def drop_postgres_database(url: str) -> None:
-    name = make_url(url).database
-    admin = _admin_engine()
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """URL of a fresh database migrated to head; dropped (PostgreSQL) or deleted with tmp_path."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'cpn.sqlite'}"
-        upgrade(url)
-        yield url
+        yield migrated_sqlite_url(tmp_path / "cpn.sqlite")
         return
     _require(postgres_unreachable())
-    url = create_postgres_database()
+    url = create_postgres_database(migrated=True)
     try:
-        upgrade(url)
         yield url
     finally:
-        drop_postgres_database(url)
+        drop_postgres_database_later(url)
 
 
 @pytest.fixture

@@ -17,12 +17,12 @@ from control_layer.reactions import control_handlers
 from orchestration.bus import Bus, InProcessBus
 from orchestration.context import ServerContext
 from orchestration.db.engine import make_engine, make_session_factory
-from orchestration.db.migrate import upgrade
 from orchestration.db.models import Job, Task, Tenant
 from orchestration.settings import Settings
 from resource_layer.server import build_grpc_server
 from resource_layer.servicer import AgentServicer
 from resource_layer.tokens import create_enrollment_token
+from tests.dbtemplate import migrated_sqlite_url
 
 
 class GrpcServerThread:
@@ -87,8 +87,7 @@ class GrpcServerThread:
 
 def sqlite_context(tmp_path: Path, **settings: Any) -> ServerContext:
     """A fresh migrated SQLite database and an in-process bus: the embedded deployment."""
-    url = f"sqlite:///{tmp_path / 'cpn.sqlite'}"
-    upgrade(url)
+    url = migrated_sqlite_url(tmp_path / "cpn.sqlite")
     values: dict[str, Any] = {"database_url": url, "heartbeat_interval_s": 0.3, "heartbeat_misses": 3}
     values.update(settings)
     return ServerContext(Settings(**values), make_session_factory(make_engine(url)), InProcessBus())
