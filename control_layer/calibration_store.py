@@ -1,8 +1,9 @@
 """Where calibration lives: load the current table for the planner, learn from a job as it ends.
 
 ``on_job_end`` runs inside ``lifecycle.transition`` for every end state, after the ledger charge,
-in the same transaction: a job's estimate-vs-actual record, the factors it moved and their
-history commit together with its end, or not at all.
+in the same transaction, in a savepoint: a job's estimate-vs-actual record, the factors it moved
+and their history commit together with its end; if learning fails, the end commits without them
+(and an event on the job says why).
 """
 
 from __future__ import annotations

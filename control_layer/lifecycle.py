@@ -15,6 +15,7 @@ any of that themselves.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from sqlalchemy import select
@@ -31,6 +32,8 @@ from orchestration.db.base import utcnow
 from orchestration.db.models import Job, Task
 from orchestration.events import publish_after_commit, record_event
 from orchestration.ledger import record_job_cost
+
+log = logging.getLogger(__name__)
 
 PLACER_CHANNEL = "placer"  # a message here wakes the placer: a job waits, or devices came free
 
@@ -108,8 +111,21 @@ def transition(
             record_job_cost(session, job)
         # After the charge: the estimate-vs-actual record compares the quote with the ledger.
         session.flush()
-        on_job_end(session, job)
+        _learn(session, bus, job)
     return job
+
+
+def _learn(session: Session, bus: Bus, job: Job) -> None:
+    """The job's estimate-vs-actual record and what calibration learns from it, in a savepoint: a
+    failure there (a bug, a value the database refuses) must not stop the job from ending, or its
+    agent's report would be refused, and resent, forever. The end commits without the record, and
+    the failure is logged and kept as an event on the job."""
+    try:
+        with session.begin_nested():
+            on_job_end(session, job)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, the job's end must still commit
+        log.exception("job %s: calibration from its end failed", job.id)
+        record_event(session, bus, "job.calibration_failed", job.id, {"error": clip_message(repr(exc))})
 
 
 def _stop_active_tasks(session: Session, bus: Bus, job: Job, note: str) -> None:

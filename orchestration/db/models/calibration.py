@@ -9,13 +9,15 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from orchestration.db.base import Base, utcnow
 
+KIND_LEN = 64  # the longest calibration kind's name, with room (migration 0014)
+
 
 class CalibrationFactor(Base):
     """A learned factor: efficiency per "model|precision", startup_s per node, goodput per region pair."""
 
     __tablename__ = "calibration_factors"
 
-    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(KIND_LEN), primary_key=True)
     key: Mapped[str] = mapped_column(String(256), primary_key=True)
     value: Mapped[float]
     runs: Mapped[int] = mapped_column(default=0)  # finished runs that have moved it
@@ -30,7 +32,7 @@ class CalibrationChange(Base):
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
-    kind: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[str] = mapped_column(String(KIND_LEN))
     key: Mapped[str] = mapped_column(String(256))
     old: Mapped[float | None] = mapped_column(default=None)
     new: Mapped[float]
