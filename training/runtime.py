@@ -19,6 +19,7 @@ from contracts.errors import InvalidArgument
 from contracts.worker_config import WorkerConfig
 from training.byo import DatasetStream, build_byo
 from training.checkpoint import BackgroundSaver, latest_checkpoint, load_checkpoint
+from training.checkpoint_schedule import PeriodicCheckpoints
 from training.data.markov import MarkovSource
 from training.data.streams import BatchStream, build_stream, derive_seed
 from training.exchange_totals import ExchangeTotals
@@ -311,6 +312,9 @@ class Trainer:
         first: dict[str, float] | None = None
         final: dict[str, Any] = {}
         delay = None  # steps the last overlapped round took to land (on arrival: as its exchange took)
+        # Periodic checkpoints follow the job's progress (balanced rounds: the same point of each
+        # round in every region; ``training.checkpoint_schedule``).
+        periodic_at = PeriodicCheckpoints(every or 0, self.sync.job_step(self.step))
         # Balanced rounds (``training.sync.algorithms.round_plan``) give each region its own step
         # count, known for certain only once its last round is planned: asked after every step.
         while self.step < (last := self.sync.local_steps(planned)):
@@ -318,7 +322,7 @@ class Trainer:
             last = self.sync.local_steps(planned)
             delay = (m.get("sync") or {}).get("overlap_steps", delay)
             exchanges.add(m, exchanged=self.exchanged, joining=self.step == self.first_step)
-            periodic = bool(every) and self.step % every == 0 and self.step < last
+            periodic = periodic_at.due(self.sync.job_step(self.step)) and self.step < last
             if self.cfg.checkpoint.dir is not None and (periodic or self.step == last):
                 t_save = time.perf_counter()
                 self.save(wait=self.step == last)

@@ -259,6 +259,9 @@ def test_the_running_round_is_re_split_in_real_workers_and_keeps_the_jobs_tokens
     }
     sync = {"mode": "diloco", "every": every, "overlap": True, "overlap_steps": 2, "balance": True}
     cfgs = region_configs(base, ["a", "b"], sync, tmp_path)
+    ck_every = 40  # the job's steps between periodic checkpoints
+    for r, c in cfgs.items():
+        c["checkpoint"] = {"dir": str(tmp_path / r / "ckpt"), "every": ck_every}
     env = {"a": {"CPN_TEST_STEP_SLEEP_S": "0.01"}, "b": {"CPN_TEST_STEP_SLEEP_S": str(SLOW_S)}}
     procs = {
         r: start_region(c, tmp_path, module="tests.training.paced_worker", env_extra=env[r])
@@ -293,3 +296,12 @@ def test_the_running_round_is_re_split_in_real_workers_and_keeps_the_jobs_tokens
     gaps = [abs(reached["a"][k] - reached["b"][k]) for k in range(1, rounds)]
     print("gaps", gaps, "steps", results["a"]["steps"], results["b"]["steps"], "splits", splits)
     assert max(gaps) < 3 * SLOW_S + 0.05, gaps
+    # Periodic checkpoints follow the job's progress: each region writes one as its position on
+    # the job's step axis passes each multiple of ck_every (the same point of each round in both;
+    # local multiples would give a 2 of them and b 1). The last step's is the run's final one.
+    for r, p in procs.items():
+        ms = p.metrics()
+        pos = [m.get("job_step", m["step"]) for m in ms]
+        saved = [i for i, m in enumerate(ms) if "checkpoint_s" in m and m["step"] < results[r]["steps"]]
+        assert len(saved) == steps // ck_every - 1, (r, [pos[i] for i in saved])
+        assert all(pos[i] // ck_every > pos[i - 1] // ck_every for i in saved), (r, [pos[i] for i in saved])
