@@ -279,23 +279,29 @@ def test_the_running_round_is_re_split_in_real_workers_and_keeps_the_jobs_tokens
     assert results["a"]["steps"] + results["b"]["steps"] == 2 * steps  # no region overran its share
     assert results["a"]["steps"] > 1.5 * results["b"]["steps"]
     reached: dict[str, dict[int, float]] = {}
-    splits: list[dict[str, int]] = []
+    splits: dict[str, list[dict[str, int]]] = {}
     for r, p in procs.items():
         ms = p.metrics()
         reached[r] = {}
         for prev, m in zip(ms, ms[1:], strict=False):
             if m["rounds_opened"] > prev["rounds_opened"]:
                 reached[r][prev["rounds_opened"]] = m["t_end"] - m["sync_s"]
-        splits += [m["sync"]["round_split"] for m in ms if "round_split" in m.get("sync", {})]
+        splits[r] = [m["sync"]["round_split"] for m in ms if "round_split" in m.get("sync", {})]
     rounds = steps // every
     assert sorted(reached["a"]) == sorted(reached["b"]) == list(range(rounds))
-    assert splits and all(sum(s.values()) == 2 * every and min(s.values()) >= 5 for s in splits)
-    # rounds 1 to 7 re-split as they run, and the final round once more halfway, the same in both
-    assert len(splits) == 2 * rounds and splits[: len(splits) // 2] == splits[len(splits) // 2 :]
-    # round 1, re-split while it runs, already ends together (planned two ahead it was fixed)
+    every_split = splits["a"] + splits["b"]
+    assert all(sum(s.values()) == 2 * every and min(s.values()) >= 5 for s in every_split), splits
+    # Rounds re-split as they run (and the final round once more halfway, where both regions'
+    # figures arrive in time: timing decides that one, the pure tests above pin its rule), the
+    # same splits in both regions.
+    assert len(splits["a"]) >= rounds - 1 and splits["a"] == splits["b"], splits
+    # round 1, re-split while it runs, already ends together (planned two ahead it was fixed);
+    # "a few steps" counted in b's steps as this host ran them (a loaded host stretches them)
+    ends_b = [m["t_end"] for m in procs["b"].metrics()]
+    b_step = statistics.median(t1 - t0 for t0, t1 in zip(ends_b, ends_b[1:], strict=False))
     gaps = [abs(reached["a"][k] - reached["b"][k]) for k in range(1, rounds)]
-    print("gaps", gaps, "steps", results["a"]["steps"], results["b"]["steps"], "splits", splits)
-    assert max(gaps) < 3 * SLOW_S + 0.05, gaps
+    print("gaps", gaps, "b step", b_step, "steps", results["a"]["steps"], results["b"]["steps"], splits)
+    assert max(gaps) < 3 * max(SLOW_S, b_step) + 0.05, (gaps, b_step)
     # Periodic checkpoints follow the job's progress: each region writes one as its position on
     # the job's step axis passes each multiple of ck_every (the same point of each round in both;
     # local multiples would give a 2 of them and b 1). The last step's is the run's final one.
