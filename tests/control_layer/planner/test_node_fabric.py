@@ -185,11 +185,20 @@ def test_the_order_of_stages_beats_the_listed_order_when_ports_differ() -> None:
 
 
 def _two_clusters(
-    n_a: int, n_b: int, devices: int, link_gbps: float, link_ms: float, reachable: bool = True
+    n_a: int,
+    n_b: int,
+    devices: int,
+    link_gbps: float,
+    link_ms: float,
+    reachable: bool = True,
+    device: tuple[str, float, float] = ("H100", 80, 400),
+    price: float = 2.0,
+    fabric_gbps: float = 100.0,
 ) -> ResourceSnapshot:
     """Nodes n0..n{n_a-1} in cluster a, the next n_b in cluster b, one region; the region's local
     link joins the two clusters."""
-    devs = [{"index": k, "model": "H100", "memory_gb": 80, "tflops": 400} for k in range(devices)]
+    model, memory_gb, tflops = device
+    devs = [{"index": k, "model": model, "memory_gb": memory_gb, "tflops": tflops} for k in range(devices)]
 
     def nodes(first: int, n: int) -> list[dict]:
         return [
@@ -205,8 +214,8 @@ def _two_clusters(
                 {
                     "id": cid,
                     "region": "r",
-                    "price_per_device_hour": 2.0,
-                    "intra_bandwidth_gbps": 100.0,
+                    "price_per_device_hour": price,
+                    "intra_bandwidth_gbps": fabric_gbps,
                     "nodes": ns,
                 }
                 for cid, ns in (("a", nodes(0, n_a)), ("b", nodes(n_a, n_b)))
@@ -269,29 +278,8 @@ def test_a_group_across_clusters_needs_every_node_reachable() -> None:
 
 def _two_big_clusters(n_a: int, n_b: int, reachable: bool, link_gbps: float = 25.0) -> ResourceSnapshot:
     """Clusters a and b of one region, nodes of two A10 each: too few in either for a replica of BIG."""
-    devs = [{"index": k, "model": "A10", "memory_gb": 24, "tflops": 120} for k in range(2)]
-
-    def nodes(first: int, n: int) -> list[dict]:
-        return [
-            {"id": f"n{i}", "devices": devs, "cross_cluster_groups": reachable}
-            for i in range(first, first + n)
-        ]
-
-    return ResourceSnapshot.model_validate(
-        {
-            "regions": [{"name": "r"}],
-            "links": [{"src": "r", "dst": "r", "bandwidth_gbps": link_gbps, "latency_ms": 0.5}],
-            "clusters": [
-                {
-                    "id": cid,
-                    "region": "r",
-                    "price_per_device_hour": 1.0,
-                    "intra_bandwidth_gbps": 200.0,
-                    "nodes": ns,
-                }
-                for cid, ns in (("a", nodes(0, n_a)), ("b", nodes(n_a, n_b)))
-            ],
-        }
+    return _two_clusters(
+        n_a, n_b, 2, link_gbps, 0.5, reachable, device=("A10", 24, 120), price=1.0, fabric_gbps=200.0
     )
 
 
