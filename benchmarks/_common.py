@@ -219,3 +219,75 @@ def small_instance(seed: int) -> tuple[JobSpec, ResourceSnapshot]:
         }
     )
     return spec, snap
+
+
+def spanning_instance(seed: int) -> tuple[JobSpec, ResourceSnapshot]:
+    """A fleet of 2 to 4 small clusters in 2 or 3 regions whose nodes (1 or 2 devices each) all
+    declared their group endpoint reachable from other clusters, and a job no node holds a replica
+    of: its pipelines run across clusters, and across regions where one region's nodes are too
+    few or dearer (``spanning``)."""
+    rng = np.random.default_rng(20_000 + seed)
+    regs = regions()
+    chosen = [regs[i] for i in rng.choice(len(regs), size=int(rng.integers(2, 4)), replace=False)]
+    model, mem, tflops, price, fabric = DEVICES[4]  # 24 GB: a 2-4B model needs several nodes
+    clusters = []
+    for i in range(int(rng.integers(2, 5))):
+        per = int(rng.choice([1, 2]))
+        clusters.append(
+            {
+                "id": f"c{i}",
+                "region": chosen[i % len(chosen)][0],
+                "nodes": [
+                    {
+                        "id": f"c{i}-n{j}",
+                        "devices": [
+                            {"index": k, "model": model, "memory_gb": mem, "tflops": tflops}
+                            for k in range(per)
+                        ],
+                        "cross_cluster_groups": True,
+                    }
+                    for j in range(int(rng.integers(1, 4)))
+                ],
+                "intra_bandwidth_gbps": fabric,
+                "price_per_device_hour": round(price * float(rng.choice([0.5, 1.0, 2.0])), 2),
+            }
+        )
+    links = [
+        {
+            "src": chosen[a][0],
+            "dst": chosen[b][0],
+            "bandwidth_gbps": float(rng.choice([1.0, 10.0, 50.0])),
+            "latency_ms": float(rng.choice([5.0, 30.0, 100.0])),
+            "egress_price_per_gb": float(rng.choice([0.0, 0.02, 0.09])),
+        }
+        for a in range(len(chosen))
+        for b in range(a + 1, len(chosen))
+    ]
+    snap = ResourceSnapshot.model_validate(
+        {
+            "regions": [{"name": n, "jurisdiction": j} for n, _, j in chosen],
+            "clusters": clusters,
+            "links": links,
+        }
+    )
+    seq = 1024
+    spec = JobSpec.model_validate(
+        {
+            "name": "spanning",
+            "model": {
+                "n_layers": int(rng.choice([16, 32])),
+                "d_model": int(rng.choice([3072, 4096])),
+                "n_heads": 16,
+                "vocab": 32000,
+                "seq_len": seq,
+            },
+            "training": {"steps": 1000, "global_batch_tokens": seq * int(rng.choice([16, 32, 64]))},
+            "sync": {
+                "mode": str(rng.choice(["sync", "local_sgd", "diloco"])),
+                "every": int(rng.choice([1, 10, 100])),
+                "compression": str(rng.choice(["none", "bf16"])),
+            },
+            "qos": {"objective": str(rng.choice(["cost", "time"]))},
+        }
+    )
+    return spec, snap

@@ -7,7 +7,8 @@ Prints p50/p95 quote latency per fleet size (10, 100, 1,000 clusters over 30 reg
 125M to 70B parameters), wall clock and process CPU time (the machine may be shared), the same
 quotes at 1,000 clusters through REST on a `cpn server` process (PostgreSQL + Redis, the fleet
 registered over gRPC), the optimality gap against exhaustive search on small instances, the
-estimates against the event simulator (``sim_vs_planner.py``: p90 of |planner iteration - sim
+estimates against the event simulator (``sim_vs_planner.py``, with 20 instances whose pipelines
+span clusters and regions: p90 of |planner iteration - sim
 step| / sim step) and the gap against every placement scored by the simulator (``sim_gap.py``),
 then a final JSON line.
 """
@@ -127,7 +128,7 @@ def main() -> None:
     )
     result["max_optimality_gap"] = g["max_gap"]
     result["gap_instances_compared"] = g["compared"]
-    sim = sim_run(argparse.Namespace(small=args.sim_instances, medium=12, shuffles=0, seed=0))
+    sim = sim_run(argparse.Namespace(small=args.sim_instances, medium=12, spanning=20, shuffles=0, seed=0))
     errs = [abs(iteration_s(est) - r.step_s) / r.step_s for _, _, est, r in sim["rows"]]
     print(
         f"estimates vs simulator: p50 {np.percentile(errs, 50):.4f}, p90 {np.percentile(errs, 90):.4f} "

@@ -1,15 +1,17 @@
 """Where a quote's planning time goes: CPU milliseconds per phase of the search, per quote.
 
-    python benchmarks/planner_phases.py [--clusters 1000] [--quotes 20] [--seed 1] [--top 4]
+    python benchmarks/planner_phases.py [--clusters 1000] [--quotes 20] [--seed 1] [--top 4] [--declared]
 
 Plans the job sequence of ``planner.py`` on one generated fleet (prepared as the server prepares
 its in-memory snapshot), once to warm what a server keeps across quotes, then again timing each
 phase: fleet filter and build, the candidate screen, full lower bounds, problem building, the
-heuristic fills, exact scoring, the MILP, building options, and the spanning fallback. Also counts
-the candidates each pass solved (heuristic, front fill, MILP). Process CPU time, so other load on
-the machine inflates the figures less than wall time; shares are what to compare. Prints a line
-per quote, the shares over the ``--top`` slowest quotes (the ones a p95 is made of), and a JSON
-line.
+heuristic fills, exact scoring, the MILP, building options, and spanning options. Also counts
+the candidates each pass solved (heuristic, front fill, MILP). ``--declared``: every node of the
+fleet declared its group endpoint reachable from other clusters (``--cross-cluster-host``), so
+spanning options across clusters and regions are priced beside the search's on every quote.
+Process CPU time, so other load on the machine inflates the figures less than wall time; shares
+are what to compare. Prints a line per quote, the shares over the ``--top`` slowest quotes (the
+ones a p95 is made of), and a JSON line.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from contracts.errors import NoFeasiblePlan  # noqa: E402
 from control_layer.heap import settle_long_lived  # noqa: E402
 from control_layer.planner import plan, prepare  # noqa: E402
 from control_layer.planner.screen import Bounds  # noqa: E402
+from control_layer.planner.snapshot import ResourceSnapshot  # noqa: E402
 
 # Phase -> (owner, attribute): the search module's names for the functions it calls.
 PHASES = {
@@ -105,10 +108,21 @@ class Meter:
                 setattr(owner, attr, fn)
 
 
-def measure(clusters: int, quotes: int, seed: int) -> list[dict]:
+def declared(snap: ResourceSnapshot) -> ResourceSnapshot:
+    """The fleet with every node's group endpoint declared reachable from other clusters."""
+    data = snap.model_dump()
+    for c in data["clusters"]:
+        for n in c["nodes"]:
+            n["cross_cluster_groups"] = True
+    return ResourceSnapshot.model_validate(data)
+
+
+def measure(clusters: int, quotes: int, seed: int, all_declared: bool = False) -> list[dict]:
     """One row per quote: its CPU milliseconds, per phase (``other``: what no phase holds) and
     the candidates each pass solved."""
     snap = fleet(clusters, seed=seed)
+    if all_declared:
+        snap = declared(snap)
     prepare(snap)
     rng = np.random.default_rng(seed)
     specs = [job(i % len(MODELS), rng) for i in range(quotes)]
@@ -150,8 +164,9 @@ def main() -> None:
     ap.add_argument("--quotes", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--top", type=int, default=4, help="slowest quotes summed for the shares")
+    ap.add_argument("--declared", action="store_true", help="every node declared reachable across clusters")
     args = ap.parse_args()
-    rows = measure(args.clusters, args.quotes, args.seed)
+    rows = measure(args.clusters, args.quotes, args.seed, args.declared)
     for r in rows:
         by_size = sorted(r["phases_ms"].items(), key=lambda kv: -kv[1])
         shown = "  ".join(f"{k} {v:.0f}" for k, v in by_size if v >= 0.5)
@@ -172,6 +187,7 @@ def main() -> None:
         json.dumps(
             {
                 "clusters": args.clusters,
+                "declared": args.declared,
                 "p50_cpu_ms": round(float(np.percentile(cpu, 50)), 1),
                 "p95_cpu_ms": round(float(np.percentile(cpu, 95)), 1),
                 "slowest": [r["quote"] for r in slow],

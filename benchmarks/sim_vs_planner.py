@@ -1,9 +1,11 @@
 """The planner's step-time estimates against the event simulator (benchmarks/sim), on generated fleets.
 
-    python benchmarks/sim_vs_planner.py [--small 60] [--medium 12] [--shuffles 6] [--seed 0]
+    python benchmarks/sim_vs_planner.py [--small 60] [--medium 12] [--spanning 20] [--shuffles 6] [--seed 0]
 
 Plans random small jobs on generated fleets (``_common.small_instance``: up to 6 small clusters in up
-to 4 regions; ``_common.fleet``: 16-cluster fleets with 125M/1.3B jobs) with the real planner,
+to 4 regions; ``_common.fleet``: 16-cluster fleets with 125M/1.3B jobs; ``_common.spanning_instance``:
+2 to 4 clusters of narrow nodes in 2 or 3 regions, every node declared reachable from other
+clusters, a job no node holds, so pipelines run across clusters and regions) with the real planner,
 scores every returned option with the simulator, and compares term by term. For rank correlation
 it also deals the first option's (replica, stage, tp rank) roles to random free devices of the
 same model anywhere in the fleet, and has both the planner (``estimate_option``) and the simulator
@@ -13,7 +15,8 @@ The simulator is given the planner's own device efficiency (0.5), link goodputs 
 region, 0.7 between regions), fixed seconds per sync call (3 ms) and the leaders' seconds per
 parameter of an exchange (16 ns) as inputs, so differences come from what each models, not from
 those constants. Ends with a JSON line:
-{"instances", "options", "sim_estimate_err_p50", "sim_estimate_err_p90", "rank_corr", ...}
+{"instances", "options", "sim_estimate_err_p50", "sim_estimate_err_p90", "rank_corr", ...,
+"cross_region_options", "cross_region_err_p90"}
 where err = |planner iteration - sim step_s| / sim step_s over every option. The planner's
 iteration is its step without the amortised checkpoint writes, which the simulator (one training
 iteration) does not model; the error with them is reported too.
@@ -33,7 +36,7 @@ from scipy.stats import spearmanr
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import fleet, job, small_instance  # noqa: E402
+from _common import fleet, job, small_instance, spanning_instance  # noqa: E402
 
 from benchmarks.sim import simulate  # noqa: E402
 
@@ -61,8 +64,11 @@ TERMS = {
 GOODPUT = {"lan_goodput": 0.9, "wan_goodput": 0.7, "call_s": 0.003, "param_s": 16e-9, "fixed_s": 0.010}
 
 
-def instances(n_small: int, n_medium: int, seed: int) -> list[tuple[str, JobSpec, ResourceSnapshot]]:
+def instances(
+    n_small: int, n_medium: int, seed: int, n_spanning: int = 0
+) -> list[tuple[str, JobSpec, ResourceSnapshot]]:
     out = [(f"small-{i}", *small_instance(seed + i)) for i in range(n_small)]
+    out += [(f"span-{i}", *spanning_instance(seed + i)) for i in range(n_spanning)]
     for i in range(n_medium):
         rng = np.random.default_rng(seed + 1000 + i)
         snap = fleet(16, seed=seed + 1000 + i, max_devices=512)
@@ -101,7 +107,7 @@ def run(args: argparse.Namespace) -> dict:
     rows, corrs, sim_ms = [], [], []
     n_inst = 0
     t_start = time.perf_counter()
-    for name, spec, snap in instances(args.small, args.medium, args.seed):
+    for name, spec, snap in instances(args.small, args.medium, args.seed, args.spanning):
         try:
             options = plan(spec, snap)
         except CpnError:
@@ -149,14 +155,22 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
+def crosses_regions(option: PlanOption) -> bool:
+    """Whether a replica of the option has pipeline stages in two regions."""
+    seen: dict[int, str] = {}
+    return any(seen.setdefault(t.dp_rank, t.region) != t.region for t in option.tasks)
+
+
 def report(res: dict) -> dict:
     rows = res["rows"]
     head = f"{'instance':<12} {'dp':>3} {'tp':>2} {'pp':>2} {'sync':<9}"
     print(f"{head} {'planner s':>10} {'sim s':>10} {'err':>7}")
-    errs, with_ckpt = [], []
+    errs, with_ckpt, across = [], [], []
     for name, o, est, sim in rows:
         err = abs(iteration_s(est) - sim.step_s) / sim.step_s
         errs.append(err)
+        if crosses_regions(o):
+            across.append(err)
         with_ckpt.append(abs(est.total - sim.step_s) / sim.step_s)
         print(
             f"{name:<12} {o.dp:>3} {o.tp:>2} {o.pp:>2} {o.sync.mode:<9} {iteration_s(est):>10.4f} "
@@ -191,6 +205,8 @@ def report(res: dict) -> dict:
         "sim_estimate_err_p90_with_checkpoints": round(float(np.percentile(with_ckpt, 90)), 4),
         "rank_corr": round(float(np.mean(res["corrs"])), 3) if res["corrs"] else None,
         "largest_error_term": worst,
+        "cross_region_options": len(across),
+        "cross_region_err_p90": round(float(np.percentile(across, 90)), 4) if across else None,
     }
 
 
@@ -198,6 +214,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", type=int, default=60)
     ap.add_argument("--medium", type=int, default=12)
+    ap.add_argument("--spanning", type=int, default=20)
     ap.add_argument("--shuffles", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
     print(json.dumps(report(run(ap.parse_args()))))

@@ -275,8 +275,18 @@ def _by_region(
     return out_kth, out_sum
 
 
+def sort_spans(rows: Rows) -> tuple[float, float]:
+    """The spacing of ``_by_region``'s sort keys (time, and time × price) over all of the rows:
+    a selection of them sorted with these spans sorts, and rounds, each row as the whole would."""
+    t_all = np.concatenate([rows.t1, rows.t2], axis=1)
+    return key_span(t_all), key_span(t_all * np.concatenate([rows.price, rows.price])[None, :])
+
+
 def lower_bounds_rows(
-    rows: Rows, quick: bool = False, only: np.ndarray | None = None
+    rows: Rows,
+    quick: bool = False,
+    only: np.ndarray | None = None,
+    spans: tuple[float, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row, (duration, cost) no placement of that candidate can beat.
 
@@ -301,16 +311,15 @@ def lower_bounds_rows(
     bound is computed.
 
     only: the indices of the rows wanted (the bounds of those rows, in that order); the others
-    are not computed.
+    are not computed. spans: ``sort_spans(rows)``, for a caller that keeps it across selections.
     """
-    spans = (None, None)
     if only is not None and not quick:
         # The regions' sort keys are spaced by the largest key over all rows, as for the whole.
-        t_all = np.concatenate([rows.t1, rows.t2], axis=1)
-        spans = (key_span(t_all), key_span(t_all * np.concatenate([rows.price, rows.price])[None, :]))
+        spans = spans if spans is not None else sort_spans(rows)
         rows = rows.select(only)
     elif only is not None:
         rows = rows.select(only)
+    span_t, span_pt = spans if spans is not None else (None, None)
     f = rows.fleet
     steps = f.spec.training.steps
     dp = rows.dp
@@ -348,8 +357,8 @@ def lower_bounds_rows(
         sync_r = f.xps * (f.local_floor + f.wan_param_s)  # (R,); every exchange pays the leaders' work
         t = np.concatenate([rows.t1, rows.t2], axis=1)
         g_region = np.concatenate([rows.g_region, rows.g_region])
-        kth_t, _ = _by_region(n, t, g_region, n_reg, dp, "kth", spans[0])
-        _, sum_pt = _by_region(n, t * price, g_region, n_reg, dp, "sum", spans[1])
+        kth_t, _ = _by_region(n, t, g_region, n_reg, dp, "kth", span_t)
+        _, sum_pt = _by_region(n, t * price, g_region, n_reg, dp, "sum", span_pt)
         _, sum_p = _by_region(n, price, g_region, n_reg, dp, "sum")
         t_a = floor_at(kth_t, sync_r[None, :]).min(axis=1)
         sync_cost = 0.0 if hidden else sync_r[None, :] * sum_p

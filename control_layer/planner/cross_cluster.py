@@ -1,13 +1,16 @@
-"""Pipelines whose stages sit in two or more clusters of one region.
+"""Pipelines whose stages sit in two or more clusters, of one region or of several.
 
-A node whose agent declared its torchrun endpoint reachable from the region's other clusters
+A node whose agent declared its torchrun endpoint reachable from other clusters
 (``NodeInfo.cross_cluster_groups``) may share a replica with nodes there (``node_group_problems``).
-A stage boundary between two clusters leaves through the sender's fabric port, crosses the
-region's local link (``ResourceSnapshot.link(region, region)``: the declared or probed figure, else
-the snapshot's default local link), read as each cluster's port into the region's network, one pipe
-per direction, and enters through the receiver's port; it pays the local link's latency. The
-replicas whose boundaries cross out of (or into) one cluster at once share that cluster's pipe.
-Pure.
+A stage boundary between two clusters of one region leaves through the sender's fabric port,
+crosses the region's local link (``ResourceSnapshot.link(region, region)``: the declared or probed
+figure, else the snapshot's default local link), read as each cluster's port into the region's
+network, one pipe per direction, and enters through the receiver's port; it pays the local link's
+latency. The replicas whose boundaries cross out of (or into) one cluster at once share that
+cluster's pipe. A boundary between regions crosses the link between them instead (one pipe per
+direction, at the WAN goodput), shared by every replica crossing between the two regions, and pays
+its latency; each activation sent forward and each gradient sent back is egress from its sender's
+region (``wan_messages``). Pure.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from contracts.errors import InvalidArgument
 from control_layer.planner import cost_model as cm
-from control_layer.planner.plan_types import Calibration
+from control_layer.planner.plan_types import Calibration, PlannedTask
 from control_layer.planner.snapshot import ClusterInfo, NodeInfo, ResourceSnapshot
 
 Boundaries = tuple[tuple[tuple[str, str], ...], ...]  # per stage boundary, (sending, receiving) nodes
@@ -37,25 +41,49 @@ def node_clusters(snapshot: ResourceSnapshot) -> dict[str, ClusterInfo]:
     return snapshot.derived("node_clusters", lambda s: {n.id: c for c in s.clusters for n in c.nodes})
 
 
-def crossing_pairs(boundaries: Boundaries, cluster_of: dict[str, ClusterInfo]) -> set[tuple[str, str]]:
-    """The (sending cluster, receiving cluster) pairs a replica's forward transfers cross."""
+def crossing_pairs(
+    boundaries: Boundaries, cluster_of: dict[str, ClusterInfo]
+) -> set[tuple[tuple[str, str], tuple[str, str]]]:
+    """The ((cluster, region) sending, (cluster, region) receiving) pairs a replica's forward
+    transfers cross."""
     return {
-        (cluster_of[a].id, cluster_of[b].id)
+        ((cluster_of[a].id, cluster_of[a].region), (cluster_of[b].id, cluster_of[b].region))
         for pairs in boundaries
         for a, b in pairs
         if cluster_of[a].id != cluster_of[b].id
     }
 
 
+def region_pipe(a: str, b: str) -> str:
+    """The key under which ``pipe_shares`` counts the replicas crossing between regions a and b."""
+    return f"{min(a, b)}|{max(a, b)}"
+
+
 def pipe_shares(replica_boundaries: Iterable[Boundaries], cluster_of: dict[str, ClusterInfo]) -> Counter[str]:
-    """Per cluster, how many replicas cross out of or into it: in lockstep their transfers meet
-    on its pipe into the region's network (max-min fair, an equal share each)."""
+    """Per cluster, how many replicas cross out of or into it within its region, and per pair of
+    regions (``region_pipe``), how many cross between them: in lockstep their transfers meet on
+    that pipe (max-min fair, an equal share each)."""
     shares: Counter[str] = Counter()
     for boundaries in replica_boundaries:
-        for a, b in crossing_pairs(boundaries, cluster_of):
-            shares[a] += 1
-            shares[b] += 1
+        pipes: set[str] = set()
+        for (ca, ra), (cb, rb) in crossing_pairs(boundaries, cluster_of):
+            pipes |= {ca, cb} if ra == rb else {region_pipe(ra, rb)}
+        shares.update(pipes)
     return shares
+
+
+def wan_messages(tasks: Iterable[PlannedTask], clusters: dict[str, ClusterInfo]) -> Counter[tuple[str, str]]:
+    """Per (sending region, receiving region), the stage-to-stage messages of one micro-batch that
+    cross between regions: each tp rank sends its activation forward to the same tp rank of the
+    next stage, and the gradient comes back the other way (``torch.distributed.pipelining``)."""
+    region = {(t.dp_rank, t.pp_stage, t.tp_rank): clusters[t.cluster].region for t in tasks}
+    out: Counter[tuple[str, str]] = Counter()
+    for (r, s, t), ra in region.items():
+        rb = region.get((r, s + 1, t))
+        if rb is not None and rb != ra:
+            out[(ra, rb)] += 1
+            out[(rb, ra)] += 1
+    return out
 
 
 def pipeline_links(
@@ -72,8 +100,9 @@ def pipeline_links(
     """How a replica across nodes reaches its stages: each stage's port is its node's in its own
     cluster (the slowest of its tp ranks' nodes); a boundary inside a node runs at ``local_bw``, one
     between two nodes of a cluster pays the larger latency of the two, one between clusters also
-    crosses the region's local link at the share of it each of its tp ranks' transfers gets (the
-    ``shares`` replicas' tp ranks all send at once), and pays its latency."""
+    crosses the region's local link, or the link between the two regions, at the share of it each
+    of its tp ranks' transfers gets (the ``shares`` replicas' tp ranks all send at once), and pays
+    its latency."""
 
     def port(node_id: str) -> tuple[float, float]:
         c = cluster_of[node_id]
@@ -100,12 +129,18 @@ def pipeline_links(
             continue
         rates, lats = [], []
         for ca, cb in between:
-            link = snapshot.link(ca.region, cb.region)
-            if link is None or ca.region != cb.region:
-                raise ValueError(f"clusters {ca.id} and {cb.id} are not in one region")
-            rate = cm.bytes_per_s(link.bandwidth_gbps, cm.link_goodput(ca.region, cb.region, calibration))
-            rates.append(rate / (max(shares[ca.id], shares[cb.id], 1) * tp))
-            lats.append(link.latency_ms / 1000.0)
+            if ca.region == cb.region:
+                rate, lat = _link(snapshot, ca.region, ca.region, calibration)
+                sharing = max(shares[ca.id], shares[cb.id], 1)
+            else:
+                # Activations go one way and gradients the other, each on its own pipe: the
+                # slower pipe and the longer latency hold both.
+                there = _link(snapshot, ca.region, cb.region, calibration)
+                back = _link(snapshot, cb.region, ca.region, calibration)
+                rate, lat = min(there[0], back[0]), max(there[1], back[1])
+                sharing = max(shares[region_pipe(ca.region, cb.region)], 1)
+            rates.append(rate / (sharing * tp))
+            lats.append(lat)
         latency.append(max(lats))
         link_bw.append(min(rates))
     has_link = any(math.isfinite(x) for x in link_bw)
@@ -114,9 +149,38 @@ def pipeline_links(
     )
 
 
+def _link(snapshot: ResourceSnapshot, a: str, b: str, calibration: Calibration | None) -> tuple[float, float]:
+    """(bytes/s at the link's goodput, one-way seconds) from region a to b; refused where the
+    snapshot knows no link (a pipeline across such regions cannot run)."""
+    link = snapshot.link(a, b)
+    if link is None:
+        raise InvalidArgument(f"no link from region {a!r} to {b!r}", regions=[a, b])
+    goodput = cm.link_goodput(a, b, calibration, measured=a != b and link.source == "measured")
+    return cm.bytes_per_s(link.bandwidth_gbps, goodput), link.latency_ms / 1000.0
+
+
 def cluster_order(clusters: Sequence[tuple[str, int]]) -> list[str]:
     """Clusters of one region in the order a cross-cluster replica takes their nodes: most free
     devices first, so a replica's stages stay in as few clusters as can hold it and cross the
     region's link at as few boundaries as it can (each cluster's nodes contiguous, one crossing
     per change of cluster)."""
     return [c for c, _ in sorted(clusters, key=lambda e: (-e[1], e[0]))]
+
+
+def region_order(free: dict[str, int], snapshot: ResourceSnapshot) -> list[str]:
+    """Regions in the order a replica across regions takes their nodes: the one with the most free
+    devices first (a replica crosses out of it as late as it can), then each time the region
+    with the fastest link both ways from the last one taken (ties: more free devices, then the
+    name), so consecutive stages sit across fast links; regions linked to none taken come last."""
+
+    def speed(a: str, b: str) -> float:
+        there, back = snapshot.link(a, b), snapshot.link(b, a)
+        return min(there.bandwidth_gbps, back.bandwidth_gbps) if there and back else 0.0
+
+    left = sorted(free, key=lambda r: (-free[r], r))
+    order = [left.pop(0)] if left else []
+    while left:
+        nxt = min(left, key=lambda r: (-speed(order[-1], r), -free[r], r))
+        left.remove(nxt)
+        order.append(nxt)
+    return order

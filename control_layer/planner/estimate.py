@@ -15,7 +15,13 @@ from contracts.errors import InvalidArgument
 from contracts.feasibility import resolve_precision
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
-from control_layer.planner.cross_cluster import node_clusters, pipe_shares, pipeline_links, reachable_nodes
+from control_layer.planner.cross_cluster import (
+    node_clusters,
+    pipe_shares,
+    pipeline_links,
+    reachable_nodes,
+    wan_messages,
+)
 from control_layer.planner.intervals import basis, interval
 from control_layer.planner.node_groups import node_group_problems, node_groups, rank_key
 from control_layer.planner.plan_types import (
@@ -47,6 +53,12 @@ def device_price(cluster: ClusterInfo, spot: bool) -> float:
     if spot and cluster.spot_price_per_device_hour is not None:
         return min(cluster.price_per_device_hour, cluster.spot_price_per_device_hour)
     return cluster.price_per_device_hour
+
+
+def hourly_price(replicas: Sequence[Replica], spot: bool) -> float:
+    """USD per hour of every device the replicas hold, each at its own cluster's price (a replica
+    across clusters pays each cluster for its devices there)."""
+    return sum(device_price(cluster, spot) for rep in replicas for cluster, _ in rep.devices)
 
 
 def intra_bytes_per_s(cluster: ClusterInfo, calibration: Calibration | None) -> float:
@@ -539,7 +551,7 @@ def _estimate(
         runtime_terms(spec).write_s if derive else runtime.checkpoint_write_s if runtime is not None else 0.0
     )
 
-    # Replicas across nodes only (the spanning fallback): a node's cluster and who shares its pipes.
+    # Replicas across nodes only (``spanning``): a node's cluster and who shares its pipes.
     spanning = [rep.boundaries for rep in replicas if rep.boundaries]
     cluster_of = node_clusters(snapshot) if spanning else {}
     cluster_pipes = pipe_shares(spanning, cluster_of)
@@ -688,7 +700,7 @@ def _estimate(
         if auto is not None and auto.any:
             # H from the exchange as the steps see it: beside them where DiLoCo overlaps it.
             beside = spec.sync.mode == "diloco" and len(plan_nodes) >= 2
-            hourly_usd = sum(device_price(rep.devices[0][0], spot) * len(rep.devices) for rep in replicas)
+            hourly_usd = hourly_price(replicas, spot)
             choice = choice_for(
                 spec,
                 auto,
@@ -762,11 +774,19 @@ def _estimate(
     teardown = max(f[1] for f in fixed)
     final_sync = float(final_sync_s(terms, t_sync, overlapped, len(group_size)))
     duration = startup + steps * step.total + final_sync + teardown
-    hourly = sum(device_price(rep.devices[0][0], spot) * len(rep.devices) for rep in replicas)
+    hourly = hourly_price(replicas, spot)
     per_step_exchanges = cm.exchanges_per_step(spec.sync, steps)
+    # Pipelines across regions: every step each micro-batch's activation crosses forward and its
+    # gradient back, one message per tp rank, each egress from its sender's region.
+    message = spec.training.micro_batch_size * spec.model.seq_len * spec.model.d_model * cm.RESIDUAL_BYTES
+    pipe_bytes, pipe_usd = 0.0, 0.0
+    for (a, b), count in (wan_messages(tasks, clusters) if spanning else {}).items():
+        sent = count * n_micro * message
+        pipe_bytes += sent
+        pipe_usd += sent / cm.GB * links.egress(a, b)
     cost = CostBreakdown(
         devices=hourly * duration / 3600.0,
-        egress=sc.egress_usd * per_step_exchanges * steps,
+        egress=(sc.egress_usd * per_step_exchanges + pipe_usd) * steps,
     )
     est = Estimates(
         step_s=step,
@@ -778,7 +798,7 @@ def _estimate(
         cost=cost,
         memory_per_device_gb=peak_bytes / cm.GB,
         tokens_per_s=spec.training.global_batch_tokens / step.total if step.total > 0 else 0.0,
-        wan_bytes_per_step=sc.wan_bytes * per_step_exchanges,
+        wan_bytes_per_step=sc.wan_bytes * per_step_exchanges + pipe_bytes,
         interval=interval(duration, cost.total, calibration),
         basis=basis(tasks, snapshot, precision, calibration, shares, launch_shares).model_copy(
             update={

@@ -71,6 +71,37 @@ def _region_sets(pr: Problem, unit_cap: np.ndarray) -> list[np.ndarray]:
     return got
 
 
+def _growth_order(pr: Problem, anchor: int, has_room: np.ndarray) -> list[int]:
+    """The regions a compact set grown from ``anchor`` takes, in the order it takes them, until
+    none is left: each time the region with room whose slowest link to those already in is
+    fastest (the first such on a tie), never one unlinked to a member. The order follows from the
+    anchor, which regions have room and the links alone (how much room only says where the
+    growth stops), so it is kept with the fleet and shared by candidates and quotes."""
+    kept = pr.fleet.growth_orders
+    key = (anchor, has_room.tobytes())
+    got = kept.get(key)
+    if got is not None:
+        return got
+    f = pr.fleet
+    n_reg = len(f.regions)
+    member = np.zeros(n_reg, dtype=bool)
+    member[anchor] = True
+    worst = np.where(np.arange(n_reg) == anchor, -np.inf, f.pair_bw[anchor])  # slowest link into the set
+    got = []
+    while True:
+        score = np.where(member | ~has_room | (worst <= 0), -np.inf, worst)
+        b = int(np.argmax(score))
+        if not np.isfinite(score[b]):
+            break
+        member[b] = True
+        got.append(b)
+        worst = np.minimum(worst, f.pair_bw[b])
+    if len(kept) >= REGION_SETS_KEPT:
+        kept.clear()
+    kept[key] = got
+    return got
+
+
 def _grow_region_sets(pr: Problem, unit_cap: np.ndarray) -> list[np.ndarray]:
     f = pr.fleet
     n_reg = len(f.regions)
@@ -81,23 +112,26 @@ def _grow_region_sets(pr: Problem, unit_cap: np.ndarray) -> list[np.ndarray]:
     anchors: list[int] = []
     for order in (np.argsort(-reg_cap, kind="stable"), np.argsort(cheapest, kind="stable")):
         anchors += [int(a) for a in order[:ANCHORS] if reg_cap[a] > 0 and int(a) not in anchors]
-    sets = [reg_cap > 0]
+    has_room = reg_cap > 0
+    sets = [has_room]
     seen = {sets[0].tobytes()}
+    caps = reg_cap.tolist()
     for a in anchors:
+        # Grow until there is room for dp replicas (or no region is left to add).
+        room = caps[a]
+        taken = [a]
+        if room < pr.deg.dp:
+            for b in _growth_order(pr, a, has_room):
+                taken.append(b)
+                room += caps[b]
+                if room >= pr.deg.dp:
+                    break
+        if room < pr.deg.dp:
+            continue
         member = np.zeros(n_reg, dtype=bool)
-        member[a] = True
-        worst = np.where(np.arange(n_reg) == a, -np.inf, f.pair_bw[a])  # slowest link into the set
-        room = reg_cap[a]
-        while room < pr.deg.dp:
-            score = np.where(member | (reg_cap <= 0) | (worst <= 0), -np.inf, worst)
-            b = int(np.argmax(score))
-            if not np.isfinite(score[b]):
-                break
-            member[b] = True
-            room += reg_cap[b]
-            worst = np.minimum(worst, f.pair_bw[b])
+        member[taken] = True
         key = member.tobytes()
-        if room >= pr.deg.dp and key not in seen:
+        if key not in seen:
             seen.add(key)
             sets.append(member)
     return sets

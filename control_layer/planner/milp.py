@@ -89,10 +89,14 @@ class _Vars:
     cost_terms: list[tuple[int, float]]  # linear cost in USD (cost objective only)
 
 
-def integer_vars(pr: Problem, objective: str) -> int:
-    """Integer variables the model would need (the budget check)."""
+def integer_vars(pr: Problem, objective: str, above: float = math.inf) -> int:
+    """Integer variables the model would need (the budget check). Every term is ≥ 0, so once
+    the count passes ``above`` the rest is not counted: a model that large is not solved, and
+    the partial count, already more than ``above``, says so."""
     ok = np.flatnonzero(pr.usable)
     n = 5 * len(ok)
+    if n > above:
+        return n
     if objective == "cost":
         n += sum(int(pr.count[u] * pr.cap[u]).bit_length() for u in ok)
     n += int(np.maximum(pr.cap[ok] - 2, 0).sum())  # a node's gradient ring of r ≥ 3

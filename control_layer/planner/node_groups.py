@@ -50,9 +50,10 @@ def node_groups(tasks: Iterable[PlannedTask]) -> list[list[str]]:
 
 def node_group_problems(tasks: Sequence[PlannedTask], reachable: Collection[str] = ()) -> list[str]:
     """Why these tasks cannot run as torchrun groups: a device given two roles, a group across
-    clusters whose nodes did not all declare their group endpoint reachable from other clusters
-    (``reachable``: those node ids, ``NodeInfo.cross_cluster_groups``) or across regions, too many
-    nodes, or a node whose devices are not one contiguous block of the group's rank order."""
+    clusters (of one region or several) whose nodes did not all declare their group endpoint
+    reachable from other clusters (``reachable``: those node ids, ``NodeInfo.cross_cluster_groups``;
+    the declaration covers every region's clusters), too many nodes, or a node whose devices are
+    not one contiguous block of the group's rank order."""
     by_node: dict[str, list[PlannedTask]] = {}
     for t in tasks:
         by_node.setdefault(t.node, []).append(t)
@@ -62,20 +63,13 @@ def node_group_problems(tasks: Sequence[PlannedTask], reachable: Collection[str]
         if len(nodes) == 1:
             continue
         clusters = sorted({e.cluster for n in nodes for e in by_node[n]})
-        if len(clusters) > 1:
-            regions = sorted({e.region for n in nodes for e in by_node[n]})
-            closed = [n for n in nodes if n not in reachable]
-            if closed or len(regions) > 1:
-                problems.append(
-                    f"nodes {nodes} share replicas across clusters {clusters}; a group stays in one cluster"
-                    + (
-                        f" unless all its nodes are reachable from other clusters (not {closed})"
-                        if closed
-                        else ""
-                    )
-                    + (f" and one region (not {regions})" if len(regions) > 1 else "")
-                )
-                continue
+        closed = [n for n in nodes if n not in reachable]
+        if len(clusters) > 1 and closed:
+            problems.append(
+                f"nodes {nodes} share replicas across clusters {clusters}; a group stays in one cluster"
+                f" unless all its nodes are reachable from other clusters (not {closed})"
+            )
+            continue
         if len(nodes) > MAX_GROUP_NODES:
             problems.append(f"a group of {len(nodes)} nodes exceeds {MAX_GROUP_NODES}")
             continue

@@ -105,6 +105,10 @@ class Fleet:
     # same units at a level grow the same sets (heuristic._region_sets); shared by the quotes on
     # one snapshot with the same pools and calibration.
     region_sets: dict[tuple[bytes, int], list[np.ndarray]] = field(default_factory=dict)
+    # The order in which a compact region set grows from an anchor region, per (anchor, which
+    # regions have room) (``heuristic._growth_order``): it follows from the links alone, so it is
+    # shared like region_sets.
+    growth_orders: dict[tuple[int, bytes], list[int]] = field(default_factory=dict)
     # Per set of regions in use (ascending indices, two or more): the slowest link, the highest
     # latency and the sum over the regions of their dearest egress to the others
     # (``sync_seconds_and_egress``); they follow from the region pairs alone, so they are shared
@@ -254,6 +258,7 @@ def build_fleet(
     _, region_sets = _kept(snapshot, "region_sets", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     _, region_links = _kept(snapshot, "region_links", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     _, wan_orders = _kept(snapshot, "wan_orders", (pool_ids, cal_key), lambda: (grouped.pools, {}))
+    _, growth_orders = _kept(snapshot, "growth_orders", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     return Fleet(
         spec=spec,
         snapshot=snapshot,
@@ -301,6 +306,7 @@ def build_fleet(
         region_sets=region_sets,
         region_links=region_links,
         wan_orders=wan_orders,
+        growth_orders=growth_orders,
     )
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from control_layer.planner import cost_model as cm
-from control_layer.planner.bounds import Rows, lower_bounds_rows, make_rows
+from control_layer.planner.bounds import Rows, lower_bounds_rows, make_rows, sort_spans
 from control_layer.planner.candidates import Degrees
 from control_layer.planner.estimate import n_micro_batches
 from control_layer.planner.problem import Fleet, fewest_replicas, layout
@@ -73,12 +74,15 @@ def _times(fleet: Fleet, tp: int, pp: int, zero: int, dps: list[int]) -> tuple[n
 
 class Bounds:
     """Full lower bounds, computed a layout at a time and only when first asked for; once the
-    search has named the candidates it may ask about (``ask_only``), only their rows."""
+    search has named the candidates it may ask about (``ask_only``), only their rows, and of
+    those the ones it says it is likely to ask about next (a row's bound does not depend on
+    which others are computed with it; the rest are computed if and when asked)."""
 
     def __init__(self) -> None:
         self._rows: dict[tuple[int, int], tuple[Rows, list[Degrees]]] = {}
         self._full: dict[Degrees, tuple[float, float]] = {}
         self._asked: set[Degrees] | None = None
+        self._spans: dict[tuple[int, int], tuple[float, float]] = {}
 
     def add(self, key: tuple[int, int], rows: Rows, degs: list[Degrees]) -> None:
         self._rows[key] = (rows, degs)
@@ -87,16 +91,28 @@ class Bounds:
         """The candidates whose full bounds may be asked for (the others' rows are skipped)."""
         self._asked = degs
 
-    def full(self, deg: Degrees) -> tuple[float, float]:
-        if deg not in self._full:
-            rows, degs = self._rows[(deg.tp, deg.pp)]
-            if self._asked is None:
-                pick = list(range(len(degs)))
-                t, c = lower_bounds_rows(rows)
-            else:
-                pick = [i for i, d in enumerate(degs) if d in self._asked or d == deg]
-                t, c = lower_bounds_rows(rows, only=np.array(pick))
-            self._full.update({degs[i]: (float(t[j]), float(c[j])) for j, i in enumerate(pick)})
+    def full(self, deg: Degrees, likely: Callable[[Degrees], bool] | None = None) -> tuple[float, float]:
+        """deg's full bound. likely: which other candidates the search may ask about soon (their
+        rows are computed with deg's); every asked-for candidate of the layout when not given."""
+        got = self._full.get(deg)
+        if got is not None:
+            return got
+        key = (deg.tp, deg.pp)
+        rows, degs = self._rows[key]
+        if self._asked is None:
+            t, c = lower_bounds_rows(rows)
+            self._full.update({d: (float(t[i]), float(c[i])) for i, d in enumerate(degs)})
+            return self._full[deg]
+        pick = [
+            i
+            for i, d in enumerate(degs)
+            if d == deg or (d in self._asked and d not in self._full and (likely is None or likely(d)))
+        ]
+        spans = self._spans.get(key)
+        if spans is None:
+            spans = self._spans[key] = sort_spans(rows)
+        t, c = lower_bounds_rows(rows, only=np.array(pick), spans=spans)
+        self._full.update({degs[i]: (float(t[j]), float(c[j])) for j, i in enumerate(pick)})
         return self._full[deg]
 
 

@@ -39,7 +39,7 @@ from control_layer.planner.problem import (
 )
 from control_layer.planner.screen import Bounds, screen
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.spanning import spanning_options
+from control_layer.planner.spanning import spanning_options, spans_clusters
 from control_layer.planner.sync_choice import AutoSync, provisional
 
 # A heuristic answer within this fraction of the candidate's lower bound is taken as optimal,
@@ -96,6 +96,7 @@ class _Search:
         self.axis = 0 if spec.qos.objective == "time" else 1
         self.front: list[Scored] = []
         self.best_of: dict[Degrees, Bound] = {}  # per candidate, the best (duration, cost) found
+        self.quick: dict[Degrees, Bound] = {}  # per queued candidate, its quick bound
         self._problems: dict[Degrees, Problem] = {}
 
     # ------------------------------------------------------------------ bookkeeping
@@ -140,7 +141,8 @@ class _Search:
         """The quick bound first; the full one (a layout at a time) only if that did not rule it out."""
         if not self.improves(quick):
             return False
-        full = self.bounds.full(deg)
+        # Computed with deg's: the bounds of the candidates whose quick bound passes too.
+        full = self.bounds.full(deg, lambda d: self.improves(self.quick[d]))
         return self.within_qos(full) and self.improves(full)
 
     def dominated(self, lb: Bound) -> bool:
@@ -172,7 +174,7 @@ class _Search:
                 break
             if self.dominated(quick):
                 continue
-            full = self.bounds.full(deg)
+            full = self.bounds.full(deg, lambda d: d not in solved and not self.dominated(self.quick[d]))
             if not self.within_qos(full) or self.dominated(full):
                 continue
             filled += 1
@@ -188,13 +190,13 @@ class _Search:
             best = min((f.point[axis] for f in self.front), default=math.inf)
             if quick[axis] * (1 + GAP_TOLERANCE) >= best:
                 break
-            lb = self.bounds.full(deg)
+            lb = self.bounds.full(deg, lambda d: self.quick[d][axis] * (1 + GAP_TOLERANCE) < best)  # noqa: B023
             if lb[axis] * (1 + GAP_TOLERANCE) >= best or not self.within_qos(lb):
                 continue
             if self.best_of.get(deg, (math.inf, math.inf))[axis] <= lb[axis] * (1 + GAP_TOLERANCE):
                 continue  # the heuristic already reached the bound
             pr = self.problem(deg)
-            size = integer_vars(pr, objective)
+            size = integer_vars(pr, objective, above=MAX_INTEGER_VARS)
             if size > MAX_INTEGER_VARS:
                 continue
             if work + size > MILP_WORK_BUDGET:
@@ -279,11 +281,16 @@ def search(
             )
         except NoFeasiblePlan as exc:
             failures.append(exc)
-    if not options:
-        # Nothing with every replica on one node: replicas across nodes of a cluster, if they fit
-        # (priced at the provisional H, which their workers then run: ``sync_choice.pinned``).
+    competing = bool(options)
+    if not competing or spans_clusters(filtered.pools, snapshot):
+        # Replicas across nodes (priced at the provisional H, which their workers then run:
+        # ``sync_choice.pinned``): where nothing has every replica on one node, and wherever
+        # nodes of two clusters or more may share a replica (a pipeline across clusters or
+        # regions), there weighed on the front with the search's own options.
         for precision, pools in precision_groups(spec, filtered.pools):
-            options += spanning_options(with_precision(spec, precision), snapshot, pools, calibration)
+            options += spanning_options(
+                with_precision(spec, precision), snapshot, pools, calibration, competing=competing
+            )
     if not options:
         if failures:
             raise failures[0]
@@ -330,6 +337,7 @@ def _search_pools(
                 queue.append((v.lb, v.deg))
 
     bounds.ask_only({deg for _, deg in queue})  # full bounds are asked of queued candidates only
+    run.quick = {deg: lb for lb, deg in queue}
     solved = run.heuristic_pass(queue)
     run.fill_front(queue, solved, max_options)
     run.milp_pass(queue)

@@ -1,5 +1,4 @@
-"""Options whose replicas span nodes (of one cluster, or of one region's clusters that allow it), for a job
-no single node can hold a replica of.
+"""Options whose replicas span nodes: of one cluster, or of clusters and regions whose nodes allow it.
 
 The search keeps a replica on one node. When that leaves nothing (a model that needs more devices
 per replica than any node has free), this places each replica on whole nodes of one cluster: a
@@ -12,11 +11,18 @@ slower port, so this order makes every boundary as fast as any order can (the fa
 never the slower end of a boundary) and keeps slow nodes out of the fast replicas. Ties keep the
 order the pools list. (A replica that must take slow nodes can walk faster with them at the
 pipeline's ends; that order is not searched.) Where the clusters hold fewer replicas than a
-layout needs, the nodes left whose agents declared their group endpoint reachable from the
-region's other clusters (``NodeInfo.cross_cluster_groups``) form replicas across clusters of one
-region: a cluster's nodes together, clusters with the most free devices first, so a replica
-crosses the region's link at as few stage boundaries as it can (``cross_cluster``). Every placement
-is priced by ``estimate_planned``, exactly as the search's. Pure.
+layout needs, the nodes left whose agents declared their group endpoint reachable from other
+clusters (``NodeInfo.cross_cluster_groups``) form replicas across clusters of one region (a
+cluster's nodes together, clusters with the most free devices first: ``cross_cluster``), then
+across regions (regions chained along fast links: ``cross_cluster.region_order``).
+
+Wherever declared nodes of two clusters or more exist (``spans_clusters``), the cheapest and the
+fastest declared devices are also pooled whatever their cluster and region, each replica's stages
+laid region by region and cluster by cluster (``_contiguous``), so a pipeline through a cheap
+region's devices, or through more devices than one region has, is priced too; and the search
+weighs these options on its front against its own (``competing``) instead of offering them only
+when it found none. Every placement is priced by ``estimate_planned``, exactly as the search's.
+Pure.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from contracts.errors import InvalidArgument
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.candidates import Degrees, enumerate_degrees
-from control_layer.planner.cross_cluster import cluster_order, reachable_nodes
+from control_layer.planner.cross_cluster import cluster_order, reachable_nodes, region_order
 from control_layer.planner.estimate import Links, estimate_planned, n_micro_batches
 from control_layer.planner.fleet import Pool
 from control_layer.planner.options import plan_id, qos_checks
@@ -40,6 +46,10 @@ from control_layer.planner.topology import cluster_gossip, order_ring
 # two estimates, and larger counts cost a fallback quote more than the search's own quotes take
 # (BENCHMARKS.md, "Planner: spanning layouts").
 MAX_DEGREES = 12
+# Beside the search's own options (``competing``), only the pooled placements of this many
+# layouts are priced: a quote on a fleet whose every node declared itself reachable pays for
+# each estimate (BENCHMARKS.md, "Pipelines across regions").
+COMPETING_DEGREES = 6
 
 Slot = tuple[str, str, int]  # cluster id, node id, device index
 
@@ -82,6 +92,65 @@ def _cross_groups(
     return out
 
 
+def _cross_region_groups(
+    groups: list[Group],
+    used: set[str],
+    reachable: frozenset[str],
+    region_of: dict[str, str],
+    snapshot: ResourceSnapshot,
+) -> list[Group]:
+    """Per device model, the declared nodes no replica took yet, across regions: a cluster's
+    nodes together in their own order, a region's clusters by ``cluster_order``, the regions
+    chained by ``region_order``; only where two regions or more have such nodes."""
+    by_model: dict[str, dict[str, dict[str, list[Entry]]]] = defaultdict(lambda: defaultdict(dict))
+    for cid, model, entries in groups:
+        left = [e for e in entries if e[1] in reachable and e[1] not in used]
+        if left:
+            by_model[model][region_of[cid]][cid] = left
+    out: list[Group] = []
+    for model, per_region in sorted(by_model.items()):
+        if len(per_region) < 2:
+            continue
+        free = {r: sum(len(e[2]) for es in cs.values() for e in es) for r, cs in per_region.items()}
+        entries: list[Entry] = []
+        for region in region_order(free, snapshot):
+            per_cluster = per_region[region]
+            order = cluster_order([(c, sum(len(e[2]) for e in es)) for c, es in per_cluster.items()])
+            entries += [e for c in order for e in per_cluster[c]]
+        out.append(("*", model, entries))
+    return out
+
+
+def _pooled(groups: list[Group], reachable: frozenset[str]) -> list[Group]:
+    """The groups in their order, but per device model the declared nodes of every cluster pooled
+    into one group, placed first (each cluster's nodes together, in the given order of clusters);
+    what is left (undeclared nodes, a model declared in one cluster only) keeps its own group
+    after them. ``_contiguous`` then lays each replica's stages region by region."""
+    by_model: dict[str, list[Entry]] = defaultdict(list)
+    clusters: dict[str, set[str]] = defaultdict(set)
+    for cid, model, entries in groups:
+        mine = [e for e in entries if e[1] in reachable]
+        by_model[model] += mine
+        if mine:
+            clusters[model].add(cid)
+    pooled = [("*", m, entries) for m, entries in by_model.items() if len(clusters[m]) >= 2]
+    taken = {e[1] for _, _, entries in pooled for e in entries}
+    rest = [(cid, model, [e for e in es if e[1] not in taken]) for cid, model, es in groups]
+    return pooled + [g for g in rest if g[2]]
+
+
+def _contiguous(replica: list[Slot], region_of: dict[str, str]) -> list[Slot]:
+    """The replica's nodes (each a block of whole stages) reordered so that a region's nodes, and
+    in it a cluster's, follow one another, in the order each first appears: the pipeline crosses
+    between regions, and between clusters, as few times as its devices allow. Stable otherwise."""
+    region_rank: dict[str, int] = {}
+    cluster_rank: dict[str, int] = {}
+    for cid, _, _ in replica:
+        region_rank.setdefault(region_of[cid], len(region_rank))
+        cluster_rank.setdefault(cid, len(cluster_rank))
+    return sorted(replica, key=lambda s: (region_rank[region_of[s[0]]], cluster_rank[s[0]]))
+
+
 def _replicas(groups: list[Group], tp: int, pp: int, need: int) -> list[list[Slot]]:
     """The first ``need`` replica device lists in (stage, tp rank) order, group by group, each on
     whole nodes of one group (fewer when the groups hold fewer)."""
@@ -113,20 +182,39 @@ def _tasks(replicas: list[list[Slot]], tp: int, regions: dict[str, str]) -> list
     ]
 
 
+def spans_clusters(pools: list[Pool], snapshot: ResourceSnapshot) -> bool:
+    """Whether nodes of two clusters or more among these pools declared their group endpoint
+    reachable from other clusters: only then can a replica cross clusters or regions, and
+    spanning options compete with the search's instead of standing in for none."""
+    reachable = reachable_nodes(snapshot)
+    if not reachable:
+        return False
+    return len({p.cluster.id for p in pools if any(n in reachable for n, _ in p.nodes)}) >= 2
+
+
 def spanning_options(
     spec: JobSpec,
     snapshot: ResourceSnapshot,
     pools: list[Pool],
     calibration: Calibration | None,
+    competing: bool = False,
 ) -> list[PlanOption]:
     """Priced options with replicas across nodes (possibly none): per degrees, the replicas on the
-    cheapest devices and on the fastest ones."""
+    cheapest devices and on the fastest ones. ``competing``: the search found options of its own,
+    and these are weighed against them: only replicas that pool declared nodes across clusters
+    (and regions), for the first ``COMPETING_DEGREES`` layouts."""
     total = sum(p.n_free for p in pools)
     degrees, _, _ = enumerate_degrees(spec, total, total)
     widest = max((len(ix) for p in pools for _, ix in p.nodes), default=0)
     roomiest = max((p.memory_gb for p in pools), default=0.0)
-    # Only what the search could not place: a replica larger than every node, tp within a node;
-    # and only layouts that fit the roomiest device as the estimate sizes them (its micro-batches;
+    reachable = reachable_nodes(snapshot)
+    # The layouts the search could not place: a replica larger than every node, tp within a node.
+    # Where declared nodes of several clusters may pool their devices, also a replica larger than
+    # the narrowest of them: nodes too narrow alone join others, across clusters and regions.
+    narrowest = widest
+    if spans_clusters(pools, snapshot):
+        narrowest = min(len(ix) for p in pools for n, ix in p.nodes if n in reachable)
+    # And only layouts that fit the roomiest device as the estimate sizes them (its micro-batches;
     # no ZeRO shard group, each replica here being a torchrun group of its own). Most layouts of a
     # job that reaches here fit nowhere: they must not crowd out those that do. Without a shard
     # group a higher ZeRO stage never helps (stages 1-2 change nothing, stage 3 only adds its
@@ -138,7 +226,8 @@ def spanning_options(
             d
             for d in degrees
             if d.zero == lowest
-            and d.tp <= widest < d.tp * d.pp
+            and d.tp <= widest
+            and narrowest < d.tp * d.pp
             and cm.fits(
                 cm.memory_per_device(
                     spec, d.tp, d.pp, d.zero, 1, n_micro_batches(spec, d.dp), spec.pp_schedule
@@ -147,7 +236,7 @@ def spanning_options(
             )
         ),
         key=lambda d: (d.tp * d.pp, d.dp, d.tp, d.zero),
-    )[:MAX_DEGREES]
+    )[: COMPETING_DEGREES if competing else MAX_DEGREES]
     clusters = snapshot.clusters_by_id()
     regions = {c.id: c.region for c in snapshot.clusters}
     price = {p.cluster.id: p.price for p in pools}
@@ -155,24 +244,44 @@ def spanning_options(
     groups = _groups(pools, snapshot)
     # The cheapest clusters first, then the fastest; a stable order, so a cluster's replicas keep
     # theirs. Taking the first dp replicas in that order is the dp best of all of them.
-    orders = [
-        sorted(groups, key=lambda g: (price[g[0]], g[0])),
-        sorted(groups, key=lambda g: (-speed[g[0]], g[0])),
-    ]
-    reachable = reachable_nodes(snapshot)
+    orders = (
+        []
+        if competing
+        else [
+            (sorted(groups, key=lambda g: (price[g[0]], g[0])), False),
+            (sorted(groups, key=lambda g: (-speed[g[0]], g[0])), False),
+        ]
+    )
+    if spans_clusters(pools, snapshot):
+        # Replicas across clusters and regions weighed against one-cluster ones: the cheapest and
+        # the fastest declared devices pooled whatever their cluster (equal clusters: the one with
+        # more free devices first, so a replica crosses as few boundaries as it can).
+        free: dict[str, int] = defaultdict(int)
+        for p in pools:
+            free[p.cluster.id] += p.n_free
+        orders += [
+            (_pooled(sorted(groups, key=lambda g: (price[g[0]], -free[g[0]], g[0])), reachable), True),
+            (_pooled(sorted(groups, key=lambda g: (-speed[g[0]], -free[g[0]], g[0])), reachable), True),
+        ]
     out: dict[str, PlanOption] = {}
     for deg in wanted:
         picked: list[list[list[Slot]]] = []
-        for ordered in orders:
+        for ordered, pooled in orders:
             chosen = _replicas(ordered, deg.tp, deg.pp, deg.dp)
-            if len(chosen) < deg.dp and reachable:
+            if len(chosen) < deg.dp and reachable and not pooled:
                 # What no cluster holds alone: replicas across clusters of a region, from the
-                # nodes left that declared their group endpoint reachable from other clusters.
+                # nodes left that declared their group endpoint reachable from other clusters;
+                # then across regions, from what the regions leave.
                 used = {n for r in chosen for _, n, _ in r}
                 cross = _cross_groups(ordered, used, reachable, regions)
                 chosen += _replicas(cross, deg.tp, deg.pp, deg.dp - len(chosen))
+                if len(chosen) < deg.dp:
+                    used = {n for r in chosen for _, n, _ in r}
+                    wide = _cross_region_groups(ordered, used, reachable, regions, snapshot)
+                    chosen += _replicas(wide, deg.tp, deg.pp, deg.dp - len(chosen))
             if len(chosen) < deg.dp:
-                break  # too few replicas in the whole fleet, whatever the order
+                continue  # too few replicas this way (another order may pool more)
+            chosen = [_contiguous(r, regions) for r in chosen]
             if chosen in picked:
                 continue  # the cheapest devices are the fastest too: priced once
             picked.append(chosen)
@@ -214,7 +323,10 @@ def _option(
     if not all(c.ok for c in checks):
         return None
     links = Links(snapshot, calibration)
-    region_ring = order_ring(sorted({t.region for t in tasks}), links.bw, links.lat)
+    # The sync ring runs over the regions of the groups' leaders (a torchrun group's first node,
+    # its first stage, leads it): a region that holds later stages only has no participant.
+    leads = {t.region for t in tasks if t.pp_stage == 0 and t.tp_rank == 0}
+    region_ring = order_ring(sorted(leads), links.bw, links.lat)
     pos = {r: i for i, r in enumerate(region_ring)}
     # The clusters of the sync participants: a torchrun group's first node (its first stage) leads it.
     ring = sorted(
@@ -260,5 +372,5 @@ def _option(
         runtime=runtime,
         estimates=est,
         qos_checks=checks,
-        regions=region_ring,
+        regions=region_ring + sorted({t.region for t in tasks} - leads),
     )

@@ -66,3 +66,18 @@ def test_a_pinned_pipeline_on_one_device_nodes_is_planned_across_them_and_runs(t
     assert (o.dp, o.tp, o.pp) == (1, 1, 2) and len({t.node for t in o.tasks}) == 2
     assert plan_executes.check_option("job", spec, o, snap) is None
     assert plan_executes.run_option(plan_executes.Runnable(spec, o, snap), tmp_path, 120) is None
+
+
+def test_a_pipeline_across_regions_is_checked_as_the_agents_would_launch_it() -> None:
+    """Two A10 nodes per region, all declared reachable across clusters: every option runs one
+    pipeline through both regions, and its worker configs pass the worker's own checks (the group
+    meets at its head's declared host)."""
+    from control_layer.planner.search import with_precision
+    from tests.control_layer.planner.test_cross_region_pipelines import BIG, _big
+
+    snap = _big([("a", "eu", 2, 2, 1.0), ("b", "us", 2, 2, 1.0)])
+    options = plan(BIG, snap)
+    assert options
+    for o in options:
+        assert {t.region for t in o.tasks} == {"eu", "us"}
+        assert plan_executes.check_option("job", with_precision(BIG, o.precision), o, snap) is None

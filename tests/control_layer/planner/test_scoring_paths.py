@@ -23,7 +23,14 @@ from control_layer.planner.bounds import lower_bounds
 from control_layer.planner.estimate import device_price
 from control_layer.planner.exhaustive import all_solutions
 from control_layer.planner.fleet import Pool, _cluster_pools, _fleet_pools
-from control_layer.planner.heuristic import _in_region_hops, _score, candidate_solutions
+from control_layer.planner.heuristic import (
+    ANCHORS,
+    _grow_region_sets,
+    _in_region_hops,
+    _score,
+    candidate_solutions,
+)
+from control_layer.planner.milp import integer_vars
 from control_layer.planner.problem import (
     Problem,
     Score,
@@ -34,6 +41,7 @@ from control_layer.planner.problem import (
     region_links,
     runtime_step,
 )
+from control_layer.planner.screen import screen
 from control_layer.planner.snapshot import NodeProfileInfo
 
 from .fleetgen import jobs, snapshots
@@ -275,9 +283,134 @@ def test_region_sets_kept_across_candidates_and_quotes_change_no_candidate(snap,
     again, _ = _problems(spec, snap)  # the next quote on the same snapshot
     assert again.region_sets is fleet.region_sets
     for pr, got in zip(problems, shared, strict=True):
-        fresh = dataclasses.replace(fleet, region_sets={}, layouts={})
+        fresh = dataclasses.replace(fleet, region_sets={}, growth_orders={}, layouts={})
         assert candidate_solutions(build_problem(fresh, pr.deg)) == got
         assert candidate_solutions(build_problem(again, pr.deg)) == got
+
+
+def _region_sets_by_loop(pr: Problem, unit_cap: np.ndarray) -> list[np.ndarray]:
+    """Compact region sets grown region by region from each anchor until there is room for dp,
+    every step choosing afresh among all regions (no kept order)."""
+    f = pr.fleet
+    n_reg = len(f.regions)
+    reg_cap = np.bincount(pr.region, weights=unit_cap, minlength=n_reg)
+    cheapest = np.full(n_reg, np.inf)
+    np.minimum.at(cheapest, pr.region[unit_cap > 0], pr.price[unit_cap > 0])
+    anchors: list[int] = []
+    for order in (np.argsort(-reg_cap, kind="stable"), np.argsort(cheapest, kind="stable")):
+        anchors += [int(a) for a in order[:ANCHORS] if reg_cap[a] > 0 and int(a) not in anchors]
+    sets = [reg_cap > 0]
+    for a in anchors:
+        member = np.arange(n_reg) == a
+        room = reg_cap[a]
+        while room < pr.deg.dp:
+            # The region with room whose slowest link to every member is fastest (first on a tie).
+            best, best_bw = -1, -math.inf
+            for b in range(n_reg):
+                if member[b] or reg_cap[b] <= 0:
+                    continue
+                worst = min(float(f.pair_bw[m, b]) for m in np.flatnonzero(member))
+                if worst > 0 and worst > best_bw:
+                    best, best_bw = b, worst
+            if best < 0:
+                break
+            member[best] = True
+            room += reg_cap[best]
+        if room >= pr.deg.dp and not any(np.array_equal(member, m) for m in sets):
+            sets.append(member)
+    return sets
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs(with_qos=False), seed=st.integers(0, 2**16))
+def test_region_sets_from_kept_growth_orders_match_growing_afresh(snap, spec, seed) -> None:
+    """One kept growth order per (anchor, regions with room) serves every capacity and dp: each
+    candidate's sets are those grown step by step from scratch, at capacities that differ per
+    candidate (a kept order read with another stopping point)."""
+    rng = np.random.default_rng(seed)
+    _, problems = _problems(spec, snap)
+    for pr in problems[:8]:
+        full = np.where(pr.usable, pr.count * pr.cap, 0)
+        for unit_cap in (full, full * rng.integers(0, 2, size=pr.n_units), rng.integers(0, full + 1)):
+            got = _grow_region_sets(pr, unit_cap)
+            want = _region_sets_by_loop(pr, unit_cap)
+            assert [m.tolist() for m in got] == [m.tolist() for m in want]
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs(with_qos=False), pick=st.randoms(use_true_random=False))
+def test_growth_orders_are_fresh_when_a_cluster_changes(snap, spec, pick) -> None:
+    """A fleet with one cluster changed (its devices taken, as an allocation does) is a new
+    snapshot: it starts from empty growth orders, and its candidates get what empty memos give."""
+    fleet, problems = _problems(spec, snap)
+    if fleet is None:
+        return
+    for pr in problems[:4]:
+        candidate_solutions(pr)  # fills the kept orders
+    gone = pick.randrange(len(snap.clusters))
+    clusters = [
+        c.model_copy(
+            update={
+                "nodes": [
+                    n.model_copy(
+                        update={"devices": [d.model_copy(update={"free": False}) for d in n.devices]}
+                    )
+                    for n in c.nodes
+                ]
+            }
+        )
+        if i == gone
+        else c
+        for i, c in enumerate(snap.clusters)
+    ]
+    changed_snap = type(snap)(
+        regions=snap.regions, clusters=clusters, links=snap.links, taken_at=snap.taken_at
+    )
+    changed, changed_problems = _problems(spec, changed_snap)
+    if changed is None:
+        return
+    assert changed.growth_orders is not fleet.growth_orders
+    for pr in changed_problems[:4]:
+        fresh = dataclasses.replace(changed, region_sets={}, growth_orders={}, layouts={})
+        assert candidate_solutions(pr) == candidate_solutions(build_problem(fresh, pr.deg))
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs(with_qos=False), pick=st.randoms(use_true_random=False))
+def test_full_bounds_do_not_depend_on_the_rows_computed_with_them(snap, spec, pick) -> None:
+    """Full bounds computed a few rows at a time (the candidates the search says it may ask about
+    next, any subset) equal those of every row of the layout at once, bit for bit."""
+    fleet, problems = _problems(spec, snap)
+    if fleet is None:
+        return
+    degrees = [pr.deg for pr in problems]
+    verdicts, whole = screen(fleet, degrees, pinned_zero=False)
+    ok = [v.deg for v in verdicts if v.status == "ok"]
+    if not ok:
+        return
+    _, some = screen(fleet, degrees, pinned_zero=False)
+    asked = set(pick.sample(ok, pick.randint(1, len(ok))))
+    some.ask_only(asked)
+    likely = set(pick.sample(sorted(asked), pick.randint(0, len(asked))))
+    order = sorted(asked)
+    pick.shuffle(order)
+    for deg in order:
+        assert some.full(deg, likely.__contains__ if pick.random() < 0.7 else None) == whole.full(deg)
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs(with_qos=False), above=st.integers(0, 200))
+def test_integer_vars_stopped_early_still_tell_too_large_apart(snap, spec, above) -> None:
+    """Counting stops once past ``above``: the model is too large exactly when the full count is,
+    and a count within it is the full count."""
+    _, problems = _problems(spec, snap)
+    for pr in problems[:8]:
+        for objective in ("time", "cost"):
+            whole = integer_vars(pr, objective)
+            early = integer_vars(pr, objective, above=above)
+            assert (early > above) == (whole > above)
+            if whole <= above:
+                assert early == whole
 
 
 @given(
@@ -332,13 +465,17 @@ def test_region_links_and_wan_orders_kept_per_snapshot_are_fresh_on_a_changed_on
         assert region_links(fleet, regions) == _links_dense(fleet, regions)
     again, _ = _problems(spec, snap)
     assert again.region_links is fleet.region_links and again.wan_orders is fleet.wan_orders
+    assert again.growth_orders is fleet.growth_orders
     changed, changed_problems = _problems(spec, _slower_links(snap))
     assert changed.region_links is not fleet.region_links and changed.wan_orders is not fleet.wan_orders
+    assert changed.growth_orders is not fleet.growth_orders
     for regions in sets:
         assert region_links(changed, regions) == _links_dense(changed, regions)
     for pr in changed_problems[:4]:
         # The bounds read the kept link orders: the same as with empty memos on the changed fleet.
-        fresh = dataclasses.replace(changed, region_links={}, wan_orders={}, region_sets={}, layouts={})
+        fresh = dataclasses.replace(
+            changed, region_links={}, wan_orders={}, region_sets={}, growth_orders={}, layouts={}
+        )
         assert lower_bounds(pr) == lower_bounds(build_problem(fresh, pr.deg))
         assert evaluate_many(pr, candidate_solutions(pr)) == evaluate_many(
             build_problem(fresh, pr.deg), candidate_solutions(build_problem(fresh, pr.deg))

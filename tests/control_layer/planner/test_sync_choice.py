@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from contracts.errors import InvalidArgument
@@ -178,7 +178,11 @@ def test_diloco_takes_the_largest_vouched_affordable_h_else_the_smallest_afforda
     kw = {"participants": 3, "overlap": True, "egress_usd": egress, "device_usd_per_s": device}
     h, why = choose_every(spec, 1.0, 0.0, **kw)
     cands = every_candidates(steps)
-    affordable = [k for k in cands if egress * math.ceil(steps / k) / steps <= 0.05 * device]
+    share = {k: egress * math.ceil(steps / k) / steps for k in cands}
+    # On the boundary itself the planner's own float arithmetic decides; the property is for
+    # the inputs on either side of it.
+    assume(all(not math.isclose(v, 0.05 * device, rel_tol=1e-9) for v in share.values()))
+    affordable = [k for k in cands if share[k] <= 0.05 * device]
     vouched = [k for k in affordable if k <= 100]  # int8 overlapped measured good up to H=100
     if vouched:
         assert h == max(vouched) and "fewest exchanges" in why
