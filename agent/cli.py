@@ -61,8 +61,8 @@ def agent_command(
     cross_cluster_host: str = typer.Option(
         "",
         "--cross-cluster-host",
-        help="Where the region's other clusters reach this node's torchrun endpoint (its sync ports"
-        " and workers); set, the node may share a pipeline with them (default: none)",
+        help="Where other clusters, of this region and of others, reach this node's torchrun endpoint"
+        " (its sync ports and workers); set, the node may share a pipeline with them (default: none)",
     ),
     probe_port: int = typer.Option(
         0, "--probe-port", help="Port peers probe this node's links on (0: any free one, -1: none)"

@@ -212,6 +212,10 @@ class Agent:
                 return 2
             await probe_server.start()
             log.info("link probes served on %s:%d", s.probe_bind, self._probe_port)
+        if self.profile is not None and self._probes_cpu:
+            # The host after this agent's own measurement, not during it: what it registers with.
+            figure = await asyncio.to_thread(contention.settle, self._contention)
+            log.info("host CPU contention after the reference step: %.2f", figure)
         self._use_server(0)
         # Duties outlive ``stop``: heartbeats go on while the workers are being stopped.
         duties_stop = asyncio.Event()
@@ -362,6 +366,7 @@ class Agent:
             node_id=creds.node_id if creds else "",
             node_token=creds.node_token if creds else "",
             probe_port=self._probe_port,
+            cpu_contention=self._contention.value,
         )
         if self.profile is not None:
             request.measured_profile.CopyFrom(profile_to_proto(self.profile))
@@ -653,10 +658,16 @@ class Agent:
             )
         )
 
+    @property
+    def _probes_cpu(self) -> bool:
+        """Only CPU slots take turns on the host's cores: only their nodes measure contention."""
+        devices = self.devices or []
+        return bool(devices) and devices[0].kind == "cpu"
+
     async def _probe_contention(self) -> None:
         """What the host leaves a new CPU worker, measured only while this node runs none of its
         own (and not while the last one exits): a quote prices its own workers on top of it."""
-        if not self.devices or self.devices[0].kind != "cpu":  # only CPU slots take turns on cores
+        if not self._probes_cpu:
             return
         now = time.monotonic()
         if any(

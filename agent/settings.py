@@ -92,7 +92,9 @@ class AgentSettings(BaseModel):
         0.0, ge=0, le=MAX_FABRIC_LATENCY_MS, description="one-way ms across the fabric; 0: not declared"
     )
     cross_cluster_host: str = Field(
-        "", max_length=255, description="Where other clusters reach its torchrun endpoint; '': none"
+        "",
+        max_length=255,
+        description="Where other clusters, in any region, reach its torchrun endpoint; '': none",
     )
     probe_port: int = Field(
         0, ge=-1, le=65535, description="LinkProbeService port (0: any free one, -1: serve no probes)"

@@ -42,6 +42,7 @@ PRECISIONS = ("fp32", "bf16")
 MAX_FABRIC_GBPS = 10_000.0  # a node's port figure above this is a typo, not a network
 MAX_FABRIC_LATENCY_MS = 1_000.0
 MAX_SECONDS = 86_400.0  # no measured fixed cost of a worker is anywhere near a day
+MAX_CONTENTION = 1e4  # beyond this a contention figure is not a measurement
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,9 @@ class NodeRegistration:
     # The node's own port into the cluster fabric (Gb/s per device, one-way ms); 0: not declared.
     node_fabric_gbps: float = 0.0
     node_fabric_latency_ms: float = 0.0
-    cross_cluster_host: str = ""  # where other clusters of the region reach its torchrun endpoint; "": none
+    cross_cluster_host: str = ""  # where other clusters (any region) reach its torchrun endpoint; "": none
+    # The host's CPU contention after the node's own reference step (agent/contention.py); 0: not measured.
+    cpu_contention: float = 0.0
 
 
 def _finite(x: float) -> bool:
@@ -211,6 +214,12 @@ def registration_problems(reg: NodeRegistration) -> list[str]:
         p.append(f"sync_port_min/sync_port_max: need 1024 <= min <= max <= 65535, got {lo}-{hi}")
     if reg.probe_port != 0 and not 1024 <= reg.probe_port <= 65535:
         p.append(f"probe_port: need 0 (none) or 1024..65535, got {reg.probe_port}")
+    c = reg.cpu_contention
+    if not (_finite(c) and (c == 0 or 1 <= c <= MAX_CONTENTION)):
+        p.append(
+            f"cpu_contention: must be 0 (not measured) or a finite number in [1, {MAX_CONTENTION:g}],"
+            f" got {reg.cpu_contention}"
+        )
     if reg.profile is not None:
         p.extend(profile_problems(reg.profile))
     if bool(reg.node_id) != bool(reg.node_token):

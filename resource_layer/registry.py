@@ -21,7 +21,13 @@ from contracts.errors import (
     Unauthenticated,
 )
 from contracts.link_probe import new_probe_key
-from contracts.registration import DeviceReport, NodeRegistration, device_problems, validate_registration
+from contracts.registration import (
+    MAX_CONTENTION,
+    DeviceReport,
+    NodeRegistration,
+    device_problems,
+    validate_registration,
+)
 from orchestration.audit import record_audit
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
@@ -82,6 +88,8 @@ def register_node(
     node.fabric_bandwidth_gbps = reg.node_fabric_gbps or None
     node.fabric_latency_ms = reg.node_fabric_latency_ms or None
     node.cross_cluster_host = reg.cross_cluster_host or None
+    if reg.cpu_contention:  # measured after the agent's own start-up: quotes use it at once
+        node.cpu_contention = reg.cpu_contention
     if node.status == "lost":
         node.status = "alive"
     session.flush()
@@ -127,7 +135,6 @@ def mark_connected(ctx: ServerContext, node_id: str) -> str:
     return status
 
 
-MAX_CONTENTION = 1e4  # beyond this a contention figure is not a measurement
 CONTENTION_NOTICE = 0.1  # a relative change smaller than this is noise: neither stored nor announced
 
 

@@ -309,12 +309,48 @@ def test_a_reference_result_becomes_a_profile_or_nothing() -> None:
     assert 1 <= physical_cores() <= (os.cpu_count() or 1)
 
 
-def test_contention_probe_and_its_moving_average() -> None:
+def test_contention_probe_reads_at_least_one_idle_core() -> None:
     sample = contention.probe(spin_s=0.005)
     assert 1.0 <= sample < 100.0  # wall over CPU time of a spin on this (shared) machine
-    avg = contention.Contention(smoothing=0.5)
-    assert avg.value == 0.0  # not measured: the heartbeat says 0
-    assert avg.add(2.0) == 2.0 and avg.add(4.0) == 3.0
+
+
+def test_interquartile_mean_trims_a_quarter_from_each_end() -> None:
+    assert contention.interquartile_mean([]) == 0.0  # not measured: the heartbeat says 0
+    assert contention.interquartile_mean([2.0]) == 2.0
+    assert contention.interquartile_mean([1.0, 9.0]) == 5.0  # too few to trim
+    assert contention.interquartile_mean([6.0, 1.0, 1.2, 1.4]) == pytest.approx(1.3)  # spike gone
+    assert contention.interquartile_mean([1.0, 2.0, 3.0, 4.0, 100.0, 0.0, 5.0, 6.0]) == pytest.approx(3.5)
+
+
+def test_the_window_trims_a_short_burst_keeps_load_that_stays_and_forgets_old_probes() -> None:
+    win = contention.Contention(window_s=10.0)
+    assert win.value == 0.0
+    # A burst (another agent's start-up) in the first two of ten probes of a quiet host is trimmed.
+    for t, sample in enumerate([4.0, 3.5] + [1.0] * 8):
+        win.add(sample, at=float(t))
+    assert win.value == pytest.approx(1.0)
+    # Load that stays (three more runnable threads on two cores) moves the figure once it holds
+    # for more than a quarter of the window, and all of it once the quiet probes age out.
+    figures = [win.add(2.5, at=10.0 + t) for t in range(11)]
+    assert figures[0] < 1.25 and figures[-1] == pytest.approx(2.5)
+    assert figures == sorted(figures) and 1.5 < figures[5] < 2.5
+
+
+def test_settle_probes_for_its_duration_into_the_window() -> None:
+    now = [100.0]
+    samples = iter([3.0, 1.2, 1.1, 1.3, 1.0, 1.2, 1.1, 1.2, 1.0, 1.1, 1.2, 1.3, 1.1, 1.0, 1.2, 1.1])
+    win = contention.Contention()
+    figure = contention.settle(
+        win,
+        duration_s=3.0,
+        every_s=0.2,
+        measure=lambda: next(samples),
+        clock=lambda: now[0],
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+    )
+    assert now[0] == pytest.approx(103.0)  # 16 probes, the last at the window's end
+    assert figure == win.value and 1.1 <= figure <= 1.2  # the reference step's tail (3.0) trimmed
+    assert next(samples, None) is None
 
 
 def test_checkpoint_dir_is_resolved_under_the_work_dir_and_may_not_leave_it(tmp_path: Path) -> None:

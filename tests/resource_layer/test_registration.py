@@ -212,6 +212,8 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     ("lower-case jurisdiction", {"jurisdiction": "eu"}, "jurisdiction"),
     ("negative bandwidth", {"intra_bandwidth_gbps": -5}, "intra_bandwidth_gbps"),
     ("node id without token", {"node_id": "abc"}, "node_id/node_token"),
+    ("contention below an idle core", {"cpu_contention": 0.5}, "cpu_contention"),
+    ("contention not a number", {"cpu_contention": float("nan")}, "cpu_contention"),
     (
         "profile with negative start-up",
         {"measured_profile": agent_pb2.MeasuredProfile(startup_s=-1.0)},
@@ -442,6 +444,24 @@ def test_heartbeats_keep_the_hosts_cpu_contention_and_ignore_what_is_not_one(
         assert node is not None and node.cpu_contention == 2.5
         (info,) = [n for c in build_snapshot(s).clusters for n in c.nodes if n.id == resp.node_id]
     assert info.cpu_contention == 2.5
+
+
+def test_the_contention_a_node_registers_with_reaches_both_snapshots_and_none_keeps_the_last(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    """A quote made right after registration, before any heartbeat, prices CPU slots by the figure
+    the agent took after its own start-up; re-registering without one keeps the stored figure."""
+    from control_layer.live_snapshot import LiveSnapshot
+
+    resp = stub.Register(request(enrollment_token(ctx), cpu_contention=1.4), timeout=10)
+    with ctx.session_factory() as s:
+        built = build_snapshot(s)
+    for snap in (built, LiveSnapshot(ctx).snapshot()):
+        (info,) = [n for c in snap.clusters for n in c.nodes if n.id == resp.node_id]
+        assert info.cpu_contention == 1.4
+    stub.Register(request("", node_id=resp.node_id, node_token=resp.node_token), timeout=10)
+    with ctx.session_factory() as s:
+        assert s.get_one(Node, resp.node_id).cpu_contention == 1.4
 
 
 def test_one_batch_records_every_node_heard_revives_the_lost_and_keeps_each_contention(
