@@ -148,6 +148,8 @@ class WorkerConfig(BaseModel):
     parallel: ParallelSpec = Field(default_factory=ParallelSpec)
     sync: SyncConfig = Field(default_factory=SyncConfig)
     metrics_path: str | None = None
+    # At most one metrics line this often (0: every step); each line carries the run's byte totals.
+    metrics_interval_s: float = Field(default=0.0, ge=0.0, le=60.0)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     entrypoint: str | None = None  # bring your own: "package.module:function"
     group: NodeGroupSpec | None = None  # None: the group is this node's alone

@@ -32,6 +32,10 @@ from control_layer.planner.plan_types import PlannedTask, PlanOption, RuntimeSet
 from control_layer.planner.runtime_settings import runtime_settings
 from control_layer.planner.sync_choice import pinned
 
+# A job's leaders write a metrics line at most once a second: a line a step woke the agent on the
+# workers' own cores ~4 times a second (0.7-1 s of a 130 s, 500-step run on a 2-core host), and the
+# control plane keeps only the latest each agent forwards anyway.
+METRICS_INTERVAL_S = 1.0
 
 @dataclass(frozen=True)
 class TaskSlot:
@@ -46,8 +50,8 @@ class TaskSlot:
     entries: tuple[PlannedTask, ...]
     # Node rank 0 of a group spanning nodes: where it hosts the group's rendezvous store.
     group_port: int | None = None
-    # Where the region's other clusters reach this node's torchrun endpoint, when its agent
-    # declared one (``--cross-cluster-host``): it may share a group with nodes there.
+    # Where other clusters, of its region and of others, reach this node's torchrun endpoint,
+    # when its agent declared one (``--cross-cluster-host``): it may share a group with nodes there.
     cross_cluster_host: str | None = None
 
     @property
@@ -107,8 +111,8 @@ def option_problems(spec: JobSpec, option: PlanOption, reachable: Collection[str
 
 def check_node_groups(option: PlanOption, spec: JobSpec, reachable: Collection[str] = ()) -> None:
     """Refuse an option the runtime cannot run: node groups it can launch (one cluster, or clusters
-    of one region whose nodes are all ``reachable``; a block of ranks per node), complete replicas,
-    and the shape, batch and data-region rules."""
+    of any regions whose nodes are all ``reachable``; a block of ranks per node), complete
+    replicas, and the shape, batch and data-region rules."""
     problems = option_problems(spec, option, reachable)
     if problems:
         raise FailedPrecondition(
@@ -203,6 +207,7 @@ def build_worker_configs(
                 else _solo(option, offset)
             ),
             "entrypoint": spec.entrypoint,
+            "metrics_interval_s": METRICS_INTERVAL_S,
         }
         for node_rank, slot in enumerate(group):
             ck = _checkpoint(

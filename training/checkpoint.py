@@ -20,7 +20,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _DONE = "COMPLETE"
@@ -69,10 +71,11 @@ def save_checkpoint(
 
 
 class BackgroundSaver:
-    """Checkpoints written while training goes on: ``save`` copies the state (DCP's staging) and
-    returns; the shards, ``meta.pt`` and ``COMPLETE`` are written by a thread. One save is in
-    flight at a time (the next waits for it). DCP's collectives run on a process group of their
-    own, so they never interleave with the training loop's. Collective: every rank builds one."""
+    """Checkpoints written while training goes on: ``save`` copies the step's state into memory
+    (the only part the train loop pays) and returns; a thread writes the shards, ``meta.pt`` and
+    ``COMPLETE``. One save is in flight at a time (the next waits for it). The writing thread's DCP
+    collectives run on a process group of their own, so they never interleave with the training
+    loop's. Collective: every rank builds one."""
 
     def __init__(self, keep_last: int) -> None:
         self.keep_last = keep_last
@@ -84,17 +87,22 @@ class BackgroundSaver:
     def save(
         self, root: str | Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict
     ) -> None:
+        """``extra`` is the leader's (ignored elsewhere) and becomes the saver's: the caller hands
+        over a copy (``CrossRegionSync.state_dict`` returns one) and keeps no reference to it."""
         self.wait()
         path = step_dir(root, step)
         msd, osd = get_state_dict(model, optimizer)
-        written = dcp.async_save(
-            {"model": msd, "optim": osd}, checkpoint_id=str(path), process_group=self.group
-        )
-        meta = copy.deepcopy({"step": step, **extra}) if dist.get_rank() == 0 else None  # as of this step
-        self.pending = self.pool.submit(self._finish, written, root, path, step, meta)
+        # The state of this step, whatever the next steps do while the thread writes it. On the
+        # CPU a plain copy (DCP's default staging, a generic deep copy, took several times as
+        # long); a device's tensors go to the CPU through DCP's stager, which keeps shards' layout.
+        on_cpu = all(p.device.type == "cpu" for p in model.parameters())
+        state = {"model": msd, "optim": osd}
+        state = snapshot(state) if on_cpu else BlockingAsyncStager().stage(state)
+        meta = {"step": step, **extra} if dist.get_rank() == 0 else None
+        self.pending = self.pool.submit(self._finish, state, root, path, step, meta)
 
-    def _finish(self, written: Any, root: str | Path, path: Path, step: int, meta: dict | None) -> int:
-        written.result()  # every rank's shards and the metadata are on disk
+    def _finish(self, state: dict, root: str | Path, path: Path, step: int, meta: dict | None) -> int:
+        dcp.save(state, checkpoint_id=str(path), process_group=self.group)  # every rank's shards
         if meta is not None:
             torch.save(meta, path / "meta.pt")
             (path / _DONE).write_text(str(step))
@@ -117,6 +125,24 @@ class BackgroundSaver:
     def close(self) -> None:
         self.wait()
         self.pool.shutdown()
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of a CPU state dict (nested dicts, lists, tuples) whose tensors share no memory with
+    the originals (a DTensor keeps its layout, with a copy of its local shard)."""
+    if isinstance(value, DTensor):
+        local = value.to_local().detach().clone()
+        mesh, placements = value.device_mesh, value.placements
+        return DTensor.from_local(
+            local, mesh, placements, run_check=False, shape=value.shape, stride=value.stride()
+        )
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: snapshot(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(snapshot(v) for v in value)
+    return copy.copy(value)
 
 
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -3,6 +3,7 @@ then steps, each followed by the cross-region hook (``training.sync_hook``)."""
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -144,7 +145,8 @@ class Trainer:
     def _cluster_loss(self, local: Tensor) -> float:
         """Mean over this cluster's replicas: only last-stage ranks hold a loss (tp ranks equal)."""
         t = local.detach().float().reshape(())
-        dist.all_reduce(t)
+        if self.ctx.world_size > 1:  # alone, gloo's all-reduce still hands off to its thread and back
+            dist.all_reduce(t)
         return float(t) / (self.dims.dp * self.dims.tp)
 
     def train_step(self) -> dict[str, Any]:
@@ -263,8 +265,8 @@ class Trainer:
         ck = self.cfg.checkpoint
         if ck.dir is None:
             return
-        extra = {
-            "scheduler": self.scheduler.state_dict(),
+        extra = {  # copies: the saver keeps them while training goes on
+            "scheduler": copy.deepcopy(self.scheduler.state_dict()),
             "sync": self.sync.state_dict() if self.ctx.is_leader else {},
         }
         if self.saver is None:

@@ -28,7 +28,8 @@ Contract for an engine (implemented in ``training.sync``, chosen by ``training.s
   part in the gather/scatter collectives when it is True.
 - ``state_dict``/``load_state_dict`` carry the engine's own state (outer optimizer, error feedback...)
   through checkpoints; the leader saves it beside the model checkpoint and loads it on resume
-  (called on the leader only). Values may be tensors, numbers, strings, lists and dicts.
+  (called on the leader only). Values may be tensors, numbers, strings, lists and dicts;
+  ``state_dict`` returns copies (a checkpoint written in the background keeps them).
 - ``metrics`` returns what happened since the last call, e.g. ``{"bytes_sent": {region: n},
   "bytes_recv": {region: n}, "latency_s": x}``; called on the leader every step. Its
   ``wire_bytes_sent_total``, where present, is a running total instead: the bytes the leader's

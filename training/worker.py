@@ -7,6 +7,7 @@ leader (rank 0) reports ``CPN_METRIC {json}`` per step and ``CPN_RESULT {json}``
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import sys
@@ -59,8 +60,17 @@ def main(argv: list[str] | None = None) -> int:
             if resumed and ctx.is_leader:
                 source = "checkpoint" if trainer.checkpoint_step == trainer.step else "the peers' model"
                 print(f"resumed from step {trainer.step} ({source})", flush=True)
-            sink = JsonLinesSink(cfg.metrics_path) if ctx.is_leader else None
+            sink = None
+            if ctx.is_leader:
+                sink = JsonLinesSink(cfg.metrics_path, min_interval_s=cfg.metrics_interval_s)
+            # Everything built so far (torch, gRPC, the model) lives as long as the process: out of
+            # the collector's sight, a full collection in the train loop scans only what the loop
+            # made (~310,000 objects before: 0.3-0.4 s a collection on a loaded 2-core host).
+            gc.collect()
+            gc.freeze()
             result = trainer.run(sink, spawned_at=spawned_at(), started_at=process_started_at())
+            if sink is not None:
+                sink.flush()  # the last step, if the interval held it back
         finally:
             t_close = time.perf_counter()
             trainer.close()  # the final exchange and leaving the peers

@@ -301,7 +301,9 @@ def test_the_running_round_is_re_split_in_real_workers_and_keeps_the_jobs_tokens
     b_step = statistics.median(t1 - t0 for t0, t1 in zip(ends_b, ends_b[1:], strict=False))
     gaps = [abs(reached["a"][k] - reached["b"][k]) for k in range(1, rounds)]
     print("gaps", gaps, "b step", b_step, "steps", results["a"]["steps"], results["b"]["steps"], splits)
-    assert max(gaps) < 3 * max(SLOW_S, b_step) + 0.05, (gaps, b_step)
+    # Four of b's steps: a checkpoint written in the background slows its region's next few steps
+    # after the split was made; fixed H would leave every x 20 ms = 0.4 s a round.
+    assert max(gaps) < 4 * max(SLOW_S, b_step) + 0.05, (gaps, b_step)
     # Periodic checkpoints follow the job's progress: each region writes one as its position on
     # the job's step axis passes each multiple of ck_every (the same point of each round in both;
     # local multiples would give a 2 of them and b 1). The last step's is the run's final one.

@@ -174,10 +174,16 @@ def test_gossip_spread_above_the_bound_is_averaged_away(tmp_path: Path) -> None:
         eng.close()
 
     threads = [threading.Thread(target=go, args=(r,)) for r in REGIONS]
-    for t in threads:
+    # a reaches its first event first: b and c, out of their start at once and with no barrier
+    # before round 1, must not finish round 0 before a has decided its join (a would take them
+    # for ahead and catch up, its rounds one event off its steps).
+    threads[0].start()
+    time.sleep(0.2)
+    for t in threads[1:]:
         t.start()
     for t in threads:
         t.join(120)
+    assert [engines[r].caught_up_step for r in REGIONS] == [0, 0, 0]  # they started together
     for step in range(10, steps + 1, 5):  # round 0 (step 5) is not a check
         for r in ("b", "c"):
             assert (after["a"][step] - after[r][step]).abs().max() <= 1e-3, (step, after)
@@ -240,6 +246,8 @@ def test_a_lost_region_is_dropped_and_rejoins_from_a_peer(tmp_path: Path) -> Non
 
 def test_state_dict_round_trip(tmp_path: Path) -> None:
     e = engine("a", tmp_path / "x", 20, mode="diloco", every=10, compression="int8")
+    # No peer ever runs: the nodes are closed directly (an engine's close waits for the peers'
+    # leave, up to the timeout).
     try:
         e.strategy.start(torch.zeros(3), torch.zeros(3))
         e.strategy.anchor = torch.tensor([1.0, 2.0, 3.0])
@@ -247,14 +255,14 @@ def test_state_dict_round_trip(tmp_path: Path) -> None:
         e.strategy.completed = e.strategy.opened = 4
         state = e.state_dict()
     finally:
-        e.close()
+        e.node.close()  # type: ignore[union-attr]
     f = engine("a", tmp_path / "y", 20, mode="diloco", every=10, compression="int8")
     try:
         f.load_state_dict(state)
         assert torch.equal(f.strategy.anchor, torch.tensor([1.0, 2.0, 3.0]))
         assert torch.equal(f.strategy.momentum[0], torch.ones(3)) and f.strategy.progress() == (4, 4)
     finally:
-        f.close()
+        f.node.close()  # type: ignore[union-attr]
 
 
 def run_on_arrival(
@@ -296,8 +304,13 @@ def run_on_arrival(
         t.join(120)
     landed = {r: dict(engines[r].strategy.landed) for r in REGIONS}  # type: ignore[union-attr]
     anchors = {r: engines[r].strategy.anchor.clone() for r in REGIONS}  # type: ignore[union-attr]
-    for r in REGIONS:
-        engines[r].close()
+    # Each region closes on its own, as separate processes would: closed one after another, each
+    # would wait out the leave wait for the peers not closed yet.
+    closers = [threading.Thread(target=engines[r].close) for r in REGIONS]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(30)
     return landed, out, anchors
 
 
@@ -400,12 +413,18 @@ def test_gossip_state_reports_the_step_its_round_counter_is_as_of(tmp_path: Path
         t.start()
     for t in threads:
         t.join(60)
-    # Region a opens round 2 at step 15; its check waits for b and c (up to timeout_s).
+    # Region a opens round 2 at step 15; its check waits for b and c, which open it only once the
+    # state is taken: a is inside its event all along.
     inside = threading.Thread(target=engines["a"].after_step, args=(15, [torch.zeros(3)]))
     inside.start()
     time.sleep(0.5)
     state = engines["a"].strategy.export_state(0, timeout=1)  # type: ignore[union-attr]
-    inside.join(30)
+    assert inside.is_alive()
+    rest = [threading.Thread(target=engines[r].after_step, args=(15, [torch.zeros(3)])) for r in ("b", "c")]
+    for t in rest:
+        t.start()
+    for t in [inside, *rest]:
+        t.join(30)
     assert (state.meta.step, state.meta.round) == (10, 2)
     for eng in engines.values():
         eng.node.close()  # type: ignore[union-attr]

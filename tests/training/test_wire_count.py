@@ -8,6 +8,7 @@ import dataclasses
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 from tests.training.sync_launch import region_configs, run_regions
 from training.wan.inet_diag import DiagUnavailable, TcpSocket, dump_tcp
@@ -71,6 +72,35 @@ def test_counts_the_picked_connection_only_and_keeps_it_after_close() -> None:
     # Closed: the sockets are gone from this process, their last readings stand.
     final = counter.sample(force=True)
     assert final is not None and final >= grown
+
+
+def test_fd_table_listed_only_for_unseen_sockets(monkeypatch: Any) -> None:
+    # Another process's socket (an inode this one does not hold) shares the namespace: it is looked
+    # up once, not at every reading; an own socket that matches only later is then counted.
+    import training.wan.wire_count as wc
+
+    listings = 0
+    real_listing = wc.own_socket_inodes
+
+    def counted() -> set[int]:
+        nonlocal listings
+        listings += 1
+        return real_listing()
+
+    monkeypatch.setattr(wc, "own_socket_inodes", counted)
+    conn = Conn()
+    try:
+        (real,) = [s for s in dump_tcp() if (s.src, s.sport) == conn.client.getsockname()]
+        foreign = dataclasses.replace(real, cookie=real.cookie + 1, inode=(1 << 62))  # no fd holds it
+        picked = False
+        counter = WireCounter(lambda s: picked, dump=lambda: [real, foreign])
+        assert counter.sample(force=True) == 0 and listings == 1
+        assert counter.sample(force=True) == 0 and listings == 1
+        picked = True  # e.g. the peer's client registered after its connection opened
+        assert counter.sample(force=True) == (real.bytes_sent or 0) + real.segs_out * 66
+        assert listings == 1
+    finally:
+        conn.close()
 
 
 def test_segment_counts_past_the_kernels_32_bit_wrap() -> None:

@@ -274,8 +274,27 @@ class SyncEngine:
             late = {p: st for p, st in replies.items() if not st.accepted or st.include_from > opened}
             if not late:
                 break
+        if fresh:
+            self._await_decided(step)
         self.joined = True
         return flat
+
+    def _await_decided(self, step: int) -> None:
+        """Starting together, second half: run on only once every peer still at its first event
+        (step 0: it has run none) has decided its join (its ready hello reached us). Leaving as soon
+        as every peer is ready is not enough: without a round barrier (gossip) the first region out
+        could complete a round before a slower one looks again, which would then take it for ahead
+        and catch up from it, its rounds one event off its steps."""
+        assert self.node is not None
+        node = self.node
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        while time.monotonic() < deadline:
+            statuses = node.hello_all(ready=False, next_round=0, step=step, deadline=deadline)
+            with node.cv:
+                undecided = [p for p, st in statuses.items() if st.step == 0 and p not in node.decided]
+            if not any(node.is_alive(p) for p in undecided):
+                return
+            time.sleep(0.05)
 
     def metrics(self) -> dict[str, Any]:
         if not self.is_leader or self.node is None or self.strategy is None:

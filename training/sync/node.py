@@ -55,6 +55,7 @@ class RegionNode:
         self.alive = dict.fromkeys(self.peers, True)
         self.include_from = dict.fromkeys(self.peers, 0)
         self.left: set[str] = set()
+        self.decided: set[str] = set()  # peers whose ready hello (their join decided) reached us
         self.events: list[str] = []  # membership changes, for metrics
         self.inbox: dict[tuple[str, int], dict[str, InMessage]] = defaultdict(dict)
         self.strategy: RoundHandler | None = None
@@ -394,6 +395,8 @@ class RegionNode:
         opened, completed = s.progress()
         accepted = False
         if req.ready:
+            with self.cv:
+                self.decided.add(req.sender)
             with self.cv:  # still a participant of every round it was not dropped from
                 included = (
                     self.alive[req.sender]

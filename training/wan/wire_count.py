@@ -81,6 +81,8 @@ class WireCounter:
         self.min_interval_s = min_interval_s
         self.unavailable: str | None = None
         self._sockets: dict[int, _Socket] = {}
+        self._own: set[int] = set()  # cookies of this process's other sockets, and of others'
+        self._foreign: set[int] = set()
         self._last = -float("inf")
         self._lock = threading.Lock()
 
@@ -103,14 +105,22 @@ class WireCounter:
         if any(s.bytes_sent is None for s in sockets):
             raise DiagUnavailable("tcp_info has no tcpi_bytes_sent here (Linux < 4.19)")
         mine: set[int] | None = None
+        seen: set[int] = set()
         for s in sockets:
+            seen.add(s.cookie)
             known = self._sockets.get(s.cookie)
             if known is not None:
                 known.update(s)
                 continue
-            if s.inode == 0:
+            if s.inode == 0 or s.cookie in self._foreign:
                 continue
-            if mine is None:
-                mine = own_socket_inodes()
-            if s.inode in mine and self.matches(s):
+            if s.cookie not in self._own:
+                # A socket's owner never changes: /proc/self/fd is listed only when an unseen one
+                # appears (other processes' sockets share the namespace: else at every reading).
+                if mine is None:
+                    mine = own_socket_inodes()
+                (self._own if s.inode in mine else self._foreign).add(s.cookie)
+            if s.cookie in self._own and self.matches(s):  # a sync socket may be known as one later
                 self._sockets[s.cookie] = _Socket(s)
+        self._own &= seen
+        self._foreign &= seen
