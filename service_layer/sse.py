@@ -37,11 +37,17 @@ def format_event(data: dict[str, Any], *, event: str | None = None, id: int | No
 
 
 def _unsent(ctx: ServerContext, job_id: str, after: int) -> tuple[list[dict[str, Any]], str]:
-    """Events after ``after`` and the job's status, in one short transaction."""
+    """Events after ``after`` and the job's status, in one short transaction.
+
+    The status is read first: under PostgreSQL's read committed each statement sees what had
+    committed when it began, so events read afterwards include those committed with that status;
+    read the other way round, a job ending in between gave a terminal status without its last
+    events, and the stream ended without them."""
     with ctx.session_factory() as session:
-        events = [e.model_dump(mode="json") for e in job_events(session, job_id, after)]
         job = session.get(Job, job_id)
-        return events, job.status if job is not None else "unknown"
+        status = job.status if job is not None else "unknown"
+        events = [e.model_dump(mode="json") for e in job_events(session, job_id, after)]
+        return events, status
 
 
 async def job_event_stream(

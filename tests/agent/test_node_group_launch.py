@@ -124,7 +124,8 @@ def test_a_pipeline_spans_two_nodes_as_one_torchrun_group(tmp_path: Path, dp: in
     # The leader (node rank 0, stage 0) reports the loss, which only the last stage (on the other
     # node) computes: a finite, falling loss is the pipeline working across the two nodes.
     losses = {m.metrics.step: m.metrics.loss for m in sent[nodes[0].id] if m.WhichOneof("kind") == "metrics"}
-    assert sorted(losses) == list(range(1, 7)), losses
+    # A job's leader writes at most a line a second (``METRICS_INTERVAL_S``): the first and the last step.
+    assert min(losses) == 1 and max(losses) == 6 and set(losses) <= set(range(1, 7)), losses
     assert all(math.isfinite(v) and v > 0 for v in losses.values())
     assert losses[6] < losses[1]
     assert not [m for m in sent[nodes[1].id] if m.WhichOneof("kind") == "metrics"]  # it leads nothing

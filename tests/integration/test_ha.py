@@ -102,9 +102,11 @@ def test_kill_9_of_the_leader_mid_job_loses_nothing(
         time.sleep(0.1)
     leader, survivor = (procs[0], procs[1]) if holder() == "r1" else (procs[1], procs[0])
     survivor_id = "r2" if holder() == "r1" else "r1"
+    # The takeover is under test, not the price (four replicas fill both clusters whatever they
+    # measure): test_job_spans_two_regions_and_succeeds runs the agents' reference measurement.
     specs = [
-        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU"),
-        LocalAgent("us-east", "virginia-1", "atlas", 2.0, "US"),
+        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU", measure_profile=False),
+        LocalAgent("us-east", "virginia-1", "atlas", 2.0, "US", measure_profile=False),
     ]
     # Every replica serves REST: enroll through the standby, submit through the leader.
     standby_client, leader_client = client_for(survivor, admin_key), client_for(leader, admin_key)
