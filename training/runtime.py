@@ -105,6 +105,7 @@ class Trainer:
     saver: BackgroundSaver | None = None
     first_step: int = 1  # the first step this process runs: it meets the peers there
     exchanged: bool = False  # whether the last step exchanged with the other regions
+    sync_metrics_at: float = -math.inf  # monotonic: when the leader last took the sync engine's metrics
 
     @property
     def bf16(self) -> bool:
@@ -221,7 +222,7 @@ class Trainer:
             m["checkpoint_step"] = self.checkpoint_step
         if self.entropy_floor is not None:
             m["entropy_floor"] = self.entropy_floor
-        if self.ctx.is_leader:
+        if self.ctx.is_leader and self._sync_metrics_due(exchanged):
             sync_metrics = self.sync.metrics()
             if sync_metrics:
                 m["sync"] = sync_metrics
@@ -297,6 +298,18 @@ class Trainer:
             self._set_schedule(self.step)
         self.first_step = self.step + 1
         return self.step > 0
+
+    def _sync_metrics_due(self, exchanged: bool) -> bool:
+        """Whether this step takes the sync engine's metrics: after every step that exchanged (its
+        bytes and the kernel's wire counters are read while the connections are up), else at most
+        once per ``metrics_interval_s``, the rate the worker reports at (0: every step). Each take
+        returns what happened since the one before, so its totals are the same; taking them every
+        step cost the leader ~0.4 ms a step (0.2 s of a 100 s loop on a loaded 2-core host)."""
+        now = time.monotonic()
+        if exchanged or now - self.sync_metrics_at >= self.cfg.metrics_interval_s:
+            self.sync_metrics_at = now
+            return True
+        return False
 
     def run(
         self,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import json
+import math
+from types import SimpleNamespace
 
 from agent.output import MetricsTracker, parse_prefixed
 from contracts.metrics import METRIC_PREFIX
 from training.metrics import JsonLinesSink
+from training.runtime import Trainer
 
 
 class Clock:
@@ -74,3 +78,13 @@ def test_the_agent_counts_the_same_bytes_from_fewer_lines(tmp_path) -> None:
         b.update(m)
     assert len(sparse) < len(dense) / 3
     assert a.latest is not None and a.latest == b.latest  # totals, step, loss, checkpoint: the same
+
+
+def test_the_leader_takes_sync_metrics_after_exchanges_and_else_at_the_reporting_rate() -> None:
+    trainer = SimpleNamespace(cfg=SimpleNamespace(metrics_interval_s=60.0), sync_metrics_at=-math.inf)
+    due = functools.partial(Trainer._sync_metrics_due, trainer)
+    assert due(False)  # the first step
+    assert [due(False) for _ in range(5)] == [False] * 5  # within the interval: nothing to send yet
+    assert due(True) and due(True)  # a step that exchanged: read while the connections are up
+    trainer.cfg.metrics_interval_s = 0.0
+    assert all(due(False) for _ in range(3))  # no interval: every step, as before

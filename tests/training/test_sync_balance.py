@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.training.sync_launch import region_configs, start_region
 from training.sync.algorithms.balance import split_round
-from training.sync.algorithms.round_plan import RoundPlan
+from training.sync.algorithms.round_plan import MAX_MID_SPLITS, RoundPlan
 
 NAMES = ["a", "b", "c", "d", "e", "f"]
 paces = st.floats(min_value=1e-3, max_value=10.0, allow_nan=False)
@@ -155,9 +155,20 @@ def test_the_final_round_is_split_again_halfway_from_the_same_figures_everywhere
     plans["b"].on_mid_figures(2, mid, now=101, least=5)
     assert plans["a"].splits[2] == plans["b"].splits[2] == {"a": 50, "b": 30}
     assert (plans["a"].end(2), plans["b"].end(2)) == (130, 110) and plans["a"].local_steps() == 130
-    assert plans["a"].mid_step(2) is None  # once: figures coming again change nothing
-    plans["a"].on_mid_figures(2, {"a": (10.0, 20, 0.3), "b": (10.0, 20, 0.1)}, now=103)
-    assert plans["a"].end(2) == 130
+    # 40 steps left over both (>= 2 x least 5 each): split again halfway through what is left.
+    assert (plans["a"].mid_step(2, least=5), plans["b"].mid_step(2, least=5)) == (115, 105)
+    # There (a 35 steps in, b 25, both at t = 12.5 s), b has sped up to 0.1 s a step: the 20
+    # left are split evenly so both end together; the round's total stays 80.
+    again = {"a": (12.5, 35, 0.1), "b": (12.5, 25, 0.1)}
+    for p in plans.values():
+        p.on_mid_figures(2, again, now=p.mid_step(2, least=5), least=5)
+    assert plans["a"].splits[2] == plans["b"].splits[2] == {"a": 45, "b": 35}
+    # 20 left over both, under 2 x 11 each: no third split (the same rule everywhere).
+    assert plans["a"].mid_step(2, least=11) is None and plans["b"].mid_step(2, least=11) is None
+    assert plans["a"].mid_step(2, least=5) == 120  # at 2 x 5 each: once more
+    plans["a"].on_mid_figures(2, {"a": (10.0, 20, 0.3), "b": (10.0, 20, 0.1)}, now=121)
+    assert plans["a"].end(2) == 125  # figures from before the last split's end the splits
+    assert plans["a"].mid_step(2, least=1) is None and 2 in plans["a"].midsplit
     # one already past its new end ends where it is
     def started(me: str) -> RoundPlan:  # the final round re-split evenly at its start
         even = {2: {"a": 40, "b": 40}}
@@ -174,6 +185,17 @@ def test_the_final_round_is_split_again_halfway_from_the_same_figures_everywhere
     state = RoundPlan("a", 40, 120)
     state.load_state_dict(plans["a"].state_dict())
     assert state.midsplit == {2} and state.mid_step(2) is None
+    assert (state.mid_count, state.mid_from) == (plans["a"].mid_count, plans["a"].mid_from)
+    # at most MAX_MID_SPLITS splits, however long the round
+    long = {r: RoundPlan(r, 400, 1200, ends={0: 400, 1: 800, 2: 1200}, splits={2: {"a": 400, "b": 400}},
+                         resplit={2}) for r in ("a", "b")}  # fmt: skip
+    for k in range(MAX_MID_SPLITS):
+        at = long["a"].mid_step(2, least=1)
+        assert at is not None
+        done = at - 800
+        for p in long.values():
+            p.on_mid_figures(2, {"a": (float(k), done, 0.1), "b": (float(k), done, 0.1)}, now=at)
+    assert long["a"].mid_step(2, least=1) is None and long["a"].end(2) == 1200
 
 
 def test_plan_survives_a_checkpoint_and_rebases_after_a_catch_up() -> None:

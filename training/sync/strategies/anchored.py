@@ -19,7 +19,8 @@ plan says instead of every H steps: each region's steps per round follow its mea
 contribution is weighted by the tokens it trained in the round, and every round's messages carry
 the figures the next splits are computed from; halfway through the final round each region sends
 its figures over the round so far on the ``balance`` stream, and every region splits the rest of
-the round from them (``RoundPlan.on_mid_figures``).
+the round from them (``RoundPlan.on_mid_figures``); then again halfway through what is left, on
+``balance1``, ``balance2``, with the pace since the figures before.
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ class AnchoredSync(Strategy):
         self._now: tuple[int, float, float, float] | None = None  # (step, monotonic, wall, waits)
         self._mark: tuple[int, float, float] | None = None  # (step, monotonic, waits) at the last open
         self.splits: list[dict[str, int]] = []  # balanced splits planned since last taken (metrics)
-        self.mid_sent: int | None = None  # the final round whose halfway figures we sent
-        self._mine: tuple[float, int, float] = (0.0, 0, 0.0)  # and what they said
+        # (final round, split) whose figures we sent, what they said, and (step, monotonic, waits) then.
+        self.mid_sent: tuple[int, int] | None = None
+        self._mine: tuple[float, int, float] = (0.0, 0, 0.0)
+        self._mid_mark: tuple[int, float, float] | None = None
 
     # ------------------------------------------------------------ engine side
 
@@ -140,38 +143,51 @@ class AnchoredSync(Strategy):
         self._mark = (step, m1, w1)
         return wall, min(MAX_STEP_S, max(0.0, m1 - m0 - (w1 - w0)) / (step - s0))
 
+    @property
+    def _least(self) -> int:
+        """Steps a region keeps after a split's figures go out: more than they take to land."""
+        return 2 * self.delay + 1
+
+    @staticmethod
+    def _balance_stream(k: int) -> str:
+        return "balance" if k == 0 else f"balance{k}"
+
     def balancing(self, step: int) -> bool:
-        """Whether ``step`` sends the final round's halfway figures, or can split it from the
-        peers' (all in): an event for the engine, off the fixed schedule."""
+        """Whether ``step`` sends the final round's figures for its next split, or can split it
+        from the peers' (all in): an event for the engine, off the fixed schedule."""
         plan, r = self.plan, self.opened
-        if plan is None:
+        if plan is None or r in plan.midsplit:
             return False
-        if self.mid_sent != r:
-            return plan.mid_step(r) == step
-        if r in plan.midsplit:
-            return False
-        return self.node.take_if_complete("balance", r, self.node.participants(r), take=False) is not None
+        k = plan.mid_count.get(r, 0)
+        if self.mid_sent != (r, k):
+            return plan.mid_step(r, self._least) == step
+        stream = self._balance_stream(k)
+        return self.node.take_if_complete(stream, r, self.node.participants(r), take=False) is not None
 
     def _mid_split(self, step: int) -> None:
         plan, r = self.plan, self.opened
-        if plan is None:
+        if plan is None or r in plan.midsplit:
             return
-        if self.mid_sent != r and plan.mid_step(r) == step and self._now is not None and self._mark:
-            s0, m0, w0 = self._mark  # the final round's opening
+        k = plan.mid_count.get(r, 0)
+        stream = self._balance_stream(k)
+        if self.mid_sent != (r, k) and plan.mid_step(r, self._least) == step and self._now and self._mark:
+            # The pace since the figures before: the round's opening, then the last split's.
+            s0, m0, w0 = self._mark if k == 0 or self._mid_mark is None else self._mid_mark
             _, m1, wall, w1 = self._now
             pace = min(MAX_STEP_S, max(0.0, m1 - m0 - (w1 - w0)) / max(1, step - s0))
-            meta = Meta(self.me, "balance", r, step=step - plan.start(r), step_s=pace, opened_at=wall)
+            meta = Meta(self.me, stream, r, step=step - plan.start(r), step_s=pace, opened_at=wall)
             for p in self.node.participants(r):
                 self.node.pool.submit(self.node.client(p).push, OutMessage(meta), self.cfg.timeout_s)
-            self.mid_sent = r
+            self.mid_sent = (r, k)
             self._mine = (wall, step - plan.start(r), pace)
-        if self.mid_sent == r and r not in plan.midsplit:
-            got = self.node.take_if_complete("balance", r, self.node.participants(r))
+            self._mid_mark = (step, m1, w1)
+        if self.mid_sent == (r, k):
+            got = self.node.take_if_complete(stream, r, self.node.participants(r))
             if got is None:
                 return
             figures = {p: (m.meta.opened_at, m.meta.step, m.meta.step_s) for p, m in got.items()}
             before = plan.splits.get(r)
-            plan.on_mid_figures(r, figures | {self.me: self._mine}, now=step, least=2 * self.delay + 1)
+            plan.on_mid_figures(r, figures | {self.me: self._mine}, now=step, least=self._least)
             if plan.splits.get(r) != before:
                 self.splits.append(plan.splits[r])
 
