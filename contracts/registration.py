@@ -43,6 +43,9 @@ MAX_FABRIC_GBPS = 10_000.0  # a node's port figure above this is a typo, not a n
 MAX_FABRIC_LATENCY_MS = 1_000.0
 MAX_SECONDS = 86_400.0  # no measured fixed cost of a worker is anywhere near a day
 MAX_CONTENTION = 1e4  # beyond this a contention figure is not a measurement
+# Runnable threads per core, a new one included: below 1 where cores are left (1/cores on an
+# idle host); under this no host of a plausible size reads.
+MIN_CONTENTION = 1e-3
 
 
 @dataclass(frozen=True)
@@ -215,9 +218,10 @@ def registration_problems(reg: NodeRegistration) -> list[str]:
     if reg.probe_port != 0 and not 1024 <= reg.probe_port <= 65535:
         p.append(f"probe_port: need 0 (none) or 1024..65535, got {reg.probe_port}")
     c = reg.cpu_contention
-    if not (_finite(c) and (c == 0 or 1 <= c <= MAX_CONTENTION)):
+    if not (_finite(c) and (c == 0 or MIN_CONTENTION <= c <= MAX_CONTENTION)):
         p.append(
-            f"cpu_contention: must be 0 (not measured) or a finite number in [1, {MAX_CONTENTION:g}],"
+            "cpu_contention: must be 0 (not measured) or a finite number in"
+            f" [{MIN_CONTENTION:g}, {MAX_CONTENTION:g}],"
             f" got {reg.cpu_contention}"
         )
     if reg.profile is not None:

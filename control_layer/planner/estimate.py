@@ -365,8 +365,9 @@ def host_shares(
 ) -> dict[str, float]:
     """Per node of the plan: how many times slower than on an idle core its CPU slots run, start
     and stop. One-thread slots take turns on the host's physical cores with everything else that
-    runs there. Where heartbeats report the host's contention c (a new thread gets 1/c of a core:
-    about c·cores − 1 other runnable threads), the plan's k slots make it (c·cores − 1 + k) / cores;
+    runs there. Where heartbeats report the host's contention c (runnable threads per core, a new
+    one included: c·cores − 1 others, none on an idle host), the plan's k slots make it
+    (c·cores − 1 + k) / cores, at least 1;
     with none reported, other jobs' busy slots stand in for the others and the factor is at least
     the contention the host measured under at registration. Several agents may share one host
     (``NodeInfo.host``). 1 on CUDA nodes and where the cores are unknown. ``one_per_node``: the

@@ -212,7 +212,7 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     ("lower-case jurisdiction", {"jurisdiction": "eu"}, "jurisdiction"),
     ("negative bandwidth", {"intra_bandwidth_gbps": -5}, "intra_bandwidth_gbps"),
     ("node id without token", {"node_id": "abc"}, "node_id/node_token"),
-    ("contention below an idle core", {"cpu_contention": 0.5}, "cpu_contention"),
+    ("contention below any host's idle figure", {"cpu_contention": 0.0005}, "cpu_contention"),
     ("contention not a number", {"cpu_contention": float("nan")}, "cpu_contention"),
     (
         "profile with negative start-up",
@@ -436,7 +436,7 @@ def test_heartbeats_keep_the_hosts_cpu_contention_and_ignore_what_is_not_one(
 ) -> None:
     resp = stub.Register(request(enrollment_token(ctx)), timeout=10)
     registry.heartbeat(ctx, resp.node_id, persist=True, contention=2.5)
-    for bad in (float("nan"), float("inf"), 0.5, -1.0):
+    for bad in (float("nan"), float("inf"), 0.0005, -1.0):
         registry.heartbeat(ctx, resp.node_id, persist=True, contention=bad)
     registry.heartbeat(ctx, resp.node_id, persist=False, contention=9.0)  # not persisted: not stored
     with ctx.session_factory() as s:

@@ -150,6 +150,19 @@ def test_the_hosts_contention_from_heartbeats_counts_what_else_runs_there() -> N
     assert est.teardown_s == pytest.approx(0.5 / 3.0 * 3.0)
 
 
+def test_an_idle_host_counts_no_other_thread() -> None:
+    def share(contention: float) -> float:
+        snap = _snap(cores=2, load=3.0)
+        for node in snap.clusters[0].nodes + snap.clusters[1].nodes:
+            node.cpu_contention = contention
+        return host_shares(snap, ONE_NODE)["a0"]
+
+    # One runnable thread per two cores, the probe's own: the plan's 2 slots alone on 2 cores run
+    # as on idle cores; one other runnable thread beside the probe's makes 3 threads on 2 cores.
+    assert share(0.5) == pytest.approx(1.0)
+    assert share(1.0) == pytest.approx(1.5)
+
+
 def test_diloco_blocks_every_h_steps_as_configured() -> None:
     est = estimate_option(_spec(), _snap(cores=4), TWO_NODES, dp=4, tp=1, pp=1, zero=0)
     # 4 exchanges in 40 steps, each a blocking ring all-reduce of fp32 parameters over 0.1 Gbps.
