@@ -25,7 +25,13 @@ from pathlib import Path
 
 from agent.output import parse_prefixed
 from contracts.metrics import RESULT_PREFIX
-from contracts.registration import STEP_RATE_FIELDS, NodeProfile, StepRate, profile_problems
+from contracts.registration import (
+    COLLECTIVE_FIELDS,
+    STEP_RATE_FIELDS,
+    NodeProfile,
+    StepRate,
+    profile_problems,
+)
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +158,9 @@ def profile_from_result(result: dict[str, object], *, teardown_s: float, cores: 
     startup = result.get("startup_s")
     load = result.get("host_load_factor", 0.0)
     launcher = result.get("launcher_s", 0.0)
-    numbers = all(isinstance(x, int | float) for x in (startup, load, launcher))
+    # A reference worker that did not time a collective (CUDA, an older worker) reports none: 0.
+    collective = {k: result.get(k, 0.0) for k in COLLECTIVE_FIELDS}
+    numbers = all(isinstance(x, int | float) for x in (startup, load, launcher, *collective.values()))
     if not isinstance(rates, dict) or not numbers:
         return None
     try:
@@ -162,6 +170,7 @@ def profile_from_result(result: dict[str, object], *, teardown_s: float, cores: 
             physical_cores=cores,
             host_load_factor=float(load),
             launcher_s=float(launcher),
+            **{k: float(v) for k, v in collective.items()},  # type: ignore[arg-type]
             rates=tuple(
                 StepRate(precision=str(p), **{k: float(r[k]) for k in STEP_RATE_FIELDS})
                 for p, r in sorted(rates.items())

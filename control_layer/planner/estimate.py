@@ -406,6 +406,20 @@ def host_shares(
     return out
 
 
+def _host_collective(
+    node: NodeInfo, kind: str, ranks: int, tp: int, zero: int
+) -> tuple[float, float, float] | None:
+    """(call_s, gbps, wait_s) of the all-reduce a node of CPU slots measured between two of its
+    host's ranks, where its ``ranks`` replicas all-reduce through DDP (ZeRO 0, no tp: FSDP's
+    calls are others); None where the fabric's figures price them instead."""
+    prof = node.profile
+    if kind != "cpu" or ranks < 2 or tp != 1 or zero != 0 or prof is None:
+        return None
+    if prof.collective_call_s <= 0 or prof.collective_gbps <= 0:
+        return None
+    return prof.collective_call_s, prof.collective_gbps, prof.collective_wait_s
+
+
 def _rate_key(rate: StepRateInfo | None) -> tuple[float, ...] | None:
     """What of a measured rate the local step is priced from, hashable."""
     if rate is None:
@@ -591,6 +605,7 @@ def _estimate(
         rates = [p.rates.get(precision) if (p := nodes[n].profile) else None for n in on]
         rate = None if any(x is None for x in rates) else min(rates, key=lambda x: x.tflops)  # type: ignore[union-attr]
         share = max(shares.get(n, 1.0) for n in on) if kind == "cpu" else 1.0
+        host_collective = _host_collective(nodes[on[0]], kind, r, tp, zero) if len(on) == 1 else None
         # A checkpoint write's fixed part at the host share, its bytes at the measured rate.
         write_fixed = max(cm.checkpoint_fixed_seconds(n, calibration) for n in on) * share
         # Only the slowest local step counts, and a replica's is a function of what it is priced
@@ -609,6 +624,7 @@ def _estimate(
             r,
             pp_links,
             write_fixed,
+            host_collective,
         )
         if key in seen:
             continue
@@ -653,6 +669,11 @@ def _estimate(
                 pp_links=pp_links,
                 schedule=pp_schedule,
             )
+            if host_collective is not None:
+                # The node's ranks all-reduce among themselves on the host's cores, not over a
+                # fabric: priced from the all-reduce the node measured (``cm.host_dp_comm_s``).
+                grad_bytes = cm.stage_params(spec.model, tp, pp) * cm.GRAD_BYTES
+                rt = replace(rt, dp_comm=cm.host_dp_comm_s(grad_bytes, r, share, *host_collective))
             p = cm.stage_params(spec.model, tp, pp) / 1e6
             opt_params = p / r if zero >= 1 else p
             local_tokens = n_micro * spec.training.micro_batch_size * spec.model.seq_len

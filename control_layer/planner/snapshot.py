@@ -74,6 +74,19 @@ class NodeProfileInfo(_Measured):
         ge=0,
         description="The launcher's part of startup_s per idle core (one process per node); 0: not measured.",
     )
+    # A gloo all-reduce between two of the host's CPU ranks (``training.collective_probe``); 0: not
+    # measured, the node's data-parallel collectives are priced over the cluster's fabric.
+    collective_call_s: float = Field(
+        default=0.0, ge=0, description="Seconds of one small all-reduce between two CPU ranks of the host."
+    )
+    collective_gbps: float = Field(
+        default=0.0, ge=0, description="Payload rate of a large all-reduce between two CPU ranks, Gb/s."
+    )
+    collective_wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Per hop of the ring, the wait for a peer's turn where ranks outnumber the host's cores.",
+    )
     rates: dict[Literal["fp32", "bf16"], StepRateInfo] = Field(default_factory=dict)
 
 

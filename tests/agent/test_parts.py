@@ -302,6 +302,14 @@ def test_a_reference_result_becomes_a_profile_or_nothing() -> None:
     # The launcher's part cannot exceed the whole start-up.
     assert profile_from_result({**result, "launcher_s": 8.0}, teardown_s=1.5, cores=2) is None
     assert p.as_dict()["rates"]["fp32"] == rate  # type: ignore[index]
+    # The all-reduce between two CPU ranks: 0 where not reported, carried where it is, refused
+    # out of bounds (a rate without its call, a negative wait).
+    assert (p.collective_call_s, p.collective_gbps, p.collective_wait_s) == (0.0, 0.0, 0.0)
+    collective = {"collective_call_s": 2.5e-4, "collective_gbps": 9.0, "collective_wait_s": 1e-3}
+    measured = profile_from_result({**result, **collective}, teardown_s=1.5, cores=2)
+    assert measured is not None and {k: measured.as_dict()[k] for k in collective} == collective
+    for bad in ({"collective_call_s": 0.0}, {"collective_wait_s": -1.0}, {"collective_gbps": "fast"}):
+        assert profile_from_result({**result, **collective, **bad}, teardown_s=1.5, cores=2) is None
     assert profile_from_result({**result, "startup_s": None}, teardown_s=1.0, cores=2) is None
     assert profile_from_result({**result, "rates": {"fp32": {"tflops": 1}}}, teardown_s=1.0, cores=2) is None
     assert (
