@@ -10,15 +10,17 @@ host:
 - a small and a large all-reduce, back to back: the small one's time is a call's fixed cost (two
   hops of gloo's ring for two ranks, the hand-off to gloo's thread and back), the difference the
   payload's rate;
-- two such pairs on two CPUs, each rank a turn of CPU work and then a small all-reduce: four
+- two such pairs on two CPUs, each rank 5 ms of CPU work and then a small all-reduce: four
   ranks on two cores, as where a host runs more ranks than cores. What an iteration takes beyond
   both pairs' work and the call's fixed cost is the wait for a peer to get a core back from the
   other pair's rank, per hop of the ring. (A spinning thread beside each rank does not show it:
   the woken rank preempts a thread that never sleeps; another rank that computes between its
   calls, as a job's ranks do, it waits for.)
 
-Each figure is the interquartile mean of its calls (what a run of many steps pays, without the
-odd call a neighbour's burst delayed). The whole measurement takes well under a second.
+The free calls' figures are interquartile means (a call's cost and a rate, without the odd call a
+neighbour's burst delayed). The crowded one is a plain mean: most crowded calls find their peer
+at once and a few wait about a scheduler slice, and a run of many steps pays that tail. The
+whole measurement takes under a second.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 SMALL_BYTES = 4 * 1024  # a call's fixed cost dominates
 LARGE_BYTES = 4 * 1024 * 1024  # the payload's rate dominates (~2 ms between two idle cores)
 CALLS = {"small": 30, "large": 10, "crowded": 30}
-CROWDED_WORK_S = 0.002  # CPU seconds of work before each crowded call (a backward's worth, small)
+CROWDED_WORK_S = 0.005  # CPU seconds of work before each crowded call (a small model's step)
 WARMUP_CALLS = 3
 TIMEOUT_S = 20.0
 
@@ -62,13 +64,17 @@ def interquartile_mean(samples: Sequence[float]) -> float:
 def fit(
     small_s: Sequence[float], large_s: Sequence[float], crowded_s: Sequence[float], work_s: float
 ) -> CollectiveFigures:
-    """The figures from per-call seconds of the small and the large all-reduce and per-iteration
-    seconds of the crowded runs (two pairs, ``work_s`` CPU seconds each rank per iteration).
+    """The figures from per-call seconds of the small and the large all-reduce (interquartile
+    means) and per-iteration seconds of the crowded runs (two pairs, ``work_s`` CPU seconds each
+    rank per iteration; their mean: the waits are the slow tail).
 
     Two ranks: the ring moves the whole payload once (2(n−1)/n = 1) over two hops, so the large
     call's time beyond the small one's is ``(LARGE − SMALL) / rate``. Crowded, each CPU runs one
     rank of each pair, so an iteration is both pairs' work, a call, and two hops' wait."""
-    small, large, crowded = (interquartile_mean(x) for x in (small_s, large_s, crowded_s))
+    small, large = interquartile_mean(small_s), interquartile_mean(large_s)
+    if not crowded_s:
+        raise ValueError("no samples")
+    crowded = statistics.fmean(crowded_s)
     extra = large - small
     if not (small > 0 and extra > 0):
         raise ValueError(f"all-reduce times do not separate: small {small:.6f} s, large {large:.6f} s")
@@ -145,7 +151,9 @@ def _pairs(
 
 def measure() -> CollectiveFigures:
     """Fork the ranks and time them (see the module docstring)."""
-    ctx = mp.get_context("fork")  # the forked ranks share torch's loaded modules: no start-up
+    import torch.distributed  # noqa: F401 (loaded once here: the forked ranks share it, no start-up)
+
+    ctx = mp.get_context("fork")
     (free,) = _pairs(ctx, [("small", SMALL_BYTES), ("large", LARGE_BYTES)], 1, (None, None), 0.0)
     try:
         allowed = sorted(os.sched_getaffinity(0))
