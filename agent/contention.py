@@ -1,9 +1,17 @@
-"""How much of a core a new one-thread worker would get on this host, over a recent window.
+"""How busy this host's cores are for a new one-thread worker, over a recent window.
 
 A short CPU-bound spin timed by the wall clock and by the thread's own CPU clock: on an idle core
-they agree (1.0); with more runnable threads than cores the thread waits its turn and the wall
+they agree; with more runnable threads than cores the thread waits its turn and the wall
 clock runs ahead (2.0: half a core). Unlike the load average, threads that sleep or wait on I/O do
-not count. One 20 ms spin is noisy on a busy host (probes half a second apart read 1.1 and 4.6), so the
+not count. The figure is runnable threads per core, a new one included: (o + 1) / cores for o
+other runnable threads. The spin alone cannot tell an idle host from one with a core or more left
+busy (it waits for none of them), so where it did not wait the kernel's count of runnable
+threads (``procs_running``, this one included) tells how many there are: on an idle 2-core host
+the figure is 0.5, and the planner counts no other thread there (it read 1.0 before, one other
+runnable thread on every idle 2-core host). That count covers the whole machine, so it is used
+only where this process may run on all of its CPUs; elsewhere a spin that did not wait reads 1.0.
+
+One 20 ms spin is noisy on a busy host (probes half a second apart read 1.1 and 4.6), so the
 agent reports the interquartile mean of the probes of the last ``WINDOW_S``: load that stays
 shows in every probe, a burst shorter than a quarter of the window is trimmed away. The planner
 prices CPU slots by it.
@@ -17,9 +25,13 @@ measurements, and the planner takes the host's quietest figure.
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+
+from agent.profile import physical_cores
 
 SPIN_S = 0.02  # CPU seconds per probe: 2 % of a core at one probe a second
 MAX_WALL_S = 0.5  # a probe that cannot get its CPU time within this reports what it saw
@@ -27,10 +39,41 @@ WINDOW_S = 20.0  # the figure covers the probes of this many seconds before the 
 QUIET_AFTER_S = 5.0  # no probe until this long after the node's own workers exited
 SETTLE_S = 3.0  # probing after the reference step, before registering
 SETTLE_EVERY_S = 0.2  # 15 probes in the settle window: 10 % of a core for 3 s
+# A spin whose wall clock ran at most this much ahead of its CPU clock did not wait its turn (a
+# timer tick or a short kernel thread costs a few per cent on an idle core).
+WAITED = 1.05
 
 
-def probe(spin_s: float = SPIN_S, max_wall_s: float = MAX_WALL_S) -> float:
-    """Wall over CPU time of a short spin on this thread (>= 1)."""
+def runnable_threads() -> int | None:
+    """The kernel's count of runnable threads on the machine, the caller included; None where
+    unreadable."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"procs_running "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+@functools.cache
+def whole_machine_cores() -> int:
+    """This process's CPUs where it may run on every CPU of the machine, else 0 (a share of a
+    larger machine: the machine-wide runnable count says nothing about its own CPUs)."""
+    cores = physical_cores()
+    return cores if cores == (os.cpu_count() or 0) else 0
+
+
+def probe(
+    spin_s: float = SPIN_S,
+    max_wall_s: float = MAX_WALL_S,
+    cores: int | None = None,
+    count: Callable[[], int | None] = runnable_threads,
+) -> float:
+    """Runnable threads per core, this one included, from a short spin on this thread: wall over
+    CPU time where it waited its turn (> ``WAITED``), else the machine's runnable count over its
+    ``cores`` (None: look them up; 0: unknown, 1.0), at least 1/cores and at most 1."""
     wall0, cpu0 = time.perf_counter(), time.thread_time()
     x = 0
     while True:
@@ -39,7 +82,16 @@ def probe(spin_s: float = SPIN_S, max_wall_s: float = MAX_WALL_S) -> float:
         wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
         if cpu >= spin_s or wall >= max_wall_s:
             break
-    return max(1.0, wall / cpu) if cpu > 0 else max_wall_s / spin_s
+    if cpu <= 0:
+        return max_wall_s / spin_s
+    ratio = wall / cpu
+    if ratio > WAITED:
+        return ratio
+    cores = whole_machine_cores() if cores is None else cores
+    running = count() if cores > 0 else None
+    if not running:
+        return 1.0
+    return min(1.0, max(running, 1) / cores)
 
 
 def interquartile_mean(samples: Sequence[float]) -> float:

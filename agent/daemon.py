@@ -118,6 +118,9 @@ def profile_to_proto(p: NodeProfile) -> agent_pb2.MeasuredProfile:
         physical_cores=p.physical_cores,
         host_load_factor=p.host_load_factor,
         launcher_s=p.launcher_s,
+        collective_call_s=p.collective_call_s,
+        collective_gbps=p.collective_gbps,
+        collective_wait_s=p.collective_wait_s,
         rates=[
             agent_pb2.MeasuredStepRate(precision=r.precision, **{k: getattr(r, k) for k in STEP_RATE_FIELDS})
             for r in p.rates

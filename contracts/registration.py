@@ -39,10 +39,17 @@ STEP_RATE_FIELDS = (
     "checkpoint_s_per_mparam",
 )
 PRECISIONS = ("fp32", "bf16")
+COLLECTIVE_FIELDS = ("collective_call_s", "collective_gbps", "collective_wait_s")
+# No all-reduce between two ranks of one host takes this long per call or hop and is a
+# measurement (the probe's calls time out at 20 s).
+MAX_COLLECTIVE_S = 10.0
 MAX_FABRIC_GBPS = 10_000.0  # a node's port figure above this is a typo, not a network
 MAX_FABRIC_LATENCY_MS = 1_000.0
 MAX_SECONDS = 86_400.0  # no measured fixed cost of a worker is anywhere near a day
 MAX_CONTENTION = 1e4  # beyond this a contention figure is not a measurement
+# Runnable threads per core, a new one included: below 1 where cores are left (1/cores on an
+# idle host); under this no host of a plausible size reads.
+MIN_CONTENTION = 1e-3
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,12 @@ class NodeProfile:
     host_load_factor: float = 0.0  # wall / CPU time of the reference on a CPU slot; 0: not measured
     # The launcher's part of startup_s (one process per node, before the workers); 0: not measured.
     launcher_s: float = 0.0
+    # A gloo all-reduce between two CPU ranks of the host (training/collective_probe.py), 0: not
+    # measured: a small call's seconds, a large one's payload rate beyond it, and per hop of the
+    # ring the wait for a peer's turn where ranks outnumber cores.
+    collective_call_s: float = 0.0
+    collective_gbps: float = 0.0
+    collective_wait_s: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -77,6 +90,7 @@ class NodeProfile:
             "physical_cores": self.physical_cores,
             "host_load_factor": self.host_load_factor,
             "launcher_s": self.launcher_s,
+            **{k: getattr(self, k) for k in COLLECTIVE_FIELDS},
             "rates": {r.precision: {k: getattr(r, k) for k in STEP_RATE_FIELDS} for r in self.rates},
         }
 
@@ -153,6 +167,18 @@ def profile_problems(profile: NodeProfile, where: str = "measured_profile") -> l
     if not (_finite(profile.host_load_factor) and 0 <= profile.host_load_factor <= 1000):
         got = profile.host_load_factor
         p.append(f"{where}.host_load_factor: must be a finite number in [0, 1000], got {got}")
+    for name in ("collective_call_s", "collective_wait_s"):
+        value = getattr(profile, name)
+        if not (_finite(value) and 0 <= value <= MAX_COLLECTIVE_S):
+            p.append(f"{where}.{name}: must be a number of seconds in [0, {MAX_COLLECTIVE_S:g}], got {value}")
+    gbps = profile.collective_gbps
+    if not (_finite(gbps) and 0 <= gbps <= MAX_FABRIC_GBPS):
+        p.append(f"{where}.collective_gbps: must be a finite number in [0, {MAX_FABRIC_GBPS:g}], got {gbps}")
+    elif (gbps > 0) != (profile.collective_call_s > 0):
+        p.append(
+            f"{where}.collective_gbps: measured together with collective_call_s (both > 0 or both 0),"
+            f" got {gbps} and {profile.collective_call_s}"
+        )
     if not 0 <= profile.physical_cores <= 1_000_000:
         p.append(f"{where}.physical_cores: must be in [0, 1000000], got {profile.physical_cores}")
     seen: set[str] = set()
@@ -215,9 +241,10 @@ def registration_problems(reg: NodeRegistration) -> list[str]:
     if reg.probe_port != 0 and not 1024 <= reg.probe_port <= 65535:
         p.append(f"probe_port: need 0 (none) or 1024..65535, got {reg.probe_port}")
     c = reg.cpu_contention
-    if not (_finite(c) and (c == 0 or 1 <= c <= MAX_CONTENTION)):
+    if not (_finite(c) and (c == 0 or MIN_CONTENTION <= c <= MAX_CONTENTION)):
         p.append(
-            f"cpu_contention: must be 0 (not measured) or a finite number in [1, {MAX_CONTENTION:g}],"
+            "cpu_contention: must be 0 (not measured) or a finite number in"
+            f" [{MIN_CONTENTION:g}, {MAX_CONTENTION:g}],"
             f" got {reg.cpu_contention}"
         )
     if reg.profile is not None:

@@ -68,6 +68,9 @@ def profile_from_proto(p: agent_pb2.MeasuredProfile) -> NodeProfile:
         physical_cores=p.physical_cores,
         host_load_factor=p.host_load_factor,
         launcher_s=p.launcher_s,
+        collective_call_s=p.collective_call_s,
+        collective_gbps=p.collective_gbps,
+        collective_wait_s=p.collective_wait_s,
         rates=tuple(
             StepRate(**{k: getattr(r, k) for k in ("precision", *STEP_RATE_FIELDS)}) for r in p.rates
         ),

@@ -23,6 +23,7 @@ from contracts.errors import (
 from contracts.link_probe import new_probe_key
 from contracts.registration import (
     MAX_CONTENTION,
+    MIN_CONTENTION,
     DeviceReport,
     NodeRegistration,
     device_problems,
@@ -203,11 +204,12 @@ def _touch_rows(session: Session, heard: Mapping[str, float | None], now: dateti
             .values(last_heartbeat_at=now)
             .execution_options(synchronize_session=False, **NOTED)
         )
-        # a figure outside [1, MAX_CONTENTION] (or 0: not measured) is not a measurement: kept out
+        # a figure outside [MIN_CONTENTION, MAX_CONTENTION] (or 0: not measured) is not a
+        # measurement: kept out
         measured = {
             n: c
             for n in chunk
-            if (c := heard[n]) is not None and math.isfinite(c) and 1 <= c <= MAX_CONTENTION
+            if (c := heard[n]) is not None and math.isfinite(c) and MIN_CONTENTION <= c <= MAX_CONTENTION
         }
         if not measured:
             continue

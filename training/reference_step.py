@@ -8,7 +8,9 @@ step: interpreter, imports, rendezvous, model build; per idle core, from the CPU
 launcher and the worker spent) and, per precision, the step split as the
 planner prices it. Two model sizes and two micro-batch counts separate the FLOP rate from the
 fixed costs per micro-batch and per step; the optimizer, data and checkpoint costs are fitted per
-parameter or token. Prints one ``CPN_RESULT {json}`` line.
+parameter or token. On a CPU node it also times a gloo all-reduce between two of the host's CPU
+ranks (``training.collective_probe``), which one process never makes. Prints one
+``CPN_RESULT {json}`` line.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import gc
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +29,7 @@ import torch
 
 from contracts.model import GPTConfig, gpt_param_count, train_flops_per_token
 from contracts.worker_config import CheckpointSpec, WorkerConfig
+from training import collective_probe
 from training.metrics import emit_result
 from training.parallel.init import compute_cleanup, compute_init
 from training.runtime import build_trainer
@@ -155,6 +159,20 @@ def startup_per_idle_core(wall_s: float, worker_cpu_s: float, launcher_s: float 
     return min(wall_s, worker_cpu_s + launcher_s)
 
 
+def collective_figures(device: str) -> dict[str, float]:
+    """A gloo all-reduce between two CPU ranks of this host (``training.collective_probe``); zeros
+    (not measured) on CUDA, whose ranks all-reduce over NCCL, or where the measurement fails."""
+    none = {"collective_call_s": 0.0, "collective_gbps": 0.0, "collective_wait_s": 0.0}
+    if device != "cpu":
+        return none
+    try:
+        f = collective_probe.measure()
+    except Exception as exc:  # noqa: BLE001 (any failure: the planner keeps the fabric's figures)
+        print(f"collective probe failed: {exc!r}", file=sys.stderr, flush=True)
+        return none
+    return {"collective_call_s": f.call_s, "collective_gbps": f.gbps, "collective_wait_s": f.wait_s}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.reference_step", description=__doc__)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -174,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         rates = {p: measure_precision(args.device, p, ctx) for p in args.precisions.split(",") if p}
+        # What the node's data-parallel ranks pay per collective, which one process never sees.
+        collective = collective_figures(args.device) if ctx.is_leader else {}
         if ctx.is_leader:
             emit_result(
                 {
@@ -188,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                     else 0.0,
                     "rates": rates,
                     "torch_threads": torch.get_num_threads(),
+                    **collective,
                 }
             )
         ok = True

@@ -664,6 +664,44 @@ def dp_comm_s(spec: JobSpec, tp: int, pp: int, zero: int, replicas_on_node, intr
     return volume * (2.0 * (r - 1) / r * grad_bytes / bw + 2.0 * (r - 1) * lat)
 
 
+# DDP's buckets at its defaults (torch.nn.parallel.DistributedDataParallel): the first holds
+# 1 MiB of gradients, each later one 25 MiB; each bucket is one all-reduce.
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+def ddp_calls_per_step(grad_bytes: float) -> int:
+    """All-reduces among a node's DDP ranks per step: one per gradient bucket, once per step (the
+    worker skips the reduction on all but the last micro-batch, ``parallelize.grad_sync``), and
+    the loss's (``Trainer._cluster_loss``). Both run inside the worker's ``compute_s``."""
+    later = max(0.0, grad_bytes - DDP_FIRST_BUCKET_BYTES)
+    return 1 + math.ceil(later / DDP_BUCKET_BYTES) + 1
+
+
+def host_dp_comm_s(
+    grad_bytes: float, ranks: int, share: float, call_s: float, gbps: float, wait_s: float
+) -> float:
+    """The data-parallel collectives of ``ranks`` one-thread CPU ranks on one host per step, priced
+    from the host's own measured all-reduce (``NodeProfileInfo.collective_*``: a small call's
+    seconds between two ranks, ``call_s``; the payload's rate beyond it, ``gbps``; the wait per
+    hop for a peer's turn where ranks outnumber cores, ``wait_s``) at the plan's host share σ.
+
+    Each of ``ddp_calls_per_step`` calls is a ring of 2(r−1) hops, each half a two-rank call's
+    fixed cost, plus the wait on the fraction min(1, σ − 1) of its hops that find their peer's
+    core taken (none where every rank has a core: σ ≤ 1; all of them from two ranks per core);
+    the gradients cross the ring once, 2(r−1)/r of them, at the measured rate, slowed by σ (the
+    reduction is CPU work of the ranks' own). 0 for one rank."""
+    if ranks <= 1:
+        return 0.0
+    if call_s <= 0 or gbps <= 0:
+        raise ValueError(f"a host's collective needs call_s > 0 and gbps > 0, got {call_s}, {gbps}")
+    hops = 2.0 * (ranks - 1)
+    crowded = min(1.0, max(0.0, share - 1.0))
+    per_call = hops * (call_s / 2.0 + crowded * wait_s)
+    payload = hops / ranks * grad_bytes * 8.0 / (gbps * 1e9) * max(1.0, share)
+    return ddp_calls_per_step(grad_bytes) * per_call + payload
+
+
 # ---------------------------------------------------------------- cross-cluster sync
 
 

@@ -365,8 +365,9 @@ def host_shares(
 ) -> dict[str, float]:
     """Per node of the plan: how many times slower than on an idle core its CPU slots run, start
     and stop. One-thread slots take turns on the host's physical cores with everything else that
-    runs there. Where heartbeats report the host's contention c (a new thread gets 1/c of a core:
-    about c·cores − 1 other runnable threads), the plan's k slots make it (c·cores − 1 + k) / cores;
+    runs there. Where heartbeats report the host's contention c (runnable threads per core, a new
+    one included: c·cores − 1 others, none on an idle host), the plan's k slots make it
+    (c·cores − 1 + k) / cores, at least 1;
     with none reported, other jobs' busy slots stand in for the others and the factor is at least
     the contention the host measured under at registration. Several agents may share one host
     (``NodeInfo.host``). 1 on CUDA nodes and where the cores are unknown. ``one_per_node``: the
@@ -403,6 +404,20 @@ def host_shares(
             share = cm.host_share(hosts.busy.get(host, 0) + plan[host], n_cores)
             out[node_id] = max(share, hosts.measured_under.get(node_id, 0.0), 1.0)
     return out
+
+
+def _host_collective(
+    node: NodeInfo, kind: str, ranks: int, tp: int, zero: int
+) -> tuple[float, float, float] | None:
+    """(call_s, gbps, wait_s) of the all-reduce a node of CPU slots measured between two of its
+    host's ranks, where its ``ranks`` replicas all-reduce through DDP (ZeRO 0, no tp: FSDP's
+    calls are others); None where the fabric's figures price them instead."""
+    prof = node.profile
+    if kind != "cpu" or ranks < 2 or tp != 1 or zero != 0 or prof is None:
+        return None
+    if prof.collective_call_s <= 0 or prof.collective_gbps <= 0:
+        return None
+    return prof.collective_call_s, prof.collective_gbps, prof.collective_wait_s
 
 
 def _rate_key(rate: StepRateInfo | None) -> tuple[float, ...] | None:
@@ -590,6 +605,7 @@ def _estimate(
         rates = [p.rates.get(precision) if (p := nodes[n].profile) else None for n in on]
         rate = None if any(x is None for x in rates) else min(rates, key=lambda x: x.tflops)  # type: ignore[union-attr]
         share = max(shares.get(n, 1.0) for n in on) if kind == "cpu" else 1.0
+        host_collective = _host_collective(nodes[on[0]], kind, r, tp, zero) if len(on) == 1 else None
         # A checkpoint write's fixed part at the host share, its bytes at the measured rate.
         write_fixed = max(cm.checkpoint_fixed_seconds(n, calibration) for n in on) * share
         # Only the slowest local step counts, and a replica's is a function of what it is priced
@@ -608,6 +624,7 @@ def _estimate(
             r,
             pp_links,
             write_fixed,
+            host_collective,
         )
         if key in seen:
             continue
@@ -652,6 +669,11 @@ def _estimate(
                 pp_links=pp_links,
                 schedule=pp_schedule,
             )
+            if host_collective is not None:
+                # The node's ranks all-reduce among themselves on the host's cores, not over a
+                # fabric: priced from the all-reduce the node measured (``cm.host_dp_comm_s``).
+                grad_bytes = cm.stage_params(spec.model, tp, pp) * cm.GRAD_BYTES
+                rt = replace(rt, dp_comm=cm.host_dp_comm_s(grad_bytes, r, share, *host_collective))
             p = cm.stage_params(spec.model, tp, pp) / 1e6
             opt_params = p / r if zero >= 1 else p
             local_tokens = n_micro * spec.training.micro_batch_size * spec.model.seq_len

@@ -8,7 +8,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from contracts.job_spec import invalid_argument_from
-from contracts.registration import MAX_FABRIC_GBPS, MAX_FABRIC_LATENCY_MS
+from contracts.registration import MAX_FABRIC_GBPS, MAX_FABRIC_LATENCY_MS, MIN_CONTENTION
 
 # Two clusters in the same region talk over the region's fabric unless a link says otherwise.
 LOCAL_BANDWIDTH_GBPS = 100.0
@@ -74,6 +74,19 @@ class NodeProfileInfo(_Measured):
         ge=0,
         description="The launcher's part of startup_s per idle core (one process per node); 0: not measured.",
     )
+    # A gloo all-reduce between two of the host's CPU ranks (``training.collective_probe``); 0: not
+    # measured, the node's data-parallel collectives are priced over the cluster's fabric.
+    collective_call_s: float = Field(
+        default=0.0, ge=0, description="Seconds of one small all-reduce between two CPU ranks of the host."
+    )
+    collective_gbps: float = Field(
+        default=0.0, ge=0, description="Payload rate of a large all-reduce between two CPU ranks, Gb/s."
+    )
+    collective_wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Per hop of the ring, the wait for a peer's turn where ranks outnumber the host's cores.",
+    )
     rates: dict[Literal["fp32", "bf16"], StepRateInfo] = Field(default_factory=dict)
 
 
@@ -85,9 +98,12 @@ class NodeInfo(_Plain):
     profile: NodeProfileInfo | None = None
     cpu_contention: float | None = Field(
         default=None,
-        ge=1,
+        ge=MIN_CONTENTION,
         allow_inf_nan=False,
-        description="How many times slower than an idle core a new CPU worker runs on the host (heartbeats).",
+        description=(
+            "Runnable threads per core on the host, a new CPU worker included (heartbeats): above 1,"
+            " how many times slower than an idle core it runs; below 1, cores are left."
+        ),
     )
     # The node's own place in its cluster's fabric, where the agent declared it: a node with a
     # slower NIC (or behind an oversubscribed switch) than the cluster's figure. None: the cluster's.

@@ -4,9 +4,11 @@ the log budget, the outbox and the state file."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from agent.daemon import channel_options, reconnect_cap_s
 from agent.devices import detect_devices, system_memory_bytes
 from agent.outbox import Outbox
 from agent.output import LineBudget, MetricsTracker, parse_prefixed
-from agent.profile import physical_cores, profile_from_result
+from agent.profile import one_reference_at_a_time, physical_cores, profile_from_result
 from agent.settings import AgentSettings, DeviceRequest, parse_port_range
 from agent.state import AgentState, Credentials
 from agent.workers import Assignment, resolve_checkpoint_dir, worker_command, worker_env
@@ -300,6 +302,14 @@ def test_a_reference_result_becomes_a_profile_or_nothing() -> None:
     # The launcher's part cannot exceed the whole start-up.
     assert profile_from_result({**result, "launcher_s": 8.0}, teardown_s=1.5, cores=2) is None
     assert p.as_dict()["rates"]["fp32"] == rate  # type: ignore[index]
+    # The all-reduce between two CPU ranks: 0 where not reported, carried where it is, refused
+    # out of bounds (a rate without its call, a negative wait).
+    assert (p.collective_call_s, p.collective_gbps, p.collective_wait_s) == (0.0, 0.0, 0.0)
+    collective = {"collective_call_s": 2.5e-4, "collective_gbps": 9.0, "collective_wait_s": 1e-3}
+    measured = profile_from_result({**result, **collective}, teardown_s=1.5, cores=2)
+    assert measured is not None and {k: measured.as_dict()[k] for k in collective} == collective
+    for bad in ({"collective_call_s": 0.0}, {"collective_wait_s": -1.0}, {"collective_gbps": "fast"}):
+        assert profile_from_result({**result, **collective, **bad}, teardown_s=1.5, cores=2) is None
     assert profile_from_result({**result, "startup_s": None}, teardown_s=1.0, cores=2) is None
     assert profile_from_result({**result, "rates": {"fp32": {"tflops": 1}}}, teardown_s=1.0, cores=2) is None
     assert (
@@ -309,9 +319,43 @@ def test_a_reference_result_becomes_a_profile_or_nothing() -> None:
     assert 1 <= physical_cores() <= (os.cpu_count() or 1)
 
 
-def test_contention_probe_reads_at_least_one_idle_core() -> None:
+def test_contention_probe_reads_runnable_threads_per_core() -> None:
+    cores = os.cpu_count() or 1
     sample = contention.probe(spin_s=0.005)
-    assert 1.0 <= sample < 100.0  # wall over CPU time of a spin on this (shared) machine
+    # Wall over CPU time where the spin waited; else the runnable count (this thread at least).
+    assert 1.0 / cores <= sample < 100.0
+    # A spin that did not wait on a whole machine: the kernel's count over its cores, this
+    # thread included; where the count is unreadable or the machine is not all ours, 1.0.
+    quiet = functools.partial(contention.probe, spin_s=0.005, max_wall_s=10.0)
+    for running, expect in ((1, 1 / 8), (3, 3 / 8), (8, 1.0), (20, 1.0), (None, 1.0), (0, 1.0)):
+        got = quiet(cores=8, count=lambda r=running: r)
+        assert got == pytest.approx(expect) or got > contention.WAITED  # the host made it wait
+    assert quiet(cores=0, count=lambda: 1) >= 1.0  # a share of a larger machine
+    n = contention.runnable_threads()
+    assert n is not None and n >= 1  # the reader itself runs
+
+
+def test_agents_of_one_host_measure_their_reference_steps_in_turn(tmp_path: Path) -> None:
+    lock = tmp_path / "reference.lock"
+    entered = threading.Event()
+    order: list[str] = []
+
+    def second() -> None:
+        entered.set()
+        with one_reference_at_a_time(lock):
+            order.append("second")
+
+    with one_reference_at_a_time(lock):
+        t = threading.Thread(target=second)
+        t.start()
+        entered.wait(5)
+        time.sleep(0.2)  # the second agent is waiting on the lock, not measuring
+        order.append("first")
+    t.join(5)
+    assert order == ["first", "second"]
+    with one_reference_at_a_time(tmp_path / "missing-dir" / "x.lock"):  # unopenable: no turn taken
+        order.append("alone")
+    assert order[-1] == "alone"
 
 
 def test_interquartile_mean_trims_a_quarter_from_each_end() -> None:

@@ -23,3 +23,6 @@ def test_the_reference_worker_measures_start_up_teardown_and_each_precision(tmp_
         # A real GPT step on one CPU thread: well under a TFLOPS, well over a MFLOPS.
         assert 1e-6 < r.tflops < 1.0
         assert r.optimizer_s_per_mparam > 0 and r.data_s_per_mtoken > 0 and r.checkpoint_s_per_mparam > 0
+    # The all-reduce between two of the host's CPU ranks, timed by the reference worker's forks.
+    assert 0 < profile.collective_call_s < 1.0 and profile.collective_gbps > 0
+    assert profile.collective_wait_s >= 0

@@ -212,12 +212,32 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     ("lower-case jurisdiction", {"jurisdiction": "eu"}, "jurisdiction"),
     ("negative bandwidth", {"intra_bandwidth_gbps": -5}, "intra_bandwidth_gbps"),
     ("node id without token", {"node_id": "abc"}, "node_id/node_token"),
-    ("contention below an idle core", {"cpu_contention": 0.5}, "cpu_contention"),
+    ("contention below any host's idle figure", {"cpu_contention": 0.0005}, "cpu_contention"),
     ("contention not a number", {"cpu_contention": float("nan")}, "cpu_contention"),
     (
         "profile with negative start-up",
         {"measured_profile": agent_pb2.MeasuredProfile(startup_s=-1.0)},
         "measured_profile.startup_s",
+    ),
+    (
+        "profile collective call of a negative time",
+        {"measured_profile": agent_pb2.MeasuredProfile(collective_call_s=-1e-4, collective_gbps=5.0)},
+        "measured_profile.collective_call_s",
+    ),
+    (
+        "profile collective wait beyond any measurement",
+        {"measured_profile": agent_pb2.MeasuredProfile(collective_wait_s=60.0)},
+        "measured_profile.collective_wait_s",
+    ),
+    (
+        "profile collective rate without its call",
+        {"measured_profile": agent_pb2.MeasuredProfile(collective_gbps=5.0)},
+        "measured_profile.collective_gbps",
+    ),
+    (
+        "profile collective rate not a number",
+        {"measured_profile": agent_pb2.MeasuredProfile(collective_call_s=2e-4, collective_gbps=float("nan"))},
+        "measured_profile.collective_gbps",
     ),
     (
         "profile launcher longer than its start-up",
@@ -258,8 +278,9 @@ def test_a_measured_profile_is_stored_and_reaches_the_planners_snapshot(
         data_s_per_mtoken=9.0, checkpoint_s_per_mparam=0.1,
     )  # fmt: skip
     profile = agent_pb2.MeasuredProfile(
-        startup_s=6.5, teardown_s=0.8, physical_cores=2, rates=[rate], launcher_s=1.25
-    )
+        startup_s=6.5, teardown_s=0.8, physical_cores=2, rates=[rate], launcher_s=1.25,
+        collective_call_s=2.5e-4, collective_gbps=9.0, collective_wait_s=1e-3,
+    )  # fmt: skip
     resp = stub.Register(request(enrollment_token(ctx), measured_profile=profile), timeout=10)
     with ctx.session_factory() as s:
         node = s.get(Node, resp.node_id)
@@ -269,6 +290,8 @@ def test_a_measured_profile_is_stored_and_reaches_the_planners_snapshot(
     (info,) = [n for c in snap.clusters for n in c.nodes if n.id == resp.node_id]
     assert info.profile is not None and info.profile.teardown_s == pytest.approx(0.8)
     assert info.profile.launcher_s == pytest.approx(1.25)
+    got = (info.profile.collective_call_s, info.profile.collective_gbps, info.profile.collective_wait_s)
+    assert got == pytest.approx((2.5e-4, 9.0, 1e-3))
     assert info.profile.rates["fp32"].data_s_per_mtoken == pytest.approx(9.0)
     assert info.host == "node-a"
 
@@ -436,7 +459,7 @@ def test_heartbeats_keep_the_hosts_cpu_contention_and_ignore_what_is_not_one(
 ) -> None:
     resp = stub.Register(request(enrollment_token(ctx)), timeout=10)
     registry.heartbeat(ctx, resp.node_id, persist=True, contention=2.5)
-    for bad in (float("nan"), float("inf"), 0.5, -1.0):
+    for bad in (float("nan"), float("inf"), 0.0005, -1.0):
         registry.heartbeat(ctx, resp.node_id, persist=True, contention=bad)
     registry.heartbeat(ctx, resp.node_id, persist=False, contention=9.0)  # not persisted: not stored
     with ctx.session_factory() as s:

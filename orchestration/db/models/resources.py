@@ -62,8 +62,9 @@ class Node(Base):
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     # What the node measured at registration (contracts.registration.NodeProfile.as_dict); None: not measured.
     profile: Mapped[dict[str, Any] | None] = mapped_column(default=None)
-    # How many times slower than an idle core a CPU worker runs on the host now (agent/contention.py),
-    # as the last stored heartbeat reported it; None: not reported.
+    # Runnable threads per core on the host now, a new CPU worker included (agent/contention.py:
+    # above 1 it runs that many times slower than on an idle core, below 1 cores are left), as the
+    # last stored heartbeat reported it; None: not reported.
     cpu_contention: Mapped[float | None] = mapped_column(default=None)
     # The node's own port into its cluster's fabric, as its agent declared it (a slower NIC or an
     # oversubscribed switch than the cluster's figure); None: the cluster's figures hold.

@@ -10,7 +10,7 @@ import pytest
 from contracts.job_spec import JobSpec
 from contracts.model import gpt_param_count, model_config, train_flops_per_token
 from control_layer.planner import cost_model as cm
-from control_layer.planner.estimate import estimate_option, estimate_planned, host_shares
+from control_layer.planner.estimate import estimate_option, estimate_planned, host_shares, intra_bytes_per_s
 from control_layer.planner.plan_types import Calibration, Estimates, PlannedTask, RuntimeSettings
 from control_layer.planner.snapshot import ResourceSnapshot
 
@@ -150,6 +150,19 @@ def test_the_hosts_contention_from_heartbeats_counts_what_else_runs_there() -> N
     assert est.teardown_s == pytest.approx(0.5 / 3.0 * 3.0)
 
 
+def test_an_idle_host_counts_no_other_thread() -> None:
+    def share(contention: float) -> float:
+        snap = _snap(cores=2, load=3.0)
+        for node in snap.clusters[0].nodes + snap.clusters[1].nodes:
+            node.cpu_contention = contention
+        return host_shares(snap, ONE_NODE)["a0"]
+
+    # One runnable thread per two cores, the probe's own: the plan's 2 slots alone on 2 cores run
+    # as on idle cores; one other runnable thread beside the probe's makes 3 threads on 2 cores.
+    assert share(0.5) == pytest.approx(1.0)
+    assert share(1.0) == pytest.approx(1.5)
+
+
 def test_diloco_blocks_every_h_steps_as_configured() -> None:
     est = estimate_option(_spec(), _snap(cores=4), TWO_NODES, dp=4, tp=1, pp=1, zero=0)
     # 4 exchanges in 40 steps, each a blocking ring all-reduce of fp32 parameters over 0.1 Gbps.
@@ -236,3 +249,54 @@ def test_the_delay_covers_the_exchange_beside_the_steps() -> None:
     assert runtime.overlap_steps == min(10, math.ceil(beside / work - 1e-9))
     # The runtime lands the round after the steps the estimate hides it behind: nothing exposed.
     assert est.step_s.wan_sync == pytest.approx(4 / 40 * max(0.0, beside - runtime.overlap_steps * work))
+
+
+COLLECTIVE = {"collective_call_s": 4e-4, "collective_gbps": 8.0, "collective_wait_s": 1.5e-3}
+
+
+def test_a_nodes_ranks_all_reduce_at_the_hosts_measured_figures() -> None:
+    """DP ranks on one host's CPU slots: every call (each gradient bucket and the loss, per step) a
+    ring of 2(r−1) hops at half the measured two-rank call, the wait on every hop once ranks
+    outnumber cores, the gradients at the measured rate slowed by σ."""
+    spec = _spec()
+    grad_bytes = cm.stage_params(spec.model, 1, 1) * cm.GRAD_BYTES
+    # 1.9 MB of gradients: DDP's 1 MiB first bucket, a second one, and the loss.
+    assert cm.ddp_calls_per_step(grad_bytes) == 3
+
+    def dp_comm(snap: ResourceSnapshot, tasks: list[PlannedTask], dp: int) -> float:
+        return estimate_option(spec, snap, tasks, dp=dp, tp=1, pp=1, zero=0).step_s.dp_comm
+
+    fabric = _snap(cores=2)
+    measured = _snap(cores=2)
+    for c in measured.clusters:
+        for n in c.nodes:
+            assert n.profile is not None
+            n.profile = n.profile.model_copy(update=COLLECTIVE)
+    payload = grad_bytes * 8 / 8e9  # 2(r−1)/r = 1 for two ranks
+    # 2 slots on 2 cores (σ = 1): no wait.
+    alone = dp_comm(measured, ONE_NODE, 2)
+    assert alone == pytest.approx(3 * 2 * 2e-4 + payload)
+    # 4 slots on the 2 cores (σ = 2): each hop waits, the payload takes twice as long.
+    crowded = dp_comm(measured, TWO_NODES, 4)
+    assert crowded == pytest.approx(3 * 2 * (2e-4 + 1.5e-3) + 2 * payload)
+    # Without the figures the fabric's ring prices it, as before.
+    cluster = fabric.clusters[0]
+    ring = cm.dp_comm_s(spec, 1, 1, 0, 2, intra_bytes_per_s(cluster, None), cluster.intra_latency_ms / 1000)
+    assert dp_comm(fabric, ONE_NODE, 2) == pytest.approx(float(ring))
+
+
+def test_the_hosts_collective_by_hand() -> None:
+    mib = 1024 * 1024
+    assert cm.host_dp_comm_s(1e6, 1, 3.0, 1e-3, 1.0, 1.0) == 0.0  # one rank: nothing to reduce
+    # DDP's buckets: 1 MiB first, 25 MiB after, one all-reduce each, and the loss's.
+    sizes = (0.5 * mib, mib, 1.5 * mib, 26 * mib, 27 * mib)
+    assert [cm.ddp_calls_per_step(b) for b in sizes] == [2, 2, 3, 3, 4]
+    # 3 ranks, σ = 1.5: 4 hops per call at half the call and half the wait; 4/3 of the payload at σ.
+    got = cm.host_dp_comm_s(0.5 * mib, 3, 1.5, 2e-4, 4.0, 1e-3)
+    assert got == pytest.approx(2 * 4 * (1e-4 + 0.5 * 1e-3) + 4 / 3 * 0.5 * mib * 8 / 4e9 * 1.5)
+    # Cores to spare (σ below 1): no wait, the payload at the measured rate.
+    assert cm.host_dp_comm_s(0.5 * mib, 2, 0.5, 2e-4, 4.0, 1e-3) == pytest.approx(
+        2 * 2 * 1e-4 + 0.5 * mib * 8 / 4e9
+    )
+    with pytest.raises(ValueError, match="call_s > 0 and gbps > 0"):
+        cm.host_dp_comm_s(1e6, 2, 1.0, 0.0, 4.0, 0.0)

@@ -87,20 +87,26 @@ class RegisterRequest(_message.Message):
     def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ..., measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ..., node_fabric_gbps: _Optional[float] = ..., node_fabric_latency_ms: _Optional[float] = ..., cross_cluster_host: _Optional[str] = ..., cpu_contention: _Optional[float] = ..., csr_pem: _Optional[str] = ...) -> None: ...
 
 class MeasuredProfile(_message.Message):
-    __slots__ = ("startup_s", "teardown_s", "physical_cores", "rates", "host_load_factor", "launcher_s")
+    __slots__ = ("startup_s", "teardown_s", "physical_cores", "rates", "host_load_factor", "launcher_s", "collective_call_s", "collective_gbps", "collective_wait_s")
     STARTUP_S_FIELD_NUMBER: _ClassVar[int]
     TEARDOWN_S_FIELD_NUMBER: _ClassVar[int]
     PHYSICAL_CORES_FIELD_NUMBER: _ClassVar[int]
     RATES_FIELD_NUMBER: _ClassVar[int]
     HOST_LOAD_FACTOR_FIELD_NUMBER: _ClassVar[int]
     LAUNCHER_S_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_CALL_S_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_GBPS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     startup_s: float
     teardown_s: float
     physical_cores: int
     rates: _containers.RepeatedCompositeFieldContainer[MeasuredStepRate]
     host_load_factor: float
     launcher_s: float
-    def __init__(self, startup_s: _Optional[float] = ..., teardown_s: _Optional[float] = ..., physical_cores: _Optional[int] = ..., rates: _Optional[_Iterable[_Union[MeasuredStepRate, _Mapping]]] = ..., host_load_factor: _Optional[float] = ..., launcher_s: _Optional[float] = ...) -> None: ...
+    collective_call_s: float
+    collective_gbps: float
+    collective_wait_s: float
+    def __init__(self, startup_s: _Optional[float] = ..., teardown_s: _Optional[float] = ..., physical_cores: _Optional[int] = ..., rates: _Optional[_Iterable[_Union[MeasuredStepRate, _Mapping]]] = ..., host_load_factor: _Optional[float] = ..., launcher_s: _Optional[float] = ..., collective_call_s: _Optional[float] = ..., collective_gbps: _Optional[float] = ..., collective_wait_s: _Optional[float] = ...) -> None: ...
 
 class MeasuredStepRate(_message.Message):
     __slots__ = ("precision", "tflops", "micro_batch_s", "step_s", "optimizer_s_per_mparam", "data_s_per_mtoken", "checkpoint_s_per_mparam")
