@@ -138,38 +138,40 @@ def _grow_region_sets(pr: Problem, unit_cap: np.ndarray) -> list[np.ndarray]:
 
 
 def _in_region_hops(
-    f: Fleet, cols: np.ndarray, m: np.ndarray, starts: np.ndarray, regs: np.ndarray, per_region: np.ndarray
+    f: Fleet, rows: np.ndarray, units: np.ndarray, members: np.ndarray, regs: np.ndarray, region_of: np.ndarray,
+    per_region: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per fill row, the slowest hop (bytes/s, seconds) inside the regions where it has two or more
     nodes, as problem.sync_seconds_and_egress takes it: within such a region, units whose nodes
     all lie in one cluster (each within its first cluster, the same for all) meet over that
     fabric, else over the local link and the fabrics of units with two or more nodes there.
-    Units (``cols``, members ``m`` per row) come grouped by region, the groups starting at
-    ``starts``: one min or max per segment, not a loop over regions."""
-    fab_bw, fab_lat = f.cls_intra_bw[cols], f.cls_hop_lat[cols]
-    on = m > 0
-    many = m >= 2
-    cids = f.cls_first_cid[cols][None, :]
-    least = np.minimum.reduceat(np.where(on, cids, np.iinfo(np.int64).max), starts, axis=1)
-    most = np.maximum.reduceat(np.where(on, cids, -1), starts, axis=1)
+    The rows come as entries (row, unit, members ≥ 1, index of the unit's region in ``regs``);
+    each (row, region) cell is reduced over its entries, then over the rows × regions."""
+    n_rows, n_reg = per_region.shape
+    cell = rows * n_reg + region_of
+    cids = f.cls_first_cid[units]
+    least = np.full(n_rows * n_reg, np.iinfo(np.int64).max)
+    most = np.full(n_rows * n_reg, -1, dtype=np.int64)
+    np.minimum.at(least, cell, cids)
+    np.maximum.at(most, cell, cids)
     # A unit misfits when its members outnumber those in its first cluster (≥ 1, so it is used).
-    misfits = np.logical_or.reduceat(m > f.cls_first_cluster[cols][None, :], starts, axis=1)
-    alone = (least == most) & ~misfits
-    # Where a region's units all lie in one cluster they share its fabric (units are classes of
-    # one first cluster, whose bandwidth and hop latency they carry): read that cluster's figures
-    # rather than reduce over the units again.
-    by_cid = np.zeros((2, int(f.cls_first_cid[cols].max()) + 1 if len(cols) else 1))
-    by_cid[0, f.cls_first_cid[cols]] = fab_bw
-    by_cid[1, f.cls_first_cid[cols]] = fab_lat
-    cid = np.where(alone, least, 0)
+    misfits = np.zeros(n_rows * n_reg, dtype=bool)
+    misfits[cell[members > f.cls_first_cluster[units]]] = True
+    alone = ((least == most) & ~misfits).reshape(n_rows, n_reg)
+    # Where a region's units all lie in one cluster they share its fabric: a class carries its
+    # first cluster's bandwidth and hop latency, so one read per cluster index gives them.
+    by_cid = np.zeros((2, int(f.cls_first_cid.max()) + 1 if len(f.cls_first_cid) else 1))
+    by_cid[0, f.cls_first_cid] = f.cls_intra_bw
+    by_cid[1, f.cls_first_cid] = f.cls_hop_lat
+    cid = np.where(alone, least.reshape(n_rows, n_reg), 0)
     fit_bw, fit_lat = by_cid[0, cid], by_cid[1, cid]
-    span_bw = np.minimum(
-        f.local_bw[regs][None, :],
-        np.minimum.reduceat(np.where(many, fab_bw[None, :], np.inf), starts, axis=1),
-    )
-    span_lat = np.maximum(
-        f.local_lat[regs][None, :], np.maximum.reduceat(np.where(many, fab_lat[None, :], 0.0), starts, axis=1)
-    )
+    many = members >= 2
+    many_bw = np.full(n_rows * n_reg, np.inf)
+    many_lat = np.zeros(n_rows * n_reg)
+    np.minimum.at(many_bw, cell[many], f.cls_intra_bw[units[many]])
+    np.maximum.at(many_lat, cell[many], f.cls_hop_lat[units[many]])
+    span_bw = np.minimum(f.local_bw[regs][None, :], many_bw.reshape(n_rows, n_reg))
+    span_lat = np.maximum(f.local_lat[regs][None, :], many_lat.reshape(n_rows, n_reg))
     one = alone & np.isfinite(fit_bw)
     active = per_region >= 2
     in_bw = np.where(active, np.where(one, fit_bw, span_bw), np.inf).min(axis=1)
@@ -183,34 +185,27 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     spec = f.spec
     cols = np.flatnonzero(x.any(axis=0))  # only the units some row uses
     x = x[:, cols]
-    t1, t2, lo, cap = pr.t1[cols], pr.t2[cols], pr.lo[cols], pr.cap[cols]
-    single = (x == 1) & (lo <= 1)[None, :] & (t1[None, :] <= levels[:, None])
-    t_local = np.where(x > 0, np.where(single, t1[None, :], t2[None, :]), 0.0).max(axis=1)
+    # A row uses a few units out of those: its figures are read per used (row, unit) entry.
+    rows, at = np.nonzero(x)
+    xs = x[rows, at]
+    units = cols[at]
+    t1 = pr.t1[units]
+    single = (xs == 1) & (pr.lo[units] <= 1) & (t1 <= levels[rows])
+    t_local = np.zeros(len(x))
+    np.maximum.at(t_local, rows, np.where(single, t1, pr.t2[units]))
     # Members per unit, ceil(x / cap): in floats (exact for these small counts, and faster than
-    # integer division); zero where the unit is unused.
-    members = np.ceil(x / np.maximum(cap, 1)).astype(np.int64)
+    # integer division).
+    members = np.ceil(xs / np.maximum(pr.cap[units], 1)).astype(np.int64)
+    n_part = np.zeros(len(x), dtype=np.int64)
+    np.add.at(n_part, rows, members)
     regs, reg_of = np.unique(pr.region[cols], return_inverse=True)
-    # The used units grouped by region: per-region sums, minima and maxima as segment reductions.
-    perm = np.argsort(reg_of.reshape(-1), kind="stable")
-    starts = np.searchsorted(reg_of.reshape(-1)[perm], np.arange(len(regs)))
-    members_p = members[:, perm]
-    per_region = np.add.reduceat(members_p, starts, axis=1).astype(float)  # rows × used regions
+    region_of = reg_of.reshape(-1)[at]
+    per_region = np.zeros(len(x) * len(regs), dtype=np.int64)  # rows × used regions
+    np.add.at(per_region, rows * len(regs) + region_of, members)
+    per_region = per_region.reshape(len(x), len(regs)).astype(float)
     used = per_region > 0
     n_used = used.sum(axis=1)
-    # Only regions where some row has two or more participants have an in-region hop: the others'
-    # units are left out of the segment reductions (their regions would give inf and 0 anyway).
-    active = (per_region >= 2).any(axis=0)
-    if active.all():
-        in_bw, in_lat = _in_region_hops(f, cols[perm], members_p, starts, regs, per_region)
-    elif active.any():
-        keep = active[reg_of.reshape(-1)[perm]]
-        at = np.flatnonzero(active)
-        kept_starts = np.searchsorted(reg_of.reshape(-1)[perm][keep], at)
-        in_bw, in_lat = _in_region_hops(
-            f, cols[perm][keep], members_p[:, keep], kept_starts, regs[at], per_region[:, at]
-        )
-    else:
-        in_bw, in_lat = np.full(len(x), np.inf), np.zeros(len(x))
+    in_bw, in_lat = _in_region_hops(f, rows, units, members, regs, region_of, per_region)
     # Rows mostly repeat a few sets of used regions: the region pairs (rows × regions² otherwise)
     # are read once per distinct set, then spread back to the rows.
     if len(regs) <= 62:
@@ -227,7 +222,6 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     lat = np.where(pair, f.pair_lat[sub][None, :, :], 0.0).max(axis=(1, 2))[row_set]
     eg = np.where(pair, f.egress[sub][None, :, :], 0.0).max(axis=2).sum(axis=1)[row_set]
     multi = n_used >= 2
-    n_part = members.sum(axis=1)
     hop_bw = np.minimum(in_bw, np.where(multi, bw, np.inf))
     hop_lat = np.maximum(in_lat, np.where(multi, lat, 0.0))
     ring = n_part >= 2
@@ -239,7 +233,7 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     step, final = runtime_step(pr, t_local, t_sync, n_part)
     per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
     steps = spec.training.steps
-    rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev
+    rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev  # over cols, as before: float sums
     duration = steps * step + final + f.fixed_s
     cost = duration * rate / 3600.0 + steps * pr.xps * np.where(multi, per / cm.GB * eg, 0.0)
     return duration / steps, cost

@@ -260,13 +260,13 @@ def test_in_region_hops_match_a_loop_over_regions(snap, spec, seed) -> None:
         x = x[x.any(axis=1)]
         if not len(x):
             continue
-        cols = np.flatnonzero(x.any(axis=0))
-        members = np.where(x[:, cols] > 0, np.maximum(1, -(-x[:, cols] // np.maximum(pr.cap[cols], 1))), 0)
-        regs, reg_of = np.unique(pr.region[cols], return_inverse=True)
-        perm = np.argsort(reg_of.reshape(-1), kind="stable")
-        starts = np.searchsorted(reg_of.reshape(-1)[perm], np.arange(len(regs)))
-        per_region = np.add.reduceat(members[:, perm], starts, axis=1).astype(float)
-        got = _in_region_hops(pr.fleet, cols[perm], members[:, perm], starts, regs, per_region)
+        rows, units = np.nonzero(x)
+        members = -(-x[rows, units] // np.maximum(pr.cap[units], 1))
+        regs, region_of = np.unique(pr.region[units], return_inverse=True)
+        per_region = np.zeros((len(x), len(regs)))
+        for i, r, m in zip(rows, region_of, members, strict=True):
+            per_region[i, r] += m
+        got = _in_region_hops(pr.fleet, rows, units, members, regs, region_of.reshape(-1), per_region)
         want = _hops_by_loop(pr, x)
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
