@@ -24,6 +24,7 @@ ANCHORS = 3  # anchor regions by capacity, and as many by price, for compact reg
 ROWS_PER_GOAL = 2  # best fills kept per goal (time, cost, balance)
 SET_LEVELS = (0.0, 0.25, 1.0)  # quantiles of the feasible levels to grow region sets at
 REGION_SETS_KEPT = 4096  # region sets kept per pool list and calibration (cleared when full)
+FILL_LINKS_KEPT = 65536  # sets of used regions whose links are kept, likewise
 
 
 def split(
@@ -138,7 +139,12 @@ def _grow_region_sets(pr: Problem, unit_cap: np.ndarray) -> list[np.ndarray]:
 
 
 def _in_region_hops(
-    f: Fleet, rows: np.ndarray, units: np.ndarray, members: np.ndarray, regs: np.ndarray, region_of: np.ndarray,
+    f: Fleet,
+    rows: np.ndarray,
+    units: np.ndarray,
+    members: np.ndarray,
+    regs: np.ndarray,
+    region_of: np.ndarray,
     per_region: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per fill row, the slowest hop (bytes/s, seconds) inside the regions where it has two or more
@@ -179,6 +185,38 @@ def _in_region_hops(
     return in_bw, in_lat
 
 
+def _set_links(f: Fleet, sets: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per set of regions (a bitmask over the fleet's regions): the slowest link between two of its
+    regions (inf with fewer than two), the highest latency (0 with fewer than two) and, per region
+    of the fleet, its dearest egress to another of the set (0 outside the set or alone in it).
+    They follow from the region pairs alone, so they are kept with the fleet like region_sets."""
+    kept = f.fill_links
+    n_reg = len(f.regions)
+    out = []
+    for key in sets:
+        got = kept.get(key)
+        if got is None:
+            idx = np.flatnonzero((key >> np.arange(n_reg, dtype=np.int64)) & 1)
+            sub = np.ix_(idx, idx)
+            off = ~np.eye(len(idx), dtype=bool)
+            dearest = np.zeros(n_reg)
+            dearest[idx] = np.where(off, f.egress[sub], 0.0).max(axis=1, initial=0.0)
+            got = (
+                float(f.pair_bw[sub][off].min(initial=np.inf)),
+                float(f.pair_lat[sub][off].max(initial=0.0)),
+                dearest,
+            )
+            if len(kept) >= FILL_LINKS_KEPT:
+                kept.clear()
+            kept[key] = got
+        out.append(got)
+    return (
+        np.array([g[0] for g in out]),
+        np.array([g[1] for g in out]),
+        np.array([g[2] for g in out]).reshape(len(out), n_reg),
+    )
+
+
 def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(step seconds, cost) of every fill row with packed members, as evaluate() would score them."""
     f = pr.fleet
@@ -206,21 +244,20 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     used = per_region > 0
     n_used = used.sum(axis=1)
     in_bw, in_lat = _in_region_hops(f, rows, units, members, regs, region_of, per_region)
-    # Rows mostly repeat a few sets of used regions: the region pairs (rows × regions² otherwise)
-    # are read once per distinct set, then spread back to the rows.
-    if len(regs) <= 62:
-        _, first, row_set = np.unique(
-            used @ (1 << np.arange(len(regs), dtype=np.int64)), return_index=True, return_inverse=True
-        )
-        sets = used[first]
+    # Rows mostly repeat a few sets of used regions, and candidates and quotes meet the same sets:
+    # each set's links are read once and kept with the fleet, then spread back to the rows.
+    if len(f.regions) <= 62:
+        sets, row_set = np.unique(used @ (1 << regs.astype(np.int64)), return_inverse=True)
+        bw_s, lat_s, dearest = _set_links(f, sets.tolist())
+        row_set = row_set.reshape(-1)
+        bw, lat = bw_s[row_set], lat_s[row_set]
+        eg = dearest[:, regs].sum(axis=1)[row_set]
     else:
-        sets, row_set = used, np.arange(len(used))
-    row_set = row_set.reshape(-1)
-    sub = np.ix_(regs, regs)
-    pair = sets[:, :, None] & sets[:, None, :] & ~np.eye(len(regs), dtype=bool)[None, :, :]
-    bw = np.where(pair, f.pair_bw[sub][None, :, :], np.inf).min(axis=(1, 2))[row_set]
-    lat = np.where(pair, f.pair_lat[sub][None, :, :], 0.0).max(axis=(1, 2))[row_set]
-    eg = np.where(pair, f.egress[sub][None, :, :], 0.0).max(axis=2).sum(axis=1)[row_set]
+        sub = np.ix_(regs, regs)
+        pair = used[:, :, None] & used[:, None, :] & ~np.eye(len(regs), dtype=bool)[None, :, :]
+        bw = np.where(pair, f.pair_bw[sub][None, :, :], np.inf).min(axis=(1, 2))
+        lat = np.where(pair, f.pair_lat[sub][None, :, :], 0.0).max(axis=(1, 2))
+        eg = np.where(pair, f.egress[sub][None, :, :], 0.0).max(axis=2).sum(axis=1)
     multi = n_used >= 2
     hop_bw = np.minimum(in_bw, np.where(multi, bw, np.inf))
     hop_lat = np.maximum(in_lat, np.where(multi, lat, 0.0))

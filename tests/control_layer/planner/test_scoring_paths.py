@@ -283,7 +283,7 @@ def test_region_sets_kept_across_candidates_and_quotes_change_no_candidate(snap,
     again, _ = _problems(spec, snap)  # the next quote on the same snapshot
     assert again.region_sets is fleet.region_sets
     for pr, got in zip(problems, shared, strict=True):
-        fresh = dataclasses.replace(fleet, region_sets={}, growth_orders={}, layouts={})
+        fresh = dataclasses.replace(fleet, region_sets={}, growth_orders={}, fill_links={}, layouts={})
         assert candidate_solutions(build_problem(fresh, pr.deg)) == got
         assert candidate_solutions(build_problem(again, pr.deg)) == got
 
@@ -371,7 +371,7 @@ def test_growth_orders_are_fresh_when_a_cluster_changes(snap, spec, pick) -> Non
         return
     assert changed.growth_orders is not fleet.growth_orders
     for pr in changed_problems[:4]:
-        fresh = dataclasses.replace(changed, region_sets={}, growth_orders={}, layouts={})
+        fresh = dataclasses.replace(changed, region_sets={}, growth_orders={}, fill_links={}, layouts={})
         assert candidate_solutions(pr) == candidate_solutions(build_problem(fresh, pr.deg))
 
 
@@ -465,16 +465,22 @@ def test_region_links_and_wan_orders_kept_per_snapshot_are_fresh_on_a_changed_on
         assert region_links(fleet, regions) == _links_dense(fleet, regions)
     again, _ = _problems(spec, snap)
     assert again.region_links is fleet.region_links and again.wan_orders is fleet.wan_orders
-    assert again.growth_orders is fleet.growth_orders
+    assert again.growth_orders is fleet.growth_orders and again.fill_links is fleet.fill_links
     changed, changed_problems = _problems(spec, _slower_links(snap))
     assert changed.region_links is not fleet.region_links and changed.wan_orders is not fleet.wan_orders
-    assert changed.growth_orders is not fleet.growth_orders
+    assert changed.growth_orders is not fleet.growth_orders and changed.fill_links is not fleet.fill_links
     for regions in sets:
         assert region_links(changed, regions) == _links_dense(changed, regions)
     for pr in changed_problems[:4]:
         # The bounds read the kept link orders: the same as with empty memos on the changed fleet.
         fresh = dataclasses.replace(
-            changed, region_links={}, wan_orders={}, region_sets={}, growth_orders={}, layouts={}
+            changed,
+            region_links={},
+            fill_links={},
+            wan_orders={},
+            region_sets={},
+            growth_orders={},
+            layouts={},
         )
         assert lower_bounds(pr) == lower_bounds(build_problem(fresh, pr.deg))
         assert evaluate_many(pr, candidate_solutions(pr)) == evaluate_many(
