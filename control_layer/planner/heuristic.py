@@ -362,11 +362,8 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
                 picks.append(int(i))
     out: dict[Solution, None] = {}
     for i in picks:
-        row = _Row(pr, x[i])
-        for spread in (False, True):
-            sol = _to_solution(pr, row, float(lv[i]), spread)
-            if sol is not None:
-                out[sol] = None
+        for sol in _to_solutions(pr, _Row(pr, x[i]), float(lv[i])):
+            out[sol] = None
     return list(out)
 
 
@@ -382,21 +379,38 @@ class _Row:
         self.count, self.cap = pr.count[used].tolist(), pr.cap[used].tolist()
 
 
-def _to_solution(pr: Problem, row: _Row, level: float, spread: bool) -> Solution | None:
+def _to_solutions(pr: Problem, row: _Row, level: float) -> list[Solution]:
+    """The row's solutions: its members packed (``split``), then spread where that differs; a
+    split that breaks a rule gives none."""
     n1 = [0] * pr.n_units
     n2 = [0] * pr.n_units
     x2 = [0] * pr.n_units
+    packed_ok = spread_ok = True
+    moved: list[tuple[int, tuple[int, int, int]]] = []  # (unit, spread split) where the two differ
     # Plain Python numbers: this loop runs per picked row, per unit used.
     xs, lo, t1, t2, count, cap = row.xs, row.lo, row.t1, row.t2, row.count, row.cap
     for k, u in enumerate(row.used):
-        x = xs[k]
+        x = xs[k]  # ≥ 1: the row uses the unit
         single_ok = lo[k] <= 1 and t1[k] <= level
+        alone = (x, 0, 0) if single_ok and x <= count[k] else None  # one replica per member
         if t2[k] > level:
             # Only one replica per member is fast enough here.
-            got = (x, 0, 0) if single_ok and x <= count[k] else None
+            got = wide = alone
         else:
-            got = split(x, count[k], cap[k], lo[k], single_ok, spread)
+            got = split(x, count[k], cap[k], lo[k], single_ok, False)
+            wide = alone or got  # split(..., spread=True)
         if got is None:
-            return None
-        n1[u], n2[u], x2[u] = got
-    return Solution(tuple(n1), tuple(n2), tuple(x2), units=tuple(row.used))
+            packed_ok = False
+        else:
+            n1[u], n2[u], x2[u] = got
+        if wide is None:
+            spread_ok = False
+        elif wide != got:
+            moved.append((u, wide))
+    units = tuple(row.used)
+    out = [Solution(tuple(n1), tuple(n2), tuple(x2), units=units)] if packed_ok else []
+    if spread_ok and moved:
+        for u, (a, b, c) in moved:
+            n1[u], n2[u], x2[u] = a, b, c
+        out.append(Solution(tuple(n1), tuple(n2), tuple(x2), units=units))
+    return out
