@@ -393,19 +393,20 @@ class Problem:
     per_leader: np.ndarray
     xps: float  # exchanges per step
     overlapped: bool
-    _t_shared_kept: dict[tuple[int, int], float] = field(default_factory=dict, repr=False, compare=False)
+    _t_shared_kept: dict[int, list[float]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_units(self) -> int:
         return len(self.units)
 
     def t_shared_one(self, u: int, replicas: int) -> float:
-        """``t_shared`` of one unit, kept per (unit, replicas): scoring asks for few of them."""
-        key = (u, replicas)
-        t = self._t_shared_kept.get(key)
-        if t is None:
-            t = self._t_shared_kept[key] = float(self.t_shared(replicas, slice(u, u + 1))[0])
-        return t
+        """``t_shared`` of one unit: every unit's kept per replicas value (scoring asks for few
+        values, over many units; the figures are element-wise, so each unit's is what it would
+        get alone)."""
+        row = self._t_shared_kept.get(replicas)
+        if row is None:
+            row = self._t_shared_kept[replicas] = self.t_shared(replicas).tolist()
+        return row[u]
 
     def t_shared(self, replicas, units: slice = slice(None)) -> np.ndarray:
         """Per unit (of ``units``), the step of a replica on a member holding ``replicas`` (≥ 2):
