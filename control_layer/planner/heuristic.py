@@ -318,25 +318,28 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
     by_order = [(ordr, elig[:, ordr], pr.region[ordr]) for ordr in (order, big_first)]
     pieces: list[tuple[np.ndarray, np.ndarray]] = []  # (units, fills) per (set, order)
     row_level, n_rows = [], 0
+    n_lv = len(levels)
     for regions in sets.values():
-        for ordr, el_o, reg_o in by_order:
-            inside = regions[reg_o]  # this order, restricted to the set's units
-            cols = ordr[inside]
-            if not len(cols):
-                continue
-            el = el_o[:, inside]
-            cum = np.cumsum(el, axis=1)
-            good = cum[:, -1] >= dp  # a level whose set can hold dp fills it exactly
-            n_good = int(np.count_nonzero(good))
-            if not n_good:
-                continue
-            lv = levels
-            if n_good < len(good):
-                el, cum, lv = el[good], cum[good], levels[good]
-            take = np.minimum(np.maximum(dp - (cum - el), 0), el)  # np.clip, without its wrapper
-            pieces.append((cols, take))
+        # Both orders' fills of the set at once: the first n_lv rows cheapest first, the others
+        # largest first (each order restricted to the set's units).
+        inside = [regions[reg_o] for _, _, reg_o in by_order]
+        el = np.concatenate([el_o[:, m] for (_, el_o, _), m in zip(by_order, inside, strict=True)])
+        if not el.shape[1]:
+            continue
+        cum = np.cumsum(el, axis=1)
+        good = cum[:n_lv, -1] >= dp  # a level whose set can hold dp fills it exactly (either order)
+        n_good = int(np.count_nonzero(good))
+        if not n_good:
+            continue
+        lv = levels
+        if n_good < n_lv:
+            keep = np.concatenate([good, good])
+            el, cum, lv = el[keep], cum[keep], levels[good]
+        take = np.minimum(np.maximum(dp - (cum - el), 0), el)  # np.clip, without its wrapper
+        for k, ((ordr, _, _), m) in enumerate(zip(by_order, inside, strict=True)):
+            pieces.append((ordr[m], take[k * n_good : (k + 1) * n_good]))
             row_level.append(lv)
-            n_rows += len(take)
+        n_rows += len(take)
     if not n_rows:
         return []
     x = np.zeros((n_rows, pr.n_units), dtype=elig.dtype)  # the fills, one row each
