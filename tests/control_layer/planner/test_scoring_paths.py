@@ -535,3 +535,39 @@ def test_pools_derived_from_the_other_price_setting_equal_fresh_ones(snap, spot_
     )
     again = _fleet_pools(dearer, not spot_first)
     assert [p.price for p in again] == [device_price(p.cluster, not spot_first) for p in again]
+
+
+@FAST
+@given(
+    pp=st.integers(2, 5),
+    m=st.integers(1, 24),
+    times=st.lists(st.floats(1e-4, 1.0), min_size=10, max_size=10),
+    nbytes=st.floats(1e3, 1e9),
+    schedule=st.sampled_from(["1f1b", "gpipe"]),
+    pick=st.randoms(use_true_random=False),
+)
+def test_pipeline_transfers_priced_against_a_bare_schedule_kept_apart_from_the_links(
+    pp, m, times, nbytes, schedule, pick
+) -> None:
+    """The bare schedule (transfers take no time) is kept per stage times alone: the same as walked
+    on any links, so a pipeline's transfer seconds are those of two walks on its own links."""
+    fwd, bwd = tuple(times[:pp]), tuple(times[5 : 5 + pp])
+    links = cm.PipelineLinks(
+        port_out=tuple(pick.uniform(1e8, 1e11) for _ in range(pp)),
+        port_in=tuple(pick.uniform(1e8, 1e11) for _ in range(pp)),
+        across=tuple(pick.random() < 0.5 for _ in range(pp - 1)),
+        latency=tuple(pick.uniform(0.0, 0.05) for _ in range(pp - 1)),
+        local_bw=pick.uniform(1e9, 1e12),
+        link_bw=tuple(pick.choice([math.inf, pick.uniform(1e7, 1e10)]) for _ in range(pp - 1)),
+    )
+    bare = cm._pipeline_makespan(m, fwd, bwd, links, 0.0, schedule)
+    assert cm._bare_makespan(m, fwd, bwd, schedule) == bare
+
+    def extra(n: int) -> float:
+        return cm._pipeline_makespan(n, fwd, bwd, links, nbytes, schedule) - cm._pipeline_makespan(
+            n, fwd, bwd, links, 0.0, schedule
+        )
+
+    m1, m2 = 2 * pp, 4 * pp
+    want = extra(m) if m <= m2 else extra(m2) + (m - m2) * (extra(m2) - extra(m1)) / (m2 - m1)
+    assert cm.pipeline_comm_s(pp, m, fwd, bwd, links, nbytes, schedule) == want
