@@ -342,7 +342,9 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
         n_rows += len(take)
     if not n_rows:
         return []
-    x = np.zeros((n_rows, pr.n_units), dtype=elig.dtype)  # the fills, one row each
+    # The fills, one row each (replica counts: 32 bits hold them, and halve what the passes
+    # over rows × units below read).
+    x = np.zeros((n_rows, pr.n_units), dtype=np.int32)
     at = 0
     for cols, take in pieces:
         x[at : at + len(take), cols] = take
