@@ -1,10 +1,11 @@
 """The search's fast scoring paths against plain dense forms of the same rules.
 
 ``evaluate`` walks only the units a solution uses and prices a candidate's solutions in one
-vectorised runtime pass; the heuristic takes each fill row's slowest in-region hop as segment
-reductions over units grouped by region, and keeps region sets per fleet. Each is checked here
-against a dense, one-at-a-time form written in this file (every unit, every region in a loop),
-value for value: the fast paths must change no score and no option.
+vectorised runtime pass; the heuristic reads each fill row's used units as (row, unit) entries
+for its slowest in-region hop, keeps region sets and each set of used regions' links per fleet,
+and pipeline pricing keeps the bare schedule apart from the links. Each is checked here against
+a dense, one-at-a-time form written in this file (every unit, every region in a loop), value for
+value: the fast paths must change no score and no option.
 """
 
 from __future__ import annotations
