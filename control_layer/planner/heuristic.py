@@ -236,8 +236,11 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     members = np.ceil(xs / np.maximum(pr.cap[units], 1)).astype(np.int64)
     n_part = np.zeros(len(x), dtype=np.int64)
     np.add.at(n_part, rows, members)
-    regs, reg_of = np.unique(pr.region[cols], return_inverse=True)
-    region_of = reg_of.reshape(-1)[at]
+    # The regions the used units lie in, ascending, and each entry's index among them.
+    present = np.zeros(len(f.regions), dtype=bool)
+    present[pr.region[cols]] = True
+    regs = np.flatnonzero(present)
+    region_of = (np.cumsum(present) - 1)[pr.region[units]]
     per_region = np.zeros(len(x) * len(regs), dtype=np.int64)  # rows × used regions
     np.add.at(per_region, rows * len(regs) + region_of, members)
     per_region = per_region.reshape(len(x), len(regs)).astype(float)
@@ -298,8 +301,9 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
     elig = np.where(
         pr.t2[None, :] <= tau, full[None, :], np.where(pr.t1[None, :] <= tau, singles[None, :], 0)
     )
-    elig = elig.astype(np.int64)
-    order = np.lexsort((np.arange(pr.n_units), pr.t2, pr.price))
+    elig = elig.astype(np.int64, copy=False)
+    # lexsort is stable: ties keep the units' order.
+    order = np.lexsort((pr.t2, pr.price))
     dp = pr.deg.dp
 
     # Region sets are grown for a few levels: what is compact at a slow level (all device kinds)
@@ -313,7 +317,7 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
                 sets.setdefault(regions.tobytes(), regions)
     # Two fill orders: cheapest first, and largest members first (fewest sync participants,
     # what per-step synchronisation rewards).
-    big_first = np.lexsort((np.arange(pr.n_units), pr.price, -pr.cap))
+    big_first = np.lexsort((pr.price, -pr.cap))
     # Per order, the eligible counts and the units' regions in that order, gathered once.
     by_order = [(ordr, elig[:, ordr], pr.region[ordr]) for ordr in (order, big_first)]
     pieces: list[tuple[np.ndarray, np.ndarray]] = []  # (units, fills) per (set, order)
