@@ -530,7 +530,7 @@ def _pipeline_makespan(
     m: int,
     fwd: Sequence[float],
     bwd: Sequence[float],
-    links: PipelineLinks,
+    links: PipelineLinks | None,
     nbytes: float,
     schedule: str,
 ) -> float:
@@ -592,7 +592,7 @@ def _pipeline_makespan(
         if 0 <= to < pp:
             k = min(st, to)
             start = max(now, pair_free.get((st, to), 0.0))
-            if nbytes <= 0:
+            if nbytes <= 0 or links is None:  # no links given: transfers take no time
                 done = arrive = now
             elif links.across[k]:
                 start = max(start, tx[st], rx[to])
@@ -642,8 +642,8 @@ def _pipeline_comm_s(
     """``pipeline_comm_s``, kept per input: a fleet's like replicas walk the same schedule."""
 
     def extra(n: int) -> float:
-        return _pipeline_makespan(n, fwd, bwd, links, nbytes, schedule) - _pipeline_makespan(
-            n, fwd, bwd, links, 0.0, schedule
+        return _pipeline_makespan(n, fwd, bwd, links, nbytes, schedule) - _bare_makespan(
+            n, fwd, bwd, schedule
         )
 
     m1, m2 = 2 * pp, 4 * pp
@@ -651,6 +651,13 @@ def _pipeline_comm_s(
         return extra(m)
     e1, e2 = extra(m1), extra(m2)
     return e2 + (m - m2) * (e2 - e1) / (m2 - m1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _bare_makespan(m: int, fwd: tuple[float, ...], bwd: tuple[float, ...], schedule: str) -> float:
+    """``_pipeline_makespan`` with transfers that take no time: the links are never read, so
+    pipelines of like stages on other links share it."""
+    return _pipeline_makespan(m, fwd, bwd, None, 0.0, schedule)
 
 
 def dp_comm_s(spec: JobSpec, tp: int, pp: int, zero: int, replicas_on_node, intra_bw, intra_lat):

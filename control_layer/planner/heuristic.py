@@ -24,6 +24,7 @@ ANCHORS = 3  # anchor regions by capacity, and as many by price, for compact reg
 ROWS_PER_GOAL = 2  # best fills kept per goal (time, cost, balance)
 SET_LEVELS = (0.0, 0.25, 1.0)  # quantiles of the feasible levels to grow region sets at
 REGION_SETS_KEPT = 4096  # region sets kept per pool list and calibration (cleared when full)
+FILL_LINKS_KEPT = 65536  # sets of used regions whose links are kept, likewise
 
 
 def split(
@@ -138,43 +139,82 @@ def _grow_region_sets(pr: Problem, unit_cap: np.ndarray) -> list[np.ndarray]:
 
 
 def _in_region_hops(
-    f: Fleet, cols: np.ndarray, m: np.ndarray, starts: np.ndarray, regs: np.ndarray, per_region: np.ndarray
+    f: Fleet,
+    rows: np.ndarray,
+    units: np.ndarray,
+    members: np.ndarray,
+    regs: np.ndarray,
+    region_of: np.ndarray,
+    per_region: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per fill row, the slowest hop (bytes/s, seconds) inside the regions where it has two or more
     nodes, as problem.sync_seconds_and_egress takes it: within such a region, units whose nodes
     all lie in one cluster (each within its first cluster, the same for all) meet over that
     fabric, else over the local link and the fabrics of units with two or more nodes there.
-    Units (``cols``, members ``m`` per row) come grouped by region, the groups starting at
-    ``starts``: one min or max per segment, not a loop over regions."""
-    fab_bw, fab_lat = f.cls_intra_bw[cols], f.cls_hop_lat[cols]
-    on = m > 0
-    many = m >= 2
-    cids = f.cls_first_cid[cols][None, :]
-    least = np.minimum.reduceat(np.where(on, cids, np.iinfo(np.int64).max), starts, axis=1)
-    most = np.maximum.reduceat(np.where(on, cids, -1), starts, axis=1)
+    The rows come as entries (row, unit, members ≥ 1, index of the unit's region in ``regs``);
+    each (row, region) cell is reduced over its entries, then over the rows × regions."""
+    n_rows, n_reg = per_region.shape
+    cell = rows * n_reg + region_of
+    cids = f.cls_first_cid[units]
+    least = np.full(n_rows * n_reg, np.iinfo(np.int64).max)
+    most = np.full(n_rows * n_reg, -1, dtype=np.int64)
+    np.minimum.at(least, cell, cids)
+    np.maximum.at(most, cell, cids)
     # A unit misfits when its members outnumber those in its first cluster (≥ 1, so it is used).
-    misfits = np.logical_or.reduceat(m > f.cls_first_cluster[cols][None, :], starts, axis=1)
-    alone = (least == most) & ~misfits
-    # Where a region's units all lie in one cluster they share its fabric (units are classes of
-    # one first cluster, whose bandwidth and hop latency they carry): read that cluster's figures
-    # rather than reduce over the units again.
-    by_cid = np.zeros((2, int(f.cls_first_cid[cols].max()) + 1 if len(cols) else 1))
-    by_cid[0, f.cls_first_cid[cols]] = fab_bw
-    by_cid[1, f.cls_first_cid[cols]] = fab_lat
-    cid = np.where(alone, least, 0)
+    misfits = np.zeros(n_rows * n_reg, dtype=bool)
+    misfits[cell[members > f.cls_first_cluster[units]]] = True
+    alone = ((least == most) & ~misfits).reshape(n_rows, n_reg)
+    # Where a region's units all lie in one cluster they share its fabric: a class carries its
+    # first cluster's bandwidth and hop latency, so one read per cluster index gives them.
+    by_cid = np.zeros((2, int(f.cls_first_cid.max()) + 1 if len(f.cls_first_cid) else 1))
+    by_cid[0, f.cls_first_cid] = f.cls_intra_bw
+    by_cid[1, f.cls_first_cid] = f.cls_hop_lat
+    cid = np.where(alone, least.reshape(n_rows, n_reg), 0)
     fit_bw, fit_lat = by_cid[0, cid], by_cid[1, cid]
-    span_bw = np.minimum(
-        f.local_bw[regs][None, :],
-        np.minimum.reduceat(np.where(many, fab_bw[None, :], np.inf), starts, axis=1),
-    )
-    span_lat = np.maximum(
-        f.local_lat[regs][None, :], np.maximum.reduceat(np.where(many, fab_lat[None, :], 0.0), starts, axis=1)
-    )
+    many = members >= 2
+    many_bw = np.full(n_rows * n_reg, np.inf)
+    many_lat = np.zeros(n_rows * n_reg)
+    np.minimum.at(many_bw, cell[many], f.cls_intra_bw[units[many]])
+    np.maximum.at(many_lat, cell[many], f.cls_hop_lat[units[many]])
+    span_bw = np.minimum(f.local_bw[regs][None, :], many_bw.reshape(n_rows, n_reg))
+    span_lat = np.maximum(f.local_lat[regs][None, :], many_lat.reshape(n_rows, n_reg))
     one = alone & np.isfinite(fit_bw)
     active = per_region >= 2
     in_bw = np.where(active, np.where(one, fit_bw, span_bw), np.inf).min(axis=1)
     in_lat = np.maximum(0.0, np.where(active, np.where(one, fit_lat, span_lat), 0.0).max(axis=1))
     return in_bw, in_lat
+
+
+def _set_links(f: Fleet, sets: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per set of regions (a bitmask over the fleet's regions): the slowest link between two of its
+    regions (inf with fewer than two), the highest latency (0 with fewer than two) and, per region
+    of the fleet, its dearest egress to another of the set (0 outside the set or alone in it).
+    They follow from the region pairs alone, so they are kept with the fleet like region_sets."""
+    kept = f.fill_links
+    n_reg = len(f.regions)
+    out = []
+    for key in sets:
+        got = kept.get(key)
+        if got is None:
+            idx = np.flatnonzero((key >> np.arange(n_reg, dtype=np.int64)) & 1)
+            sub = np.ix_(idx, idx)
+            off = ~np.eye(len(idx), dtype=bool)
+            dearest = np.zeros(n_reg)
+            dearest[idx] = np.where(off, f.egress[sub], 0.0).max(axis=1, initial=0.0)
+            got = (
+                float(f.pair_bw[sub][off].min(initial=np.inf)),
+                float(f.pair_lat[sub][off].max(initial=0.0)),
+                dearest,
+            )
+            if len(kept) >= FILL_LINKS_KEPT:
+                kept.clear()
+            kept[key] = got
+        out.append(got)
+    return (
+        np.array([g[0] for g in out]),
+        np.array([g[1] for g in out]),
+        np.array([g[2] for g in out]).reshape(len(out), n_reg),
+    )
 
 
 def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -183,51 +223,45 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     spec = f.spec
     cols = np.flatnonzero(x.any(axis=0))  # only the units some row uses
     x = x[:, cols]
-    t1, t2, lo, cap = pr.t1[cols], pr.t2[cols], pr.lo[cols], pr.cap[cols]
-    single = (x == 1) & (lo <= 1)[None, :] & (t1[None, :] <= levels[:, None])
-    t_local = np.where(x > 0, np.where(single, t1[None, :], t2[None, :]), 0.0).max(axis=1)
+    # A row uses a few units out of those: its figures are read per used (row, unit) entry.
+    rows, at = np.nonzero(x)
+    xs = x[rows, at]
+    units = cols[at]
+    t1 = pr.t1[units]
+    single = (xs == 1) & (pr.lo[units] <= 1) & (t1 <= levels[rows])
+    t_local = np.zeros(len(x))
+    np.maximum.at(t_local, rows, np.where(single, t1, pr.t2[units]))
     # Members per unit, ceil(x / cap): in floats (exact for these small counts, and faster than
-    # integer division); zero where the unit is unused.
-    members = np.ceil(x / np.maximum(cap, 1)).astype(np.int64)
-    regs, reg_of = np.unique(pr.region[cols], return_inverse=True)
-    # The used units grouped by region: per-region sums, minima and maxima as segment reductions.
-    perm = np.argsort(reg_of.reshape(-1), kind="stable")
-    starts = np.searchsorted(reg_of.reshape(-1)[perm], np.arange(len(regs)))
-    members_p = members[:, perm]
-    per_region = np.add.reduceat(members_p, starts, axis=1).astype(float)  # rows × used regions
+    # integer division).
+    members = np.ceil(xs / np.maximum(pr.cap[units], 1)).astype(np.int64)
+    n_part = np.zeros(len(x), dtype=np.int64)
+    np.add.at(n_part, rows, members)
+    # The regions the used units lie in, ascending, and each entry's index among them.
+    present = np.zeros(len(f.regions), dtype=bool)
+    present[pr.region[cols]] = True
+    regs = np.flatnonzero(present)
+    region_of = (np.cumsum(present) - 1)[pr.region[units]]
+    per_region = np.zeros(len(x) * len(regs), dtype=np.int64)  # rows × used regions
+    np.add.at(per_region, rows * len(regs) + region_of, members)
+    per_region = per_region.reshape(len(x), len(regs)).astype(float)
     used = per_region > 0
     n_used = used.sum(axis=1)
-    # Only regions where some row has two or more participants have an in-region hop: the others'
-    # units are left out of the segment reductions (their regions would give inf and 0 anyway).
-    active = (per_region >= 2).any(axis=0)
-    if active.all():
-        in_bw, in_lat = _in_region_hops(f, cols[perm], members_p, starts, regs, per_region)
-    elif active.any():
-        keep = active[reg_of.reshape(-1)[perm]]
-        at = np.flatnonzero(active)
-        kept_starts = np.searchsorted(reg_of.reshape(-1)[perm][keep], at)
-        in_bw, in_lat = _in_region_hops(
-            f, cols[perm][keep], members_p[:, keep], kept_starts, regs[at], per_region[:, at]
-        )
+    in_bw, in_lat = _in_region_hops(f, rows, units, members, regs, region_of, per_region)
+    # Rows mostly repeat a few sets of used regions, and candidates and quotes meet the same sets:
+    # each set's links are read once and kept with the fleet, then spread back to the rows.
+    if len(f.regions) <= 62:
+        sets, row_set = np.unique(used @ (1 << regs.astype(np.int64)), return_inverse=True)
+        bw_s, lat_s, dearest = _set_links(f, sets.tolist())
+        row_set = row_set.reshape(-1)
+        bw, lat = bw_s[row_set], lat_s[row_set]
+        eg = dearest[:, regs].sum(axis=1)[row_set]
     else:
-        in_bw, in_lat = np.full(len(x), np.inf), np.zeros(len(x))
-    # Rows mostly repeat a few sets of used regions: the region pairs (rows × regions² otherwise)
-    # are read once per distinct set, then spread back to the rows.
-    if len(regs) <= 62:
-        _, first, row_set = np.unique(
-            used @ (1 << np.arange(len(regs), dtype=np.int64)), return_index=True, return_inverse=True
-        )
-        sets = used[first]
-    else:
-        sets, row_set = used, np.arange(len(used))
-    row_set = row_set.reshape(-1)
-    sub = np.ix_(regs, regs)
-    pair = sets[:, :, None] & sets[:, None, :] & ~np.eye(len(regs), dtype=bool)[None, :, :]
-    bw = np.where(pair, f.pair_bw[sub][None, :, :], np.inf).min(axis=(1, 2))[row_set]
-    lat = np.where(pair, f.pair_lat[sub][None, :, :], 0.0).max(axis=(1, 2))[row_set]
-    eg = np.where(pair, f.egress[sub][None, :, :], 0.0).max(axis=2).sum(axis=1)[row_set]
+        sub = np.ix_(regs, regs)
+        pair = used[:, :, None] & used[:, None, :] & ~np.eye(len(regs), dtype=bool)[None, :, :]
+        bw = np.where(pair, f.pair_bw[sub][None, :, :], np.inf).min(axis=(1, 2))
+        lat = np.where(pair, f.pair_lat[sub][None, :, :], 0.0).max(axis=(1, 2))
+        eg = np.where(pair, f.egress[sub][None, :, :], 0.0).max(axis=2).sum(axis=1)
     multi = n_used >= 2
-    n_part = members.sum(axis=1)
     hop_bw = np.minimum(in_bw, np.where(multi, bw, np.inf))
     hop_lat = np.maximum(in_lat, np.where(multi, lat, 0.0))
     ring = n_part >= 2
@@ -239,7 +273,7 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     step, final = runtime_step(pr, t_local, t_sync, n_part)
     per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
     steps = spec.training.steps
-    rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev
+    rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev  # over cols, as before: float sums
     duration = steps * step + final + f.fixed_s
     cost = duration * rate / 3600.0 + steps * pr.xps * np.where(multi, per / cm.GB * eg, 0.0)
     return duration / steps, cost
@@ -267,8 +301,9 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
     elig = np.where(
         pr.t2[None, :] <= tau, full[None, :], np.where(pr.t1[None, :] <= tau, singles[None, :], 0)
     )
-    elig = elig.astype(np.int64)
-    order = np.lexsort((np.arange(pr.n_units), pr.t2, pr.price))
+    elig = elig.astype(np.int64, copy=False)
+    # lexsort is stable: ties keep the units' order.
+    order = np.lexsort((pr.t2, pr.price))
     dp = pr.deg.dp
 
     # Region sets are grown for a few levels: what is compact at a slow level (all device kinds)
@@ -282,33 +317,38 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
                 sets.setdefault(regions.tobytes(), regions)
     # Two fill orders: cheapest first, and largest members first (fewest sync participants,
     # what per-step synchronisation rewards).
-    big_first = np.lexsort((np.arange(pr.n_units), pr.price, -pr.cap))
+    big_first = np.lexsort((pr.price, -pr.cap))
     # Per order, the eligible counts and the units' regions in that order, gathered once.
     by_order = [(ordr, elig[:, ordr], pr.region[ordr]) for ordr in (order, big_first)]
     pieces: list[tuple[np.ndarray, np.ndarray]] = []  # (units, fills) per (set, order)
     row_level, n_rows = [], 0
+    n_lv = len(levels)
     for regions in sets.values():
-        for ordr, el_o, reg_o in by_order:
-            inside = regions[reg_o]  # this order, restricted to the set's units
-            cols = ordr[inside]
-            if not len(cols):
-                continue
-            el = el_o[:, inside]
-            cum = np.cumsum(el, axis=1)
-            good = cum[:, -1] >= dp  # a level whose set can hold dp fills it exactly
-            n_good = int(np.count_nonzero(good))
-            if not n_good:
-                continue
-            lv = levels
-            if n_good < len(good):
-                el, cum, lv = el[good], cum[good], levels[good]
-            take = np.minimum(np.maximum(dp - (cum - el), 0), el)  # np.clip, without its wrapper
-            pieces.append((cols, take))
+        # Both orders' fills of the set at once: the first n_lv rows cheapest first, the others
+        # largest first (each order restricted to the set's units).
+        inside = [regions[reg_o] for _, _, reg_o in by_order]
+        el = np.concatenate([el_o[:, m] for (_, el_o, _), m in zip(by_order, inside, strict=True)])
+        if not el.shape[1]:
+            continue
+        cum = np.cumsum(el, axis=1)
+        good = cum[:n_lv, -1] >= dp  # a level whose set can hold dp fills it exactly (either order)
+        n_good = int(np.count_nonzero(good))
+        if not n_good:
+            continue
+        lv = levels
+        if n_good < n_lv:
+            keep = np.concatenate([good, good])
+            el, cum, lv = el[keep], cum[keep], levels[good]
+        take = np.minimum(np.maximum(dp - (cum - el), 0), el)  # np.clip, without its wrapper
+        for k, ((ordr, _, _), m) in enumerate(zip(by_order, inside, strict=True)):
+            pieces.append((ordr[m], take[k * n_good : (k + 1) * n_good]))
             row_level.append(lv)
-            n_rows += len(take)
+        n_rows += len(take)
     if not n_rows:
         return []
-    x = np.zeros((n_rows, pr.n_units), dtype=elig.dtype)  # the fills, one row each
+    # The fills, one row each (replica counts: 32 bits hold them, and halve what the passes
+    # over rows × units below read).
+    x = np.zeros((n_rows, pr.n_units), dtype=np.int32)
     at = 0
     for cols, take in pieces:
         x[at : at + len(take), cols] = take
@@ -331,11 +371,8 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
                 picks.append(int(i))
     out: dict[Solution, None] = {}
     for i in picks:
-        row = _Row(pr, x[i])
-        for spread in (False, True):
-            sol = _to_solution(pr, row, float(lv[i]), spread)
-            if sol is not None:
-                out[sol] = None
+        for sol in _to_solutions(pr, _Row(pr, x[i]), float(lv[i])):
+            out[sol] = None
     return list(out)
 
 
@@ -351,21 +388,38 @@ class _Row:
         self.count, self.cap = pr.count[used].tolist(), pr.cap[used].tolist()
 
 
-def _to_solution(pr: Problem, row: _Row, level: float, spread: bool) -> Solution | None:
+def _to_solutions(pr: Problem, row: _Row, level: float) -> list[Solution]:
+    """The row's solutions: its members packed (``split``), then spread where that differs; a
+    split that breaks a rule gives none."""
     n1 = [0] * pr.n_units
     n2 = [0] * pr.n_units
     x2 = [0] * pr.n_units
+    packed_ok = spread_ok = True
+    moved: list[tuple[int, tuple[int, int, int]]] = []  # (unit, spread split) where the two differ
     # Plain Python numbers: this loop runs per picked row, per unit used.
     xs, lo, t1, t2, count, cap = row.xs, row.lo, row.t1, row.t2, row.count, row.cap
     for k, u in enumerate(row.used):
-        x = xs[k]
+        x = xs[k]  # ≥ 1: the row uses the unit
         single_ok = lo[k] <= 1 and t1[k] <= level
+        alone = (x, 0, 0) if single_ok and x <= count[k] else None  # one replica per member
         if t2[k] > level:
             # Only one replica per member is fast enough here.
-            got = (x, 0, 0) if single_ok and x <= count[k] else None
+            got = wide = alone
         else:
-            got = split(x, count[k], cap[k], lo[k], single_ok, spread)
+            got = split(x, count[k], cap[k], lo[k], single_ok, False)
+            wide = alone or got  # split(..., spread=True)
         if got is None:
-            return None
-        n1[u], n2[u], x2[u] = got
-    return Solution(tuple(n1), tuple(n2), tuple(x2), units=tuple(row.used))
+            packed_ok = False
+        else:
+            n1[u], n2[u], x2[u] = got
+        if wide is None:
+            spread_ok = False
+        elif wide != got:
+            moved.append((u, wide))
+    units = tuple(row.used)
+    out = [Solution(tuple(n1), tuple(n2), tuple(x2), units=units)] if packed_ok else []
+    if spread_ok and moved:
+        for u, (a, b, c) in moved:
+            n1[u], n2[u], x2[u] = a, b, c
+        out.append(Solution(tuple(n1), tuple(n2), tuple(x2), units=units))
+    return out

@@ -114,6 +114,10 @@ class Fleet:
     # (``sync_seconds_and_egress``); they follow from the region pairs alone, so they are shared
     # like region_sets.
     region_links: dict[tuple[int, ...], tuple[float, float, float]] = field(default_factory=dict)
+    # The same per set of regions as the heuristic's fill scoring reads it (``heuristic._set_links``,
+    # keyed by a bitmask of region indices): the slowest link, the highest latency and each
+    # region's dearest egress to another of the set.
+    fill_links: dict[int, tuple[float, float, np.ndarray]] = field(default_factory=dict)
     # The WAN floor's per-row orderings of the region links (``bounds._wan_floor``), built once.
     wan_orders: dict[str, object] = field(default_factory=dict)
     # This job's exchange seconds per (participants, slowest hop, highest latency) and bytes per
@@ -257,6 +261,7 @@ def build_fleet(
     # candidate's capacity per unit and dp: later quotes on the same snapshot reuse them.
     _, region_sets = _kept(snapshot, "region_sets", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     _, region_links = _kept(snapshot, "region_links", (pool_ids, cal_key), lambda: (grouped.pools, {}))
+    _, fill_links = _kept(snapshot, "fill_links", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     _, wan_orders = _kept(snapshot, "wan_orders", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     _, growth_orders = _kept(snapshot, "growth_orders", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     return Fleet(
@@ -305,6 +310,7 @@ def build_fleet(
         fixed_s=fixed_s,
         region_sets=region_sets,
         region_links=region_links,
+        fill_links=fill_links,
         wan_orders=wan_orders,
         growth_orders=growth_orders,
     )
@@ -387,19 +393,20 @@ class Problem:
     per_leader: np.ndarray
     xps: float  # exchanges per step
     overlapped: bool
-    _t_shared_kept: dict[tuple[int, int], float] = field(default_factory=dict, repr=False, compare=False)
+    _t_shared_kept: dict[int, list[float]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def n_units(self) -> int:
         return len(self.units)
 
     def t_shared_one(self, u: int, replicas: int) -> float:
-        """``t_shared`` of one unit, kept per (unit, replicas): scoring asks for few of them."""
-        key = (u, replicas)
-        t = self._t_shared_kept.get(key)
-        if t is None:
-            t = self._t_shared_kept[key] = float(self.t_shared(replicas, slice(u, u + 1))[0])
-        return t
+        """``t_shared`` of one unit: every unit's kept per replicas value (scoring asks for few
+        values, over many units; the figures are element-wise, so each unit's is what it would
+        get alone)."""
+        row = self._t_shared_kept.get(replicas)
+        if row is None:
+            row = self._t_shared_kept[replicas] = self.t_shared(replicas).tolist()
+        return row[u]
 
     def t_shared(self, replicas, units: slice = slice(None)) -> np.ndarray:
         """Per unit (of ``units``), the step of a replica on a member holding ``replicas`` (≥ 2):

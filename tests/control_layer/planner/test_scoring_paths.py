@@ -1,10 +1,11 @@
 """The search's fast scoring paths against plain dense forms of the same rules.
 
 ``evaluate`` walks only the units a solution uses and prices a candidate's solutions in one
-vectorised runtime pass; the heuristic takes each fill row's slowest in-region hop as segment
-reductions over units grouped by region, and keeps region sets per fleet. Each is checked here
-against a dense, one-at-a-time form written in this file (every unit, every region in a loop),
-value for value: the fast paths must change no score and no option.
+vectorised runtime pass; the heuristic reads each fill row's used units as (row, unit) entries
+for its slowest in-region hop, keeps region sets and each set of used regions' links per fleet,
+and pipeline pricing keeps the bare schedule apart from the links. Each is checked here against
+a dense, one-at-a-time form written in this file (every unit, every region in a loop), value for
+value: the fast paths must change no score and no option.
 """
 
 from __future__ import annotations
@@ -260,13 +261,13 @@ def test_in_region_hops_match_a_loop_over_regions(snap, spec, seed) -> None:
         x = x[x.any(axis=1)]
         if not len(x):
             continue
-        cols = np.flatnonzero(x.any(axis=0))
-        members = np.where(x[:, cols] > 0, np.maximum(1, -(-x[:, cols] // np.maximum(pr.cap[cols], 1))), 0)
-        regs, reg_of = np.unique(pr.region[cols], return_inverse=True)
-        perm = np.argsort(reg_of.reshape(-1), kind="stable")
-        starts = np.searchsorted(reg_of.reshape(-1)[perm], np.arange(len(regs)))
-        per_region = np.add.reduceat(members[:, perm], starts, axis=1).astype(float)
-        got = _in_region_hops(pr.fleet, cols[perm], members[:, perm], starts, regs, per_region)
+        rows, units = np.nonzero(x)
+        members = -(-x[rows, units] // np.maximum(pr.cap[units], 1))
+        regs, region_of = np.unique(pr.region[units], return_inverse=True)
+        per_region = np.zeros((len(x), len(regs)))
+        for i, r, m in zip(rows, region_of, members, strict=True):
+            per_region[i, r] += m
+        got = _in_region_hops(pr.fleet, rows, units, members, regs, region_of.reshape(-1), per_region)
         want = _hops_by_loop(pr, x)
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
@@ -283,7 +284,7 @@ def test_region_sets_kept_across_candidates_and_quotes_change_no_candidate(snap,
     again, _ = _problems(spec, snap)  # the next quote on the same snapshot
     assert again.region_sets is fleet.region_sets
     for pr, got in zip(problems, shared, strict=True):
-        fresh = dataclasses.replace(fleet, region_sets={}, growth_orders={}, layouts={})
+        fresh = dataclasses.replace(fleet, region_sets={}, growth_orders={}, fill_links={}, layouts={})
         assert candidate_solutions(build_problem(fresh, pr.deg)) == got
         assert candidate_solutions(build_problem(again, pr.deg)) == got
 
@@ -371,7 +372,7 @@ def test_growth_orders_are_fresh_when_a_cluster_changes(snap, spec, pick) -> Non
         return
     assert changed.growth_orders is not fleet.growth_orders
     for pr in changed_problems[:4]:
-        fresh = dataclasses.replace(changed, region_sets={}, growth_orders={}, layouts={})
+        fresh = dataclasses.replace(changed, region_sets={}, growth_orders={}, fill_links={}, layouts={})
         assert candidate_solutions(pr) == candidate_solutions(build_problem(fresh, pr.deg))
 
 
@@ -465,16 +466,22 @@ def test_region_links_and_wan_orders_kept_per_snapshot_are_fresh_on_a_changed_on
         assert region_links(fleet, regions) == _links_dense(fleet, regions)
     again, _ = _problems(spec, snap)
     assert again.region_links is fleet.region_links and again.wan_orders is fleet.wan_orders
-    assert again.growth_orders is fleet.growth_orders
+    assert again.growth_orders is fleet.growth_orders and again.fill_links is fleet.fill_links
     changed, changed_problems = _problems(spec, _slower_links(snap))
     assert changed.region_links is not fleet.region_links and changed.wan_orders is not fleet.wan_orders
-    assert changed.growth_orders is not fleet.growth_orders
+    assert changed.growth_orders is not fleet.growth_orders and changed.fill_links is not fleet.fill_links
     for regions in sets:
         assert region_links(changed, regions) == _links_dense(changed, regions)
     for pr in changed_problems[:4]:
         # The bounds read the kept link orders: the same as with empty memos on the changed fleet.
         fresh = dataclasses.replace(
-            changed, region_links={}, wan_orders={}, region_sets={}, growth_orders={}, layouts={}
+            changed,
+            region_links={},
+            fill_links={},
+            wan_orders={},
+            region_sets={},
+            growth_orders={},
+            layouts={},
         )
         assert lower_bounds(pr) == lower_bounds(build_problem(fresh, pr.deg))
         assert evaluate_many(pr, candidate_solutions(pr)) == evaluate_many(
@@ -529,3 +536,39 @@ def test_pools_derived_from_the_other_price_setting_equal_fresh_ones(snap, spot_
     )
     again = _fleet_pools(dearer, not spot_first)
     assert [p.price for p in again] == [device_price(p.cluster, not spot_first) for p in again]
+
+
+@FAST
+@given(
+    pp=st.integers(2, 5),
+    m=st.integers(1, 24),
+    times=st.lists(st.floats(1e-4, 1.0), min_size=10, max_size=10),
+    nbytes=st.floats(1e3, 1e9),
+    schedule=st.sampled_from(["1f1b", "gpipe"]),
+    pick=st.randoms(use_true_random=False),
+)
+def test_pipeline_transfers_priced_against_a_bare_schedule_kept_apart_from_the_links(
+    pp, m, times, nbytes, schedule, pick
+) -> None:
+    """The bare schedule (transfers take no time) is kept per stage times alone: the same as walked
+    on any links, so a pipeline's transfer seconds are those of two walks on its own links."""
+    fwd, bwd = tuple(times[:pp]), tuple(times[5 : 5 + pp])
+    links = cm.PipelineLinks(
+        port_out=tuple(pick.uniform(1e8, 1e11) for _ in range(pp)),
+        port_in=tuple(pick.uniform(1e8, 1e11) for _ in range(pp)),
+        across=tuple(pick.random() < 0.5 for _ in range(pp - 1)),
+        latency=tuple(pick.uniform(0.0, 0.05) for _ in range(pp - 1)),
+        local_bw=pick.uniform(1e9, 1e12),
+        link_bw=tuple(pick.choice([math.inf, pick.uniform(1e7, 1e10)]) for _ in range(pp - 1)),
+    )
+    bare = cm._pipeline_makespan(m, fwd, bwd, links, 0.0, schedule)
+    assert cm._bare_makespan(m, fwd, bwd, schedule) == bare
+
+    def extra(n: int) -> float:
+        return cm._pipeline_makespan(n, fwd, bwd, links, nbytes, schedule) - cm._pipeline_makespan(
+            n, fwd, bwd, links, 0.0, schedule
+        )
+
+    m1, m2 = 2 * pp, 4 * pp
+    want = extra(m) if m <= m2 else extra(m2) + (m - m2) * (extra(m2) - extra(m1)) / (m2 - m1)
+    assert cm.pipeline_comm_s(pp, m, fwd, bwd, links, nbytes, schedule) == want
