@@ -148,6 +148,35 @@ def job(model: int, rng: np.random.Generator, regions_allowed: list[str] | None 
     )
 
 
+def _meshed(
+    chosen: list[tuple[str, str, str]],
+    clusters: list[dict],
+    rng: np.random.Generator,
+    bandwidths: list[float],
+    latencies: list[float],
+) -> ResourceSnapshot:
+    """The chosen regions, their clusters, and a link between every two regions (bandwidth,
+    latency and egress price drawn per pair, in that order)."""
+    links = [
+        {
+            "src": chosen[a][0],
+            "dst": chosen[b][0],
+            "bandwidth_gbps": float(rng.choice(bandwidths)),
+            "latency_ms": float(rng.choice(latencies)),
+            "egress_price_per_gb": float(rng.choice([0.0, 0.02, 0.09])),
+        }
+        for a in range(len(chosen))
+        for b in range(a + 1, len(chosen))
+    ]
+    return ResourceSnapshot.model_validate(
+        {
+            "regions": [{"name": n, "jurisdiction": j} for n, _, j in chosen],
+            "clusters": clusters,
+            "links": links,
+        }
+    )
+
+
 def small_instance(seed: int) -> tuple[JobSpec, ResourceSnapshot]:
     """A fleet of at most 6 small clusters and a small job: exhaustive search stays cheap."""
     rng = np.random.default_rng(10_000 + seed)
@@ -176,25 +205,7 @@ def small_instance(seed: int) -> tuple[JobSpec, ResourceSnapshot]:
                 "price_per_device_hour": round(price * float(rng.choice([0.8, 1.0, 1.2])), 2),
             }
         )
-    links = []
-    for a in range(len(chosen)):
-        for b in range(a + 1, len(chosen)):
-            links.append(
-                {
-                    "src": chosen[a][0],
-                    "dst": chosen[b][0],
-                    "bandwidth_gbps": float(rng.choice([2.0, 10.0, 50.0])),
-                    "latency_ms": float(rng.choice([10.0, 80.0, 200.0])),
-                    "egress_price_per_gb": float(rng.choice([0.0, 0.02, 0.09])),
-                }
-            )
-    snap = ResourceSnapshot.model_validate(
-        {
-            "regions": [{"name": n, "jurisdiction": j} for n, _, j in chosen],
-            "clusters": clusters,
-            "links": links,
-        }
-    )
+    snap = _meshed(chosen, clusters, rng, bandwidths=[2.0, 10.0, 50.0], latencies=[10.0, 80.0, 200.0])
     seq = 1024
     spec = JobSpec.model_validate(
         {
@@ -252,24 +263,7 @@ def spanning_instance(seed: int) -> tuple[JobSpec, ResourceSnapshot]:
                 "price_per_device_hour": round(price * float(rng.choice([0.5, 1.0, 2.0])), 2),
             }
         )
-    links = [
-        {
-            "src": chosen[a][0],
-            "dst": chosen[b][0],
-            "bandwidth_gbps": float(rng.choice([1.0, 10.0, 50.0])),
-            "latency_ms": float(rng.choice([5.0, 30.0, 100.0])),
-            "egress_price_per_gb": float(rng.choice([0.0, 0.02, 0.09])),
-        }
-        for a in range(len(chosen))
-        for b in range(a + 1, len(chosen))
-    ]
-    snap = ResourceSnapshot.model_validate(
-        {
-            "regions": [{"name": n, "jurisdiction": j} for n, _, j in chosen],
-            "clusters": clusters,
-            "links": links,
-        }
-    )
+    snap = _meshed(chosen, clusters, rng, bandwidths=[1.0, 10.0, 50.0], latencies=[5.0, 30.0, 100.0])
     seq = 1024
     spec = JobSpec.model_validate(
         {

@@ -17,7 +17,7 @@ from control_layer.planner.plan_types import PlannedTask
 from control_layer.planner.search import with_precision
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.worker_config import option_problems
-from tests.control_layer.planner.test_node_fabric import BIG, _spanning
+from tests.control_layer.planner.test_node_fabric import BIG, _spanning, _split_shape
 from tests.control_layer.planner.test_node_group_pricing import GOODPUT, SPEC, _blocks, _iteration, _option
 
 
@@ -69,17 +69,10 @@ def _cases(seed: int, n: int) -> list[tuple]:
     rng = random.Random(seed)
     out = []
     while len(out) < n:
-        dp, tp, pp, devices = (
-            rng.choice([1, 2]),
-            rng.choice([1, 2]),
-            rng.choice([2, 4]),
-            rng.choice([1, 2, 4]),
-        )
-        split = rng.randrange(1, pp)
-        if tp > devices or (split * dp * tp) % devices or (dp * tp * pp) % devices:
+        shape = _split_shape(rng)
+        if shape is None:
             continue
-        n_a = split * dp * tp // devices
-        n_b = dp * tp * pp // devices - n_a
+        dp, tp, pp, devices, n_a, n_b = shape
         link = (rng.choice([1.0, 5.0, 10.0, 25.0]), rng.choice([5.0, 20.0, 80.0]), 0.02)
         out.append((dp, tp, pp, devices, n_a, n_b, link))
     return out

@@ -224,23 +224,32 @@ def _two_clusters(
     )
 
 
+def _split_shape(rng: random.Random) -> tuple[int, int, int, int, int, int] | None:
+    """A group's (dp, tp, pp, devices per node) and its nodes in cluster a (its first stages) and
+    in b, split on a node boundary; None where the drawn shape does not split so."""
+    dp, tp, pp, devices = (
+        rng.choice([1, 2]),
+        rng.choice([1, 2]),
+        rng.choice([2, 4]),
+        rng.choice([1, 2, 4]),
+    )
+    split = rng.randrange(1, pp)
+    if tp > devices or (split * dp * tp) % devices or (dp * tp * pp) % devices:
+        return None
+    n_a = split * dp * tp // devices
+    return dp, tp, pp, devices, n_a, dp * tp * pp // devices - n_a
+
+
 def _cross_cases(seed: int, n: int) -> list[tuple]:
     """Groups whose first stages are in cluster a and the rest in cluster b (the split falls on a
     node boundary, so each stage's replicas meet inside one cluster)."""
     rng = random.Random(seed)
     out = []
     while len(out) < n:
-        dp, tp, pp, devices = (
-            rng.choice([1, 2]),
-            rng.choice([1, 2]),
-            rng.choice([2, 4]),
-            rng.choice([1, 2, 4]),
-        )
-        split = rng.randrange(1, pp)
-        if tp > devices or (split * dp * tp) % devices or (dp * tp * pp) % devices:
+        shape = _split_shape(rng)
+        if shape is None:
             continue
-        n_a = split * dp * tp // devices
-        n_b = dp * tp * pp // devices - n_a
+        dp, tp, pp, devices, n_a, n_b = shape
         out.append(
             (dp, tp, pp, devices, n_a, n_b, rng.choice([1.0, 10.0, 25.0, 100.0]), rng.choice([0.1, 1.0, 5.0]))
         )
