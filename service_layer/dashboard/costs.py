@@ -1,16 +1,17 @@
 """The costs page's data: what the ledger holds, by tenant and by provider.
 
-``ledger_lines`` is the one query the page reads the ledger through: every charge with its
-tenant and the provider whose cluster earned it. The totals are pure sums over those lines.
+``ledger_totals`` is the one query the page reads the ledger through: the charges summed in the
+database per tenant, or per provider whose cluster earned them (egress is booked on the sending
+task's cluster, so its provider's region sent it).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, Literal
 
-from sqlalchemy import select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from orchestration.db.models import Cluster, LedgerEntry, Provider, Tenant
@@ -19,19 +20,10 @@ NO_PROVIDER = "(no cluster)"
 
 
 @dataclass(frozen=True)
-class Line:
-    tenant: str
-    provider: str
-    job_id: str
-    kind: str  # gpu | egress
-    quantity: float  # device-hours or GB
-    amount: float
-
-
-@dataclass(frozen=True)
 class Total:
     name: str
     jobs: int
+    lines: int
     device_hours: float
     gpu: float
     egress_gb: float
@@ -42,39 +34,33 @@ class Total:
         return self.gpu + self.egress
 
 
-def ledger_lines(session: Session) -> list[Line]:
-    rows = session.execute(
-        select(
-            Tenant.name,
-            Provider.name,
-            LedgerEntry.job_id,
-            LedgerEntry.kind,
-            LedgerEntry.quantity,
-            LedgerEntry.amount,
-        )
-        .join(Tenant, Tenant.id == LedgerEntry.tenant_id)
-        .outerjoin(Cluster, Cluster.id == LedgerEntry.cluster_id)
-        .outerjoin(Provider, Provider.id == Cluster.provider_id)
-        .order_by(LedgerEntry.id)
-    ).all()
-    return [Line(t, p or NO_PROVIDER, j, k, float(q), float(a)) for t, p, j, k, q, a in rows]
+def ledger_totals(session: Session, by: Literal["tenant", "provider"]) -> list[Total]:
+    """Charges per tenant or per provider, biggest total first."""
+    gpu = LedgerEntry.kind == "gpu"
 
+    def part(column: Any, when: Any) -> Any:
+        return func.coalesce(func.sum(case((when, column), else_=0.0)), 0.0)
 
-def totals(lines: Iterable[Line], by: str) -> list[Total]:
-    """Per tenant (``by="tenant"``) or provider (``by="provider"``), biggest total first."""
-    jobs: dict[str, set[str]] = defaultdict(set)
-    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
-    for ln in lines:
-        key = ln.tenant if by == "tenant" else ln.provider
-        jobs[key].add(ln.job_id)
-        s = sums[key]
-        if ln.kind == "gpu":
-            s[0] += ln.quantity
-            s[1] += ln.amount
-        else:
-            s[2] += ln.quantity
-            s[3] += ln.amount
-    out = [Total(k, len(jobs[k]), *v) for k, v in sums.items()]
+    name = Tenant.name if by == "tenant" else func.coalesce(Provider.name, NO_PROVIDER)
+    query = select(
+        name,
+        func.count(func.distinct(LedgerEntry.job_id)),
+        func.count(LedgerEntry.id),
+        part(LedgerEntry.quantity, gpu),
+        part(LedgerEntry.amount, gpu),
+        part(LedgerEntry.quantity, ~gpu),
+        part(LedgerEntry.amount, ~gpu),
+    )
+    if by == "tenant":
+        query = query.join(Tenant, Tenant.id == LedgerEntry.tenant_id)
+    else:
+        query = query.select_from(LedgerEntry).outerjoin(Cluster, Cluster.id == LedgerEntry.cluster_id)
+        query = query.outerjoin(Provider, Provider.id == Cluster.provider_id)
+    rows = session.execute(query.group_by(name)).all()
+    out = [
+        Total(str(n), int(j), int(c), float(dh), float(g), float(eg), float(e))
+        for n, j, c, dh, g, eg, e in rows
+    ]
     return sorted(out, key=lambda t: (-t.total, t.name))
 
 
@@ -83,6 +69,7 @@ def grand_total(rows: Iterable[Total]) -> Total:
     return Total(
         "total",
         sum(r.jobs for r in rows),
+        sum(r.lines for r in rows),
         sum(r.device_hours for r in rows),
         sum(r.gpu for r in rows),
         sum(r.egress_gb for r in rows),

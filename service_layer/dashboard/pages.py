@@ -29,13 +29,13 @@ def _queue(session: Session, ctx: CtxDep) -> dict[str, Any]:
 
 
 def _costs(session: Session, ctx: CtxDep) -> dict[str, Any]:
-    lines = costs.ledger_lines(session)
-    by_tenant, by_provider = costs.totals(lines, "tenant"), costs.totals(lines, "provider")
+    by_tenant = costs.ledger_totals(session, "tenant")
+    total = costs.grand_total(by_tenant)
     return {
         "by_tenant": by_tenant,
-        "by_provider": by_provider,
-        "total": costs.grand_total(by_tenant),
-        "lines": len(lines),
+        "by_provider": costs.ledger_totals(session, "provider"),
+        "total": total,
+        "lines": total.lines,
     }
 
 
