@@ -3,8 +3,8 @@
 A task's leader reports its cumulative WAN bytes sent with every metrics line (``TaskMetric.
 wan_bytes_sent``). Its rate over the recent window is what it added over that span. The worker
 counts one total over all its peers, so a task's rate is split evenly over the links its job's
-sync sends on out of its region (``sync_edges``): exact for a ring or a pair, an even share for
-gossip and a parameter server.
+sync sends on out of its region (``sync_edges``): right for a ring or a pair, where a leader
+sends to one peer; an even share for gossip and a parameter server.
 """
 
 from __future__ import annotations
