@@ -10,6 +10,7 @@ from fastapi.staticfiles import StaticFiles
 
 from orchestration.context import ServerContext
 from service_layer.body_limit import BodyLimit
+from service_layer.dashboard.pages import router as dashboard_pages_router
 from service_layer.dashboard.views import HERE as DASHBOARD_DIR
 from service_layer.dashboard.views import router as dashboard_router
 from service_layer.errors import install_error_handlers
@@ -59,6 +60,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.include_router(health.router)
     app.include_router(metrics_router)
     app.include_router(dashboard_router)
+    app.include_router(dashboard_pages_router)
     app.mount(
         "/dashboard/static", StaticFiles(directory=str(DASHBOARD_DIR / "static")), name="dashboard-static"
     )
