@@ -17,7 +17,9 @@ class TenantCreate(BaseModel):
     )
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$", description="Unique, lower-case")
-    is_admin: bool = False
+    is_admin: bool = Field(
+        False, description="The platform's own tenant: its keys may be admin or operator (default admin)"
+    )
 
 
 class TenantRead(ApiModel):
