@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from contracts.roles import Role
+from orchestration.db.engine import as_utc
 from service_layer.schemas.common import ApiModel
+
+# SQLite hands timestamps back naive; every one this project stores is UTC.
+Utc = Annotated[datetime, AfterValidator(as_utc)]
 
 
 class KeyCreate(BaseModel):
@@ -29,8 +34,8 @@ class KeyRead(ApiModel):
     prefix: str = Field(description="The key's first characters, to recognise it")
     role: Role
     name: str
-    created_at: datetime
-    revoked_at: datetime | None
+    created_at: Utc
+    revoked_at: Utc | None
 
 
 class KeyCreated(KeyRead):
@@ -43,9 +48,9 @@ class TokenRead(ApiModel):
     note: str
     max_uses: int | None
     uses: int
-    expires_at: datetime | None
-    created_at: datetime
-    revoked_at: datetime | None
+    expires_at: Utc | None
+    created_at: Utc
+    revoked_at: Utc | None
 
 
 class NodeAction(BaseModel):
