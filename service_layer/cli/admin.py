@@ -48,7 +48,9 @@ def create_token(
 @tenants_app.command("create")
 def create_tenant(
     name: Annotated[str, typer.Argument(help="Unique lower-case name")],
-    admin: Annotated[bool, typer.Option("--admin", help="Give the tenant admin rights")] = False,
+    admin: Annotated[
+        bool, typer.Option("--admin", help="The platform tenant: its keys may be admin or operator")
+    ] = False,
     server: ServerOpt = DEFAULT_SERVER,
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,

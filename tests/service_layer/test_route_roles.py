@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -13,10 +15,11 @@ from starlette.routing import Mount
 
 from contracts.roles import Permission
 from orchestration.context import ServerContext
+from orchestration.settings import Settings
 from service_layer.app import create_app
 from service_layer.client import ApiError, CpnClient
-from service_layer.server import ServerHandle
-from tests.service_layer.harness import new_tenant, register_node
+from service_layer.server import ServerHandle, start_server_in_thread
+from tests.service_layer.harness import ADMIN_KEY, new_tenant, register_node
 
 # Routes outside the role table, each for a reason: open by design, or guarded by its own check.
 NOT_BY_ROLE = {
@@ -152,3 +155,31 @@ def test_a_revoked_enrollment_token_enrolls_nothing(server: ServerHandle, admin:
     assert {t["id"]: t for t in admin.tokens()}[token["id"]]["uses"] == 1
     assert _status(lambda: admin.revoke_token("no-such-token")) == 404
     assert "token.revoked" in [e["action"] for e in admin._call("GET", "/v1/audit", params={"limit": 1000})]
+
+
+@pytest.fixture
+def prod_server(tmp_path: Path) -> Iterator[ServerHandle]:
+    settings = Settings(
+        environment="production",
+        secret_key="s3cret-for-the-roles-test",
+        data_dir=tmp_path / "data",
+        http_port=0,
+        grpc_port=0,
+        admin_api_key=ADMIN_KEY,
+    )
+    handle = start_server_in_thread(settings)
+    yield handle
+    handle.stop()
+
+
+def test_the_dashboard_takes_admin_keys_only_and_forgets_a_revoked_one(prod_server: ServerHandle) -> None:
+    with CpnClient(prod_server.http_url, ADMIN_KEY) as admin:
+        platform = next(t for t in admin._call("GET", "/v1/tenants") if t["is_admin"])
+        operator = admin.add_key(role="operator", tenant_id=platform["id"])
+        second_admin = admin.add_key(role="admin", name="sam", tenant_id=platform["id"])
+        with httpx.Client(base_url=prod_server.http_url, timeout=10) as browser:
+            assert browser.post("/dashboard/login", data={"key": operator["key"]}).status_code == 403
+            assert browser.post("/dashboard/login", data={"key": second_admin["key"]}).status_code == 303
+            assert browser.get("/dashboard").status_code == 200
+            admin.revoke_key(second_admin["id"])
+            assert browser.get("/dashboard").status_code == 401  # the session ends with its key
