@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import FailedPrecondition, NotFound
 from orchestration.bus.base import Bus
-from orchestration.db.models import Node
+from orchestration.db.models import EnrollmentToken, Node
 from orchestration.events import node_channel, publish_after_commit
+from resource_layer.tokens import still_enrolls
 
 OPEN, CORDONED, DRAINING = "", "cordoned", "draining"
 REVOKED = "revoked"
@@ -82,3 +83,12 @@ def revoke(session: Session, bus: Bus, node_id: str, reason: str) -> Node:
     message: dict[str, Any] = {REVOKED_MESSAGE_KIND: {"reason": reason or "revoked by an operator"}}
     publish_after_commit(session, bus, node_channel(node_id), message)
     return node
+
+
+def usable_enrollment_token(session: Session, node: Node) -> EnrollmentToken | None:
+    """The token the node enrolled with, if it would still enroll one: its agent, refused as this
+    node, enrolls again with it as a new node unless it is revoked too."""
+    if node.enrollment_token_id is None:
+        return None
+    token = session.get(EnrollmentToken, node.enrollment_token_id)
+    return token if token is not None and still_enrolls(token) else None

@@ -53,9 +53,10 @@ def register_node(
     now = now or utcnow()
     if reg.node_id:
         node = authenticate_node(session, reg.node_id, reg.node_token)
-        provider = _provider_of(session, node)
+        provider, enrolled_with = _provider_of(session, node), None
     else:
-        provider = consume_enrollment_token(session, reg.enrollment_token, now).provider
+        token = consume_enrollment_token(session, reg.enrollment_token, now)
+        provider, enrolled_with = token.provider, token.id
         node = None
     # The credential, not the request, says whose node this is: a declared name must agree.
     if reg.provider and reg.provider != provider:
@@ -74,7 +75,7 @@ def register_node(
         )
     plaintext, digest = new_node_token()
     if node is None:
-        node = Node(cluster_id=cluster.id, registered_at=now)
+        node = Node(cluster_id=cluster.id, registered_at=now, enrollment_token_id=enrolled_with)
         session.add(node)
     node.token_hash = digest
     node.hostname = reg.hostname

@@ -123,6 +123,16 @@ def consume_enrollment_token(
     return row
 
 
+def still_enrolls(row: EnrollmentToken, now: datetime | None = None) -> bool:
+    """Whether the token would enroll another node now."""
+    now = now or utcnow()
+    return (
+        row.revoked_at is None
+        and (row.expires_at is None or as_utc(row.expires_at) > now)
+        and (row.max_uses is None or row.uses < row.max_uses)
+    )
+
+
 def list_enrollment_tokens(session: Session, *, limit: int = 1000) -> list[EnrollmentToken]:
     """Every token (plaintexts are never stored), newest first."""
     stmt = select(EnrollmentToken).order_by(EnrollmentToken.created_at.desc(), EnrollmentToken.id)

@@ -66,7 +66,8 @@ def list_tenants(session: SessionDep, _: AdminPrincipal) -> list[TenantRead]:
     "/tenants/{tenant_id}/keys", status_code=201, response_model=ApiKeyCreated, responses=error_responses(404)
 )
 def create_key(ctx: CtxDep, admin: AdminPrincipal, tenant_id: str, request: Request) -> ApiKeyCreated:
-    """A new API key for the tenant; the key is in this response only."""
+    """A new API key for the tenant, with the default role (admin for the platform tenant,
+    tenant-admin otherwise; `POST /v1/keys` takes a role); the key is in this response only."""
     with session_scope(ctx.session_factory) as session:
         row, plaintext = auth.add_api_key(session, tenant_id)
         audit_request(session, request, admin, "key.created", f"tenant {tenant_id}", {"prefix": row.prefix})
@@ -74,6 +75,7 @@ def create_key(ctx: CtxDep, admin: AdminPrincipal, tenant_id: str, request: Requ
             id=row.id,
             tenant_id=row.tenant_id,
             prefix=row.prefix,
+            role=row.role,
             key=plaintext,
             created_at=as_utc(row.created_at),
         )

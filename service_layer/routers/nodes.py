@@ -78,13 +78,22 @@ def revoke_node(
     ctx: CtxDep, who: FleetManager, node_id: str, request: Request, body: ActionBody = None
 ) -> NodeControlRead:
     """The node's credentials stop working: its open stream ends, and its next Register or Connect is
-    refused. Its unfinished tasks fail and their jobs are placed elsewhere. To bring the machine
-    back, enroll it again (a new node). Revoking twice is a no-op."""
+    refused. Its unfinished tasks fail and their jobs are placed elsewhere. An agent refused as its
+    node enrolls again with its enrollment token if that still enrolls: `note` names such a token,
+    to revoke too. To bring the machine back, enroll it again (a new node). Revoking twice is a
+    no-op."""
     reason = (body or NodeAction()).reason
     with session_scope(ctx.session_factory) as session:
         node = node_admin.revoke(session, ctx.bus, node_id, reason)
         audit_request(session, request, who, "node.revoked", f"node {node_id}", {"reason": reason})
         out = _read(node)
+        token = node_admin.usable_enrollment_token(session, node)
+        if token is not None:
+            out.note = (
+                f"enrollment token {token.id}, which enrolled this node, still enrolls nodes: its"
+                f" agent will enroll again with it as a new node unless you revoke it too"
+                f" (DELETE /v1/tokens/{token.id})"
+            )
     jobs = jobs_on_node(ctx, node_id)
     fail_revoked_tasks(ctx, node_id, reason or "revoked by an operator")
     out.moved_jobs = jobs

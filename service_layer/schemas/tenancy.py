@@ -33,6 +33,7 @@ class ApiKeyCreated(BaseModel):
     id: str
     tenant_id: str
     prefix: str
+    role: str = Field("tenant-admin", description="admin | operator | tenant-admin | member")
     key: str = Field(description="The key itself: shown once, only its hash is stored")
     created_at: datetime
 

@@ -121,6 +121,7 @@ def test_a_revoked_node_is_shut_out(server: ServerHandle, admin: CpnClient) -> N
         with operator_of(admin, server) as operator:
             out = operator.node_action(node.node_id, "revoke", reason="stolen credentials")
             assert (out["status"], out["moved_jobs"]) == ("revoked", [job_id])
+            assert out["note"] == ""  # its one-use token is spent: nothing to re-enroll with
             # the open stream ends ...
             with pytest.raises(grpc.RpcError) as ended:
                 while True:

@@ -60,6 +60,9 @@ class Node(Base):
     # An operator's hold, apart from liveness: "" open | cordoned (no new placements) | draining
     # (cordoned, its agent told to drain and its jobs moved off). It survives loss and revival.
     cordon: Mapped[str] = mapped_column(String(16), default="")
+    # The enrollment token it first registered with (None: registered before this was kept). An
+    # agent whose node credentials are refused enrolls again with it, as a new node.
+    enrollment_token_id: Mapped[str | None] = mapped_column(String(32), default=None)
     agent_version: Mapped[str] = mapped_column(String(32), default="")
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,4 +1,5 @@
-"""Roles on API keys, revocable enrollment tokens, an operator's cordon on nodes.
+"""Roles on API keys, revocable enrollment tokens, an operator's cordon on nodes and the token
+each node enrolled with.
 
 Keys that predate roles keep what they could do: those of the platform tenant (``is_admin``)
 become ``admin``, every other one ``tenant-admin``.
@@ -37,6 +38,7 @@ def upgrade() -> None:
         batch.add_column(sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True))
     with op.batch_alter_table("nodes") as batch:
         batch.add_column(sa.Column("cordon", sa.String(length=16), nullable=False, server_default=""))
+        batch.add_column(sa.Column("enrollment_token_id", sa.String(length=32), nullable=True))
     with op.batch_alter_table("nodes") as batch:
         batch.alter_column("cordon", server_default=None)
 
@@ -52,6 +54,7 @@ def downgrade() -> None:
     op.execute("UPDATE enrollment_tokens SET expires_at = revoked_at WHERE revoked_at IS NOT NULL")
     op.execute("UPDATE nodes SET status = 'lost' WHERE status = 'revoked'")
     with op.batch_alter_table("nodes") as batch:
+        batch.drop_column("enrollment_token_id")
         batch.drop_column("cordon")
     with op.batch_alter_table("enrollment_tokens") as batch:
         batch.drop_column("revoked_at")
