@@ -47,16 +47,16 @@ def cordon(session: Session, node_id: str) -> Node:
     return node
 
 
-def uncordon(session: Session, node_id: str) -> Node:
-    """Open the node to placements again (after a cordon or a drain).
+def uncordon(session: Session, node_id: str) -> tuple[Node, str]:
+    """Open the node to placements again (after a cordon or a drain); returns it and the hold it had.
 
     A drain order lasts for the agent's process: after a drain, the agent refuses new work until it
     restarts (it is not told to drain again once uncordoned).
     """
     node = _lock(session, node_id)
     _not_revoked(node)
-    node.cordon = OPEN
-    return node
+    previous, node.cordon = node.cordon, OPEN
+    return node, previous
 
 
 def start_drain(session: Session, bus: Bus, node_id: str, reason: str) -> Node:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 
 from contracts.errors import PermissionDenied
 from orchestration.db.engine import session_scope
@@ -15,6 +15,8 @@ from service_layer.deps import CtxDep, FleetManager, KeyManager, SessionDep
 from service_layer.key_cache import forget_everywhere
 from service_layer.schemas.access import KeyCreate, KeyCreated, KeyRead, TokenRead
 from service_layer.schemas.common import error_responses
+
+Id = Annotated[str, Path(min_length=1, max_length=64)]
 
 router = APIRouter(tags=["access"], responses=error_responses(401, 403))
 
@@ -61,7 +63,7 @@ def create_key(ctx: CtxDep, who: KeyManager, body: KeyCreate, request: Request) 
 @router.delete(
     "/keys/{key_id}", response_model=KeyRead, summary="Revoke an API key", responses=error_responses(404)
 )
-def revoke_key(ctx: CtxDep, who: KeyManager, key_id: str, request: Request) -> KeyRead:
+def revoke_key(ctx: CtxDep, who: KeyManager, key_id: Id, request: Request) -> KeyRead:
     """The key fails at once on this server and on other replicas within their key cache's few
     seconds (`key_cache.TTL_S`). Another tenant's key reads as not found. Revoking twice is a no-op."""
     with session_scope(ctx.session_factory) as session:
@@ -91,7 +93,7 @@ def list_tokens(session: SessionDep, _: FleetManager) -> list[TokenRead]:
     summary="Revoke an enrollment token",
     responses=error_responses(404),
 )
-def revoke_token(ctx: CtxDep, who: FleetManager, token_id: str, request: Request) -> TokenRead:
+def revoke_token(ctx: CtxDep, who: FleetManager, token_id: Id, request: Request) -> TokenRead:
     """The token enrolls nothing from now on. Nodes it already enrolled keep their credentials:
     revoke them with `DELETE /v1/nodes/{id}`."""
     with session_scope(ctx.session_factory) as session:

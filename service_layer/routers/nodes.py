@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body, Path, Request
 
 from control_layer.node_control import fail_revoked_tasks, jobs_on_node, move_jobs_off
 from orchestration.db.engine import session_scope
@@ -14,6 +14,8 @@ from service_layer.audit import audit_request
 from service_layer.deps import CtxDep, FleetManager
 from service_layer.schemas.access import NodeAction, NodeControlRead
 from service_layer.schemas.common import error_responses
+
+Id = Annotated[str, Path(min_length=1, max_length=64)]
 
 router = APIRouter(tags=["nodes"], responses=error_responses(401, 403, 404, 409, 422))
 
@@ -26,7 +28,7 @@ def _read(node: Node) -> NodeControlRead:
 
 @router.post("/nodes/{node_id}/cordon", response_model=NodeControlRead, summary="Cordon a node")
 def cordon_node(
-    ctx: CtxDep, who: FleetManager, node_id: str, request: Request, body: ActionBody = None
+    ctx: CtxDep, who: FleetManager, node_id: Id, request: Request, body: ActionBody = None
 ) -> NodeControlRead:
     """No new placements on the node from the commit on (every replica's planner snapshot drops it);
     jobs running there keep running."""
@@ -41,24 +43,22 @@ def cordon_node(
 
 @router.post("/nodes/{node_id}/uncordon", response_model=NodeControlRead, summary="Uncordon a node")
 def uncordon_node(
-    ctx: CtxDep, who: FleetManager, node_id: str, request: Request, body: ActionBody = None
+    ctx: CtxDep, who: FleetManager, node_id: Id, request: Request, body: ActionBody = None
 ) -> NodeControlRead:
     """Open the node to placements again. After a drain, its agent takes new work once restarted."""
     reason = (body or NodeAction()).reason
     with session_scope(ctx.session_factory) as session:
-        was = session.get(Node, node_id)
-        draining = was is not None and was.cordon == node_admin.DRAINING
-        node = node_admin.uncordon(session, node_id)
+        node, previous = node_admin.uncordon(session, node_id)
         audit_request(session, request, who, "node.uncordoned", f"node {node_id}", {"reason": reason})
         out = _read(node)
-    if draining:
+    if previous == node_admin.DRAINING:
         out.note = "the agent was told to drain: it takes new work once its process restarts"
     return out
 
 
 @router.post("/nodes/{node_id}/drain", response_model=NodeControlRead, summary="Drain a node")
 def drain_node(
-    ctx: CtxDep, who: FleetManager, node_id: str, request: Request, body: ActionBody = None
+    ctx: CtxDep, who: FleetManager, node_id: Id, request: Request, body: ActionBody = None
 ) -> NodeControlRead:
     """Cordon the node, tell its agent to drain (it accepts no new assignment, also after a
     reconnect) and move the jobs running there elsewhere (checkpoint, stop, requeue). Where the
@@ -75,7 +75,7 @@ def drain_node(
 
 @router.delete("/nodes/{node_id}", response_model=NodeControlRead, summary="Revoke a node")
 def revoke_node(
-    ctx: CtxDep, who: FleetManager, node_id: str, request: Request, body: ActionBody = None
+    ctx: CtxDep, who: FleetManager, node_id: Id, request: Request, body: ActionBody = None
 ) -> NodeControlRead:
     """The node's credentials stop working: its open stream ends, and its next Register or Connect is
     refused. Its unfinished tasks fail and their jobs are placed elsewhere. An agent refused as its

@@ -69,6 +69,11 @@ def test_a_cordon_removes_the_node_from_placement_at_once(server: ServerHandle, 
             admin.quote(small_spec())
         assert refused.value.status == 409  # nothing left to plan on
 
+        for bad in ((node.node_id, {"reason": "x" * 256}), (node.node_id, {"why": "?"}), ("n" * 65, {})):
+            with pytest.raises(ApiError) as invalid:
+                operator._call("POST", f"/v1/nodes/{bad[0]}/uncordon", json=bad[1])
+            assert invalid.value.status == 422
+        assert node_row(admin, node.node_id)["cordon"] == "cordoned"  # bad input changed nothing
         assert operator.node_action(node.node_id, "uncordon")["cordon"] == ""
         assert placeable(server) == {node.node_id}
         assert admin.quote(small_spec())["options"]
