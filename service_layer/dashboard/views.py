@@ -204,7 +204,7 @@ async def log_in(request: Request, ctx: CtxDep) -> Response:
     response = RedirectResponse(path, status_code=303)
     response.set_cookie(
         COOKIE,
-        make_cookie(ctx.settings, tenant.id),
+        make_cookie(ctx.settings, tenant.key_id),
         max_age=COOKIE_TTL_S,
         httponly=True,
         samesite="strict",
