@@ -30,14 +30,14 @@ from sqlalchemy.orm import Session
 from contracts.errors import FailedPrecondition, InvalidArgument, NotFound
 from contracts.states import JOB_ACTIVE, TASK_ACTIVE, JobState
 from control_layer.checkpoints import job_checkpoints
+from control_layer.dispatch import send_preempt
 from control_layer.lifecycle import transition
 from control_layer.task_states import clip_message
-from orchestration.bus.base import Bus
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Task
-from orchestration.events import node_channel, publish_after_commit, record_event
+from orchestration.events import record_event
 
 log = logging.getLogger(__name__)
 
@@ -139,11 +139,6 @@ def start_preemption(
     if not tasks:  # nothing to wait for (every task already ended; its report is being applied)
         settle(ctx, session, job)
     return job
-
-
-def send_preempt(session: Session, bus: Bus, task: Task, reason: str, grace_s: float) -> None:
-    message = {"preempt": {"assignment_id": task.id, "reason": reason, "grace_s": grace_s}}
-    publish_after_commit(session, bus, node_channel(task.node_id), message)
 
 
 def on_task_ended(ctx: ServerContext, session: Session, job: Job) -> None:
