@@ -2,7 +2,7 @@
 
     pending ──► placed ──► running ──► succeeded
        │          │           │
-       │          ├───────────┴──► pending   (a task failed; re-placed as attempt + 1)
+       │          ├───────────┴──► pending   (a task failed, or preempted; re-placed as attempt + 1)
        └──────────┴───────────┴──► failed | cancelled
 
 ``attempt`` counts placements: the move pending → placed increments it, and the tasks created by
