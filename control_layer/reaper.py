@@ -97,9 +97,12 @@ async def run_reaper(ctx: ServerContext, stop: asyncio.Event) -> None:
     log.info("reaper up: no node is judged lost for the first %.1fs", ctx.settings.reaper_grace_s)
     while not stop.is_set():
         try:
-            await asyncio.to_thread(reap_once, ctx, up_for_s=time.monotonic() - started)
-            # Preemptions whose tasks never reported stopping: the same silence, per job.
-            await asyncio.to_thread(expire_preemptions, ctx)
+            up_for = time.monotonic() - started
+            await asyncio.to_thread(reap_once, ctx, up_for_s=up_for)
+            if up_for >= ctx.settings.reaper_grace_s:
+                # Preemptions whose tasks never reported stopping: the same silence, per job (and
+                # the same grace: after a restart, agents replay how their tasks ended).
+                await asyncio.to_thread(expire_preemptions, ctx)
         except Exception:
             log.exception("reaper pass failed")
         with contextlib.suppress(TimeoutError):

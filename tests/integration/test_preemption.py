@@ -127,3 +127,45 @@ def test_a_preempted_job_checkpoints_requeues_and_resumes_where_it_stopped(
         assert done["actual_cost"] == pytest.approx(sum(line.amount for line in lines))
     finally:
         stop_agents(procs)
+
+
+def test_a_job_across_two_regions_stops_in_both_and_resumes_where_they_stopped(
+    control_plane: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Lockstep sync across two regions: each region stops at its own next step boundary (one may
+    be a step behind the other), and the job resumes at the step they have in common, not at an
+    older checkpoint or step 0."""
+    handle, client = control_plane
+    specs = [
+        LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU", measure_profile=False),
+        LocalAgent("eu-north", "stockholm-1", "fjord", 1.5, "EU", measure_profile=False),
+    ]
+    procs = launch(handle, client, specs, tmp_path)
+    spec = job_spec(STEPS // 2) | {"sync": {"mode": "sync", "every": 1}}  # every step exchanges: slower
+    spec["training"] = spec["training"] | {"checkpoint_every": 10_000}
+    spec["qos"] = spec["qos"] | {"preemptible": True}
+    try:
+        job = client.post("/v1/jobs", json={"spec": spec}).raise_for_status().json()
+        running = wait_training(client, job["id"], min_step=30, timeout_s=200)
+        assert {t["region"] for t in running["tasks"]} == {"eu-west", "eu-north"}
+        at_request = min(t["last_metrics"]["step"] for t in running["tasks"])
+        client.post(f"/v1/jobs/{job['id']}/preempt", json={"reason": "room"}).raise_for_status()
+
+        preempted = wait_event(handle, job["id"], "job.preempted", timeout_s=90)
+        stopped = {v["region"]: v for v in preempted["tasks"].values()}
+        assert all(v["checkpoint_step"] and v["checkpoint_step"] >= at_request for v in stopped.values()), (
+            stopped,
+            at_request,
+        )
+        common = min(v["checkpoint_step"] for v in stopped.values())
+        assert max(v["checkpoint_step"] for v in stopped.values()) - common <= 1, stopped
+
+        done = wait_job(client, job["id"], TERMINAL, timeout_s=300)
+        assert done["status"] == "succeeded", done["reason"]
+        assert (done["attempt"], done["preemptions"]) == (2, 1)
+        per_task = done["result"]["per_task"]
+        resumed = {per_task[t["id"]]["region"]: per_task[t["id"]]["resumed_from"] for t in done["tasks"]}
+        assert set(resumed.values()) == {common}, (resumed, stopped)
+    finally:
+        stop_agents(procs)
