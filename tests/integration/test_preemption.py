@@ -28,7 +28,7 @@ from tests.integration.test_end_to_end import (  # noqa: F401 - control_plane is
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(420)]
 
-STEPS = 1500  # long enough that the job is still training when the preemption arrives
+STEPS = 600  # long enough that the job is still training when the preemption arrives (tens of seconds)
 
 
 def one_cluster_spec(*, preemptible: bool) -> dict[str, Any]:
