@@ -149,6 +149,8 @@ def submit_job(
         attempt=0,
         reason="",
         deferred=None,
+        preemption=None,
+        preemptions=0,
         estimated_duration_s=option.estimates.duration_s if option else None,
         estimated_cost=option.estimates.cost.total if option else None,
         actual_cost=None,

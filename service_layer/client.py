@@ -140,6 +140,14 @@ class CpnClient:
     def cancel(self, job_id: str, reason: str = "cancelled by user") -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel", json={"reason": reason})
 
+    def preempt(
+        self, job_id: str, reason: str, *, by_job_id: str | None = None, grace_s: float = 30.0
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"reason": reason, "grace_s": grace_s}
+        if by_job_id:
+            body["by_job_id"] = by_job_id
+        return self._call("POST", f"/v1/jobs/{job_id}/preempt", json=body)
+
     def metrics(self, job_id: str, max_points: int = 500) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}/metrics", params={"max_points": max_points})
 

@@ -292,6 +292,8 @@ def _job_detail(
         result=job.result,
         entropy_floor=entropy_floor(job.result, *(t.result for t in tasks), *(t.last_metrics for t in tasks)),
         accuracy=job.accuracy,
+        preemption=job.preemption or None,
+        preemptions=job.preemptions or 0,
     )
 
 
