@@ -25,6 +25,7 @@ from sqlalchemy import Engine
 
 from control_layer.live_snapshot import attach_live_snapshot, run_live_snapshot
 from control_layer.placer import run_placer
+from control_layer.preemption import preempt_job
 from control_layer.reactions import control_handlers
 from control_layer.reaper import run_reaper
 from orchestration.bus import make_bus
@@ -57,8 +58,12 @@ class _Uvicorn(uvicorn.Server):
 
 def build_context(settings: Settings) -> tuple[ServerContext, Engine]:
     engine = make_engine(settings.effective_database_url)
+    # A drain moves its node's jobs by preempting them (checkpoint, stop, requeue).
     return ServerContext(
-        settings=settings, session_factory=make_session_factory(engine), bus=make_bus(settings)
+        settings=settings,
+        session_factory=make_session_factory(engine),
+        bus=make_bus(settings),
+        preempt_job=preempt_job,
     ), engine
 
 

@@ -2,7 +2,7 @@
 many times the job was preempted (its re-placements after a preemption are not retries).
 
 Revision ID: 0019
-Revises: 0014
+Revises: 0017
 Create Date: 2026-11-25
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0019"
-down_revision: str | None = "0014"
+down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
