@@ -84,13 +84,14 @@ def test_a_cordon_removes_the_node_from_placement_at_once(server: ServerHandle, 
 def test_a_drain_tells_the_agent_and_moves_its_jobs(server: ServerHandle, admin: CpnClient) -> None:
     node = one_node(server, admin)
     channel, stream = connect(server, node)
-    job_id, _ = job_on(server, node)
+    job_id, task_id = job_on(server, node)
+    assert server.ctx.preempt_job is not None  # the server's own hook: control_layer.preemption
     try:
         with operator_of(admin, server) as operator:
-            # no preemption configured: the job is left to finish, and the answer says so
+            # a job whose spec forbids preemption stays where it runs, and the answer says so
             out = operator.node_action(node.node_id, "drain", reason="maintenance")
             assert (out["cordon"], out["moved_jobs"], out["running_jobs"]) == ("draining", [], [job_id])
-            assert out["note"] == NOT_WIRED
+            assert out["note"] and out["note"] != NOT_WIRED
             assert stream.recv().drain.reason == "maintenance"
             assert placeable(server) == set()
             stream.close()
@@ -98,21 +99,23 @@ def test_a_drain_tells_the_agent_and_moves_its_jobs(server: ServerHandle, admin:
             channel, stream = connect(server, node)  # a restarted agent is told again
             assert stream.recv().drain.reason == "node is drained"
 
-            moves: list[tuple[str, str]] = []
-
-            def preempt_job(ctx: Any, job_id: str, *, reason: str, by_job_id: str | None = None) -> bool:
-                moves.append((job_id, reason))
-                return True
-
-            server.ctx.preempt_job = preempt_job
+            # once preemptible, the next drain moves it: its task is told to checkpoint and stop
+            with server.ctx.session_factory() as s, s.begin():
+                s.execute(update(Job).where(Job.id == job_id).values(spec=small_spec(preemptible=True)))
             out = operator.node_action(node.node_id, "drain")
             assert (out["moved_jobs"], out["running_jobs"], out["note"]) == ([job_id], [], "")
-            assert moves == [(job_id, f"node {node.node_id} drained")]
+            kinds = []
+            while (message := stream.recv()).WhichOneof("kind") != "preempt":
+                kinds.append(message.WhichOneof("kind"))
+                assert len(kinds) < 5, kinds
+            assert message.preempt.assignment_id == task_id
+            assert message.preempt.reason == f"node {node.node_id} drained"
+            with server.ctx.session_factory() as s:
+                assert s.get(Job, job_id).preemption["reason"] == f"node {node.node_id} drained"
 
             uncordoned = operator.node_action(node.node_id, "uncordon")
             assert uncordoned["cordon"] == "" and "restarts" in uncordoned["note"]
     finally:
-        server.ctx.preempt_job = None
         stream.close()
         channel.close()
 
