@@ -12,6 +12,7 @@ from agent.cli import agent_command
 from service_layer.cli.admin import db_app, snapshot_app, tenants_app, tokens_app
 from service_layer.cli.demo import demo
 from service_layer.cli.jobs import jobs_app, quote
+from service_layer.cli.ledger import invoice, ledger_app, statement
 from service_layer.cli.plan import plan_command
 from service_layer.cli.server import server_command
 
@@ -27,11 +28,14 @@ app.command("agent")(agent_command)
 app.command("demo")(demo)
 app.command("quote")(quote)
 app.command("plan")(plan_command)
+app.command("invoice")(invoice)
+app.command("statement")(statement)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(db_app, name="db")
+app.add_typer(ledger_app, name="ledger")
 
 if __name__ == "__main__":
     app()
