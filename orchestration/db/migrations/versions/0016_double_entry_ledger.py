@@ -141,14 +141,15 @@ def upgrade() -> None:
     with op.batch_alter_table("ledger_postings") as batch:
         batch.create_index(batch.f("ix_ledger_postings_account_id"), ["account_id"], unique=False)
         batch.create_index(batch.f("ix_ledger_postings_transaction_id"), ["transaction_id"], unique=False)
-    with op.batch_alter_table("tasks") as batch:
-        batch.add_column(
-            sa.Column("platform_fee", sa.Double(), server_default=sa.text("0.1"), nullable=False)
-        )
-        batch.add_column(sa.Column("metered_until", sa.DateTime(timezone=True), nullable=True))
-        batch.add_column(
-            sa.Column("metered_egress_bytes", sa.BigInteger(), server_default=sa.text("0"), nullable=False)
-        )
+    # Plain ALTER TABLE ... ADD COLUMN: a batch copy of tasks would drop the table others refer to.
+    op.add_column(
+        "tasks", sa.Column("platform_fee", sa.Double(), server_default=sa.text("0.1"), nullable=False)
+    )
+    op.add_column("tasks", sa.Column("metered_until", sa.DateTime(timezone=True), nullable=True))
+    op.add_column(
+        "tasks",
+        sa.Column("metered_egress_bytes", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
+    )
     _move_entries_to_transactions()
     with op.batch_alter_table("ledger_entries") as batch:
         batch.drop_index(batch.f("ix_ledger_entries_tenant_id"))
@@ -261,10 +262,10 @@ def downgrade() -> None:
         " sum(quantity), min(unit_price), sum(amount_micros) / 1000000.0, max(created_at)"
         " FROM ledger_transactions GROUP BY job_id, tenant_id, task_id, kind"
     )
-    with op.batch_alter_table("tasks") as batch:
-        batch.drop_column("metered_egress_bytes")
-        batch.drop_column("metered_until")
-        batch.drop_column("platform_fee")
+    # Plain ALTER TABLE ... DROP COLUMN (SQLite 3.35+): a batch copy of tasks would have to drop
+    # the table that allocations, metrics and the restored lines refer to.
+    for column in ("metered_egress_bytes", "metered_until", "platform_fee"):
+        op.drop_column("tasks", column)
     with op.batch_alter_table("ledger_postings") as batch:
         batch.drop_index(batch.f("ix_ledger_postings_transaction_id"))
         batch.drop_index(batch.f("ix_ledger_postings_account_id"))
