@@ -15,7 +15,7 @@ import contextlib
 import logging
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from contracts.states import JOB_TERMINAL
 from orchestration.context import ServerContext
@@ -29,13 +29,23 @@ log = logging.getLogger(__name__)
 
 
 def meter_once(ctx: ServerContext, now: datetime | None = None) -> int:
-    """One pass over the jobs that live and have tasks that ran; returns the charges written."""
+    """One pass over the live jobs with tasks that run or have time left to charge; returns the
+    charges written."""
     with ctx.session_factory() as session:
         job_ids = list(
             session.scalars(
                 select(Task.job_id)
                 .join(Job, Job.id == Task.job_id)
-                .where(Job.status.not_in([s.value for s in JOB_TERMINAL]), Task.started_at.is_not(None))
+                .where(
+                    Job.status.not_in([s.value for s in JOB_TERMINAL]),
+                    Task.started_at.is_not(None),
+                    # running, or ended with time not yet charged (a queued job's old attempt is done)
+                    or_(
+                        Task.finished_at.is_(None),
+                        Task.metered_until.is_(None),
+                        Task.metered_until < Task.finished_at,
+                    ),
+                )
                 .distinct()
             )
         )

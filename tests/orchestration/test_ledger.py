@@ -56,7 +56,7 @@ def test_actual_cost_from_device_hours_and_egress(session_factory: sessionmaker[
         tasks = allocate(s, job, spec, option, attempt=1, platform_fee=0.2)
         # a price change after placement does not change what this job pays
         s.add(Price(cluster_id=eu.id, price_per_device_hour=100.0, effective_from=utcnow()))
-        start = utcnow() - timedelta(hours=2)
+        start = datetime(2026, 11, 10, 12, tzinfo=UTC)  # no month start inside: one period per meter
         for t in tasks:
             t.started_at = start
             t.last_metrics = {"step": 9, "wan_bytes_sent": 1_000_000_000 if t.region == "eu-west" else 0}
@@ -99,12 +99,12 @@ def test_actual_cost_from_device_hours_and_egress(session_factory: sessionmaker[
         assert summary["actual"]["total"] == pytest.approx(total)
         assert summary["actual"]["duration_s"] == pytest.approx(3600)
         assert tenant_spend(s, tenant_id) == total
-        month = month_bounds(start.strftime("%Y-%m"))
-        if month_bounds((start + timedelta(hours=1)).strftime("%Y-%m")) == month:  # not across a month
-            inv = invoice(s, tenant_id, *month)
-            assert inv.total_micros == 7_250_000 == sum(line.amount_micros for line in inv.lines)
-            st = statement(s, "lumen", *month)
-            assert (st.gross_micros, st.fees_micros, st.total_micros) == (6_000_000, 1_200_000, 4_800_000)
+        month = month_bounds("2026-11")
+        inv = invoice(s, tenant_id, *month)
+        assert inv.total_micros == 7_250_000 == sum(line.amount_micros for line in inv.lines)
+        st = statement(s, "lumen", *month)
+        assert (st.gross_micros, st.fees_micros, st.total_micros) == (6_000_000, 1_200_000, 4_800_000)
+        assert invoice(s, tenant_id, *month_bounds("2026-12")).total_micros == 0
 
 
 def _task(**kw: object) -> TaskMeter:
