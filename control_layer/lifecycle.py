@@ -8,10 +8,9 @@
 ``attempt`` counts placements: the move pending → placed increments it, and the tasks created by
 that placement carry the new number, so reports from an older attempt are recognisably stale.
 Leaving an attempt (back to pending, or to an end state) stops its still-active tasks, releases
-the job's devices, closes the meters of its tasks (``orchestration.ledger``) and wakes the placer; an
-end state also sets the job's actual cost from the ledger, records the
-job's estimate next to its actual, and (on success) calibrates the planner from the run. Callers never do
-any of that themselves.
+the job's devices, closes its tasks' meters (``orchestration.ledger``) and wakes the placer; an end
+state also sets the job's actual cost from the ledger, records the job's estimate next to its
+actual, and (on success) calibrates the planner from the run. Callers never do any of that themselves.
 """
 
 from __future__ import annotations
