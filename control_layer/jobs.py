@@ -279,7 +279,10 @@ def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOpti
         # The sync settings the planner chose stay the job's: a re-placement plans with them, so
         # every attempt and replacement region trains with the same H and codec.
         spec = pinned(spec, option)
-        tasks = allocate(session, job, spec, option, attempt=job.attempt + 1, sync_secret=secret)
+        fee = ctx.settings.platform_fee  # the fee in force now, like the prices
+        tasks = allocate(
+            session, job, spec, option, attempt=job.attempt + 1, sync_secret=secret, platform_fee=fee
+        )
         job.spec = spec.model_dump(mode="json")
         job.option = option.model_dump(mode="json")
         job.estimated_duration_s = option.estimates.duration_s

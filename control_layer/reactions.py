@@ -16,7 +16,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidArgument, NotFound, PermissionDenied
-from contracts.states import JOB_ACTIVE, TASK_ACTIVE, JobState, TaskState, task_move_applies
+from contracts.states import (
+    JOB_ACTIVE,
+    JOB_TERMINAL,
+    TASK_ACTIVE,
+    TASK_TERMINAL,
+    JobState,
+    TaskState,
+    task_move_applies,
+)
 from control_layer import preemption
 from control_layer.calibration import TIMING_KEYS
 from control_layer.checkpoint_copies import order_copy, record_copy_result
@@ -28,6 +36,7 @@ from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Node, Task, TaskMetric
 from orchestration.events import job_channel, publish_after_commit, record_event
+from orchestration.ledger import meter_tasks
 from resource_layer.handlers import ControlHandlers
 
 log = logging.getLogger(__name__)
@@ -63,6 +72,8 @@ def on_task_status(
             return
         move_task(task, to, message=message, exit_code=exit_code, result=_finite(result))
         _note_checkpoint(task, (result or {}).get("checkpoint_step"))
+        if to in TASK_TERMINAL and job.status not in JOB_TERMINAL:
+            meter_tasks(session, job, [task])  # metering closes at the task's end
         record_event(
             session,
             ctx.bus,

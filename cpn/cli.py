@@ -13,6 +13,7 @@ from service_layer.cli.access import keys_app, nodes_app
 from service_layer.cli.admin import db_app, snapshot_app, tenants_app, tokens_app
 from service_layer.cli.demo import demo
 from service_layer.cli.jobs import jobs_app, quote
+from service_layer.cli.ledger import invoice, ledger_app, statement
 from service_layer.cli.plan import plan_command
 from service_layer.cli.server import server_command
 
@@ -28,6 +29,8 @@ app.command("agent")(agent_command)
 app.command("demo")(demo)
 app.command("quote")(quote)
 app.command("plan")(plan_command)
+app.command("invoice")(invoice)
+app.command("statement")(statement)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(tenants_app, name="tenants")
@@ -35,6 +38,7 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(db_app, name="db")
+app.add_typer(ledger_app, name="ledger")
 
 if __name__ == "__main__":
     app()

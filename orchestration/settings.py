@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _DEV_SECRET = "dev-insecure-secret"
+DEFAULT_PLATFORM_FEE = 0.10  # the platform's share of device-time charges; providers are paid the rest
 
 
 class Settings(BaseSettings):
@@ -80,6 +81,17 @@ class Settings(BaseSettings):
         gt=0,
         le=30 * 86_400,
         description="Measurements younger than this feed the planner (unset: 3 intervals)",
+    )
+
+    # The ledger (orchestration/ledger/): what the platform keeps, and how often running tasks are billed.
+    platform_fee: float = Field(
+        DEFAULT_PLATFORM_FEE,
+        ge=0,
+        le=1,
+        description="Platform's share of device-time charges (0.1 = 10 %), fixed per task at placement",
+    )
+    ledger_meter_interval_s: float = Field(
+        60.0, ge=0.05, le=86_400, description="How often running tasks' device time and egress are charged"
     )
 
     @model_validator(mode="after")

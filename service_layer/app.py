@@ -18,7 +18,7 @@ from service_layer.fanout import Fanout
 from service_layer.key_cache import KeyCache
 from service_layer.metrics import RequestTimer, install_metrics
 from service_layer.metrics import router as metrics_router
-from service_layer.routers import access, admin, health, jobs, nodes, resources
+from service_layer.routers import access, admin, health, jobs, ledger, nodes, resources
 from service_layer.schemas.common import error_responses
 
 API_PREFIX = "/v1"
@@ -51,6 +51,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
             },
             {"name": "access", "description": "API keys with roles; enrollment tokens"},
             {"name": "nodes", "description": "Cordon, drain, revoke nodes: operators and admins"},
+            {"name": "ledger", "description": "Charges, monthly invoices and provider payout statements"},
             {"name": "health", "description": "Liveness of the database and bus"},
         ],
     )
@@ -62,7 +63,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.state.key_cache = KeyCache()  # verified API keys, a few seconds each
     app.state.fanout = Fanout(ctx.bus, max_per_tenant=ctx.settings.max_streams_per_tenant)
     install_error_handlers(app)
-    for r in (jobs.router, resources.router, admin.router, access.router, nodes.router):
+    for r in (jobs.router, resources.router, admin.router, access.router, nodes.router, ledger.router):
         app.include_router(r, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(metrics_router)

@@ -175,6 +175,23 @@ class CpnClient:
     def healthz(self) -> dict[str, Any]:
         return self._call("GET", "/healthz")
 
+    # -- the ledger
+    def transactions(
+        self, *, job_id: str | None = None, account: str | None = None, after: int = 0, limit: int = 100
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"after": after, "limit": limit}
+        if job_id:
+            params["job_id"] = job_id
+        if account:
+            params["account"] = account
+        return self._call("GET", "/v1/ledger/transactions", params=params)
+
+    def invoice(self, tenant_id: str, month: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/tenants/{tenant_id}/invoice", params={"month": month})
+
+    def statement(self, provider: str, month: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/providers/{provider}/statement", params={"month": month})
+
     # -- admins
     def put_link(self, **link: Any) -> dict[str, Any]:
         return self._call("PUT", "/v1/links", json=link)

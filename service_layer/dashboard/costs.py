@@ -1,8 +1,8 @@
 """The costs page's data: what the ledger holds, by tenant and by provider.
 
-``ledger_totals`` is the one query the page reads the ledger through: the charges summed in the
-database per tenant, or per provider whose cluster earned them (egress is booked on the sending
-task's cluster, so its provider's region sent it).
+``ledger_totals`` is the one query the page reads the ledger through: the charges' transactions
+summed in the database per tenant, or per provider whose task ran (device time) or sent (egress)
+them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from typing import Any, Literal
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from orchestration.db.models import Cluster, LedgerEntry, Provider, Tenant
+from orchestration.db.models import LedgerTransaction, Tenant
+
+MICROS = 1_000_000  # the ledger keeps money in micro-units
 
 NO_PROVIDER = "(no cluster)"
 
@@ -35,30 +37,28 @@ class Total:
 
 
 def ledger_totals(session: Session, by: Literal["tenant", "provider"]) -> list[Total]:
-    """Charges per tenant or per provider, biggest total first."""
-    gpu = LedgerEntry.kind == "gpu"
+    """Charges per tenant or per provider, biggest total first (the transactions' tenant-side
+    amounts: what tenants were charged, on the provider whose task ran or sent it)."""
+    tx = LedgerTransaction
+    gpu = tx.kind == "gpu"
 
     def part(column: Any, when: Any) -> Any:
-        return func.coalesce(func.sum(case((when, column), else_=0.0)), 0.0)
+        return func.coalesce(func.sum(case((when, column), else_=0)), 0)
 
-    name = Tenant.name if by == "tenant" else func.coalesce(Provider.name, NO_PROVIDER)
+    name = Tenant.name if by == "tenant" else func.coalesce(func.nullif(tx.provider, ""), NO_PROVIDER)
     query = select(
         name,
-        func.count(func.distinct(LedgerEntry.job_id)),
-        func.count(LedgerEntry.id),
-        part(LedgerEntry.quantity, gpu),
-        part(LedgerEntry.amount, gpu),
-        part(LedgerEntry.quantity, ~gpu),
-        part(LedgerEntry.amount, ~gpu),
+        func.count(func.distinct(tx.job_id)),
+        func.count(tx.id),
+        part(tx.quantity, gpu),
+        part(tx.amount_micros, gpu),
+        part(tx.quantity, ~gpu),
+        part(tx.amount_micros, ~gpu),
     )
-    if by == "tenant":
-        query = query.join(Tenant, Tenant.id == LedgerEntry.tenant_id)
-    else:
-        query = query.select_from(LedgerEntry).outerjoin(Cluster, Cluster.id == LedgerEntry.cluster_id)
-        query = query.outerjoin(Provider, Provider.id == Cluster.provider_id)
+    query = query.join(Tenant, Tenant.id == tx.tenant_id) if by == "tenant" else query.select_from(tx)
     rows = session.execute(query.group_by(name)).all()
     out = [
-        Total(str(n), int(j), int(c), float(dh), float(g), float(eg), float(e))
+        Total(str(n), int(j), int(c), float(dh), int(g) / MICROS, float(eg), int(e) / MICROS)
         for n, j, c, dh, g, eg, e in rows
     ]
     return sorted(out, key=lambda t: (-t.total, t.name))

@@ -25,7 +25,7 @@ from control_layer.reactions import on_task_metrics, on_task_status
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
-from orchestration.db.models import Allocation, Event, Job, LedgerEntry, Task
+from orchestration.db.models import Allocation, Event, Job, LedgerTransaction, Task
 from tests.orchestration.fleet import add_cluster, add_tenant, submit_and_place, tiny_spec
 
 SPEC = tiny_spec(
@@ -144,7 +144,7 @@ def test_a_preempted_job_requeues_once_its_tasks_stopped_and_resumes_from_their_
 
     # The ledger charges the device time of every attempt, the preempted one included.
     with session_scope(ctx.session_factory) as s:
-        lines = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job_id)).all()
+        lines = s.scalars(select(LedgerTransaction).where(LedgerTransaction.job_id == job_id)).all()
     assert {t1.id, t2.id} <= {line.task_id for line in lines}
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from orchestration.db.models import Event, LedgerEntry, Task, TaskMetric
-from orchestration.ledger import task_device_hours
+from orchestration.db.engine import as_utc
+from orchestration.db.models import Event, LedgerTransaction, Task, TaskMetric
 from service_layer.cli.local_fleet import LocalAgent, stop_agents
 from tests.integration.test_end_to_end import (  # noqa: F401 - control_plane is a fixture
     TERMINAL,
@@ -29,6 +29,15 @@ from tests.integration.test_end_to_end import (  # noqa: F401 - control_plane is
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(420)]
 
 STEPS = 600  # long enough that the job is still training when the preemption arrives (tens of seconds)
+
+
+def device_hours(task: Task) -> float:
+    """Devices x hours the task ran, from its own start and finish times."""
+    if task.started_at is None or task.finished_at is None:
+        return 0.0
+    return (
+        len(task.device_indices) * (as_utc(task.finished_at) - as_utc(task.started_at)).total_seconds() / 3600
+    )
 
 
 def one_cluster_spec(*, preemptible: bool) -> dict[str, Any]:
@@ -117,14 +126,16 @@ def test_a_preempted_job_checkpoints_requeues_and_resumes_where_it_stopped(
                 select(TaskMetric.step).where(TaskMetric.task_id == second["id"]).order_by(TaskMetric.step)
             )
             tasks = session.scalars(select(Task).where(Task.job_id == job["id"])).all()
-            lines = session.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job["id"])).all()
+            lines = session.scalars(
+                select(LedgerTransaction).where(LedgerTransaction.job_id == job["id"])
+            ).all()
         assert resumed_at is not None and resumed_at > checkpoint
         # The charges cover the device time of both runs, the preempted one included.
         gpu = [line for line in lines if line.kind == "gpu"]
         assert {line.task_id for line in gpu} == {first["id"], second["id"]}
-        assert sum(line.quantity for line in gpu) == pytest.approx(sum(task_device_hours(t) for t in tasks))
+        assert sum(line.quantity for line in gpu) == pytest.approx(sum(device_hours(t) for t in tasks))
         assert all(line.quantity > 0 for line in gpu)
-        assert done["actual_cost"] == pytest.approx(sum(line.amount for line in lines))
+        assert done["actual_cost"] == pytest.approx(sum(line.amount_micros for line in lines) / 1e6)
     finally:
         stop_agents(procs)
 

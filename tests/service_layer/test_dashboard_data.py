@@ -8,7 +8,18 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from orchestration.db.models import ApiKey, Cluster, Job, LedgerEntry, Provider, Region, Tenant
+from orchestration.db.models import (
+    ApiKey,
+    Cluster,
+    Job,
+    LedgerPosting,
+    LedgerTransaction,
+    Provider,
+    Region,
+    Tenant,
+)
+from orchestration.ledger.accounts import account_ids
+from orchestration.ledger.postings import charge_postings, provider_account, tenant_account
 from service_layer.dashboard.costs import NO_PROVIDER, grand_total, ledger_totals
 from service_layer.dashboard.queue import queue_rows
 from service_layer.dashboard.tenants import tenant_rows
@@ -44,17 +55,33 @@ def _seed(session: Session) -> dict[str, str]:
         (jobs["ran2"], c2, "gpu", 1.0, 3.0),
         (jobs["ran3"], None, "gpu", 1.0, 1.0),
     ]
-    for job, cluster, kind, qty, amount in lines:
-        session.add(
-            LedgerEntry(
-                job_id=job.id,
-                tenant_id=job.tenant_id,
-                cluster_id=cluster.id if cluster else None,
-                kind=kind,
-                quantity=qty,
-                unit_price=amount / qty,
-                amount=amount,
-            )
+    for n, (job, cluster, kind, qty, amount) in enumerate(lines):
+        provider = {c1.id: "lumen", c2.id: "nordic"}.get(cluster.id) if cluster else ""
+        tx = LedgerTransaction(
+            kind=kind,
+            job_id=job.id,
+            tenant_id=job.tenant_id,
+            provider=provider or "",
+            cluster_id=cluster.id if cluster else None,
+            quantity=qty,
+            unit_price=amount / qty,
+            amount_micros=round(amount * 1e6),
+            period_start=T0,
+            period_end=T0 + timedelta(hours=1),
+            meter_from=n,
+        )
+        session.add(tx)
+        session.flush()
+        postings = charge_postings(
+            kind,
+            tx.amount_micros,
+            0.1,
+            tenant=tenant_account(job.tenant_id),
+            provider=provider_account(provider or "x"),
+        )
+        ids = account_ids(session, [name for name, _ in postings])
+        session.add_all(
+            LedgerPosting(transaction_id=tx.id, account_id=ids[a], amount_micros=m) for a, m in postings
         )
     session.add(ApiKey(tenant_id=a.id, prefix="cpn_abcd", key_hash="h" * 64))
     return {k: j.id for k, j in jobs.items()}

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from contracts.states import JobState, TaskState
 from orchestration.db.base import Base, new_id, utcnow
+from orchestration.settings import DEFAULT_PLATFORM_FEE
 
 
 class Quote(Base):
@@ -76,6 +77,12 @@ class Task(Base):
     # Prices in force when the task was placed: the ledger charges these, not later price changes.
     price_per_device_hour: Mapped[float] = mapped_column(default=0.0)
     egress_price_per_gb: Mapped[float] = mapped_column(default=0.0)
+    # The platform's share of the task's device-time charges, also fixed at placement.
+    platform_fee: Mapped[float] = mapped_column(default=DEFAULT_PLATFORM_FEE, server_default=text("0.1"))
+    # Metering watermarks: device time is charged up to ``metered_until`` and egress up to
+    # ``metered_egress_bytes`` of the leader's cumulative WAN bytes (orchestration.ledger.metering).
+    metered_until: Mapped[datetime | None] = mapped_column(default=None)
+    metered_egress_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
     exit_code: Mapped[int | None] = mapped_column(default=None)
     message: Mapped[str] = mapped_column(String(2000), default="")
     last_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)
