@@ -36,11 +36,11 @@ def upgrade() -> None:
         batch.alter_column("name", server_default=None)
     with op.batch_alter_table("enrollment_tokens") as batch:
         batch.add_column(sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True))
-    with op.batch_alter_table("nodes") as batch:
-        batch.add_column(sa.Column("cordon", sa.String(length=16), nullable=False, server_default=""))
-        batch.add_column(sa.Column("enrollment_token_id", sa.String(length=32), nullable=True))
-    with op.batch_alter_table("nodes") as batch:
-        batch.alter_column("cordon", server_default=None)
+    # Plain ALTERs on ``nodes``: SQLite's batch copy would drop a table that tasks reference.
+    op.add_column("nodes", sa.Column("cordon", sa.String(length=16), nullable=False, server_default=""))
+    op.add_column("nodes", sa.Column("enrollment_token_id", sa.String(length=32), nullable=True))
+    if op.get_bind().dialect.name != "sqlite":  # SQLite keeps the default: it cannot alter one in place
+        op.alter_column("nodes", "cordon", server_default=None)
 
 
 def downgrade() -> None:
@@ -53,9 +53,8 @@ def downgrade() -> None:
     )
     op.execute("UPDATE enrollment_tokens SET expires_at = revoked_at WHERE revoked_at IS NOT NULL")
     op.execute("UPDATE nodes SET status = 'lost' WHERE status = 'revoked'")
-    with op.batch_alter_table("nodes") as batch:
-        batch.drop_column("enrollment_token_id")
-        batch.drop_column("cordon")
+    op.drop_column("nodes", "enrollment_token_id")
+    op.drop_column("nodes", "cordon")
     with op.batch_alter_table("enrollment_tokens") as batch:
         batch.drop_column("revoked_at")
     with op.batch_alter_table("api_keys") as batch:

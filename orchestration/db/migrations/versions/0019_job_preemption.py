@@ -25,6 +25,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("jobs") as batch:
-        batch.drop_column("preemptions")
-        batch.drop_column("preemption")
+    # Plain DROP COLUMN (SQLite >= 3.35): a batch copy of ``jobs`` would drop a table that tasks
+    # and ledger rows reference.
+    op.drop_column("jobs", "preemptions")
+    op.drop_column("jobs", "preemption")
