@@ -17,7 +17,7 @@ from service_layer.fanout import Fanout
 from service_layer.key_cache import KeyCache
 from service_layer.metrics import RequestTimer, install_metrics
 from service_layer.metrics import router as metrics_router
-from service_layer.routers import admin, health, jobs, resources
+from service_layer.routers import admin, health, jobs, logs, resources
 from service_layer.schemas.common import error_responses
 
 API_PREFIX = "/v1"
@@ -54,7 +54,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.state.key_cache = KeyCache()  # verified API keys, a few seconds each
     app.state.fanout = Fanout(ctx.bus, max_per_tenant=ctx.settings.max_streams_per_tenant)
     install_error_handlers(app)
-    for r in (jobs.router, resources.router, admin.router):
+    for r in (jobs.router, logs.router, resources.router, admin.router):
         app.include_router(r, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(metrics_router)
