@@ -38,7 +38,7 @@ def test_bounds_refuse_sizes_that_cannot_hold_a_line_and_a_marker() -> None:
         LogBounds(max_lines=10, max_bytes=MARKER_BYTES)
 
 
-def _job_with_tasks(factory: sessionmaker[Session], n: int = 2, finished_days_ago: float | None = None):  # noqa: ANN202
+def job_with_tasks(factory: sessionmaker[Session], n: int = 2, finished_days_ago: float | None = None):  # noqa: ANN202
     with factory() as s, s.begin():
         tenant = Tenant(name=f"t-{new_id()}")
         if s.get(Region, "eu-west") is None:
@@ -77,7 +77,7 @@ def _append(factory: sessionmaker[Session], job_id: str, task_id: str, texts: li
 def test_rotation_keeps_each_task_within_its_bounds_with_a_counting_marker(
     session_factory: sessionmaker[Session],
 ) -> None:
-    job_id, (a, b) = _job_with_tasks(session_factory)
+    job_id, (a, b) = job_with_tasks(session_factory)
     bounds = LogBounds(max_lines=50, max_bytes=1 << 20)
     _append(session_factory, job_id, b, ["other task"] * 5)
     for batch in range(4):  # 4 x 30 lines, rotated whenever over the bound, as the writer does
@@ -98,7 +98,7 @@ def test_rotation_keeps_each_task_within_its_bounds_with_a_counting_marker(
 
 
 def test_rotation_by_bytes(session_factory: sessionmaker[Session]) -> None:
-    job_id, (a, _) = _job_with_tasks(session_factory)
+    job_id, (a, _) = job_with_tasks(session_factory)
     bounds = LogBounds(max_lines=10_000, max_bytes=64 * 1024)
     for _ in range(5):
         _append(session_factory, job_id, a, ["é" * 1000] * 10)  # 2,000 bytes a line (UTF-8)
@@ -114,7 +114,7 @@ def test_rotation_by_bytes(session_factory: sessionmaker[Session]) -> None:
 
 
 def test_a_second_rotation_carries_the_earlier_markers_count(session_factory: sessionmaker[Session]) -> None:
-    job_id, (a, _) = _job_with_tasks(session_factory)
+    job_id, (a, _) = job_with_tasks(session_factory)
     bounds = LogBounds(max_lines=10, max_bytes=1 << 20)
     for round_ in range(3):
         _append(session_factory, job_id, a, [f"r{round_} {i}" for i in range(20)])
@@ -128,7 +128,7 @@ def test_a_second_rotation_carries_the_earlier_markers_count(session_factory: se
 def test_read_interleaves_tasks_by_seq_with_tail_after_and_limit(
     session_factory: sessionmaker[Session],
 ) -> None:
-    job_id, (a, b) = _job_with_tasks(session_factory)
+    job_id, (a, b) = job_with_tasks(session_factory)
     sa = _append(session_factory, job_id, a, ["a0", "a1"])
     sb = _append(session_factory, job_id, b, ["b0"])
     sa2 = _append(session_factory, job_id, a, ["a2"])
@@ -149,9 +149,9 @@ def test_lines_are_cut_to_the_column_and_counted_in_bytes() -> None:
 
 
 def test_retention_prunes_only_jobs_ended_before_the_cutoff(session_factory: sessionmaker[Session]) -> None:
-    old_job, (old_task,) = _job_with_tasks(session_factory, 1, finished_days_ago=10)
-    new_job, (new_task,) = _job_with_tasks(session_factory, 1, finished_days_ago=1)
-    live_job, (live_task,) = _job_with_tasks(session_factory, 1)
+    old_job, (old_task,) = job_with_tasks(session_factory, 1, finished_days_ago=10)
+    new_job, (new_task,) = job_with_tasks(session_factory, 1, finished_days_ago=1)
+    live_job, (live_task,) = job_with_tasks(session_factory, 1)
     for job, task in ((old_job, old_task), (new_job, new_task), (live_job, live_task)):
         _append(session_factory, job, task, ["x", "y"])
     with session_factory() as s, s.begin():
