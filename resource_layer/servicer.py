@@ -214,6 +214,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 task.cancel()
             if self._streams.get(node_id) is outbox:
                 del self._streams[node_id]
+            # The node's last lines are written now, not lost with a server that is stopping
+            # (shielded: a second cancellation leaves the write running on the loop).
+            await asyncio.shield(self.logs.flush())
 
     async def _read_hello(
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
