@@ -27,6 +27,7 @@ from orchestration.db.models import Job, Task
 from orchestration.events import job_channel
 from orchestration.logs import store
 from service_layer.fanout import Fanout
+from service_layer.log_cursor import FollowCursor
 from service_layer.schemas.logs import LogLine
 from service_layer.sse import KEEPALIVE_S, format_event
 
@@ -77,26 +78,29 @@ def _unsent(
         return [to_api(r) for r in rows], status
 
 
-class _Cursor:
-    """Where a follower is: the last seq sent and the job's status at the last read."""
-
-    def __init__(self, after: int) -> None:
-        self.last, self.status = after, "unknown"
-
-
 async def _read_on(
-    ctx: ServerContext, job_id: str, task_id: str | None, cursor: _Cursor, tail: int | None = None
+    ctx: ServerContext,
+    job_id: str,
+    task_id: str | None,
+    cursor: FollowCursor,
+    tail: int | None = None,
 ) -> AsyncIterator[str]:
-    """Frames of every line after the cursor (only the last ``tail`` of the first read), page by
-    page, up to the newest; the cursor's status is the one read with the last page."""
+    """Frames of every line not sent yet, read page by page from the cursor's floor up to the
+    newest (only the last ``tail`` on a stream's first read). Returns the job's status read with
+    the last page in ``cursor.status``."""
+    after = cursor.floor
     while True:
-        lines, cursor.status = await asyncio.to_thread(_unsent, ctx, job_id, task_id, cursor.last, tail)
-        for line in lines:
+        lines, status = await asyncio.to_thread(_unsent, ctx, job_id, task_id, after, tail)
+        if tail is not None and lines:
+            cursor.skip_before(lines[0].seq)
+        for line in cursor.unsent(lines):
             yield format_event(line.model_dump(mode="json"), id=line.seq)
-            cursor.last = line.seq
         if tail is None and len(lines) < PAGE:
-            return
+            break
+        after = lines[-1].seq if lines and tail is None else cursor.last
         tail = None  # after the tail, read on to the newest line
+    cursor.status = status
+    cursor.read_done(time.monotonic())
 
 
 async def job_log_stream(
@@ -113,7 +117,7 @@ async def job_log_stream(
 ) -> AsyncIterator[str]:
     """SSE frames: the lines after ``after`` (only the last ``tail`` of them, if given), then live
     lines until the job ends (a final ``end`` event with its status) or the server stops."""
-    cursor = _Cursor(after)
+    cursor = FollowCursor(after)
     subscription = fanout.subscribe(store.logs_channel(job_id), tenant_id, also=(job_channel(job_id),))
     async with subscription as messages:
         async for frame in _read_on(ctx, job_id, task_id, cursor, tail):
@@ -138,9 +142,9 @@ async def job_log_stream(
                     pending = asyncio.ensure_future(anext(messages))
                     if channel == job_channel(job_id):  # job events: only its end matters here
                         read = read or message.get("kind") in ENDED
-                    else:  # new lines up to seq (a notice for lines already sent is skipped)
+                    else:  # new lines up to seq (a notice only for lines surely sent is skipped)
                         seq = message.get("seq")
-                        read = read or not isinstance(seq, int) or seq > cursor.last
+                        read = read or not isinstance(seq, int) or seq > cursor.floor
                 else:
                     yield ": keep-alive\n\n"
                     read = True

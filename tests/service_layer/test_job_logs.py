@@ -15,6 +15,8 @@ import grpc
 import httpx
 import pytest
 
+from orchestration.db.base import utcnow
+from orchestration.logs import store
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from service_layer.client import ApiError, CpnClient
 from service_layer.server import ServerHandle, start_server_in_thread
@@ -307,3 +309,46 @@ def test_job_page_shows_the_newest_lines_live_in_chromium(
         assert shot.stat().st_size > 10_000
     finally:
         browser.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgres"], indirect=True)
+def test_a_line_committed_after_a_newer_one_was_streamed_is_still_streamed(
+    server: ServerHandle, placed: Any
+) -> None:
+    """Two writers (replicas) of one job: A takes its seqs first but commits after B."""
+    alice, job, _ = placed
+    job_id, task_id = job["id"], job["tasks"][0]["id"]
+    events: list[dict[str, Any]] = []
+
+    def collect() -> None:
+        for event in alice.follow_logs(job_id):
+            events.append(event)
+
+    reader = threading.Thread(target=collect, daemon=True)
+    reader.start()
+    time.sleep(0.5)  # the stream is open and subscribed
+    factory, bus = server.ctx.session_factory, server.ctx.bus
+    slow = factory()
+    slow.begin()
+    late = store.append(
+        slow, [store.new_line(job_id, task_id, "stdout", "taken first, committed last", utcnow())]
+    )
+    with factory() as s, s.begin():
+        early = store.append(
+            s, [store.new_line(job_id, task_id, "stdout", "taken second, committed first", utcnow())]
+        )
+    bus.publish(store.logs_channel(job_id), {"kind": "task.logs", "job_id": job_id, "seq": early[0]})
+    wait_until(lambda: len(events) == 1, "the first committed line")
+    assert late[0] < early[0]
+    slow.commit()
+    slow.close()
+    bus.publish(store.logs_channel(job_id), {"kind": "task.logs", "job_id": job_id, "seq": late[0]})
+    wait_until(lambda: len(events) == 2, "the line committed late", timeout=10)
+    assert [e["data"]["line"] for e in events] == [
+        "taken second, committed first",
+        "taken first, committed last",
+    ]
+    time.sleep(4)  # past the settle time, and another read: nothing is sent twice
+    bus.publish(store.logs_channel(job_id), {"kind": "task.logs", "job_id": job_id, "seq": early[0]})
+    time.sleep(0.5)
+    assert len(events) == 2
