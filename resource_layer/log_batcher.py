@@ -23,6 +23,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts.errors import InvalidArgument
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.models import Task
@@ -31,6 +32,7 @@ from orchestration.logs.rotation import MARKER_STREAM, LogBounds, dropped_marker
 
 log = logging.getLogger(__name__)
 
+AGENT_STREAMS = frozenset({"stdout", "stderr", "agent"})
 CACHED_TASKS = 10_000
 # A task's stored size is re-read after this long without a line here (another replica may have
 # written to it meanwhile, when its node's stream moved).
@@ -70,12 +72,15 @@ class TaskLogBatcher:
         self.written = 0
 
     def add(self, node_id: str, task_id: str, stream: str, line: str) -> None:
-        """Queue one line (on the event loop; starts the flusher if needed)."""
+        """Queue one line (on the event loop; starts the flusher if needed). Refuses a stream name
+        the agent does not send; ``cpn``, the markers', is the control plane's own."""
+        if stream not in AGENT_STREAMS:
+            raise InvalidArgument(f"log.stream must be one of {sorted(AGENT_STREAMS)}, got {stream[:20]!r}")
         if len(self._pending) >= self._max_pending:
             key = (node_id, task_id)
             self._dropped[key] = self._dropped.get(key, 0) + 1
-        else:
-            self._pending.append(_Line(node_id, task_id, stream, line, utcnow()))
+        else:  # cut now: what waits in memory is bounded by lines x the column's width
+            self._pending.append(_Line(node_id, task_id, stream, line[: store.MAX_LINE_CHARS], utcnow()))
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="task-log-flush")
 

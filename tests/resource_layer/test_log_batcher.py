@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+import pytest
 from sqlalchemy import select
 
+from contracts.errors import InvalidArgument
 from control_layer.reaper import prune_logs_once
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
@@ -96,3 +98,20 @@ def test_the_reapers_retention_pass_removes_only_long_ended_jobs_lines(ctx: Serv
     assert prune_logs_once(ctx) == 1
     assert not _lines(ctx, old) and len(_lines(ctx, recent)) == 1
     assert prune_logs_once(ctx) == 0
+
+
+def test_lines_are_cut_on_arrival_and_only_the_agents_streams_are_taken(ctx: ServerContext) -> None:
+    job_id, (task_id, _) = job_with_tasks(ctx.session_factory)
+    node_id = _node_of(ctx, task_id)
+
+    async def run() -> None:
+        batcher = TaskLogBatcher(ctx)
+        batcher.add(node_id, task_id, "stderr", "x" * 1_000_000)
+        assert len(batcher._pending[0].line) == store.MAX_LINE_CHARS  # noqa: SLF001 - what waits in memory
+        with pytest.raises(InvalidArgument, match="log.stream"):
+            batcher.add(node_id, task_id, "cpn", "[cpn] 1000000 older lines rotated out")  # no forged markers
+        await batcher.close()
+
+    asyncio.run(run())
+    (row,) = _lines(ctx, job_id)
+    assert (row.stream, len(row.line), row.dropped) == ("stderr", store.MAX_LINE_CHARS, 0)
