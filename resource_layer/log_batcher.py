@@ -134,19 +134,18 @@ class TaskLogBatcher:
                     rows.append(
                         store.new_line(seen.job_id, task_id, MARKER_STREAM, dropped_marker(n), now, n)
                     )
-            seqs = store.append(session, rows)
-            newest: dict[str, int] = {}
+            store.append(session, rows)
             touched: set[str] = set()
-            for row, seq in zip(rows, seqs, strict=True):
+            for row in rows:
                 seen = owners[row.task_id]
                 seen.lines += 1
                 seen.nbytes += row.nbytes
-                newest[row.job_id] = max(newest.get(row.job_id, 0), seq)
                 touched.add(row.task_id)
             for task_id in touched:
                 seen = owners[task_id]
                 if over(seen.lines, seen.nbytes, self._bounds):
                     seen.lines, seen.nbytes = store.rotate(session, task_id, self._bounds)
+            newest = store.newest(session, {row.job_id for row in rows})
         self.written += len(rows)
         if newest:
             # After the commit: a follower told of new lines can read them.

@@ -69,9 +69,11 @@ def job_with_tasks(factory: sessionmaker[Session], n: int = 2, finished_days_ago
         return job.id, tasks
 
 
-def _append(factory: sessionmaker[Session], job_id: str, task_id: str, texts: list[str]) -> list[int]:
+def _append(factory: sessionmaker[Session], job_id: str, task_id: str, texts: list[str]) -> int:
+    """Append in one transaction; the job's newest seq after it."""
     with factory() as s, s.begin():
-        return store.append(s, [store.new_line(job_id, task_id, "stdout", t, utcnow()) for t in texts])
+        store.append(s, [store.new_line(job_id, task_id, "stdout", t, utcnow()) for t in texts])
+        return store.newest(s, [job_id])[job_id]
 
 
 def test_rotation_keeps_each_task_within_its_bounds_with_a_counting_marker(
@@ -129,12 +131,14 @@ def test_read_interleaves_tasks_by_seq_with_tail_after_and_limit(
     session_factory: sessionmaker[Session],
 ) -> None:
     job_id, (a, b) = job_with_tasks(session_factory)
-    sa = _append(session_factory, job_id, a, ["a0", "a1"])
-    sb = _append(session_factory, job_id, b, ["b0"])
-    sa2 = _append(session_factory, job_id, a, ["a2"])
+    after_a = _append(session_factory, job_id, a, ["a0", "a1"])
+    after_b = _append(session_factory, job_id, b, ["b0"])
+    after_a2 = _append(session_factory, job_id, a, ["a2"])
     with session_factory() as s:
         assert [r.line for r in store.read(s, job_id)] == ["a0", "a1", "b0", "a2"]
-        assert [r.seq for r in store.read(s, job_id)] == sa + sb + sa2
+        seqs = [r.seq for r in store.read(s, job_id)]
+        assert seqs == sorted(seqs) and (seqs[1], seqs[2], seqs[3]) == (after_a, after_b, after_a2)
+        sa = seqs[:2]
         assert {r.region for r in store.read(s, job_id)} == {"eu-west"}
         assert [r.line for r in store.read(s, job_id, tail=2)] == ["b0", "a2"]
         assert [r.line for r in store.read(s, job_id, after=sa[1])] == ["b0", "a2"]

@@ -330,25 +330,25 @@ def test_a_line_committed_after_a_newer_one_was_streamed_is_still_streamed(
     factory, bus = server.ctx.session_factory, server.ctx.bus
     slow = factory()
     slow.begin()
-    late = store.append(
-        slow, [store.new_line(job_id, task_id, "stdout", "taken first, committed last", utcnow())]
-    )
+    store.append(slow, [store.new_line(job_id, task_id, "stdout", "taken first, committed last", utcnow())])
+    late = store.newest(slow, [job_id])[job_id]
     with factory() as s, s.begin():
-        early = store.append(
+        store.append(
             s, [store.new_line(job_id, task_id, "stdout", "taken second, committed first", utcnow())]
         )
-    bus.publish(store.logs_channel(job_id), {"kind": "task.logs", "job_id": job_id, "seq": early[0]})
+        early = store.newest(s, [job_id])[job_id]
+    bus.publish(store.logs_channel(job_id), {"kind": "task.logs", "job_id": job_id, "seq": early})
     wait_until(lambda: len(events) == 1, "the first committed line")
-    assert late[0] < early[0]
+    assert late < early
     slow.commit()
     slow.close()
-    bus.publish(store.logs_channel(job_id), {"kind": "task.logs", "job_id": job_id, "seq": late[0]})
+    bus.publish(store.logs_channel(job_id), {"kind": "task.logs", "job_id": job_id, "seq": late})
     wait_until(lambda: len(events) == 2, "the line committed late", timeout=10)
     assert [e["data"]["line"] for e in events] == [
         "taken second, committed first",
         "taken first, committed last",
     ]
     time.sleep(4)  # past the settle time, and another read: nothing is sent twice
-    bus.publish(store.logs_channel(job_id), {"kind": "task.logs", "job_id": job_id, "seq": early[0]})
+    bus.publish(store.logs_channel(job_id), {"kind": "task.logs", "job_id": job_id, "seq": early})
     time.sleep(0.5)
     assert len(events) == 2
