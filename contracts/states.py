@@ -2,7 +2,7 @@
 
     pending ──► placed ──► running ──► succeeded
        │          │           │
-       │          ├───────────┴──► pending   (a task failed; re-placed as attempt + 1)
+       │          ├───────────┴──► pending   (a task failed, or preempted; re-placed as attempt + 1)
        └──────────┴───────────┴──► failed | cancelled
 
 States are ``StrEnum`` members: they are stored and sent as their plain string values.

@@ -262,6 +262,8 @@ def _lock_nodes(session: Session, node_ids: list[str]) -> dict[str, Node]:
             raise AllocationConflict(f"node {node_id} no longer exists")
         if node.status != "alive":
             raise AllocationConflict(f"node {node_id} is {node.status}")
+        if node.cordon:  # cordoned after the plan was made: place nothing new on it
+            raise AllocationConflict(f"node {node_id} is {node.cordon}")
     return nodes
 
 

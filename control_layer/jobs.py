@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
 from contracts.job_spec import JobSpec
+from contracts.roles import Principal
 from contracts.states import JOB_TERMINAL, JobState, TaskState
 from control_layer.allocation import AllocationConflict, allocate
 from control_layer.calibration_store import load_calibration
@@ -148,6 +149,8 @@ def submit_job(
         attempt=0,
         reason="",
         deferred=None,
+        preemption=None,
+        preemptions=0,
         estimated_duration_s=option.estimates.duration_s if option else None,
         estimated_cost=option.estimates.cost.total if option else None,
         actual_cost=None,
@@ -347,8 +350,9 @@ def cancel_job(ctx: ServerContext, job_id: str, reason: str, *, tenant_id: str |
     return job
 
 
-def get_job(session: Session, tenant: Tenant | str, job_id: str) -> Job:
-    """The job, if ``tenant`` may see it (its own, or any for an admin); NotFound otherwise."""
+def get_job(session: Session, tenant: Principal | str, job_id: str) -> Job:
+    """The job, if ``tenant`` (a caller, or a tenant id) may see it (its own, or any for an admin key);
+    NotFound otherwise."""
     job = session.get(Job, job_id)
     if job is None or not _may_see(tenant, job):
         raise NotFound(f"job {job_id} not found", field="job_id")
@@ -356,14 +360,14 @@ def get_job(session: Session, tenant: Tenant | str, job_id: str) -> Job:
 
 
 def list_jobs(
-    session: Session, tenant: Tenant | str, *, status: str | None = None, limit: int = 100
+    session: Session, tenant: Principal | str, *, status: str | None = None, limit: int = 100
 ) -> list[Job]:
-    """Newest first; only the tenant's own jobs (an admin sees all)."""
+    """Newest first; only the tenant's own jobs (an admin key sees all)."""
     if status is not None and status not in set(JobState):
         raise InvalidArgument(f"status must be one of {[s.value for s in JobState]}", field="status")
     stmt = select(Job).order_by(Job.created_at.desc(), Job.id).limit(max(1, min(limit, 1000)))
-    if not (isinstance(tenant, Tenant) and tenant.is_admin):
-        stmt = stmt.where(Job.tenant_id == (tenant.id if isinstance(tenant, Tenant) else tenant))
+    if isinstance(tenant, str) or not tenant.is_admin:
+        stmt = stmt.where(Job.tenant_id == (tenant if isinstance(tenant, str) else tenant.id))
     if status is not None:
         stmt = stmt.where(Job.status == status)
     return list(session.scalars(stmt))
@@ -377,10 +381,10 @@ def job_tasks(session: Session, job_id: str, *, attempt: int | None = None) -> l
     return list(session.scalars(stmt))
 
 
-def _may_see(tenant: Tenant | str, job: Job) -> bool:
-    if isinstance(tenant, Tenant):
-        return tenant.is_admin or job.tenant_id == tenant.id
-    return job.tenant_id == tenant
+def _may_see(tenant: Principal | str, job: Job) -> bool:
+    if isinstance(tenant, str):
+        return job.tenant_id == tenant
+    return tenant.is_admin or job.tenant_id == tenant.id
 
 
 def _tenant(session: Session, tenant_id: str) -> Tenant:

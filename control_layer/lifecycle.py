@@ -2,7 +2,7 @@
 
     pending ──► placed ──► running ──► succeeded
        │          │           │
-       │          ├───────────┴──► pending   (a task failed; re-placed as attempt + 1)
+       │          ├───────────┴──► pending   (a task failed, or preempted; re-placed as attempt + 1)
        └──────────┴───────────┴──► failed | cancelled
 
 ``attempt`` counts placements: the move pending → placed increments it, and the tasks created by
@@ -85,6 +85,8 @@ def transition(
     # the placer rejects at once is the common case; each of those is a query saved).
     never_placed = current is JobState.PENDING and job.attempt == 0
     leaves_attempt = to in JOB_TERMINAL or (to is JobState.PENDING and current is not JobState.PENDING)
+    if leaves_attempt:
+        job.preemption = None  # a preemption under way is settled by leaving the attempt
     if leaves_attempt and not never_placed:
         _stop_active_tasks(session, bus, job, tasks_note or job.reason or f"job {job.id} is {to}")
         if release(session, job.id):

@@ -1,5 +1,6 @@
 """The node reaper: marks nodes lost once their liveness key has expired. It only detects: failing a
-lost node's tasks moves their jobs back to pending, and the placer re-places them.
+lost node's tasks moves their jobs back to pending, and the placer re-places them. Each pass also
+requeues preempted jobs whose tasks never reported stopping (``preemption.expire_preemptions``).
 
 The resource layer touches ``node.<id>.alive`` on every heartbeat with a TTL of
 interval x misses. Only the elected leader replica reaps (``orchestration.leadership``), and its
@@ -25,6 +26,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
+from control_layer.preemption import expire_preemptions
 from control_layer.reactions import on_node_lost
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
@@ -111,7 +113,12 @@ async def run_reaper(ctx: ServerContext, stop: asyncio.Event) -> None:
     log.info("reaper up: no node is judged lost for the first %.1fs", ctx.settings.reaper_grace_s)
     while not stop.is_set():
         try:
-            await asyncio.to_thread(reap_once, ctx, up_for_s=time.monotonic() - started)
+            up_for = time.monotonic() - started
+            await asyncio.to_thread(reap_once, ctx, up_for_s=up_for)
+            if up_for >= ctx.settings.reaper_grace_s:
+                # Preemptions whose tasks never reported stopping: the same silence, per job (and
+                # the same grace: after a restart, agents replay how their tasks ended).
+                await asyncio.to_thread(expire_preemptions, ctx)
         except Exception:
             log.exception("reaper pass failed")
         if time.monotonic() - pruned_at >= LOG_PRUNE_EVERY_S:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from agent.cli import agent_command
+from service_layer.cli.access import keys_app, nodes_app
 from service_layer.cli.admin import db_app, snapshot_app, tenants_app, tokens_app
 from service_layer.cli.demo import demo
 from service_layer.cli.jobs import jobs_app, quote
@@ -30,6 +31,8 @@ app.command("plan")(plan_command)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(tenants_app, name="tenants")
+app.add_typer(keys_app, name="keys")
+app.add_typer(nodes_app, name="nodes")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(db_app, name="db")
 

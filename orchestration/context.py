@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,10 @@ class ServerContext:
     # the in-memory snapshot of any replica can follow; control_layer attaches that snapshot here.
     resource_changes: ResourceChangeFeed = field(init=False)
     live_snapshot: Any = field(default=None, init=False)
+    # Moves one job off its nodes (checkpoint, stop, requeue): ``preempt_job(ctx, job_id, *, reason,
+    # by_job_id=None) -> bool``. A drain calls it for each job on the node; None: such jobs are
+    # left to finish where they run, and the drain says so.
+    preempt_job: Callable[..., bool] | None = field(default=None)
 
     def __post_init__(self) -> None:
         self.resource_changes = ResourceChangeFeed.for_factory(self.session_factory, self.bus)

@@ -36,6 +36,7 @@ from resource_layer.grpc_errors import abort_with
 from resource_layer.handlers import ControlHandlers
 from resource_layer.liveness import HeartbeatRows, LivenessBatcher
 from resource_layer.log_batcher import TaskLogBatcher
+from resource_layer.node_admin import REVOKED_MESSAGE_KIND
 from resource_layer.tls import AgentTls, peer_common_name
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> None:
         try:
             async for _channel, message in subscription:
+                if REVOKED_MESSAGE_KIND in message:  # an operator revoked the node: end it now
+                    why = f"node {node_id} is revoked: {message[REVOKED_MESSAGE_KIND].get('reason', '')}"
+                    outbox.put_nowait(_End(why, grpc.StatusCode.PERMISSION_DENIED))
+                    return
                 try:
                     outbox.put_nowait(server_message_from_dict(message))
                 except CpnError as exc:

@@ -140,6 +140,14 @@ class CpnClient:
     def cancel(self, job_id: str, reason: str = "cancelled by user") -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel", json={"reason": reason})
 
+    def preempt(
+        self, job_id: str, reason: str, *, by_job_id: str | None = None, grace_s: float = 30.0
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"reason": reason, "grace_s": grace_s}
+        if by_job_id:
+            body["by_job_id"] = by_job_id
+        return self._call("POST", f"/v1/jobs/{job_id}/preempt", json=body)
+
     def metrics(self, job_id: str, max_points: int = 500) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}/metrics", params={"max_points": max_points})
 
@@ -218,6 +226,31 @@ class CpnClient:
 
     def create_key(self, tenant_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/tenants/{tenant_id}/keys")
+
+    # -- keys, tokens, nodes (by role: tenant-admins, operators, admins)
+    def keys(self, tenant_id: str | None = None) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/keys", params={"tenant_id": tenant_id} if tenant_id else None)
+
+    def add_key(self, role: str = "member", name: str = "", tenant_id: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"role": role, "name": name}
+        if tenant_id:
+            body["tenant_id"] = tenant_id
+        return self._call("POST", "/v1/keys", json=body)
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/keys/{key_id}")
+
+    def tokens(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/tokens")
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/tokens/{token_id}")
+
+    def node_action(self, node_id: str, action: str, reason: str = "") -> dict[str, Any]:
+        """``action``: cordon | uncordon | drain | revoke."""
+        if action == "revoke":
+            return self._call("DELETE", f"/v1/nodes/{node_id}", json={"reason": reason})
+        return self._call("POST", f"/v1/nodes/{node_id}/{action}", json={"reason": reason})
 
     def snapshot(self) -> dict[str, Any]:
         return self._call("GET", "/v1/snapshot")

@@ -1,4 +1,4 @@
-"""Client commands for users: quote, and jobs submit/list/show/watch/cancel."""
+"""Client commands for users: quote, and jobs submit/list/show/watch/cancel (and preempt, for admins)."""
 
 from __future__ import annotations
 
@@ -280,3 +280,20 @@ def cancel(
     with api(server, api_key) as client:
         job = client.cancel(job_id, reason)
     console.print(f"job {job['id']} {job['status']}")
+
+
+@jobs_app.command("preempt")
+def preempt(
+    job_id: str,
+    reason: Annotated[str, typer.Option(help="Recorded on the job and its events")] = "by an operator",
+    by: Annotated[str | None, typer.Option("--by", help="The job it makes room for")] = None,
+    grace: Annotated[
+        float, typer.Option(min=0.1, max=600, help="Seconds to checkpoint and stop before being cancelled")
+    ] = 30.0,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """Preempt a running preemptible job (admin): it checkpoints, stops and goes back to the queue."""
+    with api(server, api_key) as client:
+        job = client.preempt(job_id, reason, by_job_id=by, grace_s=grace)
+    console.print(f"job {job['id']} {job['status']}: preempting ({reason}); it resumes from its checkpoint")

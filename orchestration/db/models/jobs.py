@@ -39,6 +39,11 @@ class Job(Base):
     reason: Mapped[str] = mapped_column(String(2000), default="")
     # Why placement is put off right now (devices contended); None once placed or ended.
     deferred: Mapped[str | None] = mapped_column(String(2000), default=None)
+    # The preemption its tasks are stopping on ({reason, by_job_id, requested_at, deadline_at});
+    # None when none is under way (control_layer.preemption).
+    preemption: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    # Times it went back to the queue preempted: those re-placements are not retries.
+    preemptions: Mapped[int] = mapped_column(default=0, server_default="0")
     estimated_duration_s: Mapped[float | None] = mapped_column(default=None)
     estimated_cost: Mapped[float | None] = mapped_column(default=None)
     actual_cost: Mapped[float | None] = mapped_column(default=None)

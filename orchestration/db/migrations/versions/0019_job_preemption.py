@@ -1,0 +1,30 @@
+"""Preemption: the request a job's tasks are stopping on (reason, by whom, until when), and how
+many times the job was preempted (its re-placements after a preemption are not retries).
+
+Revision ID: 0019
+Revises: 0014
+Create Date: 2026-11-25
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0019"
+down_revision: str | None = "0014"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.add_column("jobs", sa.Column("preemption", sa.JSON(), nullable=True))
+    op.add_column("jobs", sa.Column("preemptions", sa.Integer(), nullable=False, server_default="0"))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("preemptions")
+        batch.drop_column("preemption")
