@@ -264,6 +264,11 @@ def test_bad_parameters_are_422_naming_the_field_and_strangers_get_404(
                 call()
             assert hidden.value.status == 404
     assert httpx.get(url).status_code == 401
+    doc = httpx.get(f"{server.http_url}/openapi.json", timeout=10).json()["paths"]["/v1/jobs/{job_id}/logs"][
+        "get"
+    ]
+    assert {"401", "404", "422", "429"} <= set(doc["responses"])
+    assert {p["name"] for p in doc["parameters"]} >= {"task", "tail", "after", "limit", "follow", "format"}
 
 
 @pytest.mark.browser
