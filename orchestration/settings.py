@@ -94,6 +94,23 @@ class Settings(BaseSettings):
         60.0, ge=0.05, le=86_400, description="How often running tasks' device time and egress are charged"
     )
 
+    # Workers' log lines (orchestration/logs, resource_layer/log_batcher.py).
+    log_max_lines_per_task: int = Field(
+        10_000, ge=10, le=1_000_000, description="Lines kept per task; the oldest are rotated out"
+    )
+    log_max_bytes_per_task: int = Field(
+        2 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024, description="Bytes of lines kept per task"
+    )
+    log_retention_days: float = Field(
+        7.0, gt=0, le=3650, description="Lines of jobs that ended longer ago than this are deleted"
+    )
+    log_flush_s: float = Field(
+        0.25, gt=0, le=10, description="How often received lines are written (one transaction each)"
+    )
+    log_max_pending_lines: int = Field(
+        20_000, ge=100, le=1_000_000, description="Lines waiting to be written; beyond, they are dropped"
+    )
+
     @model_validator(mode="after")
     def _refuse_default_secret(self) -> Settings:
         if self.environment != "development" and self.secret_key == _DEV_SECRET:

@@ -18,7 +18,7 @@ from service_layer.fanout import Fanout
 from service_layer.key_cache import KeyCache
 from service_layer.metrics import RequestTimer, install_metrics
 from service_layer.metrics import router as metrics_router
-from service_layer.routers import access, admin, health, jobs, ledger, nodes, resources
+from service_layer.routers import access, admin, health, jobs, ledger, logs, nodes, resources
 from service_layer.schemas.common import error_responses
 
 API_PREFIX = "/v1"
@@ -63,7 +63,8 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.state.key_cache = KeyCache()  # verified API keys, a few seconds each
     app.state.fanout = Fanout(ctx.bus, max_per_tenant=ctx.settings.max_streams_per_tenant)
     install_error_handlers(app)
-    for r in (jobs.router, resources.router, admin.router, access.router, nodes.router, ledger.router):
+    routers = (jobs, logs, resources, admin, access, nodes, ledger)
+    for r in (module.router for module in routers):
         app.include_router(r, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(metrics_router)

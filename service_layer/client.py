@@ -163,6 +163,39 @@ class CpnClient:
                 raise ApiError.from_response(response)
             yield from parse_sse(response.iter_lines())
 
+    def logs(
+        self,
+        job_id: str,
+        *,
+        task: str | None = None,
+        tail: int | None = None,
+        after: int = 0,
+        limit: int = 1000,
+    ) -> dict[str, Any]:
+        """A page of the job's log lines: ``{lines, next_after, more, status}``."""
+        params: dict[str, Any] = {"after": after, "limit": limit}
+        if task:
+            params["task"] = task
+        if tail is not None:
+            params["tail"] = tail
+        return self._call("GET", f"/v1/jobs/{job_id}/logs", params=params)
+
+    def follow_logs(
+        self, job_id: str, *, task: str | None = None, tail: int | None = None, after: int = 0
+    ) -> Iterator[dict[str, Any]]:
+        """The job's log lines as SSE until the job ends (the read has no timeout)."""
+        params: dict[str, Any] = {"after": after, "follow": "true"}
+        if task:
+            params["task"] = task
+        if tail is not None:
+            params["tail"] = tail
+        timeout = httpx.Timeout(DEFAULT_TIMEOUT.connect or 5.0, read=None)
+        with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=timeout) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise ApiError.from_response(response)
+            yield from parse_sse(response.iter_lines())
+
     def regions(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/regions")
 

@@ -232,6 +232,43 @@ def watch(
     raise typer.Exit(0 if job["status"] == JobState.SUCCEEDED else 1)
 
 
+def _log_line(line: dict[str, Any]) -> str:
+    return f"[{line['task_id'][:8]}/{line['region']} {line['stream']}] {line['line']}"
+
+
+@jobs_app.command("logs")
+def logs(
+    job_id: str,
+    task: Annotated[str | None, typer.Option("--task", help="Only this task (its id or a prefix)")] = None,
+    tail: Annotated[
+        int | None, typer.Option("--tail", min=1, max=10_000, help="Only the last N lines")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep printing new lines until the job ends")
+    ] = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """The job's workers' output, as `[task/region stream] line`; -f follows until the job ends."""
+    with api(server, api_key) as client:
+        if follow:
+            for event in client.follow_logs(job_id, task=task, tail=tail):
+                if event["event"] == "end":
+                    console.print(f"[dim]job {job_id} {event['data'].get('status')}[/]", highlight=False)
+                    return
+                if isinstance(event["data"], dict):
+                    print(_log_line(event["data"]), flush=True)
+            return
+        after = 0
+        while True:
+            page = client.logs(job_id, task=task, tail=tail, after=after, limit=1000)
+            for line in page["lines"]:
+                print(_log_line(line))
+            if not page["more"]:
+                return
+            after = page["next_after"]
+
+
 @jobs_app.command("cancel")
 def cancel(
     job_id: str,

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from contracts.errors import CpnError, PermissionDenied, Unauthenticated
 from contracts.states import JOB_TERMINAL
 from orchestration.db.models import CalibrationChange, CalibrationFactor, Job
+from orchestration.logs import store as task_logs
 from service_layer import queries
 from service_layer.dashboard import accuracy, region_map
 from service_layer.dashboard.access import COOKIE, COOKIE_TTL_S, admin_from_key, check_access, make_cookie
@@ -23,6 +24,7 @@ from service_layer.dashboard.map_svg import region_map_svg
 from service_layer.dashboard.spread_svg import spread_curve_svg
 from service_layer.dashboard.svg import loss_curve_svg
 from service_layer.deps import CtxDep
+from service_layer.log_stream import to_api
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -32,6 +34,7 @@ JOBS_SHOWN = 50
 ACCURACY_JOBS = 500  # the accuracy panel summarises the newest this many ended jobs
 ERRORS_SHOWN = 20  # newest time/cost errors in the calibration panel
 REFRESH_MS = 2000
+LOG_LINES_SHOWN = 100  # the job page's logs panel: the newest lines of every task
 
 
 def _age(seconds: float | None) -> str:
@@ -147,6 +150,16 @@ def _job_context(session: Session, ctx: CtxDep, job: Job) -> dict[str, Any]:
     }
 
 
+def _logs_context(session: Session, job: Job) -> dict[str, Any]:
+    rows = task_logs.read(session, job.id, tail=LOG_LINES_SHOWN)
+    return {
+        "lines": [to_api(r) for r in rows],
+        "shown": LOG_LINES_SHOWN,
+        "job_id": job.id,
+        "final": job.status in JOB_TERMINAL,
+    }
+
+
 @router.get("", response_class=HTMLResponse)
 def index(request: Request, ctx: CtxDep) -> Response:
     with ctx.session_factory() as session:
@@ -174,7 +187,8 @@ def job_page(request: Request, ctx: CtxDep, job_id: str) -> Response:
         job = session.get(Job, job_id)
         if job is None:
             return templates.TemplateResponse(request, "missing.html", {"job_id": job_id}, status_code=404)
-        return templates.TemplateResponse(request, "job.html", _job_context(session, ctx, job))
+        context = {**_job_context(session, ctx, job), **_logs_context(session, job)}
+        return templates.TemplateResponse(request, "job.html", context)
 
 
 @router.get("/jobs/{job_id}/live", response_class=HTMLResponse)
@@ -187,6 +201,18 @@ def job_fragment(request: Request, ctx: CtxDep, job_id: str) -> Response:
         if job is None:
             return Response("job not found", status_code=404, media_type="text/plain")
         return templates.TemplateResponse(request, "_job_live.html", _job_context(session, ctx, job))
+
+
+@router.get("/fragments/jobs/{job_id}/logs", response_class=HTMLResponse)
+def job_logs_fragment(request: Request, ctx: CtxDep, job_id: str) -> Response:
+    with ctx.session_factory() as session:
+        denied = guard(session, ctx, request)
+        if denied is not None:
+            return denied
+        job = session.get(Job, job_id)
+        if job is None:
+            return Response("job not found", status_code=404, media_type="text/plain")
+        return templates.TemplateResponse(request, "_job_logs.html", _logs_context(session, job))
 
 
 @router.post("/login", response_class=HTMLResponse)
