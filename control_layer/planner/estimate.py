@@ -572,6 +572,8 @@ def _estimate(
     cluster_pipes = pipe_shares(spanning, cluster_of)
     locals_: list[LocalStep] = []
     peak_bytes = 0.0
+    # The efficiency in force is the model's size class's where runs of that size calibrated one.
+    n_params = spec.model.n_params
     seen: set[tuple] = set()
     for rep in replicas:
         devices = rep.devices
@@ -630,7 +632,7 @@ def _estimate(
             continue
         seen.add(key)
         if rate is None:
-            flops = cm.effective_flops(tflops, model, kind, precision, calibration)
+            flops = cm.effective_flops(tflops, model, kind, precision, calibration, n_params)
             rt = cm.replica_time(
                 spec,
                 tp,
@@ -650,7 +652,7 @@ def _estimate(
         else:
             # The node's reference step: its FLOP rate (the calibrated efficiency scales it, 1 until
             # runs say otherwise) and fixed costs, slowed by the share of the host's cores.
-            eff = cm.device_efficiency(model, calibration, precision, default=1.0)
+            eff = cm.device_efficiency(model, calibration, precision, default=1.0, n_params=n_params)
             flops = rate.tflops * 1e12 * eff / share
             rt = cm.replica_time(
                 spec,
@@ -822,7 +824,9 @@ def _estimate(
         tokens_per_s=spec.training.global_batch_tokens / step.total if step.total > 0 else 0.0,
         wan_bytes_per_step=sc.wan_bytes * per_step_exchanges + pipe_bytes,
         interval=interval(duration, cost.total, calibration),
-        basis=basis(tasks, snapshot, precision, calibration, shares, launch_shares).model_copy(
+        basis=basis(
+            tasks, snapshot, precision, calibration, shares, launch_shares, n_params=spec.model.n_params
+        ).model_copy(
             update={
                 "exchange": sc.basis.model_copy(
                     update={

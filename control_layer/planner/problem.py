@@ -274,7 +274,9 @@ def build_fleet(
         cls_region=cls_region,
         cls_flops=np.array(
             [
-                cm.effective_flops(p.tflops, p.model, p.kind, spec.training.precision, calibration)
+                cm.effective_flops(
+                    p.tflops, p.model, p.kind, spec.training.precision, calibration, spec.model.n_params
+                )
                 for p in firsts
             ],
             dtype=float,
