@@ -4,10 +4,8 @@ A finished run's leaders report a per-step breakdown (data, compute, optimizer, 
 checkpoint) and each task its start-up time. Against the option's estimate and the factors it was
 made with (``Estimates.basis``) they give an observed value per factor:
 
-- efficiency per "model|precision", and per "model|precision|2^k" for the job's model size class
-  (``cost_model.size_class``; quotes use the class's figure where it has one): basis × estimated
-  compute / measured compute, where measured compute is the mean local step (compute [+ optimizer])
-  less the estimate's communication parts;
+- efficiency per "model|precision": basis × estimated compute / measured compute, where measured
+  compute is the mean local step (compute [+ optimizer]) less the estimate's communication parts;
 - start-up seconds per node in two parts, as the task reported them: the launcher's (spawn to the
   worker process started: one process per node, over ``basis.launch_share``) and the workers'
   (the rest to the first step, over ``basis.host_share``), and teardown seconds per node as the
@@ -186,11 +184,7 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
             measured = compute - _estimated_comm(option)
             estimated = est.step_s.compute + (0.0 if "optimizer_s" in med else est_opt)
             if measured > 0 and estimated > 0:
-                implied = _clamp(used * estimated / measured, EFFICIENCY_RANGE)
-                # The device's figure over every size, and its figure for this job's size class:
-                # what a model's step costs beyond its FLOPs does not scale with the model.
-                for learned in _efficiency_keys(key, basis):
-                    obs[(EFFICIENCY, learned)].append(implied)
+                obs[(EFFICIENCY, key)].append(_clamp(used * estimated / measured, EFFICIENCY_RANGE))
         # Start-up and teardown per idle core: the run's figure over the share of its host's cores
         # the plan was priced at (its own slots and the host's load then).
         share = (basis.host_share.get(task.node_id) if basis else None) or 1.0
@@ -213,12 +207,6 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
                 obs[(EXCHANGE_DRIFT, key)].append(implied)
     # Several tasks on one key (replicas of one model, one node's tasks): their median.
     return {k: statistics.median(v) for k, v in obs.items()}
-
-
-def _efficiency_keys(key: str, basis: CalibrationBasis | None) -> list[str]:
-    """The efficiency factors a run on devices of ``key`` ("model|precision") teaches: that one, and
-    the size class's ("model|precision|2^k") where the estimate recorded the job's class."""
-    return [key, f"{key}|{basis.size_class}"] if basis is not None and basis.size_class else [key]
 
 
 def _observe_checkpoint(run: FinishedRun, task: TaskRun, share: float) -> float | None:

@@ -80,53 +80,26 @@ def sync_bytes_per_param(sync: SyncSpec) -> float:
 # ---------------------------------------------------------------- calibration lookups
 
 
-def size_class(n_params: float) -> str:
-    """A model's size class for its efficiency: log2 of its parameter count, rounded ("2^22" for
-    2.9M-5.9M). Per-step costs that do not grow with the model (DDP's hooks and bucket copies, the
-    collectives' calls, Python between the kernels) weigh more on a small model's step, so one
-    efficiency learned across sizes prices neither end right; a class spans a factor of two."""
-    return f"2^{round(math.log2(max(1.0, n_params)))}"
-
-
-def efficiency_keys(model: str, precision: str | None, n_params: float | None = None) -> list[str]:
-    """The calibration keys for a device model's efficiency, the most precise first:
-    "model|precision|2^k" (the job's size class), "model|precision", "model"."""
-    keys = [model]
-    if precision:
-        keys.insert(0, f"{model}|{precision}")
-        if n_params:
-            keys.insert(0, f"{model}|{precision}|{size_class(n_params)}")
-    return keys
-
-
 def device_efficiency(
     model: str,
     calibration: Calibration | None,
     precision: str | None = None,
     default: float = DEFAULT_DEVICE_EFFICIENCY,
-    n_params: float | None = None,
 ) -> float:
-    """Calibrated efficiency for "model|precision|<size class of n_params>", else for
-    "model|precision", else for "model", else ``default``."""
-    if calibration and calibration.device_efficiency:
+    """Calibrated efficiency for "model|precision", else for "model", else ``default``."""
+    if calibration:
         table = {key.lower(): value for key, value in calibration.device_efficiency.items()}
-        for want in efficiency_keys(model.lower(), precision and precision.lower(), n_params):
+        for want in ([f"{model}|{precision}".lower()] if precision else []) + [model.lower()]:
             if want in table:
                 return table[want]
     return default
 
 
 def effective_flops(
-    tflops: float,
-    model: str,
-    kind: str,
-    precision: str,
-    calibration: Calibration | None,
-    n_params: float | None = None,
+    tflops: float, model: str, kind: str, precision: str, calibration: Calibration | None
 ) -> float:
     """FLOP/s a device achieves in training: measured TFLOPS × efficiency × the precision's rate."""
-    eff = device_efficiency(model, calibration, precision, n_params=n_params)
-    return tflops * 1e12 * eff * precision_rate(kind, precision)
+    return tflops * 1e12 * device_efficiency(model, calibration, precision) * precision_rate(kind, precision)
 
 
 # A node that measured nothing: a worker's start (interpreter, `import torch`, rendezvous, model

@@ -572,8 +572,6 @@ def _estimate(
     cluster_pipes = pipe_shares(spanning, cluster_of)
     locals_: list[LocalStep] = []
     peak_bytes = 0.0
-    # The efficiency in force is the model's size class's where runs of that size calibrated one.
-    n_params = spec.model.n_params
     seen: set[tuple] = set()
     for rep in replicas:
         devices = rep.devices
@@ -632,7 +630,7 @@ def _estimate(
             continue
         seen.add(key)
         if rate is None:
-            flops = cm.effective_flops(tflops, model, kind, precision, calibration, n_params)
+            flops = cm.effective_flops(tflops, model, kind, precision, calibration)
             rt = cm.replica_time(
                 spec,
                 tp,
@@ -652,7 +650,7 @@ def _estimate(
         else:
             # The node's reference step: its FLOP rate (the calibrated efficiency scales it, 1 until
             # runs say otherwise) and fixed costs, slowed by the share of the host's cores.
-            eff = cm.device_efficiency(model, calibration, precision, default=1.0, n_params=n_params)
+            eff = cm.device_efficiency(model, calibration, precision, default=1.0)
             flops = rate.tflops * 1e12 * eff / share
             rt = cm.replica_time(
                 spec,
@@ -824,9 +822,7 @@ def _estimate(
         tokens_per_s=spec.training.global_batch_tokens / step.total if step.total > 0 else 0.0,
         wan_bytes_per_step=sc.wan_bytes * per_step_exchanges + pipe_bytes,
         interval=interval(duration, cost.total, calibration),
-        basis=basis(
-            tasks, snapshot, precision, calibration, shares, launch_shares, n_params=spec.model.n_params
-        ).model_copy(
+        basis=basis(tasks, snapshot, precision, calibration, shares, launch_shares).model_copy(
             update={
                 "exchange": sc.basis.model_copy(
                     update={

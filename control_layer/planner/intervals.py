@@ -50,11 +50,9 @@ def basis(
     calibration: Calibration | None,
     host_share: dict[str, float] | None = None,
     launch_share: dict[str, float] | None = None,
-    n_params: float | None = None,
 ) -> CalibrationBasis:
     """The calibrated factors in force for these tasks' devices, nodes and region pairs, and the
-    share of its host's cores each node was priced at (its workers, and its launcher). A device
-    model's efficiency is its size class's where calibrated (``n_params``: the job's model)."""
+    share of its host's cores each node was priced at (its workers, and its launcher)."""
     nodes = snapshot.nodes_by_id()
     used: dict[str, set[int]] = defaultdict(set)
     for t in tasks:
@@ -72,9 +70,7 @@ def basis(
         profiled = node.profile is not None and precision in node.profile.rates
         default = 1.0 if profiled else cm.DEFAULT_DEVICE_EFFICIENCY
         for model in {d.model for d in node.devices if d.index in indices}:
-            efficiency[f"{model}|{precision}"] = cm.device_efficiency(
-                model, calibration, precision, default, n_params=n_params
-            )
+            efficiency[f"{model}|{precision}"] = cm.device_efficiency(model, calibration, precision, default)
         if calibration and node_id in calibration.startup_s:
             startup[node_id] = calibration.startup_s[node_id]
         if calibration and node_id in calibration.teardown_s:
@@ -111,7 +107,6 @@ def basis(
     exchange_drift_fixed_s = {key: lags.get(key, 0.0) for key in exchange_s}
     return CalibrationBasis(
         efficiency=efficiency,
-        size_class=cm.size_class(n_params) if n_params else "",
         startup_s=startup,
         goodput=goodput,
         host_share=dict(host_share or {}),

@@ -135,14 +135,11 @@ class ExchangeBasis(_Plain):
 class CalibrationBasis(_Plain):
     """The factors an estimate was made with, so a finished run can be compared like with like.
 
-    efficiency: per "model|precision" of the devices used, the figure in force (the job's size
-    class's where calibrated, else the device's); size_class: the job's model's ("2^k", from its
-    parameter count; empty: not recorded); startup_s: per node (absent when the node has no
-    calibrated figure); goodput: per "regionA|regionB" among the regions used.
+    efficiency: per "model|precision" of the devices used; startup_s: per node (absent when the
+    node has no calibrated figure); goodput: per "regionA|regionB" among the regions used.
     """
 
     efficiency: dict[str, float] = Field(default_factory=dict)
-    size_class: str = Field(default="", max_length=16)
     startup_s: dict[str, float] = Field(default_factory=dict)
     goodput: dict[str, float] = Field(default_factory=dict)
     # Per node: how many times slower than on an idle core this plan runs, starts and stops there
@@ -272,9 +269,8 @@ class ErrorBand(_Plain):
 class Calibration(_Plain):
     """Achieved-vs-nominal factors learned from finished runs; they override the defaults.
 
-    device_efficiency: achieved fraction of measured TFLOPS, keyed "model|precision|2^k" (learned
-    per precision and model size class, ``cost_model.size_class``), "model|precision" (per
-    precision, every size) or "model" (any precision); case-insensitive, the precise key first.
+    device_efficiency: achieved fraction of measured TFLOPS, keyed "model|precision" (learned per
+    precision) or "model" (any precision); both case-insensitive, the precise key first.
     link_goodput: per "regionA|regionB" (either order), achieved fraction of nominal bandwidth.
     startup_s: per node id, the workers' seconds from their spawn to the first step (interpreter,
     imports, rendezvous, model build) per idle core; launcher_s: per node id, the launcher's seconds

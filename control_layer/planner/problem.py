@@ -264,7 +264,6 @@ def build_fleet(
     _, fill_links = _kept(snapshot, "fill_links", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     _, wan_orders = _kept(snapshot, "wan_orders", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     _, growth_orders = _kept(snapshot, "growth_orders", (pool_ids, cal_key), lambda: (grouped.pools, {}))
-    n_params = spec.model.n_params  # the efficiency in force is the model's size class's
     return Fleet(
         spec=spec,
         snapshot=snapshot,
@@ -275,7 +274,7 @@ def build_fleet(
         cls_region=cls_region,
         cls_flops=np.array(
             [
-                cm.effective_flops(p.tflops, p.model, p.kind, spec.training.precision, calibration, n_params)
+                cm.effective_flops(p.tflops, p.model, p.kind, spec.training.precision, calibration)
                 for p in firsts
             ],
             dtype=float,

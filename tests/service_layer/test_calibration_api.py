@@ -70,17 +70,10 @@ def test_a_finished_job_calibrates_the_next_quote(server: ServerHandle, admin: C
 
         table = admin.calibration()
         node = done["tasks"][0]["node_id"]
-        # The device's figure, and the one for the job's model size class that quotes of that size use.
-        size = f"cpu|fp32|{done['option']['estimates']['basis']['size_class']}"
-        assert size.startswith("cpu|fp32|2^")
-        assert table["calibration"]["device_efficiency"] == {
-            "cpu|fp32": pytest.approx(0.125),
-            size: pytest.approx(0.125),
-        }
+        assert table["calibration"]["device_efficiency"] == {"cpu|fp32": pytest.approx(0.125)}
         assert table["calibration"]["startup_s"][node] == 3.5
         kinds = {(c["kind"], c["key"]) for c in table["history"]}
-        assert {("efficiency", "cpu|fp32"), ("efficiency", size), ("startup_s", node)} <= kinds
-        assert {("time", "job"), ("cost", "job")} <= kinds
+        assert {("efficiency", "cpu|fp32"), ("startup_s", node), ("time", "job"), ("cost", "job")} <= kinds
         assert all(c["job_id"] == done["id"] for c in table["history"])
         assert {f["kind"] for f in table["factors"]} == {"efficiency", "startup_s", "teardown_s"}
         assert table["calibration"]["teardown_s"][node] == pytest.approx(0.2)
