@@ -18,7 +18,8 @@ order is priced where they fit, else a local search from the given order (swappi
 cluster, two clusters of a region or two regions, the first swap that walks faster taken each
 time) until the share is spent. A candidate is priced by the estimate's own local step
 (``estimate.ReplicaWalk``) over its stage links (``cross_cluster.pipeline_links``); an order
-replaces the given one only where it walks faster. Where every replica lies in one cluster
+replaces the given one only where it walks faster. Where replicas are several groups, each keeps
+its first node (its leader in the job's sync, whose port the walk does not see) first. Where every replica lies in one cluster
 behind one port (the common case) nothing is priced (``searchable``). Pure.
 """
 
@@ -166,14 +167,23 @@ def _swaps(layout: Layout, sigs: Sequence[tuple]) -> Iterator[Layout]:
 
 
 def _best(
-    layout: Layout, sigs: Sequence[tuple], price: Callable[[tuple[int, ...]], float], walks: int
+    layout: Layout,
+    sigs: Sequence[tuple],
+    price: Callable[[tuple[int, ...]], float],
+    walks: int,
+    keep_head: bool,
 ) -> tuple[int, ...]:
     """The order that walks fastest of at most ``walks`` priced: all of them where they are as
-    few, else a local search from the given order."""
+    few, else a local search from the given order. ``keep_head``: only orders that keep the given
+    first node first."""
     given = _flat(layout)
     best, best_s = given, price(given)
+
+    def allowed(order: tuple[int, ...]) -> bool:
+        return not keep_head or order[0] == given[0]
+
     if order_count(layout, sigs) <= walks:
-        for order in _all_orders(layout, sigs):
+        for order in filter(allowed, _all_orders(layout, sigs)):
             t = price(order)
             if t < best_s * (1.0 - MIN_GAIN):
                 best, best_s = order, t
@@ -183,6 +193,8 @@ def _best(
         improved = False
         for new in _swaps(layout, sigs):
             order = _flat(new)
+            if not allowed(order):
+                continue
             t = price(order)
             walked += 1
             if t < best_s * (1.0 - MIN_GAIN):
@@ -222,7 +234,11 @@ def search_orders(
 ) -> list[list[Slot]]:
     """Each replica's slots with its node blocks in the order that walks fastest (``walks[r]``
     prices replica r); alike replicas (the same signatures in the same order) are searched once,
-    each search within what is left of ``budget`` (a fresh quote's by default)."""
+    each search within what is left of ``budget`` (a fresh quote's by default). Each replica is a
+    torchrun group of its own (``spanning``), led by the node holding its first stage: where there
+    are several, they meet through the job's sync at their leaders' ports, which the walk does not
+    see, so the given first node (the replica's fastest port) stays first."""
+    keep_head = len(replicas) > 1
     budget = budget or Budget()
     region_of = {c.id: c.region for c in snapshot.clusters}
     cluster_of = node_clusters(snapshot)
@@ -267,6 +283,6 @@ def search_orders(
                         priced[links] = walk.pp_comm(links)
                     return priced[links]
 
-                found[key] = _best(layout, sigs, price, n_walks)
+                found[key] = _best(layout, sigs, price, n_walks, keep_head)
         out.append([s for i in found[key] for s in bs[i]])
     return out

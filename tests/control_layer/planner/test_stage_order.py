@@ -215,3 +215,21 @@ def test_a_pipeline_across_two_clusters_keeps_each_cluster_together(
     assert _step(SPEC, snap, best, 1, pp) == pytest.approx(min(steps), rel=1e-9)
     est, sim = _sim(SPEC, snap, best, 1, pp)
     assert abs(est - sim) / sim <= 0.25
+
+
+def test_replicas_that_meet_through_the_sync_keep_their_fastest_node_first() -> None:
+    """Two replicas, each its own group: their leaders' ports carry the job's exchange, which the
+    walk does not see, so a searched order keeps each replica's first (fastest) node first; a
+    replica alone may put a slow node there."""
+    snap = _snapshot([100.0, 100.0, 25.0, 5.0, 100.0, 100.0, 25.0, 5.0], 1)
+    replicas = [[("c", f"n{i}", 0) for i in range(4)], [("c", f"n{i}", 0) for i in range(4, 8)]]
+    tasks = [
+        PlannedTask(dp_rank=r, pp_stage=i, tp_rank=0, cluster="c", node=n, device=d, region="r")
+        for r, slots in enumerate(replicas)
+        for i, (_, n, d) in enumerate(slots)
+    ]
+    walks = replica_walks(SPEC, snap, tasks, dp=2, tp=1, pp=4, zero=0)
+    searched = search_orders(replicas, 1, walks, snap, None)
+    assert [r[0] for r in searched] == [("c", "n0", 0), ("c", "n4", 0)]
+    alone = search_orders(replicas[:1], 1, walks[:1], snap, None)[0]
+    assert alone[0] != ("c", "n0", 0), alone
