@@ -19,8 +19,9 @@ cluster, two clusters of a region or two regions, the first swap that walks fast
 time) until the share is spent. A candidate is priced by the estimate's own local step
 (``estimate.ReplicaWalk``) over its stage links (``cross_cluster.pipeline_links``); an order
 replaces the given one only where it walks faster. Where replicas are several groups, each keeps
-its first node (its leader in the job's sync, whose port the walk does not see) first. Where every replica lies in one cluster
-behind one port (the common case) nothing is priced (``searchable``). Pure.
+its first node (its leader in the job's sync, whose port the walk does not see) first. Where
+every replica lies in one cluster behind one port (the common case) nothing is priced
+(``searchable``). Pure.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from control_layer.planner.snapshot import ResourceSnapshot
 
 # What a search may walk, in stage operations (a forward or a backward of one micro-batch on one
 # stage; 5-12 us each in the walk on these shared cores): per replica, and per quote over all its
-# replicas and layouts (~0.3 s and ~0.8 s on a cold cache at most). A replica's distinct orders are
+# replicas and layouts (at most ~0.3-0.5 s and ~0.7-1.2 s on a cold cache). A replica's distinct orders are
 # all priced where they fit its share (the 20 orders of 6 nodes of two kinds, one stage each of a
 # pipeline of 128 micro-batches, take 8,640); beyond, the local search stops when it is spent.
 REPLICA_OPS = 40_000
