@@ -284,16 +284,16 @@ def spanning_options(
             chosen = [_contiguous(r, regions) for r in chosen]
             if chosen in picked:
                 continue  # the cheapest devices are the fastest too: priced once
-            placements = [chosen]
+            placements = [(chosen, _tasks(chosen, deg.tp, regions))]
             # The same devices with each replica's stages in the order that walks fastest
             # (``stage_order``), priced beside the listed order (whose leaders may sit behind
             # faster ports, or its boundaries on cheaper links): the front keeps what is better.
-            searched = _searched(spec, snapshot, deg, chosen, calibration, regions, budget)
+            searched = _searched(spec, snapshot, deg, chosen, placements[0][1], calibration, budget)
             if searched is not None and searched not in picked:
-                placements.append(searched)
-            picked += placements
-            for placed in placements:
-                option = _option(spec, snapshot, deg, _tasks(placed, deg.tp, regions), calibration, clusters)
+                placements.append((searched, _tasks(searched, deg.tp, regions)))
+            picked += [placed for placed, _ in placements]
+            for _, tasks in placements:
+                option = _option(spec, snapshot, deg, tasks, calibration, clusters)
                 if option is not None:
                     out[option.id] = option
     return list(out.values())
@@ -304,8 +304,8 @@ def _searched(
     snapshot: ResourceSnapshot,
     deg: Degrees,
     chosen: list[list[Slot]],
+    tasks: list[PlannedTask],
     calibration: Calibration | None,
-    regions: dict[str, str],
     budget: Budget,
 ) -> list[list[Slot]] | None:
     """The replicas with their stages in the order that walks fastest, or None where no replica
@@ -316,7 +316,7 @@ def _searched(
         walks = replica_walks(
             spec,
             snapshot,
-            _tasks(chosen, deg.tp, regions),
+            tasks,
             dp=deg.dp,
             tp=deg.tp,
             pp=deg.pp,

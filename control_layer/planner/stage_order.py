@@ -73,11 +73,10 @@ def blocks(replica: Sequence[Slot]) -> list[Block]:
     return [tuple(g) for _, g in itertools.groupby(replica, key=lambda s: s[1])]
 
 
-def _signature(block: Block, tp: int, snapshot: ResourceSnapshot) -> tuple:
-    """What of a node the walk reads: its cluster, how many stages it holds, its port."""
-    cid, node, _ = block[0]
-    cluster = snapshot.clusters_by_id()[cid]
-    return (cid, len(block) // tp, cluster.port(snapshot.nodes_by_id()[node]))
+def _signatures(bs: Sequence[Block], tp: int, snapshot: ResourceSnapshot) -> list[tuple]:
+    """What of each node the walk reads: its cluster, how many stages it holds, its port."""
+    clusters, nodes = snapshot.clusters_by_id(), snapshot.nodes_by_id()
+    return [(b[0][0], len(b) // tp, clusters[b[0][0]].port(nodes[b[0][1]])) for b in bs]
 
 
 def _layout(sigs: Sequence[tuple], region_of: dict[str, str]) -> Layout:
@@ -220,7 +219,7 @@ def searchable(replicas: Sequence[Sequence[Slot]], tp: int, snapshot: ResourceSn
     they are not made."""
     for replica in replicas:
         bs = blocks(replica)
-        if len(bs) >= 2 and len({_signature(b, tp, snapshot)[::2] for b in bs}) > 1:
+        if len(bs) >= 2 and len({sig[::2] for sig in _signatures(bs, tp, snapshot)}) > 1:
             return True
     return False
 
@@ -250,7 +249,7 @@ def search_orders(
     found: dict[tuple, tuple[int, ...]] = {}
     out: list[list[Slot]] = []
     for r, bs in enumerate(split):
-        sigs = [_signature(b, tp, snapshot) for b in bs]
+        sigs = _signatures(bs, tp, snapshot)
         layout = _layout(sigs, region_of)
         key = tuple(sigs)
         if key not in found:
