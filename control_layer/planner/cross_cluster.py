@@ -104,10 +104,16 @@ def pipeline_links(
     of its tp ranks' transfers gets (the ``shares`` replicas' tp ranks all send at once), and pays
     its latency."""
 
+    seen: dict[str, tuple[float, float]] = {}
+
     def port(node_id: str) -> tuple[float, float]:
-        c = cluster_of[node_id]
-        gbps, lat_ms = c.port(nodes[node_id])
-        return cm.bytes_per_s(gbps, cm.link_goodput(c.region, c.region, calibration)), lat_ms / 1000.0
+        got = seen.get(node_id)
+        if got is None:
+            c = cluster_of[node_id]
+            gbps, lat_ms = c.port(nodes[node_id])
+            got = cm.bytes_per_s(gbps, cm.link_goodput(c.region, c.region, calibration)), lat_ms / 1000.0
+            seen[node_id] = got
+        return got
 
     pp = len(boundaries) + 1
     stage_nodes: list[set[str]] = [set() for _ in range(pp)]

@@ -434,6 +434,188 @@ def _rate_key(rate: StepRateInfo | None) -> tuple[float, ...] | None:
     )
 
 
+def _replica_basis(
+    rep: Replica,
+    clusters: dict[str, ClusterInfo],
+    nodes: dict[str, NodeInfo],
+    shares: dict[str, float],
+    precision: str,
+    calibration: Calibration | None,
+) -> tuple[float, float, StepRateInfo | None, float]:
+    """What a replica's local step is priced from beside its stage links: its fabric (bytes/s,
+    seconds), the measured rate it runs at (None: the defaults) and its host share."""
+    devices = rep.devices
+    cls = [clusters[i] for i in sorted({c.id for c, _ in devices})]
+    intra_bw = min(intra_bytes_per_s(c, calibration) for c in cls)
+    intra_lat = max(c.intra_latency_ms for c in cls) / 1000.0
+    on = rep.all_nodes
+    # A replica across nodes runs at its slowest node's pace (the busiest stage paces the
+    # pipeline); a node without a measured rate leaves the whole replica to the defaults.
+    rates = [p.rates.get(precision) if (p := nodes[n].profile) else None for n in on]
+    rate = None if any(x is None for x in rates) else min(rates, key=lambda x: x.tflops)  # type: ignore[union-attr]
+    share = max(shares.get(n, 1.0) for n in on) if devices[0][1].kind == "cpu" else 1.0
+    return intra_bw, intra_lat, rate, share
+
+
+@dataclass(frozen=True)
+class Pace:
+    """A replica's fabric and the rate its stages run at: effective FLOP/s and fixed seconds per
+    micro-batch and per step (0 where no reference step measured them)."""
+
+    intra_bw: float
+    intra_lat: float
+    flops: float
+    micro_batch_s: float = 0.0
+    step_s: float = 0.0
+
+
+def _pace(
+    rep: Replica,
+    intra_bw: float,
+    intra_lat: float,
+    rate: StepRateInfo | None,
+    share: float,
+    precision: str,
+    calibration: Calibration | None,
+) -> Pace:
+    slot = rep.devices[0][1]
+    if rate is None:
+        tflops = min([s.tflops for _, s in rep.devices])
+        flops = cm.effective_flops(tflops, slot.model, slot.kind, precision, calibration)
+        return Pace(intra_bw, intra_lat, flops / share)
+    # The node's reference step: its FLOP rate (the calibrated efficiency scales it, 1 until runs
+    # say otherwise) and fixed costs, slowed by the share of the host's cores.
+    eff = cm.device_efficiency(slot.model, calibration, precision, default=1.0)
+    return Pace(
+        intra_bw,
+        intra_lat,
+        rate.tflops * 1e12 * eff / share,
+        micro_batch_s=rate.micro_batch_s * share / eff,
+        step_s=rate.step_s * share / eff,
+    )
+
+
+def _replica_time(
+    spec: JobSpec,
+    tp: int,
+    pp: int,
+    zero: int,
+    n_micro: int,
+    r: int,
+    pace: Pace,
+    pp_links: cm.PipelineLinks | None,
+    schedule: str,
+) -> cm.ReplicaTime:
+    return cm.replica_time(
+        spec,
+        tp,
+        pp,
+        zero,
+        n_micro,
+        r,
+        pace.flops,
+        pace.intra_bw,
+        pace.intra_lat,
+        pace.intra_bw,
+        pace.intra_lat,
+        micro_batch_s=pace.micro_batch_s,
+        step_s=pace.step_s,
+        pp_links=pp_links,
+        schedule=schedule,
+    )
+
+
+def _at_precision(spec: JobSpec, replicas: Sequence[Replica]) -> tuple[JobSpec, str]:
+    """The spec at the precision its 'auto' resolves to on these replicas' devices."""
+    precision = resolve_precision(spec.training.precision, {s.kind for r in replicas for _, s in r.devices})
+    if precision != spec.training.precision:
+        spec = spec.model_copy(update={"training": spec.training.model_copy(update={"precision": precision})})
+    return spec, precision
+
+
+def _group_sizes(replicas: Sequence[Replica]) -> dict[Participant, int]:
+    """Replicas per torchrun group (its participant): they average gradients every step."""
+    group_size: dict[Participant, int] = defaultdict(int)
+    for rep in replicas:
+        group_size[rep.participant] += 1
+    return group_size
+
+
+def _shares(
+    snapshot: ResourceSnapshot,
+    tasks: Sequence[PlannedTask],
+    replicas: Sequence[Replica],
+    one_per_node: bool = False,
+) -> dict[str, float]:
+    """``host_shares``, without a pass over the tasks where no CPU slot is planned (all 1)."""
+    if any(s.kind == "cpu" for rep in replicas for _, s in rep.devices):
+        return host_shares(snapshot, tasks, one_per_node)
+    return dict.fromkeys((n for rep in replicas for n in rep.all_nodes), 1.0)
+
+
+@dataclass(frozen=True)
+class ReplicaWalk:
+    """One replica's local step as the estimate prices it, its stage links left open: what a
+    search over the replica's stage order (``stage_order``) prices each candidate order with."""
+
+    rank: int
+    spec: JobSpec
+    tp: int
+    pp: int
+    zero: int
+    n_micro: int
+    group_size: int
+    pace: Pace
+    schedule: str
+
+    def pp_comm(self, links: cm.PipelineLinks) -> float:
+        """Seconds the stage transfers add to the step over these links (the walked schedule)."""
+        rt = _replica_time(
+            self.spec,
+            self.tp,
+            self.pp,
+            self.zero,
+            self.n_micro,
+            self.group_size,
+            self.pace,
+            links,
+            self.schedule,
+        )
+        return float(rt.pp_comm)
+
+
+def replica_walks(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    tasks: Sequence[PlannedTask],
+    *,
+    dp: int,
+    tp: int,
+    pp: int,
+    zero: int,
+    pp_schedule: str = "1f1b",
+    calibration: Calibration | None = None,
+) -> list[ReplicaWalk]:
+    """Per dp rank of these tasks, what ``estimate_planned`` prices its local step from, as it
+    does (the same rate, host share, fabric and schedule), its stage links to be given."""
+    replicas = _replicas(snapshot, tasks, dp, tp, pp)
+    spec, precision = _at_precision(spec, replicas)
+    n_micro = n_micro_batches(spec, dp)
+    group_size = _group_sizes(replicas)
+    clusters, nodes = snapshot.clusters_by_id(), snapshot.nodes_by_id()
+    shares = _shares(snapshot, tasks, replicas)
+    out = []
+    for rep in replicas:
+        intra_bw, intra_lat, rate, share = _replica_basis(
+            rep, clusters, nodes, shares, precision, calibration
+        )
+        pace = _pace(rep, intra_bw, intra_lat, rate, share, precision, calibration)
+        out.append(
+            ReplicaWalk(rep.rank, spec, tp, pp, zero, n_micro, group_size[rep.participant], pace, pp_schedule)
+        )
+    return out
+
+
 def _fixed_seconds(
     node: NodeInfo, share: float, launch_share: float, calibration: Calibration | None
 ) -> tuple[float, float]:
@@ -542,22 +724,15 @@ def _estimate(
     clusters = snapshot.clusters_by_id()
     if replicas is None:
         replicas = _replicas(snapshot, tasks, dp, tp, pp)
-    precision = resolve_precision(spec.training.precision, {s.kind for r in replicas for _, s in r.devices})
-    if precision != spec.training.precision:
-        spec = spec.model_copy(update={"training": spec.training.model_copy(update={"precision": precision})})
+    spec, precision = _at_precision(spec, replicas)
     n_micro = n_micro_batches(spec, dp)
-    group_size: dict[Participant, int] = defaultdict(int)
-    for rep in replicas:
-        group_size[rep.participant] += 1
+    group_size = _group_sizes(replicas)
 
     nodes = snapshot.nodes_by_id()
     in_order = dict.fromkeys(n for rep in replicas for n in rep.all_nodes)
     plan_nodes = sorted(in_order)
-    if any(s.kind == "cpu" for rep in replicas for _, s in rep.devices):
-        shares = host_shares(snapshot, tasks)
-        launch_shares = host_shares(snapshot, tasks, one_per_node=True)
-    else:  # what host_shares gives when no CPU slot is planned, without a pass over the tasks
-        shares = launch_shares = dict.fromkeys(in_order, 1.0)
+    shares = _shares(snapshot, tasks, replicas)
+    launch_shares = _shares(snapshot, tasks, replicas, one_per_node=True)
     # An exchange's calls run on the leaders: the slowest leader's host share slows them.
     links = Links(snapshot, calibration, max(shares.get(p_[1], 1.0) for p_ in group_size))
     steps = spec.training.steps
@@ -580,11 +755,10 @@ def _estimate(
         kind = devices[0][1].kind
         smallest = min([s.memory_gb for _, s in devices])
         r = group_size[rep.participant]
-        ids = tuple(sorted({c.id for c, _ in devices}))
         on = rep.all_nodes
-        cls = [clusters[i] for i in ids]
-        intra_bw = min(intra_bytes_per_s(c, calibration) for c in cls)
-        intra_lat = max(c.intra_latency_ms for c in cls) / 1000.0
+        intra_bw, intra_lat, rate, share = _replica_basis(
+            rep, clusters, nodes, shares, precision, calibration
+        )
         pp_links = (
             pipeline_links(
                 rep.boundaries,
@@ -600,11 +774,6 @@ def _estimate(
             if rep.boundaries
             else None
         )
-        # A replica across nodes runs at its slowest node's pace (the busiest stage paces the
-        # pipeline); a node without a measured rate leaves the whole replica to the defaults.
-        rates = [p.rates.get(precision) if (p := nodes[n].profile) else None for n in on]
-        rate = None if any(x is None for x in rates) else min(rates, key=lambda x: x.tflops)  # type: ignore[union-attr]
-        share = max(shares.get(n, 1.0) for n in on) if kind == "cpu" else 1.0
         host_collective = _host_collective(nodes[on[0]], kind, r, tp, zero) if len(on) == 1 else None
         # A checkpoint write's fixed part at the host share, its bytes at the measured rate.
         write_fixed = max(cm.checkpoint_fixed_seconds(n, calibration) for n in on) * share
@@ -629,46 +798,11 @@ def _estimate(
         if key in seen:
             continue
         seen.add(key)
+        pace = _pace(rep, intra_bw, intra_lat, rate, share, precision, calibration)
+        rt = _replica_time(spec, tp, pp, zero, n_micro, r, pace, pp_links, pp_schedule)
         if rate is None:
-            flops = cm.effective_flops(tflops, model, kind, precision, calibration)
-            rt = cm.replica_time(
-                spec,
-                tp,
-                pp,
-                zero,
-                n_micro,
-                r,
-                flops / share,
-                intra_bw,
-                intra_lat,
-                intra_bw,
-                intra_lat,
-                pp_links=pp_links,
-                schedule=pp_schedule,
-            )
             locals_.append(LocalStep(rt, 0.0, 0.0, default_write_s))
         else:
-            # The node's reference step: its FLOP rate (the calibrated efficiency scales it, 1 until
-            # runs say otherwise) and fixed costs, slowed by the share of the host's cores.
-            eff = cm.device_efficiency(model, calibration, precision, default=1.0)
-            flops = rate.tflops * 1e12 * eff / share
-            rt = cm.replica_time(
-                spec,
-                tp,
-                pp,
-                zero,
-                n_micro,
-                r,
-                flops,
-                intra_bw,
-                intra_lat,
-                intra_bw,
-                intra_lat,
-                micro_batch_s=rate.micro_batch_s * share / eff,
-                step_s=rate.step_s * share / eff,
-                pp_links=pp_links,
-                schedule=pp_schedule,
-            )
             if host_collective is not None:
                 # The node's ranks all-reduce among themselves on the host's cores, not over a
                 # fabric: priced from the all-reduce the node measured (``cm.host_dp_comm_s``).

@@ -34,12 +34,13 @@ from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.candidates import Degrees, enumerate_degrees
 from control_layer.planner.cross_cluster import cluster_order, reachable_nodes, region_order
-from control_layer.planner.estimate import Links, estimate_planned, n_micro_batches
+from control_layer.planner.estimate import Links, estimate_planned, n_micro_batches, replica_walks
 from control_layer.planner.fleet import Pool
 from control_layer.planner.options import plan_id, qos_checks
 from control_layer.planner.plan_types import Calibration, PlannedTask, PlanOption, SyncTopology
 from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.stage_order import Budget, Slot, search_orders, searchable
 from control_layer.planner.topology import cluster_gossip, order_ring
 
 # Layouts (dp, tp, pp at the lowest ZeRO stage) tried, smallest replicas first: each costs up to
@@ -50,8 +51,6 @@ MAX_DEGREES = 12
 # layouts are priced: a quote on a fleet whose every node declared itself reachable pays for
 # each estimate (BENCHMARKS.md, "Pipelines across regions").
 COMPETING_DEGREES = 6
-
-Slot = tuple[str, str, int]  # cluster id, node id, device index
 
 Entry = tuple[str, str, tuple[int, ...]]  # cluster id, node id, its free devices
 Group = tuple[str, str, list[Entry]]  # cluster id, device model, its nodes in the order replicas take them
@@ -264,6 +263,7 @@ def spanning_options(
             (_pooled(sorted(groups, key=lambda g: (-speed[g[0]], -free[g[0]], g[0])), reachable), True),
         ]
     out: dict[str, PlanOption] = {}
+    budget = Budget()  # the stage-order searches' share of this quote
     for deg in wanted:
         picked: list[list[list[Slot]]] = []
         for ordered, pooled in orders:
@@ -284,11 +284,50 @@ def spanning_options(
             chosen = [_contiguous(r, regions) for r in chosen]
             if chosen in picked:
                 continue  # the cheapest devices are the fastest too: priced once
-            picked.append(chosen)
-            option = _option(spec, snapshot, deg, _tasks(chosen, deg.tp, regions), calibration, clusters)
-            if option is not None:
-                out[option.id] = option
+            placements = [(chosen, _tasks(chosen, deg.tp, regions))]
+            # The same devices with each replica's stages in the order that walks fastest
+            # (``stage_order``), priced beside the listed order (whose leaders may sit behind
+            # faster ports, or its boundaries on cheaper links): the front keeps what is better.
+            searched = _searched(spec, snapshot, deg, chosen, placements[0][1], calibration, budget)
+            if searched is not None and searched not in picked:
+                placements.append((searched, _tasks(searched, deg.tp, regions)))
+            picked += [placed for placed, _ in placements]
+            for _, tasks in placements:
+                option = _option(spec, snapshot, deg, tasks, calibration, clusters)
+                if option is not None:
+                    out[option.id] = option
     return list(out.values())
+
+
+def _searched(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    deg: Degrees,
+    chosen: list[list[Slot]],
+    tasks: list[PlannedTask],
+    calibration: Calibration | None,
+    budget: Budget,
+) -> list[list[Slot]] | None:
+    """The replicas with their stages in the order that walks fastest, or None where no replica
+    has another order (one cluster, nodes alike) or none walks faster."""
+    if not searchable(chosen, deg.tp, snapshot):
+        return None
+    try:
+        walks = replica_walks(
+            spec,
+            snapshot,
+            tasks,
+            dp=deg.dp,
+            tp=deg.tp,
+            pp=deg.pp,
+            zero=deg.zero,
+            pp_schedule=spec.pp_schedule,
+            calibration=calibration,
+        )
+    except InvalidArgument:  # not a placement the estimate accepts: nothing to order
+        return None
+    searched = search_orders(chosen, deg.tp, walks, snapshot, calibration, budget)
+    return None if searched == chosen else searched
 
 
 def _option(

@@ -72,13 +72,21 @@ def slots_for(
     ]
 
 
-@pytest.mark.parametrize(("dp", "across"), [(1, True), (2, False)])
-def test_a_pipeline_spans_two_nodes_as_one_torchrun_group(tmp_path: Path, dp: int, across: bool) -> None:
+@pytest.mark.parametrize(
+    ("dp", "across", "later_id_first"), [(1, True, False), (2, False, False), (1, False, True)]
+)
+def test_a_pipeline_spans_two_nodes_as_one_torchrun_group(
+    tmp_path: Path, dp: int, across: bool, later_id_first: bool
+) -> None:
     """dp=2: each node holds one stage of both replicas, whose gradients average on that node.
     across: the two nodes are in two clusters and meet at the head's cross-cluster host (their
-    cluster address, a TEST-NET one, reaches nothing)."""
+    cluster address, a TEST-NET one, reaches nothing). later_id_first: the first stage sits on
+    the node whose id sorts last, as a searched stage order may put it (``stage_order``): the
+    stages, not the ids, give the node ranks."""
     second = OTHER if across else CLUSTER
     nodes = [Node(id="node-a00000", cluster_id=CLUSTER.id), Node(id="node-b00000", cluster_id=second.id)]
+    if later_id_first:
+        nodes.reverse()
     spec = tiny_spec(training={"steps": 6, "global_batch_tokens": 128, "lr": 3e-3}, sync={"mode": "sync"})
     option = pipeline_option(nodes, pp=2, dp=dp, micro=2)
     port = _free_port()

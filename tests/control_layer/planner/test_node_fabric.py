@@ -295,8 +295,9 @@ def _two_big_clusters(n_a: int, n_b: int, reachable: bool, link_gbps: float = 25
 @pytest.mark.parametrize(("n_a", "n_b"), [(2, 2), (3, 2), (1, 3)])
 def test_a_replica_no_cluster_holds_spans_clusters_whose_nodes_declared_it(n_a: int, n_b: int) -> None:
     """Without the declaration nothing is offered; with it, a replica runs through both clusters,
-    the larger one's nodes first, crossing the region's link at one stage boundary only, and the
-    runtime's rules accept it with those nodes reachable."""
+    crossing the region's link at one stage boundary only (the listed order the larger one's nodes
+    first; a searched order, where it walks faster, may start in the other), and the runtime's
+    rules accept it with those nodes reachable."""
     from control_layer.worker_config import option_problems
 
     assert _spanning(BIG, _two_big_clusters(n_a, n_b, reachable=False)) == []
@@ -304,10 +305,10 @@ def test_a_replica_no_cluster_holds_spans_clusters_whose_nodes_declared_it(n_a: 
     options = _spanning(BIG, snap)
     assert options
     first = "a" if n_a >= n_b else "b"
+    assert any({t.pp_stage: t.cluster for t in opt.tasks}[0] == first for opt in options)
     for opt in options:
         assert {t.cluster for t in opt.tasks} == {"a", "b"}
         stages = {t.pp_stage: t.cluster for t in opt.tasks}
-        assert stages[0] == first
         assert sum(stages[s] != stages[s + 1] for s in range(opt.pp - 1)) == 1
         spec = with_precision(BIG, opt.precision)
         assert option_problems(spec, opt, [t.node for t in opt.tasks]) == []
