@@ -1,7 +1,7 @@
-"""The placer: plans and places pending jobs, off the request path.
+"""The placer: admits queued jobs, off the request path.
 
-Submission stores a job as pending and wakes the placer on the bus (``lifecycle.PLACER_CHANNEL``);
-so does a job going back to pending after a failure and any release of devices. The placer also
+Submission stores a job as queued and wakes the placer on the bus (``lifecycle.PLACER_CHANNEL``);
+so does a job going back to the queue after a failure and any release of devices. The placer also
 polls, so a lost wake-up only delays placement. Only the elected leader replica places
 (``orchestration.leadership``), which keeps replicas from planning the same job against each other;
 its writes are fenced, so a deposed leader's late placement commits nothing.
@@ -16,10 +16,11 @@ import time
 
 from sqlalchemy import select
 
-from contracts.states import JobState
+from control_layer.admission import QueueEntry, QueueStrategy, admission_order, blocks_rest, positions
 from control_layer.calibration_store import load_calibration
 from control_layer.jobs import place_job
 from control_layer.lifecycle import PLACER_CHANNEL
+from control_layer.queue import PassState, devices_in_use, queued_entries, write_queue_state
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job
@@ -29,26 +30,58 @@ log = logging.getLogger(__name__)
 
 
 def place_pending(ctx: ServerContext) -> list[str]:
-    """One pass over the pending jobs, oldest first; returns their ids."""
+    """One pass over the queue in admission order (``control_layer.admission``); returns the ids
+    of the jobs it tried. After each admission the order is recomputed (fair share moves with the
+    devices a tenant holds); at the end every job still queued gets its position."""
     with session_scope(ctx.session_factory) as session:
-        ids = list(
-            session.scalars(select(Job.id).where(Job.status == JobState.PENDING).order_by(Job.created_at))
-        )
+        entries = queued_entries(session)
         # read once per pass, not per job: it moves only when runs finish
-        calibration = load_calibration(session) if ids else None
-    if not ids:
+        calibration = load_calibration(session) if entries else None
+        state = PassState(devices_in_use=devices_in_use(session) if entries else {})
+    if not entries:
         return []
-    for job_id in ids:
+    strategy = QueueStrategy(ctx.settings.queue_strategy)
+    remaining = list(entries)
+    waiting: list[QueueEntry] = []
+    reasons: dict[str, str | None] = {}
+    tried: list[str] = []
+    while remaining:
+        entry = admission_order(remaining, state.devices_in_use)[0]
+        remaining.remove(entry)
+        tried.append(entry.job_id)
         start = time.perf_counter()
         outcome = "error"
         try:
-            outcome = place_job(ctx, job_id, calibration=calibration)
+            outcome = place_job(ctx, entry.job_id, calibration=calibration, state=state)
         except Deposed:
             raise  # no longer the leader: the next one places the rest
         except Exception:  # one job's failure must not hold up the others
-            log.exception("placing job %s failed; it stays pending", job_id)
+            log.exception("placing job %s failed; it stays queued", entry.job_id)
         ctx.metrics.placements.labels(outcome).observe(time.perf_counter() - start)
-    return ids
+        if outcome in ("waiting", "quota", "deferred", "error"):
+            waiting.append(entry)
+        if blocks_rest(strategy, outcome == "waiting"):
+            held = (
+                f"behind job {entry.job_id} ({strategy.value}: the first job waiting for devices goes first)"
+            )
+            waiting.extend(remaining)
+            reasons.update({e.job_id: held for e in remaining})
+            break
+    _record_positions(ctx, waiting, state, reasons)
+    return tried
+
+
+def _record_positions(
+    ctx: ServerContext, waiting: list[QueueEntry], state: PassState, held: dict[str, str | None]
+) -> None:
+    if not waiting:
+        return
+    order = admission_order(waiting, state.devices_in_use)
+    with session_scope(ctx.session_factory) as session:
+        ids = [e.job_id for e in order]
+        current = {i: r for i, r in session.execute(select(Job.id, Job.deferred).where(Job.id.in_(ids)))}
+        reasons = {e.job_id: held.get(e.job_id, current.get(e.job_id)) for e in order}
+        write_queue_state(session, positions(order), reasons)
 
 
 async def run_placer(ctx: ServerContext, stop: asyncio.Event, *, interval_s: float | None = None) -> None:

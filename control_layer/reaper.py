@@ -1,5 +1,5 @@
 """The node reaper: marks nodes lost once their liveness key has expired. It only detects: failing a
-lost node's tasks moves their jobs back to pending, and the placer re-places them.
+lost node's tasks moves their jobs back to the queue, and the placer re-places them.
 
 The resource layer touches ``node.<id>.alive`` on every heartbeat with a TTL of
 interval x misses. Only the elected leader replica reaps (``orchestration.leadership``), and its

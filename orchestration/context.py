@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,10 @@ class ServerContext:
     # the in-memory snapshot of any replica can follow; control_layer attaches that snapshot here.
     resource_changes: ResourceChangeFeed = field(init=False)
     live_snapshot: Any = field(default=None, init=False)
+    # How the placer preempts a running job for a queued one of higher priority:
+    # ``preempt(ctx, job_id, *, reason, by_job_id) -> bool`` (checkpoint, stop, requeue; it must
+    # tolerate being asked again while a preemption is under way). None: the placer never preempts.
+    preempt: Callable[..., bool] | None = None
 
     def __post_init__(self) -> None:
         self.resource_changes = ResourceChangeFeed.for_factory(self.session_factory, self.bus)

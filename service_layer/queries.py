@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from contracts.states import JobState
 from control_layer.checkpoints import job_checkpoints
 from control_layer.snapshot import busy_accelerator_ids, current_prices
 from orchestration.bus.base import Bus
@@ -38,6 +39,7 @@ from service_layer.schemas.jobs import (
     MetricPoint,
     MetricSeries,
     Progress,
+    QueueInfo,
     SpreadPoint,
     TaskRead,
 )
@@ -264,6 +266,9 @@ def _job_detail(
         actual_s = (end - as_utc(job.started_at)).total_seconds()
     return JobDetail(
         **_summary_fields(job, tasks),
+        queue=QueueInfo(position=job.queue_position, reason=job.deferred)
+        if job.status == JobState.QUEUED
+        else None,
         quote_id=job.quote_id,
         spec=job.spec,
         option=job.option,

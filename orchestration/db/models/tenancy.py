@@ -16,6 +16,10 @@ class Tenant(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(128), unique=True)
     is_admin: Mapped[bool] = mapped_column(default=False)
+    # Quotas (None: unlimited). Jobs over max_devices wait in the queue; a submission whose
+    # estimate would take this month's spend over max_monthly_spend is refused (402).
+    max_devices: Mapped[int | None] = mapped_column(default=None)
+    max_monthly_spend: Mapped[float | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
