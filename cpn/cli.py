@@ -13,6 +13,7 @@ from service_layer.cli.admin import db_app, snapshot_app, tenants_app, tokens_ap
 from service_layer.cli.demo import demo
 from service_layer.cli.jobs import jobs_app, quote
 from service_layer.cli.plan import plan_command
+from service_layer.cli.queue import queue
 from service_layer.cli.server import server_command
 
 app = typer.Typer(
@@ -27,6 +28,7 @@ app.command("agent")(agent_command)
 app.command("demo")(demo)
 app.command("quote")(quote)
 app.command("plan")(plan_command)
+app.command("queue")(queue)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(tenants_app, name="tenants")

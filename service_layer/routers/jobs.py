@@ -26,6 +26,7 @@ from service_layer.schemas.jobs import (
     JobDetail,
     JobSummary,
     MetricSeries,
+    QueueEntryRead,
     QuoteRead,
 )
 from service_layer.sse import job_event_stream
