@@ -73,12 +73,12 @@ def spend_refusal(
     if cap is None or month_spend + estimate <= cap:
         return None
     return PaymentRequired(
-        f"monthly spend cap exceeded: {month_spend:.2f} spent in {month} + {estimate:.2f} estimated "
-        f"> max_monthly_spend {cap:.2f}",
+        f"monthly spend cap exceeded: {month_spend:.6g} spent in {month} + {estimate:.6g} estimated "
+        f"> max_monthly_spend {cap:.6g}",
         field="max_monthly_spend",
         month=month,
-        month_spend=round(month_spend, 6),
-        estimate=round(estimate, 6),
+        month_spend=month_spend,
+        estimate=estimate,
         max_monthly_spend=cap,
     )
 

@@ -107,7 +107,7 @@ def write_queue_state(
         )
     }
     changed = [
-        {"jid": i, "position": positions[i], "reason": reasons.get(i)}
+        {"jid": i, "b_position": positions[i], "b_reason": reasons.get(i)}
         for i, (p, r) in current.items()
         if (p, r) != (positions[i], reasons.get(i))
     ]
@@ -115,6 +115,6 @@ def write_queue_state(
         session.connection().execute(
             update(Job.__table__)
             .where(Job.__table__.c.id == bindparam("jid"), Job.__table__.c.status == JobState.QUEUED.value)
-            .values(queue_position=bindparam("position"), deferred=bindparam("reason")),
+            .values(queue_position=bindparam("b_position"), deferred=bindparam("b_reason")),
             changed,
         )

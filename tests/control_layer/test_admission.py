@@ -94,4 +94,4 @@ def test_spend_is_refused_exactly_over_the_cap_naming_the_numbers(estimate, spen
     if refusal is not None:
         assert isinstance(refusal, PaymentRequired)
         assert refusal.details["max_monthly_spend"] == cap and refusal.details["month"] == "2026-11"
-        assert f"{cap:.2f}" in refusal.message and f"{estimate:.2f}" in refusal.message
+        assert f"{cap:.6g}" in refusal.message and f"{estimate:.6g}" in refusal.message
