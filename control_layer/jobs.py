@@ -296,6 +296,7 @@ def place_job(
         choice = job.choice if job.choice in CHOICES else "cheapest"
         # On a re-placement the reason why is kept in front of whatever happens next.
         context = f"{job.reason}; " if job.attempt > 0 and job.reason else ""
+        known = job.deferred  # a pass that finds the same reason writes nothing
         in_use = state.devices_in_use.get(tenant.id)
         if in_use is None and tenant.max_devices is not None:
             in_use = devices_in_use(session, [tenant.id]).get(tenant.id, 0)
@@ -309,13 +310,13 @@ def place_job(
 
     if tenant.max_devices is not None and in_use >= tenant.max_devices:
         # no job needs fewer than one device: no need to plan
-        return _wait(ctx, job_id, device_quota_wait(in_use, 1, tenant.max_devices) or "", "quota")
+        return _wait(ctx, job_id, device_quota_wait(in_use, 1, tenant.max_devices) or "", "quota", known)
     key = _spec_key(spec, avoid, choice)
     last_conflict = ""
     for _ in range(PLACEMENT_TRIES):
         if option is None:
             if key in state.not_now:
-                return _wait(ctx, job_id, state.not_now[key], "waiting")
+                return _wait(ctx, job_id, state.not_now[key], "waiting", known)
             try:
                 option = choose_option(
                     plan_now(ctx, spec, exclude_nodes=avoid, calibration=calibration), choice
@@ -401,9 +402,12 @@ def _never_fits(
     return None
 
 
-def _wait(ctx: ServerContext, job_id: str, reason: str, outcome: str) -> str:
-    """Keep the job queued with ``reason`` (written only when it changed)."""
+def _wait(ctx: ServerContext, job_id: str, reason: str, outcome: str, known: str | None = None) -> str:
+    """Keep the job queued with ``reason`` (written only when it differs from ``known``, the
+    reason last read, and from the stored one)."""
     reason = clip_message(reason)
+    if reason == known:
+        return outcome
     with session_scope(ctx.session_factory) as session:
         job = session.get(Job, job_id)
         if job is not None and job.status == JobState.QUEUED and job.deferred != reason:

@@ -242,7 +242,7 @@ def job_detail(session: Session, job: Job, now: datetime | None = None) -> JobDe
             ).all()
         )
         if tasks
-        else {}  # a pending job: no query
+        else {}  # a queued job: no query
     )
     return _job_detail(job, tasks, names, job_checkpoints(session, job.id), now)
 
