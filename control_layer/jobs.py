@@ -310,13 +310,15 @@ def place_job(
 
     if tenant.max_devices is not None and in_use >= tenant.max_devices:
         # no job needs fewer than one device: no need to plan
-        return _wait(ctx, job_id, device_quota_wait(in_use, 1, tenant.max_devices) or "", "quota", known)
+        return keep_waiting(
+            ctx, job_id, device_quota_wait(in_use, 1, tenant.max_devices) or "", "quota", known
+        )
     key = _spec_key(spec, avoid, choice)
     last_conflict = ""
     for _ in range(PLACEMENT_TRIES):
         if option is None:
             if key in state.not_now:
-                return _wait(ctx, job_id, state.not_now[key], "waiting", known)
+                return keep_waiting(ctx, job_id, state.not_now[key], "waiting", known)
             try:
                 option = choose_option(
                     plan_now(ctx, spec, exclude_nodes=avoid, calibration=calibration), choice
@@ -325,16 +327,20 @@ def place_job(
                 return _not_now(ctx, job_id, spec, avoid, exc, calibration, state, key, context)
         quota = device_quota_wait(in_use, option.n_devices, tenant.max_devices)
         if quota is not None:
-            return _wait(ctx, job_id, quota, "quota")
+            return keep_waiting(ctx, job_id, quota, "quota")
         if spend is not None:
             refusal = spend_refusal(
                 option.estimates.cost.total, spend, tenant.max_monthly_spend, month_label(utcnow())
             )
             if refusal is not None:
-                return _wait(ctx, job_id, f"{refusal.message}; waits for next month or a higher cap", "quota")
+                return keep_waiting(
+                    ctx, job_id, f"{refusal.message}; waits for next month or a higher cap", "quota"
+                )
         try:
             _place_once(ctx, job_id, spec, option)
             state.devices_in_use[tenant.id] = in_use + option.n_devices
+            if state.free_devices is not None:
+                state.free_devices = max(0, state.free_devices - option.n_devices)
             return "placed"
         except AllocationConflict as exc:
             last_conflict = exc.message
@@ -373,7 +379,7 @@ def _not_now(
     """No plan on the fleet as it is: fail the job if none exists with every device free either,
     else have lower-priority work preempted where that lets it fit, and keep it queued."""
     if key not in state.never:
-        state.never[key] = _never_fits(ctx, spec, avoid, calibration)
+        state.never[key] = never_fits(ctx, spec, avoid, calibration)
     never = state.never[key]
     if never is not None:
         _fail_queued(ctx, job_id, f"{context}no feasible placement: {NEVER_FITS}: {never}", exc.details)
@@ -384,10 +390,10 @@ def _not_now(
         if victims:
             reason = f"waiting for devices: preempting {', '.join(victims)} (lower priority)"
     state.not_now.setdefault(key, reason)
-    return _wait(ctx, job_id, reason, "waiting")
+    return keep_waiting(ctx, job_id, reason, "waiting")
 
 
-def _never_fits(
+def never_fits(
     ctx: ServerContext, spec: JobSpec, avoid: frozenset[str], calibration: Calibration | None
 ) -> str | None:
     """Why ``spec`` has no plan even with every device of the fleet free; None if it has one."""
@@ -402,7 +408,7 @@ def _never_fits(
     return None
 
 
-def _wait(ctx: ServerContext, job_id: str, reason: str, outcome: str, known: str | None = None) -> str:
+def keep_waiting(ctx: ServerContext, job_id: str, reason: str, outcome: str, known: str | None = None) -> str:
     """Keep the job queued with ``reason`` (written only when it differs from ``known``, the
     reason last read, and from the stored one)."""
     reason = clip_message(reason)

@@ -11,16 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
+from typing import Any
 
 from sqlalchemy import select
 
+from contracts.job_spec import JobSpec
 from control_layer.admission import QueueEntry, QueueStrategy, admission_order, blocks_rest, positions
 from control_layer.calibration_store import load_calibration
-from control_layer.jobs import place_job
+from control_layer.jobs import keep_waiting, never_fits, place_job
 from control_layer.lifecycle import PLACER_CHANNEL
-from control_layer.queue import PassState, devices_in_use, queued_entries, write_queue_state
+from control_layer.live_snapshot import current_snapshot
+from control_layer.planner.plan_types import Calibration
+from control_layer.queue import (
+    PassState,
+    QueuedRow,
+    devices_in_use,
+    lowest_preemptible_priority,
+    queued_entries,
+    write_queue_state,
+)
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job
@@ -28,18 +40,37 @@ from orchestration.leadership import Deposed
 
 log = logging.getLogger(__name__)
 
+NONE_FREE = "waiting for devices: none is free"
+NEVER_CACHE_MAX = 10_000
+_UNKNOWN = object()
+NeverCache = dict[tuple[Any, str], str | None]  # (fleet capacity, spec) -> why it never fits, or None
 
-def place_pending(ctx: ServerContext) -> list[str]:
+
+def place_pending(ctx: ServerContext, never_cache: NeverCache | None = None) -> list[str]:
     """One pass over the queue in admission order (``control_layer.admission``); returns the ids
     of the jobs it tried. After each admission the order is recomputed (fair share moves with the
-    devices a tenant holds); at the end every job still queued gets its position."""
+    devices a tenant holds); at the end every job still queued gets its position.
+
+    Once no device is free, a job is not planned: it waits, unless it could never fit the fleet as
+    registered (answered once per spec and fleet capacity, kept in ``never_cache`` across passes),
+    in which case ``place_job`` fails it. A pass over a long queue on a full fleet is then one read."""
+    never_cache = never_cache if never_cache is not None else {}
     with session_scope(ctx.session_factory) as session:
-        entries = queued_entries(session)
+        entries, rows = queued_entries(session)
+        if not entries:
+            return []
         # read once per pass, not per job: it moves only when runs finish
-        calibration = load_calibration(session) if entries else None
-        state = PassState(devices_in_use=devices_in_use(session) if entries else {})
-    if not entries:
-        return []
+        calibration = load_calibration(session)
+        snapshot = current_snapshot(ctx, session)
+        state = PassState(
+            devices_in_use=devices_in_use(session),
+            free_devices=sum(c.n_free for c in snapshot.clusters),
+        )
+        # with a preemption mechanism, a job above this may displace running work: planned in full
+        lowest = lowest_preemptible_priority(session) if ctx.preempt is not None else None
+    capacity = tuple(sorted((n.id, len(n.devices)) for c in snapshot.clusters for n in c.nodes))
+    if len(never_cache) > NEVER_CACHE_MAX:
+        never_cache.clear()
     strategy = QueueStrategy(ctx.settings.queue_strategy)
     remaining = list(entries)
     waiting: list[QueueEntry] = []
@@ -52,7 +83,12 @@ def place_pending(ctx: ServerContext) -> list[str]:
         start = time.perf_counter()
         outcome = "error"
         try:
-            outcome = place_job(ctx, entry.job_id, calibration=calibration, state=state)
+            row = rows[entry.job_id]
+            may_preempt = lowest is not None and entry.priority > lowest
+            if state.free_devices == 0 and row.attempt == 0 and not may_preempt:
+                outcome = _wait_for_devices(ctx, entry.job_id, row, capacity, never_cache, calibration)
+            if outcome == "error":
+                outcome = place_job(ctx, entry.job_id, calibration=calibration, state=state)
         except Deposed:
             raise  # no longer the leader: the next one places the rest
         except Exception:  # one job's failure must not hold up the others
@@ -69,6 +105,27 @@ def place_pending(ctx: ServerContext) -> list[str]:
             break
     _record_positions(ctx, waiting, state, reasons)
     return tried
+
+
+def _wait_for_devices(
+    ctx: ServerContext,
+    job_id: str,
+    row: QueuedRow,
+    capacity: tuple[Any, ...],
+    never_cache: NeverCache,
+    calibration: Calibration,
+) -> str:
+    """No device is free: the job waits without being planned, unless it could never fit (then
+    "error" hands it to ``place_job``, which fails it). A re-placement is never passed here: it
+    avoids nodes, so it is planned in full."""
+    key = (capacity, json.dumps([row.spec, row.choice], sort_keys=True))
+    never = never_cache.get(key, _UNKNOWN)
+    if never is _UNKNOWN:
+        spec = JobSpec.model_validate(row.spec)
+        never = never_cache[key] = never_fits(ctx, spec, frozenset(), calibration)
+    if never is not None:
+        return "error"
+    return keep_waiting(ctx, job_id, NONE_FREE, "waiting", row.deferred)
 
 
 def _record_positions(
@@ -88,6 +145,7 @@ async def run_placer(ctx: ServerContext, stop: asyncio.Event, *, interval_s: flo
     """Place whenever woken, and at least every ``interval_s``, until ``stop`` is set."""
     interval = interval_s if interval_s is not None else ctx.settings.heartbeat_interval_s
     woken = asyncio.Event()
+    never_cache: NeverCache = {}  # whether a spec could ever fit, by fleet capacity
 
     async def listen() -> None:
         async with ctx.bus.subscribe(PLACER_CHANNEL) as subscription:
@@ -99,7 +157,7 @@ async def run_placer(ctx: ServerContext, stop: asyncio.Event, *, interval_s: flo
         while not stop.is_set():
             woken.clear()  # wake-ups during the pass below trigger the next one at once
             try:
-                await asyncio.to_thread(place_pending, ctx)
+                await asyncio.to_thread(place_pending, ctx, never_cache)
             except Exception:
                 log.exception("placer pass failed")
             if listener.done() and not stop.is_set():

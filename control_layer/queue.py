@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.selectable import ScalarSelect
 
-from contracts.states import JOB_TERMINAL, JobState
+from contracts.states import JOB_ACTIVE, JOB_TERMINAL, JobState
 from control_layer.admission import QueueEntry
 from orchestration.db.engine import as_utc
 from orchestration.db.models import Allocation, Job, Tenant
@@ -27,6 +28,7 @@ class PassState:
     a pass, so a spec that did not fit now does not fit for a later job either)."""
 
     devices_in_use: dict[str, int] = field(default_factory=dict)
+    free_devices: int | None = None  # free in the snapshot at the start, less what the pass took
     not_now: dict[str, str] = field(default_factory=dict)  # spec key -> why it waits
     never: dict[str, str | None] = field(default_factory=dict)  # spec key -> why it never fits, or None
 
@@ -69,11 +71,45 @@ def devices_in_use(session: Session, tenant_ids: Collection[str] | None = None) 
     return {tenant: int(n) for tenant, n in session.execute(stmt)}
 
 
-def queued_entries(session: Session) -> list[QueueEntry]:
+@dataclass(frozen=True)
+class QueuedRow:
+    """What a pass needs of a queued job to pass over it without reading it again."""
+
+    spec: dict[str, Any]
+    choice: str
+    attempt: int
+    deferred: str | None
+
+
+def queued_entries(session: Session) -> tuple[list[QueueEntry], dict[str, QueuedRow]]:
+    """Every queued job: its admission entry, and its row as the pass reads it (one statement)."""
     rows = session.execute(
-        select(Job.id, Job.tenant_id, Job.priority, Job.created_at).where(Job.status == JobState.QUEUED)
+        select(
+            Job.id,
+            Job.tenant_id,
+            Job.priority,
+            Job.created_at,
+            Job.spec,
+            Job.choice,
+            Job.attempt,
+            Job.deferred,
+        ).where(Job.status == JobState.QUEUED)
     )
-    return [QueueEntry(job_id=i, tenant_id=t, priority=p, submitted_at=as_utc(c)) for i, t, p, c in rows]
+    entries: list[QueueEntry] = []
+    raw: dict[str, QueuedRow] = {}
+    for i, t, p, c, spec, choice, attempt, deferred in rows:
+        entries.append(QueueEntry(job_id=i, tenant_id=t, priority=p, submitted_at=as_utc(c)))
+        raw[i] = QueuedRow(spec=spec, choice=choice, attempt=attempt, deferred=deferred)
+    return entries, raw
+
+
+def lowest_preemptible_priority(session: Session) -> int | None:
+    """The lowest priority among placed or running jobs that allow preemption; None if none do."""
+    rows = session.execute(
+        select(Job.priority, Job.spec).where(Job.status.in_([s.value for s in JOB_ACTIVE]))
+    )
+    found = [p for p, spec in rows if (spec.get("qos") or {}).get("preemptible")]
+    return min(found) if found else None
 
 
 def position_at_submission(priority: int, now: datetime) -> ScalarSelect[int]:

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from contracts.errors import PaymentRequired
 from contracts.states import JobState
 from control_layer.jobs import cancel_job, create_quote, submit_job
-from control_layer.placer import place_pending
+from control_layer.placer import NONE_FREE, place_pending
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
@@ -186,3 +186,20 @@ def test_the_placer_preempts_lower_priority_preemptible_work_through_the_given_m
     place_pending(ctx)
     assert _job(ctx, urgent.id).status == JobState.PLACED
     assert _job(ctx, keep.id).status == JobState.PLACED
+
+
+def test_on_a_full_fleet_jobs_wait_unplanned_and_one_that_could_never_fit_still_fails(
+    ctx: ServerContext,
+) -> None:
+    alice, _ = _fleet(ctx)
+    holder = submit_job(ctx, alice, spec=_spec("holder", 2))
+    place_pending(ctx)
+    assert _job(ctx, holder.id).status == JobState.PLACED  # nothing free now
+    fits_later = submit_job(ctx, alice, spec=_spec("later", 1))
+    never = submit_job(ctx, alice, spec=_spec("never", 3))  # three devices: the fleet has two
+    cache: dict = {}
+    place_pending(ctx, cache)
+    waiting, failed = _job(ctx, fits_later.id), _job(ctx, never.id)
+    assert (waiting.status, waiting.deferred) == (JobState.QUEUED, NONE_FREE)
+    assert failed.status == JobState.FAILED and "even with every device free" in failed.reason
+    assert len(cache) == 2  # each spec answered once for this fleet
