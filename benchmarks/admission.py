@@ -1,14 +1,15 @@
 """Admission under a burst: 200 concurrent submissions for scarce devices, on PostgreSQL + Redis.
 
-    python benchmarks/admission.py [--submissions 200] [--steps 3] [--drain-timeout 3600]
+    python benchmarks/admission.py [--submissions 200] [--steps 3] [--in-flight 0] [--drain-timeout 3600]
 
 A `cpn server` process on a fresh PostgreSQL database and Redis (as `benchmarks/control_plane.py`
 starts one), two real `cpn agent` processes of two CPU slots each (four devices in all), and two
-tenants. Each tenant submits half the jobs: a tiny GPT of a few steps on one device, one job in
-four of each tenant's at priority 1, the rest at 0. Concurrency: one asyncio event loop, one httpx.AsyncClient per
-tenant with a connection per request (warmed up first, so no answer waits on a TCP handshake),
-and every submission started at once with ``asyncio.gather`` — all 200 are in flight together.
-A submission's latency runs from sending the request to reading the whole answer.
+tenants. Each tenant submits half the jobs: a tiny GPT of a few steps on one device, one in four
+of each tenant's at priority 1, the rest at 0. Concurrency: one asyncio event loop in a process
+of its own, one httpx.AsyncClient per tenant with a connection per request (opened first, so no
+answer waits on a TCP handshake), and every submission started at once with ``asyncio.gather``:
+all 200 are in flight together (``--in-flight N`` caps them at N, each next one sent as one is
+answered). A submission's latency runs from sending the request to reading the whole answer.
 
 Then it waits until every job has ended and reads the database: double bookings (two active
 spans of allocations of one device that overlap in time), the queue wait per tenant and priority,
@@ -62,9 +63,10 @@ def job_spec(i: int, steps: int, priority: int) -> dict[str, Any]:
 
 
 async def burst(
-    base_url: str, keys: list[str], n: int, steps: int
-) -> tuple[list[float], list[dict[str, Any]], list[str]]:
-    """Every submission in flight at once; returns latencies (s), 201 answers and other answers."""
+    base_url: str, keys: list[str], n: int, steps: int, in_flight: int
+) -> tuple[list[float], list[dict[str, Any]], list[str], float]:
+    """Every submission in flight at once; returns latencies (s), 201 answers, other answers, and
+    the seconds from the first request sent to the last answer read."""
     per_tenant = (n + len(keys) - 1) // len(keys)
     limits = httpx.Limits(max_connections=per_tenant, max_keepalive_connections=per_tenant)
     clients = [
@@ -75,25 +77,31 @@ async def burst(
     ]
     try:
         # warm-up: open every connection (and verify every key) before the clock starts
-        await asyncio.gather(*(c.get("/v1/queue") for c in clients for _ in range(per_tenant)))
+        warm = await asyncio.gather(*(c.get("/v1/queue") for c in clients for _ in range(per_tenant)))
+        if any(r.status_code != 200 for r in warm):
+            raise RuntimeError(f"warm-up answered {sorted({r.status_code for r in warm})}")
         latencies: list[float] = []
         answers: list[dict[str, Any]] = []
         errors: list[str] = []
+
+        gate = asyncio.Semaphore(in_flight)
 
         async def submit(i: int) -> None:
             client = clients[i % len(clients)]
             # tenants alternate; each tenant's every fourth job is urgent
             body = {"spec": job_spec(i, steps, 1 if (i // 2) % 4 == 0 else 0), "choice": "cheapest"}
-            start = time.perf_counter()
-            response = await client.post("/v1/jobs", json=body)
-            latencies.append(time.perf_counter() - start)
+            async with gate:
+                start = time.perf_counter()
+                response = await client.post("/v1/jobs", json=body)
+                latencies.append(time.perf_counter() - start)
             if response.status_code == 201:
                 answers.append(response.json())
             else:
                 errors.append(f"{response.status_code} {response.text[:200]}")
 
+        start = time.perf_counter()
         await asyncio.gather(*(submit(i) for i in range(n)))
-        return latencies, answers, errors
+        return latencies, answers, errors, time.perf_counter() - start
     finally:
         for c in clients:
             await c.aclose()
@@ -138,6 +146,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--submissions", type=int, default=200)
     ap.add_argument("--steps", type=int, default=3, help="Training steps of every job")
+    ap.add_argument(
+        "--in-flight", type=int, default=0, help="At most this many submissions at once (0: all of them)"
+    )
     ap.add_argument("--drain-timeout", type=float, default=3600.0, help="Seconds to wait for every job")
     args = ap.parse_args()
 
@@ -159,10 +170,15 @@ def main() -> None:
             tenant_names[tenant["id"]] = name
 
         began = time.monotonic()
-        latencies, answers, errors = asyncio.run(
-            burst(f"http://127.0.0.1:{replica.http_port}", keys, args.submissions, args.steps)
+        latencies, answers, errors, burst_s = asyncio.run(
+            burst(
+                f"http://127.0.0.1:{replica.http_port}",
+                keys,
+                args.submissions,
+                args.steps,
+                args.in_flight or args.submissions,
+            )
         )
-        burst_s = time.monotonic() - began
         queued_at_submit = sum(a["status"] == "queued" and a.get("queue") is not None for a in answers)
         queue_after = admin.get("/v1/queue").raise_for_status().json()
         print(
@@ -200,9 +216,8 @@ def main() -> None:
     groups: dict[tuple[str, int], list[Any]] = defaultdict(list)
     for tenant_id, priority, status, created, started in rows:
         groups[(tenant_names.get(tenant_id, tenant_id), priority)].append((status, created, started))
-    print(
-        f"{'tenant':<7} {'prio':>4} {'jobs':>5} {'ok':>5} {'wait p50 s':>10} {'wait p90 s':>10} {'wait max s':>10}"
-    )
+    head = f"{'tenant':<7} {'prio':>4} {'jobs':>5} {'ok':>5}"
+    print(f"{head} {'wait p50 s':>10} {'wait p90 s':>10} {'wait max s':>10}")
     for (name, priority), items in sorted(groups.items(), key=lambda kv: (-kv[0][1], kv[0][0])):
         waits = [(as_utc(st) - as_utc(cr)).total_seconds() for _, cr, st in items if st is not None]
         print(

@@ -199,7 +199,10 @@ async def job_events(
     summary="The admission queue",
     responses=error_responses(401),
 )
-def queue(session: SessionDep, tenant: CurrentTenant) -> list[QueueEntryRead]:
+def queue(ctx: CtxDep, tenant: CurrentTenant) -> list[QueueEntryRead]:
     """Queued jobs in admission order with their positions (among every tenant's queued jobs) and
     why each waits: your own (an admin sees all)."""
-    return queue_entries(session, tenant)
+    # A session closed inside the handler: its connection goes back to the pool before the answer
+    # is sent, so a burst of reads never waits on connections held by finished requests.
+    with ctx.session_factory() as session:
+        return queue_entries(session, tenant)
