@@ -61,13 +61,14 @@ def place_pending(ctx: ServerContext, never_cache: NeverCache | None = None) -> 
             return []
         # read once per pass, not per job: it moves only when runs finish
         calibration = load_calibration(session)
-        snapshot = current_snapshot(ctx, session)
-        state = PassState(
-            devices_in_use=devices_in_use(session),
-            free_devices=sum(c.n_free for c in snapshot.clusters),
-        )
+        in_use = devices_in_use(session)
         # with a preemption mechanism, a job above this may displace running work: planned in full
         lowest = lowest_preemptible_priority(session) if ctx.preempt is not None else None
+    # A session of its own, used by nothing else: the live snapshot reads in one of its own, and
+    # on SQLite a transaction already begun here would hold the lock that read waits for.
+    with session_scope(ctx.session_factory) as session:
+        snapshot = current_snapshot(ctx, session)
+    state = PassState(devices_in_use=in_use, free_devices=sum(c.n_free for c in snapshot.clusters))
     capacity = tuple(sorted((n.id, len(n.devices)) for c in snapshot.clusters for n in c.nodes))
     if len(never_cache) > NEVER_CACHE_MAX:
         never_cache.clear()

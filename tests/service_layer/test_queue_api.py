@@ -72,6 +72,8 @@ def test_queue_quota_and_spend_cap(server: ServerHandle, admin: CpnClient) -> No
     assert submitted["id"] in {e["job_id"] for e in json.loads(out.output)}
     out = runner.invoke(app, ["queue"], env=env)
     assert out.exit_code == 0 and "too-wide" in out.output and "1 waiting" in out.output, out.output
+    out = runner.invoke(app, ["jobs", "show", submitted["id"]], env=env)
+    assert out.exit_code == 0 and "queue position 1:" in out.output, out.output
     out = runner.invoke(app, ["tenants", "quota", alice_row["id"], "--max-devices", "4"], env=env)
     assert out.exit_code == 0 and "max_devices 4" in out.output, out.output
 
