@@ -6,10 +6,12 @@ A `cpn server` process on a fresh PostgreSQL database and Redis (as `benchmarks/
 starts one), two real `cpn agent` processes of two CPU slots each (four devices in all), and two
 tenants. Each tenant submits half the jobs: a tiny GPT of a few steps on one device, one in four
 of each tenant's at priority 1, the rest at 0. Concurrency: one asyncio event loop in a process
-of its own, one httpx.AsyncClient per tenant with a connection per request (opened first, so no
-answer waits on a TCP handshake), and every submission started at once with ``asyncio.gather``:
-all 200 are in flight together (``--in-flight N`` caps them at N, each next one sent as one is
-answered). A submission's latency runs from sending the request to reading the whole answer.
+of its own, raw HTTP/1.1 over asyncio streams (``_submit_client.py``'s request and answer code;
+with httpx at 200 connections the client, not the server, set the pace), one keep-alive connection per
+submission, opened and its key verified first (so no answer waits on a TCP handshake), and every
+submission started at once with ``asyncio.gather``: all 200 are in flight together
+(``--in-flight N`` caps them at N, each next one sent as one is answered). A submission's latency
+runs from writing the request to reading the whole answer.
 
 Then it waits until every job has ended and reads the database: double bookings (two active
 spans of allocations of one device that overlap in time), the queue wait per tenant and priority,
@@ -26,15 +28,16 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 from sqlalchemy import func, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _submit_client import _read_answer, _request  # noqa: E402
 from control_plane import Database, Replica, admin_client, server_env  # noqa: E402
 
 from orchestration.db.engine import as_utc  # noqa: E402
@@ -62,49 +65,57 @@ def job_spec(i: int, steps: int, priority: int) -> dict[str, Any]:
     }
 
 
+async def _open(port: int, key: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A keep-alive connection, its key verified once (so the burst measures submissions alone)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /v1/queue HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n".encode())
+    status, _ = await _read_answer(reader)
+    if status != 200:
+        raise RuntimeError(f"warm-up answered {status}")
+    return reader, writer
+
+
 async def burst(
-    base_url: str, keys: list[str], n: int, steps: int, in_flight: int
-) -> tuple[list[float], list[dict[str, Any]], list[str], float]:
-    """Every submission in flight at once; returns latencies (s), 201 answers, other answers, and
-    the seconds from the first request sent to the last answer read."""
-    per_tenant = (n + len(keys) - 1) // len(keys)
-    limits = httpx.Limits(max_connections=per_tenant, max_keepalive_connections=per_tenant)
-    clients = [
-        httpx.AsyncClient(
-            base_url=base_url, headers={"Authorization": f"Bearer {k}"}, limits=limits, timeout=120
+    port: int, keys: list[str], n: int, steps: int, in_flight: int, cpu_s: Callable[[], float]
+) -> tuple[list[float], list[dict[str, Any]], list[str], float, float]:
+    """Every submission in flight at once, one connection each; returns latencies (s), 201
+    answers, other answers, the seconds from the first request sent to the last answer read, and
+    the server's CPU seconds meanwhile (``cpu_s`` reads its counter)."""
+    conns = await asyncio.gather(*(_open(port, keys[i % len(keys)]) for i in range(n)))
+    # tenants alternate; each tenant's every fourth job is urgent
+    requests = [
+        _request(
+            "127.0.0.1",
+            port,
+            keys[i % len(keys)],
+            json.dumps({"spec": job_spec(i, steps, 1 if (i // 2) % 4 == 0 else 0)}).encode(),
         )
-        for k in keys
+        for i in range(n)
     ]
+    latencies: list[float] = []
+    answers: list[dict[str, Any]] = []
+    errors: list[str] = []
+    gate = asyncio.Semaphore(in_flight)
+
+    async def submit(i: int) -> None:
+        reader, writer = conns[i]
+        async with gate:
+            start = time.perf_counter()
+            writer.write(requests[i])
+            status, body = await _read_answer(reader)
+            latencies.append(time.perf_counter() - start)
+        if status == 201:
+            answers.append(json.loads(body))
+        else:
+            errors.append(f"{status} {body[:200]!r}")
+
     try:
-        # warm-up: open every connection (and verify every key) before the clock starts
-        warm = await asyncio.gather(*(c.get("/v1/queue") for c in clients for _ in range(per_tenant)))
-        if any(r.status_code != 200 for r in warm):
-            raise RuntimeError(f"warm-up answered {sorted({r.status_code for r in warm})}")
-        latencies: list[float] = []
-        answers: list[dict[str, Any]] = []
-        errors: list[str] = []
-
-        gate = asyncio.Semaphore(in_flight)
-
-        async def submit(i: int) -> None:
-            client = clients[i % len(clients)]
-            # tenants alternate; each tenant's every fourth job is urgent
-            body = {"spec": job_spec(i, steps, 1 if (i // 2) % 4 == 0 else 0), "choice": "cheapest"}
-            async with gate:
-                start = time.perf_counter()
-                response = await client.post("/v1/jobs", json=body)
-                latencies.append(time.perf_counter() - start)
-            if response.status_code == 201:
-                answers.append(response.json())
-            else:
-                errors.append(f"{response.status_code} {response.text[:200]}")
-
-        start = time.perf_counter()
+        start, cpu0 = time.perf_counter(), cpu_s()
         await asyncio.gather(*(submit(i) for i in range(n)))
-        return latencies, answers, errors, time.perf_counter() - start
+        return latencies, answers, errors, time.perf_counter() - start, cpu_s() - cpu0
     finally:
-        for c in clients:
-            await c.aclose()
+        for _, writer in conns:
+            writer.close()
 
 
 def double_bookings(db: Database) -> int:
@@ -170,14 +181,9 @@ def main() -> None:
             tenant_names[tenant["id"]] = name
 
         began = time.monotonic()
-        latencies, answers, errors, burst_s = asyncio.run(
-            burst(
-                f"http://127.0.0.1:{replica.http_port}",
-                keys,
-                args.submissions,
-                args.steps,
-                args.in_flight or args.submissions,
-            )
+        in_flight = args.in_flight or args.submissions
+        latencies, answers, errors, burst_s, server_cpu_s = asyncio.run(
+            burst(replica.http_port, keys, args.submissions, args.steps, in_flight, replica.cpu_s)
         )
         queued_at_submit = sum(a["status"] == "queued" and a.get("queue") is not None for a in answers)
         queue_after = admin.get("/v1/queue").raise_for_status().json()
@@ -227,7 +233,8 @@ def main() -> None:
     lat_ms = [x * 1000 for x in latencies]
     print(
         f"submit latency ms: p50 {quantile(lat_ms, 0.5):.1f}, p90 {quantile(lat_ms, 0.9):.1f}, "
-        f"p99 {quantile(lat_ms, 0.99):.1f}, max {max(lat_ms):.1f}; burst {burst_s:.2f}s; "
+        f"p99 {quantile(lat_ms, 0.99):.1f}, max {max(lat_ms):.1f}; burst {burst_s:.2f}s, "
+        f"server CPU {server_cpu_s:.2f}s ({server_cpu_s / max(1, len(latencies)) * 1000:.1f} ms each); "
         f"every job ended after {drain_s:.0f}s"
     )
     print(

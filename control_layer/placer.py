@@ -21,7 +21,7 @@ from sqlalchemy import select
 from contracts.job_spec import JobSpec
 from control_layer.admission import QueueEntry, QueueStrategy, admission_order, blocks_rest, positions
 from control_layer.calibration_store import load_calibration
-from control_layer.jobs import keep_waiting, never_fits, place_job
+from control_layer.jobs import never_fits, place_job
 from control_layer.lifecycle import PLACER_CHANNEL
 from control_layer.live_snapshot import current_snapshot
 from control_layer.planner.plan_types import Calibration
@@ -53,7 +53,8 @@ def place_pending(ctx: ServerContext, never_cache: NeverCache | None = None) -> 
 
     Once no device is free, a job is not planned: it waits, unless it could never fit the fleet as
     registered (answered once per spec and fleet capacity, kept in ``never_cache`` across passes),
-    in which case ``place_job`` fails it. A pass over a long queue on a full fleet is then one read."""
+    in which case ``place_job`` fails it. A pass over a long queue on a full fleet is then one read
+    and one write (the positions and reasons that changed)."""
     never_cache = never_cache if never_cache is not None else {}
     with session_scope(ctx.session_factory) as session:
         entries, rows = queued_entries(session)
@@ -73,21 +74,21 @@ def place_pending(ctx: ServerContext, never_cache: NeverCache | None = None) -> 
     if len(never_cache) > NEVER_CACHE_MAX:
         never_cache.clear()
     strategy = QueueStrategy(ctx.settings.queue_strategy)
-    remaining = list(entries)
+    remaining = admission_order(entries, state.devices_in_use)
     waiting: list[QueueEntry] = []
-    reasons: dict[str, str | None] = {}
+    reasons: dict[str, str | None] = {}  # reasons decided here, written with the positions
     tried: list[str] = []
     while remaining:
-        entry = admission_order(remaining, state.devices_in_use)[0]
-        remaining.remove(entry)
+        entry = remaining.pop(0)
         tried.append(entry.job_id)
         start = time.perf_counter()
         outcome = "error"
         try:
             row = rows[entry.job_id]
             may_preempt = lowest is not None and entry.priority > lowest
-            if state.free_devices == 0 and row.attempt == 0 and not may_preempt:
-                outcome = _wait_for_devices(ctx, entry.job_id, row, capacity, never_cache, calibration)
+            full = state.free_devices == 0 and row.attempt == 0 and not may_preempt
+            if full and _could_fit(ctx, row, capacity, never_cache, calibration):
+                outcome, reasons[entry.job_id] = "waiting", NONE_FREE
             if outcome == "error":
                 outcome = place_job(ctx, entry.job_id, calibration=calibration, state=state)
         except Deposed:
@@ -95,6 +96,8 @@ def place_pending(ctx: ServerContext, never_cache: NeverCache | None = None) -> 
         except Exception:  # one job's failure must not hold up the others
             log.exception("placing job %s failed; it stays queued", entry.job_id)
         ctx.metrics.placements.labels(outcome).observe(time.perf_counter() - start)
+        if outcome == "placed":  # fair share moved: the rest in order again
+            remaining = admission_order(remaining, state.devices_in_use)
         if outcome in ("waiting", "quota", "deferred", "error"):
             waiting.append(entry)
         if blocks_rest(strategy, outcome == "waiting"):
@@ -108,25 +111,21 @@ def place_pending(ctx: ServerContext, never_cache: NeverCache | None = None) -> 
     return tried
 
 
-def _wait_for_devices(
+def _could_fit(
     ctx: ServerContext,
-    job_id: str,
     row: QueuedRow,
     capacity: tuple[Any, ...],
     never_cache: NeverCache,
     calibration: Calibration,
-) -> str:
-    """No device is free: the job waits without being planned, unless it could never fit (then
-    "error" hands it to ``place_job``, which fails it). A re-placement is never passed here: it
-    avoids nodes, so it is planned in full."""
+) -> bool:
+    """Whether the job fits the fleet as registered (every device free), answered once per spec
+    and fleet capacity. Only asked of first placements: a re-placement avoids nodes."""
     key = (capacity, json.dumps([row.spec, row.choice], sort_keys=True))
     never = never_cache.get(key, _UNKNOWN)
     if never is _UNKNOWN:
         spec = JobSpec.model_validate(row.spec)
         never = never_cache[key] = never_fits(ctx, spec, frozenset(), calibration)
-    if never is not None:
-        return "error"
-    return keep_waiting(ctx, job_id, NONE_FREE, "waiting", row.deferred)
+    return never is None
 
 
 def _record_positions(
