@@ -145,7 +145,7 @@ def ledger_sum(db: Database) -> float:
     with db.sessions() as s:
         charged = s.scalar(select(func.coalesce(func.sum(LedgerEntry.amount), 0.0))) or 0.0
         costs = s.scalar(select(func.coalesce(func.sum(Job.actual_cost), 0.0))) or 0.0
-    return round(float(charged) - float(costs), 9)
+    return round(float(charged) - float(costs), 9) + 0.0  # + 0.0: never -0.0
 
 
 def quantile(xs: list[float], q: float) -> float:
