@@ -19,7 +19,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import grpc
@@ -61,6 +61,7 @@ class _Reregister(Exception):
 
 
 DEFAULT_HEARTBEAT_S = 2.0  # until the server says otherwise (the server's default too)
+MAX_PREEMPT_GRACE_S = 3600.0  # the longest a preemption order may give workers to checkpoint
 
 
 def reconnect_cap_s(settings: AgentSettings, heartbeat_interval_s: float) -> float:
@@ -427,6 +428,8 @@ class Agent:
                     self._on_assignment(message.assignment)
                 elif kind == "cancel":
                     self._on_cancel(message.cancel)
+                elif kind == "preempt":
+                    self._on_preempt(message.preempt)
                 elif kind == "probe":
                     self._on_probe(message.probe)
                 elif kind == "peer_lost":
@@ -551,18 +554,39 @@ class Agent:
         run = self._runs.get(msg.assignment_id)
         if run is not None and not run.done:
             log.info("assignment %s: cancel (%s)", msg.assignment_id, msg.reason)
-            task = asyncio.create_task(run.stop(msg.reason or "cancelled"))
-            self._run_tasks.add(task)
-            task.add_done_callback(self._run_tasks.discard)
-        elif run is not None:
+            self._start(run.stop(msg.reason or "cancelled"))
+        else:
+            self._restate_end(msg.assignment_id)
+
+    def _on_preempt(self, msg: agent_pb2.Preempt) -> None:
+        run = self._runs.get(msg.assignment_id)
+        if run is not None and not run.done:
+            reason = msg.reason[:1024] or "preempted"
+            # A grace the message leaves out (0), or absurd, falls back to the kill grace's bounds.
+            grace = msg.grace_s if 0 < msg.grace_s <= MAX_PREEMPT_GRACE_S else self.settings.kill_grace_s
+            log.info("assignment %s: preempt (%s), grace %.0fs", msg.assignment_id, reason, grace)
+            self._start(run.preempt(reason, grace))
+        else:
+            self._restate_end(msg.assignment_id)
+
+    def _start(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._run_tasks.add(task)
+        task.add_done_callback(self._run_tasks.discard)
+
+    def _restate_end(self, assignment_id: str) -> None:
+        """Settle the control plane's view of an assignment that is not running here (finished,
+        or never here) after an order to stop it."""
+        run = self._runs.get(assignment_id)
+        if run is not None:
             self._outbox.put(run.current)
-        elif msg.assignment_id in self._finals:
-            self._outbox.put(self._finals[msg.assignment_id][0])
-        else:  # never ran here: settle the control plane's view
+        elif assignment_id in self._finals:
+            self._outbox.put(self._finals[assignment_id][0])
+        else:  # never ran here
             self._outbox.put(
                 agent_pb2.AgentMessage(
                     task_status=agent_pb2.TaskStatus(
-                        assignment_id=msg.assignment_id,
+                        assignment_id=assignment_id,
                         state=agent_pb2.TASK_STATE_CANCELLED,
                         message="not running on this node",
                     )

@@ -222,6 +222,7 @@ class WorkerRun:
         self.finished_at: float | None = None  # monotonic
         self._proc: asyncio.subprocess.Process | None = None
         self._stop: tuple[int, str] | None = None  # (final state, reason) once asked to stop
+        self._preempt: str | None = None  # the reason, once asked to checkpoint and stop
         self._metrics = MetricsTracker(total_steps=assignment.total_steps)
         self._metrics_pending = False
         self._metrics_sent_at = 0.0
@@ -239,6 +240,11 @@ class WorkerRun:
     @property
     def lost_notices_path(self) -> Path:
         return self.run_dir / "peers_lost.jsonl"
+
+    @property
+    def preempt_path(self) -> Path:
+        """Created to ask the workers to checkpoint and stop (``training.preemption``)."""
+        return self.run_dir / "preempt"
 
     def note_peer_lost(self, participant: str, address: str, reason: str) -> None:
         """Pass the control plane's word that a peer is lost to the running worker."""
@@ -262,6 +268,7 @@ class WorkerRun:
             config = resolve_checkpoint_dir(config, self._settings.work_dir)
             if isinstance(config.get("sync"), dict):  # where the control plane's lost-peer notices land
                 config["sync"] = config["sync"] | {"lost_notices": str(self.lost_notices_path)}
+            config["preempt_file"] = str(self.preempt_path)
             config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
             cmd = worker_command(a, config_path, allow_override=self._settings.allow_command_override)
             env = worker_env(os.environ, a, device_kind=self._device_kind, config_path=config_path)
@@ -303,7 +310,11 @@ class WorkerRun:
         self.flush_metrics(force=True)
         if self._stop is not None:
             return self._finish(self._stop[0], self._stop[1], code)
-        if code == 0:
+        if code == 0 and self._preempt is not None and (self._result or {}).get("preempted"):
+            step = (self._result or {}).get("checkpoint_step")
+            where = f"checkpoint of step {step}" if step else "no checkpoint"
+            return self._finish(CANCELLED, f"preempted ({self._preempt}): stopped with a {where}", code)
+        if code == 0:  # a preempted run that finished its last step first has succeeded
             return self._finish(SUCCEEDED, "workers exited cleanly", code)
         why = self._error or (self._stderr_tail[-1] if self._stderr_tail else "")
         suffix = " after reporting a result" if self._result is not None else ""
@@ -365,6 +376,26 @@ class WorkerRun:
         log.info(
             "assignment %s: %s (%s)", self.assignment.assignment_id, agent_pb2.TaskState.Name(state), message
         )
+
+    async def preempt(self, reason: str, grace_s: float) -> None:
+        """Ask the workers to checkpoint their current step and exit; cancel them (``stop``) if
+        they are still running ``grace_s`` later. Before the workers start, the same as ``stop``."""
+        if self.done or self._stop is not None or self._preempt is not None:
+            return
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return await self.stop(f"preempted ({reason}) before the workers started")
+        self._preempt = reason
+        try:
+            self.preempt_path.write_text(reason)
+        except OSError as exc:
+            return await self.stop(f"preempted ({reason}); could not ask the workers to stop: {exc}")
+        try:
+            await asyncio.wait_for(asyncio.shield(proc.wait()), grace_s)
+        except TimeoutError:
+            aid = self.assignment.assignment_id
+            log.warning("assignment %s: still running %.0fs after preemption", aid, grace_s)
+            await self.stop(f"preempted ({reason}); the workers did not stop within {grace_s:g}s")
 
     async def stop(self, reason: str, state: int = CANCELLED) -> None:
         """SIGTERM the group, SIGKILL it after the grace period; ``run`` reports ``state``."""

@@ -2,7 +2,7 @@
 
     queued ──► placed ──► running ──► succeeded
       │          │           │
-      │          ├───────────┴──► queued    (a task failed; re-placed as attempt + 1)
+      │          ├───────────┴──► queued    (a task failed, or preempted; re-placed as attempt + 1)
       └──────────┴───────────┴──► failed | cancelled
 
 States are ``StrEnum`` members: they are stored and sent as their plain string values. A queued job

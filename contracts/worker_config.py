@@ -153,6 +153,9 @@ class WorkerConfig(BaseModel):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     entrypoint: str | None = None  # bring your own: "package.module:function"
     group: NodeGroupSpec | None = None  # None: the group is this node's alone
+    # Set by the agent: once this file exists the job is being preempted, and the workers write a
+    # checkpoint at the next step boundary and exit (``training.preemption``).
+    preempt_file: str | None = Field(default=None, max_length=4096)
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     @model_validator(mode="after")

@@ -29,6 +29,7 @@ from control_layer.worker_config import TaskSlot, build_worker_configs, group_by
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Task
 from orchestration.resource_changes import NOTED, note_changes
+from orchestration.settings import DEFAULT_PLATFORM_FEE
 from orchestration.sync_tls import job_ca_pem, leader_credentials
 
 
@@ -46,6 +47,7 @@ def allocate(
     attempt: int,
     *,
     sync_secret: str | None = None,
+    platform_fee: float = DEFAULT_PLATFORM_FEE,
 ) -> list[Task]:
     """Lock, re-check and reserve; create one Task per node with its worker config. Flushes, so a
     unique-index violation surfaces here as AllocationConflict (the caller rolls back)."""
@@ -134,6 +136,7 @@ def allocate(
             sync_port=slot.sync_port,
             price_per_device_hour=unit,
             egress_price_per_gb=egress(slot.region),
+            platform_fee=platform_fee,
         )
         session.add(task)
         tasks.append(task)
@@ -221,6 +224,7 @@ def allocate_replacement(
         sync_port=port,
         price_per_device_hour=unit,
         egress_price_per_gb=lost.egress_price_per_gb,
+        platform_fee=lost.platform_fee,
     )
     session.add(task)
     session.flush()
@@ -262,6 +266,8 @@ def _lock_nodes(session: Session, node_ids: list[str]) -> dict[str, Node]:
             raise AllocationConflict(f"node {node_id} no longer exists")
         if node.status != "alive":
             raise AllocationConflict(f"node {node_id} is {node.status}")
+        if node.cordon:  # cordoned after the plan was made: place nothing new on it
+            raise AllocationConflict(f"node {node_id} is {node.cordon}")
     return nodes
 
 

@@ -31,6 +31,10 @@ def cancel_message(task: Task, reason: str) -> dict[str, Any]:
     return {"cancel": {"assignment_id": task.id, "reason": reason}}
 
 
+def preempt_message(task: Task, reason: str, grace_s: float) -> dict[str, Any]:
+    return {"preempt": {"assignment_id": task.id, "reason": reason, "grace_s": grace_s}}
+
+
 def dispatch(session: Session, bus: Bus, task: Task) -> None:
     """Send the task to its node once the placing transaction commits."""
     move_task(task, TaskState.DISPATCHED)
@@ -39,6 +43,11 @@ def dispatch(session: Session, bus: Bus, task: Task) -> None:
 
 def send_cancel(session: Session, bus: Bus, task: Task, reason: str) -> None:
     publish_after_commit(session, bus, node_channel(task.node_id), cancel_message(task, reason))
+
+
+def send_preempt(session: Session, bus: Bus, task: Task, reason: str, grace_s: float) -> None:
+    """Ask the task's workers to checkpoint and stop (``control_layer.preemption``), after the commit."""
+    publish_after_commit(session, bus, node_channel(task.node_id), preempt_message(task, reason, grace_s))
 
 
 def send_peer_lost(

@@ -80,7 +80,7 @@ def handle_lost_task(ctx: ServerContext, session: Session, job: Job, lost: Task,
         .where(Task.job_id == job.id, Task.attempt == job.attempt, Task.dropped.is_(True))
     )
     # Each lost task spends one of the job's retries, as a whole re-placement would.
-    budget = ctx.settings.max_job_retries - (job.attempt - 1) - int(dropped or 0)
+    budget = ctx.settings.max_job_retries - (job.attempt - 1 - job.preemptions) - int(dropped or 0)
     refusal = elastic_refusal(spec.sync.mode, tasks, lost, budget)
     if refusal is not None:
         if len(tasks) > 1:

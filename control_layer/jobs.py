@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
 from contracts.job_spec import JobSpec
+from contracts.roles import Principal
 from contracts.states import JOB_TERMINAL, JobState, TaskState
 from control_layer.admission import device_quota_wait, spend_refusal
 from control_layer.allocation import AllocationConflict, allocate
@@ -178,6 +179,8 @@ def submit_job(
         reason="",
         deferred=SUBMITTED_REASON,
         queue_position=None,
+        preemption=None,
+        preemptions=0,
         estimated_duration_s=option.estimates.duration_s if option else None,
         estimated_cost=estimate,
         actual_cost=None,
@@ -267,7 +270,7 @@ def place_job(
     the fleet moved underneath), create its tasks and dispatch them. A job that does not fit now
     (devices busy, its tenant's device quota or spend cap) stays queued with the reason in
     ``deferred``; one of higher priority may first have lower-priority preemptible jobs preempted
-    (``ctx.preempt``, see ``control_layer.victim_choice``). It fails only when it could never fit
+    (``ctx.preempt_job``, see ``control_layer.victim_choice``). It fails only when it could never fit
     the fleet as registered. If placements keep colliding it stays queued and the placer tries
     again later. A job that is not queued is left alone.
 
@@ -385,7 +388,7 @@ def _not_now(
         _fail_queued(ctx, job_id, f"{context}no feasible placement: {NEVER_FITS}: {never}", exc.details)
         return "failed"
     reason = f"waiting for devices: {exc.message}"
-    if ctx.preempt is not None:
+    if ctx.preempt_job is not None:
         victims = preempt_for(ctx, job_id, spec, avoid, calibration)
         if victims:
             reason = f"waiting for devices: preempting {', '.join(victims)} (lower priority)"
@@ -431,7 +434,10 @@ def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOpti
         # The sync settings the planner chose stay the job's: a re-placement plans with them, so
         # every attempt and replacement region trains with the same H and codec.
         spec = pinned(spec, option)
-        tasks = allocate(session, job, spec, option, attempt=job.attempt + 1, sync_secret=secret)
+        fee = ctx.settings.platform_fee  # the fee in force now, like the prices
+        tasks = allocate(
+            session, job, spec, option, attempt=job.attempt + 1, sync_secret=secret, platform_fee=fee
+        )
         job.spec = spec.model_dump(mode="json")
         job.option = option.model_dump(mode="json")
         job.estimated_duration_s = option.estimates.duration_s
@@ -500,8 +506,9 @@ def cancel_job(ctx: ServerContext, job_id: str, reason: str, *, tenant_id: str |
     return job
 
 
-def get_job(session: Session, tenant: Tenant | str, job_id: str) -> Job:
-    """The job, if ``tenant`` may see it (its own, or any for an admin); NotFound otherwise."""
+def get_job(session: Session, tenant: Principal | str, job_id: str) -> Job:
+    """The job, if ``tenant`` (a caller, or a tenant id) may see it (its own, or any for an admin key);
+    NotFound otherwise."""
     job = session.get(Job, job_id)
     if job is None or not _may_see(tenant, job):
         raise NotFound(f"job {job_id} not found", field="job_id")
@@ -509,14 +516,14 @@ def get_job(session: Session, tenant: Tenant | str, job_id: str) -> Job:
 
 
 def list_jobs(
-    session: Session, tenant: Tenant | str, *, status: str | None = None, limit: int = 100
+    session: Session, tenant: Principal | str, *, status: str | None = None, limit: int = 100
 ) -> list[Job]:
-    """Newest first; only the tenant's own jobs (an admin sees all)."""
+    """Newest first; only the tenant's own jobs (an admin key sees all)."""
     if status is not None and status not in set(JobState):
         raise InvalidArgument(f"status must be one of {[s.value for s in JobState]}", field="status")
     stmt = select(Job).order_by(Job.created_at.desc(), Job.id).limit(max(1, min(limit, 1000)))
-    if not (isinstance(tenant, Tenant) and tenant.is_admin):
-        stmt = stmt.where(Job.tenant_id == (tenant.id if isinstance(tenant, Tenant) else tenant))
+    if isinstance(tenant, str) or not tenant.is_admin:
+        stmt = stmt.where(Job.tenant_id == (tenant if isinstance(tenant, str) else tenant.id))
     if status is not None:
         stmt = stmt.where(Job.status == status)
     return list(session.scalars(stmt))
@@ -530,10 +537,10 @@ def job_tasks(session: Session, job_id: str, *, attempt: int | None = None) -> l
     return list(session.scalars(stmt))
 
 
-def _may_see(tenant: Tenant | str, job: Job) -> bool:
-    if isinstance(tenant, Tenant):
-        return tenant.is_admin or job.tenant_id == tenant.id
-    return job.tenant_id == tenant
+def _may_see(tenant: Principal | str, job: Job) -> bool:
+    if isinstance(tenant, str):
+        return job.tenant_id == tenant
+    return tenant.is_admin or job.tenant_id == tenant.id
 
 
 def _tenant(session: Session, tenant_id: str) -> Tenant:

@@ -2,15 +2,15 @@
 
     queued ──► placed ──► running ──► succeeded
        │          │           │
-       │          ├───────────┴──► queued    (a task failed; re-placed as attempt + 1)
+       │          ├───────────┴──► queued    (a task failed, or preempted; re-placed as attempt + 1)
        └──────────┴───────────┴──► failed | cancelled
 
 ``attempt`` counts placements: the move queued → placed increments it, and the tasks created by
 that placement carry the new number, so reports from an older attempt are recognisably stale.
 Leaving an attempt (back to queued, or to an end state) stops its still-active tasks, releases
-the job's devices and wakes the placer; an end state also charges the ledger, records the
-job's estimate next to its actual, and (on success) calibrates the planner from the run. Callers never do
-any of that themselves.
+the job's devices, closes its tasks' meters (``orchestration.ledger``) and wakes the placer; an end
+state also sets the job's actual cost from the ledger, records the job's estimate next to its
+actual, and (on success) calibrates the planner from the run. Callers never do any of that themselves.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from orchestration.bus.base import Bus
 from orchestration.db.base import utcnow
 from orchestration.db.models import Job, Task
 from orchestration.events import publish_after_commit, record_event
-from orchestration.ledger import record_job_cost
+from orchestration.ledger import close_job, meter_job
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,12 @@ def transition(
     # the placer rejects at once is the common case; each of those is a query saved).
     never_placed = current is JobState.QUEUED and job.attempt == 0
     leaves_attempt = to in JOB_TERMINAL or (to is JobState.QUEUED and current is not JobState.QUEUED)
+    if leaves_attempt:
+        job.preemption = None  # a preemption under way is settled by leaving the attempt
     if leaves_attempt and not never_placed:
         _stop_active_tasks(session, bus, job, tasks_note or job.reason or f"job {job.id} is {to}")
+        if to not in JOB_TERMINAL:
+            meter_job(session, job)  # the attempt's tasks have ended: close their meters (a retry, a requeue)
         if release(session, job.id):
             wake_placer(session, bus, "devices released", job.id)
     if to is JobState.QUEUED:
@@ -109,7 +113,7 @@ def transition(
         if never_placed:
             job.actual_cost = 0.0
         else:
-            record_job_cost(session, job)
+            close_job(session, job)  # the last meters; actual_cost is the sum of the job's charges
         # After the charge: the estimate-vs-actual record compares the quote with the ledger.
         session.flush()
         _learn(session, bus, job)

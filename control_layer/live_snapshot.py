@@ -66,7 +66,7 @@ class _ClusterRow:
 class _NodeRow:
     cluster_id: str
     hostname: str
-    alive: bool
+    alive: bool  # and placeable: not cordoned
     profile: NodeProfileInfo | None
     cpu_contention: float | None
     fabric_bandwidth_gbps: float | None = None
@@ -217,6 +217,7 @@ class _State:
             Node.cluster_id,
             Node.hostname,
             Node.status,
+            Node.cordon,
             Node.profile,
             Node.cpu_contention,
             Node.fabric_bandwidth_gbps,
@@ -260,6 +261,7 @@ class _State:
             cluster_id,
             hostname,
             status,
+            cordon,
             profile,
             contention,
             fabric_gbps,
@@ -269,7 +271,7 @@ class _State:
             self.nodes[node_id] = _NodeRow(
                 cluster_id,
                 hostname,
-                status == "alive",
+                status == "alive" and not cordon,  # placeable: an operator's cordon removes it
                 node_profile(profile),
                 contention,
                 fabric_gbps,

@@ -64,7 +64,7 @@ def place_pending(ctx: ServerContext, never_cache: NeverCache | None = None) -> 
         calibration = load_calibration(session)
         in_use = devices_in_use(session)
         # with a preemption mechanism, a job above this may displace running work: planned in full
-        lowest = lowest_preemptible_priority(session) if ctx.preempt is not None else None
+        lowest = lowest_preemptible_priority(session) if ctx.preempt_job is not None else None
     # A session of its own, used by nothing else: the live snapshot reads in one of its own, and
     # on SQLite a transaction already begun here would hold the lock that read waits for.
     with session_scope(ctx.session_factory) as session:

@@ -1,5 +1,5 @@
 """Preemption on the placer's side: find the running jobs a queued job may displace
-(``victim_choice``, pure) and ask the mechanism the context carries (``ctx.preempt``) to stop them.
+(``victim_choice``, pure) and ask the mechanism the context carries (``ctx.preempt_job``) to stop them.
 
 The victims checkpoint, stop and go back to the queue; their devices free up, and the placer's
 next pass admits the waiting job.
@@ -81,7 +81,7 @@ def preempt_for(
     calibration: Calibration | None,
 ) -> list[str]:
     """Preempt the victims that let ``job_id`` fit, if any; returns their ids (empty: none)."""
-    if ctx.preempt is None:
+    if ctx.preempt_job is None:
         return []
     running = running_jobs(ctx, spec.qos.priority)
     if not any(r.preemptible for r in running):
@@ -105,7 +105,7 @@ def preempt_for(
         reason = f"preempted by job {job_id} (priority {spec.qos.priority} > {victim.priority})"
         try:
             # False may mean "already under way" (asked again by a later pass): still a victim
-            ctx.preempt(ctx, victim.job_id, reason=reason, by_job_id=job_id)
+            ctx.preempt_job(ctx, victim.job_id, reason=reason, by_job_id=job_id)
             preempted.append(victim.job_id)
         except Exception:  # one victim's failure leaves the job waiting, not the placer broken
             log.exception("preempting job %s for %s failed", victim.job_id, job_id)

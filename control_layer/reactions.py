@@ -16,7 +16,16 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidArgument, NotFound, PermissionDenied
-from contracts.states import JOB_ACTIVE, TASK_ACTIVE, JobState, TaskState, task_move_applies
+from contracts.states import (
+    JOB_ACTIVE,
+    JOB_TERMINAL,
+    TASK_ACTIVE,
+    TASK_TERMINAL,
+    JobState,
+    TaskState,
+    task_move_applies,
+)
+from control_layer import preemption
 from control_layer.calibration import TIMING_KEYS
 from control_layer.checkpoint_copies import order_copy, record_copy_result
 from control_layer.dispatch import assignment_message, send_cancel
@@ -27,6 +36,7 @@ from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Node, Task, TaskMetric
 from orchestration.events import job_channel, publish_after_commit, record_event
+from orchestration.ledger import meter_tasks
 from resource_layer.handlers import ControlHandlers
 
 log = logging.getLogger(__name__)
@@ -62,6 +72,8 @@ def on_task_status(
             return
         move_task(task, to, message=message, exit_code=exit_code, result=_finite(result))
         _note_checkpoint(task, (result or {}).get("checkpoint_step"))
+        if to in TASK_TERMINAL and job.status not in JOB_TERMINAL:
+            meter_tasks(session, job, [task])  # metering closes at the task's end
         record_event(
             session,
             ctx.bus,
@@ -84,8 +96,12 @@ def on_task_status(
             _maybe_running(ctx, session, job)
         elif to is TaskState.SUCCEEDED:
             _maybe_succeeded(ctx, session, job)
+            preemption.on_task_ended(ctx, session, job)  # the others may have stopped preempted
         elif to in (TaskState.FAILED, TaskState.CANCELLED):
-            _task_failed(ctx, session, job, task)
+            if job.preemption:  # stopped while the job is preempted: it requeues as a whole
+                preemption.on_task_ended(ctx, session, job)
+            else:
+                _task_failed(ctx, session, job, task)
 
 
 _LIVE = (TaskState.STARTING, TaskState.RUNNING)
@@ -132,7 +148,7 @@ def _task_failed(ctx: ServerContext, session: Session, job: Job, task: Task) -> 
     if handle_lost_task(ctx, session, job, task, what):
         _maybe_succeeded(ctx, session, job)  # the others may all have finished already
         return
-    retries_used = job.attempt - 1
+    retries_used = job.attempt - 1 - job.preemptions  # a re-placement after a preemption is no retry
     limit = ctx.settings.max_job_retries
     if retries_used < limit:
         reason = f"{what}; re-placing (retry {retries_used + 1} of {limit})"

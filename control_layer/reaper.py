@@ -1,5 +1,6 @@
 """The node reaper: marks nodes lost once their liveness key has expired. It only detects: failing a
-lost node's tasks moves their jobs back to the queue, and the placer re-places them.
+lost node's tasks moves their jobs back to the queue, and the placer re-places them. Each pass also
+requeues preempted jobs whose tasks never reported stopping (``preemption.expire_preemptions``).
 
 The resource layer touches ``node.<id>.alive`` on every heartbeat with a TTL of
 interval x misses. Only the elected leader replica reaps (``orchestration.leadership``), and its
@@ -25,14 +26,18 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import select
 
+from control_layer.preemption import expire_preemptions
 from control_layer.reactions import on_node_lost
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc, session_scope
 from orchestration.db.models import Node
+from orchestration.logs import store as task_logs
 from resource_layer.liveness import node_alive_key
 
 log = logging.getLogger(__name__)
+
+LOG_PRUNE_EVERY_S = 600.0
 
 
 def is_lost(
@@ -85,18 +90,42 @@ def reap_once(ctx: ServerContext, *, up_for_s: float = math.inf) -> list[str]:
     return lost
 
 
+def prune_logs_once(ctx: ServerContext) -> int:
+    """Delete the log lines of jobs that ended more than ``log_retention_days`` ago; how many went.
+    Idempotent, so it needs no fencing: a deposed leader's pass deletes what the new one would."""
+    cutoff = utcnow() - timedelta(days=ctx.settings.log_retention_days)
+    with session_scope(ctx.session_factory) as session:
+        removed = task_logs.prune_ended(session, cutoff)
+    if removed:
+        log.info("pruned %d log lines of jobs ended before %s", removed, cutoff.isoformat())
+    return removed
+
+
 async def run_reaper(ctx: ServerContext, stop: asyncio.Event) -> None:
     """Reap four times per heartbeat interval until ``stop`` is set; a failed pass is logged, not fatal.
+    Old jobs' log lines are pruned at start and every ``LOG_PRUNE_EVERY_S``.
 
     Polling faster than the interval keeps detection close to interval x misses after the last heartbeat.
     """
     interval = ctx.settings.heartbeat_interval_s / 4
     started = time.monotonic()
+    pruned_at = -math.inf
     log.info("reaper up: no node is judged lost for the first %.1fs", ctx.settings.reaper_grace_s)
     while not stop.is_set():
         try:
-            await asyncio.to_thread(reap_once, ctx, up_for_s=time.monotonic() - started)
+            up_for = time.monotonic() - started
+            await asyncio.to_thread(reap_once, ctx, up_for_s=up_for)
+            if up_for >= ctx.settings.reaper_grace_s:
+                # Preemptions whose tasks never reported stopping: the same silence, per job (and
+                # the same grace: after a restart, agents replay how their tasks ended).
+                await asyncio.to_thread(expire_preemptions, ctx)
         except Exception:
             log.exception("reaper pass failed")
+        if time.monotonic() - pruned_at >= LOG_PRUNE_EVERY_S:
+            pruned_at = time.monotonic()
+            try:
+                await asyncio.to_thread(prune_logs_once, ctx)
+            except Exception:
+                log.exception("pruning old log lines failed")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)

@@ -55,8 +55,9 @@ def busy_accelerator_ids(session: Session) -> set[str]:
 def build_snapshot(
     session: Session, *, exclude_nodes: Collection[str] = (), link_fresh_s: float = DEFAULT_LINK_FRESH_S
 ) -> ResourceSnapshot:
-    """Alive nodes only; a device is free iff it has no active allocation; clusters without a price
-    or without an alive node are left out (nothing could be planned on them). ``exclude_nodes`` are
+    """Alive nodes without an operator's cordon only; a device is free iff it has no active
+    allocation; clusters without a price or without such a node are left out (nothing could be
+    planned on them). ``exclude_nodes`` are
     left out too (a job's re-placement avoids the nodes its tasks failed on). Link measurements
     older than ``link_fresh_s`` give way to the declared links."""
     busy = busy_accelerator_ids(session)
@@ -66,7 +67,9 @@ def build_snapshot(
     devices_by_node: dict[str, list[DeviceSlot]] = defaultdict(list)
     alive_nodes = [
         n
-        for n in sorted(session.scalars(select(Node).where(Node.status == "alive")), key=lambda n: n.id)
+        for n in sorted(
+            session.scalars(select(Node).where(Node.status == "alive", Node.cordon == "")), key=lambda n: n.id
+        )
         if n.id not in exclude_nodes
     ]
     node_ids = [n.id for n in alive_nodes]

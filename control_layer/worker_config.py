@@ -37,6 +37,7 @@ from control_layer.planner.sync_choice import pinned
 # control plane keeps only the latest each agent forwards anyway.
 METRICS_INTERVAL_S = 1.0
 
+
 @dataclass(frozen=True)
 class TaskSlot:
     """One node's share of an option, as placed: where its leader listens and what it runs."""

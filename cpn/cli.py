@@ -9,9 +9,11 @@ from __future__ import annotations
 import typer
 
 from agent.cli import agent_command
+from service_layer.cli.access import keys_app, nodes_app
 from service_layer.cli.admin import db_app, snapshot_app, tenants_app, tokens_app
 from service_layer.cli.demo import demo
 from service_layer.cli.jobs import jobs_app, quote
+from service_layer.cli.ledger import invoice, ledger_app, statement
 from service_layer.cli.plan import plan_command
 from service_layer.cli.queue import queue
 from service_layer.cli.server import server_command
@@ -29,11 +31,16 @@ app.command("demo")(demo)
 app.command("quote")(quote)
 app.command("plan")(plan_command)
 app.command("queue")(queue)
+app.command("invoice")(invoice)
+app.command("statement")(statement)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(tenants_app, name="tenants")
+app.add_typer(keys_app, name="keys")
+app.add_typer(nodes_app, name="nodes")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(db_app, name="db")
+app.add_typer(ledger_app, name="ledger")
 
 if __name__ == "__main__":
     app()

@@ -26,10 +26,11 @@ class ServerContext:
     # the in-memory snapshot of any replica can follow; control_layer attaches that snapshot here.
     resource_changes: ResourceChangeFeed = field(init=False)
     live_snapshot: Any = field(default=None, init=False)
-    # How the placer preempts a running job for a queued one of higher priority:
-    # ``preempt(ctx, job_id, *, reason, by_job_id) -> bool`` (checkpoint, stop, requeue; it must
-    # tolerate being asked again while a preemption is under way). None: the placer never preempts.
-    preempt: Callable[..., bool] | None = None
+    # Moves one job off its nodes (checkpoint, stop, requeue): ``preempt_job(ctx, job_id, *, reason,
+    # by_job_id=None) -> bool``. A drain calls it for each job on the node, and the placer for the
+    # victims a queued job of higher priority may displace (control_layer.victim_choice); None:
+    # such jobs are left to finish where they run (a drain says so; the placer never preempts).
+    preempt_job: Callable[..., bool] | None = field(default=None)
 
     def __post_init__(self) -> None:
         self.resource_changes = ResourceChangeFeed.for_factory(self.session_factory, self.bus)

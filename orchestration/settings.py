@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _DEV_SECRET = "dev-insecure-secret"
+DEFAULT_PLATFORM_FEE = 0.10  # the platform's share of device-time charges; providers are paid the rest
 
 
 class Settings(BaseSettings):
@@ -86,6 +87,34 @@ class Settings(BaseSettings):
         gt=0,
         le=30 * 86_400,
         description="Measurements younger than this feed the planner (unset: 3 intervals)",
+    )
+
+    # The ledger (orchestration/ledger/): what the platform keeps, and how often running tasks are billed.
+    platform_fee: float = Field(
+        DEFAULT_PLATFORM_FEE,
+        ge=0,
+        le=1,
+        description="Platform's share of device-time charges (0.1 = 10 %), fixed per task at placement",
+    )
+    ledger_meter_interval_s: float = Field(
+        60.0, ge=0.05, le=86_400, description="How often running tasks' device time and egress are charged"
+    )
+
+    # Workers' log lines (orchestration/logs, resource_layer/log_batcher.py).
+    log_max_lines_per_task: int = Field(
+        10_000, ge=10, le=1_000_000, description="Lines kept per task; the oldest are rotated out"
+    )
+    log_max_bytes_per_task: int = Field(
+        2 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024, description="Bytes of lines kept per task"
+    )
+    log_retention_days: float = Field(
+        7.0, gt=0, le=3650, description="Lines of jobs that ended longer ago than this are deleted"
+    )
+    log_flush_s: float = Field(
+        0.25, gt=0, le=10, description="How often received lines are written (one transaction each)"
+    )
+    log_max_pending_lines: int = Field(
+        20_000, ge=100, le=1_000_000, description="Lines waiting to be written; beyond, they are dropped"
     )
 
     @model_validator(mode="after")

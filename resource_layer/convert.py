@@ -20,7 +20,16 @@ TASK_STATES: dict[int, str] = {
     agent_pb2.TASK_STATE_FAILED: TaskState.FAILED,
     agent_pb2.TASK_STATE_CANCELLED: TaskState.CANCELLED,
 }
-SERVER_MESSAGE_KINDS = ("assignment", "cancel", "drain", "ack", "probe", "checkpoint_copy", "peer_lost")
+SERVER_MESSAGE_KINDS = (
+    "assignment",
+    "cancel",
+    "drain",
+    "ack",
+    "probe",
+    "checkpoint_copy",
+    "peer_lost",
+    "preempt",
+)
 METRIC_PARTS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s")
 # Optional TaskMetrics fields set on some steps only (gossip's spread: at its checks) or by some
 # workers only (wire bytes: where the kernel's TCP counters can be read; the job step: where

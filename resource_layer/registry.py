@@ -53,9 +53,10 @@ def register_node(
     now = now or utcnow()
     if reg.node_id:
         node = authenticate_node(session, reg.node_id, reg.node_token)
-        provider = _provider_of(session, node)
+        provider, enrolled_with = _provider_of(session, node), None
     else:
-        provider = consume_enrollment_token(session, reg.enrollment_token, now).provider
+        token = consume_enrollment_token(session, reg.enrollment_token, now)
+        provider, enrolled_with = token.provider, token.id
         node = None
     # The credential, not the request, says whose node this is: a declared name must agree.
     if reg.provider and reg.provider != provider:
@@ -74,7 +75,7 @@ def register_node(
         )
     plaintext, digest = new_node_token()
     if node is None:
-        node = Node(cluster_id=cluster.id, registered_at=now)
+        node = Node(cluster_id=cluster.id, registered_at=now, enrollment_token_id=enrolled_with)
         session.add(node)
     node.token_hash = digest
     node.hostname = reg.hostname
@@ -117,23 +118,25 @@ def _provider_of(session: Session, node: Node) -> str:
 
 
 def authenticate_node(session: Session, node_id: str, node_token: str) -> Node:
-    """The node these credentials belong to. Unknown id and wrong token read the same."""
+    """The node these credentials belong to. Unknown id, wrong token and a revoked node read the same."""
     node = session.get(Node, node_id) if node_id else None
-    if node is None or not node_token or not token_matches(node_token, node.token_hash):
+    revoked = node is not None and node.status == "revoked"
+    if node is None or revoked or not node_token or not token_matches(node_token, node.token_hash):
         raise Unauthenticated("node credentials are invalid")
     return node
 
 
 def mark_connected(ctx: ServerContext, node_id: str) -> str:
     """A node opened its stream: it is alive now, whatever the reaper last concluded. Returns
-    the node's status (``alive`` or ``drained``)."""
+    ``drained`` when its agent must be told to drain (an operator's drain outlasts the agent's
+    restarts), else the node's status."""
     ctx.bus.touch(node_alive_key(node_id), ctx.settings.node_lost_after_s)
     with ctx.session_factory() as session, session.begin():
         _touch_row(session, node_id, utcnow())
-        status = session.scalar(select(Node.status).where(Node.id == node_id))
-    if status is None:
+        row = session.execute(select(Node.status, Node.cordon).where(Node.id == node_id)).one_or_none()
+    if row is None:
         raise NotFound(f"node {node_id} not found", node_id=node_id)
-    return status
+    return "drained" if row.cordon == "draining" else row.status
 
 
 CONTENTION_NOTICE = 0.1  # a relative change smaller than this is noise: neither stored nor announced

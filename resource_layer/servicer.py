@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 
 from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, PermissionDenied
 from contracts.registration import NodeRegistration
+from contracts.states import TASK_TERMINAL
 from orchestration.context import ServerContext
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from resource_layer import link_probes, registry
@@ -34,6 +35,8 @@ from resource_layer.convert import (
 from resource_layer.grpc_errors import abort_with
 from resource_layer.handlers import ControlHandlers
 from resource_layer.liveness import HeartbeatRows, LivenessBatcher
+from resource_layer.log_batcher import TaskLogBatcher
+from resource_layer.node_admin import REVOKED_MESSAGE_KIND
 from resource_layer.tls import AgentTls, peer_common_name
 
 log = logging.getLogger(__name__)
@@ -41,10 +44,6 @@ log = logging.getLogger(__name__)
 
 def node_channel(node_id: str) -> str:
     return f"node.{node_id}"
-
-
-def task_log_channel(assignment_id: str) -> str:
-    return f"task.{assignment_id}.log"
 
 
 class _End:
@@ -85,6 +84,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             ctx.bus, settings.node_lost_after_s, on_flushed=ctx.metrics.heartbeats.inc
         )
         self._rows = HeartbeatRows(lambda heard: registry.persist_heartbeats(ctx, heard))
+        self.logs = TaskLogBatcher(ctx)
 
     # -- Register -------------------------------------------------------------------------------
     async def Register(
@@ -215,6 +215,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 task.cancel()
             if self._streams.get(node_id) is outbox:
                 del self._streams[node_id]
+            # The node's last lines are written now, not lost with a server that is stopping
+            # (shielded: a second cancellation leaves the write running on the loop).
+            await asyncio.shield(self.logs.flush())
 
     async def _read_hello(
         self, request_iterator: AsyncIterator[agent_pb2.AgentMessage], context: grpc.aio.ServicerContext
@@ -248,6 +251,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> None:
         try:
             async for _channel, message in subscription:
+                if REVOKED_MESSAGE_KIND in message:  # an operator revoked the node: end it now
+                    why = f"node {node_id} is revoked: {message[REVOKED_MESSAGE_KIND].get('reason', '')}"
+                    outbox.put_nowait(_End(why, grpc.StatusCode.PERMISSION_DENIED))
+                    return
                 try:
                     outbox.put_nowait(server_message_from_dict(message))
                 except CpnError as exc:
@@ -298,12 +305,17 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         ctx = self._ctx
         if kind == "task_status":
             s = message.task_status
+            state = task_state_name(s.state)
+            if state in TASK_TERMINAL:
+                # The task's last lines are stored before its end is: a follower that sees the job
+                # end then reads them all.
+                await self.logs.flush()
             await asyncio.to_thread(
                 self._handlers.on_task_status,
                 ctx,
                 node_id,
                 s.assignment_id,
-                task_state_name(s.state),
+                state,
                 s.message,
                 s.exit_code,
                 result_from_json(s.result_json),
@@ -315,19 +327,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             )
         elif kind == "log":
             entry = message.log
-            # Off the event loop (the Redis publish blocks); awaited, so a node's lines keep their order.
-            await asyncio.to_thread(
-                ctx.bus.publish,
-                task_log_channel(entry.assignment_id),
-                {
-                    "log": {
-                        "node_id": node_id,
-                        "assignment_id": entry.assignment_id,
-                        "stream": entry.stream,
-                        "line": entry.line,
-                    }
-                },
-            )
+            self.logs.add(node_id, entry.assignment_id, entry.stream, entry.line)
         elif kind == "inventory":
             devices = [device_from_proto(d) for d in message.inventory.devices]
             await asyncio.to_thread(self._update_inventory, node_id, devices)

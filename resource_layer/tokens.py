@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from contracts.errors import InvalidArgument, Unauthenticated
+from contracts.errors import InvalidArgument, NotFound, Unauthenticated
 from contracts.registration import PROVIDER_RE
 from orchestration.db.base import utcnow
 from orchestration.db.models import EnrollmentToken
@@ -94,20 +94,25 @@ def consume_enrollment_token(
 ) -> EnrollmentToken:
     """Count one use of a valid token, atomically, in the caller's transaction.
 
-    Unknown, expired and used-up tokens all raise ``Unauthenticated`` with the same message, so a
+    Unknown, revoked, expired and used-up tokens all raise ``Unauthenticated`` with the same message, so a
     caller learns nothing about which tokens exist.
     """
-    refused = Unauthenticated("enrollment token is invalid, expired or used up")
+    refused = Unauthenticated("enrollment token is invalid, revoked, expired or used up")
     if not plaintext:
         raise Unauthenticated("enrollment token is required")
     now = now or utcnow()
     row = session.scalar(select(EnrollmentToken).where(EnrollmentToken.token_hash == hash_token(plaintext)))
-    if row is None or (row.expires_at is not None and as_utc(row.expires_at) <= now):
+    if (
+        row is None
+        or row.revoked_at is not None
+        or (row.expires_at is not None and as_utc(row.expires_at) <= now)
+    ):
         raise refused
-    # The guard in WHERE makes concurrent registrations unable to overshoot max_uses.
+    # The guards in WHERE make concurrent registrations unable to overshoot max_uses, or to
+    # enroll with a token revoked since it was read.
     counted = session.execute(
         update(EnrollmentToken)
-        .where(EnrollmentToken.id == row.id)
+        .where(EnrollmentToken.id == row.id, EnrollmentToken.revoked_at.is_(None))
         .where(or_(EnrollmentToken.max_uses.is_(None), EnrollmentToken.uses < EnrollmentToken.max_uses))
         .values(uses=EnrollmentToken.uses + 1)
         .execution_options(synchronize_session=False)
@@ -115,4 +120,30 @@ def consume_enrollment_token(
     if counted.rowcount != 1:
         raise refused
     session.refresh(row)
+    return row
+
+
+def still_enrolls(row: EnrollmentToken, now: datetime | None = None) -> bool:
+    """Whether the token would enroll another node now."""
+    now = now or utcnow()
+    return (
+        row.revoked_at is None
+        and (row.expires_at is None or as_utc(row.expires_at) > now)
+        and (row.max_uses is None or row.uses < row.max_uses)
+    )
+
+
+def list_enrollment_tokens(session: Session, *, limit: int = 1000) -> list[EnrollmentToken]:
+    """Every token (plaintexts are never stored), newest first."""
+    stmt = select(EnrollmentToken).order_by(EnrollmentToken.created_at.desc(), EnrollmentToken.id)
+    return list(session.scalars(stmt.limit(limit)))
+
+
+def revoke_enrollment_token(session: Session, token_id: str) -> EnrollmentToken:
+    """From the commit on, the token enrolls nothing; nodes it already enrolled keep their own
+    credentials (revoke those nodes to shut them out). Idempotent."""
+    row = session.get(EnrollmentToken, token_id)
+    if row is None:
+        raise NotFound(f"enrollment token {token_id} not found", field="token_id")
+    row.revoked_at = row.revoked_at or utcnow()
     return row

@@ -10,6 +10,7 @@ from fastapi.staticfiles import StaticFiles
 
 from orchestration.context import ServerContext
 from service_layer.body_limit import BodyLimit
+from service_layer.dashboard.pages import router as dashboard_pages_router
 from service_layer.dashboard.views import HERE as DASHBOARD_DIR
 from service_layer.dashboard.views import router as dashboard_router
 from service_layer.errors import install_error_handlers
@@ -17,7 +18,7 @@ from service_layer.fanout import Fanout
 from service_layer.key_cache import KeyCache
 from service_layer.metrics import RequestTimer, install_metrics
 from service_layer.metrics import router as metrics_router
-from service_layer.routers import admin, health, jobs, resources
+from service_layer.routers import access, admin, health, jobs, ledger, logs, nodes, resources
 from service_layer.schemas.common import error_responses
 
 API_PREFIX = "/v1"
@@ -25,10 +26,12 @@ API_PREFIX = "/v1"
 DESCRIPTION = """
 The service layer of a compute-power network: quote a training job (ranked, priced options over
 the live fleet), submit it, and follow it. Authenticate with a tenant API key:
-`Authorization: Bearer cpn_...`. A tenant sees only its own jobs; admin keys see everything and
-can issue enrollment tokens, tenants and keys. Errors are `{code, message, details}`; a 422 lists
-each bad field in `details.errors`. Any request may get a 400 (a malformed `Content-Length`) or a
-413 (a body over the server's limit, checked before authentication).
+`Authorization: Bearer cpn_...`. Each key has a role: member (its tenant's jobs), tenant-admin (and
+its tenant's keys), operator (the fleet: nodes, links, enrollment tokens) or admin (everything); a
+route a role may not use answers 403 naming the roles that may. Errors are
+`{code, message, details}`; a 422 lists each bad field in `details.errors`. Any request may get a
+400 (a malformed `Content-Length`) or a 413 (a body over the server's limit, checked before
+authentication).
 """
 
 
@@ -42,7 +45,13 @@ def create_app(ctx: ServerContext) -> FastAPI:
         openapi_tags=[
             {"name": "jobs", "description": "Quotes, jobs, their metrics and events"},
             {"name": "resources", "description": "Regions, clusters, nodes, devices, links"},
-            {"name": "admin", "description": "Admin key required"},
+            {
+                "name": "admin",
+                "description": "Tenants, audit, calibration: admin; tokens, snapshot: operators too",
+            },
+            {"name": "access", "description": "API keys with roles; enrollment tokens"},
+            {"name": "nodes", "description": "Cordon, drain, revoke nodes: operators and admins"},
+            {"name": "ledger", "description": "Charges, monthly invoices and provider payout statements"},
             {"name": "health", "description": "Liveness of the database and bus"},
         ],
     )
@@ -54,11 +63,13 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.state.key_cache = KeyCache()  # verified API keys, a few seconds each
     app.state.fanout = Fanout(ctx.bus, max_per_tenant=ctx.settings.max_streams_per_tenant)
     install_error_handlers(app)
-    for r in (jobs.router, resources.router, admin.router):
+    routers = (jobs, logs, resources, admin, access, nodes, ledger)
+    for r in (module.router for module in routers):
         app.include_router(r, prefix=API_PREFIX)
     app.include_router(health.router)
     app.include_router(metrics_router)
     app.include_router(dashboard_router)
+    app.include_router(dashboard_pages_router)
     app.mount(
         "/dashboard/static", StaticFiles(directory=str(DASHBOARD_DIR / "static")), name="dashboard-static"
     )

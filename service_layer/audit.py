@@ -8,19 +8,21 @@ from fastapi import Request
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from contracts.roles import Principal
 from orchestration.audit import record_audit
-from orchestration.db.models import AuditEvent, Tenant
+from orchestration.db.models import AuditEvent
 
 
 def audit_request(
     session: Session,
     request: Request,
-    tenant: Tenant,
+    tenant: Principal,
     action: str,
     target: str = "",
     details: dict[str, Any] | None = None,
 ) -> None:
-    """Record ``action`` by the calling tenant, from the client's address, in the caller's transaction."""
+    """Record ``action`` by the calling key's tenant (with the key, its role and holder), from the
+    client's address, in the caller's transaction."""
     record_audit(
         session,
         actor_kind="tenant",
@@ -28,7 +30,13 @@ def audit_request(
         action=action,
         target=target,
         source=request.client.host if request.client else "",
-        details={"tenant": tenant.name, **(details or {})},
+        details={
+            "tenant": tenant.name,
+            "key_id": tenant.key_id,
+            "role": str(tenant.role),
+            **({"member": tenant.member} if tenant.member else {}),
+            **(details or {}),
+        },
     )
 
 

@@ -140,6 +140,14 @@ class CpnClient:
     def cancel(self, job_id: str, reason: str = "cancelled by user") -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{job_id}/cancel", json={"reason": reason})
 
+    def preempt(
+        self, job_id: str, reason: str, *, by_job_id: str | None = None, grace_s: float = 30.0
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"reason": reason, "grace_s": grace_s}
+        if by_job_id:
+            body["by_job_id"] = by_job_id
+        return self._call("POST", f"/v1/jobs/{job_id}/preempt", json=body)
+
     def metrics(self, job_id: str, max_points: int = 500) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{job_id}/metrics", params={"max_points": max_points})
 
@@ -150,6 +158,39 @@ class CpnClient:
         with self._http.stream(
             "GET", f"/v1/jobs/{job_id}/events", params=params, timeout=timeout
         ) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise ApiError.from_response(response)
+            yield from parse_sse(response.iter_lines())
+
+    def logs(
+        self,
+        job_id: str,
+        *,
+        task: str | None = None,
+        tail: int | None = None,
+        after: int = 0,
+        limit: int = 1000,
+    ) -> dict[str, Any]:
+        """A page of the job's log lines: ``{lines, next_after, more, status}``."""
+        params: dict[str, Any] = {"after": after, "limit": limit}
+        if task:
+            params["task"] = task
+        if tail is not None:
+            params["tail"] = tail
+        return self._call("GET", f"/v1/jobs/{job_id}/logs", params=params)
+
+    def follow_logs(
+        self, job_id: str, *, task: str | None = None, tail: int | None = None, after: int = 0
+    ) -> Iterator[dict[str, Any]]:
+        """The job's log lines as SSE until the job ends (the read has no timeout)."""
+        params: dict[str, Any] = {"after": after, "follow": "true"}
+        if task:
+            params["task"] = task
+        if tail is not None:
+            params["tail"] = tail
+        timeout = httpx.Timeout(DEFAULT_TIMEOUT.connect or 5.0, read=None)
+        with self._http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=timeout) as response:
             if response.status_code >= 400:
                 response.read()
                 raise ApiError.from_response(response)
@@ -166,6 +207,23 @@ class CpnClient:
 
     def healthz(self) -> dict[str, Any]:
         return self._call("GET", "/healthz")
+
+    # -- the ledger
+    def transactions(
+        self, *, job_id: str | None = None, account: str | None = None, after: int = 0, limit: int = 100
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"after": after, "limit": limit}
+        if job_id:
+            params["job_id"] = job_id
+        if account:
+            params["account"] = account
+        return self._call("GET", "/v1/ledger/transactions", params=params)
+
+    def invoice(self, tenant_id: str, month: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/tenants/{tenant_id}/invoice", params={"month": month})
+
+    def statement(self, provider: str, month: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/providers/{provider}/statement", params={"month": month})
 
     # -- admins
     def put_link(self, **link: Any) -> dict[str, Any]:
@@ -194,6 +252,31 @@ class CpnClient:
 
     def queue(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/queue")
+
+    # -- keys, tokens, nodes (by role: tenant-admins, operators, admins)
+    def keys(self, tenant_id: str | None = None) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/keys", params={"tenant_id": tenant_id} if tenant_id else None)
+
+    def add_key(self, role: str = "member", name: str = "", tenant_id: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"role": role, "name": name}
+        if tenant_id:
+            body["tenant_id"] = tenant_id
+        return self._call("POST", "/v1/keys", json=body)
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/keys/{key_id}")
+
+    def tokens(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/tokens")
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/tokens/{token_id}")
+
+    def node_action(self, node_id: str, action: str, reason: str = "") -> dict[str, Any]:
+        """``action``: cordon | uncordon | drain | revoke."""
+        if action == "revoke":
+            return self._call("DELETE", f"/v1/nodes/{node_id}", json={"reason": reason})
+        return self._call("POST", f"/v1/nodes/{node_id}/{action}", json={"reason": reason})
 
     def snapshot(self) -> dict[str, Any]:
         return self._call("GET", "/v1/snapshot")

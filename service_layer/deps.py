@@ -1,4 +1,5 @@
-"""Request dependencies, declared once: the server context, a DB session, the calling tenant."""
+"""Request dependencies, declared once: the server context, a DB session, who calls, and one
+dependency per permission (``contracts.roles``): every route declares exactly one of those."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from contracts.errors import PermissionDenied
+from contracts.roles import Permission, Principal
 from orchestration.context import ServerContext
-from orchestration.db.models import Tenant
 from service_layer.auth import authenticate, hash_key
 from service_layer.key_cache import KeyCache
 
@@ -36,37 +36,49 @@ def get_session(ctx: CtxDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def _look_up(ctx: ServerContext, plaintext: str | None) -> Tenant:
+def _look_up(ctx: ServerContext, plaintext: str | None) -> Principal:
     # A short session of its own, closed before the endpoint runs: the endpoint may write.
     with ctx.session_factory() as session:
         return authenticate(session, plaintext)
 
 
-async def get_tenant(
+async def get_principal(
     request: Request,
     ctx: CtxDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Tenant:
-    """The key's tenant: from the few-second cache of verified keys on the event loop, else looked
-    up in the database off it (``service_layer.key_cache``)."""
+) -> Principal:
+    """The key's tenant and role: from the few-second cache of verified keys on the event loop,
+    else looked up in the database off it (``service_layer.key_cache``)."""
     plaintext = credentials.credentials if credentials else None
     digest = hash_key(plaintext) if plaintext else None
     keys: KeyCache = request.app.state.key_cache
-    if digest is not None and (tenant := keys.get(digest)) is not None:
-        return tenant
-    tenant = await run_in_threadpool(_look_up, ctx, plaintext)
+    if digest is not None and (principal := keys.get(digest)) is not None:
+        return principal
+    principal = await run_in_threadpool(_look_up, ctx, plaintext)
     if digest is not None:
-        keys.put(digest, tenant)
-    return tenant
+        keys.put(digest, principal)
+    return principal
 
 
-CurrentTenant = Annotated[Tenant, Depends(get_tenant)]
+CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
 
 
-def get_admin(tenant: CurrentTenant) -> Tenant:
-    if not tenant.is_admin:
-        raise PermissionDenied("this endpoint needs an admin API key")
-    return tenant
+def _requiring(permission: Permission) -> object:
+    def dependency(principal: CurrentPrincipal) -> Principal:
+        return principal.require(permission)
+
+    dependency.__name__ = f"require_{permission.value.replace('-', '_')}"
+    dependency.permission = permission  # type: ignore[attr-defined]  # read by the route audit test
+    return Depends(dependency)
 
 
-AdminTenant = Annotated[Tenant, Depends(get_admin)]
+# One per permission; a route takes exactly one of these (tests/service_layer/test_route_roles.py).
+FleetViewer = Annotated[Principal, _requiring(Permission.VIEW_FLEET)]
+JobRunner = Annotated[Principal, _requiring(Permission.RUN_JOBS)]
+KeyManager = Annotated[Principal, _requiring(Permission.MANAGE_KEYS)]
+FleetManager = Annotated[Principal, _requiring(Permission.MANAGE_FLEET)]
+AdminPrincipal = Annotated[Principal, _requiring(Permission.ADMINISTER)]
+
+# The names routes used before keys had roles.
+CurrentTenant = JobRunner
+AdminTenant = AdminPrincipal

@@ -47,21 +47,25 @@ class Fanout:
 
     @contextlib.asynccontextmanager
     async def subscribe(
-        self, channel: str, tenant_id: str
+        self, channel: str, tenant_id: str, also: tuple[str, ...] = ()
     ) -> AsyncIterator[AsyncIterator[tuple[str, Message]]]:
-        """Messages on ``channel`` from the moment this is entered (the shared subscription is live)."""
+        """Messages on ``channel`` (and the ``also`` channels, into the same queue: still one
+        stream) from the moment this is entered (the shared subscription is live)."""
         self.check_capacity(tenant_id)
         self._per_tenant[tenant_id] += 1
         queue: asyncio.Queue[tuple[str, Message]] = asyncio.Queue(QUEUE_SIZE)
-        self._queues[channel].add(queue)
+        channels = (channel, *also)
+        for name in channels:
+            self._queues[name].add(queue)
         try:
             self._ensure_running()
             await self._live.wait()
             yield _drain(queue)
         finally:
-            self._queues[channel].discard(queue)
-            if not self._queues[channel]:
-                del self._queues[channel]
+            for name in channels:
+                self._queues[name].discard(queue)
+                if not self._queues[name]:
+                    del self._queues[name]
             self._per_tenant[tenant_id] -= 1
             if not self._per_tenant[tenant_id]:
                 del self._per_tenant[tenant_id]

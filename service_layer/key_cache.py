@@ -1,5 +1,6 @@
 """Recently verified API keys, held for a few seconds so a busy client's requests skip the key
-lookup (a thread hop and a database round trip on every call).
+lookup (a thread hop and a database round trip on every call). An entry is who the key acts as
+(``contracts.roles.Principal``: tenant and role).
 
 Keyed by the key's SHA-256 digest, never the key. Only successful lookups are held: an unknown or
 revoked key is looked up every time. A key revoked in the database stops working once its entry
@@ -13,7 +14,7 @@ import threading
 import time
 import weakref
 
-from orchestration.db.models import Tenant
+from contracts.roles import Principal
 
 TTL_S = 5.0
 MAX_ENTRIES = 10_000  # bounded: a flood of valid keys cannot grow it without end
@@ -22,17 +23,17 @@ MAX_ENTRIES = 10_000  # bounded: a flood of valid keys cannot grow it without en
 class KeyCache:
     def __init__(self, ttl_s: float = TTL_S, max_entries: int = MAX_ENTRIES) -> None:
         self.ttl_s, self.max_entries = ttl_s, max_entries
-        self._entries: dict[str, tuple[float, Tenant]] = {}
+        self._entries: dict[str, tuple[float, Principal]] = {}
         self._lock = threading.Lock()
         _CACHES.add(self)
 
-    def get(self, digest: str) -> Tenant | None:
+    def get(self, digest: str) -> Principal | None:
         entry = self._entries.get(digest)
         if entry is None or entry[0] < time.monotonic():
             return None
         return entry[1]
 
-    def put(self, digest: str, tenant: Tenant) -> None:
+    def put(self, digest: str, tenant: Principal) -> None:
         with self._lock:
             if len(self._entries) >= self.max_entries:
                 now = time.monotonic()

@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from contracts.errors import PermissionDenied
+from contracts.roles import Permission
 from contracts.states import JobState, TaskState
 from orchestration.context import ServerContext
 from orchestration.db.engine import as_utc
@@ -138,8 +138,7 @@ def metrics(request: Request, ctx: CtxDep) -> Response:
         header = request.headers.get("authorization", "")
         key = header[7:] if header.lower().startswith("bearer ") else None
         with ctx.session_factory() as session:
-            if not authenticate(session, key).is_admin:
-                raise PermissionDenied("metrics need an admin API key")
+            authenticate(session, key).require(Permission.ADMINISTER)
     return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -109,6 +109,7 @@ def list_clusters(session: Session, bus: Bus, now: datetime | None = None) -> li
             id=node.id,
             hostname=node.hostname,
             status=node.status,
+            cordon=node.cordon,
             alive=node.status == "alive" and bus.alive(node_alive_key(node.id)),
             last_heartbeat_at=last,
             heartbeat_age_s=(now - last).total_seconds() if last else None,
@@ -296,6 +297,8 @@ def _job_detail(
         result=job.result,
         entropy_floor=entropy_floor(job.result, *(t.result for t in tasks), *(t.last_metrics for t in tasks)),
         accuracy=job.accuracy,
+        preemption=job.preemption or None,
+        preemptions=job.preemptions or 0,
     )
 
 

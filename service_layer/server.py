@@ -1,8 +1,8 @@
 """The control-plane process: REST, gRPC and background loops in ONE asyncio event loop.
 
 ``serve(settings)`` is ``cpn server``: migrate, bootstrap the admin key, then run uvicorn (FastAPI),
-the resource layer's gRPC server and, while this replica is the elected leader, the reaper and the
-placer, until SIGINT/SIGTERM. ``start_server_in_thread``
+the resource layer's gRPC server and, while this replica is the elected leader, the reaper, the
+placer, the link prober and the ledger's meter, until SIGINT/SIGTERM. ``start_server_in_thread``
 runs the same in a background thread for tests and the demo, and reports the ports it bound
 (port 0 picks free ones).
 """
@@ -24,7 +24,9 @@ import uvicorn
 from sqlalchemy import Engine
 
 from control_layer.live_snapshot import attach_live_snapshot, run_live_snapshot
+from control_layer.metering import run_meter
 from control_layer.placer import run_placer
+from control_layer.preemption import preempt_job
 from control_layer.reactions import control_handlers
 from control_layer.reaper import run_reaper
 from orchestration.bus import make_bus
@@ -57,8 +59,12 @@ class _Uvicorn(uvicorn.Server):
 
 def build_context(settings: Settings) -> tuple[ServerContext, Engine]:
     engine = make_engine(settings.effective_database_url)
+    # A drain moves its node's jobs by preempting them (checkpoint, stop, requeue).
     return ServerContext(
-        settings=settings, session_factory=make_session_factory(engine), bus=make_bus(settings)
+        settings=settings,
+        session_factory=make_session_factory(engine),
+        bus=make_bus(settings),
+        preempt_job=preempt_job,
     ), engine
 
 
@@ -91,12 +97,14 @@ def _bootstrap(ctx: ServerContext) -> None:
 
 
 async def run_singletons(ctx: ServerContext, deposed: asyncio.Event) -> None:
-    """The leader's part: the reaper, the placer and the link prober (their writes fenced: see
-    ``orchestration.leadership``), until ``deposed`` is set (this replica stopped or lost the lease)."""
+    """The leader's part: the reaper, the placer, the link prober and the ledger's meter (their
+    writes fenced: see ``orchestration.leadership``), until ``deposed`` is set (this replica
+    stopped or lost the lease)."""
     parts = [
         asyncio.create_task(run_reaper(ctx, deposed), name="reaper"),
         asyncio.create_task(run_placer(ctx, deposed), name="placer"),
         asyncio.create_task(run_link_prober(ctx, deposed), name="link-prober"),
+        asyncio.create_task(run_meter(ctx, deposed), name="meter"),
     ]
     try:
         await asyncio.gather(*parts)

@@ -37,6 +37,7 @@ from training.parallel.replica_state import (
     scatter_full_grads,
     scatter_full_params,
 )
+from training.preemption import PreemptWatch
 from training.sync_hook import build_sync
 from training.sync_protocol import CrossRegionSync, SyncContext
 
@@ -106,6 +107,9 @@ class Trainer:
     first_step: int = 1  # the first step this process runs: it meets the peers there
     exchanged: bool = False  # whether the last step exchanged with the other regions
     sync_metrics_at: float = -math.inf  # monotonic: when the leader last took the sync engine's metrics
+    preempt: PreemptWatch = field(default_factory=lambda: PreemptWatch(None))
+    stop_asked: bool = False  # some rank was asked to stop (preemption), learnt at the last step
+    preempted: bool = False  # the run stopped early on that request, after checkpointing
 
     @property
     def bf16(self) -> bool:
@@ -144,10 +148,15 @@ class Trainer:
         return torch.stack(losses).mean().detach() if last else torch.zeros((), device=self.ctx.device)
 
     def _cluster_loss(self, local: Tensor) -> float:
-        """Mean over this cluster's replicas: only last-stage ranks hold a loss (tp ranks equal)."""
+        """Mean over this cluster's replicas: only last-stage ranks hold a loss (tp ranks equal).
+        The same all-reduce tells every rank whether any was asked to stop (``training.preemption``)."""
         t = local.detach().float().reshape(())
+        asked = self.preempt.asked()
         if self.ctx.world_size > 1:  # alone, gloo's all-reduce still hands off to its thread and back
-            dist.all_reduce(t)
+            both = torch.stack([t, torch.tensor(float(asked), device=t.device)])
+            dist.all_reduce(both)
+            t, asked = both[0], bool(both[1] > 0)
+        self.stop_asked = asked
         return float(t) / (self.dims.dp * self.dims.tp)
 
     def train_step(self) -> dict[str, Any]:
@@ -338,9 +347,13 @@ class Trainer:
             delay = (m.get("sync") or {}).get("overlap_steps", delay)
             exchanges.add(m, exchanged=self.exchanged, joining=self.step == self.first_step)
             periodic = periodic_at.due(self.sync.job_step(self.step)) and self.step < last
-            if self.cfg.checkpoint.dir is not None and (periodic or self.step == last):
+            # Preempted: this step is checkpointed and the run ends here (the last step ends anyway).
+            stop = self.stop_asked and self.step < last
+            if self.cfg.checkpoint.dir is not None and (periodic or stop or self.step == last):
                 t_save = time.perf_counter()
-                self.save(wait=self.step == last)
+                self.save(wait=stop or self.step == last)
+                if stop:
+                    m["checkpoint_step"] = self.checkpoint_step
                 m["checkpoint_s"] = time.perf_counter() - t_save
                 m["wall_s"] += m["checkpoint_s"]
             if callback is not None and self.ctx.is_leader:
@@ -350,6 +363,9 @@ class Trainer:
             if first is None:
                 first = {key: m.get(key, 0.0) for key in STEP_PART_KEYS}
             final = m
+            if stop:
+                self.preempted = True
+                break
         train_s = time.perf_counter() - t0
         # Totals over the run: the agent forwards per-step metrics at a bounded rate, so a sampled
         # step says little about parts that come every H steps (sync, checkpoints).
@@ -385,7 +401,7 @@ class Trainer:
             "wall_s": time.perf_counter() - t0,
             "precision": self.cfg.training.precision,
             "activation_checkpointing": self.cfg.training.activation_checkpointing,
-        }
+        } | ({"preempted": True} if self.preempted else {})
 
     def close(self) -> None:
         if self.saver is not None:
@@ -483,4 +499,5 @@ def build_trainer(cfg: WorkerConfig, ctx: DistContext) -> Trainer:
         schedule=schedule,
         entropy_floor=floor,
         tokens_per_sample=cfg.model.seq_len if cfg.model is not None and cfg.entrypoint is None else 1,
+        preempt=PreemptWatch(cfg.preempt_file),
     )

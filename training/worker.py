@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             result = trainer.run(sink, spawned_at=spawned_at(), started_at=process_started_at())
             if sink is not None:
                 sink.flush()  # the last step, if the interval held it back
+            if trainer.preempted and ctx.is_leader:
+                print(f"preempted after step {trainer.step} (checkpoint {trainer.checkpoint_step})")
         finally:
             t_close = time.perf_counter()
             trainer.close()  # the final exchange and leaving the peers

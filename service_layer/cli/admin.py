@@ -48,7 +48,9 @@ def create_token(
 @tenants_app.command("create")
 def create_tenant(
     name: Annotated[str, typer.Argument(help="Unique lower-case name")],
-    admin: Annotated[bool, typer.Option("--admin", help="Give the tenant admin rights")] = False,
+    admin: Annotated[
+        bool, typer.Option("--admin", help="The platform tenant: its keys may be admin or operator")
+    ] = False,
     server: ServerOpt = DEFAULT_SERVER,
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
@@ -130,3 +132,33 @@ def db_upgrade(
     settings = Settings(database_url=database_url) if database_url else Settings()
     prepare_database(settings)
     console.print(f"database at revision {head_revision()}")
+
+
+@tokens_app.command("list")
+def list_tokens(
+    server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Enrollment tokens with their uses, expiry and revocation (operator or admin)."""
+    with api(server, api_key) as client:
+        rows = client.tokens()
+    if as_json:
+        print_json(rows)
+        return
+    for t in rows:
+        state = "revoked" if t["revoked_at"] else f"{t['uses']}/{t['max_uses'] or 'unlimited'} used"
+        console.print(
+            f"{t['id']}  {t['provider']}  {state}  expires {t['expires_at']}  {t['note']}", markup=False
+        )
+
+
+@tokens_app.command("revoke")
+def revoke_token(
+    token_id: str, server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Revoke an enrollment token (operator or admin): it enrolls nothing after."""
+    with api(server, api_key) as client:
+        row = client.revoke_token(token_id)
+    if as_json:
+        print_json(row)
+        return
+    console.print(f"token {row['id']} revoked at {row['revoked_at']}")

@@ -1,4 +1,4 @@
-"""Client commands for users: quote, and jobs submit/list/show/watch/cancel."""
+"""Client commands for users: quote, and jobs submit/list/show/watch/cancel (and preempt, for admins)."""
 
 from __future__ import annotations
 
@@ -236,6 +236,43 @@ def watch(
     raise typer.Exit(0 if job["status"] == JobState.SUCCEEDED else 1)
 
 
+def _log_line(line: dict[str, Any]) -> str:
+    return f"[{line['task_id'][:8]}/{line['region']} {line['stream']}] {line['line']}"
+
+
+@jobs_app.command("logs")
+def logs(
+    job_id: str,
+    task: Annotated[str | None, typer.Option("--task", help="Only this task (its id or a prefix)")] = None,
+    tail: Annotated[
+        int | None, typer.Option("--tail", min=1, max=10_000, help="Only the last N lines")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep printing new lines until the job ends")
+    ] = False,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """The job's workers' output, as `[task/region stream] line`; -f follows until the job ends."""
+    with api(server, api_key) as client:
+        if follow:
+            for event in client.follow_logs(job_id, task=task, tail=tail):
+                if event["event"] == "end":
+                    console.print(f"[dim]job {job_id} {event['data'].get('status')}[/]", highlight=False)
+                    return
+                if isinstance(event["data"], dict):
+                    print(_log_line(event["data"]), flush=True)
+            return
+        after = 0
+        while True:
+            page = client.logs(job_id, task=task, tail=tail, after=after, limit=1000)
+            for line in page["lines"]:
+                print(_log_line(line))
+            if not page["more"]:
+                return
+            after = page["next_after"]
+
+
 @jobs_app.command("cancel")
 def cancel(
     job_id: str,
@@ -247,3 +284,20 @@ def cancel(
     with api(server, api_key) as client:
         job = client.cancel(job_id, reason)
     console.print(f"job {job['id']} {job['status']}")
+
+
+@jobs_app.command("preempt")
+def preempt(
+    job_id: str,
+    reason: Annotated[str, typer.Option(help="Recorded on the job and its events")] = "by an operator",
+    by: Annotated[str | None, typer.Option("--by", help="The job it makes room for")] = None,
+    grace: Annotated[
+        float, typer.Option(min=0.1, max=600, help="Seconds to checkpoint and stop before being cancelled")
+    ] = 30.0,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """Preempt a running preemptible job (admin): it checkpoints, stops and goes back to the queue."""
+    with api(server, api_key) as client:
+        job = client.preempt(job_id, reason, by_job_id=by, grace_s=grace)
+    console.print(f"job {job['id']} {job['status']}: preempting ({reason}); it resumes from its checkpoint")

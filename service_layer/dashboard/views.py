@@ -16,12 +16,15 @@ from sqlalchemy.orm import Session
 from contracts.errors import CpnError, PermissionDenied, Unauthenticated
 from contracts.states import JOB_TERMINAL
 from orchestration.db.models import CalibrationChange, CalibrationFactor, Job
+from orchestration.logs import store as task_logs
 from service_layer import queries
-from service_layer.dashboard import accuracy
+from service_layer.dashboard import accuracy, region_map
 from service_layer.dashboard.access import COOKIE, COOKIE_TTL_S, admin_from_key, check_access, make_cookie
+from service_layer.dashboard.map_svg import region_map_svg
 from service_layer.dashboard.spread_svg import spread_curve_svg
 from service_layer.dashboard.svg import loss_curve_svg
 from service_layer.deps import CtxDep
+from service_layer.log_stream import to_api
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=str(HERE / "templates"))
@@ -31,6 +34,7 @@ JOBS_SHOWN = 50
 ACCURACY_JOBS = 500  # the accuracy panel summarises the newest this many ended jobs
 ERRORS_SHOWN = 20  # newest time/cost errors in the calibration panel
 REFRESH_MS = 2000
+LOG_LINES_SHOWN = 100  # the job page's logs panel: the newest lines of every task
 
 
 def _age(seconds: float | None) -> str:
@@ -72,7 +76,7 @@ def _login(request: Request, status: int, message: str, next_path: str) -> HTMLR
     )
 
 
-def _guard(session: Session, ctx: CtxDep, request: Request) -> Response | None:
+def guard(session: Session, ctx: CtxDep, request: Request) -> Response | None:
     """None when the request may proceed; else the login page (or a bare 401/403 for fragments)."""
     try:
         check_access(session, ctx.settings, request)
@@ -113,8 +117,11 @@ def _overview(session: Session, ctx: CtxDep) -> dict[str, Any]:
     }
 
 
-def _job_context(session: Session, job: Job) -> dict[str, Any]:
+def _job_context(session: Session, ctx: CtxDep, job: Job) -> dict[str, Any]:
     detail = queries.job_detail(session, job)
+    # The fleet map with this job's devices and sync drawn over it.
+    fleet = region_map.fleet_map(session, ctx.bus, ctx.settings.effective_link_fresh_s)
+    placement_svg = region_map_svg(fleet.regions, fleet.links, region_map.job_overlay(detail))
     series = queries.metric_series(session, job, max_points=400)
     total = int((job.spec.get("training") or {}).get("steps", 0)) or None
     svg = loss_curve_svg(
@@ -136,16 +143,27 @@ def _job_context(session: Session, job: Job) -> dict[str, Any]:
         "breakdown": accuracy.breakdown(job.accuracy),
         "svg": svg,
         "spread_svg": spread_svg,
+        "placement_svg": placement_svg,
         "series": series,
         "final": job.status in JOB_TERMINAL,
         "refresh_ms": REFRESH_MS,
     }
 
 
+def _logs_context(session: Session, job: Job) -> dict[str, Any]:
+    rows = task_logs.read(session, job.id, tail=LOG_LINES_SHOWN)
+    return {
+        "lines": [to_api(r) for r in rows],
+        "shown": LOG_LINES_SHOWN,
+        "job_id": job.id,
+        "final": job.status in JOB_TERMINAL,
+    }
+
+
 @router.get("", response_class=HTMLResponse)
 def index(request: Request, ctx: CtxDep) -> Response:
     with ctx.session_factory() as session:
-        denied = _guard(session, ctx, request)
+        denied = guard(session, ctx, request)
         if denied is not None:
             return denied
         return templates.TemplateResponse(request, "index.html", _overview(session, ctx))
@@ -154,7 +172,7 @@ def index(request: Request, ctx: CtxDep) -> Response:
 @router.get("/fragments/overview", response_class=HTMLResponse)
 def overview_fragment(request: Request, ctx: CtxDep) -> Response:
     with ctx.session_factory() as session:
-        denied = _guard(session, ctx, request)
+        denied = guard(session, ctx, request)
         if denied is not None:
             return denied
         return templates.TemplateResponse(request, "_overview.html", _overview(session, ctx))
@@ -163,25 +181,38 @@ def overview_fragment(request: Request, ctx: CtxDep) -> Response:
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(request: Request, ctx: CtxDep, job_id: str) -> Response:
     with ctx.session_factory() as session:
-        denied = _guard(session, ctx, request)
+        denied = guard(session, ctx, request)
         if denied is not None:
             return denied
         job = session.get(Job, job_id)
         if job is None:
             return templates.TemplateResponse(request, "missing.html", {"job_id": job_id}, status_code=404)
-        return templates.TemplateResponse(request, "job.html", _job_context(session, job))
+        context = {**_job_context(session, ctx, job), **_logs_context(session, job)}
+        return templates.TemplateResponse(request, "job.html", context)
 
 
 @router.get("/jobs/{job_id}/live", response_class=HTMLResponse)
 def job_fragment(request: Request, ctx: CtxDep, job_id: str) -> Response:
     with ctx.session_factory() as session:
-        denied = _guard(session, ctx, request)
+        denied = guard(session, ctx, request)
         if denied is not None:
             return denied
         job = session.get(Job, job_id)
         if job is None:
             return Response("job not found", status_code=404, media_type="text/plain")
-        return templates.TemplateResponse(request, "_job_live.html", _job_context(session, job))
+        return templates.TemplateResponse(request, "_job_live.html", _job_context(session, ctx, job))
+
+
+@router.get("/fragments/jobs/{job_id}/logs", response_class=HTMLResponse)
+def job_logs_fragment(request: Request, ctx: CtxDep, job_id: str) -> Response:
+    with ctx.session_factory() as session:
+        denied = guard(session, ctx, request)
+        if denied is not None:
+            return denied
+        job = session.get(Job, job_id)
+        if job is None:
+            return Response("job not found", status_code=404, media_type="text/plain")
+        return templates.TemplateResponse(request, "_job_logs.html", _logs_context(session, job))
 
 
 @router.post("/login", response_class=HTMLResponse)
@@ -199,7 +230,7 @@ async def log_in(request: Request, ctx: CtxDep) -> Response:
     response = RedirectResponse(path, status_code=303)
     response.set_cookie(
         COOKIE,
-        make_cookie(ctx.settings, tenant.id),
+        make_cookie(ctx.settings, tenant.key_id),
         max_age=COOKIE_TTL_S,
         httponly=True,
         samesite="strict",

@@ -1,4 +1,5 @@
-"""Admin-only: enrollment tokens, tenants and their keys, the planner's snapshot and calibration."""
+"""Tenants and their keys, the audit log, calibration (admin); enrollment tokens and the planner's
+snapshot (operators too)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from orchestration.db.models import CalibrationFactor, Tenant
 from resource_layer.tokens import create_enrollment_token
 from service_layer import auth
 from service_layer.audit import audit_request, list_audit
-from service_layer.deps import AdminTenant, CtxDep, SessionDep
+from service_layer.deps import AdminPrincipal, CtxDep, FleetManager, SessionDep
 from service_layer.key_cache import forget_everywhere
 from service_layer.schemas.calibration import CalibrationRead, ChangeRead, FactorRead
 from service_layer.schemas.common import error_responses
@@ -35,7 +36,7 @@ router = APIRouter(tags=["admin"], responses=error_responses(401, 403))
 
 
 @router.post("/tokens", status_code=201, response_model=TokenCreated, responses=error_responses(422))
-def create_token(ctx: CtxDep, admin: AdminTenant, body: TokenCreate, request: Request) -> TokenCreated:
+def create_token(ctx: CtxDep, admin: FleetManager, body: TokenCreate, request: Request) -> TokenCreated:
     """An enrollment token for `cpn agent --token`; shown once."""
     with session_scope(ctx.session_factory) as session:
         row, plaintext = create_enrollment_token(
@@ -53,7 +54,7 @@ def create_token(ctx: CtxDep, admin: AdminTenant, body: TokenCreate, request: Re
 
 
 @router.post("/tenants", status_code=201, response_model=TenantRead, responses=error_responses(409, 422))
-def create_tenant(ctx: CtxDep, admin: AdminTenant, body: TenantCreate, request: Request) -> TenantRead:
+def create_tenant(ctx: CtxDep, admin: AdminPrincipal, body: TenantCreate, request: Request) -> TenantRead:
     with session_scope(ctx.session_factory) as session:
         tenant = auth.create_tenant(session, body.name, body.is_admin)
         audit_request(session, request, admin, "tenant.created", f"tenant {tenant.id}", body.model_dump())
@@ -61,13 +62,13 @@ def create_tenant(ctx: CtxDep, admin: AdminTenant, body: TenantCreate, request: 
 
 
 @router.get("/tenants", response_model=list[TenantRead])
-def list_tenants(session: SessionDep, _: AdminTenant) -> list[TenantRead]:
+def list_tenants(session: SessionDep, _: AdminPrincipal) -> list[TenantRead]:
     return [TenantRead.model_validate(t) for t in session.scalars(select(Tenant).order_by(Tenant.created_at))]
 
 
 @router.put("/tenants/{tenant_id}/quota", response_model=TenantRead, responses=error_responses(404, 422))
 def set_quota(
-    ctx: CtxDep, admin: AdminTenant, tenant_id: str, body: QuotaUpdate, request: Request
+    ctx: CtxDep, admin: AdminPrincipal, tenant_id: str, body: QuotaUpdate, request: Request
 ) -> TenantRead:
     """Replace the tenant's quotas: `max_devices` (its jobs wait in the queue beyond it) and
     `max_monthly_spend` (a submission over it → 402); null removes one. The placer's next pass
@@ -87,8 +88,9 @@ def set_quota(
 @router.post(
     "/tenants/{tenant_id}/keys", status_code=201, response_model=ApiKeyCreated, responses=error_responses(404)
 )
-def create_key(ctx: CtxDep, admin: AdminTenant, tenant_id: str, request: Request) -> ApiKeyCreated:
-    """A new API key for the tenant; the key is in this response only."""
+def create_key(ctx: CtxDep, admin: AdminPrincipal, tenant_id: str, request: Request) -> ApiKeyCreated:
+    """A new API key for the tenant, with the default role (admin for the platform tenant,
+    tenant-admin otherwise; `POST /v1/keys` takes a role); the key is in this response only."""
     with session_scope(ctx.session_factory) as session:
         row, plaintext = auth.add_api_key(session, tenant_id)
         audit_request(session, request, admin, "key.created", f"tenant {tenant_id}", {"prefix": row.prefix})
@@ -96,13 +98,14 @@ def create_key(ctx: CtxDep, admin: AdminTenant, tenant_id: str, request: Request
             id=row.id,
             tenant_id=row.tenant_id,
             prefix=row.prefix,
+            role=row.role,
             key=plaintext,
             created_at=as_utc(row.created_at),
         )
 
 
 @router.get("/snapshot", response_model=ResourceSnapshot, summary="The planner's resource snapshot")
-def snapshot(ctx: CtxDep, session: SessionDep, _: AdminTenant) -> ResourceSnapshot:
+def snapshot(ctx: CtxDep, session: SessionDep, _: FleetManager) -> ResourceSnapshot:
     """What the planner sees now: alive nodes, free devices, prices, links. Feed it to `cpn plan`."""
     return build_snapshot(session, link_fresh_s=ctx.settings.effective_link_fresh_s)
 
@@ -110,7 +113,7 @@ def snapshot(ctx: CtxDep, session: SessionDep, _: AdminTenant) -> ResourceSnapsh
 @router.get("/audit", response_model=list[AuditRead], summary="The audit log")
 def audit_log(
     session: SessionDep,
-    _: AdminTenant,
+    _: AdminPrincipal,
     after: Annotated[int, Query(ge=0, le=2**62, description="Only entries with a larger id (a cursor)")] = 0,
     action: Annotated[str | None, Query(max_length=64, description="e.g. price.changed")] = None,
     actor_id: Annotated[str | None, Query(max_length=64)] = None,
@@ -126,7 +129,7 @@ def audit_log(
 )
 def calibration(
     session: SessionDep,
-    _: AdminTenant,
+    _: AdminPrincipal,
     limit: Annotated[int, Query(ge=1, le=5000, description="History rows, newest first")] = 500,
 ) -> CalibrationRead:
     """Learned factors (efficiency per model|precision, start-up per node, goodput per region pair),

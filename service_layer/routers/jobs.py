@@ -11,10 +11,12 @@ from fastapi.responses import Response, StreamingResponse
 from contracts.job_spec import JobSpec
 from control_layer import jobs as job_service
 from control_layer.planner.plan_types import PlanOption
-from orchestration.db.engine import as_utc
+from control_layer.preemption import start_preemption
+from orchestration.db.engine import as_utc, session_scope
 from orchestration.db.models import Quote
 from service_layer import queries
-from service_layer.deps import CtxDep, CurrentTenant, SessionDep
+from service_layer.audit import audit_request
+from service_layer.deps import AdminTenant, CtxDep, CurrentTenant, SessionDep
 from service_layer.fanout import Fanout
 from service_layer.queue_view import queue_entries
 from service_layer.schemas.common import error_responses
@@ -26,6 +28,7 @@ from service_layer.schemas.jobs import (
     JobDetail,
     JobSummary,
     MetricSeries,
+    PreemptRequest,
     QueueEntryRead,
     QuoteRead,
 )
@@ -92,7 +95,6 @@ def submit_job(
         quote_id=body.quote_id,
         option_id=body.option_id,
         choice=body.choice,
-        max_monthly_spend=tenant.max_monthly_spend,
     )
     # Already a validated JobDetail: serialised once here instead of validated again against
     # response_model (which still documents it) on every submission.
@@ -132,6 +134,29 @@ def cancel_job(
     reason = (body or CancelRequest()).reason
     job_service.cancel_job(ctx, job_id, reason, tenant_id=None if tenant.is_admin else tenant.id)
     return _detail(ctx, tenant, job_id)
+
+
+@router.post(
+    "/jobs/{job_id}/preempt",
+    status_code=202,
+    response_model=JobDetail,
+    summary="Preempt a job (admin)",
+    responses=error_responses(401, 403, 404, 409, 422),
+)
+def preempt_job(
+    ctx: CtxDep, admin: AdminTenant, job_id: str, body: PreemptRequest, request: Request
+) -> JobDetail:
+    """Ask a running (or placed) job whose spec allows it (`qos.preemptible`) to checkpoint its
+    current step and stop; it then goes back to the queue and resumes from that checkpoint when
+    placed again (not counted as a retry). Answers at once with the preemption under way
+    (`preemption`); the job's `job.preempted` event follows once its tasks have stopped. A job
+    that is not preemptible, not active, or already being preempted → 409."""
+    with session_scope(ctx.session_factory) as session:
+        start_preemption(
+            ctx, session, job_id, reason=body.reason, by_job_id=body.by_job_id, grace_s=body.grace_s
+        )
+        audit_request(session, request, admin, "job.preempt", f"job {job_id}", body.model_dump())
+    return _detail(ctx, admin, job_id)
 
 
 @router.get(

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from orchestration.db.engine import session_scope
 from service_layer import queries
 from service_layer.audit import audit_request
-from service_layer.deps import AdminTenant, CtxDep, CurrentTenant, SessionDep
+from service_layer.deps import CtxDep, FleetManager, FleetViewer, SessionDep
 from service_layer.links import upsert_link
 from service_layer.schemas.common import error_responses
 from service_layer.schemas.resources import (
@@ -25,19 +25,19 @@ router = APIRouter(tags=["resources"])
 
 
 @router.get("/regions", response_model=list[RegionRead], responses=error_responses(401))
-def list_regions(session: SessionDep, _: CurrentTenant) -> list[RegionRead]:
+def list_regions(session: SessionDep, _: FleetViewer) -> list[RegionRead]:
     """Regions with their cluster, alive-node and device counts."""
     return queries.list_regions(session)
 
 
 @router.get("/clusters", response_model=list[ClusterRead], responses=error_responses(401))
-def list_clusters(ctx: CtxDep, session: SessionDep, _: CurrentTenant) -> list[ClusterRead]:
+def list_clusters(ctx: CtxDep, session: SessionDep, _: FleetViewer) -> list[ClusterRead]:
     """Clusters with their price in force, nodes (liveness, last heartbeat) and devices."""
     return queries.list_clusters(session, ctx.bus)
 
 
 @router.get("/links", response_model=list[LinkRead], responses=error_responses(401))
-def list_links(ctx: CtxDep, session: SessionDep, _: CurrentTenant) -> list[LinkRead]:
+def list_links(ctx: CtxDep, session: SessionDep, _: FleetViewer) -> list[LinkRead]:
     """The links the planner uses now, each marked `measured` (agents' probes, median of the newest
     fresh ones) or `declared` (an admin's `PUT /v1/links`, the fallback), with when and from what."""
     return queries.list_links(session, ctx.settings.effective_link_fresh_s)
@@ -45,19 +45,19 @@ def list_links(ctx: CtxDep, session: SessionDep, _: CurrentTenant) -> list[LinkR
 
 @router.get("/links/probes", response_model=list[LinkProbeRead], responses=error_responses(401, 403, 422))
 def list_link_probes(
-    session: SessionDep, _: AdminTenant, limit: Annotated[int, Query(ge=1, le=500)] = 100
+    session: SessionDep, _: FleetManager, limit: Annotated[int, Query(ge=1, le=500)] = 100
 ) -> list[LinkProbeRead]:
-    """Admin: the newest link probes, ordered and measured (or failed), newest first."""
+    """Operators and admins: the newest link probes, ordered and measured (or failed), newest first."""
     return queries.list_link_probes(session, limit)
 
 
 @router.put("/links", response_model=DeclaredLinkRead, responses=error_responses(401, 403, 404, 422))
-def put_link(ctx: CtxDep, admin: AdminTenant, body: LinkUpsert, request: Request) -> DeclaredLinkRead:
+def put_link(ctx: CtxDep, who: FleetManager, body: LinkUpsert, request: Request) -> DeclaredLinkRead:
     """Declare (or replace) the link src→dst; one direction serves both unless both are given.
     A fresh measurement of the same direction takes precedence in the planner."""
     with session_scope(ctx.session_factory) as session:
         link = upsert_link(session, **body.model_dump())
         audit_request(
-            session, request, admin, "link.declared", f"link {body.src}->{body.dst}", body.model_dump()
+            session, request, who, "link.declared", f"link {body.src}->{body.dst}", body.model_dump()
         )
         return DeclaredLinkRead.model_validate(link)

@@ -89,6 +89,20 @@ class CancelRequest(BaseModel):
     reason: str = Field("cancelled by user", max_length=500)
 
 
+class PreemptRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=500, description="Recorded on the job and its events")
+    by_job_id: str | None = Field(None, min_length=1, max_length=32, description="The job it makes room for")
+    grace_s: float = Field(
+        30.0,
+        gt=0,
+        le=600,
+        allow_inf_nan=False,
+        description="Seconds the workers get to checkpoint and stop before they are cancelled",
+    )
+
+
 class Progress(BaseModel):
     """Latest metrics of the current attempt: the slowest task's step, mean loss, summed throughput."""
 
@@ -188,6 +202,12 @@ class JobDetail(JobSummary):
     accuracy: dict[str, Any] | None = Field(
         None, description="Estimate next to actual for time and cost, with breakdowns; set when the job ends"
     )
+    preemption: dict[str, Any] | None = Field(
+        None,
+        description="The preemption its tasks are stopping on (reason, by_job_id, grace_s, requested_at, "
+        "deadline_at); null when none is under way",
+    )
+    preemptions: int = Field(0, description="Times it went back to the queue preempted (no retry spent)")
 
 
 class MetricPoint(BaseModel):

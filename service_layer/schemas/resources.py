@@ -30,7 +30,8 @@ class DeviceRead(ApiModel):
 class NodeRead(BaseModel):
     id: str
     hostname: str
-    status: str = Field(description="alive | lost | drained (as the control plane last concluded)")
+    status: str = Field(description="alive | lost | revoked | drained (as the control plane last concluded)")
+    cordon: str = Field("", description='An operator\'s hold: "" (open) | cordoned | draining')
     alive: bool = Field(description="Heartbeat liveness key fresh right now")
     last_heartbeat_at: datetime | None
     heartbeat_age_s: float | None

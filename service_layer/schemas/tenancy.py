@@ -17,7 +17,9 @@ class TenantCreate(BaseModel):
     )
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,127}$", description="Unique, lower-case")
-    is_admin: bool = False
+    is_admin: bool = Field(
+        False, description="The platform's own tenant: its keys may be admin or operator (default admin)"
+    )
 
 
 class TenantRead(ApiModel):
@@ -48,6 +50,7 @@ class ApiKeyCreated(BaseModel):
     id: str
     tenant_id: str
     prefix: str
+    role: str = Field("tenant-admin", description="admin | operator | tenant-admin | member")
     key: str = Field(description="The key itself: shown once, only its hash is stored")
     created_at: datetime
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from control_layer.dispatch import assignment_message, cancel_message
+from control_layer.dispatch import assignment_message, cancel_message, preempt_message
 from orchestration.db.models import Accelerator, Job, Node, Task, TaskMetric
 from resource_layer.liveness import node_alive_key
 from tests.agent.conftest import Plane, Shared, StartAgent, node_of
@@ -43,6 +43,20 @@ child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 open("pids", "w").write(f"{os.getpid()} {child.pid}")
 print("running", flush=True)
 time.sleep(120)
+"""
+
+
+# Stops at its next "step" once the agent creates the preemption file, as training.worker does,
+# and says so in its result.
+PREEMPTIBLE = """
+import json, os, time
+cfg = json.load(open(os.environ["CPN_WORKER_CONFIG"]))
+step = 0
+while not os.path.exists(cfg["preempt_file"]):
+    step += 1
+    print("CPN_METRIC " + json.dumps({"step": step, "loss": 1.0, "checkpoint_step": step}), flush=True)
+    time.sleep(0.05)
+print("CPN_RESULT " + json.dumps({"steps": step, "checkpoint_step": step, "preempted": True}), flush=True)
 """
 
 
@@ -253,6 +267,53 @@ def test_agent_with_a_bad_token_exits_with_the_reason(plane: Plane, start_agent:
 
 
 @pytest.mark.slow
+def _preempt(plane: Plane, node: Node, task_id: str, grace_s: float) -> None:
+    with plane.ctx.session_factory() as s:
+        task = s.get(Task, task_id)
+        assert task is not None
+        plane.ctx.bus.publish(f"node.{node.id}", preempt_message(task, "room for another job", grace_s))
+
+
+def test_preempted_workers_stop_at_their_step_and_the_task_ends_cancelled_with_their_result(
+    shared: Shared,
+) -> None:
+    plane, agent, node = shared.plane, shared.agent, shared.node
+    task_id = dispatch(plane, node, PREEMPTIBLE)
+    wait_for(lambda: (task_row(plane, task_id).last_metrics or {}).get("step", 0) >= 3, what="a few steps")
+    _preempt(plane, node, task_id, grace_s=10)
+    task = wait_status(plane, task_id, "cancelled", "failed", "succeeded", timeout=20)
+    assert task.status == "cancelled", task.message
+    assert "preempted (room for another job)" in task.message and task.exit_code == 0
+    assert task.result is not None and task.result["preempted"] is True
+    step = task.result["checkpoint_step"]
+    assert task.checkpoint_step == step == (task.last_metrics or {}).get("step")
+    written = json.loads((agent.work_dir / "assignments" / task_id / "worker_config.json").read_text())
+    assert written["preempt_file"] == str(agent.work_dir.resolve() / "assignments" / task_id / "preempt")
+
+
+def test_workers_that_ignore_a_preemption_are_cancelled_after_its_grace(shared: Shared) -> None:
+    plane, agent, node = shared.plane, shared.agent, shared.node
+    task_id = dispatch(plane, node, STUBBORN)
+    pids_file = agent.work_dir / "assignments" / task_id / "pids"
+    wait_for(pids_file.exists, what="the worker to start")
+    pids = [int(p) for p in pids_file.read_text().split()]
+    started = time.monotonic()
+    _preempt(plane, node, task_id, grace_s=1)
+    task = wait_status(plane, task_id, "cancelled", "failed", "succeeded", timeout=20)
+    assert task.status == "cancelled" and "did not stop within 1s" in task.message, task.message
+    assert time.monotonic() - started >= 1  # the grace, then SIGTERM (ignored), then SIGKILL
+    assert task.exit_code == -9
+    wait_for(lambda: all(gone(p) for p in pids), timeout=5, what="the worker and its child to be gone")
+
+
+def test_a_preemption_for_an_assignment_the_node_does_not_run_settles_it_cancelled(shared: Shared) -> None:
+    plane, node = shared.plane, shared.node
+    _, task_id = add_task(plane.ctx.session_factory, node.id, node.cluster_id, "eu-west", config("pass"))
+    _preempt(plane, node, task_id, grace_s=5)
+    task = wait_status(plane, task_id, "cancelled", "failed", "succeeded", timeout=20)
+    assert task.status == "cancelled" and task.message == "not running on this node"
+
+
 def test_normal_path_runs_torchrun_over_the_training_worker(shared: Shared) -> None:
     """No command override: the agent launches ``torchrun -m training.worker`` on a tiny GPT."""
     plane, node = shared.plane, shared.node

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import event, select, update
 
 from contracts.errors import FailedPrecondition, InvalidArgument, NotFound
+from contracts.roles import Principal, Role
 from contracts.states import JobState
 from contracts.worker_config import parse_worker_config
 from control_layer.jobs import cancel_job, create_quote, get_job, job_tasks, list_jobs, submit_job
@@ -163,7 +164,8 @@ def test_tenants_see_only_their_jobs(ctx: ServerContext) -> None:
     alice, bob, _ = _fleet(ctx)
     job = submit_job(ctx, alice, spec=tiny_spec())
     with session_scope(ctx.session_factory) as s:
-        admin = add_tenant(s, "root", is_admin=True)
+        root = add_tenant(s, "root", is_admin=True)
+        admin = Principal(id=root.id, name=root.name, key_id="k", role=Role.ADMIN, platform=True)
         assert get_job(s, alice, job.id).id == job.id
         with pytest.raises(NotFound):
             get_job(s, bob, job.id)

@@ -178,7 +178,7 @@ def test_the_placer_preempts_lower_priority_preemptible_work_through_the_given_m
         cancel_job(ctx, job_id, reason)  # stands in for checkpoint-stop-requeue: frees the devices
         return True
 
-    ctx.preempt = preempt
+    ctx.preempt_job = preempt
     urgent = submit_job(ctx, bob, spec=_spec("urgent", 1, priority=10))
     place_pending(ctx)
     assert calls == [(low.id, urgent.id)]  # the preemptible one, never the other

@@ -22,7 +22,7 @@ from control_layer.reactions import (
 )
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
-from orchestration.db.models import Allocation, Event, Job, LedgerEntry, Node, Task, TaskMetric
+from orchestration.db.models import Allocation, Event, Job, LedgerTransaction, Node, Task, TaskMetric
 from tests.orchestration.fleet import add_cluster, add_tenant, submit_and_place, tiny_spec
 
 # Two replicas: one device each on two of the three nodes. Sync mode: a lost task stops the attempt
@@ -100,11 +100,11 @@ def test_running_then_succeeded_aggregates_results_and_charges_the_ledger(ctx: S
     assert set(job.result["per_task"]) == {t1.id, t2.id}
     assert _active(ctx, job_id) == set()
     with session_scope(ctx.session_factory) as s:
-        lines = s.scalars(select(LedgerEntry).where(LedgerEntry.job_id == job_id)).all()
+        lines = s.scalars(select(LedgerTransaction).where(LedgerTransaction.job_id == job_id)).all()
         kinds = s.scalars(select(Event.kind).where(Event.job_id == job_id).order_by(Event.id)).all()
     assert {line.task_id for line in lines} == {t1.id, t2.id}
     assert all(line.kind == "gpu" and line.unit_price == 2.0 and line.quantity > 0 for line in lines)
-    assert job.actual_cost == pytest.approx(sum(line.amount for line in lines))
+    assert job.actual_cost == sum(line.amount_micros for line in lines) / 1_000_000
     assert kinds[:2] == ["job.submitted", "job.placed"] and kinds[-1] == "job.succeeded"
     assert kinds.count("job.running") == 1
 

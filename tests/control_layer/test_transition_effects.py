@@ -1,5 +1,5 @@
 """transition() runs a job's end-of-attempt side effects itself, exactly once on each path:
-active tasks told to stop, devices released, the ledger charged (end states only), the placer woken."""
+active tasks told to stop, devices released, the tasks' meters closed, the placer woken."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from control_layer.lifecycle import PLACER_CHANNEL
 from control_layer.reactions import on_task_status
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
-from orchestration.db.models import Allocation, Event, Job, LedgerEntry, Task
+from orchestration.db.models import Allocation, Event, Job, LedgerTransaction, Task
 from tests.orchestration.fleet import add_cluster, add_tenant, submit_and_place, tiny_spec
 
 
@@ -83,7 +83,13 @@ def test_side_effects_happen_once_in_transition(ctx: ServerContext, path: str) -
         active = s.scalar(
             select(func.count()).where(Allocation.job_id == job_id, Allocation.active.is_(True))
         )
-        ledger = s.scalars(select(LedgerEntry.task_id).where(LedgerEntry.job_id == job_id)).all()
+        ledger = s.scalars(
+            select(LedgerTransaction.task_id).where(
+                LedgerTransaction.job_id == job_id, LedgerTransaction.kind == "gpu"
+            )
+        ).all()
+        metered = {t.id: t.metered_until for t in job_tasks(s, job_id)}
+        finished = {t.id: t.finished_at for t in job_tasks(s, job_id)}
         kinds = s.scalars(select(Event.kind).where(Event.job_id == job_id)).all()
         statuses = {t.status for t in job_tasks(s, job_id)}
     assert active == 0  # released
@@ -94,7 +100,6 @@ def test_side_effects_happen_once_in_transition(ctx: ServerContext, path: str) -
     assert [w["why"] for w in wakes] == (
         ["devices released", "job is queued"] if end is JobState.QUEUED else ["devices released"]
     )
-    if end is JobState.QUEUED:
-        assert ledger == []  # a retry is not the end: nothing is charged yet
-    else:
-        assert sorted(ledger) == sorted(t.id for t in tasks)  # one gpu line per task, written once
+    # every path ends the attempt's tasks, and each task's meter closes at its end, once (a retry too)
+    assert sorted(ledger) == sorted(t.id for t in tasks)
+    assert metered == finished

@@ -65,17 +65,36 @@ class Browser:
             connect(pages[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=10)
         )
         self._ids = itertools.count(1)
+        self.errors: list[str] = []  # console errors, uncaught exceptions, failed loads
         self.call("Page.enable")
+        self.call("Runtime.enable")
+        self.call("Log.enable")
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         msg_id = next(self._ids)
         self.ws.send(json.dumps({"id": msg_id, "method": method, "params": params}))
         while True:
             reply = json.loads(self.ws.recv(timeout=30))
+            self._note_error(reply)
             if reply.get("id") == msg_id:
                 if "error" in reply:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply.get("result", {})
+
+    def _note_error(self, msg: dict[str, Any]) -> None:
+        method, params = msg.get("method"), msg.get("params") or {}
+        if method == "Runtime.exceptionThrown":
+            self.errors.append(str(params.get("exceptionDetails", {}).get("text")))
+        elif method == "Runtime.consoleAPICalled" and params.get("type") == "error":
+            self.errors.append(" ".join(str(a.get("value")) for a in params.get("args", [])))
+        elif method == "Log.entryAdded" and (params.get("entry") or {}).get("level") == "error":
+            entry = params["entry"]
+            self.errors.append(f"{entry.get('text')} ({entry.get('url', '')})")
+
+    def console_errors(self) -> list[str]:
+        """What the page reported as errors so far (events already sent are read first)."""
+        self.evaluate("0")
+        return list(self.errors)
 
     def evaluate(self, expression: str) -> Any:
         result = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)

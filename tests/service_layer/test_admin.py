@@ -71,6 +71,9 @@ def test_openapi_is_complete_with_examples(server: ServerHandle) -> None:
         ("/v1/tenants/{tenant_id}/keys", "post"),
         ("/v1/snapshot", "get"),
         ("/v1/links", "put"),
+        ("/v1/ledger/transactions", "get"),
+        ("/v1/tenants/{tenant_id}/invoice", "get"),
+        ("/v1/providers/{name}/statement", "get"),
         ("/healthz", "get"),
     ]:
         assert method in paths.get(path, {}), (path, method)

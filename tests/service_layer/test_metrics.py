@@ -81,9 +81,7 @@ def test_placements_are_counted_by_outcome(server: ServerHandle) -> None:
 
     with session_scope(server.ctx.session_factory) as session:
         admin = session.query(Tenant).filter(Tenant.is_admin).one()
-        session.add(
-            Job(tenant_id=admin.id, name="lonely", spec=small_spec("lonely"), status=JobState.QUEUED)
-        )
+        session.add(Job(tenant_id=admin.id, name="lonely", spec=small_spec("lonely"), status=JobState.QUEUED))
     # The server's own placer (it leads) takes the job: no fleet, so the planner finds nothing and
     # the job fails. Calling place_pending here would race it: only the leader places.
     auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -111,12 +109,13 @@ def test_the_only_replica_leads_and_says_so(server: ServerHandle) -> None:
 
 
 def test_wan_bytes_sent_count_billed_and_running_work_by_region(server: ServerHandle) -> None:
-    """The counter adds the egress billed to finished jobs and what running tasks reported so far,
-    and does not fall when a running job finishes and is billed."""
+    """The counter adds the egress metered (billed) so far and what running tasks reported beyond
+    it, and does not fall when a running task is metered or its job finishes and is billed."""
     from contracts.states import JobState, TaskState
+    from orchestration.db.base import utcnow
     from orchestration.db.engine import session_scope
-    from orchestration.db.models import Job, LedgerEntry, Task, Tenant
-    from orchestration.ledger import record_job_cost
+    from orchestration.db.models import Job, Task, Tenant
+    from orchestration.ledger import close_job, meter_job
     from tests.orchestration.fleet import add_cluster
     from tests.service_layer.harness import small_spec
 
@@ -125,42 +124,59 @@ def test_wan_bytes_sent_count_billed_and_running_work_by_region(server: ServerHa
         text = httpx.get(server.http_url + "/metrics", headers=auth, timeout=10).text
         return {labels["region"]: v for labels, v in _families(text)["cpn_wan_bytes_sent"]}
 
+    def task(job: Job, cluster_id: str, node_id: str, region: str, sent: int, **kw: object) -> Task:
+        return Task(
+            job_id=job.id,
+            attempt=1,
+            cluster_id=cluster_id,
+            node_id=node_id,
+            region=region,
+            device_indices=[0],
+            placement=[],
+            worker_config={},
+            egress_price_per_gb=0.02,
+            last_metrics={"step": 7, "wan_bytes_sent": sent},
+            **kw,
+        )
+
     assert scrape() == {}
     with session_scope(server.ctx.session_factory) as session:
         admin = session.query(Tenant).filter(Tenant.is_admin).one()
         cluster, (node,) = add_cluster(session, region="eu-west")
+        us, (us_node,) = add_cluster(session, region="us-east")
         done = Job(tenant_id=admin.id, name="done", spec=small_spec("done"), status=JobState.SUCCEEDED)
         running = Job(tenant_id=admin.id, name="run", spec=small_spec("run"), status=JobState.RUNNING)
         session.add_all([done, running])
         session.flush()
+        # an ended job's task, its egress metered in full
         session.add(
-            LedgerEntry(
-                job_id=done.id,
-                tenant_id=admin.id,
-                region="us-east",
-                kind="egress",
-                quantity=2.5e-6,
-                unit_price=0.02,
-                amount=5e-8,
+            task(
+                done,
+                us.id,
+                us_node.id,
+                "us-east",
+                2500,
+                status=TaskState.SUCCEEDED,
+                metered_egress_bytes=2500,
             )
         )
-        task = Task(
-            job_id=running.id,
-            attempt=1,
-            cluster_id=cluster.id,
-            node_id=node.id,
-            region="eu-west",
-            status=TaskState.RUNNING,
-            device_indices=[0],
-            placement=[],
-            worker_config={},
-            last_metrics={"step": 7, "wan_bytes_sent": 4096},
+        session.add(
+            task(running, cluster.id, node.id, "eu-west", 4096, status=TaskState.RUNNING, started_at=utcnow())
         )
-        session.add(task)
-        running_id = task.job_id
+        running_id = running.id
     assert scrape() == {"us-east": pytest.approx(2500.0), "eu-west": 4096.0}
     with session_scope(server.ctx.session_factory) as session:
         job = session.get(Job, running_id)
+        meter_job(session, job)  # a meter while it runs moves the bytes to the billed part
+    assert scrape() == {"us-east": pytest.approx(2500.0), "eu-west": 4096.0}
+    with session_scope(server.ctx.session_factory) as session:
+        job = session.get(Job, running_id)
+        (t,) = session.query(Task).filter(Task.job_id == running_id).all()
+        t.last_metrics = {"step": 9, "wan_bytes_sent": 5000}
+    assert scrape() == {"us-east": pytest.approx(2500.0), "eu-west": 5000.0}
+    with session_scope(server.ctx.session_factory) as session:
+        job = session.get(Job, running_id)
         job.status = JobState.SUCCEEDED
-        record_job_cost(session, job)  # as the lifecycle does in the transaction that ends the job
-    assert scrape() == {"us-east": pytest.approx(2500.0), "eu-west": pytest.approx(4096.0)}
+        close_job(session, job)  # as the lifecycle does in the transaction that ends the job
+        assert job.actual_cost == pytest.approx(5000 / 1e9 * 0.02, abs=1e-6)
+    assert scrape() == {"us-east": pytest.approx(2500.0), "eu-west": 5000.0}

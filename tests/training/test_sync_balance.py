@@ -169,6 +169,7 @@ def test_the_final_round_is_split_again_halfway_from_the_same_figures_everywhere
     plans["a"].on_mid_figures(2, {"a": (10.0, 20, 0.3), "b": (10.0, 20, 0.1)}, now=121)
     assert plans["a"].end(2) == 125  # figures from before the last split's end the splits
     assert plans["a"].mid_step(2, least=1) is None and 2 in plans["a"].midsplit
+
     # one already past its new end ends where it is
     def started(me: str) -> RoundPlan:  # the final round re-split evenly at its start
         even = {2: {"a": 40, "b": 40}}

@@ -173,3 +173,36 @@ def test_bring_your_own_entrypoint_with_data_parallelism(tmp_path: Path) -> None
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+@pytest.mark.slow
+def test_a_preempted_run_checkpoints_its_step_stops_and_resumes_there(tmp_path: Path) -> None:
+    """The preemption file is there from the start: both ranks stop after step 1 with a complete
+    checkpoint of it; run again without it, the run resumes from step 1 and matches the
+    uninterrupted reference (no step lost or run twice)."""
+    flag = tmp_path / "preempt"
+    flag.write_text("room for another job")
+    raw = tiny_config(
+        tmp_path,
+        parallel={"dp_local": 2},
+        training={"steps": 4},
+        checkpoint={"every": 100},  # no periodic checkpoint before the end: the one it has is on demand
+        preempt_file=str(flag),
+    )
+    first = launch(raw, 2, tmp_path)
+    assert first.returncodes == [0, 0], first.describe()
+    assert first.result is not None and first.result["preempted"] is True
+    assert first.result["steps"] == first.result["checkpoint_step"] == 1
+    assert [m["step"] for m in first.metrics] == [1] and first.metrics[-1]["checkpoint_step"] == 1
+    assert "preempted after step 1 (checkpoint 1)" in first.outputs[0]
+    ckpt = Path(raw["checkpoint"]["dir"])
+    assert [s for s, _ in complete_checkpoints(ckpt)] == [1]
+
+    flag.unlink()
+    second = launch(raw, 2, tmp_path)
+    assert_succeeded(second, 4)
+    assert second.result is not None and second.result["resumed_from"] == 1
+    assert "preempted" not in second.result
+    assert [m["step"] for m in second.metrics] == [2, 3, 4]
+    ref_losses, _ = reference_run(raw)
+    assert [m["loss"] for m in first.metrics + second.metrics] == pytest.approx(ref_losses, rel=1e-5)

@@ -5,7 +5,8 @@ from orchestration.db.models.calibration import CalibrationChange, CalibrationFa
 from orchestration.db.models.events import Event
 from orchestration.db.models.jobs import Allocation, CheckpointCopy, Job, Quote, Task, TaskMetric
 from orchestration.db.models.leadership import LeaderLease
-from orchestration.db.models.ledger import LedgerEntry
+from orchestration.db.models.ledger import LedgerAccount, LedgerPosting, LedgerTransaction
+from orchestration.db.models.logs import TaskLogLine
 from orchestration.db.models.resources import (
     Accelerator,
     Cluster,
@@ -32,7 +33,9 @@ __all__ = [
     "Event",
     "Job",
     "LeaderLease",
-    "LedgerEntry",
+    "LedgerAccount",
+    "LedgerPosting",
+    "LedgerTransaction",
     "Link",
     "LinkProbe",
     "Node",
@@ -41,6 +44,7 @@ __all__ = [
     "Quote",
     "Region",
     "Task",
+    "TaskLogLine",
     "TaskMetric",
     "Tenant",
 ]

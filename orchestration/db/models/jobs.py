@@ -10,6 +10,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from contracts.states import JobState, TaskState
 from orchestration.db.base import Base, new_id, utcnow
+from orchestration.settings import DEFAULT_PLATFORM_FEE
 
 
 class Quote(Base):
@@ -44,6 +45,11 @@ class Job(Base):
     deferred: Mapped[str | None] = mapped_column(String(2000), default=None)
     # 1-based place in the admission order, as the placer's last pass (or the submission) saw it.
     queue_position: Mapped[int | None] = mapped_column(default=None)
+    # The preemption its tasks are stopping on ({reason, by_job_id, requested_at, deadline_at});
+    # None when none is under way (control_layer.preemption).
+    preemption: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    # Times it went back to the queue preempted: those re-placements are not retries.
+    preemptions: Mapped[int] = mapped_column(default=0, server_default="0")
     estimated_duration_s: Mapped[float | None] = mapped_column(default=None)
     estimated_cost: Mapped[float | None] = mapped_column(default=None)
     actual_cost: Mapped[float | None] = mapped_column(default=None)
@@ -76,6 +82,12 @@ class Task(Base):
     # Prices in force when the task was placed: the ledger charges these, not later price changes.
     price_per_device_hour: Mapped[float] = mapped_column(default=0.0)
     egress_price_per_gb: Mapped[float] = mapped_column(default=0.0)
+    # The platform's share of the task's device-time charges, also fixed at placement.
+    platform_fee: Mapped[float] = mapped_column(default=DEFAULT_PLATFORM_FEE, server_default=text("0.1"))
+    # Metering watermarks: device time is charged up to ``metered_until`` and egress up to
+    # ``metered_egress_bytes`` of the leader's cumulative WAN bytes (orchestration.ledger.metering).
+    metered_until: Mapped[datetime | None] = mapped_column(default=None)
+    metered_egress_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
     exit_code: Mapped[int | None] = mapped_column(default=None)
     message: Mapped[str] = mapped_column(String(2000), default="")
     last_metrics: Mapped[dict[str, Any] | None] = mapped_column(default=None)

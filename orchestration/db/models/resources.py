@@ -55,8 +55,14 @@ class Node(Base):
     sync_port_max: Mapped[int] = mapped_column(default=0)
     probe_port: Mapped[int] = mapped_column(default=0)  # its LinkProbeService; 0: none
     probe_key: Mapped[str] = mapped_column(String(64), default="")  # signs tickets of probes aimed at it
-    # alive | lost | drained
+    # alive | lost | revoked (its credentials refused) | drained (kept for older rows)
     status: Mapped[str] = mapped_column(String(16), default="alive", index=True)
+    # An operator's hold, apart from liveness: "" open | cordoned (no new placements) | draining
+    # (cordoned, its agent told to drain and its jobs moved off). It survives loss and revival.
+    cordon: Mapped[str] = mapped_column(String(16), default="")
+    # The enrollment token it first registered with (None: registered before this was kept). An
+    # agent whose node credentials are refused enrolls again with it, as a new node.
+    enrollment_token_id: Mapped[str | None] = mapped_column(String(32), default=None)
     agent_version: Mapped[str] = mapped_column(String(32), default="")
     last_heartbeat_at: Mapped[datetime | None] = mapped_column(default=None)
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -157,3 +163,4 @@ class EnrollmentToken(Base):
     uses: Mapped[int] = mapped_column(default=0)
     expires_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)  # enrolls nothing once set

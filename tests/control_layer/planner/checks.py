@@ -75,7 +75,15 @@ def check_option(spec: JobSpec, snap: ResourceSnapshot, o: PlanOption) -> None:
 
     # The numbers: re-estimated from the tasks, they agree; the breakdowns add up; memory fits.
     again = estimate_option(
-        spec, snap, o.tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero, pp_schedule=o.pp_schedule, spot=o.spot,
+        spec,
+        snap,
+        o.tasks,
+        dp=o.dp,
+        tp=o.tp,
+        pp=o.pp,
+        zero=o.zero,
+        pp_schedule=o.pp_schedule,
+        spot=o.spot,
         runtime=o.runtime,
     )
     assert again == e

@@ -195,16 +195,10 @@ def test_sync_modes_amortise_and_overlap() -> None:
     assert cm.wan_sync_per_step(_sync(mode="diloco", every=10), 100, 2.0, 1.0) == pytest.approx(0.2)
     assert not cm.sync_overlapped(_sync(mode="diloco", every=10))
     assert cm.wan_sync_per_step(_sync(mode="async", every=1), 100, 2.0, 1.0) == pytest.approx(1.0)
-    assert cm.wan_sync_per_step(_sync(mode="ssp", every=1, staleness=0), 100, 2.0, 1.0) == pytest.approx(
-        2.0
-    )
-    assert cm.wan_sync_per_step(_sync(mode="ssp", every=1, staleness=2), 100, 2.0, 1.0) == pytest.approx(
-        1.0
-    )
+    assert cm.wan_sync_per_step(_sync(mode="ssp", every=1, staleness=0), 100, 2.0, 1.0) == pytest.approx(2.0)
+    assert cm.wan_sync_per_step(_sync(mode="ssp", every=1, staleness=2), 100, 2.0, 1.0) == pytest.approx(1.0)
     # ssp and async send their update once a round of H steps, as the runtime's strategies do.
-    assert cm.wan_sync_per_step(_sync(mode="ssp", every=10, staleness=0), 100, 2.0, 1.0) == pytest.approx(
-        0.2
-    )
+    assert cm.wan_sync_per_step(_sync(mode="ssp", every=10, staleness=0), 100, 2.0, 1.0) == pytest.approx(0.2)
     assert cm.exchanges_per_step(_sync(mode="async", every=10), 100) == pytest.approx(0.1)
     # The last round of ceil(T/H) still happens: 95 steps, H=10 -> 10 exchanges.
     assert cm.exchanges_per_step(_sync(mode="diloco", every=10), 95) == pytest.approx(10 / 95)

@@ -2,7 +2,7 @@
 priority and a queue position; tenants get quotas (devices in use, monthly spend).
 
 Revision ID: 0015
-Revises: 0014
+Revises: 0018
 Create Date: 2026-11-25
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0015"
-down_revision: str | None = "0014"
+down_revision: str | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -259,7 +259,7 @@ class TaskLog(_message.Message):
     def __init__(self, assignment_id: _Optional[str] = ..., stream: _Optional[str] = ..., line: _Optional[str] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("assignment", "cancel", "drain", "ack", "probe", "checkpoint_copy", "peer_lost")
+    __slots__ = ("assignment", "cancel", "drain", "ack", "probe", "checkpoint_copy", "peer_lost", "preempt")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
@@ -267,6 +267,7 @@ class ServerMessage(_message.Message):
     PROBE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_COPY_FIELD_NUMBER: _ClassVar[int]
     PEER_LOST_FIELD_NUMBER: _ClassVar[int]
+    PREEMPT_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     cancel: Cancel
     drain: Drain
@@ -274,7 +275,18 @@ class ServerMessage(_message.Message):
     probe: LinkProbeOrder
     checkpoint_copy: CheckpointCopyOrder
     peer_lost: PeerLost
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., probe: _Optional[_Union[LinkProbeOrder, _Mapping]] = ..., checkpoint_copy: _Optional[_Union[CheckpointCopyOrder, _Mapping]] = ..., peer_lost: _Optional[_Union[PeerLost, _Mapping]] = ...) -> None: ...
+    preempt: Preempt
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., drain: _Optional[_Union[Drain, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., probe: _Optional[_Union[LinkProbeOrder, _Mapping]] = ..., checkpoint_copy: _Optional[_Union[CheckpointCopyOrder, _Mapping]] = ..., peer_lost: _Optional[_Union[PeerLost, _Mapping]] = ..., preempt: _Optional[_Union[Preempt, _Mapping]] = ...) -> None: ...
+
+class Preempt(_message.Message):
+    __slots__ = ("assignment_id", "reason", "grace_s")
+    ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    assignment_id: str
+    reason: str
+    grace_s: float
+    def __init__(self, assignment_id: _Optional[str] = ..., reason: _Optional[str] = ..., grace_s: _Optional[float] = ...) -> None: ...
 
 class PeerLost(_message.Message):
     __slots__ = ("assignment_id", "participant", "address", "reason")
