@@ -15,7 +15,8 @@ runs from writing the request to reading the whole answer.
 
 Then it waits until every job has ended and reads the database: double bookings (two active
 spans of allocations of one device that overlap in time), the queue wait per tenant and priority,
-and the ledger. Prints a table and ends with one JSON line.
+and the ledger's balance (the sum of every posting's signed amount). Prints a table and ends with
+one JSON line.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from _submit_client import _read_answer, _request  # noqa: E402
 from control_plane import Database, Replica, admin_client, server_env  # noqa: E402
 
 from orchestration.db.engine import as_utc  # noqa: E402
-from orchestration.db.models import Allocation, Job, LedgerEntry  # noqa: E402
+from orchestration.db.models import Allocation, Job, LedgerPosting  # noqa: E402
 from service_layer.cli.demo import wait_for_clusters  # noqa: E402
 from service_layer.cli.local_fleet import LocalAgent, enroll, start_agents, stop_agents  # noqa: E402
 
@@ -139,13 +140,11 @@ def double_bookings(db: Database) -> int:
 
 
 def ledger_sum(db: Database) -> float:
-    # The ledger is single-entry today (one charge line per task and kind); until the double-entry
-    # ledger lands, its balance is taken as the charges minus the jobs' actual costs they must add
-    # up to (0 when the books agree). Switch this to the sum of every posting's signed amount then.
+    """The sum of every posting's signed amount (debits positive, credits negative): 0.0 when every
+    transaction balances."""
     with db.sessions() as s:
-        charged = s.scalar(select(func.coalesce(func.sum(LedgerEntry.amount), 0.0))) or 0.0
-        costs = s.scalar(select(func.coalesce(func.sum(Job.actual_cost), 0.0))) or 0.0
-    return round(float(charged) - float(costs), 9) + 0.0  # + 0.0: never -0.0
+        micros = s.scalar(select(func.coalesce(func.sum(LedgerPosting.amount_micros), 0))) or 0
+    return int(micros) / 1e6 + 0.0  # + 0.0: never -0.0
 
 
 def quantile(xs: list[float], q: float) -> float:
