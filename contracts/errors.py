@@ -54,6 +54,12 @@ class ResourceExhausted(CpnError):
     code = "resource_exhausted"
 
 
+class PaymentRequired(CpnError):
+    """A spending cap would be exceeded; ``details`` name the cap, the spend so far and the estimate."""
+
+    code = "payment_required"
+
+
 class Unauthenticated(CpnError):
     code = "unauthenticated"
 

@@ -195,7 +195,17 @@ class QoSSpec(_Strict):
         description="Allowed device models, matched case-insensitively as substrings.",
     )
     min_gpu_mem_gb: float | None = Field(default=None, gt=0, le=100_000)
-    preemptible: bool = Field(default=False, description="Spot (preemptible) capacity allowed.")
+    preemptible: bool = Field(
+        default=False,
+        description="Spot (preemptible) capacity allowed; the job may also be preempted by queued "
+        "jobs of strictly higher priority (checkpointed and requeued).",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-1000,
+        le=1000,
+        description="Admission priority: higher is admitted first (then fair share, then submission time).",
+    )
     objective: Literal["cost", "time"] = "cost"
 
 

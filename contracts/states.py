@@ -1,11 +1,13 @@
 """Job and task states, and which moves between them are legal.
 
-    pending ──► placed ──► running ──► succeeded
-       │          │           │
-       │          ├───────────┴──► pending   (a task failed, or preempted; re-placed as attempt + 1)
-       └──────────┴───────────┴──► failed | cancelled
+    queued ──► placed ──► running ──► succeeded
+      │          │           │
+      │          ├───────────┴──► queued    (a task failed, or preempted; re-placed as attempt + 1)
+      └──────────┴───────────┴──► failed | cancelled
 
-States are ``StrEnum`` members: they are stored and sent as their plain string values.
+States are ``StrEnum`` members: they are stored and sent as their plain string values. A queued job
+waits for the placer (``control_layer.admission`` orders the queue); ``JobState.PENDING`` is an
+alias of ``QUEUED`` (one value, ``"queued"``), kept so older callers read the same state.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from enum import StrEnum
 
 
 class JobState(StrEnum):
-    PENDING = "pending"
+    QUEUED = "queued"
+    PENDING = "queued"  # alias of QUEUED: the same member
     PLACED = "placed"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -43,9 +46,9 @@ class TaskState(StrEnum):
 JOB_TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 JOB_ACTIVE = frozenset({JobState.PLACED, JobState.RUNNING})
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.PENDING: frozenset({JobState.PLACED, JobState.FAILED, JobState.CANCELLED}),
-    JobState.PLACED: frozenset({JobState.RUNNING, JobState.PENDING, JobState.FAILED, JobState.CANCELLED}),
-    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.PENDING, JobState.FAILED, JobState.CANCELLED}),
+    JobState.QUEUED: frozenset({JobState.PLACED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.PLACED: frozenset({JobState.RUNNING, JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),
     JobState.CANCELLED: frozenset(),

@@ -1,7 +1,10 @@
 """The job service functions: quote, submit, place, cancel, read.
 
 All are synchronous and take the ServerContext; each opens its own short transactions. Submission
-only stores the job: the placer (``control_layer.placer``) calls ``place_job``. Planning happens
+only stores the job as queued (refusing, 402, one that would take its tenant over its monthly spend
+cap): the placer (``control_layer.placer``) calls ``place_job`` in admission order. A job that does
+not fit now stays queued with the reason; it fails only when it could never run on the fleet as
+registered, even with every device free. Planning happens
 outside any transaction, on a snapshot read just before; the allocation that follows re-checks
 everything under row locks (see ``allocation``), so a stale plan costs a re-plan, never a double
 booking.
@@ -22,14 +25,25 @@ from contracts.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan
 from contracts.job_spec import JobSpec
 from contracts.roles import Principal
 from contracts.states import JOB_TERMINAL, JobState, TaskState
+from control_layer.admission import device_quota_wait, spend_refusal
 from control_layer.allocation import AllocationConflict, allocate
 from control_layer.calibration_store import load_calibration
+from control_layer.capacity import with_devices_free
 from control_layer.dispatch import dispatch
 from control_layer.lifecycle import transition, wake_placer
 from control_layer.live_snapshot import current_snapshot
 from control_layer.planner import plan
 from control_layer.planner.plan_types import Calibration, PlanOption
 from control_layer.planner.sync_choice import pinned
+from control_layer.preempting import preempt_for
+from control_layer.queue import (
+    PassState,
+    devices_in_use,
+    month_label,
+    month_spend,
+    position_at_submission,
+    spend_cap,
+)
 from control_layer.task_states import clip_message
 from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
@@ -108,6 +122,14 @@ def quote_with_options(
 
 
 _JOB_COLUMNS = Job.__table__.columns
+SUBMITTED_REASON = "waiting for the placer's next pass"
+
+
+class Unset:
+    """The default of an argument the caller may leave to be read (None is a value: no cap)."""
+
+
+UNSET = Unset()
 
 
 def submit_job(
@@ -118,9 +140,14 @@ def submit_job(
     quote_id: str | None = None,
     option_id: str | None = None,
     choice: str = "cheapest",
+    max_monthly_spend: float | None | Unset = UNSET,
 ) -> Job:
     """Accept a quoted option (``quote_id`` [+ ``option_id``]) or a ``spec`` whose ``choice`` the
-    placer will plan for; store the job as pending, wake the placer and return at once."""
+    placer will plan for; store the job as queued with its position, wake the placer and return
+    at once. ``max_monthly_spend``: the tenant's cap as the caller already holds it (its verified
+    key's row), else read here; with a cap, a job whose estimate (a quoted option's; 0 for a spec,
+    which the placer checks once planned) would take this month's spend over it is refused
+    (PaymentRequired) and nothing is stored."""
     if choice not in CHOICES:
         raise InvalidArgument(f"choice must be one of {list(CHOICES)}, got {choice!r}", field="choice")
     if (spec is None) == (quote_id is None):
@@ -137,22 +164,25 @@ def submit_job(
     # Every column is set here: the row is one INSERT (no unit-of-work flush on the request path)
     # and the answer is built from this object, never read back.
     now = utcnow()
+    estimate = option.estimates.cost.total if option else None
     job = Job(
         id=new_id(),
         tenant_id=tenant_id,
         name=spec.name,
         spec=spec.model_dump(mode="json"),
-        status=JobState.PENDING,
+        status=JobState.QUEUED,
+        priority=spec.qos.priority,
         option=option.model_dump(mode="json") if option else None,
         choice=(option.label if option else None) or choice,
         quote_id=quote_id,
         attempt=0,
         reason="",
-        deferred=None,
+        deferred=SUBMITTED_REASON,
+        queue_position=None,
         preemption=None,
         preemptions=0,
         estimated_duration_s=option.estimates.duration_s if option else None,
-        estimated_cost=option.estimates.cost.total if option else None,
+        estimated_cost=estimate,
         actual_cost=None,
         result=None,
         accuracy=None,
@@ -162,8 +192,26 @@ def submit_job(
         finished_at=None,
     )
     with session_scope(ctx.session_factory) as session:
+        cap = max_monthly_spend
+        if isinstance(cap, Unset):
+            exists, cap = spend_cap(session, tenant_id)
+            if not exists:
+                raise NotFound(f"tenant {tenant_id} not found", field="tenant_id")
+        if cap is not None:
+            refusal = spend_refusal(
+                estimate or 0.0, month_spend(session, tenant_id, now), cap, month_label(now)
+            )
+            if refusal is not None:
+                raise refusal
+        values = {c.key: getattr(job, c.key) for c in _JOB_COLUMNS if c.key != "queue_position"}
+        # The position is counted inside the INSERT itself: still one statement on the request path.
+        stmt = (
+            insert(Job.__table__)
+            .values(**values, queue_position=position_at_submission(job.priority, now))
+            .returning(Job.__table__.c.queue_position)
+        )
         try:
-            session.execute(insert(Job.__table__), {c.key: getattr(job, c.key) for c in _JOB_COLUMNS})
+            job.queue_position = session.execute(stmt).scalar_one()
         except IntegrityError:  # the tenant's foreign key checks it exists: no read of its own
             raise NotFound(f"tenant {tenant_id} not found", field="tenant_id") from None
         record_event(
@@ -208,18 +256,33 @@ def _accept_quote(
 
 # -- placement ------------------------------------------------------------------------------------
 
+NEVER_FITS = "could never run on the fleet as registered, even with every device free"
 
-def place_job(ctx: ServerContext, job_id: str, *, calibration: Calibration | None = None) -> str:
-    """Place a pending job: allocate its option's devices (re-planning on a fresh snapshot whenever
-    the fleet moved underneath), create its tasks and dispatch them. If nothing fits, the job
-    fails with the planner's reason; if placements keep colliding, it stays pending with its
-    ``deferred`` note and the placer tries again later. A job that is not pending is left alone.
-    Returns what happened: placed, failed, deferred or skipped. ``calibration``: as read once for a
-    whole pass of the placer (it moves only when runs finish), else read here."""
+
+def place_job(
+    ctx: ServerContext,
+    job_id: str,
+    *,
+    calibration: Calibration | None = None,
+    state: PassState | None = None,
+) -> str:
+    """Place a queued job: allocate its option's devices (re-planning on a fresh snapshot whenever
+    the fleet moved underneath), create its tasks and dispatch them. A job that does not fit now
+    (devices busy, its tenant's device quota or spend cap) stays queued with the reason in
+    ``deferred``; one of higher priority may first have lower-priority preemptible jobs preempted
+    (``ctx.preempt_job``, see ``control_layer.victim_choice``). It fails only when it could never fit
+    the fleet as registered. If placements keep colliding it stays queued and the placer tries
+    again later. A job that is not queued is left alone.
+
+    Returns what happened: placed, waiting (devices), quota (its tenant's quota or cap), failed,
+    deferred (collisions) or skipped. ``calibration``: as read once for a whole pass of the placer
+    (it moves only when runs finish), else read here; ``state``: the pass's shared state."""
+    state = state if state is not None else PassState()
     with session_scope(ctx.session_factory) as session:
         job = _job(session, job_id)
-        if job.status != JobState.PENDING:
+        if job.status != JobState.QUEUED:
             return "skipped"
+        tenant = _tenant(session, job.tenant_id)
         spec = JobSpec.model_validate(job.spec)
         # The accepted option is tried first only on the first placement; a re-placement plans anew
         # and stays off the nodes where this job's tasks failed.
@@ -236,19 +299,51 @@ def place_job(ctx: ServerContext, job_id: str, *, calibration: Calibration | Non
         choice = job.choice if job.choice in CHOICES else "cheapest"
         # On a re-placement the reason why is kept in front of whatever happens next.
         context = f"{job.reason}; " if job.attempt > 0 and job.reason else ""
+        known = job.deferred  # a pass that finds the same reason writes nothing
+        in_use = state.devices_in_use.get(tenant.id)
+        if in_use is None and tenant.max_devices is not None:
+            in_use = devices_in_use(session, [tenant.id]).get(tenant.id, 0)
+        in_use = in_use or 0
+        # A job already estimated was checked against the cap at submission; a spec is checked here.
+        spend = (
+            month_spend(session, tenant.id, utcnow())
+            if tenant.max_monthly_spend is not None and job.estimated_cost is None
+            else None
+        )
 
+    if tenant.max_devices is not None and in_use >= tenant.max_devices:
+        # no job needs fewer than one device: no need to plan
+        return keep_waiting(
+            ctx, job_id, device_quota_wait(in_use, 1, tenant.max_devices) or "", "quota", known
+        )
+    key = _spec_key(spec, avoid, choice)
     last_conflict = ""
     for _ in range(PLACEMENT_TRIES):
         if option is None:
+            if key in state.not_now:
+                return keep_waiting(ctx, job_id, state.not_now[key], "waiting", known)
             try:
                 option = choose_option(
                     plan_now(ctx, spec, exclude_nodes=avoid, calibration=calibration), choice
                 )
             except NoFeasiblePlan as exc:
-                _fail_pending(ctx, job_id, f"{context}no feasible placement: {exc.message}", exc.details)
-                return "failed"
+                return _not_now(ctx, job_id, spec, avoid, exc, calibration, state, key, context)
+        quota = device_quota_wait(in_use, option.n_devices, tenant.max_devices)
+        if quota is not None:
+            return keep_waiting(ctx, job_id, quota, "quota")
+        if spend is not None:
+            refusal = spend_refusal(
+                option.estimates.cost.total, spend, tenant.max_monthly_spend, month_label(utcnow())
+            )
+            if refusal is not None:
+                return keep_waiting(
+                    ctx, job_id, f"{refusal.message}; waits for next month or a higher cap", "quota"
+                )
         try:
             _place_once(ctx, job_id, spec, option)
+            state.devices_in_use[tenant.id] = in_use + option.n_devices
+            if state.free_devices is not None:
+                state.free_devices = max(0, state.free_devices - option.n_devices)
             return "placed"
         except AllocationConflict as exc:
             last_conflict = exc.message
@@ -257,7 +352,7 @@ def place_job(ctx: ServerContext, job_id: str, *, calibration: Calibration | Non
                 raise
             last_conflict = f"database contention: {exc.orig}"
         except FailedPrecondition as exc:
-            _fail_pending(ctx, job_id, f"{context}cannot place: {exc.message}", exc.details)
+            _fail_queued(ctx, job_id, f"{context}cannot place: {exc.message}", exc.details)
             return "failed"
         log.info("placement of job %s collided (%s); re-planning", job_id, last_conflict)
         option = None
@@ -269,10 +364,70 @@ def place_job(ctx: ServerContext, job_id: str, *, calibration: Calibration | Non
     return "deferred"
 
 
+def _spec_key(spec: JobSpec, avoid: frozenset[str], choice: str) -> str:
+    return json.dumps([spec.model_dump(mode="json"), sorted(avoid), choice], sort_keys=True)
+
+
+def _not_now(
+    ctx: ServerContext,
+    job_id: str,
+    spec: JobSpec,
+    avoid: frozenset[str],
+    exc: NoFeasiblePlan,
+    calibration: Calibration | None,
+    state: PassState,
+    key: str,
+    context: str,
+) -> str:
+    """No plan on the fleet as it is: fail the job if none exists with every device free either,
+    else have lower-priority work preempted where that lets it fit, and keep it queued."""
+    if key not in state.never:
+        state.never[key] = never_fits(ctx, spec, avoid, calibration)
+    never = state.never[key]
+    if never is not None:
+        _fail_queued(ctx, job_id, f"{context}no feasible placement: {NEVER_FITS}: {never}", exc.details)
+        return "failed"
+    reason = f"waiting for devices: {exc.message}"
+    if ctx.preempt_job is not None:
+        victims = preempt_for(ctx, job_id, spec, avoid, calibration)
+        if victims:
+            reason = f"waiting for devices: preempting {', '.join(victims)} (lower priority)"
+    state.not_now.setdefault(key, reason)
+    return keep_waiting(ctx, job_id, reason, "waiting")
+
+
+def never_fits(
+    ctx: ServerContext, spec: JobSpec, avoid: frozenset[str], calibration: Calibration | None
+) -> str | None:
+    """Why ``spec`` has no plan even with every device of the fleet free; None if it has one."""
+    with session_scope(ctx.session_factory) as session:
+        snapshot = current_snapshot(ctx, session, exclude_nodes=avoid)
+        if calibration is None:
+            calibration = load_calibration(session)
+    try:
+        plan(spec, with_devices_free(snapshot), calibration)
+    except NoFeasiblePlan as exc:
+        return exc.message
+    return None
+
+
+def keep_waiting(ctx: ServerContext, job_id: str, reason: str, outcome: str, known: str | None = None) -> str:
+    """Keep the job queued with ``reason`` (written only when it differs from ``known``, the
+    reason last read, and from the stored one)."""
+    reason = clip_message(reason)
+    if reason == known:
+        return outcome
+    with session_scope(ctx.session_factory) as session:
+        job = session.get(Job, job_id)
+        if job is not None and job.status == JobState.QUEUED and job.deferred != reason:
+            job.deferred = reason
+    return outcome
+
+
 def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOption) -> None:
     with session_scope(ctx.session_factory) as session:
         job = _lock_job(session, job_id)
-        if job.status != JobState.PENDING:
+        if job.status != JobState.QUEUED:
             return
         previous = job.reason
         secret = job_sync_secret(ctx.settings.secret_key, job.id)
@@ -306,12 +461,10 @@ def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOpti
             dispatch(session, ctx.bus, task)
 
 
-def _fail_pending(
-    ctx: ServerContext, job_id: str, reason: str, details: dict[str, Any] | None = None
-) -> None:
+def _fail_queued(ctx: ServerContext, job_id: str, reason: str, details: dict[str, Any] | None = None) -> None:
     with session_scope(ctx.session_factory) as session:
         job = _lock_job(session, job_id)
-        if job.status != JobState.PENDING:
+        if job.status != JobState.QUEUED:
             return  # placed meanwhile by a concurrent caller
         transition(
             session, ctx.bus, job, JobState.FAILED, reason=reason, payload={"details": _jsonable(details)}
@@ -321,7 +474,7 @@ def _fail_pending(
 def _defer(ctx: ServerContext, job_id: str, reason: str) -> None:
     with session_scope(ctx.session_factory) as session:
         job = _lock_job(session, job_id)
-        if job.status != JobState.PENDING:
+        if job.status != JobState.QUEUED:
             return
         job.deferred = clip_message(reason)
         job.updated_at = utcnow()

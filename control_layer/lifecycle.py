@@ -1,13 +1,13 @@
 """The one place job and task states change, and where a job's end has its side effects.
 
-    pending ──► placed ──► running ──► succeeded
+    queued ──► placed ──► running ──► succeeded
        │          │           │
-       │          ├───────────┴──► pending   (a task failed, or preempted; re-placed as attempt + 1)
+       │          ├───────────┴──► queued    (a task failed, or preempted; re-placed as attempt + 1)
        └──────────┴───────────┴──► failed | cancelled
 
-``attempt`` counts placements: the move pending → placed increments it, and the tasks created by
+``attempt`` counts placements: the move queued → placed increments it, and the tasks created by
 that placement carry the new number, so reports from an older attempt are recognisably stale.
-Leaving an attempt (back to pending, or to an end state) stops its still-active tasks, releases
+Leaving an attempt (back to queued, or to an end state) stops its still-active tasks, releases
 the job's devices, closes its tasks' meters (``orchestration.ledger``) and wakes the placer; an end
 state also sets the job's actual cost from the ledger, records the job's estimate next to its
 actual, and (on success) calibrates the planner from the run. Callers never do any of that themselves.
@@ -71,6 +71,7 @@ def transition(
     now = utcnow()
     job.status = to
     job.deferred = None  # any move settles a deferral
+    job.queue_position = None  # the placer's next pass gives a requeued job its place
     if reason is not None:
         job.reason = clip_message(reason)
     if to is JobState.PLACED:
@@ -83,8 +84,8 @@ def transition(
 
     # A job never placed has no tasks, devices or charges: nothing to stop, release or bill (a job
     # the placer rejects at once is the common case; each of those is a query saved).
-    never_placed = current is JobState.PENDING and job.attempt == 0
-    leaves_attempt = to in JOB_TERMINAL or (to is JobState.PENDING and current is not JobState.PENDING)
+    never_placed = current is JobState.QUEUED and job.attempt == 0
+    leaves_attempt = to in JOB_TERMINAL or (to is JobState.QUEUED and current is not JobState.QUEUED)
     if leaves_attempt:
         job.preemption = None  # a preemption under way is settled by leaving the attempt
     if leaves_attempt and not never_placed:
@@ -93,8 +94,8 @@ def transition(
             meter_job(session, job)  # the attempt's tasks have ended: close their meters (a retry, a requeue)
         if release(session, job.id):
             wake_placer(session, bus, "devices released", job.id)
-    if to is JobState.PENDING:
-        wake_placer(session, bus, "job is pending", job.id)
+    if to is JobState.QUEUED:
+        wake_placer(session, bus, "job is queued", job.id)
     record_event(
         session,
         bus,

@@ -7,7 +7,7 @@ at their next step boundary, ``training.preemption``). The job keeps its devices
 have stopped: neither its re-placement nor the job that preempted it starts on devices a worker
 still uses, and the re-placement finds the checkpoint complete. Each task's end arrives through
 ``reactions.on_task_status``, which records the checkpoint step it reports and hands the job here;
-once none is active the job goes back to pending (``settle``). That is not a failed attempt
+once none is active the job goes back to the queue (``settle``). That is not a failed attempt
 (``Job.preemptions`` is not counted against the retries), and a ``job.preempted`` event names who
 preempted it, why, and where each participant resumes. The re-placement takes the latest complete
 checkpoints like any other (``worker_config._checkpoint``, fetched from the old node if it lands
@@ -154,7 +154,7 @@ def on_task_ended(ctx: ServerContext, session: Session, job: Job) -> None:
 
 
 def settle(ctx: ServerContext, session: Session, job: Job, *, late: str | None = None) -> None:
-    """Back to pending after a preemption, with its ``job.preempted`` event; ``late``: why the
+    """Back to the queue after a preemption, with its ``job.preempted`` event; ``late``: why the
     tasks still active are cancelled now (the deadline passed)."""
     request = dict(job.preemption or {})
     tasks = _attempt_tasks(session, job)

@@ -51,7 +51,7 @@ def on_task_status(
     exit_code: int | None = None,
     result: dict[str, Any] | None = None,
 ) -> None:
-    """Apply a task's reported state and move the job along (back to pending after a failure,
+    """Apply a task's reported state and move the job along (back to the queue after a failure,
     where the placer picks it up)."""
     to = normalize_task_state(state)
     with session_scope(ctx.session_factory) as session:
@@ -139,7 +139,7 @@ def _maybe_succeeded(ctx: ServerContext, session: Session, job: Job) -> None:
 
 def _task_failed(ctx: ServerContext, session: Session, job: Job, task: Task) -> None:
     """An elastic job goes on without the task (``control_layer.elastic``); otherwise stop the
-    attempt: back to pending for the placer while retries remain, else failed."""
+    attempt: back to the queue for the placer while retries remain, else failed."""
     what = f"task {task.id} on node {task.node_id} ({task.region}) {task.status}"
     if task.message:
         what += f": {task.message}"
@@ -153,7 +153,7 @@ def _task_failed(ctx: ServerContext, session: Session, job: Job, task: Task) -> 
     if retries_used < limit:
         reason = f"{what}; re-placing (retry {retries_used + 1} of {limit})"
         transition(
-            session, ctx.bus, job, JobState.PENDING, reason=reason, tasks_note=f"stopped because {what}"
+            session, ctx.bus, job, JobState.QUEUED, reason=reason, tasks_note=f"stopped because {what}"
         )
     else:
         reason = f"{what}; gave up after {job.attempt} attempt(s)"

@@ -1,5 +1,5 @@
 """The node reaper: marks nodes lost once their liveness key has expired. It only detects: failing a
-lost node's tasks moves their jobs back to pending, and the placer re-places them. Each pass also
+lost node's tasks moves their jobs back to the queue, and the placer re-places them. Each pass also
 requeues preempted jobs whose tasks never reported stopping (``preemption.expire_preemptions``).
 
 The resource layer touches ``node.<id>.alive`` on every heartbeat with a TTL of

@@ -15,6 +15,7 @@ from service_layer.cli.demo import demo
 from service_layer.cli.jobs import jobs_app, quote
 from service_layer.cli.ledger import invoice, ledger_app, statement
 from service_layer.cli.plan import plan_command
+from service_layer.cli.queue import queue
 from service_layer.cli.server import server_command
 
 app = typer.Typer(
@@ -29,6 +30,7 @@ app.command("agent")(agent_command)
 app.command("demo")(demo)
 app.command("quote")(quote)
 app.command("plan")(plan_command)
+app.command("queue")(queue)
 app.command("invoice")(invoice)
 app.command("statement")(statement)
 app.add_typer(jobs_app, name="jobs")

@@ -27,8 +27,9 @@ class ServerContext:
     resource_changes: ResourceChangeFeed = field(init=False)
     live_snapshot: Any = field(default=None, init=False)
     # Moves one job off its nodes (checkpoint, stop, requeue): ``preempt_job(ctx, job_id, *, reason,
-    # by_job_id=None) -> bool``. A drain calls it for each job on the node; None: such jobs are
-    # left to finish where they run, and the drain says so.
+    # by_job_id=None) -> bool``. A drain calls it for each job on the node, and the placer for the
+    # victims a queued job of higher priority may displace (control_layer.victim_choice); None:
+    # such jobs are left to finish where they run (a drain says so; the placer never preempts).
     preempt_job: Callable[..., bool] | None = field(default=None)
 
     def __post_init__(self) -> None:

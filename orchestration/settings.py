@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,6 +38,11 @@ class Settings(BaseSettings):
     )
     heartbeat_interval_s: float = Field(2.0, gt=0)
     heartbeat_misses: int = Field(3, ge=1, description="Missed heartbeats before a node is lost")
+    queue_strategy: Literal["best_effort_fifo", "strict_fifo"] = Field(
+        "best_effort_fifo",
+        description="Head of line: best_effort_fifo passes over a job that does not fit now; "
+        "strict_fifo lets the first job waiting for devices hold back every job behind it",
+    )
     restart_grace_s: float | None = Field(
         None, gt=0, le=3600, description="How long a starting reaper declares no node lost (unset: derived)"
     )

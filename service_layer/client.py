@@ -244,6 +244,15 @@ class CpnClient:
     def create_key(self, tenant_id: str) -> dict[str, Any]:
         return self._call("POST", f"/v1/tenants/{tenant_id}/keys")
 
+    def set_quota(
+        self, tenant_id: str, *, max_devices: int | None, max_monthly_spend: float | None
+    ) -> dict[str, Any]:
+        body = {"max_devices": max_devices, "max_monthly_spend": max_monthly_spend}
+        return self._call("PUT", f"/v1/tenants/{tenant_id}/quota", json=body)
+
+    def queue(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/queue")
+
     # -- keys, tokens, nodes (by role: tenant-admins, operators, admins)
     def keys(self, tenant_id: str | None = None) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/keys", params={"tenant_id": tenant_id} if tenant_id else None)

@@ -18,6 +18,7 @@ from contracts.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PaymentRequired,
     PermissionDenied,
     ResourceExhausted,
     Unauthenticated,
@@ -34,6 +35,7 @@ _STATUS: tuple[tuple[type[CpnError], int], ...] = (
     (Conflict, 409),
     (Aborted, 409),
     (ResourceExhausted, 429),
+    (PaymentRequired, 402),
     (Unauthenticated, 401),
     (PermissionDenied, 403),
 )

@@ -96,7 +96,7 @@ class DatabaseCollector(Collector):
             jobs.add_metric([state.value], by_state.get(state.value, 0))
         yield jobs
         yield GaugeMetricFamily(
-            "cpn_queue_length", "Jobs waiting for placement", value=by_state.get(JobState.PENDING.value, 0)
+            "cpn_queue_length", "Jobs waiting for placement", value=by_state.get(JobState.QUEUED.value, 0)
         )
         node_g = GaugeMetricFamily("cpn_nodes", "Registered nodes by liveness", labels=["status"])
         for status, n in sorted(nodes.items()):

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from contracts.states import JobState
 from control_layer.checkpoints import job_checkpoints
 from control_layer.snapshot import busy_accelerator_ids, current_prices
 from orchestration.bus.base import Bus
@@ -38,6 +39,7 @@ from service_layer.schemas.jobs import (
     MetricPoint,
     MetricSeries,
     Progress,
+    QueueInfo,
     SpreadPoint,
     TaskRead,
 )
@@ -241,7 +243,7 @@ def job_detail(session: Session, job: Job, now: datetime | None = None) -> JobDe
             ).all()
         )
         if tasks
-        else {}  # a pending job: no query
+        else {}  # a queued job: no query
     )
     return _job_detail(job, tasks, names, job_checkpoints(session, job.id), now)
 
@@ -265,6 +267,9 @@ def _job_detail(
         actual_s = (end - as_utc(job.started_at)).total_seconds()
     return JobDetail(
         **_summary_fields(job, tasks),
+        queue=QueueInfo(position=job.queue_position, reason=job.deferred)
+        if job.status == JobState.QUEUED
+        else None,
         quote_id=job.quote_id,
         spec=job.spec,
         option=job.option,

@@ -74,6 +74,30 @@ def add_key(tenant_id: str, server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyO
     console.print(key["key"], markup=False, highlight=False)
 
 
+@tenants_app.command("quota")
+def set_quota(
+    tenant_id: str,
+    max_devices: Annotated[
+        int | None, typer.Option(min=0, help="Devices its jobs may hold at once (omit: unlimited)")
+    ] = None,
+    max_monthly_spend: Annotated[
+        float | None, typer.Option(min=0, help="Spend cap per calendar month, UTC (omit: none)")
+    ] = None,
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Set a tenant's quotas (admin): both are replaced; an option left out removes that quota."""
+    with api(server, api_key) as client:
+        tenant = client.set_quota(tenant_id, max_devices=max_devices, max_monthly_spend=max_monthly_spend)
+    if as_json:
+        print_json(tenant)
+        return
+    devices = tenant["max_devices"] if tenant["max_devices"] is not None else "unlimited"
+    spend = tenant["max_monthly_spend"] if tenant["max_monthly_spend"] is not None else "none"
+    console.print(f"tenant [bold]{tenant['name']}[/]: max_devices {devices}, max_monthly_spend {spend}")
+
+
 @snapshot_app.command("export")
 def export_snapshot(
     output: Annotated[

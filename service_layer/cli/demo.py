@@ -96,7 +96,7 @@ def watch_job(client: httpx.Client, job_id: str, console: Console, timeout_s: fl
         console=console,
         transient=False,
     ) as progress:
-        bar = progress.add_task(JobState.PENDING, total=None, info="", steps="")
+        bar = progress.add_task(JobState.QUEUED, total=None, info="", steps="")
         while True:
             job = client.get(f"/v1/jobs/{job_id}").raise_for_status().json()
             m = job.get("progress") or {}

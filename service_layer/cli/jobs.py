@@ -88,6 +88,10 @@ def print_job(job: dict[str, Any]) -> None:
         f"[bold]{job['name']}[/] {job['id']}  status [bold]{job['status']}[/]"
         + (f"  ({job['reason']})" if job.get("reason") else "")
     )
+    queue = job.get("queue")
+    if queue:
+        position = queue.get("position") or "–"
+        console.print(f"queue position {position}: {queue.get('reason') or ''}", markup=False)
     p = job.get("progress")
     if p:
         loss = f"{p['loss']:.4f}" if p.get("loss") is not None else "–"

@@ -36,7 +36,7 @@ def watch_job(
         TimeElapsedColumn(),
         console=console,
     ) as progress:
-        bar = progress.add_task(JobState.PENDING, total=None, info="")
+        bar = progress.add_task(JobState.QUEUED, total=None, info="")
         while True:
             job = client.job(job_id)
             for event in client.events(job_id, after=last_event, follow=False):

@@ -8,7 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from sqlalchemy import select
 
+from contracts.errors import NotFound
 from control_layer.calibration_store import history, load_calibration
+from control_layer.lifecycle import wake_placer
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.snapshot import build_snapshot
 from orchestration.db.engine import as_utc, session_scope
@@ -17,11 +19,13 @@ from resource_layer.tokens import create_enrollment_token
 from service_layer import auth
 from service_layer.audit import audit_request, list_audit
 from service_layer.deps import AdminPrincipal, CtxDep, FleetManager, SessionDep
+from service_layer.key_cache import forget_everywhere
 from service_layer.schemas.calibration import CalibrationRead, ChangeRead, FactorRead
 from service_layer.schemas.common import error_responses
 from service_layer.schemas.tenancy import (
     ApiKeyCreated,
     AuditRead,
+    QuotaUpdate,
     TenantCreate,
     TenantRead,
     TokenCreate,
@@ -60,6 +64,25 @@ def create_tenant(ctx: CtxDep, admin: AdminPrincipal, body: TenantCreate, reques
 @router.get("/tenants", response_model=list[TenantRead])
 def list_tenants(session: SessionDep, _: AdminPrincipal) -> list[TenantRead]:
     return [TenantRead.model_validate(t) for t in session.scalars(select(Tenant).order_by(Tenant.created_at))]
+
+
+@router.put("/tenants/{tenant_id}/quota", response_model=TenantRead, responses=error_responses(404, 422))
+def set_quota(
+    ctx: CtxDep, admin: AdminPrincipal, tenant_id: str, body: QuotaUpdate, request: Request
+) -> TenantRead:
+    """Replace the tenant's quotas: `max_devices` (its jobs wait in the queue beyond it) and
+    `max_monthly_spend` (a submission over it → 402); null removes one. The placer's next pass
+    applies them; submissions, within the seconds a verified key is cached."""
+    with session_scope(ctx.session_factory) as session:
+        tenant = session.get(Tenant, tenant_id, with_for_update=True)
+        if tenant is None:
+            raise NotFound(f"tenant {tenant_id} not found", field="tenant_id")
+        tenant.max_devices, tenant.max_monthly_spend = body.max_devices, body.max_monthly_spend
+        audit_request(session, request, admin, "tenant.quota", f"tenant {tenant_id}", body.model_dump())
+        read = TenantRead.model_validate(tenant)
+        wake_placer(session, ctx.bus, "quota changed")
+    forget_everywhere()  # this process's cached tenant rows carry the old caps
+    return read
 
 
 @router.post(

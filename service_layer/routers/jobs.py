@@ -18,6 +18,7 @@ from service_layer import queries
 from service_layer.audit import audit_request
 from service_layer.deps import AdminTenant, CtxDep, CurrentTenant, SessionDep
 from service_layer.fanout import Fanout
+from service_layer.queue_view import queue_entries
 from service_layer.schemas.common import error_responses
 from service_layer.schemas.jobs import (
     JOB_EXAMPLES,
@@ -28,6 +29,7 @@ from service_layer.schemas.jobs import (
     JobSummary,
     MetricSeries,
     PreemptRequest,
+    QueueEntryRead,
     QuoteRead,
 )
 from service_layer.sse import job_event_stream
@@ -76,16 +78,23 @@ def create_quote(
     status_code=201,
     response_model=JobDetail,
     summary="Submit a job",
-    responses=error_responses(401, 404, 409, 422),
+    responses=error_responses(401, 402, 404, 409, 422),
 )
 def submit_job(
     ctx: CtxDep, tenant: CurrentTenant, body: Annotated[JobCreate, Body(openapi_examples=JOB_EXAMPLES)]
 ) -> Response:
     """Accept an option of a quote (`quote_id`, `option_id`), or give a spec and a `choice`
-    (cheapest | fastest | balanced). The job is stored as `pending` and returned at once; the
-    placer then plans and places it (follow `/jobs/{id}` or its events)."""
+    (cheapest | fastest | balanced). The job is stored as `queued` and returned at once with its
+    `queue` position and reason; the placer then admits it by priority, fair share and submission
+    time (follow `/jobs/{id}` or its events). A job that would take the tenant's spend this month
+    over its cap → 402 naming the numbers."""
     job = job_service.submit_job(
-        ctx, tenant.id, spec=body.spec, quote_id=body.quote_id, option_id=body.option_id, choice=body.choice
+        ctx,
+        tenant.id,
+        spec=body.spec,
+        quote_id=body.quote_id,
+        option_id=body.option_id,
+        choice=body.choice,
     )
     # Already a validated JobDetail: serialised once here instead of validated again against
     # response_model (which still documents it) on every submission.
@@ -207,3 +216,18 @@ async def job_events(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
+
+
+@router.get(
+    "/queue",
+    response_model=list[QueueEntryRead],
+    summary="The admission queue",
+    responses=error_responses(401),
+)
+def queue(ctx: CtxDep, tenant: CurrentTenant) -> list[QueueEntryRead]:
+    """Queued jobs in admission order with their positions (among every tenant's queued jobs) and
+    why each waits: your own (an admin sees all)."""
+    # A session closed inside the handler: its connection goes back to the pool before the answer
+    # is sent, so a burst of reads never waits on connections held by finished requests.
+    with ctx.session_factory() as session:
+        return queue_entries(session, tenant)

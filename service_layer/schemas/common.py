@@ -39,6 +39,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         401: "Missing or invalid API key",
         403: "Admin key required",
         404: "Not found (or owned by another tenant)",
+        402: "A spending cap would be exceeded (the tenant's max_monthly_spend); details name the numbers",
         409: "Conflicts with the current state (e.g. no feasible plan, job already finished)",
         400: "Malformed request (e.g. a Content-Length that is not a number)",
         413: "Request body over the server's limit (CPN_MAX_BODY_BYTES)",

@@ -167,7 +167,26 @@ class JobSummary(BaseModel):
     progress: Progress | None
 
 
+class QueueInfo(BaseModel):
+    position: int | None = Field(description="1-based place in the admission order (all tenants)")
+    reason: str | None = Field(description="Why the job waits right now")
+
+
+class QueueEntryRead(BaseModel):
+    job_id: str
+    name: str
+    tenant_id: str
+    priority: int
+    position: int | None
+    reason: str | None
+    submitted_at: datetime
+    attempt: int
+
+
 class JobDetail(JobSummary):
+    queue: QueueInfo | None = Field(
+        None, description="While the job is queued: its position and why it waits"
+    )
     quote_id: str | None
     spec: dict[str, Any]
     option: dict[str, Any] | None = Field(description="The accepted PlanOption")

@@ -27,6 +27,23 @@ class TenantRead(ApiModel):
     name: str
     is_admin: bool
     created_at: datetime
+    max_devices: int | None = Field(None, description="Devices its jobs may hold at once; null: unlimited")
+    max_monthly_spend: float | None = Field(
+        None, description="Spend cap per calendar month (UTC); null: none"
+    )
+
+
+class QuotaUpdate(BaseModel):
+    """A tenant's quotas, both replaced (null removes one)."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"max_devices": 8, "max_monthly_spend": 2500.0}]}
+    )
+
+    max_devices: int | None = Field(None, ge=0, le=1_000_000, description="null: unlimited")
+    max_monthly_spend: float | None = Field(
+        None, ge=0, le=1e12, allow_inf_nan=False, description="null: no cap"
+    )
 
 
 class ApiKeyCreated(BaseModel):

@@ -62,7 +62,7 @@ def test_lost_task_is_replaced_alone_and_the_job_goes_on(ctx: ServerContext) -> 
     assert cfg["sync"]["listen"] == cfg["sync"]["advertise"] == f"127.0.0.1:{new.sync_port}"
     assert cfg["checkpoint"]["start_step"] == 17  # the survivors' step: it takes their model at once
     kinds = [e.kind for e in events]
-    assert "job.region_lost" in kinds and "job.region_replaced" in kinds and "job.pending" not in kinds
+    assert "job.region_lost" in kinds and "job.region_replaced" in kinds and "job.queued" not in kinds
     replaced = next(e for e in events if e.kind == "job.region_replaced")
     assert replaced.payload["task_id"] == new.id and replaced.payload["lost_task_id"] == bad.id
 
@@ -89,9 +89,9 @@ def test_sync_mode_pauses_the_whole_attempt(ctx: ServerContext) -> None:
     _, (bad, sibling), _, _ = _read(ctx, job_id)
     on_task_status(ctx, bad.node_id, bad.id, "failed", "boom", 1, None)
     job, tasks, events, _ = _read(ctx, job_id)
-    assert job.status == "pending"
+    assert job.status == "queued"
     kinds = [e.kind for e in events]
-    assert kinds.index("job.paused") < kinds.index("job.pending")
+    assert kinds.index("job.paused") < kinds.index("job.queued")
     assert {t.id: t.status for t in tasks}[sibling.id] == "cancelled"
 
 
@@ -202,4 +202,4 @@ def test_a_task_lost_after_the_others_finished_is_dropped_and_the_job_succeeds(c
     assert len(tasks) == 2 and {t.id: t for t in tasks}[bad.id].dropped and active == set()
     assert set(job.result["per_task"]) == {sibling.id}
     kinds = [e.kind for e in events]
-    assert "job.region_dropped" in kinds and "job.paused" not in kinds and "job.pending" not in kinds
+    assert "job.region_dropped" in kinds and "job.paused" not in kinds and "job.queued" not in kinds

@@ -50,7 +50,7 @@ def test_submit_only_stores_the_job_and_wakes_the_placer(ctx: ServerContext) -> 
 
     job, (channel, message) = asyncio.run(main())
     assert (channel, message["job_id"]) == (PLACER_CHANNEL, job.id)  # no assignment went out
-    assert (job.status, job.attempt, job.option, job.estimated_cost) == (JobState.PENDING, 0, None, None)
+    assert (job.status, job.attempt, job.option, job.estimated_cost) == (JobState.QUEUED, 0, None, None)
     with session_scope(ctx.session_factory) as s:
         assert job_tasks(s, job.id) == []
     assert _active_allocations(ctx, job.id) == 0
@@ -129,11 +129,12 @@ def test_bad_requests_name_the_field(ctx: ServerContext) -> None:
     assert nf.value.details["field"] == "tenant_id"
     # a spec that can never fit is accepted, then failed by the placer with the planner's reason
     job = submit_job(ctx, alice, spec=tiny_spec(qos={"regions": ["mars"]}))
-    assert job.status == JobState.PENDING
+    assert job.status == JobState.QUEUED and job.queue_position == 1
     place_pending(ctx)
     with session_scope(ctx.session_factory) as s:
         failed = get_job(s, alice, job.id)
         assert failed.status == JobState.FAILED and "no feasible placement" in failed.reason
+        assert "even with every device free" in failed.reason
 
 
 def test_cancel_stops_tasks_and_frees_devices(ctx: ServerContext) -> None:
@@ -184,7 +185,7 @@ def test_deferral_is_its_own_column_and_placement_clears_it(ctx: ServerContext) 
     _defer(ctx, job.id, "devices contended: 5 placements collided; last: devices already allocated")
     with session_scope(ctx.session_factory) as s:
         waiting = get_job(s, alice, job.id)
-        assert (waiting.status, waiting.reason) == (JobState.PENDING, "")
+        assert (waiting.status, waiting.reason) == (JobState.QUEUED, "")
         assert waiting.deferred is not None and waiting.deferred.startswith("devices contended")
         kinds = s.scalars(select(Event.kind).where(Event.job_id == job.id)).all()
     assert kinds[-1] == "job.deferred"
@@ -195,8 +196,9 @@ def test_deferral_is_its_own_column_and_placement_clears_it(ctx: ServerContext) 
 
 
 def test_a_submission_is_one_transaction_of_two_inserts(ctx: ServerContext) -> None:
-    """Every statement of a submission sits on the request path of ``POST /v1/jobs``: the job and its
-    event are inserted and committed, nothing is read (the tenant's foreign key checks it)."""
+    """Every statement of a submission sits on the request path of ``POST /v1/jobs``: the job (its
+    queue position counted inside the INSERT) and its event are inserted and committed, nothing is
+    read (the tenant's foreign key checks it; the route passes the spend cap its key's row holds)."""
     alice, _, _ = _fleet(ctx)
     engine = ctx.session_factory.kw["bind"]
     statements: list[str] = []
@@ -208,10 +210,11 @@ def test_a_submission_is_one_transaction_of_two_inserts(ctx: ServerContext) -> N
 
     event.listen(engine, "before_cursor_execute", seen)
     try:
-        job = submit_job(ctx, alice, spec=tiny_spec())
+        job = submit_job(ctx, alice, spec=tiny_spec(), max_monthly_spend=None)
     finally:
         event.remove(engine, "before_cursor_execute", seen)
     assert statements == ["INSERT jobs", "INSERT events"]
+    assert job.queue_position == 1
     with session_scope(ctx.session_factory) as s:
         assert s.get(Job, job.id) is not None
         assert s.scalar(select(Event.kind).where(Event.job_id == job.id)) == "job.submitted"

@@ -35,12 +35,12 @@ def _move(ctx: ServerContext, job_id: str, to: str, reason: str | None = None) -
 
 def test_full_path_persists_and_publishes_each_transition(ctx: ServerContext) -> None:
     job_id = _new_job(ctx)
-    path = ["placed", "running", "pending", "placed", "running", "succeeded"]
+    path = ["placed", "running", "queued", "placed", "running", "succeeded"]
 
     async def main() -> list[dict]:
         async with ctx.bus.subscribe(f"job.{job_id}") as on_job, ctx.bus.subscribe("events") as on_all:
             for to in path:
-                await asyncio.to_thread(_move, ctx, job_id, to, "task x failed" if to == "pending" else None)
+                await asyncio.to_thread(_move, ctx, job_id, to, "task x failed" if to == "queued" else None)
             got = [(await asyncio.wait_for(on_job.__anext__(), 5))[1] for _ in path]
             also = [(await asyncio.wait_for(on_all.__anext__(), 5))[1] for _ in path]
             assert also == got
@@ -51,7 +51,7 @@ def test_full_path_persists_and_publishes_each_transition(ctx: ServerContext) ->
     assert [m["payload"]["attempt"] for m in published] == [1, 1, 1, 2, 2, 2]
     assert published[2]["payload"] == {
         "from": "running",
-        "to": "pending",
+        "to": "queued",
         "attempt": 1,
         "reason": "task x failed",
     }
@@ -71,7 +71,7 @@ def test_full_path_persists_and_publishes_each_transition(ctx: ServerContext) ->
         ([], "running"),
         ([], "succeeded"),
         (["placed", "running", "succeeded"], "running"),
-        (["failed"], "pending"),
+        (["failed"], "queued"),
         (["cancelled"], "placed"),
         (["placed"], "placed"),
     ],
@@ -85,7 +85,7 @@ def test_illegal_moves_are_refused(ctx: ServerContext, path: list[str], bad: str
     assert info.value.details["requested"] == bad
     with session_scope(ctx.session_factory) as s:
         job = s.get(Job, job_id)
-        assert job is not None and job.status == (path[-1] if path else "pending")
+        assert job is not None and job.status == (path[-1] if path else "queued")
 
 
 def test_unknown_state_names_the_field(ctx: ServerContext) -> None:
@@ -114,7 +114,7 @@ def test_rolled_back_transition_is_neither_stored_nor_published(ctx: ServerConte
             # the first message to arrive is the cancellation: the rolled-back move was never sent
             _, message = await asyncio.wait_for(sub.__anext__(), 5)
             assert message["kind"] == "job.cancelled"
-            assert message["payload"]["from"] == "pending"
+            assert message["payload"]["from"] == "queued"
 
     asyncio.run(main())
     with session_scope(ctx.session_factory) as s:

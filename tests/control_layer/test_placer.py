@@ -35,7 +35,7 @@ def test_submission_wakes_the_placer_long_before_its_poll(ctx: ServerContext) ->
         await asyncio.sleep(0.3)  # first (empty) pass done; now only a wake-up can bring the next
         start = time.monotonic()
         job = await asyncio.to_thread(submit_job, ctx, tenant, spec=tiny_spec())
-        while await asyncio.to_thread(_status, ctx, job.id) == JobState.PENDING:
+        while await asyncio.to_thread(_status, ctx, job.id) == JobState.QUEUED:
             assert time.monotonic() - start < 20, "the placer was not woken"
             await asyncio.sleep(0.05)
         stop.set()
@@ -59,7 +59,7 @@ def test_a_deposed_leaders_placer_places_nothing(ctx: ServerContext) -> None:
     install_fence(ctx.session_factory)
     with fenced(SINGLETONS, old), pytest.raises(Deposed):
         place_pending(ctx)
-    assert _status(ctx, job.id) == JobState.PENDING
+    assert _status(ctx, job.id) == JobState.QUEUED
     with fenced(SINGLETONS, old + 1):
         assert place_pending(ctx) == [job.id]
     assert _status(ctx, job.id) == JobState.PLACED

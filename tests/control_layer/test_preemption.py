@@ -87,7 +87,7 @@ def test_refusals_are_pure() -> None:
     assert preemption_refusal("running", yes, False) is None
     assert preemption_refusal("placed", yes, False) is None
     assert "qos.preemptible" in (preemption_refusal("running", {"qos": {}}, False) or "")
-    assert "pending" in (preemption_refusal("pending", yes, False) or "")
+    assert "queued" in (preemption_refusal("queued", yes, False) or "")
     assert "already" in (preemption_refusal("running", yes, True) or "")
 
 
@@ -136,7 +136,7 @@ def test_a_preempted_job_requeues_once_its_tasks_stopped_and_resumes_from_their_
     for attempt in (2, 3):
         failing = _tasks(ctx, job_id, attempt=attempt)[0]
         on_task_status(ctx, failing.node_id, failing.id, "failed", "boom", 1, None)
-        assert _job(ctx, job_id).status == "pending"
+        assert _job(ctx, job_id).status == "queued"
         place_pending(ctx)
     failing = _tasks(ctx, job_id, attempt=4)[0]
     on_task_status(ctx, failing.node_id, failing.id, "failed", "boom", 1, None)
@@ -165,7 +165,7 @@ def test_one_finished_and_one_stopped_requeues_the_job(ctx: ServerContext) -> No
     assert _job(ctx, job_id).status == "running"
     _stop_preempted(ctx, t2, 3)
     job = _job(ctx, job_id)
-    assert (job.status, job.preemptions) == ("pending", 1)
+    assert (job.status, job.preemptions) == ("queued", 1)
 
 
 def test_tasks_that_never_report_are_cancelled_at_the_deadline(ctx: ServerContext) -> None:
@@ -175,7 +175,7 @@ def test_tasks_that_never_report_are_cancelled_at_the_deadline(ctx: ServerContex
     assert expire_preemptions(ctx) == []  # not yet due
     assert expire_preemptions(ctx, now=utcnow() + timedelta(seconds=60)) == [job_id]
     job = _job(ctx, job_id)
-    assert (job.status, job.preemptions) == ("pending", 1)
+    assert (job.status, job.preemptions) == ("queued", 1)
     statuses = {t.id: t.status for t in _tasks(ctx, job_id, attempt=1)}
     assert statuses == {t1.id: "cancelled", t2.id: "cancelled"}
     (event,) = _events(ctx, job_id, "job.preempted")
@@ -183,7 +183,7 @@ def test_tasks_that_never_report_are_cancelled_at_the_deadline(ctx: ServerContex
     assert event["tasks"][t2.id]["status"] == "cancelled (late)"
     # Its late report changes nothing.
     _stop_preempted(ctx, t2, 9)
-    assert _job(ctx, job_id).status == "pending"
+    assert _job(ctx, job_id).status == "queued"
 
 
 def test_a_job_that_does_not_allow_preemption_is_refused_and_left_alone(ctx: ServerContext) -> None:

@@ -51,7 +51,7 @@ PATHS: dict[str, tuple[int, Callable[[ServerContext, str, str, list[Task]], None
         2,
     ),
     "failed": (0, lambda ctx, tenant, job_id, tasks: _fail_first(ctx, tasks), JobState.FAILED, 1),
-    "retry": (1, lambda ctx, tenant, job_id, tasks: _fail_first(ctx, tasks), JobState.PENDING, 1),
+    "retry": (1, lambda ctx, tenant, job_id, tasks: _fail_first(ctx, tasks), JobState.QUEUED, 1),
     "succeeded": (1, lambda ctx, tenant, job_id, tasks: _succeed_all(ctx, tasks), JobState.SUCCEEDED, 0),
 }
 
@@ -98,7 +98,7 @@ def test_side_effects_happen_once_in_transition(ctx: ServerContext, path: str) -
     assert kinds.count(f"job.{end}") == 1
     # released devices wake the placer; a retry also wakes it for the job itself
     assert [w["why"] for w in wakes] == (
-        ["devices released", "job is pending"] if end is JobState.PENDING else ["devices released"]
+        ["devices released", "job is queued"] if end is JobState.QUEUED else ["devices released"]
     )
     # every path ends the attempt's tasks, and each task's meter closes at its end, once (a retry too)
     assert sorted(ledger) == sorted(t.id for t in tasks)

@@ -97,7 +97,7 @@ def test_a_paused_sync_job_resumes_from_its_checkpoints(control_plane: Any, tmp_
         assert all(step > lost_ckpt for step in firsts.values()), firsts
         assert recorded["us-east"]["step"] == 400 and recorded["eu-west"]["step"] == 400
         kinds = job_event_kinds(handle, job["id"])
-        assert kinds.index("job.paused") < kinds.index("job.pending") and "job.region_lost" not in kinds
+        assert kinds.index("job.paused") < kinds.index("job.queued") and "job.region_lost" not in kinds
     finally:
         stop_agents(procs)
 
@@ -131,7 +131,7 @@ def test_an_elastic_job_replaces_only_the_lost_region(control_plane: Any, tmp_pa
         assert final["eu-west"]["id"] == first["eu-west"]["id"]  # the survivor trained on
         kinds = job_event_kinds(handle, job["id"])
         assert "job.region_lost" in kinds and "job.region_replaced" in kinds
-        assert "job.pending" not in kinds and "job.paused" not in kinds
+        assert "job.queued" not in kinds and "job.paused" not in kinds
         per_task = done["result"]["per_task"]
         assert per_task[final["eu-west"]["id"]]["resumed_from"] is None
         joined_at = per_task[final["us-east"]["id"]]["resumed_from"]

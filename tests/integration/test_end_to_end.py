@@ -222,7 +222,7 @@ def test_lost_node_fails_its_tasks_and_job_is_replaced(control_plane: Any, tmp_p
         done = wait_job(client, job["id"], TERMINAL, timeout_s=300)
         assert done["status"] == "succeeded", done["reason"]
         kinds = job_event_kinds(handle, job["id"])
-        assert "job.region_lost" in kinds and "job.region_replaced" in kinds and "job.pending" not in kinds
+        assert "job.region_lost" in kinds and "job.region_replaced" in kinds and "job.queued" not in kinds
     finally:
         stop_agents(procs)
 

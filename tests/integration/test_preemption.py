@@ -118,7 +118,7 @@ def test_a_preempted_job_checkpoints_requeues_and_resumes_where_it_stopped(
         log = (tmp_path / "agent-eu-west-paris-1" / "assignments" / second["id"] / "worker.log").read_text()
         assert f"resumed from step {checkpoint} (checkpoint)" in log, log[-2000:]
         kinds = job_event_kinds(handle, job["id"])
-        assert kinds.index("job.preempting") < kinds.index("job.preempted") < kinds.index("job.pending")
+        assert kinds.index("job.preempting") < kinds.index("job.preempted") < kinds.index("job.queued")
         assert kinds.count("job.placed") == 2
 
         with handle.ctx.session_factory() as session:

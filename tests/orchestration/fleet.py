@@ -227,11 +227,11 @@ def hand_option(
 
 
 def submit_and_place(ctx: ServerContext, tenant_id: str, **kwargs: Any) -> Job:
-    """Submit (the job is stored pending and nothing more), then run the placer's step for it."""
+    """Submit (the job is stored queued and nothing more), then run the placer's step for it."""
     from control_layer.jobs import place_job, submit_job
 
     job = submit_job(ctx, tenant_id, **kwargs)
-    assert job.status == JobState.PENDING and job.attempt == 0
+    assert job.status == JobState.QUEUED and job.attempt == 0
     place_job(ctx, job.id)
     with session_scope(ctx.session_factory) as s:
         placed = s.get(Job, job.id)

@@ -130,14 +130,14 @@ def count_rows(server: ServerHandle) -> tuple[int, int]:
 
 
 def wait_placed(client: CpnClient, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
-    """Submission returns a pending job; poll until the placer has moved it on (placed or beyond)."""
+    """Submission returns a queued job; poll until the placer has moved it on (placed or beyond)."""
     import time
 
     deadline = time.monotonic() + timeout_s
     while True:
         job = client.job(job_id)
-        if job["status"] != "pending":
+        if job["status"] != "queued":
             return job
         if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job_id} still pending after {timeout_s:.0f}s: {job.get('deferred')}")
+            raise TimeoutError(f"job {job_id} still queued after {timeout_s:.0f}s: {job.get('deferred')}")
         time.sleep(0.05)

@@ -76,7 +76,7 @@ def test_a_tenant_sees_only_its_own_jobs(server: ServerHandle, admin: CpnClient)
             assert r.json()["code"] == "not_found"
         r = bob._http.post(f"/v1/jobs/{job_id}/cancel", json={"reason": "not mine"})
         assert r.status_code == 404
-        assert alice.job(job_id)["status"] == "pending"  # bob's cancel changed nothing
+        assert alice.job(job_id)["status"] == "queued"  # bob's cancel changed nothing
     assert job_id in [j["id"] for j in admin.jobs()]
     assert admin.job(job_id)["tenant_id"] == a["id"]
 

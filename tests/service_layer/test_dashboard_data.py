@@ -40,9 +40,9 @@ def _seed(session: Session) -> dict[str, str]:
         return Job(tenant_id=tenant.id, name=name, spec={}, status=status, created_at=T0 + at, **kw)
 
     jobs = {
-        "old": job(b, "old", "pending", timedelta(0), reason="r1"),
-        "new": job(a, "new", "pending", timedelta(seconds=5)),
-        "mid": job(a, "mid", "pending", timedelta(seconds=2), deferred="devices contended"),
+        "old": job(b, "old", "queued", timedelta(0), reason="r1"),
+        "new": job(a, "new", "queued", timedelta(seconds=5)),
+        "mid": job(a, "mid", "queued", timedelta(seconds=2), deferred="devices contended"),
         "ran": job(a, "ran", "succeeded", timedelta(hours=-1)),
         "ran2": job(a, "ran2", "failed", timedelta(hours=-1)),
         "ran3": job(b, "ran3", "succeeded", timedelta(hours=-1)),

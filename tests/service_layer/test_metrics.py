@@ -41,7 +41,7 @@ def test_metrics_report_requests_jobs_and_nodes(server: ServerHandle) -> None:
     assert counts[("/v1/jobs", "200")] >= 1
     assert counts[("/v1/jobs/{job_id}", "404")] >= 1  # the template, not the id
     jobs = {labels["state"]: value for labels, value in fams["cpn_jobs"]}
-    assert set(jobs) >= {"pending", "running", "succeeded", "failed"} and all(v == 0 for v in jobs.values())
+    assert set(jobs) >= {"queued", "running", "succeeded", "failed"} and all(v == 0 for v in jobs.values())
     assert fams["cpn_queue_length"] == [({}, 0.0)]
 
 
@@ -81,9 +81,7 @@ def test_placements_are_counted_by_outcome(server: ServerHandle) -> None:
 
     with session_scope(server.ctx.session_factory) as session:
         admin = session.query(Tenant).filter(Tenant.is_admin).one()
-        session.add(
-            Job(tenant_id=admin.id, name="lonely", spec=small_spec("lonely"), status=JobState.PENDING)
-        )
+        session.add(Job(tenant_id=admin.id, name="lonely", spec=small_spec("lonely"), status=JobState.QUEUED))
     # The server's own placer (it leads) takes the job: no fleet, so the planner finds nothing and
     # the job fails. Calling place_pending here would race it: only the leader places.
     auth = {"Authorization": f"Bearer {ADMIN_KEY}"}

@@ -31,15 +31,20 @@ class Job(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
     name: Mapped[str] = mapped_column(String(64))
     spec: Mapped[dict[str, Any]]
-    # pending | placed | running | succeeded | failed | cancelled
-    status: Mapped[str] = mapped_column(String(16), default=JobState.PENDING, index=True)
+    # queued | placed | running | succeeded | failed | cancelled
+    status: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED, index=True)
+    # Admission priority (the spec's qos.priority, kept as a column so the queue orders in SQL).
+    priority: Mapped[int] = mapped_column(default=0, server_default=text("0"))
     option: Mapped[dict[str, Any] | None] = mapped_column(default=None)  # accepted PlanOption JSON
     choice: Mapped[str] = mapped_column(String(16), default="cheapest")  # how the option was chosen
     quote_id: Mapped[str | None] = mapped_column(ForeignKey("quotes.id"), default=None)
     attempt: Mapped[int] = mapped_column(default=0)
     reason: Mapped[str] = mapped_column(String(2000), default="")
-    # Why placement is put off right now (devices contended); None once placed or ended.
+    # Why a queued job waits right now (devices busy, quota, jobs ahead, contention); None once
+    # placed or ended.
     deferred: Mapped[str | None] = mapped_column(String(2000), default=None)
+    # 1-based place in the admission order, as the placer's last pass (or the submission) saw it.
+    queue_position: Mapped[int | None] = mapped_column(default=None)
     # The preemption its tasks are stopping on ({reason, by_job_id, requested_at, deadline_at});
     # None when none is under way (control_layer.preemption).
     preemption: Mapped[dict[str, Any] | None] = mapped_column(default=None)

@@ -19,6 +19,10 @@ class Tenant(Base):
     # The platform's own tenant: only its keys may hold the fleet-wide roles (admin, operator), and
     # its keys default to admin. What a request may do is its key's role (contracts.roles).
     is_admin: Mapped[bool] = mapped_column(default=False)
+    # Quotas (None: unlimited). Jobs over max_devices wait in the queue; a submission whose
+    # estimate would take this month's spend over max_monthly_spend is refused (402).
+    max_devices: Mapped[int | None] = mapped_column(default=None)
+    max_monthly_spend: Mapped[float | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
