@@ -17,7 +17,7 @@ from orchestration.db.engine import as_utc
 from orchestration.db.models import Job, Tenant
 
 QUEUE_SHOWN = 500
-WAITING = (JobState.PENDING.value,)  # the states a job waits for devices in
+WAITING = (JobState.QUEUED.value,)  # the states a job waits for devices in
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class QueueRow:
     job_id: str
     name: str
     tenant: str
-    priority: int | None  # None: jobs carry no priority (all admitted in submission order)
+    priority: int
     status: str
     reason: str
     submitted_at: datetime
@@ -34,13 +34,16 @@ class QueueRow:
 
 
 def waiting_jobs(session: Session, limit: int = QUEUE_SHOWN) -> list[tuple[Job, str]]:
-    """Waiting jobs with their tenant's name, first to be admitted first: oldest first, the id
-    breaking ties."""
+    """Waiting jobs with their tenant's name, first to be admitted first: in the positions the
+    placer's last pass gave them (``control_layer.admission``: priority, fair share, submission
+    time), jobs it has not ranked yet after them by priority and age."""
     rows = session.execute(
         select(Job, Tenant.name)
         .join(Tenant, Tenant.id == Job.tenant_id)
         .where(Job.status.in_(WAITING))
-        .order_by(Job.created_at, Job.id)
+        .order_by(
+            Job.queue_position.is_(None), Job.queue_position, Job.priority.desc(), Job.created_at, Job.id
+        )
         .limit(limit)
     ).all()
     return [(job, tenant) for job, tenant in rows]
@@ -53,7 +56,7 @@ def queue_rows(session: Session) -> list[QueueRow]:
             job_id=job.id,
             name=job.name,
             tenant=tenant,
-            priority=getattr(job, "priority", None),
+            priority=job.priority,
             status=job.status,
             reason=job.deferred or job.reason or "waiting for the placer",
             submitted_at=as_utc(job.created_at),

@@ -4,6 +4,7 @@ tenant and by provider, and tenants' keys without their hashes."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -36,13 +37,13 @@ def _seed(session: Session) -> dict[str, str]:
     c2 = Cluster(name="paris-2", region="eu-west", provider_id=p2.id)
     session.add_all([c1, c2])
 
-    def job(tenant: Tenant, name: str, status: str, at: timedelta, **kw: str) -> Job:
+    def job(tenant: Tenant, name: str, status: str, at: timedelta, **kw: Any) -> Job:
         return Job(tenant_id=tenant.id, name=name, spec={}, status=status, created_at=T0 + at, **kw)
 
     jobs = {
         "old": job(b, "old", "queued", timedelta(0), reason="r1"),
-        "new": job(a, "new", "queued", timedelta(seconds=5)),
-        "mid": job(a, "mid", "queued", timedelta(seconds=2), deferred="devices contended"),
+        "new": job(a, "new", "queued", timedelta(seconds=5), priority=5),
+        "mid": job(a, "mid", "queued", timedelta(seconds=2), deferred="devices contended", queue_position=1),
         "ran": job(a, "ran", "succeeded", timedelta(hours=-1)),
         "ran2": job(a, "ran2", "failed", timedelta(hours=-1)),
         "ran3": job(b, "ran3", "succeeded", timedelta(hours=-1)),
@@ -95,9 +96,11 @@ def test_queue_costs_and_tenants_read_the_database(session_factory: sessionmaker
         by_tenant = ledger_totals(session, "tenant")
         by_provider = ledger_totals(session, "provider")
         tenants = tenant_rows(session)
-    assert [(r.position, r.job_id) for r in rows] == [(1, ids["old"]), (2, ids["mid"]), (3, ids["new"])]
-    assert [r.tenant for r in rows] == ["beta", "alpha", "alpha"]
-    assert [r.reason for r in rows] == ["r1", "devices contended", "waiting for the placer"]
+    # the placer's ranked positions first, then jobs it has not ranked yet by priority and age
+    assert [(r.position, r.job_id) for r in rows] == [(1, ids["mid"]), (2, ids["new"]), (3, ids["old"])]
+    assert [r.tenant for r in rows] == ["alpha", "alpha", "beta"]
+    assert [r.priority for r in rows] == [0, 5, 0]
+    assert [r.reason for r in rows] == ["devices contended", "waiting for the placer", "r1"]
 
     alpha, beta = by_tenant
     assert (alpha.name, alpha.jobs, alpha.lines) == ("alpha", 2, 3)
