@@ -40,6 +40,8 @@ from orchestration.leadership import Deposed
 
 log = logging.getLogger(__name__)
 
+MIN_PASS_GAP_S = 0.25  # between the starts of two passes
+
 NONE_FREE = "waiting for devices: none is free"
 NEVER_CACHE_MAX = 10_000
 _UNKNOWN = object()
@@ -155,7 +157,8 @@ async def run_placer(ctx: ServerContext, stop: asyncio.Event, *, interval_s: flo
     listener = asyncio.create_task(listen(), name="placer-wake")
     try:
         while not stop.is_set():
-            woken.clear()  # wake-ups during the pass below trigger the next one at once
+            woken.clear()  # wake-ups during the pass below trigger the next one
+            began = time.monotonic()
             try:
                 await asyncio.to_thread(place_pending, ctx, never_cache)
             except Exception:
@@ -169,6 +172,10 @@ async def run_placer(ctx: ServerContext, stop: asyncio.Event, *, interval_s: flo
                 finally:
                     for w in waits:
                         w.cancel()
+            # A burst of submissions wakes the placer once per job: passes at most every
+            # MIN_PASS_GAP_S leave the CPU to the requests, and each pass takes every job that came.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, began + MIN_PASS_GAP_S - time.monotonic()))
     finally:
         listener.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -5,6 +5,7 @@ own entries (an admin all), and a submission over the monthly spend cap is a 402
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -51,6 +52,7 @@ def test_queue_quota_and_spend_cap(server: ServerHandle, admin: CpnClient) -> No
     assert job["status"] == "queued" and "0 in use + 4 requested > max_devices 2" in job["queue"]["reason"]
 
     bobs = bob.submit(spec=small_spec("bobs", steps=10))
+    _wait_status(bob, bobs["id"], "queued")  # placed: nothing holds it back, before his cap below
     assert [e["job_id"] for e in alice.queue()] == [submitted["id"]]  # her own only
     assert submitted["id"] in {e["job_id"] for e in admin.queue()}
     assert bobs["id"] not in {e["job_id"] for e in alice.queue()}
@@ -78,9 +80,17 @@ def test_queue_quota_and_spend_cap(server: ServerHandle, admin: CpnClient) -> No
     assert out.exit_code == 0 and "max_devices 4" in out.output, out.output
 
 
-def _wait_reason(client: CpnClient, job_id: str, text: str, timeout_s: float = 30.0) -> dict:
-    import time
+def _wait_status(client: CpnClient, job_id: str, leaves: str, timeout_s: float = 30.0) -> dict:
+    """The job once its status is no longer ``leaves``."""
+    deadline = time.monotonic() + timeout_s
+    while (job := client.job(job_id))["status"] == leaves:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still {leaves}: {job.get('queue')}")
+        time.sleep(0.1)
+    return job
 
+
+def _wait_reason(client: CpnClient, job_id: str, text: str, timeout_s: float = 30.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         job = client.job(job_id)
