@@ -12,6 +12,7 @@ from contracts.errors import PaymentRequired
 from contracts.states import JobState
 from control_layer.jobs import cancel_job, create_quote, submit_job
 from control_layer.placer import NONE_FREE, place_pending
+from control_layer.victim_choice import NOT_PREEMPTIBLE
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
@@ -186,6 +187,28 @@ def test_the_placer_preempts_lower_priority_preemptible_work_through_the_given_m
     place_pending(ctx)
     assert _job(ctx, urgent.id).status == JobState.PLACED
     assert _job(ctx, keep.id).status == JobState.PLACED
+
+
+def test_a_job_that_may_preempt_nothing_on_a_full_fleet_is_told_why(ctx: ServerContext) -> None:
+    alice, bob = _fleet(ctx)
+    fixed = submit_job(ctx, alice, spec=_spec("fixed", 2, priority=0, preemptible=False))
+    place_pending(ctx)
+    calls: list[str] = []
+
+    def preempt(ctx: ServerContext, job_id: str, *, reason: str, by_job_id: str | None) -> bool:
+        calls.append(job_id)
+        return True
+
+    ctx.preempt_job = preempt
+    urgent = submit_job(ctx, bob, spec=_spec("urgent", 2, priority=10))
+    place_pending(ctx)
+    waiting = _job(ctx, urgent.id)
+    assert (waiting.status, waiting.deferred) == (JobState.QUEUED, f"{NONE_FREE}; {NOT_PREEMPTIBLE}")
+    assert calls == [] and _job(ctx, fixed.id).status == JobState.PLACED
+    # a job of the same priority has nothing below it to preempt: the plain reason
+    peer = submit_job(ctx, bob, spec=_spec("peer", 1, priority=0))
+    place_pending(ctx)
+    assert _job(ctx, peer.id).deferred == NONE_FREE
 
 
 def test_on_a_full_fleet_jobs_wait_unplanned_and_one_that_could_never_fit_still_fails(
