@@ -73,7 +73,12 @@ def place_pending(ctx: ServerContext, never_cache: NeverCache | None = None) -> 
     # on SQLite a transaction already begun here would hold the lock that read waits for.
     with session_scope(ctx.session_factory) as session:
         snapshot = current_snapshot(ctx, session)
-    state = PassState(devices_in_use=in_use, free_devices=sum(c.n_free for c in snapshot.clusters))
+    state = PassState(
+        devices_in_use=in_use,
+        free_devices=sum(c.n_free for c in snapshot.clusters),
+        lowest_active=lowest_active,
+        lowest_preemptible=lowest,
+    )
     capacity = tuple(sorted((n.id, len(n.devices)) for c in snapshot.clusters for n in c.nodes))
     if len(never_cache) > NEVER_CACHE_MAX:
         never_cache.clear()

@@ -238,6 +238,16 @@ def test_a_job_that_may_preempt_nothing_on_a_full_fleet_is_told_why(ctx: ServerC
     peer = submit_job(ctx, bob, spec=_spec("peer", 1, priority=0))
     place_pending(ctx)
     assert _job(ctx, peer.id).deferred == NONE_FREE
+    # with a device free but too few, the planner's answer says the same
+    cancel_job(ctx, urgent.id, "next case")
+    cancel_job(ctx, fixed.id, "next case")
+    place_pending(ctx)  # the peer takes one device of two
+    assert _job(ctx, peer.id).status == JobState.PLACED
+    wide = submit_job(ctx, bob, spec=_spec("wide", 2, priority=10))
+    place_pending(ctx)
+    reason = _job(ctx, wide.id).deferred or ""
+    assert reason.startswith("waiting for devices: ") and reason.endswith(f"; {NOT_PREEMPTIBLE}"), reason
+    assert calls == []
 
 
 def test_on_a_full_fleet_jobs_wait_unplanned_and_one_that_could_never_fit_still_fails(
