@@ -45,6 +45,7 @@ from control_layer.queue import (
     spend_cap,
 )
 from control_layer.task_states import clip_message
+from control_layer.victim_choice import why_no_preemption
 from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
 from orchestration.db.base import new_id, utcnow
@@ -392,6 +393,8 @@ def _not_now(
         victims = preempt_for(ctx, job_id, spec, avoid, calibration)
         if victims:
             reason = f"waiting for devices: preempting {', '.join(victims)} (lower priority)"
+        elif note := why_no_preemption(spec.qos.priority, state.lowest_active, state.lowest_preemptible):
+            reason = f"{reason}; {note}"
     state.not_now.setdefault(key, reason)
     return keep_waiting(ctx, job_id, reason, "waiting")
 

@@ -29,10 +29,11 @@ from control_layer.queue import (
     PassState,
     QueuedRow,
     devices_in_use,
-    lowest_preemptible_priority,
+    lowest_active_priorities,
     queued_entries,
     write_queue_state,
 )
+from control_layer.victim_choice import why_no_preemption
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job
@@ -65,13 +66,21 @@ def place_pending(ctx: ServerContext, never_cache: NeverCache | None = None) -> 
         # read once per pass, not per job: it moves only when runs finish
         calibration = load_calibration(session)
         in_use = devices_in_use(session)
-        # with a preemption mechanism, a job above this may displace running work: planned in full
-        lowest = lowest_preemptible_priority(session) if ctx.preempt_job is not None else None
+        # with a preemption mechanism, a job above ``lowest`` may displace running work: planned in
+        # full; one above only ``lowest_active`` is told why it displaces nothing
+        lowest_active, lowest = (
+            lowest_active_priorities(session) if ctx.preempt_job is not None else (None, None)
+        )
     # A session of its own, used by nothing else: the live snapshot reads in one of its own, and
     # on SQLite a transaction already begun here would hold the lock that read waits for.
     with session_scope(ctx.session_factory) as session:
         snapshot = current_snapshot(ctx, session)
-    state = PassState(devices_in_use=in_use, free_devices=sum(c.n_free for c in snapshot.clusters))
+    state = PassState(
+        devices_in_use=in_use,
+        free_devices=sum(c.n_free for c in snapshot.clusters),
+        lowest_active=lowest_active,
+        lowest_preemptible=lowest,
+    )
     capacity = tuple(sorted((n.id, len(n.devices)) for c in snapshot.clusters for n in c.nodes))
     if len(never_cache) > NEVER_CACHE_MAX:
         never_cache.clear()
@@ -90,7 +99,8 @@ def place_pending(ctx: ServerContext, never_cache: NeverCache | None = None) -> 
             may_preempt = lowest is not None and entry.priority > lowest
             full = state.free_devices == 0 and row.attempt == 0 and not may_preempt
             if full and _could_fit(ctx, row, capacity, never_cache, calibration):
-                outcome, reasons[entry.job_id] = "waiting", NONE_FREE
+                note = why_no_preemption(entry.priority, lowest_active, lowest)
+                outcome, reasons[entry.job_id] = "waiting", f"{NONE_FREE}; {note}" if note else NONE_FREE
             if outcome == "error":
                 outcome = place_job(ctx, entry.job_id, calibration=calibration, state=state)
         except Deposed:

@@ -31,6 +31,9 @@ class PassState:
     free_devices: int | None = None  # free in the snapshot at the start, less what the pass took
     not_now: dict[str, str] = field(default_factory=dict)  # spec key -> why it waits
     never: dict[str, str | None] = field(default_factory=dict)  # spec key -> why it never fits, or None
+    # the lowest priority of active jobs, and of those allowing preemption (when the pass read them)
+    lowest_active: int | None = None
+    lowest_preemptible: int | None = None
 
 
 def month_start(now: datetime) -> datetime:
@@ -103,13 +106,14 @@ def queued_entries(session: Session) -> tuple[list[QueueEntry], dict[str, Queued
     return entries, raw
 
 
-def lowest_preemptible_priority(session: Session) -> int | None:
-    """The lowest priority among placed or running jobs that allow preemption; None if none do."""
+def lowest_active_priorities(session: Session) -> tuple[int | None, int | None]:
+    """The lowest priority among placed or running jobs, and among those that allow preemption
+    (None where there are none). One statement."""
     rows = session.execute(
         select(Job.priority, Job.spec).where(Job.status.in_([s.value for s in JOB_ACTIVE]))
-    )
-    found = [p for p, spec in rows if (spec.get("qos") or {}).get("preemptible")]
-    return min(found) if found else None
+    ).all()
+    preemptible = [p for p, spec in rows if (spec.get("qos") or {}).get("preemptible")]
+    return (min((p for p, _ in rows), default=None), min(preemptible, default=None))
 
 
 def position_at_submission(priority: int, now: datetime) -> ScalarSelect[int]:

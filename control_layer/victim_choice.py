@@ -55,3 +55,16 @@ def choose_victims(
         if fits(frozenset().union(*(v.devices for v in rest))):
             chosen = rest
     return chosen
+
+
+NOT_PREEMPTIBLE = "the running jobs of lower priority do not allow preemption (qos.preemptible: false)"
+
+
+def why_no_preemption(priority: int, lowest_active: int | None, lowest_preemptible: int | None) -> str | None:
+    """Why a job waiting on a full fleet preempts nothing although lower-priority work holds
+    devices: none of that work allows it. None when there is no such work, or some may be preempted."""
+    if lowest_active is None or priority <= lowest_active:
+        return None  # nothing of lower priority runs: waiting is the plain answer
+    if lowest_preemptible is not None and priority > lowest_preemptible:
+        return None
+    return NOT_PREEMPTIBLE

@@ -11,7 +11,9 @@ from sqlalchemy import select
 from contracts.errors import PaymentRequired
 from contracts.states import JobState
 from control_layer.jobs import cancel_job, create_quote, submit_job
+from control_layer.lifecycle import transition
 from control_layer.placer import NONE_FREE, place_pending
+from control_layer.victim_choice import NOT_PREEMPTIBLE
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
@@ -186,6 +188,66 @@ def test_the_placer_preempts_lower_priority_preemptible_work_through_the_given_m
     place_pending(ctx)
     assert _job(ctx, urgent.id).status == JobState.PLACED
     assert _job(ctx, keep.id).status == JobState.PLACED
+
+
+def test_a_requeued_victim_does_not_take_back_the_devices_it_freed(ctx: ServerContext) -> None:
+    """The victim is back in the queue with its devices free before the next pass; that pass tries
+    the higher priority first, so the job that preempted it gets them, and the victim waits."""
+    alice, bob = _fleet(ctx)
+    low = submit_job(ctx, alice, spec=_spec("low", 2, priority=0, preemptible=True))
+    place_pending(ctx)
+
+    def preempt(ctx: ServerContext, job_id: str, *, reason: str, by_job_id: str | None) -> bool:
+        with session_scope(ctx.session_factory) as s:  # stands in for checkpoint-stop-requeue
+            victim = s.get(Job, job_id)
+            assert victim is not None
+            transition(s, ctx.bus, victim, JobState.QUEUED, reason=f"preempted by job {by_job_id}")
+        return True
+
+    ctx.preempt_job = preempt
+    urgent = submit_job(ctx, bob, spec=_spec("urgent", 2, priority=10))
+    place_pending(ctx)  # the victim requeues during the pass that asked for it
+    assert _job(ctx, low.id).status == JobState.QUEUED
+    place_pending(ctx)
+    assert _job(ctx, urgent.id).status == JobState.PLACED and _devices(ctx, urgent.id) == 2
+    victim = _job(ctx, low.id)
+    assert (victim.status, victim.attempt) == (JobState.QUEUED, 1)
+    assert (victim.deferred or "").startswith("waiting for devices")
+    cancel_job(ctx, urgent.id, "done")
+    place_pending(ctx)
+    assert _job(ctx, low.id).status == JobState.PLACED and _job(ctx, low.id).attempt == 2
+
+
+def test_a_job_that_may_preempt_nothing_on_a_full_fleet_is_told_why(ctx: ServerContext) -> None:
+    alice, bob = _fleet(ctx)
+    fixed = submit_job(ctx, alice, spec=_spec("fixed", 2, priority=0, preemptible=False))
+    place_pending(ctx)
+    calls: list[str] = []
+
+    def preempt(ctx: ServerContext, job_id: str, *, reason: str, by_job_id: str | None) -> bool:
+        calls.append(job_id)
+        return True
+
+    ctx.preempt_job = preempt
+    urgent = submit_job(ctx, bob, spec=_spec("urgent", 2, priority=10))
+    place_pending(ctx)
+    waiting = _job(ctx, urgent.id)
+    assert (waiting.status, waiting.deferred) == (JobState.QUEUED, f"{NONE_FREE}; {NOT_PREEMPTIBLE}")
+    assert calls == [] and _job(ctx, fixed.id).status == JobState.PLACED
+    # a job of the same priority has nothing below it to preempt: the plain reason
+    peer = submit_job(ctx, bob, spec=_spec("peer", 1, priority=0))
+    place_pending(ctx)
+    assert _job(ctx, peer.id).deferred == NONE_FREE
+    # with a device free but too few, the planner's answer says the same
+    cancel_job(ctx, urgent.id, "next case")
+    cancel_job(ctx, fixed.id, "next case")
+    place_pending(ctx)  # the peer takes one device of two
+    assert _job(ctx, peer.id).status == JobState.PLACED
+    wide = submit_job(ctx, bob, spec=_spec("wide", 2, priority=10))
+    place_pending(ctx)
+    reason = _job(ctx, wide.id).deferred or ""
+    assert reason.startswith("waiting for devices: ") and reason.endswith(f"; {NOT_PREEMPTIBLE}"), reason
+    assert calls == []
 
 
 def test_on_a_full_fleet_jobs_wait_unplanned_and_one_that_could_never_fit_still_fails(

@@ -8,7 +8,13 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from control_layer.victim_choice import RunningJob, candidates, choose_victims
+from control_layer.victim_choice import (
+    NOT_PREEMPTIBLE,
+    RunningJob,
+    candidates,
+    choose_victims,
+    why_no_preemption,
+)
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -76,3 +82,12 @@ def test_lowest_priority_then_smallest_then_newest_go_first() -> None:
     assert [v.job_id for v in choose_victims(three, 1, _fits(0, 1))] == ["low-small"]
     # three needed: the small one is added first, then pruned once the big one alone suffices
     assert [v.job_id for v in choose_victims(three, 1, _fits(0, 3))] == ["low-big"]
+
+
+def test_a_waiting_job_is_told_when_the_lower_priority_work_does_not_allow_preemption() -> None:
+    assert why_no_preemption(10, lowest_active=0, lowest_preemptible=None) == NOT_PREEMPTIBLE
+    # preemptible work exists, but not below this job: nothing it may take
+    assert why_no_preemption(10, lowest_active=0, lowest_preemptible=10) == NOT_PREEMPTIBLE
+    assert why_no_preemption(10, lowest_active=0, lowest_preemptible=5) is None  # it may preempt
+    assert why_no_preemption(0, lowest_active=0, lowest_preemptible=None) is None  # nothing below it
+    assert why_no_preemption(5, lowest_active=None, lowest_preemptible=None) is None  # nothing runs
