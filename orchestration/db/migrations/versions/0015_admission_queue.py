@@ -29,9 +29,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("UPDATE jobs SET status = 'pending' WHERE status = 'queued'")
-    with op.batch_alter_table("tenants") as batch:
-        batch.drop_column("max_monthly_spend")
-        batch.drop_column("max_devices")
-    with op.batch_alter_table("jobs") as batch:
-        batch.drop_column("queue_position")
-        batch.drop_column("priority")
+    # Plain DROP COLUMN (SQLite >= 3.35): a batch copy would drop tables that other rows reference.
+    op.drop_column("tenants", "max_monthly_spend")
+    op.drop_column("tenants", "max_devices")
+    op.drop_column("jobs", "queue_position")
+    op.drop_column("jobs", "priority")
