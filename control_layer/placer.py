@@ -42,11 +42,32 @@ from orchestration.leadership import Deposed
 log = logging.getLogger(__name__)
 
 MIN_PASS_GAP_S = 0.25  # between the starts of two passes
+SETTLE_QUIET_S = 0.05  # a woken pass waits until wake-ups stop for this long ...
+SETTLE_MAX_S = 1.0  # ... but no longer than this after the first
 
 NONE_FREE = "waiting for devices: none is free"
 NEVER_CACHE_MAX = 10_000
 _UNKNOWN = object()
 NeverCache = dict[tuple[Any, str], str | None]  # (fleet capacity, spec) -> why it never fits, or None
+
+# Spec fields the planner never reads: jobs that differ only in these (a burst of one shape with
+# a seed each) share one answer to "could it ever fit", instead of planning once per job.
+_UNPLANNED = {
+    "name": None,
+    "data": ("seed",),
+    "training": ("lr", "warmup_steps", "weight_decay", "grad_clip", "seed"),
+}
+
+
+def feasibility_key(spec: dict[str, Any], choice: str) -> str:
+    """``spec`` and ``choice`` without what the planner never reads, as a cache key."""
+    kept: dict[str, Any] = {}
+    for field, value in spec.items():
+        if field not in _UNPLANNED:
+            kept[field] = value
+        elif (drop := _UNPLANNED[field]) is not None and isinstance(value, dict):
+            kept[field] = {k: v for k, v in value.items() if k not in drop}
+    return json.dumps([kept, choice], sort_keys=True)
 
 
 def place_pending(ctx: ServerContext, never_cache: NeverCache | None = None) -> list[str]:
@@ -132,7 +153,7 @@ def _could_fit(
 ) -> bool:
     """Whether the job fits the fleet as registered (every device free), answered once per spec
     and fleet capacity. Only asked of first placements: a re-placement avoids nodes."""
-    key = (capacity, json.dumps([row.spec, row.choice], sort_keys=True))
+    key = (capacity, feasibility_key(row.spec, row.choice))
     never = never_cache.get(key, _UNKNOWN)
     if never is _UNKNOWN:
         spec = JobSpec.model_validate(row.spec)
@@ -151,6 +172,19 @@ def _record_positions(
         current = {i: r for i, r in session.execute(select(Job.id, Job.deferred).where(Job.id.in_(ids)))}
         reasons = {e.job_id: held.get(e.job_id, current.get(e.job_id)) for e in order}
         write_queue_state(session, positions(order), reasons)
+
+
+async def _settle(woken: asyncio.Event, stop: asyncio.Event) -> None:
+    """Return once no wake-up came for SETTLE_QUIET_S (at most SETTLE_MAX_S from now), or on stop;
+    ``woken`` is left set, so the pass that follows runs at once."""
+    until = time.monotonic() + SETTLE_MAX_S
+    while not stop.is_set() and (left := until - time.monotonic()) > 0:
+        woken.clear()
+        try:
+            await asyncio.wait_for(woken.wait(), min(SETTLE_QUIET_S, left))
+        except TimeoutError:
+            break
+    woken.set()
 
 
 async def run_placer(ctx: ServerContext, stop: asyncio.Event, *, interval_s: float | None = None) -> None:
@@ -182,10 +216,14 @@ async def run_placer(ctx: ServerContext, stop: asyncio.Event, *, interval_s: flo
                 finally:
                     for w in waits:
                         w.cancel()
-            # A burst of submissions wakes the placer once per job: passes at most every
-            # MIN_PASS_GAP_S leave the CPU to the requests, and each pass takes every job that came.
+            # A burst of submissions wakes the placer once per stored batch: passes at most every
+            # MIN_PASS_GAP_S, each after the burst has settled, leave the CPU to the requests
+            # (answering them is what the submitters wait for; a placement a fraction of a second
+            # later is not), and each pass takes every job that came.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), max(0.0, began + MIN_PASS_GAP_S - time.monotonic()))
+            if woken.is_set():
+                await _settle(woken, stop)
     finally:
         listener.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
