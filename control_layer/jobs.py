@@ -17,8 +17,8 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import insert, select
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from contracts.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
@@ -30,8 +30,9 @@ from control_layer.allocation import AllocationConflict, allocate
 from control_layer.calibration_store import load_calibration
 from control_layer.capacity import with_devices_free
 from control_layer.dispatch import dispatch
-from control_layer.lifecycle import transition, wake_placer
+from control_layer.lifecycle import transition
 from control_layer.live_snapshot import current_snapshot
+from control_layer.option_choice import CHOICES, choose_option
 from control_layer.planner import plan
 from control_layer.planner.plan_types import Calibration, PlanOption
 from control_layer.planner.sync_choice import pinned
@@ -41,15 +42,14 @@ from control_layer.queue import (
     devices_in_use,
     month_label,
     month_spend,
-    position_at_submission,
-    spend_cap,
 )
+from control_layer.submissions import submit_job as submit_job  # the submit step of the service
 from control_layer.task_states import clip_message
 from control_layer.victim_choice import why_no_preemption
 from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
-from orchestration.db.base import new_id, utcnow
-from orchestration.db.engine import as_utc, session_scope
+from orchestration.db.base import utcnow
+from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Quote, Task, Tenant
 from orchestration.events import record_event
 
@@ -57,28 +57,6 @@ log = logging.getLogger(__name__)
 
 QUOTE_TTL_S = 15 * 60.0
 PLACEMENT_TRIES = 5  # plans tried when allocations keep colliding with concurrent placements
-CHOICES = ("cheapest", "fastest", "balanced")
-
-
-# -- choosing among options -----------------------------------------------------------------------
-
-
-def choose_option(options: list[PlanOption], choice: str) -> PlanOption:
-    """The option the planner labelled ``choice``; without labels, by cost, time or their product."""
-    if choice not in CHOICES:
-        raise InvalidArgument(f"choice must be one of {list(CHOICES)}, got {choice!r}", field="choice")
-    if not options:
-        raise NoFeasiblePlan("the planner returned no options", explanation=[])
-    for option in options:
-        if option.label == choice:
-            return option
-    cost = {o.id: o.estimates.cost.total for o in options}
-    time = {o.id: o.estimates.duration_s for o in options}
-    if choice == "cheapest":
-        return min(options, key=lambda o: (cost[o.id], time[o.id]))
-    if choice == "fastest":
-        return min(options, key=lambda o: (time[o.id], cost[o.id]))
-    return min(options, key=lambda o: (cost[o.id] * time[o.id], cost[o.id]))
 
 
 def plan_now(
@@ -120,139 +98,6 @@ def quote_with_options(
         )
         session.add(quote)
     return quote, options
-
-
-_JOB_COLUMNS = Job.__table__.columns
-SUBMITTED_REASON = "waiting for the placer's next pass"
-
-
-class Unset:
-    """The default of an argument the caller may leave to be read (None is a value: no cap)."""
-
-
-UNSET = Unset()
-
-
-def submit_job(
-    ctx: ServerContext,
-    tenant_id: str,
-    *,
-    spec: JobSpec | None = None,
-    quote_id: str | None = None,
-    option_id: str | None = None,
-    choice: str = "cheapest",
-    max_monthly_spend: float | None | Unset = UNSET,
-) -> Job:
-    """Accept a quoted option (``quote_id`` [+ ``option_id``]) or a ``spec`` whose ``choice`` the
-    placer will plan for; store the job as queued with its position, wake the placer and return
-    at once. ``max_monthly_spend``: the tenant's cap as the caller already holds it (its verified
-    key's row), else read here; with a cap, a job whose estimate (a quoted option's; 0 for a spec,
-    which the placer checks once planned) would take this month's spend over it is refused
-    (PaymentRequired) and nothing is stored."""
-    if choice not in CHOICES:
-        raise InvalidArgument(f"choice must be one of {list(CHOICES)}, got {choice!r}", field="choice")
-    if (spec is None) == (quote_id is None):
-        raise InvalidArgument("give exactly one of spec or quote_id", field="quote_id")
-    if option_id is not None and quote_id is None:
-        raise InvalidArgument("option_id needs the quote_id it belongs to", field="option_id")
-
-    option: PlanOption | None = None
-    if quote_id is not None:
-        spec, option = _accept_quote(ctx, tenant_id, quote_id, option_id, choice)
-        spec = pinned(spec, option)  # the job keeps the sync settings its option chose
-    assert spec is not None  # a JobSpec is validated on construction; the placer plans it
-
-    # Every column is set here: the row is one INSERT (no unit-of-work flush on the request path)
-    # and the answer is built from this object, never read back.
-    now = utcnow()
-    estimate = option.estimates.cost.total if option else None
-    job = Job(
-        id=new_id(),
-        tenant_id=tenant_id,
-        name=spec.name,
-        spec=spec.model_dump(mode="json"),
-        status=JobState.QUEUED,
-        priority=spec.qos.priority,
-        option=option.model_dump(mode="json") if option else None,
-        choice=(option.label if option else None) or choice,
-        quote_id=quote_id,
-        attempt=0,
-        reason="",
-        deferred=SUBMITTED_REASON,
-        queue_position=None,
-        preemption=None,
-        preemptions=0,
-        estimated_duration_s=option.estimates.duration_s if option else None,
-        estimated_cost=estimate,
-        actual_cost=None,
-        result=None,
-        accuracy=None,
-        created_at=now,
-        updated_at=now,
-        started_at=None,
-        finished_at=None,
-    )
-    with session_scope(ctx.session_factory) as session:
-        cap = max_monthly_spend
-        if isinstance(cap, Unset):
-            exists, cap = spend_cap(session, tenant_id)
-            if not exists:
-                raise NotFound(f"tenant {tenant_id} not found", field="tenant_id")
-        if cap is not None:
-            refusal = spend_refusal(
-                estimate or 0.0, month_spend(session, tenant_id, now), cap, month_label(now)
-            )
-            if refusal is not None:
-                raise refusal
-        values = {c.key: getattr(job, c.key) for c in _JOB_COLUMNS if c.key != "queue_position"}
-        # The position is counted inside the INSERT itself: still one statement on the request path.
-        stmt = (
-            insert(Job.__table__)
-            .values(**values, queue_position=position_at_submission(job.priority, now))
-            .returning(Job.__table__.c.queue_position)
-        )
-        try:
-            job.queue_position = session.execute(stmt).scalar_one()
-        except IntegrityError:  # the tenant's foreign key checks it exists: no read of its own
-            raise NotFound(f"tenant {tenant_id} not found", field="tenant_id") from None
-        record_event(
-            session,
-            ctx.bus,
-            "job.submitted",
-            job.id,
-            {
-                "tenant_id": tenant_id,
-                "option_id": option.id if option else None,
-                "choice": job.choice,
-                "quote_id": quote_id,
-            },
-        )
-        wake_placer(session, ctx.bus, "job submitted", job.id)
-    return job
-
-
-def _accept_quote(
-    ctx: ServerContext, tenant_id: str, quote_id: str, option_id: str | None, choice: str
-) -> tuple[JobSpec, PlanOption]:
-    with session_scope(ctx.session_factory) as session:
-        quote = session.get(Quote, quote_id)
-        if quote is None or quote.tenant_id != tenant_id:
-            raise NotFound(f"quote {quote_id} not found", field="quote_id")
-        if as_utc(quote.expires_at) <= utcnow():
-            raise FailedPrecondition(
-                f"quote {quote_id} expired at {as_utc(quote.expires_at).isoformat()}; ask for a new quote",
-                field="quote_id",
-            )
-        spec = JobSpec.model_validate(quote.spec)
-        options = [PlanOption.model_validate(o) for o in quote.options]
-    if option_id is None:
-        return spec, choose_option(options, choice)
-    for option in options:
-        if option.id == option_id:
-            return spec, option
-    raise NotFound(
-        f"quote {quote_id} has no option {option_id!r} (it has {[o.id for o in options]})", field="option_id"
-    )
 
 
 # -- placement ------------------------------------------------------------------------------------

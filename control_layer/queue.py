@@ -13,12 +13,11 @@ from typing import Any
 
 from sqlalchemy import bindparam, func, or_, select, update
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.selectable import ScalarSelect
 
 from contracts.states import JOB_ACTIVE, JOB_TERMINAL, JobState
 from control_layer.admission import QueueEntry
 from orchestration.db.engine import as_utc
-from orchestration.db.models import Allocation, Job, Tenant
+from orchestration.db.models import Allocation, Job
 
 
 @dataclass
@@ -53,12 +52,6 @@ def month_spend(session: Session, tenant_id: str, now: datetime) -> float:
         or_(Job.status.not_in([s.value for s in JOB_TERMINAL]), Job.finished_at >= month_start(now)),
     )
     return float(session.scalar(stmt) or 0.0)
-
-
-def spend_cap(session: Session, tenant_id: str) -> tuple[bool, float | None]:
-    """(whether the tenant exists, its max_monthly_spend)."""
-    row = session.execute(select(Tenant.max_monthly_spend).where(Tenant.id == tenant_id)).one_or_none()
-    return (row is not None, row[0] if row is not None else None)
 
 
 def devices_in_use(session: Session, tenant_ids: Collection[str] | None = None) -> dict[str, int]:
@@ -114,21 +107,6 @@ def lowest_active_priorities(session: Session) -> tuple[int | None, int | None]:
     ).all()
     preemptible = [p for p, spec in rows if (spec.get("qos") or {}).get("preemptible")]
     return (min((p for p, _ in rows), default=None), min(preemptible, default=None))
-
-
-def position_at_submission(priority: int, now: datetime) -> ScalarSelect[int]:
-    """Where a job submitted now lands, as a scalar subquery for its INSERT: behind every queued
-    job of higher priority and every one of its priority submitted before it (fair share is
-    applied by the placer's next pass)."""
-    jobs = Job.__table__
-    return (
-        select(func.count(jobs.c.id) + 1)
-        .where(
-            jobs.c.status == JobState.QUEUED.value,
-            or_(jobs.c.priority > priority, (jobs.c.priority == priority) & (jobs.c.created_at <= now)),
-        )
-        .scalar_subquery()
-    )
 
 
 def write_queue_state(

@@ -8,6 +8,7 @@ depends on the transaction (e.g. assignments dispatched to nodes).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import event, insert
@@ -42,33 +43,54 @@ def publish_after_commit(session: Session, bus: Bus, channel: str, message: Mess
 
 
 _INSERT_EVENT = insert(Event.__table__).returning(Event.__table__.c.id)
+# Many rows: ids returned in the order of the parameters (insertmanyvalues keeps that order).
+_INSERT_EVENTS = insert(Event.__table__).returning(Event.__table__.c.id, sort_by_parameter_order=True)
 
 
 def record_event(
     session: Session, bus: Bus, kind: str, job_id: str | None, payload: dict[str, Any] | None = None
 ) -> int:
     """Add an Event row and publish it on ``events`` (and ``job.<id>``) after commit; its id."""
+    return record_events(session, bus, [(kind, job_id, payload)])[0]
+
+
+def record_events(
+    session: Session,
+    bus: Bus,
+    events: Sequence[tuple[str, str | None, dict[str, Any] | None]],
+    *,
+    job_channels: bool = True,
+) -> list[int]:
+    """``record_event`` for each (kind, job_id, payload), in one INSERT; their ids, in order.
+    ``job_channels=False``: published on ``events`` only, for jobs nobody can follow yet (a job's
+    stream is opened with the id its submission returns, after this commits)."""
+    if not events:
+        return []
     created_at = utcnow()
-    payload = payload or {}
-    # One Core INSERT ... RETURNING id (the id the published message carries), not a unit-of-work
-    # flush: an event is appended on every submission and transition. Whatever the session still
-    # holds unwritten (a row the event refers to) is flushed first; with nothing pending that is free.
+    rows = [
+        {"job_id": job_id, "kind": kind, "payload": payload or {}, "created_at": created_at}
+        for kind, job_id, payload in events
+    ]
+    # One Core INSERT ... RETURNING id (the ids the published messages carry), not a unit-of-work
+    # flush: events are appended on every submission and transition. Whatever the session still
+    # holds unwritten (a row an event refers to) is flushed first; with nothing pending that is free.
     session.flush()
-    event_id = session.execute(
-        _INSERT_EVENT, {"job_id": job_id, "kind": kind, "payload": payload, "created_at": created_at}
-    ).scalar_one()
-    message: Message = {
-        "id": event_id,
-        "kind": kind,
-        "job_id": job_id,
-        "payload": payload,
-        "created_at": created_at.isoformat(),
-    }
-    publish_after_commit(session, bus, EVENTS_CHANNEL, message)
-    if job_id is not None:
-        publish_after_commit(session, bus, job_channel(job_id), message)
-    assert isinstance(event_id, int)
-    return event_id
+    if len(rows) == 1:
+        ids = [session.execute(_INSERT_EVENT, rows[0]).scalar_one()]
+    else:
+        ids = list(session.execute(_INSERT_EVENTS, rows).scalars())
+    for event_id, row in zip(ids, rows, strict=True):
+        message: Message = {
+            "id": event_id,
+            "kind": row["kind"],
+            "job_id": row["job_id"],
+            "payload": row["payload"],
+            "created_at": created_at.isoformat(),
+        }
+        publish_after_commit(session, bus, EVENTS_CHANNEL, message)
+        if job_channels and row["job_id"] is not None:
+            publish_after_commit(session, bus, job_channel(row["job_id"]), message)
+    return [int(i) for i in ids]
 
 
 def _flush_publications(session: Session) -> None:

@@ -8,6 +8,7 @@ from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
+from control_layer.submissions import SubmissionBatcher
 from orchestration.context import ServerContext
 from service_layer.body_limit import BodyLimit
 from service_layer.dashboard.pages import router as dashboard_pages_router
@@ -62,6 +63,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.state.stopping = asyncio.Event()  # set by the server runner: ends open event streams
     app.state.key_cache = KeyCache()  # verified API keys, a few seconds each
     app.state.fanout = Fanout(ctx.bus, max_per_tenant=ctx.settings.max_streams_per_tenant)
+    app.state.submissions = SubmissionBatcher(ctx)  # group commit of concurrent submissions
     install_error_handlers(app)
     routers = (jobs, logs, resources, admin, access, nodes, ledger)
     for r in (module.router for module in routers):

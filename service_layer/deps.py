@@ -19,7 +19,9 @@ from service_layer.key_cache import KeyCache
 _bearer = HTTPBearer(auto_error=False, description="A tenant API key: `Authorization: Bearer cpn_...`")
 
 
-def get_ctx(request: Request) -> ServerContext:
+# Dependencies that do not block are ``async def``: FastAPI runs a plain ``def`` dependency in its
+# threadpool, a thread hop on every request for a field read.
+async def get_ctx(request: Request) -> ServerContext:
     return request.app.state.ctx
 
 
@@ -42,11 +44,7 @@ def _look_up(ctx: ServerContext, plaintext: str | None) -> Principal:
         return authenticate(session, plaintext)
 
 
-async def get_principal(
-    request: Request,
-    ctx: CtxDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
+async def _principal(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Principal:
     """The key's tenant and role: from the few-second cache of verified keys on the event loop,
     else looked up in the database off it (``service_layer.key_cache``)."""
     plaintext = credentials.credentials if credentials else None
@@ -54,18 +52,20 @@ async def get_principal(
     keys: KeyCache = request.app.state.key_cache
     if digest is not None and (principal := keys.get(digest)) is not None:
         return principal
-    principal = await run_in_threadpool(_look_up, ctx, plaintext)
+    principal = await run_in_threadpool(_look_up, request.app.state.ctx, plaintext)
     if digest is not None:
         keys.put(digest, principal)
     return principal
 
 
-CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
-
-
 def _requiring(permission: Permission) -> object:
-    def dependency(principal: CurrentPrincipal) -> Principal:
-        return principal.require(permission)
+    # One flat dependency (the bearer scheme its only sub-dependency, which documents the
+    # security scheme): FastAPI resolves each nested dependency on every request, at a cost
+    # comparable to the rest of a small request.
+    async def dependency(
+        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    ) -> Principal:
+        return (await _principal(request, credentials)).require(permission)
 
     dependency.__name__ = f"require_{permission.value.replace('-', '_')}"
     dependency.permission = permission  # type: ignore[attr-defined]  # read by the route audit test

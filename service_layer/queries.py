@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from contracts.states import JobState
 from control_layer.checkpoints import job_checkpoints
 from control_layer.snapshot import busy_accelerator_ids, current_prices
+from control_layer.submissions import JobDraft
 from orchestration.bus.base import Bus
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc
@@ -53,6 +54,8 @@ from service_layer.schemas.resources import (
 )
 
 _T = TypeVar("_T")
+
+JobRow = Job | JobDraft  # a stored job, or one just submitted (not read back)
 
 # ---------------------------------------------------------------- resources
 
@@ -165,7 +168,7 @@ def _current_tasks(session: Session, jobs: Sequence[Job]) -> dict[str, list[Task
     return out
 
 
-def progress_of(job: Job, tasks: Sequence[Task]) -> Progress | None:
+def progress_of(job: JobRow, tasks: Sequence[Task]) -> Progress | None:
     reported = [t.last_metrics for t in tasks if t.last_metrics]
     total = int(((job.spec or {}).get("training") or {}).get("steps", 0))
     if not reported:
@@ -186,13 +189,13 @@ def progress_of(job: Job, tasks: Sequence[Task]) -> Progress | None:
     )
 
 
-def _regions(job: Job, tasks: Sequence[Task]) -> list[str]:
+def _regions(job: JobRow, tasks: Sequence[Task]) -> list[str]:
     if tasks:
         return sorted({t.region for t in tasks})
     return list((job.option or {}).get("regions") or [])
 
 
-def _summary_fields(job: Job, tasks: Sequence[Task]) -> dict[str, Any]:
+def _summary_fields(job: JobRow, tasks: Sequence[Task]) -> dict[str, Any]:
     return {
         "id": job.id,
         "name": job.name,
@@ -218,7 +221,7 @@ def job_summaries(session: Session, jobs: Sequence[Job]) -> list[JobSummary]:
     return [JobSummary(**_summary_fields(j, tasks.get(j.id, []))) for j in jobs]
 
 
-def _estimates(job: Job) -> EstimatesRead | None:
+def _estimates(job: JobRow) -> EstimatesRead | None:
     est = (job.option or {}).get("estimates")
     if not est and job.estimated_duration_s is None and job.estimated_cost is None:
         return None
@@ -248,14 +251,14 @@ def job_detail(session: Session, job: Job, now: datetime | None = None) -> JobDe
     return _job_detail(job, tasks, names, job_checkpoints(session, job.id), now)
 
 
-def submitted_job_detail(job: Job) -> JobDetail:
+def submitted_job_detail(job: JobRow) -> JobDetail:
     """The answer to a submission: the row just stored has no tasks or checkpoints yet, so nothing
     is read back."""
     return _job_detail(job, [], {}, {}, None)
 
 
 def _job_detail(
-    job: Job,
+    job: JobRow,
     tasks: Sequence[Task],
     names: dict[str, str],
     checkpoints: dict[str, dict[str, Any]],

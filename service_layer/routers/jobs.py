@@ -7,9 +7,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from contracts.job_spec import JobSpec
 from control_layer import jobs as job_service
+from control_layer import submissions
 from control_layer.planner.plan_types import PlanOption
 from control_layer.preemption import start_preemption
 from orchestration.db.engine import as_utc, session_scope
@@ -80,22 +82,28 @@ def create_quote(
     summary="Submit a job",
     responses=error_responses(401, 402, 404, 409, 422),
 )
-def submit_job(
-    ctx: CtxDep, tenant: CurrentTenant, body: Annotated[JobCreate, Body(openapi_examples=JOB_EXAMPLES)]
+async def submit_job(
+    request: Request,
+    tenant: CurrentTenant,
+    body: Annotated[JobCreate, Body(openapi_examples=JOB_EXAMPLES)],
 ) -> Response:
     """Accept an option of a quote (`quote_id`, `option_id`), or give a spec and a `choice`
     (cheapest | fastest | balanced). The job is stored as `queued` and returned at once with its
     `queue` position and reason; the placer then admits it by priority, fair share and submission
     time (follow `/jobs/{id}` or its events). A job that would take the tenant's spend this month
     over its cap → 402 naming the numbers."""
-    job = job_service.submit_job(
-        ctx,
-        tenant.id,
-        spec=body.spec,
-        quote_id=body.quote_id,
-        option_id=body.option_id,
-        choice=body.choice,
-    )
+    ctx = request.app.state.ctx  # not a dependency: each one is resolved on every request
+    request_args = {
+        "spec": body.spec,
+        "quote_id": body.quote_id,
+        "option_id": body.option_id,
+        "choice": body.choice,
+    }
+    if body.quote_id is None:  # nothing to read: drafted on the event loop
+        draft = submissions.draft_job(ctx, tenant.id, **request_args)
+    else:  # the quote is read from the database, off the event loop
+        draft = await run_in_threadpool(submissions.draft_job, ctx, tenant.id, **request_args)
+    job = await request.app.state.submissions.submit(draft)
     # Already a validated JobDetail: serialised once here instead of validated again against
     # response_model (which still documents it) on every submission.
     detail = queries.submitted_job_detail(job)

@@ -9,15 +9,16 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import event, select, update
 
-from contracts.errors import FailedPrecondition, InvalidArgument, NotFound
+from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, NotFound
 from contracts.roles import Principal, Role
 from contracts.states import JobState
 from contracts.worker_config import parse_worker_config
 from control_layer.jobs import cancel_job, create_quote, get_job, job_tasks, list_jobs, submit_job
 from control_layer.lifecycle import PLACER_CHANNEL
 from control_layer.placer import place_pending
+from control_layer.submissions import JobDraft, draft_job, store_jobs
 from orchestration.context import ServerContext
-from orchestration.db.engine import session_scope
+from orchestration.db.engine import is_sqlite, session_scope
 from orchestration.db.models import Allocation, Event, Job, Quote, Tenant
 from tests.orchestration.fleet import add_cluster, add_link, add_tenant, submit_and_place, tiny_spec
 
@@ -195,26 +196,39 @@ def test_deferral_is_its_own_column_and_placement_clears_it(ctx: ServerContext) 
         assert (placed.status, placed.reason, placed.deferred) == (JobState.PLACED, "", None)
 
 
-def test_a_submission_is_one_transaction_of_two_inserts(ctx: ServerContext) -> None:
-    """Every statement of a submission sits on the request path of ``POST /v1/jobs``: the job (its
-    queue position counted inside the INSERT) and its event are inserted and committed, nothing is
-    read (the tenant's foreign key checks it; the route passes the spend cap its key's row holds)."""
+def test_a_batch_of_submissions_is_one_transaction_of_four_statements(ctx: ServerContext) -> None:
+    """A submission's statements sit on the request path of ``POST /v1/jobs``, and concurrent
+    submissions share them (``control_layer.submissions``): the tenants' spend caps and the queue's
+    length by priority are read, the jobs and their events inserted, one statement each, however
+    many jobs the batch holds."""
     alice, _, _ = _fleet(ctx)
     engine = ctx.session_factory.kw["bind"]
-    statements: list[str] = []
 
-    def seen(_conn: object, _cursor: object, statement: str, *_: object) -> None:
-        words = statement.replace('"', "").split()
-        if words[0] in ("SELECT", "INSERT", "UPDATE", "DELETE"):  # not BEGIN (SQLite's write lock)
-            statements.append(f"{words[0]} {words[2]}")
+    def statements_of(drafts: list[JobDraft]) -> tuple[list[str], list[JobDraft | CpnError]]:
+        seen_statements: list[str] = []
 
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
-        job = submit_job(ctx, alice, spec=tiny_spec(), max_monthly_spend=None)
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
-    assert statements == ["INSERT jobs", "INSERT events"]
-    assert job.queue_position == 1
+        def seen(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+            words = statement.replace('"', "").split()
+            if words[0] in ("SELECT", "INSERT", "UPDATE", "DELETE"):  # not BEGIN (SQLite's write lock)
+                table = words[words.index("FROM") + 1] if words[0] == "SELECT" else words[2]
+                seen_statements.append(f"{words[0]} {table}")
+
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            return seen_statements, store_jobs(ctx, drafts)
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+
+    four = ["SELECT tenants", "SELECT jobs", "INSERT jobs", "INSERT events"]
+    one, (job,) = statements_of([draft_job(ctx, alice, spec=tiny_spec())])
+    assert one == four
+    assert isinstance(job, JobDraft) and job.queue_position == 1
+    many, jobs = statements_of([draft_job(ctx, alice, spec=tiny_spec(f"j{i}")) for i in range(50)])
+    if is_sqlite(engine):  # SQLite's RETURNING does not promise the rows' order: events one by one
+        assert many == four[:3] + ["INSERT events"] * 50
+    else:
+        assert many == four
+    assert [j.queue_position for j in jobs if isinstance(j, JobDraft)] == list(range(2, 52))
     with session_scope(ctx.session_factory) as s:
         assert s.get(Job, job.id) is not None
         assert s.scalar(select(Event.kind).where(Event.job_id == job.id)) == "job.submitted"
