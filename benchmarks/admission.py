@@ -160,13 +160,18 @@ def main() -> None:
         "--in-flight", type=int, default=0, help="At most this many submissions at once (0: all of them)"
     )
     ap.add_argument("--drain-timeout", type=float, default=3600.0, help="Seconds to wait for every job")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="`cpn server --workers`: server processes (about one per core)"
+    )
     args = ap.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="cpn-admission-"))
     (workdir / "logs").mkdir()
     db = Database()
     admin_key = "cpn_admin_" + secrets.token_urlsafe(16)
-    replica = Replica("r1", server_env(db, workdir, admin_key), workdir / "logs")
+    replica = Replica(
+        "r1", server_env(db, workdir, admin_key), workdir / "logs", args=["--workers", str(args.workers)]
+    )
     agents = []
     try:
         replica.start()

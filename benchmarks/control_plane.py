@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +114,7 @@ class Replica:
     grpc_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    args: list[str] = field(default_factory=list)  # more `cpn server` options (e.g. --workers)
 
     def __post_init__(self) -> None:
         self.http_port, self.grpc_port = free_port(), free_port()
@@ -129,7 +130,7 @@ class Replica:
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cpn", "server", "--port", str(self.http_port),
-                 "--grpc-port", str(self.grpc_port), "--log-level", "WARNING"],
+                 "--grpc-port", str(self.grpc_port), "--log-level", "WARNING", *self.args],
                 env={**self.env, "CPN_REPLICA_ID": self.name}, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
@@ -160,10 +161,18 @@ class Replica:
                 self.kill()
 
     def cpu_s(self) -> float:
-        """CPU seconds the server process has used (user + system)."""
+        """CPU seconds the server's processes have used (user + system): the process and, with
+        --workers, its workers (its session's processes)."""
         assert self.proc is not None
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        ticks = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:  # a process that just exited
+                continue
+            if int(fields[3]) == self.proc.pid:  # its session (start_new_session: the pid)
+                ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def heartbeats(self) -> float:
         body = httpx.get(f"http://127.0.0.1:{self.http_port}/metrics", timeout=10).text

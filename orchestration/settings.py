@@ -55,6 +55,15 @@ class Settings(BaseSettings):
         max_length=200,
         description="This replica's name in the leader lease (default host:pid)",
     )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Server processes sharing the REST and gRPC ports (PostgreSQL only): about one per core",
+    )
+    reuse_port: bool = Field(
+        False, description="Bind the ports with SO_REUSEPORT (set by `cpn server --workers` in its workers)"
+    )
     max_job_retries: int = Field(2, ge=0)
     secret_key: str = Field(_DEV_SECRET, description="Signs dashboard sessions; required outside development")
     admin_api_key: str | None = Field(None, description="Bootstrap admin API key (created at start if set)")

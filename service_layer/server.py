@@ -40,6 +40,7 @@ from resource_layer.server import build_grpc_server
 from resource_layer.tls import AgentTls
 from service_layer.app import create_app
 from service_layer.auth import bootstrap_admin
+from service_layer.workers import supervise, wait_for_siblings
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +77,24 @@ def prepare_database(settings: Settings) -> None:
     upgrade(url)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bootstrap_once(settings: Settings) -> None:
+    """Migrate and create the bootstrap admin key (what ``cpn server --workers`` does once, before
+    its workers start)."""
+    prepare_database(settings)
+    ctx, engine = build_context(settings)
+    try:
+        _bootstrap(ctx)
+    finally:
+        ctx.bus.close()
+        engine.dispose()
+
+
+def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # a worker of `cpn server --workers`: the port is shared with the others
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError:
@@ -144,7 +159,7 @@ async def run_control_plane(
         await asyncio.to_thread(_bootstrap, ctx)
         app = create_app(ctx)
         tls = AgentTls.from_settings(settings)
-        http_sock = _bind(settings.http_host, settings.http_port)
+        http_sock = _bind(settings.http_host, settings.http_port, reuse_port=settings.reuse_port)
         grpc_servers: list[grpc.aio.Server] = []
         enroll_port: int | None = None
         try:
@@ -178,6 +193,7 @@ async def run_control_plane(
         attach_live_snapshot(ctx)  # every replica keeps its own; the singletons run on the leader only
         snapshots = asyncio.create_task(run_live_snapshot(ctx, stop), name="live-snapshot")
         leadership = run_leadership(ctx, stop)
+        await asyncio.to_thread(wait_for_siblings)  # with --workers: all open the port together
         serving = asyncio.create_task(http.serve(sockets=[http_sock]), name="http")
         waiting = asyncio.create_task(stop.wait(), name="stop")
         try:
@@ -222,6 +238,7 @@ async def run_control_plane(
                 await leadership
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await snapshots
+            await app.state.submissions.close()
             await app.state.fanout.close()
             http_sock.close()
     finally:
@@ -230,7 +247,14 @@ async def run_control_plane(
 
 
 def serve(settings: Settings) -> None:
-    """``cpn server``: run until SIGINT or SIGTERM, then shut every part down cleanly."""
+    """``cpn server``: run until SIGINT or SIGTERM, then shut every part down cleanly (with
+    ``settings.workers`` > 1, as that many worker processes: ``service_layer.workers``)."""
+    if settings.workers > 1:
+        level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+        code = supervise(settings, level)
+        if code:
+            raise SystemExit(code)
+        return
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -239,7 +263,18 @@ def serve(settings: Settings) -> None:
             loop.add_signal_handler(sig, stop.set)
         await run_control_plane(settings, stop)
 
-    asyncio.run(main())
+    # uvloop (libuv) where installed, as uvicorn picks on its own: the transports and callbacks
+    # every request and stream goes through cost a fraction of asyncio's pure-Python loop.
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main())
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def _scheme(settings: Settings) -> str:

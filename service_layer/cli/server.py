@@ -1,4 +1,5 @@
-"""``cpn server``: the control plane (REST + gRPC + background loops) in one process."""
+"""``cpn server``: the control plane (REST + gRPC + background loops) in one process, or in
+``--workers`` processes sharing its ports."""
 
 from __future__ import annotations
 
@@ -24,6 +25,12 @@ def server_command(
     grpc_enroll_port: Annotated[
         int | None, typer.Option("--grpc-enroll-port", help="mTLS enrollment port [CPN_GRPC_ENROLL_PORT]")
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers", help="Processes sharing the ports, about one per core; PostgreSQL only [CPN_WORKERS]"
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option("--log-level", envvar="CPN_LOG_LEVEL")] = "INFO",
 ) -> None:
     """Run the control plane until SIGINT/SIGTERM. Everything else comes from CPN_* variables
@@ -40,6 +47,7 @@ def server_command(
             "grpc_host": grpc_host,
             "grpc_port": grpc_port,
             "grpc_enroll_port": grpc_enroll_port,
+            "workers": workers,
         }.items()
         if v is not None
     }

@@ -41,5 +41,5 @@ async def healthz(ctx: CtxDep) -> JSONResponse:
     """200 when the database answers and the bus round-trips a key; 503 otherwise (no auth)."""
     db, bus = await asyncio.gather(asyncio.to_thread(_check_db, ctx), asyncio.to_thread(_check_bus, ctx))
     ok = db == "ok" and bus == "ok"
-    body = Health(status="ok" if ok else "unavailable", database=db, bus=bus)
+    body = Health(status="ok" if ok else "unavailable", database=db, bus=bus, replica=ctx.settings.replica_id)
     return JSONResponse(status_code=200 if ok else 503, content=body.model_dump())

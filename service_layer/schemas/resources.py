@@ -126,3 +126,4 @@ class Health(BaseModel):
     status: str
     database: str
     bus: str
+    replica: str = Field(description="The replica (with `cpn server --workers`, the worker) that answered")

@@ -39,7 +39,12 @@ def test_keys_are_required_valid_and_scoped(server: ServerHandle, admin: CpnClie
         assert raw.get("/dashboard").status_code == 200  # development + loopback: open without a key
         health = raw.get("/healthz")
         assert health.status_code == 200, health.text
-        assert health.json() == {"status": "ok", "database": "ok", "bus": "ok"}
+        assert health.json() == {
+            "status": "ok",
+            "database": "ok",
+            "bus": "ok",
+            "replica": server.ctx.settings.replica_id,
+        }
 
     tenant, alice = new_tenant(admin, server, "alice")
     with alice:
