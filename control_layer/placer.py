@@ -42,7 +42,7 @@ from orchestration.leadership import Deposed
 log = logging.getLogger(__name__)
 
 MIN_PASS_GAP_S = 0.25  # between the starts of two passes
-SETTLE_QUIET_S = 0.05  # a woken pass waits until wake-ups stop for this long ...
+SETTLE_QUIET_S = 0.2  # a woken pass waits until wake-ups stop for this long ...
 SETTLE_MAX_S = 1.0  # ... but no longer than this after the first
 
 NONE_FREE = "waiting for devices: none is free"

@@ -30,6 +30,12 @@ class ServerMetrics:
             registry=r,
         )
         self.heartbeats = Counter("cpn_heartbeats", "Agent heartbeats ingested", registry=r)
+        self.submissions = Counter(
+            "cpn_submissions",
+            "Jobs stored by POST /v1/jobs, by the path that answered (short: service_layer/fast_submit.py)",
+            ["path"],
+            registry=r,
+        )
         self.placements = Histogram(
             "cpn_placement_duration_seconds",
             "Time to plan and allocate one job placement, by outcome",

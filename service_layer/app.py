@@ -16,6 +16,7 @@ from service_layer.dashboard.views import HERE as DASHBOARD_DIR
 from service_layer.dashboard.views import router as dashboard_router
 from service_layer.errors import install_error_handlers
 from service_layer.fanout import Fanout
+from service_layer.fast_submit import FastSubmit
 from service_layer.key_cache import KeyCache
 from service_layer.metrics import RequestTimer, install_metrics
 from service_layer.metrics import router as metrics_router
@@ -56,6 +57,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
             {"name": "health", "description": "Liveness of the database and bus"},
         ],
     )
+    app.add_middleware(FastSubmit, path=f"{API_PREFIX}/jobs")  # inside the body limit and the timer
     app.add_middleware(BodyLimit, max_bytes=ctx.settings.max_body_bytes)
     app.add_middleware(RequestTimer, ctx=ctx)  # outermost: times every request, refused ones too
     install_metrics(ctx)

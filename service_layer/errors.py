@@ -68,11 +68,16 @@ def error_response(
     return JSONResponse(status_code=status, content=body, headers=headers)
 
 
-async def _cpn_error(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, CpnError)
+def render_error(exc: CpnError) -> JSONResponse:
+    """A domain exception's answer: its status, code, message and details."""
     if isinstance(exc, Unauthenticated):
         return error_response(401, exc.code, exc.message)
     return error_response(http_status_for(exc), exc.code, exc.message, exc.details)
+
+
+async def _cpn_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, CpnError)
+    return render_error(exc)
 
 
 async def _validation_error(_: Request, exc: Exception) -> JSONResponse:

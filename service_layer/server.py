@@ -251,7 +251,7 @@ def serve(settings: Settings) -> None:
     ``settings.workers`` > 1, as that many worker processes: ``service_layer.workers``)."""
     if settings.workers > 1:
         level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
-        code = supervise(settings, level)
+        code = supervise(settings, level, bootstrap_once)
         if code:
             raise SystemExit(code)
         return

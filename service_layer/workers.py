@@ -89,16 +89,15 @@ def worker_env(settings: Settings, ports: dict[str, int], index: int) -> dict[st
     return env
 
 
-def supervise(settings: Settings, log_level: str) -> int:
-    """Run ``settings.workers`` workers until SIGINT or SIGTERM (0) or until one exits (its code)."""
-    from service_layer.server import bootstrap_once  # the server module imports this one
-
+def supervise(settings: Settings, log_level: str, bootstrap: Callable[[Settings], None]) -> int:
+    """Run ``settings.workers`` workers until SIGINT or SIGTERM (0) or until one exits (its code);
+    ``bootstrap`` (migrate, create the admin key) runs once, before they start."""
     if is_sqlite(settings.effective_database_url):
         raise InvalidArgument(
             "workers > 1 needs PostgreSQL (CPN_DATABASE_URL): the embedded SQLite file serves one process",
             field="workers",
         )
-    bootstrap_once(settings)
+    bootstrap(settings)
     held = {
         "http": reserve_port(settings.http_host, settings.http_port),
         "grpc": reserve_port(settings.grpc_host, settings.grpc_port),

@@ -104,6 +104,7 @@ async def submit_job(
     else:  # the quote is read from the database, off the event loop
         draft = await run_in_threadpool(submissions.draft_job, ctx, tenant.id, **request_args)
     job = await request.app.state.submissions.submit(draft)
+    ctx.metrics.submissions.labels("route").inc()
     # Already a validated JobDetail: serialised once here instead of validated again against
     # response_model (which still documents it) on every submission.
     detail = queries.submitted_job_detail(job)
