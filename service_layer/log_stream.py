@@ -8,6 +8,7 @@ job's end; on either it reads the table after the last seq it sent. The table st
 source of order, so a notice missed or overtaken costs nothing but the wait for the next
 keep-alive, when the stream re-reads anyway. It ends, with ``event: end``, once the job has ended
 and every line stored by then is sent (a task's lines are stored before its end is handled).
+The loop itself is ``service_layer.sse_follow``'s, shared with the event stream.
 """
 
 from __future__ import annotations
