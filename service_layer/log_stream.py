@@ -8,6 +8,7 @@ job's end; on either it reads the table after the last seq it sent. The table st
 source of order, so a notice missed or overtaken costs nothing but the wait for the next
 keep-alive, when the stream re-reads anyway. It ends, with ``event: end``, once the job has ended
 and every line stored by then is sent (a task's lines are stored before its end is handled).
+The loop itself is ``service_layer.sse_follow``'s, shared with the event stream.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from contracts.errors import InvalidArgument, NotFound
 from contracts.states import JOB_TERMINAL
+from orchestration.bus.base import Message
 from orchestration.context import ServerContext
 from orchestration.db.models import Job, Task
 from orchestration.events import job_channel
@@ -29,7 +31,7 @@ from orchestration.logs import store
 from service_layer.fanout import Fanout
 from service_layer.log_cursor import FollowCursor
 from service_layer.schemas.logs import LogLine
-from service_layer.sse import KEEPALIVE_S, format_event
+from service_layer.sse_follow import KEEPALIVE_S, follow_job, format_event
 
 PAGE = 1000  # lines per read while following
 ENDED = frozenset(f"job.{s}" for s in JOB_TERMINAL)  # event kinds that end a job
@@ -78,29 +80,47 @@ def _unsent(
         return [to_api(r) for r in rows], status
 
 
-async def _read_on(
-    ctx: ServerContext,
-    job_id: str,
-    task_id: str | None,
-    cursor: FollowCursor,
-    tail: int | None = None,
-) -> AsyncIterator[str]:
-    """Frames of every line not sent yet, read page by page from the cursor's floor up to the
-    newest (only the last ``tail`` on a stream's first read). Returns the job's status read with
-    the last page in ``cursor.status``."""
-    after = cursor.floor
-    while True:
-        lines, status = await asyncio.to_thread(_unsent, ctx, job_id, task_id, after, tail)
-        if tail is not None and lines:
-            cursor.skip_before(lines[0].seq)
-        for line in cursor.unsent(lines):
-            yield format_event(line.model_dump(mode="json"), id=line.seq)
-        if tail is None and len(lines) < PAGE:
-            break
-        after = lines[-1].seq if lines and tail is None else cursor.last
-        tail = None  # after the tail, read on to the newest line
-    cursor.status = status
-    cursor.read_done(time.monotonic())
+class _Lines:
+    """A job's (or one task's) lines above the cursor's floor."""
+
+    def __init__(
+        self, ctx: ServerContext, job_id: str, task_id: str | None, after: int, tail: int | None
+    ) -> None:
+        self._ctx, self._job_id, self._task_id = ctx, job_id, task_id
+        self._tail = tail  # only the stream's first read takes the last ``tail`` lines
+        self.cursor = FollowCursor(after)
+
+    @property
+    def status(self) -> str:
+        return self.cursor.status
+
+    async def read(self) -> AsyncIterator[str]:
+        """Frames of every line not sent yet, read page by page from the cursor's floor up to the
+        newest (only the last ``tail`` on the stream's first read); the job's status read with the
+        last page lands in ``cursor.status``."""
+        cursor, tail, self._tail = self.cursor, self._tail, None
+        after = cursor.floor
+        while True:
+            lines, status = await asyncio.to_thread(
+                _unsent, self._ctx, self._job_id, self._task_id, after, tail
+            )
+            if tail is not None and lines:
+                cursor.skip_before(lines[0].seq)
+            for line in cursor.unsent(lines):
+                yield format_event(line.model_dump(mode="json"), id=line.seq)
+            if tail is None and len(lines) < PAGE:
+                break
+            after = lines[-1].seq if lines and tail is None else cursor.last
+            tail = None  # after the tail, read on to the newest line
+        cursor.status = status
+        cursor.read_done(time.monotonic())
+
+    def notice(self, channel: str, message: Message) -> tuple[list[str], bool]:
+        if channel == job_channel(self._job_id):  # job events: only its end matters here
+            return [], message.get("kind") in ENDED
+        # new lines up to seq (a notice only for lines surely sent is skipped)
+        seq = message.get("seq")
+        return [], not isinstance(seq, int) or seq > self.cursor.floor
 
 
 async def job_log_stream(
@@ -117,48 +137,13 @@ async def job_log_stream(
 ) -> AsyncIterator[str]:
     """SSE frames: the lines after ``after`` (only the last ``tail`` of them, if given), then live
     lines until the job ends (a final ``end`` event with its status) or the server stops."""
-    cursor = FollowCursor(after)
+    source = _Lines(ctx, job_id, task_id, after, tail)
     subscription = fanout.subscribe(store.logs_channel(job_id), tenant_id, also=(job_channel(job_id),))
-    async with subscription as messages:
-        async for frame in _read_on(ctx, job_id, task_id, cursor, tail):
+    async with (
+        subscription as messages,
+        contextlib.aclosing(
+            follow_job(source, messages, stopping=stopping, keepalive_s=keepalive_s)
+        ) as frames,
+    ):
+        async for frame in frames:
             yield frame
-        if cursor.status in JOB_TERMINAL:
-            yield format_event({"status": cursor.status}, event="end")
-            return
-        stop_wait = asyncio.ensure_future(stopping.wait()) if stopping else None
-        pending = asyncio.ensure_future(anext(messages))
-        checked = time.monotonic()
-        try:
-            while True:
-                waiters = {pending} | ({stop_wait} if stop_wait else set())
-                done, _ = await asyncio.wait(
-                    waiters, timeout=keepalive_s, return_when=asyncio.FIRST_COMPLETED
-                )
-                if stop_wait in done:
-                    return
-                read = time.monotonic() - checked >= keepalive_s
-                if pending in done:
-                    channel, message = pending.result()
-                    pending = asyncio.ensure_future(anext(messages))
-                    if channel == job_channel(job_id):  # job events: only its end matters here
-                        read = read or message.get("kind") in ENDED
-                    else:  # new lines up to seq (a notice only for lines surely sent is skipped)
-                        seq = message.get("seq")
-                        read = read or not isinstance(seq, int) or seq > cursor.floor
-                else:
-                    yield ": keep-alive\n\n"
-                    read = True
-                if not read:
-                    continue
-                checked = time.monotonic()
-                async for frame in _read_on(ctx, job_id, task_id, cursor):
-                    yield frame
-                if cursor.status in JOB_TERMINAL:
-                    yield format_event({"status": cursor.status}, event="end")
-                    return
-        finally:
-            for fut in (pending, stop_wait):
-                if fut is not None:
-                    fut.cancel()
-                    with contextlib.suppress(BaseException):
-                        await fut

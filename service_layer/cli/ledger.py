@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -9,6 +11,7 @@ import typer
 from rich.table import Table
 
 from service_layer.cli.common import DEFAULT_SERVER, ApiKeyOpt, JsonOpt, ServerOpt, api, console, print_json
+from service_layer.client import CpnClient
 
 ledger_app = typer.Typer(help="The double-entry ledger.", no_args_is_help=True)
 
@@ -68,13 +71,28 @@ def transactions(
         console.print(f"more: --after {page['next_cursor']}")
 
 
-def _lines(title: str, lines: list[dict[str, Any]], payout: bool) -> Table:
+@dataclass(frozen=True)
+class _Monthly:
+    """How a monthly ledger document prints: title and totals (``str.format`` over the document)
+    and the line columns past the common ones."""
+
+    title: str
+    totals: str
+    extra: tuple[str, ...] = ()
+
+
+_INVOICE = _Monthly("invoice {month}: {tenant_name} ({account})", "total {total}")
+_STATEMENT = _Monthly(
+    "payout statement {month}: {account}", "gross {gross}  fees {fees}  payout {payout}", ("fee", "payout")
+)
+
+
+def _lines(title: str, lines: list[dict[str, Any]], extra: tuple[str, ...]) -> Table:
     table = Table(title=title)
-    cols = ["job", "kind", "region", "provider", "quantity", "unit price", "amount"]
-    for col in cols + (["fee", "payout"] if payout else []):
+    for col in ("job", "kind", "region", "provider", "quantity", "unit price", "amount", *extra):
         table.add_column(col)
     for line in lines:
-        row = [
+        table.add_row(
             line["job_name"] or line["job_id"][:12],
             line["kind"],
             line["region"],
@@ -82,9 +100,28 @@ def _lines(title: str, lines: list[dict[str, Any]], payout: bool) -> Table:
             f"{line['quantity']:.6g} {line['unit']}",
             f"{line['unit_price']:g}",
             line["amount"],
-        ]
-        table.add_row(*row, *([line["fee"], line["payout"]] if payout else []))
+            *(line[col] for col in extra),
+        )
     return table
+
+
+def _show_month(
+    fetch: Callable[[CpnClient, str], dict[str, Any]],
+    layout: _Monthly,
+    month: str,
+    server: str,
+    api_key: str | None,
+    as_json: bool,
+) -> None:
+    """Fetch a monthly document (this month's when ``month`` is empty) and print it: as JSON, or
+    as its lines and totals."""
+    with api(server, api_key) as client:
+        doc = fetch(client, month or _this_month())
+    if as_json:
+        print_json(doc)
+        return
+    console.print(_lines(layout.title.format(**doc), doc["lines"], layout.extra))
+    console.print(layout.totals.format(**doc))
 
 
 def invoice(
@@ -95,15 +132,7 @@ def invoice(
     as_json: JsonOpt = False,
 ) -> None:
     """A tenant's monthly invoice (admin, or the tenant's own key)."""
-    with api(server, api_key) as client:
-        doc = client.invoice(tenant_id, month or _this_month())
-    if as_json:
-        print_json(doc)
-        return
-    console.print(
-        _lines(f"invoice {doc['month']}: {doc['tenant_name']} ({doc['account']})", doc["lines"], False)
-    )
-    console.print(f"total {doc['total']}")
+    _show_month(lambda c, m: c.invoice(tenant_id, m), _INVOICE, month, server, api_key, as_json)
 
 
 def statement(
@@ -114,10 +143,4 @@ def statement(
     as_json: JsonOpt = False,
 ) -> None:
     """A provider's monthly payout statement (admin)."""
-    with api(server, api_key) as client:
-        doc = client.statement(provider, month or _this_month())
-    if as_json:
-        print_json(doc)
-        return
-    console.print(_lines(f"payout statement {doc['month']}: {doc['account']}", doc["lines"], True))
-    console.print(f"gross {doc['gross']}  fees {doc['fees']}  payout {doc['payout']}")
+    _show_month(lambda c, m: c.statement(provider, m), _STATEMENT, month, server, api_key, as_json)

@@ -97,6 +97,7 @@ def test_ledger_invoice_and_statement_over_rest(server: ServerHandle, admin: Cpn
         assert _status(lambda: admin.transactions(job_id="x" * 33)) == 422
 
     env = {"CPN_SERVER_URL": server.http_url, "CPN_API_KEY": ADMIN_KEY, "COLUMNS": "200"}
+    outputs = []
     for args in (
         ["ledger", "transactions", "--job", done["id"]],
         ["invoice", tenant["id"], "--month", month],
@@ -104,9 +105,14 @@ def test_ledger_invoice_and_statement_over_rest(server: ServerHandle, admin: Cpn
     ):
         result = CliRunner().invoke(app, args, env=env)
         assert result.exit_code == 0, result.output
-    assert (
-        f"total {invoice['total']}"
-        in CliRunner().invoke(app, ["invoice", tenant["id"], "--month", month], env=env).output
+        outputs.append(result.output)
+    _, invoice_out, statement_out = outputs
+    assert f"invoice {month}: acme ({invoice['account']})" in invoice_out
+    assert invoice_out.rstrip().endswith(f"total {invoice['total']}")
+    assert f"payout statement {month}: {statement['account']}" in statement_out
+    assert "fee" in statement_out.splitlines()[2] and "fee" not in invoice_out.splitlines()[2]  # headers
+    assert statement_out.rstrip().endswith(
+        f"gross {statement['gross']}  fees {statement['fees']}  payout {statement['payout']}"
     )
     bad = CliRunner().invoke(app, ["invoice", tenant["id"], "--month", "2026-13"], env=env)
     assert bad.exit_code == 1 and "422" in bad.output
