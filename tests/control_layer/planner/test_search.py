@@ -63,6 +63,33 @@ def _twin_clusters() -> ResourceSnapshot:
     )
 
 
+def _one_two_gpu_node() -> ResourceSnapshot:
+    """One node of two H100s in r0, among four regions linked pairwise at 1 Gb/s."""
+    regions = ["r0", "r1", "r2", "r3"]
+    device = {"model": "H100", "memory_gb": 80.0, "tflops": 700.0, "free": True}
+    return ResourceSnapshot.model_validate(
+        {
+            "regions": [{"name": r, "jurisdiction": "EU" if i < 2 else "US"} for i, r in enumerate(regions)],
+            "clusters": [
+                {
+                    "id": "c0",
+                    "name": "c0",
+                    "provider": "p",
+                    "region": "r0",
+                    "nodes": [{"id": "c0n0", "devices": [{"index": k, **device} for k in range(2)]}],
+                    "intra_bandwidth_gbps": 25.0,
+                    "price_per_device_hour": 0.5,
+                }
+            ],
+            "links": [
+                {"src": a, "dst": b, "bandwidth_gbps": 1.0, "latency_ms": 2.0}
+                for i, a in enumerate(regions)
+                for b in regions[i + 1 :]
+            ],
+        }
+    )
+
+
 def _small_sync_job(parallelism: object = "auto") -> JobSpec:
     return JobSpec.model_validate(
         {
@@ -91,6 +118,8 @@ def _problems(spec, snap):
 @given(snap=snapshots(), spec=jobs(with_qos=False), pick=st.randoms(use_true_random=False))
 # dp = 2 over two twin clusters: the search once priced their fabric, the runtime's ring the local link.
 @example(snap=_twin_clusters(), spec=_small_sync_job(), pick=random.Random(0))
+# pp = 2 under GPipe: the search once priced the pipeline as 1F1B runs it.
+@example(snap=_one_two_gpu_node(), spec=_small_sync_job({"pp_schedule": "gpipe"}), pick=random.Random(0))
 def test_estimator_agrees_with_the_search_objective(snap, spec, pick) -> None:
     _, problems = _problems(spec, snap)
     for pr in problems[:6]:
