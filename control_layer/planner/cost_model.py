@@ -496,23 +496,36 @@ def replica_time(
         tp_comm = 0.0 * t_mb
 
     if pp > 1:
-        # Fill and drain put every boundary's hop on the critical path twice (activation forward,
-        # its gradient back); in steady state a transfer hides behind the opposite pass (a forward
-        # is a third of fwd+bwd) unless it is slower, and the slowest boundary paces the rest.
+        # Each stage's own op times (its layers, the head on the last, its share of the tp
+        # all-reduces), so a fast stage's slack can absorb a slow boundary as it does.
+        flops = stage_flops(model, training.activation_checkpointing, tp, pp)
+        base, extra = divmod(model.n_layers, pp)
+        tp_mb = tp_comm / n_micro / max(lps, 1)  # per layer of a micro-batch
+        t_ops = [
+            f * b * s / effective_flops + micro_batch_s + tp_mb * (base + (1 if i < extra else 0))
+            for i, f in enumerate(flops)
+        ]
         if pp_links is None:
             hop = pp_lat + b * s * d * RESIDUAL_BYTES / pp_bw
-            pp_comm = 2.0 * (pp - 1) * hop + 2.0 * n_micro * np.maximum(0.0, hop - t_mb / 3.0)
+            if schedule == "gpipe":
+                # Sends go out unwaited: fill and drain put every hop on the critical path twice
+                # (activation forward, its gradient back); otherwise a transfer hides behind the
+                # opposite pass (a forward is a third of fwd+bwd) unless it is slower.
+                pp_comm = 2.0 * (pp - 1) * hop + 2.0 * n_micro * np.maximum(0.0, hop - t_mb / 3.0)
+            else:
+                # 1F1B waits for each steady-state exchange with a neighbour (one before each
+                # pass, its bytes leaving once the recv's notice is back: hop + λ), so a stage's
+                # cycle is its op plus one exchange per neighbour, and the slowest cycle paces
+                # the pipeline; fill and drain pay each hop twice (receivers already waiting).
+                exchange = hop + pp_lat
+                cycle = functools.reduce(
+                    np.maximum,
+                    [t + (1.0 if i in (0, pp - 1) else 2.0) * exchange for i, t in enumerate(t_ops)],
+                )
+                busiest_op = functools.reduce(np.maximum, t_ops)
+                pp_comm = 2.0 * (pp - 1) * hop + n_micro * (cycle - busiest_op)
         else:
             # Boundaries that differ (a replica across nodes): walk the schedule itself.
-            # Each stage's own op times (its layers, the head on the last, its share of the tp
-            # all-reduces), so a fast stage's slack can absorb a slow boundary as it does.
-            flops = stage_flops(model, training.activation_checkpointing, tp, pp)
-            base, extra = divmod(model.n_layers, pp)
-            tp_mb = float(tp_comm) / n_micro / max(lps, 1)  # per layer of a micro-batch
-            t_ops = [
-                f * b * s / effective_flops + micro_batch_s + tp_mb * (base + (1 if i < extra else 0))
-                for i, f in enumerate(flops)
-            ]
             fwd_part = 2.0 / (8.0 if training.activation_checkpointing else 6.0)
             fwd = [float(t) * fwd_part for t in t_ops]
             bwd = [float(t) * (1.0 - fwd_part) for t in t_ops]
@@ -526,6 +539,63 @@ def replica_time(
     return ReplicaTime(compute, tp_comm, dp_comm, bubble, pp_comm)
 
 
+Step = tuple  # ("op" | "send" | "recv", forward, i) or ("wait", keys)
+
+
+def _stage_program(schedule: str, pp: int, st: int, m: int) -> list[Step]:
+    """What stage st does, in order, as ``torch.distributed.pipelining`` runs it (ScheduleGPipe /
+    Schedule1F1B ``_step_microbatches``, torch 2.4 to 2.14): compute an op, post a send or a recv
+    of micro-batch i's activation (forward True) or gradient, wait for some it posted."""
+    first, last = st == 0, st == pp - 1
+    prog: list[Step] = []
+
+    def post(kind: str, forward: bool, i: int) -> tuple:
+        sends_to_none = last if forward else first
+        recvs_from_none = first if forward else last
+        if sends_to_none if kind == "send" else recvs_from_none:
+            return ()
+        prog.append((kind, forward, i))
+        return ((kind, forward, i),)
+
+    if schedule == "gpipe":
+        # Every op waits for its input and leaves its output's send unwaited until the turn.
+        for forward in (True, False):
+            sent: tuple = ()
+            for i in range(m):
+                prog.append(("wait", post("recv", forward, i)))
+                prog.append(("op", forward, i))
+                sent += post("send", forward, i)
+            prog.append(("wait", sent))
+        return prog
+    warm = min(m, pp - st)  # torch counts the steady state's first forward in
+    sending: tuple = ()
+    for i in range(warm):
+        prog.append(("wait", post("recv", True, i)))
+        prog.append(("op", True, i))
+        prog.append(("wait", sending))  # the previous forward's send, still in flight
+        sending = post("send", True, i) if i < warm - 1 else ()
+    held, f, b = warm - 1, warm, 0  # the last warm-up forward's send joins the next batch
+    while True:
+        # Steady state: one batch with one neighbour before each pass, waited for in full.
+        prog.append(("wait", post("send", True, held) + post("recv", False, b)))
+        prog.append(("op", False, b))
+        b += 1
+        if f == m:
+            break
+        prog.append(("wait", post("send", False, b - 1) + post("recv", True, f)))
+        prog.append(("op", True, f))
+        held, f = f, f + 1
+    sending = post("send", False, b - 1)
+    while b < m:
+        prog.append(("wait", post("recv", False, b)))
+        prog.append(("op", False, b))
+        prog.append(("wait", sending))
+        sending = post("send", False, b)
+        b += 1
+    prog.append(("wait", sending))
+    return prog
+
+
 def _pipeline_makespan(
     m: int,
     fwd: Sequence[float],
@@ -536,78 +606,93 @@ def _pipeline_makespan(
 ) -> float:
     """When the last op of one pipeline ends.
 
-    Each stage runs its ops one at a time in the schedule's order (GPipe: every forward, then
-    every backward; 1F1B: min(pp-s-1, m) warm-up forwards, then one forward and one backward in
-    turn, then the remaining backwards: ``torch.distributed.pipelining``'s ScheduleGPipe and
-    Schedule1F1B). A forward waits for its activation, a backward for its gradient. Sends are
-    asynchronous; messages between two stages go in order (one gloo TCP stream, one NCCL stream
-    per pair), and across the fabric a message holds the sender's port for nbytes/port_out and the
-    receiver's for nbytes/port_in, so a stage's activations forward and gradients back take turns
-    on its port while a slow far end does not hold a fast near one for longer than its bytes need.
-    ``nbytes`` 0: transfers take no time (the bare schedule)."""
+    Each stage runs its program (``_stage_program``): the schedule's ops one at a time, and its
+    transfers in the batches and waits ``torch.distributed.pipelining`` issues, so in 1F1B's
+    steady state a stage does not compute while its tensors are on the wire. A transfer is a
+    rendezvous (gloo sends an unbound buffer once the receiver's recv notice has come back, one
+    latency; NCCL's send waits for the receiver's buffer alike): its bytes leave at the later of
+    the send and the recv's notice, messages between two stages in order; across the fabric a
+    message holds the sender's port for nbytes/port_out and the receiver's for nbytes/port_in,
+    and crosses the boundary's link. The send completes when its last byte has left, the recv
+    one latency later. ``nbytes`` 0 or no links: transfers take no time (the bare schedule)."""
     pp = len(fwd)
-    ops: list[list[tuple[bool, int]]] = []
-    for st in range(pp):
-        if schedule == "gpipe":
-            ops.append([(True, i) for i in range(m)] + [(False, i) for i in range(m)])
-            continue
-        warm = min(pp - st - 1, m)
-        seq = [(True, i) for i in range(warm)]
-        for i in range(m - warm):
-            seq += [(True, warm + i), (False, i)]
-        ops.append(seq + [(False, i) for i in range(m - warm, m)])
-    arrived: list[set[tuple[bool, int]]] = [set() for _ in range(pp)]
+    progs = [_stage_program(schedule, pp, st, m) for st in range(pp)]
+    pc = [0] * pp
+    # per message (sender, forward, i): when its send and its recv were posted
+    posted: dict[tuple[int, bool, int], list[float | None]] = {}
+    complete: list[dict[tuple, float]] = [{} for _ in range(pp)]  # a stage's transfers' ends
+    blocked: list[tuple | None] = [None] * pp  # the keys a stage waits on, not all matched yet
     pair_free: dict[tuple[int, int], float] = {}
     tx, rx = [0.0] * pp, [0.0] * pp  # when each stage's fabric port is next free to send / receive
-    nxt, idle = [0] * pp, [True] * pp
-    events: list[tuple[float, int, int, bool, int, bool]] = []  # (t, seq, stage, forward, i, is_end)
+    events: list[tuple[float, int, int]] = []  # (t, seq, stage to resume)
     seq, now = 0, 0.0
+    free = nbytes <= 0 or links is None
 
-    def push(t: float, st: int, forward: bool, i: int, is_end: bool) -> None:
+    def push(t: float, st: int) -> None:
         nonlocal seq
         seq += 1
-        heapq.heappush(events, (t, seq, st, forward, i, is_end))
+        heapq.heappush(events, (t, seq, st))
 
-    def try_start(st: int) -> None:
-        if not idle[st] or nxt[st] >= len(ops[st]):
-            return
-        forward, i = ops[st][nxt[st]]
-        first = st == 0 if forward else st == pp - 1
-        if first or (forward, i) in arrived[st]:
-            idle[st] = False
-            push(now + (fwd[st] if forward else bwd[st]), st, forward, i, True)
-
-    for st in range(pp):
-        try_start(st)
-    # Events in time order, so every transfer books the ports after those issued before it.
-    while events:
-        now, _, st, forward, i, is_end = heapq.heappop(events)
-        if not is_end:
-            arrived[st].add((forward, i))
-            try_start(st)
-            continue
-        idle[st] = True
-        nxt[st] += 1
-        to = st + 1 if forward else st - 1
-        if 0 <= to < pp:
-            k = min(st, to)
-            start = max(now, pair_free.get((st, to), 0.0))
-            if nbytes <= 0 or links is None:  # no links given: transfers take no time
-                done = arrive = now
-            elif links.across[k]:
-                start = max(start, tx[st], rx[to])
-                t_out, t_in = nbytes / links.port_out[st], nbytes / links.port_in[to]
-                tx[st], rx[to] = start + t_out, start + t_in
+    def match(src: int, forward: bool, i: int, sent_at: float, recv_at: float) -> None:
+        to = src + 1 if forward else src - 1
+        k = min(src, to)
+        if free:
+            done = arrive = max(sent_at, recv_at)
+        else:
+            assert links is not None
+            start = max(sent_at, recv_at + links.latency[k], pair_free.get((src, to), 0.0))
+            if links.across[k]:
+                start = max(start, tx[src], rx[to])
+                t_out, t_in = nbytes / links.port_out[src], nbytes / links.port_in[to]
+                tx[src], rx[to] = start + t_out, start + t_in
                 done = start + max(t_out, t_in, nbytes / links.link_bw[k] if links.link_bw else 0.0)
-                arrive = done + links.latency[k]
             else:
                 done = start + nbytes / links.local_bw
-                arrive = done + links.latency[k]
-            pair_free[(st, to)] = done
-            push(arrive, to, forward, i, False)
-        try_start(st)
-    if any(n < len(o) for n, o in zip(nxt, ops, strict=True)):
-        raise ValueError("pipeline schedule deadlocked")  # cannot happen for these orders
+            arrive = done + links.latency[k]
+        pair_free[(src, to)] = done
+        complete[src][("send", forward, i)] = done
+        complete[to][("recv", forward, i)] = arrive
+        for st in (src, to):
+            keys = blocked[st]
+            if keys is not None and all(key in complete[st] for key in keys):
+                blocked[st] = None
+                push(max(now, *(complete[st][key] for key in keys)), st)
+
+    def run(st: int) -> None:
+        """Stage st goes on from its program counter at ``now`` until it computes or waits."""
+        prog = progs[st]
+        while pc[st] < len(prog):
+            step = prog[pc[st]]
+            pc[st] += 1
+            kind = step[0]
+            if kind == "op":
+                push(now + (fwd[st] if step[1] else bwd[st]), st)
+                return
+            if kind == "wait":
+                keys = step[1]
+                if not all(key in complete[st] for key in keys):
+                    blocked[st] = keys
+                    return
+                t = max((complete[st][key] for key in keys), default=now)
+                if t > now:
+                    push(t, st)
+                    return
+                continue
+            _, forward, i = step
+            src = st if kind == "send" else (st - 1 if forward else st + 1)
+            sides = posted.setdefault((src, forward, i), [None, None])
+            sides[0 if kind == "send" else 1] = now
+            if sides[0] is not None and sides[1] is not None:
+                match(src, forward, i, sides[0], sides[1])
+
+    for st in range(pp):
+        run(st)
+    # Events in time order, so every transfer books the ports after those matched before it.
+    while events:
+        now, _, st = heapq.heappop(events)
+        run(st)
+    if any(n < len(p) for n, p in zip(pc, progs, strict=True)) or any(blocked):
+        raise ValueError("pipeline schedule deadlocked")  # cannot happen for these programs
     return now
 
 

@@ -150,7 +150,9 @@ def _in_region_hops(
     """Per fill row, the slowest hop (bytes/s, seconds) inside the regions where it has two or more
     nodes, as problem.sync_seconds_and_egress takes it: within such a region, units whose nodes
     all lie in one cluster (each within its first cluster, the same for all) meet over that
-    fabric, else over the local link and the fabrics of units with two or more nodes there.
+    fabric, else over the local link and the fabric of every cluster holding two or more of
+    their nodes: a unit's first cluster when it uses two or more nodes and that cluster has two or
+    more, or when another unit there has the same first cluster.
     The rows come as entries (row, unit, members ≥ 1, index of the unit's region in ``regs``);
     each (row, region) cell is reduced over its entries, then over the rows × regions."""
     n_rows, n_reg = per_region.shape
@@ -171,7 +173,11 @@ def _in_region_hops(
     by_cid[1, f.cls_first_cid] = f.cls_hop_lat
     cid = np.where(alone, least.reshape(n_rows, n_reg), 0)
     fit_bw, fit_lat = by_cid[0, cid], by_cid[1, cid]
-    many = members >= 2
+    many = (members >= 2) & (f.cls_first_cluster[units] >= 2)
+    if np.unique(f.cls_first_cid).size < f.cls_first_cid.size:  # some classes share a first cluster
+        pair = cell * (int(f.cls_first_cid.max()) + 1) + cids
+        _, at, seen = np.unique(pair, return_inverse=True, return_counts=True)
+        many |= seen[at.reshape(-1)] >= 2
     many_bw = np.full(n_rows * n_reg, np.inf)
     many_lat = np.zeros(n_rows * n_reg)
     np.minimum.at(many_bw, cell[many], f.cls_intra_bw[units[many]])

@@ -6,8 +6,9 @@ the runtime's flat ring over P participants, one per node: a one-hot pi_P picks 
 so the terms that depend on P stay linear: products pi_P·(1/bandwidth), pi_P·latency and
 pi_P·(egress price) are linearised exactly (a binary times a bounded continuous variable). The
 slowest hop and largest latency come from the hop kinds present: a unit's cluster fabric when
-two or more of its nodes are used, a region's local link when its nodes span clusters (two
-units, or more nodes than a unit's first cluster has), and the links between used regions, as
+two or more of its nodes share its first cluster, or two used units share it, a region's local
+link when its nodes span clusters (two units of different first clusters, or more nodes than a
+unit's first cluster has), and the links between used regions, as
 ``problem.sync_seconds_and_egress`` takes them.
 
 Time objective: minimise theta, the step time (a tiny weight on the device rate breaks ties
@@ -174,7 +175,9 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
         used_u[u] = md.var(0, 1, True)
         md.row([(used_u[u], 1.0), (v1[u], -1.0)], 0.0, math.inf)
         md.row([(used_u[u], 1.0), (v2[u], -1.0)], 0.0, math.inf)
-        if pr.count[u] >= 2:  # two or more of its nodes: its fabric is a hop
+        # Two or more of its nodes in its first cluster (filled first, the one holding most of
+        # them): its fabric is a hop. A class with one node per cluster crosses the local link.
+        if pr.count[u] >= 2 and f.cls_first_cluster[u] >= 2:
             q = md.var(0, 1, True)
             md.row([(q, cnt), (y1[u], -1.0), (y2[u], -1.0)], -1.0, math.inf)
             hop_rows(q, float(f.cls_intra_bw[u]), float(f.cls_hop_lat[u]))

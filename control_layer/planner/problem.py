@@ -530,10 +530,12 @@ def build_problem(fleet: Fleet, deg: Degrees) -> Problem:
     n_micro = n_micro_batches(spec, deg.dp)
     lay = layout(fleet, tp, pp)
     args = (lay.flops, lay.intra_bw, lay.intra_lat, lay.pp_bw, lay.pp_lat)
-    t1 = cm.replica_time(spec, tp, pp, zero, n_micro, 1, *args).total
+    # The job's pipeline schedule, as its workers run it and the estimator prices it.
+    sched = spec.pp_schedule
+    t1 = cm.replica_time(spec, tp, pp, zero, n_micro, 1, *args, schedule=sched).total
     # Two replicas on a node: the smallest gradient ring. The bounds, fills and MILP rank by it;
     # ``evaluate`` prices the ring of the replicas a solution puts on each node (``t_shared``).
-    t2 = cm.replica_time(spec, tp, pp, zero, n_micro, 2, *args).total
+    t2 = cm.replica_time(spec, tp, pp, zero, n_micro, 2, *args, schedule=sched).total
     m1 = cm.memory_per_device(spec, tp, pp, zero, 1, n_micro, spec.pp_schedule).total
     m2 = cm.memory_per_device(spec, tp, pp, zero, 2, n_micro, spec.pp_schedule).total
     b = 2.0 * (m1 - m2)
@@ -618,8 +620,12 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
     one participant each) each uses: the estimator's flat ring (``estimate.sync_cost``) over the
     hops it takes. Within a region, nodes of one unit that fit in its first cluster meet over that
     cluster's fabric; otherwise the region's nodes span clusters and its slowest hop is its local
-    link or a fabric of a unit with two or more nodes there. Plain Python over the units in use:
-    the search scores thousands of solutions per quote."""
+    link and the fabric of every cluster holding two or more of its nodes. A unit's members fill
+    its first cluster first, and that cluster holds the most of them: two of its nodes share a
+    cluster when it uses two or more and its first cluster has two or more (twin clusters of one
+    node each meet over the local link alone, as the runtime's ring crosses it), and two units
+    share their first cluster when its index is the same (as ``milp`` takes it). Plain Python over
+    the units in use: the search scores thousands of solutions per quote."""
     f = pr.fleet
     lists = pr.lists
     members: dict[int, int] = {}
@@ -644,9 +650,13 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
             lat_max = max(lat_max, max(lists.hop_lat[u] for u in here))
             continue
         bw_min, lat_max = min(bw_min, lists.local_bw[r]), max(lat_max, lists.local_lat[r])
+        firsts: set[int] = set()
         for u in here:
-            if of[u] >= 2:
+            # Two of its nodes in its first cluster, or a node there beside another unit's first.
+            cid = int(f.cls_first_cid[u])
+            if (of[u] >= 2 and lists.first_cluster[u] >= 2) or cid in firsts:
                 bw_min, lat_max = min(bw_min, lists.intra_bw[u]), max(lat_max, lists.hop_lat[u])
+            firsts.add(cid)
     multi = len(members) >= 2
     egress = 0.0
     if multi:

@@ -21,7 +21,9 @@ from control_layer.planner import plan  # noqa: E402
 
 def test_spanning_options_agree_with_the_simulator_and_some_cross_regions() -> None:
     errors, across = [], 0
-    for seed in range(20):
+    # 30 fleets: a pipeline across a WAN link waits for each exchange's round trip in 1F1B's
+    # steady state, so the planner offers one on fewer fleets than it has stages to spread.
+    for seed in range(30):
         spec, snap = spanning_instance(seed)
         try:
             options = plan(spec, snap)

@@ -73,7 +73,10 @@ def _dense_sync(pr: Problem, used: np.ndarray) -> tuple[float, float]:
             continue
         bw, lat = min(bw, float(f.local_bw[r])), max(lat, float(f.local_lat[r]))
         for u in here:
-            if used[u] >= 2:
+            # A cluster with two of its nodes: its first, when it has two or more of them, or a
+            # first cluster two used units share.
+            twice = sum(int(f.cls_first_cid[w]) == int(f.cls_first_cid[u]) for w in here) >= 2
+            if (used[u] >= 2 and f.cls_first_cluster[u] >= 2) or twice:
                 bw, lat = min(bw, float(f.cls_intra_bw[u])), max(lat, float(f.cls_hop_lat[u]))
     regions = [r for r in range(n_reg) if members[r] > 0]
     egress = 0.0
@@ -176,7 +179,10 @@ def _hops_by_loop(pr: Problem, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             if len({int(cids[k]) for k in used}) == 1 and all(m[k] <= first[k] for k in used):
                 bw, lat = min(fab_bw[k] for k in used), max(fab_lat[k] for k in used)
             else:
-                many = m >= 2
+                twice = np.array(
+                    [sum(int(cids[j]) == int(cids[k]) for j in used) >= 2 for k in range(len(m))]
+                )
+                many = ((m >= 2) & (first >= 2)) | ((m > 0) & twice)
                 bw = min([f.local_bw[r], *fab_bw[many]])
                 lat = max([f.local_lat[r], *fab_lat[many]])
             in_bw[i], in_lat[i] = min(in_bw[i], bw), max(in_lat[i], lat)

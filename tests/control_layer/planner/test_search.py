@@ -7,11 +7,14 @@ plan()'s best option is within 1 % of the exhaustive optimum.
 
 from __future__ import annotations
 
+import random
+
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from contracts.errors import NoFeasiblePlan
+from contracts.job_spec import JobSpec
 from control_layer.planner import plan
 from control_layer.planner.bounds import lower_bounds
 from control_layer.planner.candidates import enumerate_degrees
@@ -22,10 +25,82 @@ from control_layer.planner.options import build_option
 from control_layer.planner.problem import build_fleet, build_problem, evaluate
 from control_layer.planner.screen import screen
 from control_layer.planner.search import precision_groups, with_precision
+from control_layer.planner.snapshot import ResourceSnapshot
 
 from .fleetgen import jobs, snapshots
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+def _twin_clusters() -> ResourceSnapshot:
+    """Four clusters of one node each in one region, alike but for their ids: one class whose
+    members lie in separate clusters, so two of them meet over the region's local link."""
+
+    def cluster(cid: str, node: str) -> dict:
+        device = {"index": 0, "model": "T4", "memory_gb": 16.0, "tflops": 65.0, "free": True}
+        return {
+            "id": cid,
+            "name": cid,
+            "provider": "p",
+            "region": "r0",
+            "nodes": [{"id": node, "devices": [device]}],
+            "intra_bandwidth_gbps": 25.0,
+            "price_per_device_hour": 3.5,
+            "spot_price_per_device_hour": 1.75,
+        }
+
+    return ResourceSnapshot.model_validate(
+        {
+            "regions": [{"name": "r0", "jurisdiction": "EU"}, {"name": "r1", "jurisdiction": "EU"}],
+            "clusters": [
+                cluster("c0", "c0n0"),
+                cluster("t0", "t0c0n0"),
+                cluster("t1", "t1t0c0n0"),
+                cluster("t2", "t2t0c0n0"),
+            ],
+            "links": [{"src": "r0", "dst": "r1", "bandwidth_gbps": 1.0, "latency_ms": 20.0}],
+        }
+    )
+
+
+def _one_two_gpu_node() -> ResourceSnapshot:
+    """One node of two H100s in r0, among four regions linked pairwise at 1 Gb/s."""
+    regions = ["r0", "r1", "r2", "r3"]
+    device = {"model": "H100", "memory_gb": 80.0, "tflops": 700.0, "free": True}
+    return ResourceSnapshot.model_validate(
+        {
+            "regions": [{"name": r, "jurisdiction": "EU" if i < 2 else "US"} for i, r in enumerate(regions)],
+            "clusters": [
+                {
+                    "id": "c0",
+                    "name": "c0",
+                    "provider": "p",
+                    "region": "r0",
+                    "nodes": [{"id": "c0n0", "devices": [{"index": k, **device} for k in range(2)]}],
+                    "intra_bandwidth_gbps": 25.0,
+                    "price_per_device_hour": 0.5,
+                }
+            ],
+            "links": [
+                {"src": a, "dst": b, "bandwidth_gbps": 1.0, "latency_ms": 2.0}
+                for i, a in enumerate(regions)
+                for b in regions[i + 1 :]
+            ],
+        }
+    )
+
+
+def _small_sync_job(parallelism: object = "auto") -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": "t",
+            "model": {"n_layers": 2, "d_model": 512, "n_heads": 8, "vocab": 8192, "seq_len": 256},
+            "training": {"steps": 100, "global_batch_tokens": 512, "precision": "auto"},
+            "parallelism": parallelism,
+            "sync": {"mode": "sync", "every": 1, "compression": "none", "staleness": 0, "gossip_peers": 1},
+            "qos": {"objective": "cost"},
+        }
+    )
 
 
 def _problems(spec, snap):
@@ -41,6 +116,10 @@ def _problems(spec, snap):
 
 @FAST
 @given(snap=snapshots(), spec=jobs(with_qos=False), pick=st.randoms(use_true_random=False))
+# dp = 2 over two twin clusters: the search once priced their fabric, the runtime's ring the local link.
+@example(snap=_twin_clusters(), spec=_small_sync_job(), pick=random.Random(0))
+# pp = 2 under GPipe: the search once priced the pipeline as 1F1B runs it.
+@example(snap=_one_two_gpu_node(), spec=_small_sync_job({"pp_schedule": "gpipe"}), pick=random.Random(0))
 def test_estimator_agrees_with_the_search_objective(snap, spec, pick) -> None:
     _, problems = _problems(spec, snap)
     for pr in problems[:6]:
