@@ -57,7 +57,8 @@ def create_app(ctx: ServerContext) -> FastAPI:
             {"name": "health", "description": "Liveness of the database and bus"},
         ],
     )
-    app.add_middleware(FastSubmit, path=f"{API_PREFIX}/jobs")  # inside the body limit and the timer
+    submit = next(r for r in jobs.router.routes if getattr(r, "endpoint", None) is jobs.submit_job)
+    app.add_middleware(FastSubmit, path=f"{API_PREFIX}/jobs", route=submit)  # inside the limit and timer
     app.add_middleware(BodyLimit, max_bytes=ctx.settings.max_body_bytes)
     app.add_middleware(RequestTimer, ctx=ctx)  # outermost: times every request, refused ones too
     install_metrics(ctx)

@@ -32,27 +32,26 @@ _BEARER = b"bearer "
 class FastSubmit:
     """ASGI middleware serving the common case of ``path`` (POST); the rest passes through."""
 
-    def __init__(self, app: ASGIApp, path: str) -> None:
-        self.app, self.path = app, path
-        # The route, as the router matched it for a request it answered: the short path sets it
-        # in its requests' scope too, so the request metrics label both alike.
-        self._route: Any = None
+    def __init__(self, app: ASGIApp, path: str, route: Any) -> None:
+        # ``route``: the route this path stands for, set in the scope of the requests answered
+        # here as the router sets it, so the request metrics label both paths alike.
+        self.app, self.path, self.route = app, path, route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self.path:
             await self.app(scope, receive, send)
             return
         state = scope["app"].state
-        principal = _cached_principal(scope, state.key_cache) if self._route is not None else None
+        principal = _cached_principal(scope, state.key_cache)
         if principal is None:
-            await self._to_route(scope, receive, send)
+            await self.app(scope, receive, send)
             return
         body, more = await _read_body(receive)
         create = _spec_submission(body) if more is None else None
         if create is None:
-            await self._to_route(scope, _replay(body, more, receive), send)
+            await self.app(scope, _replay(body, more, receive), send)
             return
-        scope["route"] = self._route
+        scope["route"] = self.route
         try:
             draft = draft_job(state.ctx, principal.id, spec=create.spec, choice=create.choice)
             job = await state.submissions.submit(draft)
@@ -64,11 +63,6 @@ class FastSubmit:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
         await send({"type": "http.response.start", "status": 201, "headers": headers})
         await send({"type": "http.response.body", "body": answer})
-
-    async def _to_route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
-        if self._route is None:
-            self._route = scope.get("route")
 
 
 def _cached_principal(scope: Scope, key_cache: Any) -> Any:
