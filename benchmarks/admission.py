@@ -1,9 +1,11 @@
 """Admission under a burst: 200 concurrent submissions for scarce devices, on PostgreSQL + Redis.
 
     python benchmarks/admission.py [--submissions 200] [--steps 3] [--in-flight 0] [--drain-timeout 3600]
+                                   [--workers N]
 
-A `cpn server` process on a fresh PostgreSQL database and Redis (as `benchmarks/control_plane.py`
-starts one), two real `cpn agent` processes of two CPU slots each (four devices in all), and two
+A `cpn server` deployed as README's "Running it for real" advises, one worker per core
+(`--workers`, default the cores this machine has, at most 4), on a fresh PostgreSQL database and
+Redis (as `benchmarks/control_plane.py` starts one), two real `cpn agent` processes of two CPU slots each (four devices in all), and two
 tenants. Each tenant submits half the jobs: a tiny GPT of a few steps on one device, one in four
 of each tenant's at priority 1, the rest at 0. Concurrency: one asyncio event loop in a process
 of its own, raw HTTP/1.1 over asyncio streams (``_submit_client.py``'s request and answer code;
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import secrets
 import sys
 import tempfile
@@ -161,7 +164,10 @@ def main() -> None:
     )
     ap.add_argument("--drain-timeout", type=float, default=3600.0, help="Seconds to wait for every job")
     ap.add_argument(
-        "--workers", type=int, default=1, help="`cpn server --workers`: server processes (about one per core)"
+        "--workers",
+        type=int,
+        default=min(4, len(os.sched_getaffinity(0))),
+        help="`cpn server --workers`: server processes (default: one per core, at most 4)",
     )
     args = ap.parse_args()
 
