@@ -196,7 +196,7 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
         if (write_fixed := _observe_checkpoint(run, task, share)) is not None:
             obs[(CHECKPOINT_FIXED, task.node_id)].append(write_fixed)
     if _exchanged(run) and basis is not None:
-        goodput, _ = observe_exchange(basis, [t.result for t in run.tasks])
+        goodput, _ = observe_exchange(basis, [t.result for t in run.tasks], _beside_steps(run))
         for key, value in goodput.items():
             obs[key].append(value)
         if (lag := drift_sample(run)) is not None and lag.round_s > 0:
@@ -260,6 +260,11 @@ def _achieved_rate(totals: Sequence[dict[str, float]]) -> float | None:
     return moved / spent if moved > 0 and spent > 0 else None
 
 
+def _beside_steps(run: FinishedRun) -> bool:
+    """Whether the run's payloads moved on background threads beside its steps."""
+    return cm.streams_beside_steps(run.option.sync.mode)
+
+
 def _exchanged(run: FinishedRun) -> bool:
     basis = run.option.estimates.basis
     regions = {t.region for t in run.tasks}
@@ -269,7 +274,7 @@ def _exchanged(run: FinishedRun) -> bool:
 
 
 def observe_exchange(
-    basis: CalibrationBasis, results: Sequence[dict[str, Any]]
+    basis: CalibrationBasis, results: Sequence[dict[str, Any]], beside_steps: bool = False
 ) -> tuple[dict[tuple[str, str], float], xf.Sample | None]:
     """Goodput per region pair, and the exchange's wait beyond its transfer as a fit sample.
 
@@ -282,12 +287,16 @@ def observe_exchange(
     sample of y = e + calls × c + parameters × p (``exchange_fit``). Each part keeps its own
     factor, so a payload or ring of another shape is priced right. Only a blocking exchange
     teaches any of them: an overlapped one streams while the replicas compute, so on a CPU host
-    its payloads wait for the cores training holds and say little of the link.
+    its payloads wait for the cores training holds and say little of the link. So do the payloads
+    of modes the runtime moves on background threads whatever the steps do (``beside_steps``:
+    gossip, ssp, async), even where the estimate prices their rounds as blocking: a gossip run's
+    payloads arrived at a tenth of the rate a blocking exchange's did on the same link, and a
+    goodput learned from them priced the next blocking exchanges' bytes several times too slow.
     """
     ex = basis.exchange
     assert ex is not None
     out: dict[tuple[str, str], float] = {}
-    if not ex.blocking or ex.rounds < 1:
+    if not ex.blocking or beside_steps or ex.rounds < 1:
         return out, None
     totals = [t for r in results if (t := _exchange_totals(r)) is not None]
     rate = _achieved_rate(totals)
@@ -309,10 +318,14 @@ def drift_sample(run: FinishedRun) -> df.Sample | None:
     if basis is None or not _exchanged(run):
         return None
     delay = run.option.runtime.overlap_steps if run.option.runtime is not None else None
-    return _observe_drift(basis, run.tasks) or _observe_overlapped_drift(basis, run.tasks, delay or 0)
+    return _observe_drift(basis, run.tasks, _beside_steps(run)) or _observe_overlapped_drift(
+        basis, run.tasks, delay or 0
+    )
 
 
-def _observe_drift(basis: CalibrationBasis, tasks: Sequence[TaskRun]) -> df.Sample | None:
+def _observe_drift(
+    basis: CalibrationBasis, tasks: Sequence[TaskRun], beside_steps: bool = False
+) -> df.Sample | None:
     """At a blocking exchange made every H > 1 steps, the wait beyond what the exchange itself
     costs (its transfer, calls and per-parameter work as priced) is the first region waiting for
     the last, which drifted behind over the H local steps: as a fraction of those steps, per
@@ -321,7 +334,9 @@ def _observe_drift(basis: CalibrationBasis, tasks: Sequence[TaskRun]) -> df.Samp
     A region's wait is taken per round of the run (its total over ceil(steps / H)), not per
     exchange it counted: in gossip the regions count different numbers of exchanges (a region may
     pull more often than it is pulled), and the per-exchange wait of the one that counted fewer
-    overstated the lag it waited for. The median region's, as ``_observe_overlapped_drift`` takes it."""
+    overstated the lag it waited for. The median region's, as ``_observe_overlapped_drift`` takes it.
+    Payloads moved beside the steps (``beside_steps``) are taken at the rate priced: how fast they
+    arrived while training held the cores is not what the round's wait was priced with."""
     ex = basis.exchange
     if ex is None or not ex.blocking or ex.every <= 1 or ex.rounds < 1:
         return None
@@ -335,7 +350,7 @@ def _observe_drift(basis: CalibrationBasis, tasks: Sequence[TaskRun]) -> df.Samp
     step = _local_step(tasks)
     if not per_round or step <= 0:
         return None
-    rate = _achieved_rate(totals) or ex.bytes_per_s
+    rate = (None if beside_steps else _achieved_rate(totals)) or ex.bytes_per_s
     transfer = ex.local_s + (ex.bytes / rate if ex.bytes > 0 and rate > 0 else 0.0) + ex.latency_s
     own = (ex.fixed_s + ex.rounds * ex.call_s + ex.params * ex.param_s) * max(1.0, ex.share)
     extra = statistics.median(per_round) - transfer - own
@@ -399,7 +414,7 @@ def _learn_exchange(
     basis = run.option.estimates.basis
     if basis is None or not _exchanged(run):
         return []
-    _, sample = observe_exchange(basis, [t.result for t in run.tasks])
+    _, sample = observe_exchange(basis, [t.result for t in run.tasks], _beside_steps(run))
     if sample is None or basis.exchange is None or basis.exchange.every > 1:
         return []  # an exchange every H steps also waits for drifted regions (``_observe_drift``)
     moved = []

@@ -916,6 +916,14 @@ def sync_overlapped(sync: SyncSpec) -> bool:
     return sync.mode == "ssp" and sync.staleness >= 1
 
 
+def streams_beside_steps(mode: str) -> bool:
+    """Whether the runtime moves a mode's payloads on background threads while the replicas go on
+    training: a gossip round's exchanges (``GossipSync._launch``), ssp's sender per peer and the
+    async server's pushes. On a CPU host those payloads take turns with training for the cores,
+    so how fast they arrive says nothing of how fast a payload the steps wait for moves."""
+    return mode in ("gossip", "ssp", "async")
+
+
 def wan_sync_per_step(sync: SyncSpec, steps: int, t_sync, t_local):
     """Seconds the exchange adds to an average step."""
     per = t_sync * exchanges_per_step(sync, steps)

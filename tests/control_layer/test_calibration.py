@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contracts.job_spec import JobSpec
 from control_layer import calibration as cal
@@ -269,6 +271,43 @@ def test_an_overlapped_exchange_teaches_neither_goodput_nor_exchange_costs() -> 
     assert set(goodput) == {(cal.GOODPUT, "eu|us")}
     assert sample is not None and sample.rounds == 1
     assert sample.seconds == pytest.approx(1.0 + two_params() * PARAM_S)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    mode=st.sampled_from(["sync", "gossip", "ssp", "async"]),
+    slowdown=st.floats(min_value=0.05, max_value=20.0),
+)
+def test_only_payloads_the_steps_wait_for_teach_goodput(mode: str, slowdown: float) -> None:
+    # Gossip rounds, ssp's senders and the async server's pushes move their payloads on background
+    # threads while the replicas train: however fast those arrived, the link's goodput is what the
+    # blocking exchanges show.
+    two = _option(regions=2)
+    ex = two.estimates.basis.exchange
+    totals = _exchanged(two, rate=ex.bytes_per_s / slowdown, call_s=CALL_S, param_s=PARAM_S)
+    beside = cm.streams_beside_steps(mode)
+    assert beside == (mode != "sync")
+    goodput, _ = cal.observe_exchange(two.estimates.basis, [{"exchange_totals": totals}], beside)
+    if beside:
+        assert goodput == {}
+    else:
+        want = min(max(two.estimates.basis.goodput["eu|us"] / slowdown, 1e-3), 1.5)
+        assert goodput == {(cal.GOODPUT, "eu|us"): pytest.approx(want)}
+
+
+def test_a_gossip_run_leaves_the_links_goodput_to_blocking_exchanges() -> None:
+    two = _option(regions=2)
+    ex = two.estimates.basis.exchange
+    blocking = _exchanged(two, rate=ex.bytes_per_s / 2, call_s=CALL_S, param_s=PARAM_S)
+    state, _ = cal.update(cal.State(), _run(two, compute_s=1.0, exchange=blocking))
+    learned = state.factors[(cal.GOODPUT, "eu|us")].value
+    assert learned == pytest.approx(two.estimates.basis.goodput["eu|us"] / 2)
+    # The same plan run as gossip: its payloads crawl in beside the steps and teach nothing of the link.
+    gossip = two.model_copy(update={"sync": SyncTopology(mode="gossip", every=10)})
+    slow = _exchanged(two, rate=ex.bytes_per_s / 10, call_s=CALL_S, param_s=PARAM_S)
+    state, changes = cal.update(state, _run(gossip, compute_s=1.0, exchange=slow, job="j2"))
+    assert state.factors[(cal.GOODPUT, "eu|us")].value == learned
+    assert not [c for c in changes if c.kind == cal.GOODPUT]
 
 
 def test_a_goodput_learned_against_a_declared_link_does_not_apply_to_a_measured_one() -> None:
