@@ -3,17 +3,17 @@
     python benchmarks/admission.py [--submissions 200] [--steps 3] [--in-flight 0] [--drain-timeout 3600]
                                    [--workers N]
 
-A `cpn server` deployed as README's "Running it for real" advises, one worker per core
-(`--workers`, default the cores this machine has, at most 4), on a fresh PostgreSQL database and
-Redis (as `benchmarks/control_plane.py` starts one), two real `cpn agent` processes of two CPU slots each (four devices in all), and two
-tenants. Each tenant submits half the jobs: a tiny GPT of a few steps on one device, one in four
-of each tenant's at priority 1, the rest at 0. Concurrency: one asyncio event loop in a process
-of its own, raw HTTP/1.1 over asyncio streams (``_submit_client.py``'s request and answer code;
-with httpx at 200 connections the client, not the server, set the pace), one keep-alive connection per
-submission, opened and its key verified first (so no answer waits on a TCP handshake), and every
-submission started at once with ``asyncio.gather``: all 200 are in flight together
-(``--in-flight N`` caps them at N, each next one sent as one is answered). A submission's latency
-runs from writing the request to reading the whole answer.
+A `cpn server` deployed as README's "Running it for real" advises, one worker per core (`--workers`,
+default the cores this machine has, at most 4), on a fresh PostgreSQL database and Redis (as
+`benchmarks/control_plane.py` starts one), two real `cpn agent` processes of two CPU slots each
+(four devices in all), and two tenants. Each tenant submits half the jobs: a tiny GPT of a few steps
+on one device, one in four of each tenant's at priority 1, the rest at 0. Concurrency: one asyncio
+event loop in a process of its own, raw HTTP/1.1 over asyncio streams (``_submit_client.py``'s
+request and answer code; with httpx at 200 connections the client, not the server, set the pace),
+one keep-alive connection per submission, opened and its key verified first (so no answer waits on a
+TCP handshake), and every submission started at once with ``asyncio.gather``: all 200 are in flight
+together (``--in-flight N`` caps them at N, each next one sent as one is answered). A submission's
+latency runs from writing the request to reading the whole answer.
 
 Then it waits until every job has ended and reads the database: double bookings (two active
 spans of allocations of one device that overlap in time), the queue wait per tenant and priority,
