@@ -224,7 +224,8 @@ async def run_control_plane(
             for task in done - {waiting}:
                 if task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
-                raise RuntimeError(f"{task.get_name()} stopped unexpectedly")
+                if not stop.is_set():  # a part that ended because of the stop ended as asked
+                    raise RuntimeError(f"{task.get_name()} stopped unexpectedly")
         finally:
             stop.set()
             app.state.stopping.set()  # ends open event streams so uvicorn need not wait them out
