@@ -40,7 +40,7 @@ from resource_layer.server import build_grpc_server
 from resource_layer.tls import AgentTls
 from service_layer.app import create_app
 from service_layer.auth import bootstrap_admin
-from service_layer.workers import supervise, wait_for_siblings
+from service_layer.workers import bind_tcp, supervise, wait_for_siblings
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +90,7 @@ def bootstrap_once(settings: Settings) -> None:
 
 
 def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:  # a worker of `cpn server --workers`: the port is shared with the others
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
+    sock = bind_tcp(host, port, reuse_port=reuse_port)
     sock.set_inheritable(True)
     return sock
 

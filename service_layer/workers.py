@@ -40,19 +40,25 @@ START_TIMEOUT_S = 300.0  # every worker ready to listen by then, or the start fa
 _SYNC_ENV = "CPN_WORKER_SYNC"  # "<ready fd>,<go fd>": the barrier's ends a worker inherits
 
 
-def reserve_port(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (0: any free port) with SO_REUSEPORT, for the workers to
-    bind beside; it never listens."""
+def bind_tcp(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0: any free port), not listening; ``reuse_port``: shared
+    with the other workers of `cpn server --workers` (SO_REUSEPORT)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError:
         sock.close()
         raise
     return sock
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A port held for the workers to bind beside (SO_REUSEPORT); the socket never listens."""
+    return bind_tcp(host, port, reuse_port=True)
 
 
 def wait_for_siblings() -> None:
