@@ -11,4 +11,6 @@ pg_isready -q -h 127.0.0.1 -p 5432 || pg_ctlcluster --skip-systemctl-redirect "$
 redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 || redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 \
   --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log
 
-exec python3 -m pytest -q "$@"
+# Two workers (CPN_TEST_WORKERS): the multi-process tests run in turn on one (tests/conftest.py,
+# SERIAL_PATHS), the rest on the other meanwhile.
+exec python3 -m pytest -q -n "${CPN_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -61,6 +61,38 @@ def redis_unreachable() -> str | None:
         return f"Redis unreachable at {REDIS_URL}: {exc.__class__.__name__}: {exc}"
 
 
+# Tests that start real agents (they bind fixed sync-port ranges) or shape network namespaces, and
+# every multi-process test, run one after another on one xdist worker (``--dist loadgroup``): the
+# other workers take the rest meanwhile. The multi-process tests' timing is what they assert on, so
+# they never compete with each other for the cores.
+SERIAL_PATHS = (
+    "tests/agent/",
+    "tests/integration/",
+    "tests/benchmarks/test_link_probe.py",
+    "tests/benchmarks/test_netlab.py",
+    "tests/resource_layer/test_tls.py",
+    "tests/service_layer/test_job_logs_agent.py",
+    "tests/training/test_lost_notices.py",
+    "tests/training/test_sync_engine.py",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist hands its workers the controller's terminal size as COLUMNS/LINES; the CLI's rich
+    # consoles, made at import, would fix their width to it, and the CLI tests that set COLUMNS
+    # per invocation would get 80 columns instead.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.pop("COLUMNS", None)
+        os.environ.pop("LINES", None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slow") or item.nodeid.startswith(SERIAL_PATHS):
+            item.add_marker(pytest.mark.xdist_group("serial"))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     finish_drops()
 
