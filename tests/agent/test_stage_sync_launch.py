@@ -18,7 +18,12 @@ from agent.settings import AgentSettings
 from agent.workers import Assignment, WorkerRun
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX, parse_lines
 from control_layer.planner.plan_types import PlannedTask, PlanOption, SyncTopology
-from control_layer.worker_config import TaskSlot, build_worker_configs, validate_worker_config
+from control_layer.worker_config import (
+    TaskSlot,
+    build_worker_configs,
+    stage_port_counts,
+    validate_worker_config,
+)
 from orchestration.db.models import Cluster, Node
 from proto.cpn.agent.v1 import agent_pb2
 from tests.orchestration.fleet import hand_option, tiny_spec
@@ -40,18 +45,26 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def two_pipelines() -> tuple[PlanOption, dict[str, list[Node]]]:
-    """Replica r's stage s on node (r, s): each replica a pipeline over two nodes of its cluster."""
+def two_pipelines(mixed: bool = False) -> tuple[PlanOption, dict[str, list[Node]]]:
+    """Replica r's stage s on node (r, s): each replica a pipeline over two nodes of its cluster.
+    ``mixed``: the second replica whole on one node instead (its stages on devices 0 and 1)."""
     nodes = {
         EU.id: [Node(id="eu-n0", cluster_id=EU.id), Node(id="eu-n1", cluster_id=EU.id)],
-        US.id: [Node(id="us-n0", cluster_id=US.id), Node(id="us-n1", cluster_id=US.id)],
+        US.id: [Node(id="us-n0", cluster_id=US.id)] + ([] if mixed else [Node(id="us-n1", cluster_id=US.id)]),
     }
     base = hand_option([(EU, nodes[EU.id][0], 0), (US, nodes[US.id][0], 0)])
     tasks = [
         PlannedTask(dp_rank=r, pp_stage=s, tp_rank=0, cluster=c.id, node=n.id, device=0, region=c.region)
         for r, c in enumerate((EU, US))
-        for s, n in enumerate(nodes[c.id])
+        for s, n in enumerate(nodes[c.id] if not (mixed and c is US) else [])
     ]
+    if mixed:
+        tasks += [
+            PlannedTask(
+                dp_rank=1, pp_stage=s, tp_rank=0, cluster=US.id, node="us-n0", device=s, region=US.region
+            )
+            for s in range(2)
+        ]
     option = base.model_copy(
         update={
             "dp": 2,
@@ -66,13 +79,15 @@ def two_pipelines() -> tuple[PlanOption, dict[str, list[Node]]]:
 
 
 def slots(option: PlanOption, nodes: dict[str, list[Node]], stage_ports: bool = True) -> list[TaskSlot]:
-    """Node 0 of each pipeline hosts the group's rendezvous and leads stage 0; node 1 leads stage 1."""
-    ports = iter(_free_ports(6))
+    """As allocation makes them: the first node of a group spanning nodes hosts its rendezvous, and
+    each node listens once per stage whose leader it holds (the first of them its sync port)."""
+    counts = stage_port_counts(option, "sync")
+    ports = iter(_free_ports(8))
     out = []
     for c in (EU, US):
-        group = next(ports)
+        group = next(ports) if len(nodes[c.id]) > 1 else None
         for i, n in enumerate(nodes[c.id]):
-            port = next(ports)
+            own = tuple(next(ports) for _ in range(counts.get(n.id, 0)))
             out.append(
                 TaskSlot(
                     node_id=n.id,
@@ -80,10 +95,10 @@ def slots(option: PlanOption, nodes: dict[str, list[Node]], stage_ports: bool = 
                     cluster_name=c.name,
                     region=c.region,
                     host="127.0.0.1",
-                    sync_port=port,
+                    sync_port=own[0],
                     entries=tuple(e for e in option.tasks if e.node == n.id),
                     group_port=group if i == 0 else None,
-                    stage_ports=(port,) if stage_ports else (),
+                    stage_ports=own if stage_ports else (),
                 )
             )
     return out
@@ -120,7 +135,9 @@ def test_configs_give_each_stage_its_own_ring() -> None:
     assert all(not c["sync"].get("stages") for c in plain.values())
 
 
-def _launch(tmp_path: Path, configs: dict[str, dict[str, Any]]) -> dict[str, list[agent_pb2.AgentMessage]]:
+def _launch(
+    tmp_path: Path, configs: dict[str, dict[str, Any]], devices: dict[str, tuple[int, ...]]
+) -> dict[str, list[agent_pb2.AgentMessage]]:
     sent: dict[str, list[agent_pb2.AgentMessage]] = {n: [] for n in configs}
 
     async def launch() -> list[WorkerRun]:
@@ -131,7 +148,7 @@ def _launch(tmp_path: Path, configs: dict[str, dict[str, Any]]) -> dict[str, lis
                 server="127.0.0.1:50051", region=cfg["region"], cluster=cfg["cluster"],
                 price_per_device_hour=1.0, work_dir=work, metrics_min_interval_s=0.0,
             )  # fmt: skip
-            a = Assignment(f"task-{node_id}", "job-st", 1, (0,), 1, cfg)
+            a = Assignment(f"task-{node_id}", "job-st", 1, devices[node_id], len(devices[node_id]), cfg)
             runs.append(
                 WorkerRun(
                     a,
@@ -154,14 +171,15 @@ def _launch(tmp_path: Path, configs: dict[str, dict[str, Any]]) -> dict[str, lis
 
 
 def run_job(
-    tmp_path: Path, sync: dict[str, Any], per_stage: bool = True
+    tmp_path: Path, sync: dict[str, Any], per_stage: bool = True, mixed: bool = False
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[int, float]], dict[str, dict[str, torch.Tensor]]]:
     """The two pipelines' configs, every step's loss per participant and their final models.
     ``per_stage=False`` strips the stage rings: each participant's first node gathers its whole
     replica and syncs it in one ring (the path modes without per-stage rings take)."""
-    option, nodes = two_pipelines()
+    option, nodes = two_pipelines(mixed)
     spec = tiny_spec(training={"steps": STEPS, "global_batch_tokens": 128, "lr": 3e-3}, sync=sync)
-    configs = build_worker_configs("job-st", spec, option, slots(option, nodes))
+    placed = slots(option, nodes)
+    configs = build_worker_configs("job-st", spec, option, placed)
     for node_id, cfg in configs.items():
         cfg["metrics_interval_s"] = 0.0  # a metrics line every step, to compare every loss
         # Spanning groups keep no checkpoints (their nodes' disks differ); here both nodes of a
@@ -171,22 +189,29 @@ def run_job(
         if not per_stage:
             cfg["sync"]["stages"] = []
         configs[node_id] = validate_worker_config(cfg)
-    sent = _launch(tmp_path, configs)
+    devices = {s.node_id: tuple(s.device_indices) for s in placed}
+    sent = _launch(tmp_path, configs, devices)
     losses = {}
     for c in (EU, US):
         lines = [m for m in sent[nodes[c.id][0].id] if m.WhichOneof("kind") == "metrics"]
         losses[c.region] = {m.metrics.step: m.metrics.loss for m in lines}
         assert sorted(losses[c.region]) == list(range(1, STEPS + 1))
-        assert not [m for m in sent[nodes[c.id][1].id] if m.WhichOneof("kind") == "metrics"]
+        for other in nodes[c.id][1:]:
+            assert not [m for m in sent[other.id] if m.WhichOneof("kind") == "metrics"]
     finals = {
         r: load_final_state(tmp_path / r / "ckpt", tmp_path / r)["model"] for r in ("eu-west", "us-east")
     }
     return configs, losses, finals
 
 
-def test_two_pipelines_over_two_nodes_each_sync_per_stage_as_data_parallel(tmp_path: Path) -> None:
-    configs, losses, finals = run_job(tmp_path, {"mode": "sync"})
-    _, nodes = two_pipelines()
+@pytest.mark.parametrize("mixed", [False, True], ids=["two-pipelines", "beside-a-whole-replica"])
+def test_two_pipelines_over_two_nodes_each_sync_per_stage_as_data_parallel(
+    tmp_path: Path, mixed: bool
+) -> None:
+    """mixed: the second participant holds its whole replica on one node, whose two ranks each
+    lead a stage's ring on a port of their own."""
+    configs, losses, finals = run_job(tmp_path, {"mode": "sync"}, mixed=mixed)
+    _, nodes = two_pipelines(mixed)
     ref_cfg = dict(configs[nodes[EU.id][0].id])
     ref_cfg |= {
         "parallel": {"dp_local": 2, "tp": 1, "pp": 1},
