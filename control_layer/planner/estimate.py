@@ -317,6 +317,7 @@ def stage_sync_cost(
                 params=largest,
                 param_s=param_s,
                 share=share,
+                rings=len(planned),
             )
         per_participant = float(cm.wan_bytes_per_leader(sync, n_s, p_count))
         if len(regions) >= 2:
