@@ -28,6 +28,7 @@ from orchestration.db.models import Cluster, Node
 from proto.cpn.agent.v1 import agent_pb2
 from tests.orchestration.fleet import hand_option, tiny_spec
 from tests.training.harness import load_final_state, reference_run
+from training.checkpoint import latest_checkpoint
 
 EU = Cluster(id="ceu", name="eu1", region="eu-west")
 US = Cluster(id="cus", name="us1", region="us-east")
@@ -229,6 +230,9 @@ def test_two_pipelines_over_two_nodes_each_sync_per_stage_as_data_parallel(
     got_flat = torch.cat([finals["eu-west"][n].reshape(-1) for n in want])
     ref_flat = torch.cat([w.reshape(-1) for w in want.values()])
     assert float((got_flat - ref_flat).norm() / ref_flat.norm()) < 1e-5
+    # Each stage's engine state is checkpointed by stage (the whole replica's node's two leaders).
+    meta = torch.load(latest_checkpoint(tmp_path / "us-east" / "ckpt") / "meta.pt", weights_only=False)
+    assert sorted(meta["sync"]["stages"]) == [0, 1]
     # The leader reports both rings: every step's metrics merge the two stages' engines, and the run's
     # WAN bytes hold both stages' gradients every step (fp32, pushed to the one peer).
     n_params = ref_flat.numel()
