@@ -56,6 +56,7 @@ from control_layer.worker_config import (  # noqa: E402
     build_worker_configs,
     group_by_node,
     job_sync_secret,
+    stage_port_counts,
     validate_worker_config,
 )
 from training.models.gpt import GPT  # noqa: E402
@@ -225,9 +226,12 @@ def task_slots(option: PlanOption, snap: ResourceSnapshot, port: Any) -> list[Ta
     groups = node_groups(option.tasks)
     multi = len(groups) > 1
     leads = {g[0]: len(g) > 1 for g in groups}
+    staged = stage_port_counts(option, option.sync.mode)  # per-stage rings: a port per stage led
     slots = []
     for node_id, entries in by_node.items():
         cluster = clusters[entries[0].cluster]
+        stage_ports = tuple(port() for _ in range(staged.get(node_id, 0)))
+        sync_port = stage_ports[0] if stage_ports else port() if multi and node_id in leads else None
         slots.append(
             TaskSlot(
                 node_id=node_id,
@@ -235,10 +239,11 @@ def task_slots(option: PlanOption, snap: ResourceSnapshot, port: Any) -> list[Ta
                 cluster_name=cluster.name or cluster.id,
                 region=cluster.region,
                 host="127.0.0.1",
-                sync_port=port() if multi and node_id in leads else None,
+                sync_port=sync_port,
                 entries=tuple(entries),
                 group_port=port() if leads.get(node_id) else None,
                 cross_cluster_host="127.0.0.1" if snap.nodes_by_id()[node_id].cross_cluster_groups else None,
+                stage_ports=stage_ports,
             )
         )
     return slots

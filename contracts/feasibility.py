@@ -124,3 +124,33 @@ def sync_port_problems(n_tasks: int, nodes_without_port: Collection[str]) -> lis
             " per node"
         ]
     return []
+
+
+# Modes whose exchange is elementwise over the parameters and dense (a ring or all-to-all of every
+# element): each pipeline stage can reduce its own parameters in a ring of its own, the stages'
+# rings side by side. The others (ssp, async, gossip) keep one leader per participant, which gathers
+# the whole replica (their protocols pair whole models: a server's answer, a gossip partner's
+# weights, a staleness bound per participant).
+STAGE_SYNC_MODES = ("sync", "local_sgd", "diloco")
+
+
+def syncs_per_stage(*, mode: str, participants: int, pp: int, stage_leaders_split: bool) -> bool:
+    """Whether a job's participants sync per pipeline stage: a dense mode, two or more participants,
+    and some participant whose stage leaders sit on different nodes (a whole replica's gradients
+    would otherwise cross its own nodes' fabric to one leader and leave through one port)."""
+    return mode in STAGE_SYNC_MODES and participants > 1 and pp > 1 and stage_leaders_split
+
+
+def stage_sync_problems(*, mode: str, pp: int, stages: Collection[int]) -> list[str]:
+    """Per-stage rings: one per stage, only in the modes that run them."""
+    if not stages:
+        return []
+    out = []
+    if mode not in STAGE_SYNC_MODES:
+        out.append(
+            f"sync.stages: mode {mode!r} syncs through one leader per participant; per-stage rings"
+            f" run in modes {', '.join(STAGE_SYNC_MODES)} only"
+        )
+    if sorted(stages) != list(range(pp)):
+        out.append(f"sync.stages must list each of the {pp} pipeline stages once, got {sorted(stages)}")
+    return out

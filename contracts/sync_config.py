@@ -21,6 +21,24 @@ Compression = Literal["none", "fp32", "fp16", "bf16", "int8", "topk"]
 DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM = 0.7, 0.9
 
 
+class StageRing(BaseModel):
+    """One pipeline stage's own sync ring: this participant's leader of the stage (the stage's first
+    rank) meets the same stage of every other participant and exchanges only that stage's
+    parameters or gradients, beside the other stages' rings (``training.sync.stages``)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    stage: int = Field(ge=0)
+    # Set only in the config of the node that holds the stage's leader: where it serves its ring.
+    listen: str | None = None
+    advertise: str | None = None
+    peers: dict[str, str] = Field(
+        default_factory=dict, description="participant -> host:port of its leader of this stage"
+    )
+    # The ring over the stage's leaders (each stage's over its own leaders' clusters and regions).
+    ring_order: list[str] | None = Field(default=None, max_length=1024)
+
+
 class SyncConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -113,6 +131,9 @@ class SyncConfig(BaseModel):
     links: dict[str, LinkSpec] = Field(default_factory=dict, description='"a|b" -> bandwidth and latency')
     kernel_shaping: bool = Field(default=False, description="bandwidth is shaped by tc; latency stays here")
     chunk_bytes: int = Field(default=1 << 20, ge=1024, le=3 << 20)
+    # Per-stage rings (one per pipeline stage, each listed with its own peers): set where the job's
+    # participants sync stage by stage; empty: one leader per participant gathers the whole replica.
+    stages: list[StageRing] = Field(default_factory=list, max_length=1024)
     # how the runtime places this cluster's replicas among all of the job's (data sharding)
     global_replicas: int | None = Field(default=None, gt=0)
     replica_offset: int = Field(default=0, ge=0)
@@ -145,6 +166,22 @@ class SyncConfig(BaseModel):
             if self.region and set(self.ring_order) != known:
                 raise ValueError(
                     f"ring_order {self.ring_order} must list exactly the regions {sorted(known)}"
+                )
+        for ring in self.stages:
+            if set(ring.peers) != set(self.peers):
+                raise ValueError(
+                    f"stages[{ring.stage}].peers {sorted(ring.peers)} must name the participants of"
+                    f" sync.peers {sorted(self.peers)}"
+                )
+            known = set(self.peers) | {self.region}
+            if (
+                ring.ring_order is not None
+                and self.region
+                and (set(ring.ring_order) != known or len(ring.ring_order) != len(known))
+            ):
+                raise ValueError(
+                    f"stages[{ring.stage}].ring_order {ring.ring_order} must list each of"
+                    f" {sorted(known)} once"
                 )
         if self.gossip_graph is not None:
             if not self.gossip_graph:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from contracts.errors import InvalidArgument
-from contracts.feasibility import BYO_PARALLELISM, byo_problems, shape_problems
+from contracts.feasibility import BYO_PARALLELISM, byo_problems, shape_problems, stage_sync_problems
 from contracts.model import GPTConfig
 from contracts.sync_config import SyncConfig
 
@@ -186,6 +186,9 @@ class WorkerConfig(BaseModel):
                 tp=p.tp,
                 pp=p.pp,
             )
+        problems += stage_sync_problems(
+            mode=self.sync.mode, pp=p.pp, stages=[r.stage for r in self.sync.stages]
+        )
         if problems:
             raise ValueError("; ".join(problems))
         if self.replica_offset + self.parallel.dp_local > self.global_replicas:

@@ -25,7 +25,13 @@ from control_layer.checkpoint_copies import reachable_checkpoints, sign_fetches
 from control_layer.planner.node_groups import node_groups
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.snapshot import current_prices
-from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
+from control_layer.worker_config import (
+    TaskSlot,
+    build_worker_configs,
+    group_by_node,
+    stage_port_counts,
+    validate_worker_config,
+)
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Task
 from orchestration.resource_changes import NOTED, note_changes
@@ -82,7 +88,11 @@ def allocate(
     process_groups = node_groups(option.tasks)
     multi = len(process_groups) > 1
     spanning = {g[0] for g in process_groups if len(g) > 1}
+    # Per-stage sync: every node holding stages' leaders listens once per such stage instead.
+    staged = stage_port_counts(option, spec.sync.mode)
     wanted_ports = {g[0]: int(multi) + int(g[0] in spanning) for g in process_groups}
+    for node_id, k in staged.items():
+        wanted_ports[node_id] = k + int(node_id in spanning)
     ports = _assign_sync_ports(session, [nodes[n] for n, k in wanted_ports.items() if k], wanted_ports)
     slots = [
         TaskSlot(
@@ -95,6 +105,7 @@ def allocate(
             entries=tuple(entries),
             group_port=ports[node_id][-1] if node_id in spanning and node_id in ports else None,
             cross_cluster_host=nodes[node_id].cross_cluster_host,
+            stage_ports=tuple(ports.get(node_id, [])[: staged.get(node_id, 0)]),
         )
         for node_id, entries in groups.items()
     ]
@@ -310,11 +321,15 @@ def _assign_sync_ports(
                 Task.node_id == node.id, Task.status.in_(TASK_ACTIVE)
             )
         ).all()
-        used = {p for p, _ in active if p is not None} | {
-            int(g["master_port"])
-            for _, wc in active
-            if (g := (wc or {}).get("group")) and g.get("node_rank") == 0
-        }
+        used = (
+            {p for p, _ in active if p is not None}
+            | {
+                int(g["master_port"])
+                for _, wc in active
+                if (g := (wc or {}).get("group")) and g.get("node_rank") == 0
+            }
+            | {port for _, wc in active for port in _stage_listen_ports(wc)}
+        )
         last = session.scalar(
             select(Task.sync_port)
             .where(Task.node_id == node.id, Task.sync_port.is_not(None))
@@ -328,6 +343,12 @@ def _assign_sync_ports(
             raise AllocationConflict(f"node {node.id}: all sync ports {low}-{high} are in use")
         ports[node.id] = free
     return ports
+
+
+def _stage_listen_ports(worker_config: dict[str, Any] | None) -> list[int]:
+    """The ports a task's per-stage rings listen on (``sync.stages``, on the node that leads them)."""
+    stages = ((worker_config or {}).get("sync") or {}).get("stages") or []
+    return [int(r["listen"].rsplit(":", 1)[1]) for r in stages if r.get("listen")]
 
 
 def _egress_prices(session: Session, regions: set[str]) -> Callable[[str], float]:

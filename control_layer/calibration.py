@@ -299,7 +299,10 @@ def observe_exchange(
     if not ex.blocking or beside_steps or ex.rounds < 1:
         return out, None
     totals = [t for r in results if (t := _exchange_totals(r)) is not None]
-    rate = _achieved_rate(totals)
+    # Concurrent per-stage rings: each payload moved at its ring's share of whatever pipes it shared
+    # with the others, which the leaders cannot tell apart, so the payloads say nothing of a link's
+    # rate; the wait beyond the transfer is read against the transfer as priced.
+    rate = _achieved_rate(totals) if ex.rings == 1 else None
     if rate is not None and ex.bytes_per_s > 0:
         for key, used in basis.goodput.items():
             out[(GOODPUT, key)] = _clamp(used * rate / ex.bytes_per_s, GOODPUT_RANGE)

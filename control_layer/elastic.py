@@ -174,6 +174,10 @@ def _replace(
     ctx: ServerContext, session: Session, job: Job, spec: JobSpec, lost: Task, others: list[Task]
 ) -> Task | str:
     """The lost task's replacement, dispatched; or why there is none."""
+    if ((lost.worker_config or {}).get("sync") or {}).get("stages"):
+        # Each of its stages' rings would need a port on the new node and the survivors a new peer
+        # address per ring, which a running worker does not take: the rings go on without it.
+        return "its job syncs per pipeline stage; the others go on without it"
     steps = spec.training.steps
     survivors_at = [
         int(s)

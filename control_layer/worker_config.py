@@ -4,7 +4,10 @@ Pure: (spec, option, the placed tasks) -> JSON-able dicts. Each node runs its sh
 torchrun. Nodes whose replicas cross them (``control_layer.planner.node_groups``) form one torchrun group,
 each node its block of ranks; any other node is a group of its own. A group's replicas are its
 data-parallel group, and its leader (node rank 0, rank 0) talks to the leaders of every other
-group over the WAN (``sync.listen`` / ``sync.peers``).
+group over the WAN (``sync.listen`` / ``sync.peers``). Where a group's pipeline stages have their
+leaders on different nodes and the mode is dense (``node_groups.per_stage_sync``), every group's
+leader of each stage (the stage's first rank) meets the same stage of the other groups in a ring of
+its own instead (``sync.stages``), listening on a port of its node's sync range.
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ from contracts.feasibility import (
     sync_port_problems,
 )
 from contracts.job_spec import JobSpec
-from control_layer.planner.node_groups import node_group_problems, node_groups, rank_key
+from control_layer.planner.node_groups import (
+    node_group_problems,
+    node_groups,
+    per_stage_sync,
+    rank_key,
+    stage_leader_nodes,
+)
 from control_layer.planner.plan_types import PlannedTask, PlanOption, RuntimeSettings
 from control_layer.planner.runtime_settings import runtime_settings
 from control_layer.planner.sync_choice import pinned
@@ -54,6 +63,9 @@ class TaskSlot:
     # Where other clusters, of its region and of others, reach this node's torchrun endpoint,
     # when its agent declared one (``--cross-cluster-host``): it may share a group with nodes there.
     cross_cluster_host: str | None = None
+    # Per-stage sync: a port of its sync range for each stage whose leader this node holds, in stage
+    # order (the first is ``sync_port``).
+    stage_ports: tuple[int, ...] = ()
 
     @property
     def dp_ranks(self) -> list[int]:
@@ -177,6 +189,9 @@ def build_worker_configs(
     gossip = _gossip_graph(option, leaders, keys)
     runtime = option.runtime or runtime_settings(spec, option)
     ring = _ring_order(option, leaders, keys)
+    stage_rings = (
+        _stage_rings(option, groups, keys) if per_stage_sync(option.tasks, spec.sync.mode, option.pp) else []
+    )
 
     configs: dict[str, dict[str, Any]] = {}
     offset = 0
@@ -222,8 +237,76 @@ def build_worker_configs(
                 "checkpoint": ck,
                 "group": _group(group, node_rank),
             }
+            if stage_rings:
+                configs[slot.node_id]["sync"]["stages"] = _stage_section(stage_rings, key, slot)
         offset += dp_local
     return configs
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage's ring: each participant's leader of the stage (node and address) and the ring order."""
+
+    stage: int
+    leaders: dict[str, tuple[str, str]]  # participant key -> (node id, host:port)
+    ring_order: list[str]
+
+
+def _stage_rings(option: PlanOption, groups: list[list[TaskSlot]], keys: list[str]) -> list[StagePlan]:
+    """Every stage's ring: where each group's leader of it listens (the next port of its node's
+    ``stage_ports``, stages in order) and the ring order over those leaders' clusters."""
+    problems, plans = [], []
+    leaders_by_stage: list[dict[str, tuple[str, str]]] = [{} for _ in range(option.pp)]
+    slots_by_stage: list[list[TaskSlot]] = [[] for _ in range(option.pp)]
+    for group, key in zip(groups, keys, strict=True):
+        by_node = {s.node_id: s for s in group}
+        nodes = stage_leader_nodes(option.tasks, set(by_node))
+        taken: Counter[str] = Counter()
+        for stage, node in enumerate(nodes):
+            slot = by_node[node]
+            i = taken[node]
+            taken[node] += 1
+            if i >= len(slot.stage_ports):
+                problems.append(f"node {node} leads stage {stage} of {key} and has no sync port for its ring")
+                continue
+            leaders_by_stage[stage][key] = (node, f"{slot.host}:{slot.stage_ports[i]}")
+            slots_by_stage[stage].append(slot)
+    if problems:
+        raise FailedPrecondition("; ".join(problems), problems=problems)
+    for stage in range(option.pp):
+        stage_keys = list(leaders_by_stage[stage])
+        ring = _ring_order(option, slots_by_stage[stage], stage_keys)
+        plans.append(StagePlan(stage, leaders_by_stage[stage], ring))
+    return plans
+
+
+def _stage_section(plans: list[StagePlan], key: str, slot: TaskSlot) -> list[dict[str, Any]]:
+    """contracts.sync_config.StageRing per stage, as ``slot``'s node sees it: it listens only for
+    the stages whose leader it holds."""
+    out = []
+    for plan in plans:
+        node, addr = plan.leaders[key]
+        here = addr if node == slot.node_id else None
+        out.append(
+            {
+                "stage": plan.stage,
+                "listen": here,
+                "advertise": here,
+                "peers": {k: a for k, (_, a) in plan.leaders.items() if k != key},
+                "ring_order": plan.ring_order,
+            }
+        )
+    return out
+
+
+def stage_port_counts(option: PlanOption, mode: str) -> dict[str, int]:
+    """Per node, the ports its stage leaders' rings need (per-stage sync only, else empty)."""
+    if not per_stage_sync(option.tasks, mode, option.pp):
+        return {}
+    counts: Counter[str] = Counter()
+    for nodes in node_groups(option.tasks):
+        counts.update(stage_leader_nodes(option.tasks, set(nodes)))
+    return dict(counts)
 
 
 def slot_groups(option: PlanOption, slots: list[TaskSlot]) -> list[list[TaskSlot]]:

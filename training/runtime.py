@@ -33,12 +33,19 @@ from training.parallel.pipeline import build_schedule, split_stage
 from training.parallel.replica_state import (
     gather_full_grads,
     gather_full_params,
+    gather_stage_grads,
+    gather_stage_params,
     replica_layout,
     scatter_full_grads,
     scatter_full_params,
+    scatter_stage_grads,
+    scatter_stage_params,
+    stage_groups,
+    stage_layout,
 )
 from training.preemption import PreemptWatch
-from training.sync_hook import build_sync
+from training.sync.stages import merge_stage_metrics, merge_stage_totals, stage_sync_config
+from training.sync_hook import build_sync, other_regions
 from training.sync_protocol import CrossRegionSync, SyncContext
 
 STEP_PART_KEYS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "wall_s")
@@ -110,6 +117,57 @@ class Trainer:
     preempt: PreemptWatch = field(default_factory=lambda: PreemptWatch(None))
     stop_asked: bool = False  # some rank was asked to stop (preemption), learnt at the last step
     preempted: bool = False  # the run stopped early on that request, after checkpointing
+    # Per-stage sync (``training.sync.stages``): this rank's engine is its stage's, whose leader is
+    # the stage's first rank; ``stage_group`` holds the stage's ranks (None: the stage is one rank).
+    per_stage: bool = False
+    stage_group: dist.ProcessGroup | None = None
+
+    @property
+    def sync_leader(self) -> bool:
+        """Whether this rank's engine talks to peers: the job's leader, or its stage's."""
+        if self.per_stage:
+            return self.ctx.rank == self.dims.stage_leader(self.dims.pp_rank)
+        return self.ctx.is_leader
+
+    def _gather_grads(self) -> list[Tensor]:
+        if self.per_stage:
+            return gather_stage_grads(self.model, self.dims)
+        return gather_full_grads(self.model, self.dims)
+
+    def _scatter_grads(self, grads: list[Tensor]) -> None:
+        if self.per_stage:
+            scatter_stage_grads(self.model, self.dims, grads, self.stage_group)
+        else:
+            scatter_full_grads(self.model, self.dims, grads)
+
+    def _gather_params(self) -> list[Tensor]:
+        if self.per_stage:
+            return gather_stage_params(self.model, self.dims)
+        return gather_full_params(self.model, self.dims)
+
+    def _scatter_params(self, params: list[Tensor]) -> None:
+        if self.per_stage:
+            scatter_stage_params(self.model, self.dims, params, self.stage_group)
+        else:
+            scatter_full_params(self.model, self.dims, params)
+
+    def _gather_to_leader(self, mine: Any) -> list[Any]:
+        """Collective: every rank's ``mine`` on global rank 0, in rank order (``[]`` elsewhere)."""
+        out: list[Any] | None = [None] * self.ctx.world_size if self.ctx.rank == 0 else None
+        dist.gather_object(mine, out, dst=0)
+        return out or []
+
+    def _stage_parts(self, mine: Any) -> list[Any]:
+        """Collective: each stage leader's ``mine`` on global rank 0, in stage order."""
+        everyone = self._gather_to_leader(mine if self.sync_leader else None)
+        return [everyone[self.dims.stage_leader(s)] for s in range(self.dims.pp)] if everyone else []
+
+    def sync_totals(self) -> dict[str, int]:
+        """Collective in per-stage sync: the run's WAN byte totals, every stage's engine's added up
+        (on global rank 0); else this rank's engine's."""
+        if not self.per_stage:
+            return self.sync.totals()
+        return merge_stage_totals(self._stage_parts(self.sync.totals()))
 
     @property
     def bf16(self) -> bool:
@@ -170,9 +228,9 @@ class Trainer:
         exchanged = self.sync.syncs_gradients(step)
         if exchanged:  # synchronous mode: one gradient for every region
             tg = time.perf_counter()
-            grads = gather_full_grads(self.model, self.dims)
+            grads = self._gather_grads()
             self.sync.reduce_gradients(step, grads)
-            scatter_full_grads(self.model, self.dims, grads)
+            self._scatter_grads(grads)
             grad_sync_s = time.perf_counter() - tg
         grad_norm = None
         if self.cfg.training.grad_clip is not None:
@@ -194,9 +252,9 @@ class Trainer:
         joining = step == self.first_step
         if self.sync.should_sync(step) or (joining and step > 1):
             exchanged = True
-            params = gather_full_params(self.model, self.dims)
+            params = self._gather_params()
             self.sync.after_step(step, params)
-            scatter_full_params(self.model, self.dims, params)
+            self._scatter_params(params)
             if joining:
                 step = self._catch_up(step)
         t3 = time.perf_counter()
@@ -231,7 +289,14 @@ class Trainer:
             m["checkpoint_step"] = self.checkpoint_step
         if self.entropy_floor is not None:
             m["entropy_floor"] = self.entropy_floor
-        if self.ctx.is_leader and self._sync_metrics_due(exchanged):
+        if self.per_stage:
+            # Every stage's engine reports on its stage leader; merged on the job's leader after
+            # each step that exchanged (every rank knows which those are), so no ring's bytes or
+            # events are left out and no step is held up by a gather when nothing crossed a link.
+            sync_metrics = merge_stage_metrics(self._stage_parts(self.sync.metrics())) if exchanged else {}
+            if sync_metrics:
+                m["sync"] = sync_metrics
+        elif self.ctx.is_leader and self._sync_metrics_due(exchanged):
             sync_metrics = self.sync.metrics()
             if sync_metrics:
                 m["sync"] = sync_metrics
@@ -247,9 +312,12 @@ class Trainer:
     def _catch_up(self, step: int) -> int:
         """After the first exchange: if the leader took a peer's state from further on, the whole
         cluster moves on to that peer's step, so its rounds and its end line up with the others'."""
-        ahead = getattr(self.sync, "caught_up_step", 0) if self.ctx.is_leader else 0
+        ahead = getattr(self.sync, "caught_up_step", 0) if self.sync_leader else 0
         t = torch.tensor([ahead], dtype=torch.int64, device=self.ctx.device)
-        dist.broadcast(t, src=0)  # global rank 0 is the leader
+        if self.per_stage:  # every stage leader caught up on its own ring: the furthest counts
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        else:
+            dist.broadcast(t, src=0)  # global rank 0 is the leader
         ahead = min(int(t.item()), self.cfg.training.steps - 1)  # the last step (its final sync) is ours
         if ahead <= step:
             return step
@@ -277,13 +345,30 @@ class Trainer:
             return
         extra = {  # copies: the saver keeps them while training goes on
             "scheduler": copy.deepcopy(self.scheduler.state_dict()),
-            "sync": self.sync.state_dict() if self.ctx.is_leader else {},
+            "sync": self._sync_state(),
         }
         if self.saver is None:
             self.saver = BackgroundSaver(ck.keep_last)
         self.saver.save(ck.dir, self.step, self.model, self.optimizer, extra)
         if wait:
             self.checkpoint_step = self.saver.wait()
+
+    def _sync_state(self) -> dict[str, Any]:
+        """The engine's state for a checkpoint (on the leader, which writes the metadata); in
+        per-stage sync every stage's engine's, by stage (collective)."""
+        if not self.per_stage:
+            return self.sync.state_dict() if self.ctx.is_leader else {}
+        parts = self._stage_parts(self.sync.state_dict())
+        return {"stages": dict(enumerate(parts))} if parts else {}
+
+    def _load_sync_state(self, state: dict[str, Any]) -> None:
+        """Every rank reads the metadata: each engine that talks to peers takes its own part."""
+        if not self.sync_leader:
+            return
+        if self.per_stage:
+            self.sync.load_state_dict((state.get("stages") or {}).get(self.dims.pp_rank, {}))
+        else:
+            self.sync.load_state_dict(state)
 
     def _poll_checkpoint(self) -> None:
         if self.saver is not None and (done := self.saver.poll()) is not None:
@@ -300,8 +385,7 @@ class Trainer:
             self.scheduler.load_state_dict(meta["scheduler"])
             self.step = int(meta["step"])
             self.checkpoint_step = self.step
-            if self.ctx.is_leader:
-                self.sync.load_state_dict(meta.get("sync", {}))
+            self._load_sync_state(meta.get("sync", {}))
         elif ck.start_step:
             self.step = min(ck.start_step, self.cfg.training.steps)
             self._set_schedule(self.step)
@@ -473,11 +557,20 @@ def build_trainer(cfg: WorkerConfig, ctx: DistContext) -> Trainer:
         optimizer, lambda s: lr_lambda(s, t.warmup, t.steps, t.min_lr_ratio)
     )
     layout = replica_layout(model, dims)
+    # Per-stage sync: this rank's engine is its stage's, led by the stage's first rank.
+    per_stage = bool(cfg.sync.stages) and cfg.sync.mode != "none" and bool(other_regions(cfg))
+    sync_cfg, group, leads = cfg, None, ctx.is_leader
+    if per_stage:
+        groups = stage_groups(dims)  # every rank creates every stage's group
+        group = groups[dims.pp_rank]
+        leads = ctx.rank == dims.stage_leader(dims.pp_rank)
+        layout = stage_layout(model, dims, dims.pp_rank)
+        sync_cfg = cfg.model_copy(update={"sync": stage_sync_config(cfg.sync, dims.pp_rank, leads=leads)})
     sync_ctx = SyncContext(
         job_id=cfg.job_id,
         region=cfg.region,
         cluster=cfg.cluster,
-        is_leader=ctx.is_leader,
+        is_leader=leads,
         rank=ctx.rank,
         world_size=ctx.world_size,
         local_replicas=dims.dp,
@@ -495,7 +588,9 @@ def build_trainer(cfg: WorkerConfig, ctx: DistContext) -> Trainer:
         scheduler=scheduler,
         stream=stream,
         forward_loss=forward_loss,
-        sync=build_sync(cfg, sync_ctx),
+        sync=build_sync(sync_cfg, sync_ctx),
+        per_stage=per_stage,
+        stage_group=group,
         schedule=schedule,
         entropy_floor=floor,
         tokens_per_sample=cfg.model.seq_len if cfg.model is not None and cfg.entrypoint is None else 1,

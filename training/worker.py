@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             t_close = time.perf_counter()
             trainer.close()  # the final exchange and leaving the peers
         result["final_sync_s"] = time.perf_counter() - t_close
-        result.update(trainer.sync.totals())  # WAN bytes of the whole run, the final exchange included
+        result.update(trainer.sync_totals())  # WAN bytes of the whole run, the final exchange included
         if ctx.is_leader:
             emit_result(result)
         ok = True

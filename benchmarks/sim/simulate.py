@@ -12,8 +12,12 @@ the whole model over their links per ``sync.mode`` (``training.sync``: every nod
 of its own): sync, local SGD and DiLoCo a ring all-reduce (``DenseReducer``; top-k too, each hop
 re-encodes its chunk), ssp a push of the update to every peer at once (``StaleSync``), async a
 call to the parameter server per participant, update up and parameters back (``AsyncServer``),
-gossip one round to the plan's peers. That exchange is simulated on its own and reported as an
-amortised share per step, less what the steps beside it cover where the mode overlaps it.
+gossip one round to the plan's peers. Where a dense mode's groups have their stages on several
+nodes (``training.sync.stages``), each group's leader of stage s (its first replica's device of tp
+rank 0 in that stage) instead rings with the other groups' leaders of stage s over their own
+links, moving only that stage's parameters, every stage's ring at once on one network (flows
+through one port or link share it max-min). That exchange is simulated on its own and reported as
+an amortised share per step, less what the steps beside it cover where the mode overlaps it.
 
 Left out: overlap of gradient buckets with the backward pass, the optimizer step, data loading.
 """
@@ -291,13 +295,33 @@ def _cross_group(
     moves its bytes (``training.sync``)."""
     if len(members) < 2:
         return 0.0, {}
+    comp = option.sync.compression
+    per_param = 8.0 * spec.sync.topk_ratio if comp == "topk" else WIRE_BYTES[comp]
+    staged = _stage_rings(option, replicas, members)
+    if staged:
+        # Every stage's ring at once on one network: rings crossing one port or link share it.
+        net = Network(topo.capacity)
+        for s, leader in enumerate(staged):
+            peers = [leader[g] for g in _ring(option, leader)]
+            payload = work.stage_params[s] * per_param
+            if len(peers) == 2:  # ``DenseReducer._all_to_all``: each pushes to the other
+                exchange(
+                    net,
+                    topo.route,
+                    [(a, b) for a in peers for b in peers if a != b],
+                    payload,
+                    lambda: None,
+                    call_s,
+                )
+            else:
+                all_reduce(net, topo.route, peers, payload, lambda: None, call_s).start()
+        # Each stage's leader works on its own stage's parameters beside the others.
+        return net.run() + max(work.stage_params) * param_s + fixed_s, dict(net.bytes_on)
     leader = {g: replicas[min(rs)][0][0] for g, rs in members.items()}
     # The plan's ring names clusters; the runtime orders a cluster's nodes after one another.
     order = [g for c in option.sync.ring for g in sorted(leader) if g.split("/")[0] == c]
     order = list(dict.fromkeys(order + sorted(leader)))
     peers = [leader[g] for g in order]
-    comp = option.sync.compression
-    per_param = 8.0 * spec.sync.topk_ratio if comp == "topk" else WIRE_BYTES[comp]
     update = work.n_params * per_param
     # Parameters travel in fp32, or bf16 when compression is on (``Strategy.param_codec``).
     params = work.n_params * (4.0 if comp in ("none", "fp32") else 2.0)
@@ -332,3 +356,27 @@ def _cross_group(
     # leaves and after the last arrives (an exchange on an idle network: where it falls does not
     # change its length).
     return net.run() + work.n_params * param_s + fixed_s, dict(net.bytes_on)
+
+
+# Modes whose groups reduce stage by stage where a group's stages sit on several nodes
+# (``training.sync.stages``): the dense ones.
+STAGE_RING_MODES = ("sync", "local_sgd", "diloco")
+
+
+def _stage_rings(
+    option: PlanOption, replicas: dict[int, list[list[Device]]], members: dict[str, list[int]]
+) -> list[dict[str, Device]]:
+    """Per stage, each group's leader of it (the group's first replica's device of tensor rank 0
+    in that stage), where the groups sync per stage: a dense mode, two or more groups, and a group
+    whose stages' leaders are on different nodes. Empty otherwise (one leader per group)."""
+    if option.sync.mode not in STAGE_RING_MODES or option.pp < 2:
+        return []
+    rings = [{g: replicas[min(rs)][s][0] for g, rs in members.items()} for s in range(option.pp)]
+    split = any(len({_node(ring[g]) for ring in rings}) > 1 for g in members)
+    return rings if split else []
+
+
+def _ring(option: PlanOption, leader: dict[str, Device]) -> list[str]:
+    """The groups in ring order: the plan's clusters in order, a cluster's leaders by group."""
+    order = [g for c in option.sync.ring for g in sorted(leader) if leader[g].cluster == c]
+    return list(dict.fromkeys(order + sorted(leader)))

@@ -52,6 +52,7 @@ class Workload:
     tp_bytes: float  # one TP all-reduce payload
     activation_bytes: float  # one stage-to-stage transfer (forward activation or its gradient)
     n_params: int
+    stage_params: list[int]  # every tp rank's share of each stage together: what its own sync ring moves
 
 
 def workload(spec: JobSpec, pp: int, tp: int, micro_batch: int) -> Workload:
@@ -67,7 +68,7 @@ def workload(spec: JobSpec, pp: int, tp: int, micro_batch: int) -> Workload:
     block_replicated = 6 * d  # two LayerNorms, two row-parallel biases
     block_params = block_sharded / tp + block_replicated
 
-    stages = []
+    stages, whole = [], []
     layers = stage_layers(cfg.n_layers, pp)
     for i, n in enumerate(layers):
         first, last = i == 0, i == pp - 1
@@ -76,10 +77,13 @@ def workload(spec: JobSpec, pp: int, tp: int, micro_batch: int) -> Workload:
         params = n * block_params + (v * d + s * d if first else 0) + (2 * d + d * v if last else 0)
         ar = 2 * n if tp > 1 else 0
         stages.append(StageWork(fwd, bwd, ar, ar * (2 if ckpt else 1), params * 4.0))
+        extras = (v * d + s * d if first else 0) + (2 * d + d * v if last else 0)
+        whole.append(n * (block_sharded + block_replicated) + extras)
     n_params = sum(n for n in layers) * (block_sharded + block_replicated) + v * d + s * d + 2 * d + d * v
     return Workload(
         stages=stages,
         tp_bytes=tokens * d * (2.0 if bf16 else 4.0),
         activation_bytes=tokens * d * 4.0,
         n_params=n_params,
+        stage_params=whole,
     )

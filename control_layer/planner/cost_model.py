@@ -315,6 +315,24 @@ def layers_per_stage(model: ModelSpec, pp: int) -> int:
     return math.ceil(model.n_layers / pp)
 
 
+def stage_param_counts(model: ModelSpec, pp: int) -> list[float]:
+    """Parameters of each whole pipeline stage (all its tp shards), as the worker splits the model
+    (``training.parallel.pipeline``): contiguous layers, earlier stages taking the remainder, the
+    embeddings on the first stage, the final LayerNorm and the untied lm_head on the last. What
+    each stage's own sync ring moves (``training.sync.stages``)."""
+    n = model.n_params
+    if pp == 1:
+        return [float(n)]
+    d, block = model.d_model, block_params(model)
+    embed = model.vocab * d + model.seq_len * d
+    head = n - model.n_layers * block - embed
+    base, extra = divmod(model.n_layers, pp)
+    out = [float((base + (1 if s < extra else 0)) * block) for s in range(pp)]
+    out[0] += embed
+    out[-1] += head
+    return out
+
+
 def stage_params(model: ModelSpec, tp: int, pp: int) -> float:
     """Parameters held by one device of the fullest pipeline stage.
 

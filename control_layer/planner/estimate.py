@@ -23,7 +23,13 @@ from control_layer.planner.cross_cluster import (
     wan_messages,
 )
 from control_layer.planner.intervals import basis, interval
-from control_layer.planner.node_groups import node_group_problems, node_groups, rank_key
+from control_layer.planner.node_groups import (
+    node_group_problems,
+    node_groups,
+    per_stage_sync,
+    rank_key,
+    stage_leader_nodes,
+)
 from control_layer.planner.plan_types import (
     Calibration,
     CostBreakdown,
@@ -220,6 +226,118 @@ def sync_cost(
         share=share,
     )
     return SyncCost(t, egress, crossing, basis)
+
+
+StageLeader = tuple[str, str, str]  # (region, cluster id, node id) of a group's leader of one stage
+
+
+def stage_sync_cost(
+    spec: JobSpec,
+    links: Links,
+    rings: Sequence[Sequence[StageLeader]],
+    ports: dict[str, tuple[float, float]],
+    stage_params: Sequence[float],
+) -> SyncCost:
+    """One exchange as per-stage rings run it (``training.sync.stages``): ring s joins every
+    group's leader of stage s and moves only that stage's ``stage_params[s]`` parameters, all
+    rings at once. Each ring's hops are priced as ``sync_cost`` prices the one ring (a cluster's
+    fabric through its leaders' ports, ``ports``: node -> (bytes/s, one-way s); the region's local
+    link; the link between regions), and rings that cross one pipe share it: a pipe's time is the
+    bytes of every ring through it over its rate (each node's port, each region's local link, each
+    pair of regions' link, one direction: links are full duplex). A ring ends when its slowest pipe
+    has carried everything through it, plus its calls; the exchange when the last ring ends. Every
+    leader's bytes leave and enter through its device's port into the fabric (at its node's rate),
+    one per stage leader even where a node leads several stages (a whole replica beside split
+    ones: each stage's leader is its own device). Each stage leader does its own
+    stage's per-parameter work beside the others: the exchange pays the fixed cost and the
+    largest stage's work once. Egress and bytes across regions add up over the rings."""
+    sync = spec.sync
+    share = max(1.0, links.call_share)
+    load: dict[tuple[str, ...], float] = defaultdict(float)
+    planned = []
+    for stage, (ring, n_s) in enumerate(zip(rings, stage_params, strict=True)):
+        p_count = len(ring)
+        if p_count < 2:
+            continue
+        factor = float(cm.wan_time_factor(sync, n_s, p_count))
+        by_region: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+        for region, cluster, node in ring:
+            by_region[region][cluster].append(node)
+        regions = sorted(by_region)
+        pipes: list[tuple[tuple[str, ...], float]] = []
+        lat_max = link_lat = call_max = 0.0
+        for r in regions:
+            call = links.call_s(r, r)
+            for nodes_ in by_region[r].values():
+                for node in nodes_:
+                    bw, latency = ports[node]
+                    pipes.append((("port", node, str(stage)), bw))
+                    if len(nodes_) >= 2:  # a hop over the cluster's fabric
+                        lat_max = max(lat_max, latency + call * links.call_share / 2.0)
+                        link_lat, call_max = max(link_lat, latency), max(call_max, call)
+            if len(by_region[r]) >= 2:
+                pipes.append((("local", r), links.bw(r, r)))
+                lat_max, link_lat = max(lat_max, links.lat(r, r)), max(link_lat, links.link_lat(r, r))
+                call_max = max(call_max, call)
+        for i, a in enumerate(regions):
+            for b in regions[i + 1 :]:
+                bw = min(links.bw(a, b), links.bw(b, a))
+                if bw <= 0:
+                    raise InvalidArgument(f"no link between regions {a!r} and {b!r}", regions=[a, b])
+                pipes.append((("link", a, b), bw))
+                lat_max = max(lat_max, links.lat(a, b), links.lat(b, a))
+                link_lat = max(link_lat, links.link_lat(a, b), links.link_lat(b, a))
+                call_max = max(call_max, links.call_s(a, b), links.call_s(b, a))
+        if any(bw <= 0 for _, bw in pipes):
+            raise InvalidArgument(f"no local link in region(s) {regions}", regions=regions)
+        for key, _ in pipes:
+            load[key] += factor
+        planned.append((pipes, p_count, lat_max, link_lat, call_max, regions, n_s))
+    if not planned:
+        return SyncCost(0.0, 0.0, 0.0, ExchangeBasis())
+    all_regions = sorted({r for *_, regions, _ in planned for r in regions})
+    param_s = cm.exchange_param_seconds(all_regions, links.calibration)
+    fixed_s = cm.exchange_fixed_seconds(all_regions, links.calibration)
+    largest = max(n_s for *_, n_s in planned)
+    t_max, basis_of = -1.0, None
+    egress = crossing = 0.0
+    for pipes, p_count, lat_max, link_lat, call_max, regions, n_s in planned:
+        key, bw = max(pipes, key=lambda kb: load[kb[0]] / kb[1])
+        hops = float(cm.wan_latency_hops(sync, p_count))
+        t = load[key] / bw + hops * lat_max
+        if t > t_max:
+            t_max = t
+            basis_of = ExchangeBasis(
+                bytes=load[key],
+                bytes_per_s=bw,
+                latency_s=hops * link_lat,
+                rounds=cm.exchange_rounds(sync, p_count),
+                call_s=call_max,
+                fixed_s=fixed_s,
+                params=largest,
+                param_s=param_s,
+                share=share,
+                rings=len(planned),
+            )
+        per_participant = float(cm.wan_bytes_per_leader(sync, n_s, p_count))
+        if len(regions) >= 2:
+            for a in regions:
+                egress += per_participant / cm.GB * max(links.egress(a, b) for b in regions if b != a)
+            crossing += per_participant * len(regions)
+    assert basis_of is not None
+    t_sync = t_max + (fixed_s + largest * param_s) * share
+    return SyncCost(t_sync, egress, crossing, basis_of)
+
+
+def stage_rings(tasks: Sequence[PlannedTask], snapshot: ResourceSnapshot) -> list[list[StageLeader]]:
+    """Per stage, every group's leader of it (``node_groups.stage_leader_nodes``), groups in order."""
+    cluster_of = {t.node: t.cluster for t in tasks}
+    clusters = snapshot.clusters_by_id()
+    per_group = [stage_leader_nodes(tasks, set(g)) for g in node_groups(tasks)]
+    return [
+        [(clusters[cluster_of[n]].region, cluster_of[n], n) for n in (leaders[s] for leaders in per_group)]
+        for s in range(len(per_group[0]))
+    ]
 
 
 @dataclass(frozen=True)
@@ -838,7 +956,21 @@ def _estimate(
         gbps, lat_ms = c.port(nodes[p_[1]])
         bw_was, lat_was = fabric.get(c.id, (math.inf, 0.0))
         fabric[c.id] = (min(bw_was, port_bytes_per_s(c, gbps, calibration)), max(lat_was, lat_ms / 1000.0))
-    sc = sync_cost(spec, links, [(clusters[p_[0]].region, p_[0]) for p_ in group_size], fabric)
+    if per_stage_sync(tasks, spec.sync.mode, pp):
+        # Each stage's leaders ring on their own (``training.sync.stages``); the calls run on
+        # every stage leader's host, so the slowest of those hosts slows them.
+        rings = stage_rings(tasks, snapshot)
+        leaders = {n for ring in rings for _, _, n in ring}
+        stage_links = Links(snapshot, calibration, max(shares.get(n, 1.0) for n in leaders))
+        ports = {
+            n: (port_bytes_per_s(clusters[c], gbps, calibration), lat_ms / 1000.0)
+            for ring in rings
+            for _, c, n in ring
+            for gbps, lat_ms in [clusters[c].port(nodes[n])]
+        }
+        sc = stage_sync_cost(spec, stage_links, rings, ports, cm.stage_param_counts(spec.model, pp))
+    else:
+        sc = sync_cost(spec, links, [(clusters[p_[0]].region, p_[0]) for p_ in group_size], fabric)
     xb = sc.basis
     # Beside the steps, on a host with no idle core, the exchange's CPU work takes turns with
     # the leader's training thread (``overlapped_exchange_s``).

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 
+from contracts.feasibility import syncs_per_stage
 from contracts.worker_config import MAX_GROUP_NODES
 from control_layer.planner.plan_types import PlannedTask
 
@@ -46,6 +47,24 @@ def node_groups(tasks: Iterable[PlannedTask]) -> list[list[str]]:
         sorted(nodes, key=lambda n: (min(rank_key(e) for e in by_node[n]), n)) for nodes in groups.values()
     ]
     return sorted(ordered, key=lambda nodes: min(e.dp_rank for n in nodes for e in by_node[n]))
+
+
+def stage_leader_nodes(tasks: Iterable[PlannedTask], nodes: Collection[str]) -> list[str]:
+    """Per pipeline stage, the node of ``nodes`` (one group) holding the stage's leader: the stage's
+    first rank in the group's rank order (its first replica, tensor shard 0)."""
+    first: dict[int, PlannedTask] = {}
+    for t in tasks:
+        if t.node in nodes and (t.pp_stage not in first or rank_key(t) < rank_key(first[t.pp_stage])):
+            first[t.pp_stage] = t
+    return [first[s].node for s in sorted(first)]
+
+
+def per_stage_sync(tasks: Sequence[PlannedTask], mode: str, pp: int) -> bool:
+    """Whether the job's groups sync stage by stage (``contracts.feasibility.syncs_per_stage``): a
+    dense mode, several groups, and a group whose stages' leaders are on different nodes."""
+    groups = node_groups(tasks)
+    split = any(len(set(stage_leader_nodes(tasks, set(g)))) > 1 for g in groups if len(g) > 1)
+    return syncs_per_stage(mode=mode, participants=len(groups), pp=pp, stage_leaders_split=split)
 
 
 def node_group_problems(tasks: Sequence[PlannedTask], reachable: Collection[str] = ()) -> list[str]:

@@ -68,6 +68,34 @@ def test_a_pinned_pipeline_on_one_device_nodes_is_planned_across_them_and_runs(t
     assert plan_executes.run_option(plan_executes.Runnable(spec, o, snap), tmp_path, 120) is None
 
 
+def test_two_pinned_pipelines_on_one_device_nodes_sync_per_stage_and_run(tmp_path: Path) -> None:
+    """Two 2-stage replicas, no node holding one: the planner places each across two nodes, the two
+    groups sync stage by stage (a ring per stage, each stage's leader on its own node, with a port
+    of its own), and the option runs as the agents would launch it."""
+    from control_layer.planner.node_groups import node_groups, per_stage_sync
+
+    nodes = [
+        NodeInfo(
+            id=f"n{i}", devices=[DeviceSlot(index=0, model="cpu", memory_gb=8.0, tflops=0.1, kind="cpu")]
+        )
+        for i in range(4)
+    ]
+    snap = ResourceSnapshot(
+        clusters=[ClusterInfo(id="c1", name="eu1", region="eu-west", price_per_device_hour=1.0, nodes=nodes)]
+    )
+    spec = tiny_spec(
+        training={"steps": 2, "global_batch_tokens": 128},
+        parallelism={"dp": 2, "tp": 1, "pp": 2},
+        sync={"mode": "sync"},
+    )
+    options = plan(spec, snap)
+    assert options
+    o = options[0]
+    assert len(node_groups(o.tasks)) == 2 and per_stage_sync(o.tasks, "sync", o.pp)
+    assert plan_executes.check_option("job", spec, o, snap) is None
+    assert plan_executes.run_option(plan_executes.Runnable(spec, o, snap), tmp_path, 180) is None
+
+
 def test_a_pipeline_across_regions_is_checked_as_the_agents_would_launch_it() -> None:
     """Two A10 nodes per region, all declared reachable across clusters: every option runs one
     pipeline through both regions, and its worker configs pass the worker's own checks (the group

@@ -169,3 +169,56 @@ def test_ports_go_round_the_range_instead_of_reusing_a_just_freed_one(
             release(s, tasks[0].job_id)
             s.flush()
         assert seen == [[23000, 24000], [23001, 24001], [23000, 24002], [23001, 24000]]
+
+
+def test_per_stage_rings_get_a_port_per_stage_leader_and_keep_them_while_they_run(
+    session_factory: sessionmaker[Session],
+) -> None:
+    """Replica 0 a pipeline over nodes a and b, replica 1 whole on node n: each node listens once per
+    stage whose leader it holds (n twice), and those ports stay taken while the job runs."""
+    from control_layer.planner.plan_types import PlannedTask
+
+    with session_scope(session_factory) as s:
+        c, (a, b, n, d, e) = add_cluster(s, nodes=5, devices_per_node=4, sync_ports=(27000, 27002))
+
+        def task(r: int, stage: int, node: Node, device: int) -> PlannedTask:
+            return PlannedTask(
+                dp_rank=r,
+                pp_stage=stage,
+                tp_rank=0,
+                cluster=c.id,
+                node=node.id,
+                device=device,
+                region=c.region,
+            )
+
+        def option(device: int, first: Node, second: Node) -> object:
+            tasks = [
+                task(0, 0, first, device),
+                task(0, 1, second, device),
+                task(1, 0, n, 2 * device),
+                task(1, 1, n, 2 * device + 1),
+            ]
+            base = hand_option([(c, first, device), (c, n, 2 * device)])
+            return base.model_copy(update={"pp": 2, "n_micro_batches": 2, "tasks": tasks})
+
+        tasks = {t.node_id: t for t in allocate(s, _job(s), tiny_spec(), option(0, a, b), attempt=1)}
+        rings = {node: t.worker_config["sync"]["stages"] for node, t in tasks.items()}
+        listen = {node: [r["listen"] for r in stages] for node, stages in rings.items()}
+        assert listen[a.id][0] == f"127.0.0.1:{tasks[a.id].sync_port}" and listen[a.id][1] is None
+        assert listen[b.id][0] is None and listen[b.id][1] == f"127.0.0.1:{tasks[b.id].sync_port}"
+        assert listen[n.id] == ["127.0.0.1:27000", "127.0.0.1:27001"] and tasks[n.id].sync_port == 27000
+        assert tasks[a.id].worker_config["group"]["master_port"] not in {
+            int(x.rsplit(":", 1)[1]) for x in listen[a.id] if x
+        }
+        # Each stage's ring pairs the stage's leaders: a with n for stage 0, b with n for stage 1.
+        key_a, key_n = tasks[a.id].worker_config["region"], tasks[n.id].worker_config["region"]
+        assert rings[n.id][0]["peers"] == {key_a: listen[a.id][0]}
+        assert rings[n.id][1]["peers"] == {key_a: listen[b.id][1]}
+        assert rings[a.id][1]["peers"] == {key_n: listen[n.id][1]}
+        for t in tasks.values():
+            parse_worker_config(t.worker_config)
+        # Node n's second stage port is in no task's sync_port: it is still seen as taken, so a
+        # second such job (its pipeline on fresh nodes) finds one port left on n where it needs two.
+        with pytest.raises(AllocationConflict, match=f"node {n.id}: all sync ports 27000-27002 are in use"):
+            allocate(s, _job(s), tiny_spec(), option(1, d, e), attempt=1)

@@ -699,3 +699,17 @@ def test_an_overlapped_run_that_waited_only_for_its_exchanges_shows_no_drift() -
     tasks = [cal.TaskRun(n, r, "cpu", [], result) for n, r in (("a0", "eu"), ("b0", "us"))]
     observed = cal.observe(cal.FinishedRun("d", AT, True, option, tasks, 100.0, 1.0))
     assert observed[(cal.EXCHANGE_DRIFT, "eu|us")] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_concurrent_stage_rings_teach_no_goodput_and_their_wait_is_read_against_the_priced_transfer() -> None:
+    # Per-stage rings share links in ways the leaders cannot see: a payload at half the link's rate
+    # may be one of two rings through it, not a slow link.
+    two = _option(regions=2)
+    ex = two.estimates.basis.exchange.model_copy(update={"rings": 2})
+    basis = two.estimates.basis.model_copy(update={"exchange": ex})
+    totals = _exchanged(two, rate=ex.bytes_per_s / 2, call_s=CALL_S, param_s=PARAM_S)
+    goodput, sample = cal.observe_exchange(basis, [{"exchange_totals": totals}])
+    assert goodput == {}
+    wait = totals["wait_s"] / totals["n"]
+    assert sample is not None
+    assert sample.seconds == pytest.approx(wait - ex.local_s - ex.bytes / ex.bytes_per_s - ex.latency_s)

@@ -135,3 +135,83 @@ def scatter_full_params(
             p.to_local().copy_(shard.to_local())
         else:
             p.copy_(buf)
+
+
+# Per-stage sync (``training.sync.stages``): each stage's leader holds only its own stage's tensors.
+
+
+def stage_layout(model: nn.Module, dims: ParallelDims, stage: int) -> list[ParamInfo]:
+    """The parameters of pipeline stage ``stage``, in ``replica_layout`` order."""
+    return [i for i in replica_layout(model, dims) if i.stage == stage]
+
+
+def stage_groups(dims: ParallelDims) -> list[dist.ProcessGroup | None]:
+    """Collective on all ranks (every rank creates every group, in stage order): per stage, the
+    process group of its ranks (replicas x tensor shards), None where the stage is one rank."""
+    per_stage = dims.dp * dims.tp
+    groups: list[dist.ProcessGroup | None] = []
+    for stage in range(dims.pp):
+        ranks = list(range(stage * per_stage, (stage + 1) * per_stage))
+        groups.append(dist.new_group(ranks) if per_stage > 1 else None)
+    return groups
+
+
+@torch.no_grad()
+def gather_stage_params(
+    model: nn.Module, dims: ParallelDims, tensors: dict[str, Tensor] | None = None
+) -> list[Tensor]:
+    """Collective on the ranks of this rank's stage. The stage's leader: fresh contiguous CPU
+    tensors, one per parameter of its stage (``stage_layout`` order); other ranks ``[]``."""
+    local = tensors if tensors is not None else dict(unwrap(model).named_parameters())
+    leads = dist.get_rank() == dims.stage_leader(dims.pp_rank)
+    out: list[Tensor] = []
+    for info in stage_layout(model, dims, dims.pp_rank):
+        p = local[info.name]
+        full = p.full_tensor() if isinstance(p, DTensor) else p.detach()  # collective within the stage
+        if leads:
+            out.append(full.to("cpu", copy=True).contiguous())
+    return out
+
+
+@torch.no_grad()
+def scatter_stage_params(
+    model: nn.Module,
+    dims: ParallelDims,
+    tensors: list[Tensor],
+    group: dist.ProcessGroup | None,
+    targets: dict[str, Tensor] | None = None,
+) -> None:
+    """Collective on the ranks of this rank's stage (``group``, ``stage_groups``): the stage
+    leader's ``tensors`` overwrite the stage's parameters or shards (or ``targets``)."""
+    local = targets if targets is not None else dict(unwrap(model).named_parameters())
+    leader = dims.stage_leader(dims.pp_rank)
+    leads = dist.get_rank() == leader
+    layout = stage_layout(model, dims, dims.pp_rank)
+    device = next(iter(local.values())).device
+    if leads and len(tensors) != len(layout):
+        raise ValueError(f"scatter_stage_params got {len(tensors)} tensors for {len(layout)} parameters")
+    for i, info in enumerate(layout):
+        if leads:
+            buf = tensors[i].to(device=device, dtype=info.dtype).contiguous()
+        else:
+            buf = torch.empty(info.shape, dtype=info.dtype, device=device)
+        if group is not None:
+            dist.broadcast(buf, src=leader, group=group)
+        p = local[info.name]
+        if isinstance(p, DTensor):
+            shard = distribute_tensor(buf, p.device_mesh, p.placements, src_data_rank=None)
+            p.to_local().copy_(shard.to_local())
+        else:
+            p.copy_(buf)
+
+
+@torch.no_grad()
+def gather_stage_grads(model: nn.Module, dims: ParallelDims) -> list[Tensor]:
+    return gather_stage_params(model, dims, _grads(model))
+
+
+@torch.no_grad()
+def scatter_stage_grads(
+    model: nn.Module, dims: ParallelDims, tensors: list[Tensor], group: dist.ProcessGroup | None
+) -> None:
+    scatter_stage_params(model, dims, tensors, group, _grads(model))

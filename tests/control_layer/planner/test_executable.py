@@ -12,7 +12,13 @@ from contracts.worker_config import WorkerConfig
 from control_layer.planner import plan
 from control_layer.planner.plan_types import PlanOption
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node, validate_worker_config
+from control_layer.worker_config import (
+    TaskSlot,
+    build_worker_configs,
+    group_by_node,
+    stage_port_counts,
+    validate_worker_config,
+)
 from training.parallel.dims import ParallelDims
 
 from .fleetgen import jobs, snapshots
@@ -41,6 +47,7 @@ def _slots(option: PlanOption, snap: ResourceSnapshot) -> list[TaskSlot]:
     """As allocation makes them: one per node, a sync port each when the job has several nodes."""
     groups = group_by_node(option)
     clusters = {c.id: c for c in snap.clusters}
+    staged = stage_port_counts(option, option.sync.mode)  # per-stage rings: a port per stage led
     return [
         TaskSlot(
             node_id=node,
@@ -50,6 +57,7 @@ def _slots(option: PlanOption, snap: ResourceSnapshot) -> list[TaskSlot]:
             host="10.0.0.1",
             sync_port=9000 + i if len(groups) > 1 else None,
             entries=tuple(entries),
+            stage_ports=tuple(9000 + i + 1000 * j for j in range(staged.get(node, 0))),
         )
         for i, (node, entries) in enumerate(sorted(groups.items()))
     ]
