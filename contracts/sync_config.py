@@ -187,8 +187,8 @@ class SyncConfig(BaseModel):
         ]:
             if not hierarchy:
                 continue
-            if self.mode not in ("sync", "local_sgd", "diloco") or self.balance:
-                raise ValueError(f"{where} applies to modes 'sync', 'local_sgd' and 'diloco' without balance")
+            if self.mode not in ("sync", "local_sgd", "diloco"):
+                raise ValueError(f"{where} applies to modes 'sync', 'local_sgd' and 'diloco' only")
             problem = hierarchy_problem(hierarchy, known) if self.region else None
             if problem:
                 raise ValueError(f"{where}: {problem}")

@@ -45,13 +45,18 @@ def run(
     live = [r for r in names if r not in absent]
     out: dict[str, list[torch.Tensor]] = {r: [] for r in live}
     members: dict[str, list[set[str]]] = {r: [] for r in live}
+    seen: dict[str, list[tuple[dict[str, str], dict[str, tuple[float, float]]]]] = {r: [] for r in live}
+
+    def figures(r: str, i: int) -> tuple[float, float]:
+        return 1000.0 + i + names.index(r) / 3, 0.1 * (names.index(r) + 1)
 
     def go(r: str) -> None:
         red = engines[r].strategy.reducers[0]
         for i in range(rounds):
-            res = red.reduce(i, xs[r], weights[r], f"fp-{r}", 1, 10.0)
+            res = red.reduce(i, xs[r], weights[r], f"fp{r}", 1, 10.0, figures=figures(r, i))
             out[r].append(res.avg)
             members[r].append(set(res.fingerprints))
+            seen[r].append((res.fingerprints, res.figures))
 
     try:
         threads = [threading.Thread(target=go, args=(r,)) for r in live]
@@ -60,6 +65,12 @@ def run(
         for t in threads:
             t.join(60)
         assert not any(t.is_alive() for t in threads), "an exchange hung"
+        # Every contribution's fingerprint and balancing figures reach every participant.
+        for r in live:
+            assert len(seen[r]) == rounds
+            for i, (fps, figs) in enumerate(seen[r]):
+                assert fps == {p: f"fp{p}" for p in fps}
+                assert figs == {p: figures(p, i) for p in fps}
         sent = {r: engines[r].node.stats.take()["bytes_sent"] for r in live}
     finally:
         for r in live:
@@ -90,7 +101,6 @@ def test_every_participant_gets_the_weighted_mean_on_the_same_bits(
     first = out[names[0]][0]
     assert all(torch.equal(out[r][0], first) for r in names)
     assert torch.allclose(first, want, atol=1e-5)
-    # Every participant's fingerprint reaches every participant (anchors are compared on them).
     assert all(m[0] == set(names) for m in members.values())
     payload = 4 * N
     heads = [g[0] for g in hierarchy.values()]

@@ -44,14 +44,25 @@ from training.sync.node import GONE_CHECK_S, RegionNode
 from training.sync.transport import PeerError
 
 
-def _parse_origin(origin: str, into: dict[str, str]) -> str:
-    """Add ``name=fingerprint`` entries (joined by ';') to ``into``; returns the first name."""
+def _parse_origin(
+    origin: str, fps: dict[str, str], figs: dict[str, tuple[float, float]] | None = None
+) -> str:
+    """Add ``name=fingerprint`` entries (joined by ';') to ``fps``, and to ``figs`` the balancing
+    figures an entry carries (``name=fingerprint|opened_at|step_s``: a head forwards its group's);
+    returns the first name."""
     first = ""
     for part in origin.split(";"):
-        name, _, fp = part.partition("=")
-        into[name] = fp
+        name, _, rest = part.partition("=")
+        fp, *fig = rest.split("|")
+        fps[name] = fp
+        if figs is not None and len(fig) == 2:
+            figs[name] = (float(fig[0]), float(fig[1]))
         first = first or name
     return first
+
+
+def _entry(name: str, fp: str, figures: tuple[float, float]) -> str:
+    return f"{name}={fp}|{figures[0]!r}|{figures[1]!r}"
 
 
 class RingBroken(Exception):
@@ -286,7 +297,7 @@ class DenseReducer:
         encs[own] = enc
         figs = {self.me: self.figures}
         opened_at, step_s = self.figures
-        _parse_origin(origin, fps)
+        _parse_origin(origin, fps, figs)
         for k in range(size - 1):
             _, recv_c = all_gather_step(i, k, size)
             stream = f"{self.stream}.{tier}ag{k}"
@@ -299,6 +310,7 @@ class DenseReducer:
             # The chunk's origin's figures travel with it, so every region gets every region's.
             opened_at, step_s = got.meta.opened_at, got.meta.step_s
             figs[region] = (opened_at, step_s)
+            _parse_origin(origin, fps, figs)
             enc = got.encoded["x"]  # forwarded as received: every region decodes the same bytes
             encs[recv_c] = enc
         for ef, res in residuals:
@@ -319,7 +331,7 @@ class DenseReducer:
         head, heads = group[0], [g[0] for g in groups]
         members = [p for g in groups for p in g]
         up, down = f"{self.stream}.up", f"{self.stream}.down"
-        origin = f"{self.me}={fingerprint}"
+        origin = _entry(self.me, fingerprint, self.figures)
         if self.me != head:
             ef = self._hop(group, "up", 0)
             enc, _, res = ef.compress(x * weight)
@@ -338,8 +350,9 @@ class DenseReducer:
             msg = got[head]
             out = torch.cat([msg.tensors[f"c{k}"] for k in range(len(heads))])
             fps: dict[str, str] = {}
-            _parse_origin(msg.meta.fingerprint, fps)
-            return Reduced(out, fps, ring=True, stale=stale, members=members, figures={self.me: self.figures})
+            figs: dict[str, tuple[float, float]] = {}
+            _parse_origin(msg.meta.fingerprint, fps, figs)
+            return Reduced(out, fps, ring=True, stale=stale, members=members, figures=figs)
         others = group[1:]
         got = self.node.collect(up, r, others, deadline, mark_missing=False, give_up_on=self.stream)
         missing = [p for p in others if p not in got]
@@ -355,7 +368,7 @@ class DenseReducer:
         origin = ";".join([origin, *(got[p].meta.fingerprint for p in others)])
         out, fps, figs, encs, stale = self._ring_sum(r, xw, w, origin, step, heads, deadline, "h")
         if others:
-            every = ";".join(f"{k}={v}" for k, v in fps.items())
+            every = ";".join(_entry(k, v, figs[k]) for k, v in fps.items())
             meta = Meta(self.me, down, r, w, fingerprint=every, step=step)
             msg = OutMessage(meta, [(f"c{k}", e) for k, e in enumerate(encs)])
             timeout = max(0.1, deadline - time.monotonic())
