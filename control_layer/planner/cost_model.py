@@ -921,6 +921,36 @@ def ring_sync_s(sync: SyncSpec, n_params: float, participants, bw_min, lat_max):
     return factor / bw_min + hops * lat_max
 
 
+HIERARCHICAL_MODES = ("sync", "local_sgd", "diloco")
+
+
+def hierarchical_parts(
+    sync: SyncSpec, n_params: float, groups, largest, local_bw, local_lat, wan_bw, wan_lat
+):
+    """(seconds inside the regions, seconds over the WAN) of one hierarchical exchange as the
+    runtime runs it (``training.sync.collective``, ``DenseReducer._hierarchical``): every member
+    of a region pushes its contribution to the region's head (one call, the ``largest`` − 1
+    members' payloads into the head's port at once), the ``groups`` heads ring (reduce-scatter and
+    all-gather, 2(G−1) calls, also for two heads) with 2(G−1)/G of the payload through each, and
+    each head pushes the averaged chunks back to its members (one call, their payloads out of its
+    port). ``local_bw``/``local_lat``: the slowest hop inside the regions (bytes/s, one way with
+    half a call's cost), ``wan_bw``/``wan_lat`` the slowest between them. Vectorised."""
+    g = np.asarray(groups, dtype=float)
+    payload = n_params * sync_bytes_per_param(sync)
+    members = np.maximum(np.asarray(largest, dtype=float) - 1.0, 0.0)
+    local = np.where(members > 0, 2.0 * (members * payload / local_bw + 2.0 * local_lat), 0.0)
+    wan = 2.0 * (g - 1) / np.maximum(g, 1) * payload / wan_bw + 4.0 * (g - 1) * wan_lat
+    return local, np.where(g >= 2, wan, 0.0)
+
+
+def hierarchical_pays(sync: SyncSpec, groups, largest, flat_s, hier_s):
+    """Where the runtime runs the hierarchical exchange instead of the flat ring: a dense mode,
+    two or more regions, one of them with two or more participants, and faster as priced."""
+    if sync.mode not in HIERARCHICAL_MODES:
+        return np.zeros_like(np.asarray(flat_s, dtype=float), dtype=bool)
+    return (np.asarray(groups) >= 2) & (np.asarray(largest) >= 2) & (hier_s < flat_s)
+
+
 def sync_overlapped(sync: SyncSpec) -> bool:
     """Whether the exchange runs concurrently with local compute by the mode's nature.
 

@@ -275,9 +275,28 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     safe_bw = np.where(ring & (hop_bw > 0) & np.isfinite(hop_bw), hop_bw, 1.0)
     t_sync = np.where(ring, cm.ring_sync_s(spec.sync, n_params, np.maximum(n_part, 2), safe_bw, hop_lat), 0.0)
     t_sync = np.where(ring & (hop_bw <= 0), np.inf, t_sync)
+    # The hierarchical exchange where it is faster (``problem.sync_seconds_and_egress``).
+    largest = per_region.max(axis=1)
+    can = multi & (largest >= 2) & np.isfinite(in_bw) & (in_bw > 0) & (bw > 0)
+    local, wan = cm.hierarchical_parts(
+        spec.sync,
+        n_params,
+        np.where(can, n_used, 2),
+        np.where(can, largest, 2),
+        np.where(can, in_bw, 1.0),
+        np.where(can, in_lat, 0.0),
+        np.where(can, bw, 1.0),
+        np.where(can, lat, 0.0),
+    )
+    hier = can & cm.hierarchical_pays(spec.sync, n_used, largest, t_sync, local + wan)
+    t_sync = np.where(hier, local + wan, t_sync)
     t_sync = t_sync + np.where(ring, f.wan_param_s, 0.0)  # the leaders' per-parameter work
     step, final = runtime_step(pr, t_local, t_sync, n_part)
-    per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
+    per = np.where(
+        hier,
+        cm.wan_bytes_per_leader(spec.sync, n_params, n_used),
+        cm.wan_bytes_per_leader(spec.sync, n_params, n_part),
+    )
     steps = spec.training.steps
     rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev  # over cols, as before: float sums
     duration = steps * step + final + f.fixed_s

@@ -657,8 +657,10 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
             if (of[u] >= 2 and lists.first_cluster[u] >= 2) or cid in firsts:
                 bw_min, lat_max = min(bw_min, lists.intra_bw[u]), max(lat_max, lists.hop_lat[u])
             firsts.add(cid)
+    in_bw, in_lat = bw_min, lat_max
     multi = len(members) >= 2
     egress = 0.0
+    dearest = 0.0
     if multi:
         pair_bw, pair_lat, dearest = region_links(f, tuple(sorted(members)))
         bw_min = min(bw_min, pair_bw)
@@ -675,6 +677,16 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
     if t is None:
         t = float(cm.ring_sync_s(f.spec.sync, float(f.spec.model.n_params), p_count, bw_min, lat_max))
         f.exchange_memo[key] = t
+    largest = max(members.values())
+    if multi and largest >= 2:
+        # The estimator's choice (``estimate.sync_cost``): the hierarchical exchange where it is faster.
+        n = float(f.spec.model.n_params)
+        groups = len(members)
+        local, wan = cm.hierarchical_parts(f.spec.sync, n, groups, largest, in_bw, in_lat, pair_bw, pair_lat)
+        hier = float(local) + float(wan)
+        if cm.hierarchical_pays(f.spec.sync, groups, largest, t, hier):
+            t = hier
+            egress = float(cm.wan_bytes_per_leader(f.spec.sync, n, groups)) / cm.GB * dearest
     t += f.wan_param_s  # the exchange's fixed cost and the leaders' per-parameter work, every exchange
     return t, egress
 

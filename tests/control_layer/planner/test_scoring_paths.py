@@ -203,9 +203,11 @@ def _score_by_loop(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.n
     regs = np.unique(pr.region[cols])
     bw, lat, eg = np.full(len(x), np.inf), np.zeros(len(x)), np.zeros(len(x))
     n_used = np.zeros(len(x), dtype=int)
+    largest = np.zeros(len(x), dtype=int)
     for i, row in enumerate(members):
         used = [r for r in regs if row[pr.region[cols] == r].sum() > 0]
         n_used[i] = len(used)
+        largest[i] = max(row[pr.region[cols] == r].sum() for r in regs)
         for a in used:
             for b in used:
                 if a != b:
@@ -222,9 +224,17 @@ def _score_by_loop(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.n
     safe_bw = np.where(ring & (hop_bw > 0) & np.isfinite(hop_bw), hop_bw, 1.0)
     t_sync = np.where(ring, cm.ring_sync_s(spec.sync, n_params, np.maximum(n_part, 2), safe_bw, hop_lat), 0.0)
     t_sync = np.where(ring & (hop_bw <= 0), np.inf, t_sync)
+    per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
+    for i in range(len(x)):  # the hierarchical exchange where it is faster, row by row
+        if multi[i] and largest[i] >= 2 and in_bw[i] > 0 and bw[i] > 0:
+            parts = cm.hierarchical_parts(
+                spec.sync, n_params, n_used[i], largest[i], in_bw[i], in_lat[i], bw[i], lat[i]
+            )
+            hier = float(parts[0] + parts[1])
+            if cm.hierarchical_pays(spec.sync, n_used[i], largest[i], t_sync[i], hier):
+                t_sync[i], per[i] = hier, cm.wan_bytes_per_leader(spec.sync, n_params, n_used[i])
     t_sync = t_sync + np.where(ring, f.wan_param_s, 0.0)
     step, final = runtime_step(pr, t_local, t_sync, n_part)
-    per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
     steps = spec.training.steps
     rate = (xc * pr.price[cols][None, :]).sum(axis=1) * pr.dev
     duration = steps * step + final + f.fixed_s
