@@ -924,23 +924,28 @@ def ring_sync_s(sync: SyncSpec, n_params: float, participants, bw_min, lat_max):
 HIERARCHICAL_MODES = ("sync", "local_sgd", "diloco")
 
 
-def hierarchical_parts(
-    sync: SyncSpec, n_params: float, groups, largest, local_bw, local_lat, wan_bw, wan_lat
-):
+def region_gather_s(sync: SyncSpec, n_params: float, members, bw, lat):
+    """Seconds of one region's gather in the hierarchical exchange: its ``members`` − 1 other
+    participants push their payloads to its head at once (one call each), through the region's
+    slowest hop ``bw`` (bytes/s; they share the head's port) with ``lat`` one way (half a call's
+    cost included). The head's answer back takes as long (its port out, full duplex). Vectorised."""
+    m = np.maximum(np.asarray(members, dtype=float) - 1.0, 0.0)
+    payload = n_params * sync_bytes_per_param(sync)
+    return np.where(m > 0, m * payload / np.where(m > 0, bw, 1.0) + 2.0 * np.asarray(lat, dtype=float), 0.0)
+
+
+def hierarchical_parts(sync: SyncSpec, n_params: float, groups, gather_s, wan_bw, wan_lat):
     """(seconds inside the regions, seconds over the WAN) of one hierarchical exchange as the
-    runtime runs it (``training.sync.collective``, ``DenseReducer._hierarchical``): every member
-    of a region pushes its contribution to the region's head (one call, the ``largest`` − 1
-    members' payloads into the head's port at once), the ``groups`` heads ring (reduce-scatter and
-    all-gather, 2(G−1) calls, also for two heads) with 2(G−1)/G of the payload through each, and
-    each head pushes the averaged chunks back to its members (one call, their payloads out of its
-    port). ``local_bw``/``local_lat``: the slowest hop inside the regions (bytes/s, one way with
-    half a call's cost), ``wan_bw``/``wan_lat`` the slowest between them. Vectorised."""
+    runtime runs it (``training.sync.collective``, ``DenseReducer._hierarchical``): every region
+    gathers its members' payloads into its head (``gather_s``, the slowest region's
+    ``region_gather_s``), the ``groups`` heads ring (reduce-scatter and all-gather, 2(G−1) calls,
+    also for two heads) with 2(G−1)/G of the payload through each at ``wan_bw`` and ``wan_lat``
+    (the slowest link and largest latency between the regions), and each head answers its members
+    with the averaged chunks (as long as the gather). Vectorised."""
     g = np.asarray(groups, dtype=float)
     payload = n_params * sync_bytes_per_param(sync)
-    members = np.maximum(np.asarray(largest, dtype=float) - 1.0, 0.0)
-    local = np.where(members > 0, 2.0 * (members * payload / local_bw + 2.0 * local_lat), 0.0)
     wan = 2.0 * (g - 1) / np.maximum(g, 1) * payload / wan_bw + 4.0 * (g - 1) * wan_lat
-    return local, np.where(g >= 2, wan, 0.0)
+    return 2.0 * np.asarray(gather_s, dtype=float), np.where(g >= 2, wan, 0.0)
 
 
 def hierarchical_pays(sync: SyncSpec, groups, largest, flat_s, hier_s):

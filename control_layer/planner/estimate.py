@@ -181,14 +181,20 @@ def sync_cost(
         at[0], at[1] = min(at[0], bw), max(at[1], lat)
         at[2], at[3] = max(at[2], latency), max(at[3], call)
 
+    gather_s = 0.0  # the slowest region's gather into its head (hierarchical)
     for r in regions:
         call = links.call_s(r, r)
+        here = [math.inf, 0.0, 0.0, 0.0]
         for cluster, count in by_region[r].items():
             if count >= 2:
                 bw, latency = fabric[cluster]
-                hop(inner, bw, latency + call * links.call_share / 2.0, latency, call)
+                hop(here, bw, latency + call * links.call_share / 2.0, latency, call)
         if len(by_region[r]) >= 2:
-            hop(inner, links.bw(r, r), links.lat(r, r), links.link_lat(r, r), call)
+            hop(here, links.bw(r, r), links.lat(r, r), links.link_lat(r, r), call)
+        if math.isfinite(here[0]):
+            hop(inner, *here)
+            m = sum(by_region[r].values())
+            gather_s = max(gather_s, float(cm.region_gather_s(sync, n, m, here[0], here[1])))
     for i, a in enumerate(regions):
         for b in regions[i + 1 :]:
             bw = min(links.bw(a, b), links.bw(b, a))
@@ -214,8 +220,7 @@ def sync_cost(
     local_s, wan_s = (0.0, 0.0)
     if groups >= 2 and largest >= 2:
         local_s, wan_s = (
-            float(v)
-            for v in cm.hierarchical_parts(sync, n, groups, largest, inner[0], inner[1], outer[0], outer[1])
+            float(v) for v in cm.hierarchical_parts(sync, n, groups, gather_s, outer[0], outer[1])
         )
     if bool(cm.hierarchical_pays(sync, groups, largest, t, local_s + wan_s)):
         # Members to their region's head, the heads' ring over the WAN, the result back.

@@ -639,6 +639,8 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
         return 0.0, 0.0
     bw_min, lat_max = math.inf, 0.0
     of = dict(zip(units, used, strict=True))
+    gather = 0.0  # the slowest region's gather into its head (hierarchical)
+    n = float(f.spec.model.n_params)
     for r, here in by_region.items():
         if members[r] < 2:
             continue
@@ -646,18 +648,18 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
         if len({f.cls_first_cid[u] for u in here}) == 1 and all(
             of[u] <= lists.first_cluster[u] for u in here
         ):
-            bw_min = min(bw_min, min(lists.intra_bw[u] for u in here))
-            lat_max = max(lat_max, max(lists.hop_lat[u] for u in here))
-            continue
-        bw_min, lat_max = min(bw_min, lists.local_bw[r]), max(lat_max, lists.local_lat[r])
-        firsts: set[int] = set()
-        for u in here:
-            # Two of its nodes in its first cluster, or a node there beside another unit's first.
-            cid = int(f.cls_first_cid[u])
-            if (of[u] >= 2 and lists.first_cluster[u] >= 2) or cid in firsts:
-                bw_min, lat_max = min(bw_min, lists.intra_bw[u]), max(lat_max, lists.hop_lat[u])
-            firsts.add(cid)
-    in_bw, in_lat = bw_min, lat_max
+            r_bw, r_lat = min(lists.intra_bw[u] for u in here), max(lists.hop_lat[u] for u in here)
+        else:
+            r_bw, r_lat = lists.local_bw[r], lists.local_lat[r]
+            firsts: set[int] = set()
+            for u in here:
+                # Two of its nodes in its first cluster, or a node there beside another unit's first.
+                cid = int(f.cls_first_cid[u])
+                if (of[u] >= 2 and lists.first_cluster[u] >= 2) or cid in firsts:
+                    r_bw, r_lat = min(r_bw, lists.intra_bw[u]), max(r_lat, lists.hop_lat[u])
+                firsts.add(cid)
+        bw_min, lat_max = min(bw_min, r_bw), max(lat_max, r_lat)
+        gather = max(gather, float(cm.region_gather_s(f.spec.sync, n, members[r], r_bw, r_lat)))
     multi = len(members) >= 2
     egress = 0.0
     dearest = 0.0
@@ -680,9 +682,8 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
     largest = max(members.values())
     if multi and largest >= 2:
         # The estimator's choice (``estimate.sync_cost``): the hierarchical exchange where it is faster.
-        n = float(f.spec.model.n_params)
         groups = len(members)
-        local, wan = cm.hierarchical_parts(f.spec.sync, n, groups, largest, in_bw, in_lat, pair_bw, pair_lat)
+        local, wan = cm.hierarchical_parts(f.spec.sync, n, groups, gather, pair_bw, pair_lat)
         hier = float(local) + float(wan)
         if cm.hierarchical_pays(f.spec.sync, groups, largest, t, hier):
             t = hier
