@@ -163,6 +163,11 @@ def sync_cost(
     region's egress is what one participant sends, priced at its dearest link to another region.
     The exchange's fixed cost and the leaders' per-parameter work are added once per exchange
     (``cm.exchange_fixed_seconds``, ``cm.exchange_param_seconds``, times the host share).
+
+    Where it is faster (``cm.hierarchical_pays``), the exchange is the hierarchical one instead
+    (``cm.hierarchical_parts``: every region's members to its head over that region's slowest
+    hop, the heads' ring over the slowest link between regions, the answers back), and the
+    basis says so (``ExchangeBasis.hierarchical``).
     """
     sync, n = spec.sync, float(spec.model.n_params)
     p_count = len(participants)

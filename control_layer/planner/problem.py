@@ -616,16 +616,17 @@ def region_links(f: Fleet, regions: tuple[int, ...]) -> tuple[float, float, floa
 
 
 def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> tuple[float, float]:
-    """Seconds and USD of one exchange given the units in use (ascending) and the members (nodes,
-    one participant each) each uses: the estimator's flat ring (``estimate.sync_cost``) over the
-    hops it takes. Within a region, nodes of one unit that fit in its first cluster meet over that
-    cluster's fabric; otherwise the region's nodes span clusters and its slowest hop is its local
-    link and the fabric of every cluster holding two or more of its nodes. A unit's members fill
-    its first cluster first, and that cluster holds the most of them: two of its nodes share a
-    cluster when it uses two or more and its first cluster has two or more (twin clusters of one
-    node each meet over the local link alone, as the runtime's ring crosses it), and two units
-    share their first cluster when its index is the same (as ``milp`` takes it). Plain Python over
-    the units in use: the search scores thousands of solutions per quote."""
+    """Seconds and USD of one exchange given the units in use (ascending) and the members (nodes, one
+    participant each) each uses: the estimator's flat ring (``estimate.sync_cost``) over the hops
+    it takes, or its hierarchical exchange where that is faster. Within a region, nodes of one
+    unit that fit in its first cluster meet over that cluster's fabric; otherwise the region's
+    nodes span clusters and its slowest hop is its local link and the fabric of every cluster
+    holding two or more of its nodes. A unit's members fill its first cluster first, and that
+    cluster holds the most of them: two of its nodes share a cluster when it uses two or more and
+    its first cluster has two or more (twin clusters of one node each meet over the local link
+    alone, as the runtime's ring crosses it), and two units share their first cluster when its
+    index is the same (as ``milp`` takes it). Plain Python over the units in use: the search
+    scores thousands of solutions per quote."""
     f = pr.fleet
     lists = pr.lists
     members: dict[int, int] = {}
