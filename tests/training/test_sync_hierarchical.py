@@ -13,6 +13,7 @@ import torch
 
 from contracts.sync_config import SyncConfig
 from training.sync.engine import SyncEngine
+from training.sync.stages import stage_sync_config
 
 N = 30_000
 
@@ -158,3 +159,19 @@ def test_config_refuses_a_hierarchy_that_misses_or_repeats_a_participant() -> No
             SyncConfig(mode="sync", region="eu-a", peers=peers, hierarchy=bad)
     with pytest.raises(ValueError, match="modes"):
         SyncConfig(mode="ssp", region="eu-a", peers=peers, hierarchy={"eu": ["eu-a", "us-a", "us-b"]})
+
+
+def test_a_stage_ring_carries_its_own_hierarchy_to_its_engine() -> None:
+    peers = {"eu-b": "10.0.0.2:1", "us-a": "10.0.0.3:1"}
+    ring = {"stage": 0, "listen": "127.0.0.1:0", "peers": peers}
+    hierarchy = {"eu": ["eu-a", "eu-b"], "us": ["us-a"]}
+    sync = SyncConfig(
+        mode="diloco",
+        region="eu-a",
+        peers=peers,
+        stages=[ring | {"hierarchy": hierarchy}, ring | {"stage": 1}],
+    )
+    assert stage_sync_config(sync, 0, leads=True).hierarchy == hierarchy
+    assert stage_sync_config(sync, 1, leads=True).hierarchy == {}
+    with pytest.raises(ValueError, match="once"):
+        SyncConfig(mode="diloco", region="eu-a", peers=peers, stages=[ring | {"hierarchy": {"eu": ["eu-a"]}}])
