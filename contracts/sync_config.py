@@ -37,6 +37,17 @@ class StageRing(BaseModel):
     )
     # The ring over the stage's leaders (each stage's over its own leaders' clusters and regions).
     ring_order: list[str] | None = Field(default=None, max_length=1024)
+    hierarchy: dict[str, list[str]] = Field(default_factory=dict, max_length=1024)
+
+
+def hierarchy_problem(hierarchy: dict[str, list[str]], known: set[str]) -> str | None:
+    """Why ``hierarchy`` cannot group the participants ``known``, or None."""
+    listed = [p for members in hierarchy.values() for p in members]
+    if any(not members for members in hierarchy.values()):
+        return f"hierarchy {hierarchy} has a region with no participants"
+    if len(set(listed)) != len(listed) or set(listed) != known:
+        return f"hierarchy {hierarchy} must list each of {sorted(known)} once"
+    return None
 
 
 class SyncConfig(BaseModel):
@@ -131,6 +142,9 @@ class SyncConfig(BaseModel):
     links: dict[str, LinkSpec] = Field(default_factory=dict, description='"a|b" -> bandwidth and latency')
     kernel_shaping: bool = Field(default=False, description="bandwidth is shaped by tc; latency stays here")
     chunk_bytes: int = Field(default=1 << 20, ge=1024, le=3 << 20)
+    # sync / local_sgd / diloco: a hierarchical exchange (training.sync.collective): region -> its
+    # participants, head first, regions in the heads' ring order; empty: one flat ring.
+    hierarchy: dict[str, list[str]] = Field(default_factory=dict, max_length=1024)
     # Per-stage rings (one per pipeline stage, each listed with its own peers): set where the job's
     # participants sync stage by stage; empty: one leader per participant gathers the whole replica.
     stages: list[StageRing] = Field(default_factory=list, max_length=1024)
@@ -167,6 +181,17 @@ class SyncConfig(BaseModel):
                 raise ValueError(
                     f"ring_order {self.ring_order} must list exactly the regions {sorted(known)}"
                 )
+        known = set(self.peers) | {self.region}
+        for where, hierarchy in [("hierarchy", self.hierarchy)] + [
+            (f"stages[{r.stage}].hierarchy", r.hierarchy) for r in self.stages
+        ]:
+            if not hierarchy:
+                continue
+            if self.mode not in ("sync", "local_sgd", "diloco"):
+                raise ValueError(f"{where} applies to modes 'sync', 'local_sgd' and 'diloco' only")
+            problem = hierarchy_problem(hierarchy, known) if self.region else None
+            if problem:
+                raise ValueError(f"{where}: {problem}")
         for ring in self.stages:
             if set(ring.peers) != set(self.peers):
                 raise ValueError(

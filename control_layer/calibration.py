@@ -301,8 +301,9 @@ def observe_exchange(
     totals = [t for r in results if (t := _exchange_totals(r)) is not None]
     # Concurrent per-stage rings: each payload moved at its ring's share of whatever pipes it shared
     # with the others, which the leaders cannot tell apart, so the payloads say nothing of a link's
-    # rate; the wait beyond the transfer is read against the transfer as priced.
-    rate = _achieved_rate(totals) if ex.rings == 1 else None
+    # rate; the wait beyond the transfer is read against the transfer as priced. So with a
+    # hierarchical exchange: its payloads cross the regions' own hops as well as the WAN.
+    rate = _achieved_rate(totals) if ex.rings == 1 and not ex.hierarchical else None
     if rate is not None and ex.bytes_per_s > 0:
         for key, used in basis.goodput.items():
             out[(GOODPUT, key)] = _clamp(used * rate / ex.bytes_per_s, GOODPUT_RANGE)

@@ -192,6 +192,8 @@ def build_worker_configs(
     stage_rings = (
         _stage_rings(option, groups, keys) if per_stage_sync(option.tasks, spec.sync.mode, option.pp) else []
     )
+    # The exchange the option was priced with: hierarchical only where its estimate chose it.
+    hierarchy = _hierarchy(leaders, keys, ring) if option.sync.hierarchical and not stage_rings else {}
 
     configs: dict[str, dict[str, Any]] = {}
     offset = 0
@@ -219,6 +221,7 @@ def build_worker_configs(
                 _sync(spec, option, leader, key, peers, offset, gossip)
                 | _overlap(runtime, spec.sync.mode)
                 | {"auth_secret": sync_secret, "ring_order": ring}
+                | ({"hierarchy": hierarchy} if hierarchy else {})
                 if multi
                 else _solo(option, offset)
             ),
@@ -464,6 +467,16 @@ def _ring_order(option: PlanOption, slots: list[TaskSlot], keys: list[str]) -> l
         by_cluster.setdefault(slot.cluster_id, []).append(key)
     order = [k for cid in option.sync.ring for k in by_cluster.get(cid, [])]
     return order + [k for k in keys if k not in order]
+
+
+def _hierarchy(slots: list[TaskSlot], keys: list[str], ring: list[str]) -> dict[str, list[str]]:
+    """Region -> its participants in ring order (the first is the region's head), regions in the
+    order the ring meets them: the heads' ring keeps the plan's order of regions."""
+    region_of = {k: s.region for s, k in zip(slots, keys, strict=True)}
+    out: dict[str, list[str]] = {}
+    for k in ring:
+        out.setdefault(region_of[k], []).append(k)
+    return out
 
 
 def _gossip_graph(option: PlanOption, slots: list[TaskSlot], keys: list[str]) -> dict[str, list[str]]:

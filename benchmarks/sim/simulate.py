@@ -4,20 +4,22 @@ What runs (the worker, ``training.runtime``; ``control_layer.worker_config``): e
 replicas form one torchrun group (one task per node; a replica never spans nodes there, and nodes
 that a hand-made placement's replica spans join one group here). Within a group every replica runs
 its pipeline schedule; when a stage has finished its last backward on every replica of the group,
-the replicas' copies of that stage (one ring per tp rank, over the devices holding it) all-reduce their
-gradients (DDP; ZeRO-1/2 reduce-scatter then all-gather, the same ring volume; ZeRO-3 adds one
-more all-gather, 3(n-1)/n instead of 2(n-1)/n). The iteration ends when the last ring ends.
-Across groups, even two nodes of one cluster, the group leaders (replica 0's first device) exchange
-the whole model over their links per ``sync.mode`` (``training.sync``: every node is a participant
-of its own): sync, local SGD and DiLoCo a ring all-reduce (``DenseReducer``; top-k too, each hop
-re-encodes its chunk), ssp a push of the update to every peer at once (``StaleSync``), async a
-call to the parameter server per participant, update up and parameters back (``AsyncServer``),
-gossip one round to the plan's peers. Where a dense mode's groups have their stages on several
-nodes (``training.sync.stages``), each group's leader of stage s (its first replica's device of tp
-rank 0 in that stage) instead rings with the other groups' leaders of stage s over their own
-links, moving only that stage's parameters, every stage's ring at once on one network (flows
-through one port or link share it max-min). That exchange is simulated on its own and reported as
-an amortised share per step, less what the steps beside it cover where the mode overlaps it.
+the replicas' copies of that stage (one ring per tp rank, over the devices holding it) all-reduce
+their gradients (DDP; ZeRO-1/2 reduce-scatter then all-gather, the same ring volume; ZeRO-3 adds
+one more all-gather, 3(n-1)/n instead of 2(n-1)/n). The iteration ends when the last ring ends.
+Across groups, even two nodes of one cluster, the group leaders (replica 0's first device)
+exchange the whole model over their links per ``sync.mode`` (``training.sync``: every node is a
+participant of its own): sync, local SGD and DiLoCo a ring all-reduce (``DenseReducer``; top-k
+too, each hop re-encodes its chunk), ssp a push of the update to every peer at once
+(``StaleSync``), async a call to the parameter server per participant, update up and parameters
+back (``AsyncServer``), gossip one round to the plan's peers; where the plan's exchange is
+hierarchical, each region's participants push to its head, the heads ring and answer their
+members. Where a dense mode's groups have their stages on several nodes
+(``training.sync.stages``), each group's leader of stage s (its first replica's device of tp rank
+0 in that stage) instead rings with the other groups' leaders of stage s over their own links,
+moving only that stage's parameters, every stage's ring at once on one network (flows through one
+port or link share it max-min). That exchange is simulated on its own and reported as an amortised
+share per step, less what the steps beside it cover where the mode overlaps it.
 
 Left out: overlap of gradient buckets with the backward pass, the optimizer step, data loading.
 """
@@ -342,6 +344,8 @@ def _cross_group(
         ps = _parameter_server(topo, leader)
         workers = [leader[g] for g in order if g != ps]
         _request_reply(net, topo.route, leader[ps], workers, update, params, call_s)
+    elif option.sync.hierarchical and mode in STAGE_RING_MODES:
+        _hierarchical(net, topo, peers, update, call_s)
     elif mode == "ssp" or len(peers) == 2:
         # ``StaleSync``: every participant pushes its update to every peer, one sender per peer;
         # ``DenseReducer`` does the same with two participants (``_all_to_all``).
@@ -356,6 +360,30 @@ def _cross_group(
     # leaves and after the last arrives (an exchange on an idle network: where it falls does not
     # change its length).
     return net.run() + work.n_params * param_s + fixed_s, dict(net.bytes_on)
+
+
+def _hierarchical(net: Network, topo: Topology, peers: list[Device], update: float, call_s: float) -> None:
+    """``DenseReducer._hierarchical``: every participant pushes its update to its region's head
+    (the region's first in ring order), the heads run the ring (also two of them), and each head
+    pushes the averaged chunks, a payload's worth, back to its members. Each head starts its ring
+    once its members' updates are in and answers its members once its ring is done."""
+    regions: dict[str, list[Device]] = {}
+    for d in peers:
+        regions.setdefault(topo.region(d.cluster), []).append(d)
+    heads = [ds[0] for ds in regions.values()]
+    waiting = [len(regions)]
+
+    def down() -> None:
+        edges = [(ds[0], m) for ds in regions.values() for m in ds[1:]]
+        exchange(net, topo.route, edges, update, lambda: None, call_s)
+
+    def gathered() -> None:
+        waiting[0] -= 1
+        if waiting[0] == 0:
+            all_reduce(net, topo.route, heads, update, down, call_s).start()
+
+    for ds in regions.values():
+        exchange(net, topo.route, [(m, ds[0]) for m in ds[1:]], update, gathered, call_s)
 
 
 # Modes whose groups reduce stage by stage where a group's stages sit on several nodes

@@ -66,12 +66,14 @@ def options_table(options: Sequence[PlanOption]) -> Table:
 
 
 def _sync_cell(o: PlanOption) -> str:
-    """Mode/H and codec; ``*`` marks what the planner chose (the spec said "auto")."""
+    """Mode/H and codec, and "hier" where the exchange reduces through each region's head; ``*``
+    marks what the planner chose (the spec said "auto")."""
     rt = o.runtime
     h = "*" if rt is not None and rt.sync_every is not None else ""
     c = "*" if rt is not None and rt.sync_compression is not None else ""
     codec = f" {o.sync.compression}{c}" if o.sync.compression != "none" or c else ""
-    return f"{o.sync.mode}/{o.sync.every}{h}{codec}"
+    hier = " hier" if o.sync.hierarchical else ""
+    return f"{o.sync.mode}/{o.sync.every}{h}{codec}{hier}"
 
 
 def step_table(options: Sequence[PlanOption]) -> Table:

@@ -921,6 +921,41 @@ def ring_sync_s(sync: SyncSpec, n_params: float, participants, bw_min, lat_max):
     return factor / bw_min + hops * lat_max
 
 
+HIERARCHICAL_MODES = ("sync", "local_sgd", "diloco")
+
+
+def region_gather_s(sync: SyncSpec, n_params: float, members, bw, lat):
+    """Seconds of one region's gather in the hierarchical exchange: its ``members`` − 1 other
+    participants push their payloads to its head at once (one call each), through the region's
+    slowest hop ``bw`` (bytes/s; they share the head's port) with ``lat`` one way (half a call's
+    cost included). The head's answer back takes as long (its port out, full duplex). Vectorised."""
+    m = np.maximum(np.asarray(members, dtype=float) - 1.0, 0.0)
+    payload = n_params * sync_bytes_per_param(sync)
+    return np.where(m > 0, m * payload / np.where(m > 0, bw, 1.0) + 2.0 * np.asarray(lat, dtype=float), 0.0)
+
+
+def hierarchical_parts(sync: SyncSpec, n_params: float, groups, gather_s, wan_bw, wan_lat):
+    """(seconds inside the regions, seconds over the WAN) of one hierarchical exchange as the
+    runtime runs it (``training.sync.collective``, ``DenseReducer._hierarchical``): every region
+    gathers its members' payloads into its head (``gather_s``, the slowest region's
+    ``region_gather_s``), the ``groups`` heads ring (reduce-scatter and all-gather, 2(G−1) calls,
+    also for two heads) with 2(G−1)/G of the payload through each at ``wan_bw`` and ``wan_lat``
+    (the slowest link and largest latency between the regions), and each head answers its members
+    with the averaged chunks (as long as the gather). Vectorised."""
+    g = np.asarray(groups, dtype=float)
+    payload = n_params * sync_bytes_per_param(sync)
+    wan = 2.0 * (g - 1) / np.maximum(g, 1) * payload / wan_bw + 4.0 * (g - 1) * wan_lat
+    return 2.0 * np.asarray(gather_s, dtype=float), np.where(g >= 2, wan, 0.0)
+
+
+def hierarchical_pays(sync: SyncSpec, groups, largest, flat_s, hier_s):
+    """Where the runtime runs the hierarchical exchange instead of the flat ring: a dense mode,
+    two or more regions, one of them with two or more participants, and faster as priced."""
+    if sync.mode not in HIERARCHICAL_MODES:
+        return np.zeros_like(np.asarray(flat_s, dtype=float), dtype=bool)
+    return (np.asarray(groups) >= 2) & (np.asarray(largest) >= 2) & (hier_s < flat_s)
+
+
 def sync_overlapped(sync: SyncSpec) -> bool:
     """Whether the exchange runs concurrently with local compute by the mode's nature.
 

@@ -163,6 +163,11 @@ def sync_cost(
     region's egress is what one participant sends, priced at its dearest link to another region.
     The exchange's fixed cost and the leaders' per-parameter work are added once per exchange
     (``cm.exchange_fixed_seconds``, ``cm.exchange_param_seconds``, times the host share).
+
+    Where it is faster (``cm.hierarchical_pays``), the exchange is the hierarchical one instead
+    (``cm.hierarchical_parts``: every region's members to its head over that region's slowest
+    hop, the heads' ring over the slowest link between regions, the answers back), and the
+    basis says so (``ExchangeBasis.hierarchical``).
     """
     sync, n = spec.sync, float(spec.model.n_params)
     p_count = len(participants)
@@ -172,21 +177,29 @@ def sync_cost(
     for region, cluster in participants:
         by_region[region][cluster] += 1
     regions = sorted(by_region)
-    bw_min, lat_max, link_lat, call_max = math.inf, 0.0, 0.0, 0.0
+    # The hops inside the regions and between them, apart: the hierarchical exchange pays each
+    # phase over its own.
+    inner = [math.inf, 0.0, 0.0, 0.0]  # slowest bytes/s, largest hop seconds, latency, call
+    outer = [math.inf, 0.0, 0.0, 0.0]
 
-    def hop(bw: float, lat: float, latency: float, call: float) -> None:
-        nonlocal bw_min, lat_max, link_lat, call_max
-        bw_min, lat_max = min(bw_min, bw), max(lat_max, lat)
-        link_lat, call_max = max(link_lat, latency), max(call_max, call)
+    def hop(at: list[float], bw: float, lat: float, latency: float, call: float) -> None:
+        at[0], at[1] = min(at[0], bw), max(at[1], lat)
+        at[2], at[3] = max(at[2], latency), max(at[3], call)
 
+    gather_s = 0.0  # the slowest region's gather into its head (hierarchical)
     for r in regions:
         call = links.call_s(r, r)
+        here = [math.inf, 0.0, 0.0, 0.0]
         for cluster, count in by_region[r].items():
             if count >= 2:
                 bw, latency = fabric[cluster]
-                hop(bw, latency + call * links.call_share / 2.0, latency, call)
+                hop(here, bw, latency + call * links.call_share / 2.0, latency, call)
         if len(by_region[r]) >= 2:
-            hop(links.bw(r, r), links.lat(r, r), links.link_lat(r, r), call)
+            hop(here, links.bw(r, r), links.lat(r, r), links.link_lat(r, r), call)
+        if math.isfinite(here[0]):
+            hop(inner, *here)
+            m = sum(by_region[r].values())
+            gather_s = max(gather_s, float(cm.region_gather_s(sync, n, m, here[0], here[1])))
     for i, a in enumerate(regions):
         for b in regions[i + 1 :]:
             bw = min(links.bw(a, b), links.bw(b, a))
@@ -194,7 +207,9 @@ def sync_cost(
                 raise InvalidArgument(f"no link between regions {a!r} and {b!r}", regions=[a, b])
             lat = max(links.lat(a, b), links.lat(b, a))
             latency = max(links.link_lat(a, b), links.link_lat(b, a))
-            hop(bw, lat, latency, max(links.call_s(a, b), links.call_s(b, a)))
+            hop(outer, bw, lat, latency, max(links.call_s(a, b), links.call_s(b, a)))
+    bw_min, lat_max = min(inner[0], outer[0]), max(inner[1], outer[1])
+    link_lat, call_max = max(inner[2], outer[2]), max(inner[3], outer[3])
     if bw_min <= 0:
         raise InvalidArgument(f"no local link in region(s) {regions}", regions=regions)
     t = float(cm.ring_sync_s(sync, n, p_count, bw_min, lat_max))
@@ -205,7 +220,32 @@ def sync_cost(
     param_s = cm.exchange_param_seconds(regions, links.calibration)
     fixed_s = cm.exchange_fixed_seconds(regions, links.calibration)
     share = max(1.0, links.call_share)
-    t += (fixed_s + n * param_s) * share
+    work = (fixed_s + n * param_s) * share
+    groups, largest = len(regions), max(sum(c.values()) for c in by_region.values())
+    local_s, wan_s = (0.0, 0.0)
+    if groups >= 2 and largest >= 2:
+        local_s, wan_s = (
+            float(v) for v in cm.hierarchical_parts(sync, n, groups, gather_s, outer[0], outer[1])
+        )
+    if bool(cm.hierarchical_pays(sync, groups, largest, t, local_s + wan_s)):
+        # Members to their region's head, the heads' ring over the WAN, the result back.
+        per_head = float(cm.wan_bytes_per_leader(sync, n, groups))
+        egress = sum(per_head / cm.GB * max(links.egress(a, b) for b in regions if b != a) for a in regions)
+        basis = ExchangeBasis(
+            local_s=local_s,
+            bytes=per_head,
+            bytes_per_s=outer[0],
+            latency_s=4.0 * (groups - 1) * outer[2],
+            rounds=2 * (groups - 1),
+            call_s=outer[3],
+            fixed_s=fixed_s,
+            params=n,
+            param_s=param_s,
+            share=share,
+            hierarchical=True,
+        )
+        return SyncCost(local_s + wan_s + work, egress, per_head * groups, basis)
+    t += work
     factor = float(cm.wan_time_factor(sync, n, p_count))
     hops = float(cm.wan_latency_hops(sync, p_count))
     per_participant = float(cm.wan_bytes_per_leader(sync, n, p_count))

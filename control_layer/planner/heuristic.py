@@ -146,10 +146,11 @@ def _in_region_hops(
     regs: np.ndarray,
     region_of: np.ndarray,
     per_region: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per fill row, the slowest hop (bytes/s, seconds) inside the regions where it has two or more
-    nodes, as problem.sync_seconds_and_egress takes it: within such a region, units whose nodes
-    all lie in one cluster (each within its first cluster, the same for all) meet over that
+    nodes, and the slowest of those regions' gathers (hierarchical), as
+    problem.sync_seconds_and_egress takes them: within such a region, units whose nodes all lie in
+    one cluster (each within its first cluster, the same for all) meet over that
     fabric, else over the local link and the fabric of every cluster holding two or more of
     their nodes: a unit's first cluster when it uses two or more nodes and that cluster has two or
     more, or when another unit there has the same first cluster.
@@ -186,9 +187,13 @@ def _in_region_hops(
     span_lat = np.maximum(f.local_lat[regs][None, :], many_lat.reshape(n_rows, n_reg))
     one = alone & np.isfinite(fit_bw)
     active = per_region >= 2
-    in_bw = np.where(active, np.where(one, fit_bw, span_bw), np.inf).min(axis=1)
-    in_lat = np.maximum(0.0, np.where(active, np.where(one, fit_lat, span_lat), 0.0).max(axis=1))
-    return in_bw, in_lat
+    cell_bw = np.where(active, np.where(one, fit_bw, span_bw), np.inf)
+    cell_lat = np.where(active, np.where(one, fit_lat, span_lat), 0.0)
+    in_bw = cell_bw.min(axis=1)
+    in_lat = np.maximum(0.0, cell_lat.max(axis=1))
+    # The hierarchical exchange's slowest gather into a region's head (``cm.region_gather_s``).
+    gather = cm.region_gather_s(f.spec.sync, float(f.spec.model.n_params), per_region, cell_bw, cell_lat)
+    return in_bw, in_lat, gather.max(axis=1)
 
 
 def _set_links(f: Fleet, sets: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -252,7 +257,7 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     per_region = per_region.reshape(len(x), len(regs)).astype(float)
     used = per_region > 0
     n_used = used.sum(axis=1)
-    in_bw, in_lat = _in_region_hops(f, rows, units, members, regs, region_of, per_region)
+    in_bw, in_lat, gather = _in_region_hops(f, rows, units, members, regs, region_of, per_region)
     # Rows mostly repeat a few sets of used regions, and candidates and quotes meet the same sets:
     # each set's links are read once and kept with the fleet, then spread back to the rows.
     if len(f.regions) <= 62:
@@ -275,9 +280,21 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     safe_bw = np.where(ring & (hop_bw > 0) & np.isfinite(hop_bw), hop_bw, 1.0)
     t_sync = np.where(ring, cm.ring_sync_s(spec.sync, n_params, np.maximum(n_part, 2), safe_bw, hop_lat), 0.0)
     t_sync = np.where(ring & (hop_bw <= 0), np.inf, t_sync)
+    # The hierarchical exchange where it is faster (``problem.sync_seconds_and_egress``).
+    largest = per_region.max(axis=1)
+    can = multi & (largest >= 2) & np.isfinite(in_bw) & (in_bw > 0) & (bw > 0)
+    local, wan = cm.hierarchical_parts(
+        spec.sync, n_params, np.where(can, n_used, 2), gather, np.where(can, bw, 1.0), np.where(can, lat, 0.0)
+    )
+    hier = can & cm.hierarchical_pays(spec.sync, n_used, largest, t_sync, local + wan)
+    t_sync = np.where(hier, local + wan, t_sync)
     t_sync = t_sync + np.where(ring, f.wan_param_s, 0.0)  # the leaders' per-parameter work
     step, final = runtime_step(pr, t_local, t_sync, n_part)
-    per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
+    per = np.where(
+        hier,
+        cm.wan_bytes_per_leader(spec.sync, n_params, n_used),
+        cm.wan_bytes_per_leader(spec.sync, n_params, n_part),
+    )
     steps = spec.training.steps
     rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev  # over cols, as before: float sums
     duration = steps * step + final + f.fixed_s

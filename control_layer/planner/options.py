@@ -131,7 +131,8 @@ def build_option(pr: Problem, sol: Solution, auto: AutoSync | None = None) -> Pl
         replicas=a.replicas,
         auto=auto or AutoSync(),
     )
-    topology = a.sync
+    # The exchange the estimate priced (flat ring or hierarchical) is the one the workers run.
+    topology = a.sync.model_copy(update={"hierarchical": est.basis.exchange.hierarchical})
     if runtime.sync_every is not None:
         topology = topology.model_copy(update={"every": runtime.sync_every})
     q = quality(topology.mode, topology.every, topology.compression, overlap=runtime.overlap)

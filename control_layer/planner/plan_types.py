@@ -133,6 +133,9 @@ class ExchangeBasis(_Plain):
     # Rings run at once (per-stage sync, ``estimate.stage_sync_cost``: bytes and bytes_per_s are
     # then the most loaded pipe's, all rings' bytes through it); 1: one ring.
     rings: int = Field(default=1, ge=1)
+    # Hierarchical (``cost_model.hierarchical_parts``): local_s is the members' push to their
+    # region's head and its answer back; bytes, rate, latency and rounds are the heads' ring's.
+    hierarchical: bool = False
 
 
 class CalibrationBasis(_Plain):
@@ -197,6 +200,11 @@ class SyncTopology(_Plain):
     gossip: dict[str, list[str]] = Field(default_factory=dict, description="Cluster id -> peer cluster ids.")
     compression: str = "none"
     every: int = 1
+    hierarchical: bool = Field(
+        default=False,
+        description="Dense modes: a region's participants reduce to its first in the ring, those "
+        "heads ring over the WAN, and each hands the result back (priced faster than one flat ring).",
+    )
     loss_ratio: float | None = Field(
         default=None,
         description="Expected held-out loss over synchronous data parallelism at equal tokens "

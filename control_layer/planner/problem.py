@@ -616,16 +616,17 @@ def region_links(f: Fleet, regions: tuple[int, ...]) -> tuple[float, float, floa
 
 
 def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> tuple[float, float]:
-    """Seconds and USD of one exchange given the units in use (ascending) and the members (nodes,
-    one participant each) each uses: the estimator's flat ring (``estimate.sync_cost``) over the
-    hops it takes. Within a region, nodes of one unit that fit in its first cluster meet over that
-    cluster's fabric; otherwise the region's nodes span clusters and its slowest hop is its local
-    link and the fabric of every cluster holding two or more of its nodes. A unit's members fill
-    its first cluster first, and that cluster holds the most of them: two of its nodes share a
-    cluster when it uses two or more and its first cluster has two or more (twin clusters of one
-    node each meet over the local link alone, as the runtime's ring crosses it), and two units
-    share their first cluster when its index is the same (as ``milp`` takes it). Plain Python over
-    the units in use: the search scores thousands of solutions per quote."""
+    """Seconds and USD of one exchange given the units in use (ascending) and the members (nodes, one
+    participant each) each uses: the estimator's flat ring (``estimate.sync_cost``) over the hops
+    it takes, or its hierarchical exchange where that is faster. Within a region, nodes of one
+    unit that fit in its first cluster meet over that cluster's fabric; otherwise the region's
+    nodes span clusters and its slowest hop is its local link and the fabric of every cluster
+    holding two or more of its nodes. A unit's members fill its first cluster first, and that
+    cluster holds the most of them: two of its nodes share a cluster when it uses two or more and
+    its first cluster has two or more (twin clusters of one node each meet over the local link
+    alone, as the runtime's ring crosses it), and two units share their first cluster when its
+    index is the same (as ``milp`` takes it). Plain Python over the units in use: the search
+    scores thousands of solutions per quote."""
     f = pr.fleet
     lists = pr.lists
     members: dict[int, int] = {}
@@ -639,6 +640,8 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
         return 0.0, 0.0
     bw_min, lat_max = math.inf, 0.0
     of = dict(zip(units, used, strict=True))
+    gather = 0.0  # the slowest region's gather into its head (hierarchical)
+    n = float(f.spec.model.n_params)
     for r, here in by_region.items():
         if members[r] < 2:
             continue
@@ -646,19 +649,21 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
         if len({f.cls_first_cid[u] for u in here}) == 1 and all(
             of[u] <= lists.first_cluster[u] for u in here
         ):
-            bw_min = min(bw_min, min(lists.intra_bw[u] for u in here))
-            lat_max = max(lat_max, max(lists.hop_lat[u] for u in here))
-            continue
-        bw_min, lat_max = min(bw_min, lists.local_bw[r]), max(lat_max, lists.local_lat[r])
-        firsts: set[int] = set()
-        for u in here:
-            # Two of its nodes in its first cluster, or a node there beside another unit's first.
-            cid = int(f.cls_first_cid[u])
-            if (of[u] >= 2 and lists.first_cluster[u] >= 2) or cid in firsts:
-                bw_min, lat_max = min(bw_min, lists.intra_bw[u]), max(lat_max, lists.hop_lat[u])
-            firsts.add(cid)
+            r_bw, r_lat = min(lists.intra_bw[u] for u in here), max(lists.hop_lat[u] for u in here)
+        else:
+            r_bw, r_lat = lists.local_bw[r], lists.local_lat[r]
+            firsts: set[int] = set()
+            for u in here:
+                # Two of its nodes in its first cluster, or a node there beside another unit's first.
+                cid = int(f.cls_first_cid[u])
+                if (of[u] >= 2 and lists.first_cluster[u] >= 2) or cid in firsts:
+                    r_bw, r_lat = min(r_bw, lists.intra_bw[u]), max(r_lat, lists.hop_lat[u])
+                firsts.add(cid)
+        bw_min, lat_max = min(bw_min, r_bw), max(lat_max, r_lat)
+        gather = max(gather, float(cm.region_gather_s(f.spec.sync, n, members[r], r_bw, r_lat)))
     multi = len(members) >= 2
     egress = 0.0
+    dearest = 0.0
     if multi:
         pair_bw, pair_lat, dearest = region_links(f, tuple(sorted(members)))
         bw_min = min(bw_min, pair_bw)
@@ -675,6 +680,15 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
     if t is None:
         t = float(cm.ring_sync_s(f.spec.sync, float(f.spec.model.n_params), p_count, bw_min, lat_max))
         f.exchange_memo[key] = t
+    largest = max(members.values())
+    if multi and largest >= 2:
+        # The estimator's choice (``estimate.sync_cost``): the hierarchical exchange where it is faster.
+        groups = len(members)
+        local, wan = cm.hierarchical_parts(f.spec.sync, n, groups, gather, pair_bw, pair_lat)
+        hier = float(local) + float(wan)
+        if cm.hierarchical_pays(f.spec.sync, groups, largest, t, hier):
+            t = hier
+            egress = float(cm.wan_bytes_per_leader(f.spec.sync, n, groups)) / cm.GB * dearest
     t += f.wan_param_s  # the exchange's fixed cost and the leaders' per-parameter work, every exchange
     return t, egress
 

@@ -386,6 +386,7 @@ def _option(
         gossip=gossip,
         compression=spec.sync.compression,
         every=every,
+        hierarchical=est.basis.exchange.hierarchical,
         loss_ratio=None if q is None else q.loss_ratio,
         loss_ratio_basis="" if q is None else q.measured_as,
     )

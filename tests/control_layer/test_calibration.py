@@ -713,3 +713,16 @@ def test_concurrent_stage_rings_teach_no_goodput_and_their_wait_is_read_against_
     wait = totals["wait_s"] / totals["n"]
     assert sample is not None
     assert sample.seconds == pytest.approx(wait - ex.local_s - ex.bytes / ex.bytes_per_s - ex.latency_s)
+
+
+def test_a_hierarchical_exchange_teaches_no_goodput_and_its_gathers_are_read_as_priced() -> None:
+    # Its payloads cross the regions' own hops (members to heads and back) as well as the WAN.
+    two = _option(regions=2)
+    ex = two.estimates.basis.exchange.model_copy(update={"hierarchical": True, "local_s": 0.05})
+    basis = two.estimates.basis.model_copy(update={"exchange": ex})
+    totals = _exchanged(two, rate=ex.bytes_per_s / 2, call_s=CALL_S, param_s=PARAM_S)
+    goodput, sample = cal.observe_exchange(basis, [{"exchange_totals": totals}])
+    assert goodput == {}
+    wait = totals["wait_s"] / totals["n"]
+    assert sample is not None
+    assert sample.seconds == pytest.approx(wait - ex.local_s - ex.bytes / ex.bytes_per_s - ex.latency_s)

@@ -303,3 +303,25 @@ def test_dense_modes_get_the_planners_ring_order_in_participant_names() -> None:
     for cfg in configs.values():
         assert cfg["sync"]["ring_order"] == ["us-east", "ap-south", "eu-west"]
         validate_worker_config(cfg)
+
+
+def test_a_hierarchical_option_gives_every_participant_the_regions_heads_first() -> None:
+    c, n = _fleet()
+    option = hand_option([(c["eu"], n["eu"], 0), (c["eu"], n["eu2"], 0), (c["us"], n["us"], 0)])
+    option = option.model_copy(update={"sync": option.sync.model_copy(update={
+        "mode": "sync", "ring": ["cus", "ceu"], "hierarchical": True,
+    })})  # fmt: skip
+    spec = tiny_spec(sync={"mode": "sync"}, training={"steps": 4, "global_batch_tokens": 48})
+    configs = build_worker_configs("job", spec, option, _slots(option, c))
+    eu = sorted(cfg["region"] for cfg in configs.values() if cfg["region"].startswith("eu-west"))
+    for cfg in configs.values():
+        ring = cfg["sync"]["ring_order"]
+        assert ring[0] == "us-east" and sorted(ring[1:]) == eu
+        # Regions in the ring's order, each region's participants in it: the first is the head.
+        assert cfg["sync"]["hierarchy"] == {"us-east": ["us-east"], "eu-west": ring[1:]}
+        validate_worker_config(cfg)
+    flat = option.model_copy(update={"sync": option.sync.model_copy(update={"hierarchical": False})})
+    assert all(
+        "hierarchy" not in cfg["sync"]
+        for cfg in build_worker_configs("job", spec, flat, _slots(flat, c)).values()
+    )

@@ -7,6 +7,15 @@ those exact bytes, so every region decodes the same values. Each region then sen
 the payload. With fewer live regions, or if a ring hop fails, every region pushes its own
 contribution to every other and all sum the same decoded values in region order.
 
+Hierarchical (``hierarchy``: groups of participants, each head first, the groups in the heads'
+ring order): where every configured participant is live, each member sends its weighted
+contribution to its group's head over their local link, the heads run the ring above over their
+partial sums (one, two or more heads alike), and each head sends the averaged chunks' encodings,
+as the ring forwarded them, back to its members, who decode the same bytes. A region's WAN links
+then carry 2(G-1)/G of the payload for G groups instead of 2(P-1)/P for P participants. A
+participant missing from the configured set runs the flat ring over the live ones; a failed hop
+falls back to all-to-all as the ring does.
+
 Only a failed call drops a peer: while a contribution is awaited its sender is checked, and
 dropped at once if its connection is refused (``RegionNode.collect``); one still missing at the
 deadline makes the region probe its sender, which is dropped if it does not answer. Regions may
@@ -25,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from training.compression.codecs import Codec
+from training.compression.codecs import Codec, EncodedTensor
 from training.compression.error_feedback import ErrorFeedback
 from training.sync.algorithms.outer import weighted_mean
 from training.sync.algorithms.ring import all_gather_step, owned_chunk, reduce_scatter_step, ring_members
@@ -33,6 +42,27 @@ from training.sync.algorithms.schedule import fragment_slices
 from training.sync.messages import InMessage, Meta, OutMessage, PushResult
 from training.sync.node import GONE_CHECK_S, RegionNode
 from training.sync.transport import PeerError
+
+
+def _parse_origin(
+    origin: str, fps: dict[str, str], figs: dict[str, tuple[float, float]] | None = None
+) -> str:
+    """Add ``name=fingerprint`` entries (joined by ';') to ``fps``, and to ``figs`` the balancing
+    figures an entry carries (``name=fingerprint|opened_at|step_s``: a head forwards its group's);
+    returns the first name."""
+    first = ""
+    for part in origin.split(";"):
+        name, _, rest = part.partition("=")
+        fp, *fig = rest.split("|")
+        fps[name] = fp
+        if figs is not None and len(fig) == 2:
+            figs[name] = (float(fig[0]), float(fig[1]))
+        first = first or name
+    return first
+
+
+def _entry(name: str, fp: str, figures: tuple[float, float]) -> str:
+    return f"{name}={fp}|{figures[0]!r}|{figures[1]!r}"
 
 
 class RingBroken(Exception):
@@ -59,9 +89,11 @@ class DenseReducer:
         chunk_bytes: int,
         error_feedback: bool,
         ring_order: list[str] | None,
+        hierarchy: list[list[str]] | None = None,
     ) -> None:
         self.node, self.stream, self.codec = node, stream, codec
         self.chunk_bytes, self.error_feedback, self.ring_order = chunk_bytes, error_feedback, ring_order
+        self.hierarchy = [list(g) for g in hierarchy or [] if g]
         self.me = node.region
         self.own = self._ef()
         self.hops: dict[str, ErrorFeedback] = {}  # ring: one residual per (ring, hop), see _hop
@@ -93,14 +125,27 @@ class DenseReducer:
         self.figures = figures
         participants = self.node.participants(r)
         members = ring_members(self.ring_order, [self.me, *participants])
-        if len(members) >= 3:
+        groups = self._groups(members)
+        if groups is not None or len(members) >= 3:
             try:
+                if groups is not None:
+                    return self._hierarchical(r, x, weight, fingerprint, step, groups, deadline)
                 return self._ring(r, x, weight, fingerprint, step, members, deadline)
             except RingBroken:
                 participants = self.node.participants(r)
                 deadline = time.monotonic() + timeout
                 return self._all_to_all(r, x, weight, fingerprint, step, participants, deadline)
         return self._all_to_all(r, x, weight, fingerprint, step, participants, deadline)
+
+    def _groups(self, live: list[str]) -> list[list[str]] | None:
+        """The configured groups when every participant they name is live, else None: a round
+        short of a member runs the flat ring over the live ones (a head's partial sum would
+        otherwise lack a contribution the other heads cannot tell is missing)."""
+        if not any(len(g) > 1 for g in self.hierarchy):
+            return None
+        if sorted(p for g in self.hierarchy for p in g) != sorted(live):
+            return None
+        return self.hierarchy
 
     def _send(self, peer: str, msg: OutMessage, timeout: float) -> Future:
         return self.node.pool.submit(self.node.client(peer).push, msg, timeout)
@@ -202,51 +247,135 @@ class DenseReducer:
         members: list[str],
         deadline: float,
     ) -> Reduced:
+        out, fps, figs, _, stale = self._ring_sum(
+            r, x * weight, weight, f"{self.me}={fingerprint}", step, members, deadline, ""
+        )
+        return Reduced(out, fps, ring=True, stale=stale, members=members, figures=figs)
+
+    def _ring_sum(
+        self,
+        r: int,
+        xw: Tensor,
+        weight: float,
+        origin: str,
+        step: int,
+        members: list[str],
+        deadline: float,
+        tier: str,
+    ) -> tuple[Tensor, dict[str, str], dict[str, tuple[float, float]], list[EncodedTensor], bool]:
+        """The ring over ``members`` of weighted sums ``xw`` of total ``weight``: the average, the
+        fingerprints and figures of every contribution, each chunk's encoding as every member
+        decoded it, and whether a peer was ahead. ``origin``: this member's contributions'
+        ``name=fingerprint`` entries, joined by ';' (a head carries its group's)."""
         size = len(members)
         i = members.index(self.me)
         nxt, prv = members[(i + 1) % size], members[(i - 1) % size]
-        sl = fragment_slices(x.numel(), size)
-        acc = [x[s] * weight for s in sl]
+        sl = fragment_slices(xw.numel(), size)
+        acc = [xw[s] for s in sl]
         wacc = [weight] * size
         residuals: list[tuple[ErrorFeedback, Tensor | None]] = []
         stale = False
         for k in range(size - 1):
             send_c, recv_c = reduce_scatter_step(i, k, size)
-            ef = self._hop(members, "rs", k)
+            ef = self._hop(members, f"{tier}rs", k)
             enc, _, res = ef.compress(acc[send_c])
             residuals.append((ef, res))
-            stream = f"{self.stream}.rs{k}"
+            stream = f"{self.stream}.{tier}rs{k}"
             msg = OutMessage(Meta(self.me, stream, r, wacc[send_c], step=step), [("x", enc)])
             got, st = self._exchange(stream, r, nxt, prv, msg, deadline)
             stale = stale or st
-            acc[recv_c] = got.tensors["x"] + x[sl[recv_c]] * weight
+            acc[recv_c] = got.tensors["x"] + xw[sl[recv_c]]
             wacc[recv_c] = got.meta.weight + weight
-        out = torch.empty_like(x)
-        fps = {self.me: fingerprint}
+        out = torch.empty_like(xw)
+        fps: dict[str, str] = {}
+        encs: list[EncodedTensor] = [None] * size  # type: ignore[list-item]
         own = owned_chunk(i, size)
-        ef = self._hop(members, "ag", 0)
+        ef = self._hop(members, f"{tier}ag", 0)
         enc, decoded, res = ef.compress(acc[own] / wacc[own])
         residuals.append((ef, res))
         out[sl[own]] = decoded
-        origin = f"{self.me}={fingerprint}"
+        encs[own] = enc
         figs = {self.me: self.figures}
         opened_at, step_s = self.figures
+        _parse_origin(origin, fps, figs)
         for k in range(size - 1):
             _, recv_c = all_gather_step(i, k, size)
-            stream = f"{self.stream}.ag{k}"
+            stream = f"{self.stream}.{tier}ag{k}"
             meta = Meta(self.me, stream, r, fingerprint=origin, step=step, step_s=step_s, opened_at=opened_at)
             got, st = self._exchange(stream, r, nxt, prv, OutMessage(meta, [("x", enc)]), deadline)
             stale = stale or st
             out[sl[recv_c]] = got.tensors["x"]
             origin = got.meta.fingerprint
-            region, _, fp = origin.partition("=")
-            fps[region] = fp
+            region = _parse_origin(origin, fps)
             # The chunk's origin's figures travel with it, so every region gets every region's.
             opened_at, step_s = got.meta.opened_at, got.meta.step_s
             figs[region] = (opened_at, step_s)
+            _parse_origin(origin, fps, figs)
             enc = got.encoded["x"]  # forwarded as received: every region decodes the same bytes
+            encs[recv_c] = enc
         for ef, res in residuals:
             ef.commit(res)
+        return out, fps, figs, encs, stale
+
+    def _hierarchical(
+        self,
+        r: int,
+        x: Tensor,
+        weight: float,
+        fingerprint: str,
+        step: int,
+        groups: list[list[str]],
+        deadline: float,
+    ) -> Reduced:
+        group = next(g for g in groups if self.me in g)
+        head, heads = group[0], [g[0] for g in groups]
+        members = [p for g in groups for p in g]
+        up, down = f"{self.stream}.up", f"{self.stream}.down"
+        origin = _entry(self.me, fingerprint, self.figures)
+        if self.me != head:
+            ef = self._hop(group, "up", 0)
+            enc, _, res = ef.compress(x * weight)
+            push = self._send(
+                head,
+                OutMessage(Meta(self.me, up, r, weight, fingerprint=origin, step=step), [("x", enc)]),
+                max(0.1, deadline - time.monotonic()),
+            )
+            got = self.node.collect(down, r, [head], deadline, mark_missing=False, give_up_on=self.stream)
+            stale, failed = self._acks({head: push}, deadline, r)
+            if head not in got and head not in failed:
+                self.node.probe(head)
+            if failed or head not in got:
+                raise RingBroken(f"hierarchical {self.stream} round {r}: head {head} missing")
+            ef.commit(res)
+            msg = got[head]
+            out = torch.cat([msg.tensors[f"c{k}"] for k in range(len(heads))])
+            fps: dict[str, str] = {}
+            figs: dict[str, tuple[float, float]] = {}
+            _parse_origin(msg.meta.fingerprint, fps, figs)
+            return Reduced(out, fps, ring=True, stale=stale, members=members, figures=figs)
+        others = group[1:]
+        got = self.node.collect(up, r, others, deadline, mark_missing=False, give_up_on=self.stream)
+        missing = [p for p in others if p not in got]
+        for p in missing:
+            self.node.probe(p)
+        if missing:
+            raise RingBroken(f"hierarchical {self.stream} round {r}: {missing} missing")
+        # Members in the group's order: the partial sum does not depend on arrival order.
+        xw, w = x * weight, weight
+        for p in others:
+            xw = xw + got[p].tensors["x"]
+            w += got[p].meta.weight
+        origin = ";".join([origin, *(got[p].meta.fingerprint for p in others)])
+        out, fps, figs, encs, stale = self._ring_sum(r, xw, w, origin, step, heads, deadline, "h")
+        if others:
+            every = ";".join(_entry(k, v, figs[k]) for k, v in fps.items())
+            meta = Meta(self.me, down, r, w, fingerprint=every, step=step)
+            msg = OutMessage(meta, [(f"c{k}", e) for k, e in enumerate(encs)])
+            timeout = max(0.1, deadline - time.monotonic())
+            # The heads have completed the round: a member that misses its result is dropped
+            # (``_acks``) and rejoins as a late peer does, rather than breaking the others' round.
+            st, _ = self._acks({p: self._send(p, msg, timeout) for p in others}, deadline, r)
+            stale = stale or st
         return Reduced(out, fps, ring=True, stale=stale, members=members, figures=figs)
 
     # ------------------------------------------------------------ checkpoint

@@ -41,6 +41,7 @@ def stage_sync_config(sync: SyncConfig, stage: int, *, leads: bool) -> SyncConfi
         "advertise": ring.advertise,
         "peers": ring.peers,
         "ring_order": ring.ring_order,
+        "hierarchy": ring.hierarchy,
         "auth_secret": secret,
         "rendezvous_dir": str(Path(sync.rendezvous_dir) / f"stage-{stage}") if sync.rendezvous_dir else None,
         "stages": [],

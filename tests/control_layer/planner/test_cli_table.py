@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 
 from control_layer.planner import JobSpec, ResourceSnapshot, plan
-from control_layer.planner.cli_table import render_options
+from control_layer.planner.cli_table import _sync_cell, render_options
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -30,3 +30,12 @@ def test_render_options_prints_every_option_and_its_breakdown() -> None:
     again = Console(record=True, width=240)
     again.print(render_options(options))
     assert again.export_text() == text
+
+
+def test_the_sync_cell_says_where_the_exchange_is_hierarchical() -> None:
+    spec = JobSpec.from_yaml_or_json((EXAMPLES / "job-gpt-small.yaml").read_text())
+    snap = ResourceSnapshot.from_json((EXAMPLES / "snapshot-3-regions.json").read_text())
+    o = plan(spec, snap)[0]
+    flat = o.model_copy(update={"sync": o.sync.model_copy(update={"hierarchical": False})})
+    hier = o.model_copy(update={"sync": o.sync.model_copy(update={"hierarchical": True})})
+    assert not _sync_cell(flat).endswith(" hier") and _sync_cell(hier) == _sync_cell(flat) + " hier"

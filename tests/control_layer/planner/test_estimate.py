@@ -272,18 +272,35 @@ def test_nodes_of_two_clusters_ring_over_the_local_link() -> None:
     assert est.step_s.wan_sync == pytest.approx(_ring_s(spec, 4, 10, 1e-3, cm.DEFAULT_LAN_GOODPUT) + param_s)
 
 
-def test_the_ring_over_regions_counts_every_node() -> None:
-    """Three nodes in eu's cluster f and one in us: four participants on one ring; the WAN link
-    is the slowest hop, the exchange's fixed cost and the leaders' per-parameter work are paid
-    once, and each region's egress is one participant's 2(P-1)/P of the payload."""
+def test_regions_of_several_nodes_exchange_hierarchically_where_that_pays() -> None:
+    """Three nodes in eu's cluster f and one in us, the WAN 50 times slower than f's fabric: eu's
+    members push to their head over the fabric, the two heads ring over the WAN (two calls), the
+    head hands the result back; cheaper than one flat ring of four whose every hop pays the WAN.
+    The exchange's fixed cost and per-parameter work are paid once, and each region's egress is
+    one head's 2(G-1)/G of the payload."""
     spec = _spec()
     snap = _fabric_snap()
     tasks = _tasks([("f", "f0", 0), ("f", "f1", 0), ("f", "f2", 0), ("h", "h0", 0)])
     est = estimate_option(spec, snap, tasks, dp=4, tp=1, pp=1, zero=0)
-    # the exchange's fixed cost and the leaders' per-parameter work once per exchange (no
-    # calibration: the defaults)
     param_s = spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S + cm.DEFAULT_EXCHANGE_FIXED_S
-    assert est.step_s.wan_sync == pytest.approx(_ring_s(spec, 4, 8, 50e-3, cm.DEFAULT_WAN_GOODPUT) + param_s)
-    per = 2 * 3 / 4 * spec.model.n_params * 4.0
-    assert est.wan_bytes_per_step == pytest.approx(2 * per)
+    payload = spec.model.n_params * 4.0
+    fabric_hop = 0.01e-3 + cm.DEFAULT_EXCHANGE_CALL_S / 2.0
+    wan_hop = 50e-3 + cm.DEFAULT_EXCHANGE_CALL_S / 2.0
+    local = 2 * (2 * payload / (400e9 / 8 * cm.DEFAULT_LAN_GOODPUT) + 2 * fabric_hop)
+    wan = payload / (8e9 / 8 * cm.DEFAULT_WAN_GOODPUT) + 2 * 2 * wan_hop
+    assert est.step_s.wan_sync == pytest.approx(local + wan + param_s)
+    assert est.step_s.wan_sync < _ring_s(spec, 4, 8, 50e-3, cm.DEFAULT_WAN_GOODPUT) + param_s
+    assert est.basis.exchange.hierarchical and est.basis.exchange.rounds == 2
+    assert est.basis.exchange.local_s == pytest.approx(local)
+    assert est.wan_bytes_per_step == pytest.approx(2 * payload)
     assert est.cost.egress == 0  # the links declare no egress price
+
+
+def test_the_flat_ring_stays_where_hierarchy_does_not_pay() -> None:
+    """One node a region: no region has members to gather, the flat ring runs."""
+    spec = _spec()
+    tasks = _tasks([("f", "f0", 0), ("h", "h0", 0)])
+    est = estimate_option(spec, _fabric_snap(), tasks, dp=2, tp=1, pp=1, zero=0)
+    param_s = spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S + cm.DEFAULT_EXCHANGE_FIXED_S
+    assert est.step_s.wan_sync == pytest.approx(_ring_s(spec, 2, 8, 50e-3, cm.DEFAULT_WAN_GOODPUT) + param_s)
+    assert not est.basis.exchange.hierarchical

@@ -160,12 +160,14 @@ def test_evaluate_equals_the_dense_form_value_for_value(snap, spec, seed) -> Non
             assert evaluate(pr, sol) == want
 
 
-def _hops_by_loop(pr: Problem, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per fill row, the slowest hop inside regions with ≥ 2 nodes: a loop over regions."""
+def _hops_by_loop(pr: Problem, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per fill row, the slowest hop inside regions with ≥ 2 nodes and the slowest of their
+    hierarchical gathers: a loop over regions."""
     f = pr.fleet
     cols = np.flatnonzero(x.any(axis=0))
     members = np.where(x[:, cols] > 0, np.maximum(1, -(-x[:, cols] // np.maximum(pr.cap[cols], 1))), 0)
-    in_bw, in_lat = np.full(len(x), np.inf), np.zeros(len(x))
+    in_bw, in_lat, gather = np.full(len(x), np.inf), np.zeros(len(x)), np.zeros(len(x))
+    n = float(f.spec.model.n_params)
     for i, row in enumerate(members):
         for r in np.unique(pr.region[cols]):
             here = pr.region[cols] == r
@@ -186,7 +188,8 @@ def _hops_by_loop(pr: Problem, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                 bw = min([f.local_bw[r], *fab_bw[many]])
                 lat = max([f.local_lat[r], *fab_lat[many]])
             in_bw[i], in_lat[i] = min(in_bw[i], bw), max(in_lat[i], lat)
-    return in_bw, in_lat
+            gather[i] = max(gather[i], float(cm.region_gather_s(f.spec.sync, n, m.sum(), bw, lat)))
+    return in_bw, in_lat, gather
 
 
 def _score_by_loop(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -199,13 +202,15 @@ def _score_by_loop(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.n
     single = (xc == 1) & (lo <= 1)[None, :] & (t1[None, :] <= levels[:, None])
     t_local = np.where(xc > 0, np.where(single, t1[None, :], t2[None, :]), 0.0).max(axis=1)
     members = np.where(xc > 0, np.maximum(1, -(-xc // np.maximum(cap, 1))), 0)
-    in_bw, in_lat = _hops_by_loop(pr, x)
+    in_bw, in_lat, gather = _hops_by_loop(pr, x)
     regs = np.unique(pr.region[cols])
     bw, lat, eg = np.full(len(x), np.inf), np.zeros(len(x)), np.zeros(len(x))
     n_used = np.zeros(len(x), dtype=int)
+    largest = np.zeros(len(x), dtype=int)
     for i, row in enumerate(members):
         used = [r for r in regs if row[pr.region[cols] == r].sum() > 0]
         n_used[i] = len(used)
+        largest[i] = max(row[pr.region[cols] == r].sum() for r in regs)
         for a in used:
             for b in used:
                 if a != b:
@@ -222,9 +227,15 @@ def _score_by_loop(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.n
     safe_bw = np.where(ring & (hop_bw > 0) & np.isfinite(hop_bw), hop_bw, 1.0)
     t_sync = np.where(ring, cm.ring_sync_s(spec.sync, n_params, np.maximum(n_part, 2), safe_bw, hop_lat), 0.0)
     t_sync = np.where(ring & (hop_bw <= 0), np.inf, t_sync)
+    per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
+    for i in range(len(x)):  # the hierarchical exchange where it is faster, row by row
+        if multi[i] and largest[i] >= 2 and in_bw[i] > 0 and bw[i] > 0:
+            parts = cm.hierarchical_parts(spec.sync, n_params, n_used[i], gather[i], bw[i], lat[i])
+            hier = float(parts[0] + parts[1])
+            if cm.hierarchical_pays(spec.sync, n_used[i], largest[i], t_sync[i], hier):
+                t_sync[i], per[i] = hier, cm.wan_bytes_per_leader(spec.sync, n_params, n_used[i])
     t_sync = t_sync + np.where(ring, f.wan_param_s, 0.0)
     step, final = runtime_step(pr, t_local, t_sync, n_part)
-    per = cm.wan_bytes_per_leader(spec.sync, n_params, n_part)
     steps = spec.training.steps
     rate = (xc * pr.price[cols][None, :]).sum(axis=1) * pr.dev
     duration = steps * step + final + f.fixed_s
@@ -275,7 +286,7 @@ def test_in_region_hops_match_a_loop_over_regions(snap, spec, seed) -> None:
             per_region[i, r] += m
         got = _in_region_hops(pr.fleet, rows, units, members, regs, region_of.reshape(-1), per_region)
         want = _hops_by_loop(pr, x)
-        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 @FAST

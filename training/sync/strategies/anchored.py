@@ -82,7 +82,15 @@ class AnchoredSync(Strategy):
         self.slices: list[slice] = []
         self.momentum: list[Tensor | None] = [None] * c.fragments
         self.reducers = [
-            DenseReducer(self.node, f"anchored{f}", self.codec, c.chunk_bytes, c.error_feedback, c.ring_order)
+            DenseReducer(
+                self.node,
+                f"anchored{f}",
+                self.codec,
+                c.chunk_bytes,
+                c.error_feedback,
+                c.ring_order,
+                list(c.hierarchy.values()),
+            )
             for f in range(c.fragments)
         ]
         self.opened = self.completed = 0

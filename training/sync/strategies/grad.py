@@ -32,9 +32,23 @@ class GradSync(Strategy):
         super().__init__(*args, **kw)
         c = self.cfg
         self.reducer = DenseReducer(
-            self.node, "grad", self.codec, c.chunk_bytes, c.error_feedback, c.ring_order
+            self.node,
+            "grad",
+            self.codec,
+            c.chunk_bytes,
+            c.error_feedback,
+            c.ring_order,
+            list(c.hierarchy.values()),
         )
-        self.checker = DenseReducer(self.node, "check", get_codec("fp32"), c.chunk_bytes, False, c.ring_order)
+        self.checker = DenseReducer(
+            self.node,
+            "check",
+            get_codec("fp32"),
+            c.chunk_bytes,
+            False,
+            c.ring_order,
+            list(c.hierarchy.values()),
+        )
         self.completed = 0  # the last step whose gradient was averaged
         self.public: Tensor | None = None  # parameters at the last check (what a peer pulls)
         self.public_round = -1
