@@ -929,8 +929,13 @@ def region_gather_s(sync: SyncSpec, n_params: float, members, bw, lat):
     participants push their payloads to its head at once (one call each), through the region's
     slowest hop ``bw`` (bytes/s; they share the head's port) with ``lat`` one way (half a call's
     cost included). The head's answer back takes as long (its port out, full duplex). Vectorised."""
-    m = np.maximum(np.asarray(members, dtype=float) - 1.0, 0.0)
     payload = n_params * sync_bytes_per_param(sync)
+    if isinstance(members, int | float) and isinstance(bw, int | float) and isinstance(lat, int | float):
+        # One region's figures (the search scores thousands of solutions a quote this way): the
+        # same formula without numpy's per-call cost.
+        others = max(float(members) - 1.0, 0.0)
+        return others * payload / bw + 2.0 * float(lat) if others > 0 else 0.0
+    m = np.maximum(np.asarray(members, dtype=float) - 1.0, 0.0)
     return np.where(m > 0, m * payload / np.where(m > 0, bw, 1.0) + 2.0 * np.asarray(lat, dtype=float), 0.0)
 
 

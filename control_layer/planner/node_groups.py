@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
 
-from contracts.feasibility import syncs_per_stage
+from contracts.feasibility import STAGE_SYNC_MODES, syncs_per_stage
 from contracts.worker_config import MAX_GROUP_NODES
 from control_layer.planner.plan_types import PlannedTask
 
@@ -62,6 +62,8 @@ def stage_leader_nodes(tasks: Iterable[PlannedTask], nodes: Collection[str]) -> 
 def per_stage_sync(tasks: Sequence[PlannedTask], mode: str, pp: int) -> bool:
     """Whether the job's groups sync stage by stage (``contracts.feasibility.syncs_per_stage``): a
     dense mode, several groups, and a group whose stages' leaders are on different nodes."""
+    if pp < 2 or mode not in STAGE_SYNC_MODES:  # nothing to split: skip grouping every quote's tasks
+        return False
     groups = node_groups(tasks)
     split = any(len(set(stage_leader_nodes(tasks, set(g)))) > 1 for g in groups if len(g) > 1)
     return syncs_per_stage(mode=mode, participants=len(groups), pp=pp, stage_leaders_split=split)

@@ -681,7 +681,7 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
         t = float(cm.ring_sync_s(f.spec.sync, float(f.spec.model.n_params), p_count, bw_min, lat_max))
         f.exchange_memo[key] = t
     largest = max(members.values())
-    if multi and largest >= 2:
+    if multi and largest >= 2 and f.spec.sync.mode in cm.HIERARCHICAL_MODES:
         # The estimator's choice (``estimate.sync_cost``): the hierarchical exchange where it is faster.
         groups = len(members)
         local, wan = cm.hierarchical_parts(f.spec.sync, n, groups, gather, pair_bw, pair_lat)
