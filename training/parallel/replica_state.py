@@ -128,13 +128,7 @@ def scatter_full_params(
         dist.broadcast(buf, src=0)
         if info.stage != my_stage:
             continue
-        p = local[info.name]
-        if isinstance(p, DTensor):
-            # Every rank holds the full tensor, so each cuts its own shard without communication.
-            shard = distribute_tensor(buf, p.device_mesh, p.placements, src_data_rank=None)
-            p.to_local().copy_(shard.to_local())
-        else:
-            p.copy_(buf)
+        _copy_full(local[info.name], buf)
 
 
 # Per-stage sync (``training.sync.stages``): each stage's leader holds only its own stage's tensors.
@@ -197,12 +191,7 @@ def scatter_stage_params(
             buf = torch.empty(info.shape, dtype=info.dtype, device=device)
         if group is not None:
             dist.broadcast(buf, src=leader, group=group)
-        p = local[info.name]
-        if isinstance(p, DTensor):
-            shard = distribute_tensor(buf, p.device_mesh, p.placements, src_data_rank=None)
-            p.to_local().copy_(shard.to_local())
-        else:
-            p.copy_(buf)
+        _copy_full(local[info.name], buf)
 
 
 @torch.no_grad()
@@ -215,3 +204,13 @@ def scatter_stage_grads(
     model: nn.Module, dims: ParallelDims, tensors: list[Tensor], group: dist.ProcessGroup | None
 ) -> None:
     scatter_stage_params(model, dims, tensors, group, _grads(model))
+
+
+def _copy_full(p: Tensor, buf: Tensor) -> None:
+    """Write the full tensor ``buf`` into ``p``, this rank's shard of it where ``p`` is sharded."""
+    if isinstance(p, DTensor):
+        # Every rank holds the full tensor, so each cuts its own shard without communication.
+        shard = distribute_tensor(buf, p.device_mesh, p.placements, src_data_rank=None)
+        p.to_local().copy_(shard.to_local())
+    else:
+        p.copy_(buf)
