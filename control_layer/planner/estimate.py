@@ -143,6 +143,12 @@ class SyncCost:
     basis: ExchangeBasis = field(default_factory=ExchangeBasis)  # the exchange's parts, for calibration
 
 
+def _egress_usd(links: Links, regions: Sequence[str], bytes_each: float) -> float:
+    """USD of an exchange in which each region's participant sends ``bytes_each``, billed at its
+    dearest link to the others (what it pays whichever peer the ring or gossip puts next)."""
+    return sum(bytes_each / cm.GB * max(links.egress(a, b) for b in regions if b != a) for a in regions)
+
+
 def sync_cost(
     spec: JobSpec,
     links: Links,
@@ -230,7 +236,7 @@ def sync_cost(
     if bool(cm.hierarchical_pays(sync, groups, largest, t, local_s + wan_s)):
         # Members to their region's head, the heads' ring over the WAN, the result back.
         per_head = float(cm.wan_bytes_per_leader(sync, n, groups))
-        egress = sum(per_head / cm.GB * max(links.egress(a, b) for b in regions if b != a) for a in regions)
+        egress = _egress_usd(links, regions, per_head)
         basis = ExchangeBasis(
             local_s=local_s,
             bytes=per_head,
@@ -251,8 +257,7 @@ def sync_cost(
     per_participant = float(cm.wan_bytes_per_leader(sync, n, p_count))
     egress, crossing = 0.0, 0.0
     if len(regions) >= 2:
-        for a in regions:
-            egress += per_participant / cm.GB * max(links.egress(a, b) for b in regions if b != a)
+        egress = _egress_usd(links, regions, per_participant)
         crossing = per_participant * len(regions)
     basis = ExchangeBasis(
         bytes=factor,
@@ -361,8 +366,7 @@ def stage_sync_cost(
             )
         per_participant = float(cm.wan_bytes_per_leader(sync, n_s, p_count))
         if len(regions) >= 2:
-            for a in regions:
-                egress += per_participant / cm.GB * max(links.egress(a, b) for b in regions if b != a)
+            egress += _egress_usd(links, regions, per_participant)
             crossing += per_participant * len(regions)
     assert basis_of is not None
     t_sync = t_max + (fixed_s + largest * param_s) * share
