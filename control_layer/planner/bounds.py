@@ -36,6 +36,7 @@ class Rows:
     z_rate: np.ndarray  # (D,) least Σ price × step of such a member, per replica-second
     room_all: np.ndarray  # (D, R) replicas each region can hold
     room_one: np.ndarray  # (D, R) replicas the largest member of each region can hold
+    p_min: np.ndarray  # (D,) fewest members (sync participants) that can hold dp replicas
 
     def select(self, idx: np.ndarray) -> Rows:
         """These rows only (every figure of a row depends on that row alone)."""
@@ -50,6 +51,7 @@ class Rows:
             z_rate=self.z_rate[idx],
             room_all=self.room_all[idx],
             room_one=self.room_one[idx],
+            p_min=self.p_min[idx],
         )
 
 
@@ -119,7 +121,27 @@ def make_rows(
         z_rate=z_rate,
         room_all=sum_by(member_cap * count[None, :], region, n_reg),
         room_one=room_one,
+        p_min=fewest_members(member_cap, count, dp),
     )
+
+
+def fewest_members(member_cap: np.ndarray, count: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """Per row, the fewest members that hold dp replicas between them (largest first; inf where
+    all of them cannot): every placement has at least that many sync participants."""
+    d, n_u = member_cap.shape
+    if n_u == 0:
+        return np.full(d, np.inf)
+    order = np.argsort(-member_cap, axis=1, kind="stable")
+    cap_s = np.take_along_axis(member_cap, order, axis=1).astype(float)
+    cnt_s = np.where(cap_s > 0, count[order], 0).astype(float)
+    room = np.cumsum(cap_s * cnt_s, axis=1)
+    before_room = room - cap_s * cnt_s
+    before_cnt = np.cumsum(cnt_s, axis=1) - cnt_s
+    at = np.minimum((room < dp[:, None]).sum(axis=1), n_u - 1)  # the unit where dp is reached
+    rows = np.arange(d)
+    left = dp - before_room[rows, at]
+    need = before_cnt[rows, at] + np.ceil(left / np.maximum(cap_s[rows, at], 1.0))
+    return np.where(room[:, -1] >= dp, need, np.inf)
 
 
 def rows_of(pr: Problem) -> Rows:
@@ -175,22 +197,19 @@ def _link_orders(f: Fleet) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarra
     return got  # type: ignore[return-value]
 
 
-def _wan_floor(rows: Rows, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, (seconds, USD) of the cheapest WAN phase over region sets with room for dp.
+def _wan_links(rows: Rows, room: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row, (bandwidth, latency, k) bounding the links of any region set with room for dp.
 
-    k is the fewest regions whose room adds up to dp (at least 2). Any such set S contains some
-    region a, and S's slowest link is no faster than the link at which a's fastest links first
-    reach k−1 partners and room for dp (likewise for latency); each of the k leaders pays at least
-    the cheapest egress price on offer.
+    k is the fewest regions whose room adds up to dp (at least 2). Any such set S, of k regions
+    or more, contains some region a, and S's slowest link is no faster than the link at which a's
+    fastest links first reach k−1 partners and room for dp (likewise for latency); bandwidth 0
+    where no set can hold dp.
     """
     f = rows.fleet
     dp = rows.dp
     n_reg = len(f.regions)
-    d = len(dp)
     k = np.maximum(2, (np.cumsum(-np.sort(-room, axis=1), axis=1) < dp[:, None]).sum(axis=1) + 1)
-    if n_reg < 2:
-        return np.full(d, math.inf), np.full(d, math.inf)
-    _, links, cheapest = _link_orders(f)
+    _, links, _ = _link_orders(f)
     out = []
     for (order, ranked, finite), high in zip(links, (True, False), strict=True):
         fill = -np.inf if high else np.inf
@@ -204,21 +223,58 @@ def _wan_floor(rows: Rows, room: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         best = np.where(ok.any(axis=2), ranked[np.arange(n_reg)[None, :], first], fill)  # (D, R)
         out.append(best.max(axis=1) if high else best.min(axis=1))
     bw, lat = out
-    kk = np.minimum(k, n_reg)
     feasible = (k <= n_reg) & np.isfinite(bw) & (bw > 0)
-    t = np.where(feasible, f.wan_factor[kk] / np.where(feasible, bw, 1.0) + f.wan_hops[kk] * lat, math.inf)
-    egress = np.where(feasible, kk * f.per_leader[kk] / cm.GB * cheapest, math.inf)
-    return t, egress
+    return np.where(feasible, bw, 0.0), lat, np.minimum(k, n_reg)
+
+
+def _hierarchical_floor(rows: Rows, bw: np.ndarray, lat: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Per row, the least seconds of a hierarchical exchange (``cm.hierarchical_parts``) over G ≥ k
+    regions whose links are bounded by (bw, lat): the WAN ring among G heads, and the largest
+    region's gather and answer, that region holding ceil(P/G) ≥ 2 participants of P ≥ p_min, over
+    the fleet's fastest in-region hop at best."""
+    f = rows.fleet
+    n_reg = len(f.regions)
+    payload = float(f.spec.model.n_params) * cm.sync_bytes_per_param(f.spec.sync)
+    g = np.arange(2, n_reg + 1, dtype=float)[None, :]  # (1, G)
+    members = np.maximum(2.0, np.ceil(np.minimum(rows.p_min, 1e9)[:, None] / g))
+    hop_bw = float(f.hop_bw.max(initial=0.0))
+    hop_lat = float(f.hop_lat.min(initial=math.inf)) if len(f.hop_lat) else 0.0
+    gather = (members - 1.0) * payload / (hop_bw if hop_bw > 0 else math.inf) + 2.0 * hop_lat
+    safe = np.where(bw > 0, bw, 1.0)[:, None]
+    wan = 2.0 * (g - 1.0) / g * payload / safe + 4.0 * (g - 1.0) * lat[:, None]
+    t = np.where(g >= k[:, None], 2.0 * gather + wan, math.inf)
+    return t.min(axis=1, initial=math.inf)
 
 
 def wan_floor(rows: Rows) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, (seconds, USD) one exchange costs at least when the replicas span ≥ 2 regions:
-    the flat ring over P ≥ k participants (``problem.sync_seconds_and_egress``) costs at least
-    its k-participant form over the region links alone, whether each region holds one
-    participant (room counted from its largest member) or several (room counted from all)."""
-    t_b, e_b = _wan_floor(rows, rows.room_one)
-    t_c, e_c = _wan_floor(rows, rows.room_all)
-    return np.minimum(t_b, t_c), np.minimum(e_b, e_c)
+    """Per row, (seconds, USD) one exchange costs at least when the replicas span ≥ 2 regions: the
+    flat ring (``problem.sync_seconds_and_egress``) over P participants, P at least the fewest
+    members that hold dp and at least k, over links bounded by ``_wan_links`` (whether each
+    region holds one participant, room counted from its largest member, or several, room counted
+    from all; the ring's time rises with P); or, in the dense modes, the hierarchical exchange
+    (``_hierarchical_floor``), whichever is less. Each of the k regions pays at least the
+    cheapest egress on offer for a participant's bytes (P's where the ring is flat, k's where
+    it may be hierarchical)."""
+    f = rows.fleet
+    n_reg = len(f.regions)
+    d = len(rows.dp)
+    if n_reg < 2:
+        return np.full(d, math.inf), np.full(d, math.inf)
+    sync, n = f.spec.sync, float(f.spec.model.n_params)
+    _, _, cheapest = _link_orders(f)
+    dense = sync.mode in cm.HIERARCHICAL_MODES
+    t_out, e_out = np.full(d, math.inf), np.full(d, math.inf)
+    for room in (rows.room_one, rows.room_all):
+        bw, lat, k = _wan_links(rows, room)
+        ok = bw > 0
+        p = np.maximum(k, np.minimum(rows.p_min, 1e9))
+        t = cm.ring_sync_s(sync, n, p, np.where(ok, bw, 1.0), lat)
+        if dense:
+            t = np.minimum(t, _hierarchical_floor(rows, bw, lat, k))
+        per = cm.wan_bytes_per_leader(sync, n, k if dense else p)
+        t_out = np.minimum(t_out, np.where(ok, t, math.inf))
+        e_out = np.minimum(e_out, np.where(ok, k * per / cm.GB * cheapest, math.inf))
+    return t_out, e_out
 
 
 def key_span(key: np.ndarray) -> float:
@@ -326,18 +382,22 @@ def lower_bounds_rows(
     n_reg = len(f.regions)
     scale = rows.devices_per_replica * steps / 3600.0
 
-    # DiLoCo's runtime overlaps its exchange with the next steps: what does not hide behind a
-    # round's H local steps blocks (``runtime_pricing``: F · max(0, T/F − delay · t), delay ≤
-    # H/F), so a step is at least max(t, x·T − (x·H − 1)·t), x the exchanges per step. Where H
-    # divides the steps (x·H = 1) that is max(t, x·T), monotone in t as the fills need; else only
-    # t is bounded.
+    # DiLoCo's runtime overlaps its exchange with the next steps: what does not hide behind
+    # ``delay`` steps blocks (``runtime_pricing``: F · max(0, T/F − delay · t) per round, delay at
+    # most a round's steps, so F · delay ≤ M, the fragments times their round's steps). With x
+    # exchanges per step a step is at least t + x · max(0, T − M·t) ≥ max(t, x·T / max(1, x·M)):
+    # below T/M the exposed part outweighs what t lost. Monotone in t, as the fills need.
     hidden = f.runtime.diloco
-    only_local = hidden and abs(f.xps * cm.sync_every(f.spec.sync) - 1.0) > 1e-12
+    hide = max(1.0, f.xps * f.runtime.fragments * f.runtime.round_steps)
 
     def floor_at(t: np.ndarray, sync: np.ndarray) -> np.ndarray:
-        if only_local:
-            return t
-        return np.maximum(t, sync) if f.overlapped or hidden else t + sync
+        if hidden:
+            return np.maximum(t, sync / hide)
+        return np.maximum(t, sync) if f.overlapped else t + sync
+
+    # The last exchange of an overlapped run has no steps to hide behind: the run waits for it
+    # once (``runtime_pricing.final_sync_s``), whenever two or more participants sync.
+    final = hidden or f.overlapped
 
     # One participant.
     t_z = rows.z_time
@@ -352,21 +412,26 @@ def lower_bounds_rows(
         c_u = _fill(n, t * price, dp) * scale
         return np.minimum(t_z, t_u) * steps, np.minimum(c_z, c_u)
     else:
-        # All in one region r (≥ 2 participants): slots of r only, plus two participants over
-        # r's fastest hop (the ring's time rises with P and falls with the hop's speed).
-        sync_r = f.xps * (f.local_floor + f.wan_param_s)  # (R,); every exchange pays the leaders' work
+        # All in one region r (≥ 2 participants, and at least the fewest members holding dp):
+        # slots of r only, and the flat ring over r's fastest hop (its time rises with P and
+        # falls with the hop's speed; in one region the exchange is never hierarchical).
+        p_a = np.maximum(2.0, np.minimum(rows.p_min, 1e9))[:, None]
+        fast = f.hop_bw > 0
+        ring_r = cm.ring_sync_s(f.spec.sync, float(f.spec.model.n_params), p_a, np.where(fast, f.hop_bw, 1.0), f.hop_lat)
+        sync_r = f.xps * (np.where(fast, ring_r, math.inf) + f.wan_param_s)  # (D, R); every exchange pays the leaders' work
         t = np.concatenate([rows.t1, rows.t2], axis=1)
         g_region = np.concatenate([rows.g_region, rows.g_region])
         kth_t, _ = _by_region(n, t, g_region, n_reg, dp, "kth", span_t)
         _, sum_pt = _by_region(n, t * price, g_region, n_reg, dp, "sum", span_pt)
         _, sum_p = _by_region(n, price, g_region, n_reg, dp, "sum")
-        t_a = floor_at(kth_t, sync_r[None, :]).min(axis=1)
-        sync_cost = 0.0 if hidden else sync_r[None, :] * sum_p
-        c_a = np.maximum(sum_pt, sync_cost) if f.overlapped else sum_pt + sync_cost
+        d_a = (floor_at(kth_t, sync_r) * steps + (sync_r / f.xps if final else 0.0)).min(axis=1)
+        sync_cost = sync_r * sum_p / (hide if hidden else 1.0)
+        c_a = np.maximum(sum_pt, sync_cost) if f.overlapped or hidden else sum_pt + sync_cost
         c_a = c_a.min(axis=1) * scale
         # Two or more regions.
         t_wan, egress = wan_floor(rows)
         wan = (f.xps * (t_wan + f.wan_param_s))[:, None]
+        d_final = t_wan + f.wan_param_s if final else 0.0
     n_single = rows.n_single
     t_s = _dp_th(n_single, floor_at(rows.t1, wan), dp)
     c_s = _fill(n_single, floor_at(rows.t1, wan) * rows.price[None, :], dp)
@@ -379,7 +444,8 @@ def lower_bounds_rows(
     t_w = np.minimum(t_s, t_m)
     c_w = np.minimum(c_s, c_m) * scale + steps * f.xps * egress
 
-    return np.minimum(np.minimum(t_z, t_a), t_w) * steps, np.minimum(np.minimum(c_z, c_a), c_w)
+    duration = np.minimum(np.minimum(t_z * steps, d_a), t_w * steps + d_final)
+    return duration, np.minimum(np.minimum(c_z, c_a), c_w)
 
 
 def lower_bounds(pr: Problem) -> tuple[float, float]:

@@ -80,7 +80,10 @@ class Fleet:
     cls_hop_lat: np.ndarray  # per class: one hop's seconds on its cluster's fabric (with half a call)
     cls_first_cluster: np.ndarray  # per class: members in its first cluster (filled first)
     cls_first_cid: np.ndarray  # per class: an index of its first cluster (equal: the same cluster)
-    local_floor: np.ndarray  # per region: least seconds of an exchange among ≥ 2 of its nodes
+    # Per region, the fastest hop between two of its nodes (its local link or a cluster fabric
+    # there, bytes/s) and the lowest latency of such a hop: what any exchange there is bounded by.
+    hop_bw: np.ndarray
+    hop_lat: np.ndarray
     pair_bw: np.ndarray  # R×R bytes/s (min of both directions; 0 = no link)
     pair_lat: np.ndarray  # R×R seconds (max of both directions)
     egress: np.ndarray  # R×R USD/GB from row region to column region
@@ -246,12 +249,6 @@ def build_fleet(
         r = cls_region[u]
         best_bw[r] = max(best_bw[r], cls_intra_bw[u])
         best_lat[r] = min(best_lat[r], cls_hop_lat[u])
-    local_floor = np.array(
-        [
-            float(cm.ring_sync_s(spec.sync, n, 2, b, la)) if b > 0 else math.inf
-            for b, la in zip(best_bw, best_lat, strict=True)
-        ]
-    )
     # Keyed by the pools' identities; the entry holds the pools, so no other list can take their ids.
     pool_ids = tuple(id(p) for p in pools)
     _, fixed_s = _kept(
@@ -292,7 +289,8 @@ def build_fleet(
         cls_hop_lat=cls_hop_lat,
         cls_first_cluster=cls_first_cluster,
         cls_first_cid=_groups_of([(c.first.cluster.id,) for c in classes]),
-        local_floor=local_floor,
+        hop_bw=best_bw,
+        hop_lat=best_lat,
         pair_bw=pairs.bw,
         pair_lat=pairs.lat,
         egress=pairs.egress,
