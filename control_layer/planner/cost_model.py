@@ -614,6 +614,39 @@ def _stage_program(schedule: str, pp: int, st: int, m: int) -> list[Step]:
     return prog
 
 
+@functools.lru_cache(maxsize=512)
+def _compiled_programs(schedule: str, pp: int, m: int) -> tuple[tuple[tuple, ...], ...]:
+    """``_stage_program`` of every stage with its messages numbered, for ``_pipeline_makespan``:
+    message (sender, forward, i) is ``2 * pp * i + 2 * sender + forward``; its send completes in
+    slot 2·id and its recv in slot 2·id + 1. Steps: (0, seconds index 0 forward / 1 backward),
+    (1, slots waited for), (2, id, side posted: 0 send, 1 recv, sender, forward)."""
+
+    def ident(src: int, forward: bool, i: int) -> int:
+        return 2 * pp * i + 2 * src + int(forward)
+
+    out = []
+    for st in range(pp):
+        prog: list[tuple] = []
+        for step in _stage_program(schedule, pp, st, m):
+            kind = step[0]
+            if kind == "op":
+                prog.append((0, 0 if step[1] else 1))
+            elif kind == "wait":
+                slots = []
+                for k, forward, i in step[1]:
+                    if k == "send":
+                        slots.append(2 * ident(st, forward, i))
+                    else:
+                        slots.append(2 * ident(st - 1 if forward else st + 1, forward, i) + 1)
+                prog.append((1, tuple(slots)))
+            else:
+                forward, i = step[1], step[2]
+                src = st if kind == "send" else (st - 1 if forward else st + 1)
+                prog.append((2, ident(src, forward, i), 0 if kind == "send" else 1, src, forward))
+        out.append(tuple(prog))
+    return tuple(out)
+
+
 def _pipeline_makespan(
     m: int,
     fwd: Sequence[float],
@@ -632,26 +665,26 @@ def _pipeline_makespan(
     the send and the recv's notice, messages between two stages in order; across the fabric a
     message holds the sender's port for nbytes/port_out and the receiver's for nbytes/port_in,
     and crosses the boundary's link. The send completes when its last byte has left, the recv
-    one latency later. ``nbytes`` 0 or no links: transfers take no time (the bare schedule)."""
+    one latency later. ``nbytes`` 0 or no links: transfers take no time (the bare schedule).
+    Messages and their completions are numbered (``_compiled_programs``): this walk runs
+    thousands of times on a quote's first pricing of a pipeline."""
     pp = len(fwd)
-    progs = [_stage_program(schedule, pp, st, m) for st in range(pp)]
+    progs = _compiled_programs(schedule, pp, m)
+    seconds = (tuple(fwd), tuple(bwd))
+    n_msg = 2 * pp * m
     pc = [0] * pp
-    # per message (sender, forward, i): when its send and its recv were posted
-    posted: dict[tuple[int, bool, int], list[float | None]] = {}
-    complete: list[dict[tuple, float]] = [{} for _ in range(pp)]  # a stage's transfers' ends
-    blocked: list[tuple | None] = [None] * pp  # the keys a stage waits on, not all matched yet
+    posted: list[float | None] = [None] * (2 * n_msg)  # per message: its send's and recv's post
+    done_at: list[float | None] = [None] * (2 * n_msg)  # per slot: when that side completed
+    blocked: list[tuple | None] = [None] * pp  # the slots a stage waits on, not all complete yet
     pair_free: dict[tuple[int, int], float] = {}
     tx, rx = [0.0] * pp, [0.0] * pp  # when each stage's fabric port is next free to send / receive
     events: list[tuple[float, int, int]] = []  # (t, seq, stage to resume)
     seq, now = 0, 0.0
     free = nbytes <= 0 or links is None
+    push = heapq.heappush
 
-    def push(t: float, st: int) -> None:
+    def match(ident: int, src: int, forward: bool, sent_at: float, recv_at: float) -> None:
         nonlocal seq
-        seq += 1
-        heapq.heappush(events, (t, seq, st))
-
-    def match(src: int, forward: bool, i: int, sent_at: float, recv_at: float) -> None:
         to = src + 1 if forward else src - 1
         k = min(src, to)
         if free:
@@ -667,41 +700,54 @@ def _pipeline_makespan(
             else:
                 done = start + nbytes / links.local_bw
             arrive = done + links.latency[k]
-        pair_free[(src, to)] = done
-        complete[src][("send", forward, i)] = done
-        complete[to][("recv", forward, i)] = arrive
+            pair_free[(src, to)] = done
+        done_at[2 * ident] = done
+        done_at[2 * ident + 1] = arrive
         for st in (src, to):
-            keys = blocked[st]
-            if keys is not None and all(key in complete[st] for key in keys):
+            slots = blocked[st]
+            if slots is not None and all(done_at[x] is not None for x in slots):
                 blocked[st] = None
-                push(max(now, *(complete[st][key] for key in keys)), st)
+                seq += 1
+                push(events, (max(now, *(done_at[x] for x in slots)), seq, st))  # type: ignore[type-var]
 
     def run(st: int) -> None:
         """Stage st goes on from its program counter at ``now`` until it computes or waits."""
+        nonlocal seq
         prog = progs[st]
-        while pc[st] < len(prog):
-            step = prog[pc[st]]
-            pc[st] += 1
+        at = pc[st]
+        while at < len(prog):
+            step = prog[at]
+            at += 1
             kind = step[0]
-            if kind == "op":
-                push(now + (fwd[st] if step[1] else bwd[st]), st)
+            if kind == 0:
+                pc[st] = at
+                seq += 1
+                push(events, (now + seconds[step[1]][st], seq, st))
                 return
-            if kind == "wait":
-                keys = step[1]
-                if not all(key in complete[st] for key in keys):
-                    blocked[st] = keys
-                    return
-                t = max((complete[st][key] for key in keys), default=now)
+            if kind == 1:
+                slots = step[1]
+                t = now
+                for x in slots:
+                    got = done_at[x]
+                    if got is None:
+                        pc[st] = at
+                        blocked[st] = slots
+                        return
+                    if got > t:
+                        t = got
                 if t > now:
-                    push(t, st)
+                    pc[st] = at
+                    seq += 1
+                    push(events, (t, seq, st))
                     return
                 continue
-            _, forward, i = step
-            src = st if kind == "send" else (st - 1 if forward else st + 1)
-            sides = posted.setdefault((src, forward, i), [None, None])
-            sides[0 if kind == "send" else 1] = now
-            if sides[0] is not None and sides[1] is not None:
-                match(src, forward, i, sides[0], sides[1])
+            _, ident, side, src, forward = step
+            posted[2 * ident + side] = now
+            other = posted[2 * ident + 1 - side]
+            if other is not None:
+                sent_at, recv_at = (now, other) if side == 0 else (other, now)
+                match(ident, src, forward, sent_at, recv_at)
+        pc[st] = at
 
     for st in range(pp):
         run(st)
@@ -709,7 +755,7 @@ def _pipeline_makespan(
     while events:
         now, _, st = heapq.heappop(events)
         run(st)
-    if any(n < len(p) for n, p in zip(pc, progs, strict=True)) or any(blocked):
+    if any(n < len(p) for n, p in zip(pc, progs, strict=True)) or any(b is not None for b in blocked):
         raise ValueError("pipeline schedule deadlocked")  # cannot happen for these programs
     return now
 
