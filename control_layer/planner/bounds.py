@@ -417,8 +417,10 @@ def lower_bounds_rows(
         # falls with the hop's speed; in one region the exchange is never hierarchical).
         p_a = np.maximum(2.0, np.minimum(rows.p_min, 1e9))[:, None]
         fast = f.hop_bw > 0
-        ring_r = cm.ring_sync_s(f.spec.sync, float(f.spec.model.n_params), p_a, np.where(fast, f.hop_bw, 1.0), f.hop_lat)
-        sync_r = f.xps * (np.where(fast, ring_r, math.inf) + f.wan_param_s)  # (D, R); every exchange pays the leaders' work
+        n_params = float(f.spec.model.n_params)
+        ring_r = cm.ring_sync_s(f.spec.sync, n_params, p_a, np.where(fast, f.hop_bw, 1.0), f.hop_lat)
+        # (D, R); every exchange pays the leaders' work
+        sync_r = f.xps * (np.where(fast, ring_r, math.inf) + f.wan_param_s)
         t = np.concatenate([rows.t1, rows.t2], axis=1)
         g_region = np.concatenate([rows.g_region, rows.g_region])
         kth_t, _ = _by_region(n, t, g_region, n_reg, dp, "kth", span_t)
