@@ -121,26 +121,26 @@ def make_rows(
         z_rate=z_rate,
         room_all=sum_by(member_cap * count[None, :], region, n_reg),
         room_one=room_one,
-        p_min=fewest_members(member_cap, count, dp),
+        p_min=fewest_members(cap, usable, count, dp),
     )
 
 
-def fewest_members(member_cap: np.ndarray, count: np.ndarray, dp: np.ndarray) -> np.ndarray:
-    """Per row, the fewest members that hold dp replicas between them (largest first; inf where
-    all of them cannot): every placement has at least that many sync participants."""
-    d, n_u = member_cap.shape
+def fewest_members(cap: np.ndarray, usable: np.ndarray, count: np.ndarray, dp: np.ndarray) -> np.ndarray:
+    """Per row, the fewest members that hold dp replicas between them, largest first (inf where
+    all of them cannot): every placement has at least that many sync participants. cap, count:
+    per unit; usable: per row and unit (an unusable unit holds none)."""
+    d, n_u = usable.shape
     if n_u == 0:
         return np.full(d, np.inf)
-    order = np.argsort(-member_cap, axis=1, kind="stable")
-    cap_s = np.take_along_axis(member_cap, order, axis=1).astype(float)
-    cnt_s = np.where(cap_s > 0, count[order], 0).astype(float)
-    room = np.cumsum(cap_s * cnt_s, axis=1)
-    before_room = room - cap_s * cnt_s
-    before_cnt = np.cumsum(cnt_s, axis=1) - cnt_s
+    order = np.argsort(-cap, kind="stable")  # one order for every row: unusable units add nothing
+    held = np.where(usable[:, order], cap[order], 0).astype(float)
+    members = np.where(held > 0, count[order], 0).astype(float)
+    room = np.cumsum(held * members, axis=1)
+    before_room = room - held * members
+    before = np.cumsum(members, axis=1) - members
     at = np.minimum((room < dp[:, None]).sum(axis=1), n_u - 1)  # the unit where dp is reached
     rows = np.arange(d)
-    left = dp - before_room[rows, at]
-    need = before_cnt[rows, at] + np.ceil(left / np.maximum(cap_s[rows, at], 1.0))
+    need = before[rows, at] + np.ceil((dp - before_room[rows, at]) / np.maximum(held[rows, at], 1.0))
     return np.where(room[:, -1] >= dp, need, np.inf)
 
 
