@@ -671,90 +671,99 @@ def _pipeline_makespan(
     pp = len(fwd)
     progs = _compiled_programs(schedule, pp, m)
     seconds = (tuple(fwd), tuple(bwd))
-    n_msg = 2 * pp * m
+    n_slots = 4 * pp * m
     pc = [0] * pp
-    posted: list[float | None] = [None] * (2 * n_msg)  # per message: its send's and recv's post
-    done_at: list[float | None] = [None] * (2 * n_msg)  # per slot: when that side completed
+    posted: list[float | None] = [None] * n_slots  # per message: its send's and its recv's post
+    done_at: list[float | None] = [None] * n_slots  # per slot: when that side completed
     blocked: list[tuple | None] = [None] * pp  # the slots a stage waits on, not all complete yet
-    pair_free: dict[tuple[int, int], float] = {}
+    pair_free = [0.0] * (2 * pp)  # per (sender, direction): when its last message left
     tx, rx = [0.0] * pp, [0.0] * pp  # when each stage's fabric port is next free to send / receive
     events: list[tuple[float, int, int]] = []  # (t, seq, stage to resume)
+    push, pop = heapq.heappush, heapq.heappop
     seq, now = 0, 0.0
     free = nbytes <= 0 or links is None
-    push = heapq.heappush
-
-    def match(ident: int, src: int, forward: bool, sent_at: float, recv_at: float) -> None:
-        nonlocal seq
-        to = src + 1 if forward else src - 1
-        k = min(src, to)
-        if free:
-            done = arrive = max(sent_at, recv_at)
+    if links is not None:
+        latency, across, link_bw = links.latency, links.across, links.link_bw
+        port_out, port_in, local_bw = links.port_out, links.port_in, links.local_bw
+    # Every stage starts at 0 in order, then resumes at its events in time order (so every
+    # transfer books the ports after those matched before it). One loop, no calls: this walk
+    # runs thousands of times on a quote's first pricing of pipelines that span nodes.
+    first = 0
+    while True:
+        if first < pp:
+            st, first = first, first + 1
+        elif events:
+            now, _, st = pop(events)
         else:
-            assert links is not None
-            start = max(sent_at, recv_at + links.latency[k], pair_free.get((src, to), 0.0))
-            if links.across[k]:
-                start = max(start, tx[src], rx[to])
-                t_out, t_in = nbytes / links.port_out[src], nbytes / links.port_in[to]
-                tx[src], rx[to] = start + t_out, start + t_in
-                done = start + max(t_out, t_in, nbytes / links.link_bw[k] if links.link_bw else 0.0)
-            else:
-                done = start + nbytes / links.local_bw
-            arrive = done + links.latency[k]
-            pair_free[(src, to)] = done
-        done_at[2 * ident] = done
-        done_at[2 * ident + 1] = arrive
-        for st in (src, to):
-            slots = blocked[st]
-            if slots is not None and all(done_at[x] is not None for x in slots):
-                blocked[st] = None
-                seq += 1
-                push(events, (max(now, *(done_at[x] for x in slots)), seq, st))  # type: ignore[type-var]
-
-    def run(st: int) -> None:
-        """Stage st goes on from its program counter at ``now`` until it computes or waits."""
-        nonlocal seq
+            break
         prog = progs[st]
-        at = pc[st]
-        while at < len(prog):
+        at, end = pc[st], len(prog)
+        while at < end:
             step = prog[at]
             at += 1
             kind = step[0]
-            if kind == 0:
-                pc[st] = at
+            if kind == 0:  # compute an op
                 seq += 1
                 push(events, (now + seconds[step[1]][st], seq, st))
-                return
-            if kind == 1:
+                break
+            if kind == 1:  # wait for some transfers
                 slots = step[1]
                 t = now
                 for x in slots:
                     got = done_at[x]
                     if got is None:
-                        pc[st] = at
                         blocked[st] = slots
-                        return
+                        t = -1.0
+                        break
                     if got > t:
                         t = got
+                if t < 0.0:
+                    break
                 if t > now:
-                    pc[st] = at
                     seq += 1
                     push(events, (t, seq, st))
-                    return
+                    break
                 continue
-            _, ident, side, src, forward = step
+            _, ident, side, src, forward = step  # post a send or a recv
             posted[2 * ident + side] = now
             other = posted[2 * ident + 1 - side]
-            if other is not None:
-                sent_at, recv_at = (now, other) if side == 0 else (other, now)
-                match(ident, src, forward, sent_at, recv_at)
+            if other is None:
+                continue
+            sent_at, recv_at = (now, other) if side == 0 else (other, now)
+            to = src + 1 if forward else src - 1
+            k = src if forward else to
+            if free:
+                done = arrive = sent_at if sent_at > recv_at else recv_at
+            else:
+                lane = 2 * src + forward
+                start = max(sent_at, recv_at + latency[k], pair_free[lane])
+                if across[k]:
+                    start = max(start, tx[src], rx[to])
+                    t_out, t_in = nbytes / port_out[src], nbytes / port_in[to]
+                    tx[src], rx[to] = start + t_out, start + t_in
+                    done = start + max(t_out, t_in, nbytes / link_bw[k] if link_bw else 0.0)
+                else:
+                    done = start + nbytes / local_bw
+                arrive = done + latency[k]
+                pair_free[lane] = done
+            done_at[2 * ident] = done
+            done_at[2 * ident + 1] = arrive
+            for waiter in (src, to):
+                waits = blocked[waiter]
+                if waits is None:
+                    continue
+                t = now
+                for x in waits:
+                    got = done_at[x]
+                    if got is None:
+                        break
+                    if got > t:
+                        t = got
+                else:
+                    blocked[waiter] = None
+                    seq += 1
+                    push(events, (t, seq, waiter))
         pc[st] = at
-
-    for st in range(pp):
-        run(st)
-    # Events in time order, so every transfer books the ports after those matched before it.
-    while events:
-        now, _, st = heapq.heappop(events)
-        run(st)
     if any(n < len(p) for n, p in zip(pc, progs, strict=True)) or any(b is not None for b in blocked):
         raise ValueError("pipeline schedule deadlocked")  # cannot happen for these programs
     return now
