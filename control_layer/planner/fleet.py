@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ class Pool:
             fixed = tuple(_measured_fixed(n) for n in self.cluster.nodes if n.id in mine)
             object.__setattr__(self, "measured_fixed", fixed)
 
-    @property
+    @functools.cached_property
     def class_key(self) -> tuple:
         """Pools with equal keys are interchangeable for the search (``problem.PoolClass``)."""
         c = self.cluster

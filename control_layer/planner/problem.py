@@ -252,7 +252,10 @@ def build_fleet(
     # Keyed by the pools' identities; the entry holds the pools, so no other list can take their ids.
     pool_ids = tuple(id(p) for p in pools)
     _, fixed_s = _kept(
-        snapshot, "fixed_s", (pool_ids, cal_key), lambda: (grouped.pools, _fixed_seconds(pools, calibration))
+        snapshot,
+        "fixed_s",
+        (pool_ids, cal_key),
+        lambda: (grouped.pools, _fixed_seconds(snapshot, pools, calibration, cal_key)),
     )
     # The heuristic's region sets follow from the pools, their links (calibrated) and a
     # candidate's capacity per unit and dp: later quotes on the same snapshot reuse them.
@@ -358,16 +361,32 @@ def _pairs(
     return _kept(snapshot, "pairs", (regions, cal_key), build)
 
 
-def _fixed_seconds(pools: list[Pool], calibration: Calibration | None) -> float:
-    # Per idle core (see estimate._fixed_seconds); the search leaves the host's share out.
+# Pools whose worst start-up and teardown are kept per snapshot and calibration (cleared when full).
+POOL_FIXED_KEPT = 65536
+
+
+def _fixed_seconds(
+    snapshot: ResourceSnapshot, pools: list[Pool], calibration: Calibration | None, cal_key: str
+) -> float:
+    """The worst start-up and teardown among the pools' nodes, per idle core (see
+    estimate._fixed_seconds; the search leaves the host's share out). Each pool's figure is kept
+    with the snapshot: quotes filter the same pools into different lists."""
+    kept: dict[tuple[int, str], tuple[Pool, float]] = snapshot.derived("pool_fixed", lambda _: {})
     worst = 0.0
     for p in pools:
-        for node_id, startup, teardown in p.measured_fixed:
-            worst = max(
-                worst,
-                cm.startup_seconds(node_id, startup, calibration)
-                + cm.teardown_seconds(node_id, teardown, calibration),
-            )
+        got = kept.get((id(p), cal_key))
+        if got is None or got[0] is not p:
+            mine = 0.0
+            for node_id, startup, teardown in p.measured_fixed:
+                mine = max(
+                    mine,
+                    cm.startup_seconds(node_id, startup, calibration)
+                    + cm.teardown_seconds(node_id, teardown, calibration),
+                )
+            if len(kept) >= POOL_FIXED_KEPT:
+                kept.clear()
+            got = kept[(id(p), cal_key)] = (p, mine)
+        worst = max(worst, got[1])
     return worst
 
 
