@@ -254,7 +254,7 @@ def exchange_param_seconds(regions: list[str], calibration: Calibration | None) 
 # The drift of rounds that overlap the steps (DiLoCo's) is kept under "a|b" + this suffix, apart
 # from blocking rounds': on a host with no idle core an overlapped round's exchange takes its CPU
 # from training and lands late, a wait of its own that blocking rounds never show (in the quote
-# accuracy benchmark 0.25-0.42 of the round against 0.04-0.14 for blocking gossip rounds).
+# accuracy benchmark 0.25-0.42 of the round against 0-0.14 for blocking gossip rounds).
 OVERLAPPED_SUFFIX = "|overlapped"
 
 
