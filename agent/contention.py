@@ -18,9 +18,10 @@ prices CPU slots by it.
 
 The agent's own work is kept out: it probes only while it runs no workers of its own (a quote adds
 the new job's workers itself), and after measuring its reference step it probes for ``SETTLE_S``
-before it registers, so the figure it registers with is the host after its own start-up, not
-during it. Where several agents share a host, the last to register has seen none of the others'
-measurements, and the planner takes the host's quietest figure.
+before it registers, still in its turn of the host (``profile.measure_profile``), so the figure
+it registers with is the host after its own start-up, not during it nor during the next
+co-located agent's reference step. Where several agents share a host, the last to register has
+seen none of the others' measurements, and the planner takes the host's quietest figure.
 """
 
 from __future__ import annotations

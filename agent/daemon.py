@@ -184,9 +184,20 @@ class Agent:
             except Exception as exc:
                 log.error("device detection failed: %s", exc)
                 return 2
+        settled: float | None = None
         if s.measure_profile and self.profile is None and self.devices:
+
+            def settle() -> None:
+                nonlocal settled
+                settled = contention.settle(self._contention)
+
+            # The host after this agent's own measurement, not during it nor during the next
+            # co-located agent's: settled in this agent's turn (``measure_profile``).
             self.profile = await asyncio.to_thread(
-                measure_profile, self.devices[0].kind, s.work_dir / "reference"
+                measure_profile,
+                self.devices[0].kind,
+                s.work_dir / "reference",
+                then=settle if self._probes_cpu else None,
             )
             if self.profile is not None:
                 log.info("worker profile: %s", self.profile.as_dict())
@@ -217,9 +228,10 @@ class Agent:
             await probe_server.start()
             log.info("link probes served on %s:%d", s.probe_bind, self._probe_port)
         if self.profile is not None and self._probes_cpu:
-            # The host after this agent's own measurement, not during it: what it registers with.
-            figure = await asyncio.to_thread(contention.settle, self._contention)
-            log.info("host CPU contention after the reference step: %.2f", figure)
+            # What it registers with; a profile given rather than measured settles here.
+            if settled is None:
+                settled = await asyncio.to_thread(contention.settle, self._contention)
+            log.info("host CPU contention after the reference step: %.2f", settled)
         self._use_server(0)
         # Duties outlive ``stop``: heartbeats go on while the workers are being stopped.
         duties_stop = asyncio.Event()

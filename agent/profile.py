@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from agent.output import parse_prefixed
@@ -95,12 +95,24 @@ def one_reference_at_a_time(lock_path: Path = HOST_LOCK) -> Iterator[None]:
 
 
 def measure_profile(
-    device_kind: str, work_dir: Path, timeout_s: float = REFERENCE_TIMEOUT_S
+    device_kind: str,
+    work_dir: Path,
+    timeout_s: float = REFERENCE_TIMEOUT_S,
+    then: Callable[[], object] | None = None,
+    lock_path: Path = HOST_LOCK,
 ) -> NodeProfile | None:
     """Run the reference worker once, after any other agent's on this host; None (with a warning)
-    if it fails: the planner then prices this node with its defaults."""
-    with one_reference_at_a_time():
-        return _measure_profile(device_kind, work_dir, timeout_s)
+    if it fails: the planner then prices this node with its defaults. ``then`` runs after a
+    measurement that succeeded, still in this agent's turn: the host as the agent leaves it
+    (its contention, ``contention.settle``) measured before the next agent's reference step
+    starts. Settled after the turn, it measured that step too: an agent of the benchmark's
+    shared host registered 1.22 runnable threads a core where the host idle read 0.5, and kept
+    it while it ran jobs back to back, so every quote priced an extra thread there."""
+    with one_reference_at_a_time(lock_path):
+        profile = _measure_profile(device_kind, work_dir, timeout_s)
+        if profile is not None and then is not None:
+            then()
+        return profile
 
 
 def _measure_profile(device_kind: str, work_dir: Path, timeout_s: float) -> NodeProfile | None:

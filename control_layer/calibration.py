@@ -19,7 +19,7 @@ made with (``Estimates.basis``) they give an observed value per factor:
   instead how far the regions drift apart over those steps (the first waiting for the last),
   whether it blocks or overlaps the steps (``_observe_overlapped_drift``): a lag per round,
   fitted over the runs' round lengths as a fraction of the round plus fixed seconds per round
-  (``drift_fit``);
+  (``drift_fit``), overlapped rounds apart from blocking ones (``cm.OVERLAPPED_SUFFIX``);
 - a checkpoint write's fixed seconds per node (per idle core): the worker's mean write less the
   part priced by its bytes (``_observe_checkpoint``).
 
@@ -204,7 +204,7 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
             # the runs' samples (``_learn_drift``).
             implied = _clamp(lag.lag_s / lag.round_s, DRIFT_RANGE)
             for key in basis.exchange_s:
-                obs[(EXCHANGE_DRIFT, key)].append(implied)
+                obs[(EXCHANGE_DRIFT, key + _drift_suffix(basis))].append(implied)
     # Several tasks on one key (replicas of one model, one node's tasks): their median.
     return {k: statistics.median(v) for k, v in obs.items()}
 
@@ -442,18 +442,26 @@ def _learn_exchange(
     return moved
 
 
+def _drift_suffix(basis: CalibrationBasis) -> str:
+    """Where a run's lag is kept: rounds that overlapped the steps apart from blocking ones."""
+    return cm.drift_suffix(basis.exchange is not None and not basis.exchange.blocking)
+
+
 def _learn_drift(
     factors: dict[tuple[str, str], Factor], run: FinishedRun
 ) -> list[tuple[str, str, float | None, float, float]]:
-    """Fold the run's lag per round into each of its region pairs' sums and refit δ and κ there.
-    Returns (kind, key, old, new, the run's lag seconds per round) per fitted factor; ``factors``
-    is updated."""
+    """Fold the run's lag per round into each of its region pairs' sums and refit δ and κ there,
+    those of overlapped rounds apart (``cm.OVERLAPPED_SUFFIX``): on a host with no idle core an
+    overlapped round also waits for its own exchange, slowed by the training beside it, which a
+    blocking round's lag does not hold, so each fit prices the rounds it learned from. Returns
+    (kind, key, old, new, the run's lag seconds per round) per fitted factor; ``factors`` is
+    updated."""
     basis = run.option.estimates.basis
     sample = drift_sample(run)
     if basis is None or sample is None:
         return []
     moved = []
-    for pair in sorted(basis.exchange_s):
+    for pair in sorted(key + _drift_suffix(basis) for key in basis.exchange_s):
         sums = {s: f.value for s in df.STATS if (f := factors.get((DRIFT_FIT, f"{pair}|{s}")))}
         sums = df.accumulate(sums, sample)
         runs = (factors[(DRIFT_FIT, f"{pair}|w")].runs if (DRIFT_FIT, f"{pair}|w") in factors else 0) + 1

@@ -1064,12 +1064,12 @@ def _estimate(
     # overlapped round hides its exchange, not that lag: the run waits for the last region all
     # the same (``runtime_pricing.drift_per_step``).
     # The lag has a part that grows with the round's steps and a fixed part per round at the
-    # leaders' host share (``drift_fit``).
+    # leaders' host share (``drift_fit``), learned apart for rounds that overlap the steps.
     h_sync = cm.sync_every(spec.sync)
     drift = drift_fixed = 0.0
     if h_sync > 1 and len(members) >= 2:
-        drift = cm.exchange_drift(sorted(members), calibration)
-        drift_fixed = cm.exchange_drift_fixed_s(sorted(members), calibration)
+        drift = cm.exchange_drift(sorted(members), calibration, overlapped)
+        drift_fixed = cm.exchange_drift_fixed_s(sorted(members), calibration, overlapped)
     drift_s = drift * h_sync * t_local + drift_fixed * max(1.0, sc.basis.share)
     t_sync = sc.t_sync + (0.0 if overlapped else drift_s)
     # What the exchange hides behind is the steps' work: a checkpoint write comes once in many

@@ -105,6 +105,11 @@ def basis(
     exchange_drift = {key: drifts.get(key, 0.0) for key in exchange_s}
     lags = calibration.exchange_drift_fixed_s if calibration else {}
     exchange_drift_fixed_s = {key: lags.get(key, 0.0) for key in exchange_s}
+    # Overlapped rounds' drift, kept apart, where runs have shown it.
+    for key in exchange_s:
+        if (apart := key + cm.OVERLAPPED_SUFFIX) in drifts or apart in lags:
+            exchange_drift[apart] = drifts.get(apart, 0.0)
+            exchange_drift_fixed_s[apart] = lags.get(apart, 0.0)
     return CalibrationBasis(
         efficiency=efficiency,
         startup_s=startup,

@@ -297,7 +297,8 @@ class Calibration(_Plain):
     per idle core; exchange_drift: per region pair, the wait for the slowest region at an
     exchange made every H steps, as a fraction of the H local steps before it; exchange_drift_fixed_s:
     per region pair, the part of that wait that does not grow with the round, seconds per round per
-    idle core (the lag per round is exchange_drift × H × T_local + exchange_drift_fixed_s × share).
+    idle core (the lag per round is exchange_drift × H × T_local + exchange_drift_fixed_s × share);
+    both keyed "a|b|overlapped" for rounds that overlap the steps, learned apart from blocking ones.
     checkpoint_fixed_s: per node id, the seconds one checkpoint write costs whatever the model's
     size (opening and syncing files, the writer's set-up) per idle core.
     time_error / cost_error: the spread of recent quotes' errors, for the interval every quote carries.

@@ -4,6 +4,7 @@ the log budget, the outbox and the state file."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import json
 import os
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from agent import contention
+from agent import contention, profile
 from agent.daemon import channel_options, reconnect_cap_s
 from agent.devices import detect_devices, system_memory_bytes
 from agent.outbox import Outbox
@@ -356,6 +357,35 @@ def test_agents_of_one_host_measure_their_reference_steps_in_turn(tmp_path: Path
     with one_reference_at_a_time(tmp_path / "missing-dir" / "x.lock"):  # unopenable: no turn taken
         order.append("alone")
     assert order[-1] == "alone"
+
+
+def _host_lock_held(lock: Path) -> bool:
+    with open(lock, "a") as other:
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(other, fcntl.LOCK_UN)
+        return False
+
+
+def test_an_agent_settles_its_contention_in_its_own_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Settled after the turn, the probes ran beside the next agent's reference step and the agent
+    # registered that step's load as the host's.
+    lock = tmp_path / "reference.lock"
+    measured: list[object] = [object(), None]  # a profile, then a failed measurement
+    monkeypatch.setattr(profile, "_measure_profile", lambda kind, work_dir, timeout_s: measured.pop(0))
+    held: list[bool] = []
+    got = profile.measure_profile(
+        "cpu", tmp_path, then=lambda: held.append(_host_lock_held(lock)), lock_path=lock
+    )
+    assert got is not None and held == [True]
+    assert not _host_lock_held(lock)  # the next agent's turn
+    # A failed measurement registers no profile: nothing to settle after it.
+    assert profile.measure_profile("cpu", tmp_path, then=lambda: held.append(True), lock_path=lock) is None
+    assert held == [True]
 
 
 def test_interquartile_mean_trims_a_quarter_from_each_end() -> None:

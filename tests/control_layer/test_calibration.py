@@ -480,6 +480,9 @@ def _blocking_exchange_s(ex: ExchangeBasis) -> float:
     )
 
 
+OVERLAPPED = "eu|us" + cm.OVERLAPPED_SUFFIX  # where overlapped rounds' drift is kept
+
+
 def _priced_lag(state: cal.State, round_s: float, share: float, pair: str = "eu|us") -> float:
     """The lag per round the state's drift factors price for a round of ``round_s`` local seconds."""
     drift = state.factors[(cal.EXCHANGE_DRIFT, pair)].value
@@ -660,22 +663,25 @@ def test_an_overlapped_run_teaches_the_drift_its_rounds_could_not_hide() -> None
     tasks = [task("a0", "eu", typical), task("b0", "us", typical + 0.3), task("c0", "ap", own)]
     run = cal.FinishedRun("d", AT, True, option, tasks, 100.0, 1.0)
     state, _ = cal.update(cal.State(), run)
-    assert _priced_lag(state, 5 * local_step, ex.share) == pytest.approx(
+    assert _priced_lag(state, 5 * local_step, ex.share, OVERLAPPED) == pytest.approx(
         drift * 5 * local_step,
         rel=0.01,  # the ridge's pull
     )
-    # Nothing else about the exchange is learned from an overlapped run.
-    assert not {(k, "eu|us") for k in (cal.EXCHANGE, cal.EXCHANGE_FIXED, cal.GOODPUT)} & set(state.factors)
+    # Nothing else about the exchange is learned from an overlapped run, nor the blocking rounds' drift.
+    learned = {(k, "eu|us") for k in (cal.EXCHANGE, cal.EXCHANGE_FIXED, cal.GOODPUT, cal.EXCHANGE_DRIFT)}
+    assert not learned & set(state.factors)
 
     # Quoted again, every round adds the drift over the option's own local steps, overlapped or
     # not; the final round's exchange is priced as before.
     again = _overlapped_diloco(cal.to_calibration(state))
     est, was = again.estimates, option.estimates
-    assert est.basis.exchange.drift == pytest.approx(state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value)
+    assert est.basis.exchange.drift == pytest.approx(state.factors[(cal.EXCHANGE_DRIFT, OVERLAPPED)].value)
+    assert est.basis.exchange_drift[OVERLAPPED] == est.basis.exchange.drift
     t_local = est.step_s.total - est.step_s.wan_sync
     rounds = 4
     per_step = (
-        was.step_s.wan_sync + _priced_lag(state, 5 * t_local, est.basis.exchange.share) * rounds / steps
+        was.step_s.wan_sync
+        + _priced_lag(state, 5 * t_local, est.basis.exchange.share, OVERLAPPED) * rounds / steps
     )
     assert est.step_s.wan_sync == pytest.approx(per_step)
     assert est.final_sync_s == pytest.approx(was.final_sync_s)
@@ -698,7 +704,50 @@ def test_an_overlapped_run_that_waited_only_for_its_exchanges_shows_no_drift() -
     }
     tasks = [cal.TaskRun(n, r, "cpu", [], result) for n, r in (("a0", "eu"), ("b0", "us"))]
     observed = cal.observe(cal.FinishedRun("d", AT, True, option, tasks, 100.0, 1.0))
-    assert observed[(cal.EXCHANGE_DRIFT, "eu|us")] == pytest.approx(0.0, abs=1e-9)
+    assert observed[(cal.EXCHANGE_DRIFT, OVERLAPPED)] == pytest.approx(0.0, abs=1e-9)
+
+
+def _overlapped_run(option: PlanOption, local_step: float, lag: float) -> cal.FinishedRun:
+    """Two regions of an overlapped DiLoCo option, 20 steps, whose rounds hid their exchanges but
+    for what was priced to show, and whose median region waited ``lag`` more each round."""
+    ex, rt = option.estimates.basis.exchange, option.runtime
+    assert rt is not None and rt.overlap_steps is not None
+    cpu = (ex.fixed_s + ex.params * ex.param_s) * ex.share
+    own = ex.local_s + ex.bytes / ex.bytes_per_s + ex.latency_s + cpu + ex.rounds * ex.call_s * ex.share
+    beside = own + cpu if ex.share > 1 else own
+    steps, rounds = 20, 4
+    wait = own + (rounds - 1) * max(0.0, beside - rt.overlap_steps * local_step) + rounds * lag
+    compute = option.estimates.step_s.compute * steps
+    parts = {"wall_s": local_step * steps + wait, "sync_s": wait, "compute_s": compute}
+    totals = {"n": 7, "wait_s": wait, "bytes": 0, "transfer_s": 0.0}
+    result = {"exchange_totals": totals, "steps": steps, "parts_total_s": parts}
+    tasks = [cal.TaskRun(n, r, "cpu", [], result) for n, r in (("a0", "eu"), ("b0", "us"))]
+    return cal.FinishedRun("d", AT, True, option, tasks, 100.0, 1.0)
+
+
+def test_overlapped_and_blocking_rounds_learn_their_drift_apart() -> None:
+    # On a host with no idle core an overlapped round's exchange lands late behind the training
+    # beside it: its regions waited a third of their rounds, where blocking gossip rounds on the
+    # same pair waited a twentieth. One fit over both priced each at a mix of the two.
+    gossip, diloco = _option(regions=2, spec=_gossip()), _overlapped_diloco()
+    local_step = 0.2
+    state = cal.State()
+    for i in range(2):
+        state, _ = cal.update(state, _gossip_run(gossip, local_step, 0.05 * 5 * local_step, f"g{i}"))
+        state, _ = cal.update(state, _overlapped_run(diloco, local_step, 0.3 * 5 * local_step))
+    calibration = cal.to_calibration(state)
+    for option, fraction in ((gossip, 0.05), (diloco, 0.3)):
+        ex = option.estimates.basis.exchange
+        pair = OVERLAPPED if not ex.blocking else "eu|us"
+        assert _priced_lag(state, 5 * local_step, ex.share, pair) == pytest.approx(
+            fraction * 5 * local_step, rel=0.02
+        )
+    # Quoted again, each option's rounds are priced at the lag of rounds like its own.
+    again_gossip = _option(calibration, regions=2, spec=_gossip()).estimates.basis.exchange
+    again_diloco = _overlapped_diloco(calibration).estimates.basis.exchange
+    assert again_gossip.drift == state.factors[(cal.EXCHANGE_DRIFT, "eu|us")].value
+    assert again_diloco.drift == state.factors[(cal.EXCHANGE_DRIFT, OVERLAPPED)].value
+    assert again_diloco.drift > 3 * again_gossip.drift
 
 
 def test_concurrent_stage_rings_teach_no_goodput_and_their_wait_is_read_against_the_priced_transfer() -> None:
