@@ -178,10 +178,15 @@ def test_a_task_whose_node_died_resumes_from_a_copy_on_another_node_of_its_regio
         running = wait_checkpoint(client, job["id"], 2 * EVERY, timeout_s=200)
         assert {t["region"] for t in running["tasks"]} == {"eu-west", "us-east"}
         west = next(t for t in running["tasks"] if t["region"] == "eu-west")
-        # Copies of eu-west's checkpoints land on the other eu-west node, in the background.
+        # Copies of eu-west's checkpoints land on the other eu-west node, in the background; the
+        # kill waits for a copy of step 2 * EVERY or later to be recorded (the step-20 checkpoint
+        # seen above may still be on its way to the copy, its event later).
         deadline = time.monotonic() + 60
-        while not (copied := job_events(handle, job["id"], "job.checkpoint_copied")):
-            assert time.monotonic() < deadline, "no checkpoint copy within 60 s"
+        while not (
+            (copied := job_events(handle, job["id"], "job.checkpoint_copied"))
+            and max(c["step"] for c in copied) >= 2 * EVERY
+        ):
+            assert time.monotonic() < deadline, f"no checkpoint copy of step {2 * EVERY} or later within 60 s"
             time.sleep(0.2)
         standby = copied[0]["node_id"]
         assert standby != west["node_id"] and copied[0]["source_node_id"] == west["node_id"]
