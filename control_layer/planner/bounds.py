@@ -233,16 +233,14 @@ def _hierarchical_floor(rows: Rows, bw: np.ndarray, lat: np.ndarray, k: np.ndarr
     region's gather and answer, that region holding ceil(P/G) ≥ 2 participants of P ≥ p_min, over
     the fleet's fastest in-region hop at best."""
     f = rows.fleet
-    n_reg = len(f.regions)
-    payload = float(f.spec.model.n_params) * cm.sync_bytes_per_param(f.spec.sync)
-    g = np.arange(2, n_reg + 1, dtype=float)[None, :]  # (1, G)
+    sync, n = f.spec.sync, float(f.spec.model.n_params)
+    g = np.arange(2, len(f.regions) + 1, dtype=float)[None, :]  # (1, G)
     members = np.maximum(2.0, np.ceil(np.minimum(rows.p_min, 1e9)[:, None] / g))
     hop_bw = float(f.hop_bw.max(initial=0.0))
-    hop_lat = float(f.hop_lat.min(initial=math.inf)) if len(f.hop_lat) else 0.0
-    gather = (members - 1.0) * payload / (hop_bw if hop_bw > 0 else math.inf) + 2.0 * hop_lat
-    safe = np.where(bw > 0, bw, 1.0)[:, None]
-    wan = 2.0 * (g - 1.0) / g * payload / safe + 4.0 * (g - 1.0) * lat[:, None]
-    t = np.where(g >= k[:, None], 2.0 * gather + wan, math.inf)
+    hop_lat = float(f.hop_lat.min()) if len(f.hop_lat) else 0.0
+    gather = cm.region_gather_s(sync, n, members, hop_bw if hop_bw > 0 else math.inf, hop_lat)
+    local, wan = cm.hierarchical_parts(sync, n, g, gather, np.where(bw > 0, bw, 1.0)[:, None], lat[:, None])
+    t = np.where(g >= k[:, None], local + wan, math.inf)
     return t.min(axis=1, initial=math.inf)
 
 
