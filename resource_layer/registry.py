@@ -199,7 +199,9 @@ def busy_at_probes(session: Session, probed_at: Mapping[str, Sequence[datetime]]
         return {}
     host_of: dict[str, str] = {}
     for chunk in _chunks(sorted(wanted)):
-        host_of.update(session.execute(select(Node.id, Node.hostname).where(Node.id.in_(chunk))).tuples())
+        host_of.update(
+            tuple(r) for r in session.execute(select(Node.id, Node.hostname).where(Node.id.in_(chunk)))
+        )
     out = {n: 0.0 for n in wanted if n in host_of}
     hosts = sorted({h for h in host_of.values() if h})
     on_host: dict[str, list[str]] = {}
