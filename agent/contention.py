@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from agent.profile import physical_cores
+from contracts.registration import MAX_CONTENTION_PROBES, MAX_PROBE_AGE_S
 
 SPIN_S = 0.02  # CPU seconds per probe: 2 % of a core at one probe a second
 MAX_WALL_S = 0.5  # a probe that cannot get its CPU time within this reports what it saw
@@ -126,6 +127,20 @@ class Contention:
         """The window's interquartile mean (0.0 until the first probe: the heartbeat says 0).
         It keeps its last figure while the agent does not probe (its own workers run)."""
         return interquartile_mean([s for _, s in self._probes])
+
+    def kept_ages(self, now: float | None = None, limit: int = MAX_CONTENTION_PROBES) -> list[float]:
+        """Seconds before ``now`` (monotonic) of the probes the interquartile mean keeps, at most
+        ``limit`` (an even subset): the server counts the CPU slots it knew busy on the host at
+        those instants, so the figure can be read as the host's load beside them. The figure
+        stays while the agent runs its own workers, so its probes can be long past."""
+        now = time.monotonic() if now is None else now
+        ordered = sorted(self._probes, key=lambda p: p[1])
+        cut = len(ordered) // 4
+        kept = sorted(at for at, _ in ordered[cut : len(ordered) - cut])
+        if len(kept) > limit:
+            kept = [kept[round(i * (len(kept) - 1) / (limit - 1))] for i in range(limit)]
+        # Older than the server reads (a figure kept through a longer job): sent without them.
+        return [age for at in kept if (age := max(0.0, now - at)) <= MAX_PROBE_AGE_S]
 
 
 def settle(

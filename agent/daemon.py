@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import random
 import signal
@@ -31,7 +32,7 @@ from agent.devices import detect_devices
 from agent.duties import Duty, run_duty
 from agent.outbox import Outbox
 from agent.probe import build_probe_server, run_probe
-from agent.profile import measure_profile
+from agent.profile import another_measuring, measure_profile
 from agent.settings import AgentSettings
 from agent.state import AgentState, Credentials
 from agent.tls import certificate_request, channel_credentials, load_or_create_key, read_pem
@@ -141,6 +142,7 @@ class Agent:
         self.devices = devices
         self.profile: NodeProfile | None = None
         self._contention = contention.Contention()
+        self._own_exited_at = -math.inf  # monotonic: when the last forgotten run's workers exited
         self.heartbeat_interval_s = DEFAULT_HEARTBEAT_S
         self._outbox = Outbox()
         self._runs: dict[str, WorkerRun] = {}  # live and recently finished, by assignment id
@@ -383,6 +385,7 @@ class Agent:
             node_token=creds.node_token if creds else "",
             probe_port=self._probe_port,
             cpu_contention=self._contention.value,
+            cpu_contention_probe_ages_s=self._contention.kept_ages(),
         )
         if self.profile is not None:
             request.measured_profile.CopyFrom(profile_to_proto(self.profile))
@@ -693,6 +696,7 @@ class Agent:
                     sent_at=time.time(),
                     load=os.getloadavg()[0],
                     cpu_contention=self._contention.value,
+                    cpu_contention_probe_ages_s=self._contention.kept_ages(),
                 )
             )
         )
@@ -709,10 +713,12 @@ class Agent:
         if not self._probes_cpu:
             return
         now = time.monotonic()
-        if any(
+        if now - self._own_exited_at < contention.QUIET_AFTER_S or any(
             not r.done or now - (r.finished_at or 0.0) < contention.QUIET_AFTER_S for r in self._runs.values()
         ):
             return
+        if await asyncio.to_thread(another_measuring):
+            return  # a co-located agent's reference step: its start-up, not the host's load
         self._contention.add(await asyncio.to_thread(contention.probe))
 
     def _flush_metrics(self) -> None:
@@ -733,6 +739,8 @@ class Agent:
         keep = self.settings.finished_retention_s
         for aid, run in list(self._runs.items()):
             if run.finished_at is not None:
+                # Still quiet after it for the contention probes, which no longer see the run.
+                self._own_exited_at = max(self._own_exited_at, run.finished_at)
                 del self._runs[aid]
                 self._finals[aid] = (run.current, run.finished_at)
         for aid, (_, at) in list(self._finals.items()):

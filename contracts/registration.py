@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from contracts.errors import InvalidArgument
@@ -50,6 +51,10 @@ MAX_CONTENTION = 1e4  # beyond this a contention figure is not a measurement
 # Runnable threads per core, a new one included: below 1 where cores are left (1/cores on an
 # idle host); under this no host of a plausible size reads.
 MIN_CONTENTION = 1e-3
+# A contention figure comes with the ages of the probes its interquartile mean kept, so the server
+# can take out the CPU slots it knew busy on the host at those instants (agent/contention.py).
+MAX_CONTENTION_PROBES = 64  # the agent sends an even subset beyond this
+MAX_PROBE_AGE_S = 7 * 86_400.0  # a figure kept through a week-long job of the node's own
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,18 @@ class NodeRegistration:
     cross_cluster_host: str = ""  # where other clusters (any region) reach its torchrun endpoint; "": none
     # The host's CPU contention after the node's own reference step (agent/contention.py); 0: not measured.
     cpu_contention: float = 0.0
+    # Seconds before the request each probe the figure kept was taken (see MAX_CONTENTION_PROBES).
+    cpu_contention_probe_ages_s: tuple[float, ...] = ()
+
+
+def probe_ages_problem(ages: Sequence[float]) -> str | None:
+    """Why these probe ages are not a contention figure's window; None when they are."""
+    if len(ages) > MAX_CONTENTION_PROBES:
+        return f"at most {MAX_CONTENTION_PROBES} probe ages, got {len(ages)}"
+    bad = [a for a in ages if not (_finite(a) and 0.0 <= a <= MAX_PROBE_AGE_S)]
+    if bad:
+        return f"probe ages must be finite seconds in [0, {MAX_PROBE_AGE_S:g}], got {bad[0]}"
+    return None
 
 
 def _finite(x: float) -> bool:
@@ -247,6 +264,8 @@ def registration_problems(reg: NodeRegistration) -> list[str]:
             f" [{MIN_CONTENTION:g}, {MAX_CONTENTION:g}],"
             f" got {reg.cpu_contention}"
         )
+    if (why := probe_ages_problem(reg.cpu_contention_probe_ages_s)) is not None:
+        p.append(f"cpu_contention_probe_ages_s: {why}")
     if reg.profile is not None:
         p.extend(profile_problems(reg.profile))
     if bool(reg.node_id) != bool(reg.node_token):

@@ -72,6 +72,7 @@ class _NodeRow:
     fabric_bandwidth_gbps: float | None = None
     fabric_latency_ms: float | None = None
     cross_cluster_groups: bool = False
+    cpu_contention_busy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,7 @@ class _State:
             Node.cordon,
             Node.profile,
             Node.cpu_contention,
+            Node.cpu_contention_busy,
             Node.fabric_bandwidth_gbps,
             Node.fabric_latency_ms,
             Node.cross_cluster_host,
@@ -264,6 +266,7 @@ class _State:
             cordon,
             profile,
             contention,
+            contention_busy,
             fabric_gbps,
             fabric_ms,
             cross,
@@ -277,6 +280,7 @@ class _State:
                 fabric_gbps,
                 fabric_ms,
                 bool(cross),
+                contention_busy,
             )
             self.cluster_nodes.setdefault(cluster_id, set()).add(node_id)
             self.stale.add(cluster_id)
@@ -353,6 +357,7 @@ class _State:
                 hostname=self.nodes[nid].hostname,
                 profile=self.nodes[nid].profile,
                 cpu_contention=self.nodes[nid].cpu_contention,
+                cpu_contention_busy=self.nodes[nid].cpu_contention_busy,
                 fabric_bandwidth_gbps=self.nodes[nid].fabric_bandwidth_gbps,
                 fabric_latency_ms=self.nodes[nid].fabric_latency_ms,
                 cross_cluster_groups=self.nodes[nid].cross_cluster_groups,

@@ -99,6 +99,7 @@ def build_snapshot(
                 devices=devices_by_node.get(node.id, []),
                 profile=node_profile(node.profile),
                 cpu_contention=node.cpu_contention,
+                cpu_contention_busy=node.cpu_contention_busy,
                 fabric_bandwidth_gbps=node.fabric_bandwidth_gbps,
                 fabric_latency_ms=node.fabric_latency_ms,
                 cross_cluster_groups=bool(node.cross_cluster_host),

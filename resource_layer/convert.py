@@ -66,6 +66,7 @@ def registration_from_proto(r: agent_pb2.RegisterRequest) -> NodeRegistration:
         node_fabric_latency_ms=r.node_fabric_latency_ms,
         cross_cluster_host=r.cross_cluster_host,
         cpu_contention=r.cpu_contention,
+        cpu_contention_probe_ages_s=tuple(r.cpu_contention_probe_ages_s),
         profile=profile_from_proto(r.measured_profile) if r.HasField("measured_profile") else None,
     )
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime
 
 from orchestration.bus.base import Bus
 
@@ -76,15 +77,19 @@ class HeartbeatRows:
     column lags by at most ``flush_every_s`` more than its throttle, far inside the loss threshold."""
 
     def __init__(
-        self, persist: Callable[[dict[str, float | None]], None], flush_every_s: float = ROWS_FLUSH_EVERY_S
+        self,
+        persist: Callable[[dict[str, float | None], dict[str, tuple[datetime, ...]]], None],
+        flush_every_s: float = ROWS_FLUSH_EVERY_S,
     ) -> None:
         self._persist, self._every = persist, flush_every_s
         self._pending: dict[str, float | None] = {}
+        self._probed: dict[str, tuple[datetime, ...]] = {}  # when the probes behind each figure ran
         self._task: asyncio.Task[None] | None = None
 
-    def note(self, node_id: str, contention: float | None) -> None:
+    def note(self, node_id: str, contention: float | None, probed_at: Sequence[datetime] = ()) -> None:
         """Record the node's heartbeat at the next flush (on the event loop)."""
         self._pending[node_id] = contention
+        self._probed[node_id] = tuple(probed_at)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="heartbeat-rows")
 
@@ -92,11 +97,13 @@ class HeartbeatRows:
         while self._pending:
             await asyncio.sleep(self._every)
             batch, self._pending = self._pending, {}
+            probed, self._probed = self._probed, {}
             try:
-                await asyncio.to_thread(self._persist, batch)
+                await asyncio.to_thread(self._persist, batch, probed)
             except Exception:
                 log.exception("recording %d heartbeats failed; retrying with the next batch", len(batch))
                 self._pending = batch | self._pending
+                self._probed = probed | self._probed
 
     async def close(self) -> None:
         if self._task is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import case, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -32,6 +32,7 @@ from contracts.registration import (
 from orchestration.audit import record_audit
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
+from orchestration.db.engine import as_utc
 from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Price, Provider, Region
 from orchestration.resource_changes import NOTED, note_changes
 from resource_layer.liveness import node_alive_key
@@ -92,9 +93,13 @@ def register_node(
     node.cross_cluster_host = reg.cross_cluster_host or None
     if reg.cpu_contention:  # measured after the agent's own start-up: quotes use it at once
         node.cpu_contention = reg.cpu_contention
+        node.cpu_contention_busy = None
     if node.status == "lost":
         node.status = "alive"
     session.flush()
+    if reg.cpu_contention and reg.cpu_contention_probe_ages_s:
+        probed = [now - timedelta(seconds=a) for a in reg.cpu_contention_probe_ages_s]
+        node.cpu_contention_busy = busy_at_probes(session, {node.id: probed}).get(node.id)
     _record_price(
         session,
         cluster,
@@ -140,6 +145,9 @@ def mark_connected(ctx: ServerContext, node_id: str) -> str:
 
 
 CONTENTION_NOTICE = 0.1  # a relative change smaller than this is noise: neither stored nor announced
+# A change in the host's other slots counted busy at the figure's probes (a mean over instants)
+# smaller than this is noise too: half a slot moves a 2-core host's share by a quarter.
+BUSY_NOTICE = 0.5
 
 
 def heartbeat(
@@ -156,19 +164,80 @@ def heartbeat(
         persist_heartbeat(ctx, node_id, contention)
 
 
-def persist_heartbeat(ctx: ServerContext, node_id: str, contention: float | None = None) -> None:
+def persist_heartbeat(
+    ctx: ServerContext,
+    node_id: str,
+    contention: float | None = None,
+    probed_at: Sequence[datetime] = (),
+) -> None:
     """Record ``last_heartbeat_at`` and the host's contention for one node."""
-    persist_heartbeats(ctx, {node_id: contention})
+    persist_heartbeats(ctx, {node_id: contention}, {node_id: tuple(probed_at)} if probed_at else None)
 
 
-def persist_heartbeats(ctx: ServerContext, heard: Mapping[str, float | None]) -> None:
+def persist_heartbeats(
+    ctx: ServerContext,
+    heard: Mapping[str, float | None],
+    probed_at: Mapping[str, Sequence[datetime]] | None = None,
+) -> None:
     """Record ``last_heartbeat_at`` (and contention, where measured) for every node heard, in one
     transaction of a few statements however many nodes there are (the gRPC edge batches them; the
-    liveness keys are refreshed separately)."""
+    liveness keys are refreshed separately). ``probed_at``: per node, when the probes its figure
+    kept were taken (server time); with them the figure is stored with the host's other CPU
+    slots busy then (``busy_at_probes``)."""
     if not heard:
         return
     with ctx.session_factory() as session, session.begin():
-        _touch_rows(session, heard, utcnow())
+        _touch_rows(session, heard, utcnow(), probed_at or {})
+
+
+def busy_at_probes(session: Session, probed_at: Mapping[str, Sequence[datetime]]) -> dict[str, float]:
+    """Per node, the CPU slots of the other nodes of its host (same hostname) that allocations
+    held, averaged over the instants given for it. The node's own slots are left out: its agent
+    probes only while none of its own workers run. A node without a hostname shares no host."""
+    wanted = {n: ts for n, ts in probed_at.items() if ts}
+    if not wanted:
+        return {}
+    host_of: dict[str, str] = {}
+    for chunk in _chunks(sorted(wanted)):
+        host_of.update(
+            tuple(r) for r in session.execute(select(Node.id, Node.hostname).where(Node.id.in_(chunk)))
+        )
+    out = {n: 0.0 for n in wanted if n in host_of}
+    hosts = sorted({h for h in host_of.values() if h})
+    on_host: dict[str, list[str]] = {}
+    for chunk in _chunks(hosts):
+        for nid, host in session.execute(select(Node.id, Node.hostname).where(Node.hostname.in_(chunk))):
+            on_host.setdefault(host, []).append(nid)
+    others = sorted({o for n in out if host_of[n] for o in on_host.get(host_of[n], []) if o != n})
+    if not others:
+        return out
+    instants = [as_utc(t) for n in out for t in wanted[n]]
+    first, last = min(instants), max(instants)
+    held: dict[str, list[tuple[datetime, datetime | None]]] = {}
+    for chunk in _chunks(others):
+        rows = session.execute(
+            select(Accelerator.node_id, Allocation.created_at, Allocation.released_at, Allocation.active)
+            .join(Allocation, Allocation.accelerator_id == Accelerator.id)
+            .where(
+                Accelerator.node_id.in_(chunk),
+                Accelerator.kind == "cpu",
+                Allocation.created_at <= last,
+                or_(Allocation.active.is_(True), Allocation.released_at >= first),
+            )
+        )
+        for nid, created, released, active in rows:
+            end = None if active else (as_utc(released) if released is not None else as_utc(created))
+            held.setdefault(nid, []).append((as_utc(created), end))
+    for n in out:
+        spans = [span for o in on_host.get(host_of[n], []) if o != n for span in held.get(o, [])]
+        if spans:
+            ts = [as_utc(t) for t in wanted[n]]
+            out[n] = sum(sum(c <= t and (e is None or t < e) for c, e in spans) for t in ts) / len(ts)
+    return out
+
+
+def _chunks(ids: Sequence[str]) -> list[Sequence[str]]:
+    return [ids[i : i + ROWS_PER_STATEMENT] for i in range(0, len(ids), ROWS_PER_STATEMENT)]
 
 
 def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceReport]) -> None:
@@ -180,13 +249,18 @@ def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceRep
 
 
 def _touch_row(session: Session, node_id: str, now: datetime, contention: float | None = None) -> None:
-    _touch_rows(session, {node_id: contention}, now)
+    _touch_rows(session, {node_id: contention}, now, {})
 
 
 ROWS_PER_STATEMENT = 1000  # keeps each IN list well inside every driver's parameter limit
 
 
-def _touch_rows(session: Session, heard: Mapping[str, float | None], now: datetime) -> None:
+def _touch_rows(
+    session: Session,
+    heard: Mapping[str, float | None],
+    now: datetime,
+    probed_at: Mapping[str, Sequence[datetime]],
+) -> None:
     # A lost node that speaks again is alive; a drained one stays drained. Only a revival or a
     # contention change the planner would notice alters what it sees, so only those are announced
     # (heartbeats are frequent).
@@ -216,20 +290,43 @@ def _touch_rows(session: Session, heard: Mapping[str, float | None], now: dateti
         }
         if not measured:
             continue
-        figure = case(measured, value=Node.id)
-        moved = session.scalars(
-            update(Node)
-            .where(
-                Node.id.in_(list(measured)),
-                or_(
-                    Node.cpu_contention.is_(None),
-                    func.abs(Node.cpu_contention - figure) > CONTENTION_NOTICE * figure,
-                ),
-            )
-            .values(cpu_contention=figure)
-            .returning(Node.id)
-            .execution_options(synchronize_session=False, **NOTED)
-        ).all()
+        busy = busy_at_probes(session, {n: probed_at[n] for n in measured if probed_at.get(n)})
+        moved: list[str] = []
+        if with_busy := {n: c for n, c in measured.items() if n in busy}:
+            # Stored together: the planner reads the figure less the slots busy at its probes.
+            figure, held = case(with_busy, value=Node.id), case(busy, value=Node.id)
+            moved += session.scalars(
+                update(Node)
+                .where(
+                    Node.id.in_(list(with_busy)),
+                    or_(
+                        Node.cpu_contention.is_(None),
+                        func.abs(Node.cpu_contention - figure) > CONTENTION_NOTICE * figure,
+                        Node.cpu_contention_busy.is_(None),
+                        func.abs(Node.cpu_contention_busy - held) >= BUSY_NOTICE,
+                    ),
+                )
+                .values(cpu_contention=figure, cpu_contention_busy=held)
+                .returning(Node.id)
+                .execution_options(synchronize_session=False, **NOTED)
+            ).all()
+        if without := {n: c for n, c in measured.items() if n not in busy}:
+            # No probe instants (an older agent, or probes older than it sends): a figure that
+            # moves is stored without a busy count, which the planner then reads as the host.
+            figure = case(without, value=Node.id)
+            moved += session.scalars(
+                update(Node)
+                .where(
+                    Node.id.in_(list(without)),
+                    or_(
+                        Node.cpu_contention.is_(None),
+                        func.abs(Node.cpu_contention - figure) > CONTENTION_NOTICE * figure,
+                    ),
+                )
+                .values(cpu_contention=figure, cpu_contention_busy=None)
+                .returning(Node.id)
+                .execution_options(synchronize_session=False, **NOTED)
+            ).all()
         note_changes(session, nodes=moved)
 
 

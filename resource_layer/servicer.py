@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from typing import Any
 
 import grpc
@@ -19,9 +20,10 @@ from cryptography import x509
 from sqlalchemy.exc import IntegrityError
 
 from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, PermissionDenied
-from contracts.registration import NodeRegistration
+from contracts.registration import NodeRegistration, probe_ages_problem
 from contracts.states import TASK_TERMINAL
 from orchestration.context import ServerContext
+from orchestration.db.base import utcnow
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from resource_layer import link_probes, registry
 from resource_layer.convert import (
@@ -44,6 +46,17 @@ log = logging.getLogger(__name__)
 
 def node_channel(node_id: str) -> str:
     return f"node.{node_id}"
+
+
+def probe_instants(hb: agent_pb2.Heartbeat) -> tuple[datetime, ...]:
+    """When the probes behind a heartbeat's contention figure ran, by this server's clock (the
+    agent sends their ages, so the two clocks need not agree); none where the ages are not a
+    window (``probe_ages_problem``): the figure is then stored without a busy count."""
+    ages = list(hb.cpu_contention_probe_ages_s)
+    if not hb.cpu_contention or not ages or probe_ages_problem(ages) is not None:
+        return ()
+    now = utcnow()
+    return tuple(now - timedelta(seconds=a) for a in ages)
 
 
 class _End:
@@ -83,7 +96,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self._liveness = LivenessBatcher(
             ctx.bus, settings.node_lost_after_s, on_flushed=ctx.metrics.heartbeats.inc
         )
-        self._rows = HeartbeatRows(lambda heard: registry.persist_heartbeats(ctx, heard))
+        self._rows = HeartbeatRows(lambda heard, probed: registry.persist_heartbeats(ctx, heard, probed))
         self.logs = TaskLogBatcher(ctx)
 
     # -- Register -------------------------------------------------------------------------------
@@ -278,8 +291,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 if kind == "heartbeat":
                     self._liveness.touch(node_id)
                     if last_persist is None or time.monotonic() - last_persist >= self._heartbeat_db_every_s:
+                        hb = message.heartbeat
                         # 0: not measured
-                        self._rows.note(node_id, message.heartbeat.cpu_contention or None)
+                        self._rows.note(node_id, hb.cpu_contention or None, probe_instants(hb))
                         last_persist = time.monotonic()
                     continue
                 try:

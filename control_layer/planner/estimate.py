@@ -496,17 +496,30 @@ class _Hosts:
 
     host_of: dict[str, str]  # node id -> host
     cores: dict[str, int]  # host -> physical cores (0: unknown)
-    seen: dict[str, float]  # host -> the quietest contention its agents report
+    others: dict[str, float]  # host -> runnable threads there now besides a plan's, from contention
     busy: dict[str, int]  # host -> CPU slots busy with other jobs
     measured_under: dict[str, float]  # node id -> contention it measured its profile under
 
 
+def others_now(contention: float, cores: int, busy_then: float | None, busy_now: int) -> float:
+    """Runnable threads on a host now besides a new plan's, from one agent's contention figure c
+    (runnable threads per core, its probe's own thread included): c·cores − 1 when it was
+    measured. Where the CPU slots of other jobs busy at its probes are known, the figure counts
+    them whatever runs now; they are taken out and the slots busy now put in, so a figure taken
+    beside a job that has since ended (or before one that has since started) prices the host as
+    it is. Not known: the figure stands for the host now."""
+    measured = contention * cores - 1.0
+    if busy_then is None:
+        return max(0.0, measured)
+    return max(0.0, measured - busy_then) + busy_now
+
+
 def _hosts(snapshot: ResourceSnapshot) -> _Hosts:
     cores: dict[str, int] = {}
-    seen: dict[str, float] = {}
     busy: dict[str, int] = defaultdict(int)
     measured_under: dict[str, float] = {}
     host_of: dict[str, str] = {}
+    figures: list[tuple[str, float, float | None]] = []  # (host, contention, busy at its probes)
     for c in snapshot.clusters:
         for n in c.nodes:
             host = n.host
@@ -515,11 +528,16 @@ def _hosts(snapshot: ResourceSnapshot) -> _Hosts:
                 cores[host] = max(cores.get(host, 0), n.profile.physical_cores)
                 measured_under[n.id] = n.profile.host_load_factor
             if n.cpu_contention is not None:
-                # Agents probe while idle; on a host shared by several, the quietest saw the least
-                # of other jobs' workers.
-                seen[host] = min(seen.get(host, math.inf), n.cpu_contention)
+                figures.append((host, n.cpu_contention, n.cpu_contention_busy))
             busy[host] += sum(d.kind == "cpu" and not d.free for d in n.devices)
-    return _Hosts(host_of, cores, seen, dict(busy), measured_under)
+    others: dict[str, float] = {}
+    for host, contention, busy_then in figures:
+        if n_cores := cores.get(host, 0):
+            # On a host shared by several agents, the quietest figure saw the least of what
+            # the control plane does not know of.
+            o = others_now(contention, n_cores, busy_then, busy.get(host, 0))
+            others[host] = min(others.get(host, math.inf), o)
+    return _Hosts(host_of, cores, others, dict(busy), measured_under)
 
 
 def host_shares(
@@ -528,8 +546,9 @@ def host_shares(
     """Per node of the plan: how many times slower than on an idle core its CPU slots run, start
     and stop. One-thread slots take turns on the host's physical cores with everything else that
     runs there. Where heartbeats report the host's contention c (runnable threads per core, a new
-    one included: c·cores − 1 others, none on an idle host), the plan's k slots make it
-    (c·cores − 1 + k) / cores, at least 1;
+    one included: c·cores − 1 others, none on an idle host; less the other jobs' slots busy at its
+    probes plus those busy now, where known: ``others_now``), the plan's k slots make it
+    (others + k) / cores, at least 1;
     with none reported, other jobs' busy slots stand in for the others and the factor is at least
     the contention the host measured under at registration. Several agents may share one host
     (``NodeInfo.host``). 1 on CUDA nodes and where the cores are unknown. ``one_per_node``: the
@@ -559,9 +578,8 @@ def host_shares(
         n_cores = hosts.cores.get(host, 0)
         if not plan[host] or not n_cores:
             continue
-        if host in hosts.seen:
-            others = max(0.0, hosts.seen[host] * n_cores - 1.0)
-            out[node_id] = cm.host_share(others + plan[host], n_cores)
+        if host in hosts.others:
+            out[node_id] = cm.host_share(hosts.others[host] + plan[host], n_cores)
         else:
             share = cm.host_share(hosts.busy.get(host, 0) + plan[host], n_cores)
             out[node_id] = max(share, hosts.measured_under.get(node_id, 0.0), 1.0)

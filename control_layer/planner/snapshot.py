@@ -90,6 +90,9 @@ class NodeProfileInfo(_Measured):
     rates: dict[Literal["fp32", "bf16"], StepRateInfo] = Field(default_factory=dict)
 
 
+MAX_HOST_SLOTS = 1e6  # no host runs this many CPU slots: a busy count beyond it is not one
+
+
 class NodeInfo(_Plain):
     id: str = Field(min_length=1)
     hostname: str = ""
@@ -103,6 +106,16 @@ class NodeInfo(_Plain):
         description=(
             "Runnable threads per core on the host, a new CPU worker included (heartbeats): above 1,"
             " how many times slower than an idle core it runs; below 1, cores are left."
+        ),
+    )
+    cpu_contention_busy: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_HOST_SLOTS,
+        allow_inf_nan=False,
+        description=(
+            "CPU slots of the host's other nodes busy with jobs when the probes behind"
+            " cpu_contention were taken (a mean over them); None: not known, the figure is the host."
         ),
     )
     # The node's own place in its cluster's fabric, where the agent declared it: a node with a

@@ -388,6 +388,31 @@ def test_an_agent_settles_its_contention_in_its_own_turn(
     assert held == [True]
 
 
+def test_probes_pause_while_a_co_located_agent_measures_its_reference_step(tmp_path: Path) -> None:
+    # Beside another agent's reference step the idle host read 1.0-1.4 runnable threads a core
+    # (0.5 alone), and an agent that then ran jobs back to back kept that figure.
+    lock = tmp_path / "reference.lock"
+    assert not profile.another_measuring(lock)
+    with profile.one_reference_at_a_time(lock):
+        assert profile.another_measuring(lock)
+    assert not profile.another_measuring(lock)
+    assert not _host_lock_held(lock)  # the check itself holds nothing
+
+
+def test_a_figure_names_the_probes_it_kept_by_their_age() -> None:
+    win = contention.Contention(window_s=100.0)
+    # Two probes beside another job (3.0, 2.5) and one spike are trimmed from eight; the ages are
+    # those of the middle half, oldest first, so the server can count what ran then.
+    for t, sample in enumerate([1.0, 3.0, 1.1, 0.5, 2.5, 1.2, 0.6, 9.0]):
+        win.add(sample, at=float(t))
+    assert win.value == pytest.approx((1.0 + 1.1 + 2.5 + 1.2) / 4)
+    assert win.kept_ages(now=10.0) == [10.0, 8.0, 6.0, 5.0]  # probes 0, 2, 4, 5
+    assert win.kept_ages(now=10.0, limit=2) == [10.0, 5.0]  # an even subset, ends kept
+    # Probes older than the server reads are left out rather than sent.
+    assert win.kept_ages(now=5.0 + 8 * 86_400.0) == []
+    assert contention.Contention().kept_ages() == []
+
+
 def test_interquartile_mean_trims_a_quarter_from_each_end() -> None:
     assert contention.interquartile_mean([]) == 0.0  # not measured: the heartbeat says 0
     assert contention.interquartile_mean([2.0]) == 2.0

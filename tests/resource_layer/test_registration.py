@@ -8,14 +8,23 @@ from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from contracts.errors import InvalidArgument
 from control_layer.snapshot import build_snapshot
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc
-from orchestration.db.models import Accelerator, Cluster, EnrollmentToken, Node, Price, Provider, Region
+from orchestration.db.models import (
+    Accelerator,
+    Allocation,
+    Cluster,
+    EnrollmentToken,
+    Node,
+    Price,
+    Provider,
+    Region,
+)
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from resource_layer import registry
 from resource_layer.tokens import hash_token
@@ -214,6 +223,18 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     ("node id without token", {"node_id": "abc"}, "node_id/node_token"),
     ("contention below any host's idle figure", {"cpu_contention": 0.0005}, "cpu_contention"),
     ("contention not a number", {"cpu_contention": float("nan")}, "cpu_contention"),
+    ("a probe age below 0", {"cpu_contention_probe_ages_s": [1.0, -0.5]}, "cpu_contention_probe_ages_s"),
+    (
+        "a probe age not a number",
+        {"cpu_contention_probe_ages_s": [float("nan")]},
+        "cpu_contention_probe_ages_s",
+    ),
+    (
+        "a probe older than a week",
+        {"cpu_contention_probe_ages_s": [8 * 86_400.0]},
+        "cpu_contention_probe_ages_s",
+    ),
+    ("more probe ages than kept", {"cpu_contention_probe_ages_s": [1.0] * 65}, "cpu_contention_probe_ages_s"),
     (
         "profile with negative start-up",
         {"measured_profile": agent_pb2.MeasuredProfile(startup_s=-1.0)},
@@ -507,3 +528,84 @@ def test_one_batch_records_every_node_heard_revives_the_lost_and_keeps_each_cont
     registry.persist_heartbeats(ctx, {ids[0]: 3.1, ids[1]: 2.0})
     with ctx.session_factory() as s:
         assert [s.get_one(Node, i).cpu_contention for i in ids[:2]] == [3.0, 2.0]
+
+
+def test_a_figure_is_stored_with_the_other_nodes_slots_busy_at_its_probes(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    """Two agents on one host: what one measured beside the other's job is stored with the slots
+    that job held at its probes (its own slots and other hosts' are not counted), and the planner
+    takes them out once the job is gone."""
+    from control_layer.planner.estimate import host_shares
+    from control_layer.planner.plan_types import PlannedTask
+    from tests.orchestration.fleet import add_tenant, hold_devices
+
+    profile = agent_pb2.MeasuredProfile(startup_s=1.0, teardown_s=0.1, physical_cores=2, host_load_factor=1.0)
+    a, b, far = (
+        stub.Register(
+            request(enrollment_token(ctx), hostname=h, cluster=cl, measured_profile=profile), timeout=10
+        ).node_id
+        for h, cl in (("shared", "c-a"), ("shared", "c-b"), ("elsewhere", "c-c"))
+    )
+    with ctx.session_factory() as s, s.begin():
+        tenant = add_tenant(s)
+        held_b = hold_devices(s, tenant, s.get_one(Node, b), [0, 1])  # b's job: 2 slots on the host
+        hold_devices(s, tenant, s.get_one(Node, a), [0])  # a's own: its agent is not probing then
+        hold_devices(s, tenant, s.get_one(Node, far), [0, 1])  # another host's
+    now = utcnow()
+    before = now - timedelta(hours=1)  # before any of the jobs
+    # a measured 1.5 runnable threads a core on the 2 cores: b's 2 workers and its own probe;
+    # half its kept probes before b's job started.
+    registry.persist_heartbeats(ctx, {a: 1.5}, {a: [before, now, before, now]})
+    with ctx.session_factory() as s:
+        node = s.get_one(Node, a)
+        assert (node.cpu_contention, node.cpu_contention_busy) == (1.5, 1.0)
+    registry.persist_heartbeats(ctx, {a: 1.5}, {a: [now, now]})  # all beside b's job now
+    with ctx.session_factory() as s:
+        assert s.get_one(Node, a).cpu_contention_busy == 2.0
+        snap = build_snapshot(s)
+    (cluster,) = [c.id for c in snap.clusters if any(n.id == a for n in c.nodes)]
+    task = PlannedTask(dp_rank=0, pp_stage=0, tp_rank=0, cluster=cluster, node=a, device=1)
+    # b's job still runs: its 2 slots, the plan's 1 (a's own held slot is a job too) on 2 cores
+    assert host_shares(snap, [task])[a] == pytest.approx((2 + 1 + 1) / 2)
+    with ctx.session_factory() as s, s.begin():
+        s.execute(
+            update(Allocation)
+            .where(Allocation.task_id == held_b.id)
+            .values(active=False, released_at=utcnow())
+        )
+        snap = build_snapshot(s)
+    assert host_shares(snap, [task])[a] == pytest.approx((1 + 1) / 2)  # b's job over: not priced
+    # Without probe instants (an older agent) a figure that moves is stored as the host's.
+    registry.persist_heartbeats(ctx, {a: 2.5})
+    with ctx.session_factory() as s:
+        node = s.get_one(Node, a)
+        assert (node.cpu_contention, node.cpu_contention_busy) == (2.5, None)
+
+
+def test_a_registration_counts_the_slots_busy_at_its_settle_probes(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    from tests.orchestration.fleet import add_tenant, hold_devices
+
+    first = stub.Register(request(enrollment_token(ctx), hostname="shared"), timeout=10).node_id
+    with ctx.session_factory() as s, s.begin():
+        held = hold_devices(s, add_tenant(s), s.get_one(Node, first), [0, 1])
+        # held since before the second agent's settle probes (ages 0.5 and 1 s)
+        s.execute(
+            update(Allocation)
+            .where(Allocation.task_id == held.id)
+            .values(created_at=utcnow() - timedelta(minutes=5))
+        )
+    second = stub.Register(
+        request(
+            enrollment_token(ctx),
+            hostname="shared",
+            cpu_contention=1.5,
+            cpu_contention_probe_ages_s=[0.5, 1.0],
+        ),
+        timeout=10,
+    ).node_id
+    with ctx.session_factory() as s:
+        node = s.get_one(Node, second)
+        assert (node.cpu_contention, node.cpu_contention_busy) == (1.5, 2.0)

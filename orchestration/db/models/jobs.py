@@ -119,7 +119,8 @@ class Allocation(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"), index=True)
-    accelerator_id: Mapped[str] = mapped_column(ForeignKey("accelerators.id"))
+    # Indexed: a node's contention figure counts the host's slots held at its probes' instants.
+    accelerator_id: Mapped[str] = mapped_column(ForeignKey("accelerators.id"), index=True)
     active: Mapped[bool] = mapped_column(default=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     released_at: Mapped[datetime | None] = mapped_column(default=None)

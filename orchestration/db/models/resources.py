@@ -48,7 +48,7 @@ class Node(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id"), index=True)
-    hostname: Mapped[str] = mapped_column(String(255), default="")
+    hostname: Mapped[str] = mapped_column(String(255), default="", index=True)  # its host's other nodes
     token_hash: Mapped[str] = mapped_column(String(128))
     advertise_host: Mapped[str] = mapped_column(String(255), default="127.0.0.1")
     sync_port_min: Mapped[int] = mapped_column(default=0)
@@ -72,6 +72,10 @@ class Node(Base):
     # above 1 it runs that many times slower than on an idle core, below 1 cores are left), as the
     # last stored heartbeat reported it; None: not reported.
     cpu_contention: Mapped[float | None] = mapped_column(default=None)
+    # CPU slots of the host's other nodes the control plane knew busy when the probes behind that
+    # figure were taken (the mean over the instants its interquartile mean kept); the planner takes
+    # them out and adds those busy at the quote. None: not known (an agent that sends no ages).
+    cpu_contention_busy: Mapped[float | None] = mapped_column(default=None)
     # The node's own port into its cluster's fabric, as its agent declared it (a slower NIC or an
     # oversubscribed switch than the cluster's figure); None: the cluster's figures hold.
     fabric_bandwidth_gbps: Mapped[float | None] = mapped_column(default=None)

@@ -10,7 +10,13 @@ import pytest
 from contracts.job_spec import JobSpec
 from contracts.model import gpt_param_count, model_config, train_flops_per_token
 from control_layer.planner import cost_model as cm
-from control_layer.planner.estimate import estimate_option, estimate_planned, host_shares, intra_bytes_per_s
+from control_layer.planner.estimate import (
+    estimate_option,
+    estimate_planned,
+    host_shares,
+    intra_bytes_per_s,
+    others_now,
+)
 from control_layer.planner.plan_types import Calibration, Estimates, PlannedTask, RuntimeSettings
 from control_layer.planner.snapshot import ResourceSnapshot
 
@@ -161,6 +167,29 @@ def test_an_idle_host_counts_no_other_thread() -> None:
     # as on idle cores; one other runnable thread beside the probe's makes 3 threads on 2 cores.
     assert share(0.5) == pytest.approx(1.0)
     assert share(1.0) == pytest.approx(1.5)
+
+
+def test_a_figure_taken_beside_other_jobs_prices_the_host_as_it_is_at_the_quote() -> None:
+    # The benchmark's host: b0's agent sat idle beside a job of 4 slots (on nodes of this host)
+    # and read 2.5; a0's agent ran that job and still holds its figure from before, 1.0, taken
+    # beside another agent's start-up that the control plane knew nothing of.
+    def shares(busy_now: int, b_busy_then: float | None, a_busy_then: float | None = 0.0) -> float:
+        snap = _snap(cores=2, busy=busy_now)
+        a, b = snap.clusters[0].nodes[0], snap.clusters[1].nodes[0]
+        a.cpu_contention, a.cpu_contention_busy = 1.0, a_busy_then
+        b.cpu_contention, b.cpu_contention_busy = 2.5, b_busy_then
+        return host_shares(snap, ONE_NODE)["a0"]
+
+    # That job is over: b0's figure less its 4 slots is the host alone (0 others), the quietest;
+    # the plan's 2 slots on 2 cores.
+    assert shares(busy_now=0, b_busy_then=4.0) == pytest.approx(1.0)
+    # A job holding one slot of each node now is counted whatever the figures saw.
+    assert shares(busy_now=1, b_busy_then=4.0) == pytest.approx((0 + 2 + 2) / 2)
+    # Busy counts not known (agents that send no probe ages): each figure is the host now, the
+    # quietest a0's 1.0, one other thread.
+    assert shares(busy_now=0, b_busy_then=None, a_busy_then=None) == pytest.approx((1 + 2) / 2)
+    assert others_now(2.5, 2, 4.0, 0) == 0.0  # below nothing: what the figure counts
+    assert others_now(2.5, 2, 1.0, 3) == pytest.approx(3.0 + 3)
 
 
 def test_diloco_blocks_every_h_steps_as_configured() -> None:
