@@ -81,6 +81,7 @@ class RegionNode:
         self.wire = WireCounter(self.is_sync_socket)
         self._resolved: dict[str, set[tuple[str, int]]] = {}
         self._checking: set[str] = set()  # peers with a liveness check in flight
+        self._announced: dict[str, str] = {}  # the address each peer's hellos gave, its latest
         self._notices = NoticeReader(cfg.lost_notices) if cfg.lost_notices else None
 
     # ------------------------------------------------------------ lifecycle
@@ -376,22 +377,29 @@ class RegionNode:
             raise InvalidArgument(f"unknown pull {what!r}; expected 'state'", field="what")
         return self._strategy().export_state(min_round, timeout=self.cfg.timeout_s)
 
+    def _announce(self, peer: str, address: str) -> None:
+        """A peer's hello gives the address it serves on now. Another address than the one its
+        hellos gave before is another process of that region (restarted or replaced): the one we
+        knew is gone, and so are its rounds in progress. It is dropped at once; waiting for its
+        contributions would last a whole timeout, since our liveness checks now reach the new
+        process, which answers. The new process is admitted by its ready hello, as any rejoiner."""
+        with self.cv:
+            before = self._announced.get(peer)
+            self._announced[peer] = address
+        c = self._clients.get(peer)
+        if c is None:
+            self._clients[peer] = PeerClient(
+                self.region, peer, address, self.shaper, self.stats, self.cfg.auth_secret, self.tls
+            )
+        else:
+            c.set_address(address)
+        if before is not None and before != address:
+            self.mark_dead(peer, f"restarted: it serves at {address} now, no longer at {before}")
+
     def handle_hello(self, req: sync_pb2.HelloRequest) -> PeerStatus:
         s = self._strategy()
         if req.address:
-            c = self._clients.get(req.sender)
-            if c is None:
-                self._clients[req.sender] = PeerClient(
-                    self.region,
-                    req.sender,
-                    req.address,
-                    self.shaper,
-                    self.stats,
-                    self.cfg.auth_secret,
-                    self.tls,
-                )
-            else:
-                c.set_address(req.address)
+            self._announce(req.sender, req.address)
         opened, completed = s.progress()
         accepted = False
         if req.ready:
