@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -58,6 +59,7 @@ class RegionNode:
         self.decided: set[str] = set()  # peers whose ready hello (their join decided) reached us
         self.events: list[str] = []  # membership changes, for metrics
         self.inbox: dict[tuple[str, int], dict[str, InMessage]] = defaultdict(dict)
+        self.reduced: dict[str, int] = {}  # stream -> the latest round this region has reduced on it
         self.strategy: RoundHandler | None = None
         self.pool = ThreadPoolExecutor(
             max_workers=4 + 2 * len(self.peers), thread_name_prefix=f"sync-{region}"
@@ -229,6 +231,21 @@ class RegionNode:
             self.inbox[(msg.meta.stream, msg.meta.round)][msg.meta.sender] = msg
             self.cv.notify_all()
 
+    def mark_reduced(self, stream: str, round_index: int) -> None:
+        """This region has its result of the round on ``stream``: a contribution to it that comes
+        later is answered "done" (``handle_push``), so its sender waits for ours no longer."""
+        with self.cv:
+            self.reduced[stream] = max(round_index, self.reduced.get(stream, -1))
+
+    def forget_reduced(self, stream: str) -> None:
+        with self.cv:
+            self.reduced.pop(stream, None)
+
+    def poke(self) -> None:
+        """Wake every ``collect``: what it waits for may have changed."""
+        with self.cv:
+            self.cv.notify_all()
+
     def collect(
         self,
         stream: str,
@@ -237,11 +254,13 @@ class RegionNode:
         deadline: float,
         mark_missing: bool = True,
         give_up_on: str | None = None,
+        done: Callable[[str], bool] | None = None,
     ) -> dict[str, InMessage]:
         """Wait until every sender's message for the round is in (or the deadline); take them.
         A sender still missing then is marked dead unless ``mark_missing`` is False. A sender
         whose message for the round came on ``give_up_on`` instead (it chose another way to
-        reduce it) is not waited for."""
+        reduce it), or for which ``done`` is True (it has its result without us), is not waited
+        for."""
         key = (stream, round_index)
         other = (give_up_on, round_index) if give_up_on else None
         checked = time.monotonic()
@@ -258,6 +277,7 @@ class RegionNode:
                     and s not in self.left
                     and self.include_from[s] <= round_index
                     and (other is None or s not in self.inbox.get(other, {}))
+                    and (done is None or not done(s))
                 ]
                 left = deadline - time.monotonic()
                 if not waiting or left <= 0:
@@ -367,7 +387,12 @@ class RegionNode:
         return self.strategy
 
     def handle_push(self, msg: InMessage) -> PushResult:
-        return self._strategy().handle_push(msg)
+        s = self._strategy()
+        with self.cv:
+            reduced = msg.meta.round <= self.reduced.get(msg.meta.stream, -1)
+        if reduced:  # too late for our result: its sender must not wait for our contribution
+            return PushResult(False, "done", s.progress()[0])
+        return s.handle_push(msg)
 
     def handle_exchange(self, msg: InMessage) -> OutMessage:
         return self._strategy().handle_exchange(msg)
