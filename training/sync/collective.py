@@ -220,7 +220,7 @@ class DenseReducer:
             # It answered that it has its result of the round already (its ring completed before
             # it saw the ring break, or it applied the round): its contribution will not come.
             fut = pushes[p]
-            if not fut.done() or fut.exception() is not None:
+            if not fut.done() or fut.cancelled() or fut.exception() is not None:
                 return False
             ack = fut.result()
             return not ack.accepted and ack.reason in ("done", "stale")
