@@ -11,6 +11,7 @@ import torch
 
 from contracts.sync_config import SyncConfig
 from training.sync.algorithms.ring import all_gather_step, owned_chunk, reduce_scatter_step, ring_members
+from training.sync.collective import Reduced
 from training.sync.engine import SyncEngine
 
 
@@ -112,3 +113,34 @@ def test_compressed_ring_keeps_every_region_on_the_same_bits_and_feeds_errors_ba
     mean8 = torch.stack(out["a"]).mean(0)
     assert (mean8 - want).abs().max() < one / 3
     assert sent["a"] < 8 * 2 * (2 / 3) * 20_000 * 1.05  # 8 rounds, about one byte an element per hop
+
+
+def test_a_contribution_that_comes_after_its_receiver_has_the_result_is_not_awaited(tmp_path: Path) -> None:
+    # A ring one region completed while another saw it break (their peer killed between acking
+    # its last hop and sending its own): the one that broke falls back to all-to-all, and the one
+    # that completed will never send it a contribution on the plain stream. Here b has reduced
+    # round 4 without a (a dropped in its view); a, which still counts b, then reduces round 4:
+    # b answers that it has its result, and a goes on without b's contribution rather than waiting
+    # out the round's timeout for it (b stays live; the anchors' fingerprints repair the rest).
+    regions = ["a", "b"]
+    cfg = {"peers": dict.fromkeys(regions, ""), "rendezvous_dir": str(tmp_path), "timeout_s": 120}
+    engines = {
+        r: SyncEngine(SyncConfig(mode="local_sgd", **cfg), region=r, is_leader=True, total_steps=10)
+        for r in regions
+    }
+    got: dict[str, Reduced] = {}
+    try:
+        a, b = (engines[r].strategy.reducers[0] for r in regions)  # type: ignore[union-attr]
+        engines["b"].node.mark_dead("a", "lost")  # type: ignore[union-attr]
+        assert b.reduce(4, torch.ones(4), 1.0, "fb", 1, 120.0).members == ["b"]
+        x = torch.full((4,), 3.0)
+        t = threading.Thread(target=lambda: got.update(a=a.reduce(4, x, 1.0, "fa", 1, 120.0)), daemon=True)
+        t.start()
+        t.join(60)
+        assert not t.is_alive(), "a waited for the contribution of b, which had its result"
+        assert got["a"].members == ["a"] and torch.equal(got["a"].avg, x)
+        assert engines["a"].node.is_alive("b")  # type: ignore[union-attr]
+        assert ("anchored0", 4) not in engines["b"].node.inbox  # type: ignore[union-attr]
+    finally:
+        for e in engines.values():
+            e.node.close()  # type: ignore[union-attr]

@@ -22,7 +22,9 @@ deadline makes the region probe its sender, which is dropped if it does not answ
 briefly disagree on who takes part (a region readmitted by some peers first, a ring one region
 finished and another saw break), so a broken ring falls back to all-to-all on the plain stream,
 and a slow but live peer is only left out of that round: its averages may then differ, and the
-anchors' fingerprints, compared every round, repair that from the lowest-named region.
+anchors' fingerprints, compared every round, repair that from the lowest-named region. A peer that
+has its result of the round already (its ring completed) answers a contribution to it "done" and
+is not waited for: it sends none on the plain stream.
 """
 
 from __future__ import annotations
@@ -103,9 +105,11 @@ class DenseReducer:
         return ErrorFeedback(self.codec, self.chunk_bytes, self.error_feedback)
 
     def reset(self) -> None:
-        """Drop carried residuals (after adopting a peer's state they no longer apply)."""
+        """Drop carried residuals (after adopting a peer's state they no longer apply), and the
+        rounds reduced: the adopted state's rounds may include ones this region had in flight."""
         self.own.commit(None)
         self.hops.clear()
+        self.node.forget_reduced(self.stream)
 
     # ------------------------------------------------------------ the round
 
@@ -121,8 +125,15 @@ class DenseReducer:
     ) -> Reduced:
         """``figures``: this region's (opened_at, step_s) for work balancing; every region gets
         every contributor's in the result, on the messages the round sends anyway."""
-        deadline = time.monotonic() + timeout
         self.figures = figures
+        out = self._reduce(r, x, weight, fingerprint, step, timeout)
+        self.node.mark_reduced(self.stream, r)
+        return out
+
+    def _reduce(
+        self, r: int, x: Tensor, weight: float, fingerprint: str, step: int, timeout: float
+    ) -> Reduced:
+        deadline = time.monotonic() + timeout
         participants = self.node.participants(r)
         members = ring_members(self.ring_order, [self.me, *participants])
         groups = self._groups(members)
@@ -202,7 +213,19 @@ class DenseReducer:
         msg = OutMessage(meta, [("x", enc)])
         timeout = max(0.1, deadline - time.monotonic())
         pushes = {p: self._send(p, msg, timeout) for p in participants}
-        got = self.node.collect(stream, r, participants, deadline, mark_missing=False)
+        for fut in pushes.values():
+            fut.add_done_callback(lambda _: self.node.poke())
+
+        def done(p: str) -> bool:
+            # It answered that it has its result of the round already (its ring completed before
+            # it saw the ring break, or it applied the round): its contribution will not come.
+            fut = pushes[p]
+            if not fut.done() or fut.cancelled() or fut.exception() is not None:
+                return False
+            ack = fut.result()
+            return not ack.accepted and ack.reason in ("done", "stale")
+
+        got = self.node.collect(stream, r, participants, deadline, mark_missing=False, done=done)
         stale, failed = self._acks(pushes, deadline, r)
         for p in participants:
             if p not in got and p not in failed:

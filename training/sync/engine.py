@@ -235,7 +235,12 @@ class SyncEngine:
                 src, min_round = repair, completed  # its state once it has applied what we have
             elif late:  # they opened our next round already: wait for it to complete, take that
                 src = max(late, key=lambda p: (late[p].progress, p))
-                min_round = late[src].progress
+                # Its state once the rounds before the one it includes us from are completed:
+                # those need nothing from us. Its progress may be past that round by now (it
+                # opened the round after answering), and that round waits for our contribution,
+                # so waiting for its progress would wait out both its timeout and ours.
+                told = late[src]
+                min_round = told.include_from if told.accepted else told.progress
             else:
                 ahead = {p: st for p, st in statuses.items() if st.ready and st.completed > completed}
                 hint = s.catch_up_source(statuses) if hasattr(s, "catch_up_source") else None

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -58,6 +59,7 @@ class RegionNode:
         self.decided: set[str] = set()  # peers whose ready hello (their join decided) reached us
         self.events: list[str] = []  # membership changes, for metrics
         self.inbox: dict[tuple[str, int], dict[str, InMessage]] = defaultdict(dict)
+        self.reduced: dict[str, int] = {}  # stream -> the latest round this region has reduced on it
         self.strategy: RoundHandler | None = None
         self.pool = ThreadPoolExecutor(
             max_workers=4 + 2 * len(self.peers), thread_name_prefix=f"sync-{region}"
@@ -81,6 +83,7 @@ class RegionNode:
         self.wire = WireCounter(self.is_sync_socket)
         self._resolved: dict[str, set[tuple[str, int]]] = {}
         self._checking: set[str] = set()  # peers with a liveness check in flight
+        self._announced: dict[str, str] = {}  # the address each peer's hellos gave, its latest
         self._notices = NoticeReader(cfg.lost_notices) if cfg.lost_notices else None
 
     # ------------------------------------------------------------ lifecycle
@@ -228,6 +231,21 @@ class RegionNode:
             self.inbox[(msg.meta.stream, msg.meta.round)][msg.meta.sender] = msg
             self.cv.notify_all()
 
+    def mark_reduced(self, stream: str, round_index: int) -> None:
+        """This region has its result of the round on ``stream``: a contribution to it that comes
+        later is answered "done" (``handle_push``), so its sender waits for ours no longer."""
+        with self.cv:
+            self.reduced[stream] = max(round_index, self.reduced.get(stream, -1))
+
+    def forget_reduced(self, stream: str) -> None:
+        with self.cv:
+            self.reduced.pop(stream, None)
+
+    def poke(self) -> None:
+        """Wake every ``collect``: what it waits for may have changed."""
+        with self.cv:
+            self.cv.notify_all()
+
     def collect(
         self,
         stream: str,
@@ -236,11 +254,13 @@ class RegionNode:
         deadline: float,
         mark_missing: bool = True,
         give_up_on: str | None = None,
+        done: Callable[[str], bool] | None = None,
     ) -> dict[str, InMessage]:
         """Wait until every sender's message for the round is in (or the deadline); take them.
         A sender still missing then is marked dead unless ``mark_missing`` is False. A sender
         whose message for the round came on ``give_up_on`` instead (it chose another way to
-        reduce it) is not waited for."""
+        reduce it), or for which ``done`` is True (it has its result without us), is not waited
+        for."""
         key = (stream, round_index)
         other = (give_up_on, round_index) if give_up_on else None
         checked = time.monotonic()
@@ -257,6 +277,7 @@ class RegionNode:
                     and s not in self.left
                     and self.include_from[s] <= round_index
                     and (other is None or s not in self.inbox.get(other, {}))
+                    and (done is None or not done(s))
                 ]
                 left = deadline - time.monotonic()
                 if not waiting or left <= 0:
@@ -366,7 +387,12 @@ class RegionNode:
         return self.strategy
 
     def handle_push(self, msg: InMessage) -> PushResult:
-        return self._strategy().handle_push(msg)
+        s = self._strategy()
+        with self.cv:
+            reduced = msg.meta.round <= self.reduced.get(msg.meta.stream, -1)
+        if reduced:  # too late for our result: its sender must not wait for our contribution
+            return PushResult(False, "done", s.progress()[0])
+        return s.handle_push(msg)
 
     def handle_exchange(self, msg: InMessage) -> OutMessage:
         return self._strategy().handle_exchange(msg)
@@ -376,22 +402,29 @@ class RegionNode:
             raise InvalidArgument(f"unknown pull {what!r}; expected 'state'", field="what")
         return self._strategy().export_state(min_round, timeout=self.cfg.timeout_s)
 
+    def _announce(self, peer: str, address: str) -> None:
+        """A peer's hello gives the address it serves on now. Another address than the one its
+        hellos gave before is another process of that region (restarted or replaced): the one we
+        knew is gone, and so are its rounds in progress. It is dropped at once; waiting for its
+        contributions would last a whole timeout, since our liveness checks now reach the new
+        process, which answers. The new process is admitted by its ready hello, as any rejoiner."""
+        with self.cv:
+            before = self._announced.get(peer)
+            self._announced[peer] = address
+        c = self._clients.get(peer)
+        if c is None:
+            self._clients[peer] = PeerClient(
+                self.region, peer, address, self.shaper, self.stats, self.cfg.auth_secret, self.tls
+            )
+        else:
+            c.set_address(address)
+        if before is not None and before != address:
+            self.mark_dead(peer, f"restarted: it serves at {address} now, no longer at {before}")
+
     def handle_hello(self, req: sync_pb2.HelloRequest) -> PeerStatus:
         s = self._strategy()
         if req.address:
-            c = self._clients.get(req.sender)
-            if c is None:
-                self._clients[req.sender] = PeerClient(
-                    self.region,
-                    req.sender,
-                    req.address,
-                    self.shaper,
-                    self.stats,
-                    self.cfg.auth_secret,
-                    self.tls,
-                )
-            else:
-                c.set_address(req.address)
+            self._announce(req.sender, req.address)
         opened, completed = s.progress()
         accepted = False
         if req.ready:

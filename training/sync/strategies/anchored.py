@@ -96,6 +96,7 @@ class AnchoredSync(Strategy):
         self.opened = self.completed = 0
         self.inflight: deque[_Round] = deque()
         self.public_round = 0
+        self.public_step = 0  # the step the public state is as of (its next round opens after it)
         self.plan: RoundPlan | None = None  # work balancing: set by the engine where it applies
         self._now: tuple[int, float, float, float] | None = None  # (step, monotonic, wall, waits)
         self._mark: tuple[int, float, float] | None = None  # (step, monotonic, waits) at the last open
@@ -206,13 +207,19 @@ class AnchoredSync(Strategy):
             plan.rebase(self.opened, step)  # resumed past what the saved plan knows: start afresh
         self._mid_split(step)
         final = self._is_final(step)
+        # A round applied where the next one opens leaves a state as of the step before: a peer
+        # that catches up from it then opens that next round at this step, as we do, not a whole
+        # round later (its rounds would lag ours by one to the end of the run). A balanced
+        # region's rounds follow no fixed step: a peer taking its state rebases its plan instead.
+        opening = final or (plan is None and is_start(step, self.round_steps))
+        as_of = step - 1 if opening else step
         changed = False
         while self.inflight and (final or self._lands(self.inflight[0], step)):
             rnd = self.inflight.popleft()
             self.landed[rnd.index] = step
             self.last_lag = step - rnd.open_step
             self.landings.append((step, self.last_lag))
-            flat = self._apply(rnd, flat)
+            flat = self._apply(rnd, flat, as_of)
             changed = True
         if final:  # end on one model: every fragment syncs once more, blocking
             for _ in range(self.cfg.fragments):
@@ -293,7 +300,8 @@ class AnchoredSync(Strategy):
         new_anchor, mom = outer_step(a, res.avg, momentum, self.lr, self.mu, self.cfg.nesterov)
         return _Result(res.avg, res.fingerprints, latency, new_anchor, mom, res.figures)
 
-    def _apply(self, rnd: _Round, flat: Tensor) -> Tensor:
+    def _apply(self, rnd: _Round, flat: Tensor, as_of: int | None = None) -> Tensor:
+        """``as_of``: the step the resulting state is as of (default: this event's)."""
         assert self.anchor is not None
         self._land(rnd)
         res = rnd.result
@@ -311,7 +319,7 @@ class AnchoredSync(Strategy):
             self.anchor[sl] = new_anchor
             self.momentum[rnd.fragment] = mom
             self.completed += 1
-            self._publish()
+            self._publish(self.step if as_of is None else as_of)
             self.lock.notify_all()
         if self.plan is not None:
             # Re-splits the running round: each region gets at least twice the steps a result
@@ -328,10 +336,12 @@ class AnchoredSync(Strategy):
             self.needs_catch_up = True
         return flat
 
-    def _publish(self) -> None:
+    def _publish(self, as_of: int | None = None) -> None:
         """Under the lock: what a peer's pull gets is the anchor and momentum as of this round
-        (``export_state`` encodes them under the same lock, so no copy is kept here)."""
+        (``export_state`` encodes them under the same lock, so no copy is kept here), and the
+        step they are as of (default: this event's)."""
         self.public_round = self.completed
+        self.public_step = self.step if as_of is None else as_of
 
     def adopt(self, msg: InMessage, flat: Tensor) -> Tensor:
         """Take a peer's anchor and outer state; local progress since our own anchor is kept."""
@@ -345,7 +355,7 @@ class AnchoredSync(Strategy):
                 red.reset()
             self.inflight.clear()  # their results are relative to the old anchor
             self.opened = self.completed = msg.meta.round
-            self._publish()
+            self._publish(msg.meta.step)
             self.lock.notify_all()
         if self.plan is not None:  # our rounds restart from theirs: fixed sizes until figures come
             self.plan.rebase(self.opened, self.step)
@@ -372,8 +382,8 @@ class AnchoredSync(Strategy):
                 f"momentum{i}": m for i, m in enumerate(self.momentum) if m is not None
             }
             parts = [(k, self.encode_exact(v)) for k, v in public.items()]
-            rnd = self.public_round
-        return OutMessage(self.meta(rnd), parts)
+            rnd, step = self.public_round, self.public_step
+        return OutMessage(Meta(sender=self.me, stream=self.stream, round=rnd, step=step), parts)
 
     # ------------------------------------------------------------ checkpoint
 
