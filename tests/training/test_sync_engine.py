@@ -234,13 +234,17 @@ def test_a_lost_region_is_dropped_and_rejoins_from_a_peer(tmp_path: Path) -> Non
     events = [e for r in ("a", "b") for _, m in logs[r] for e in m.get("events", [])]
     assert any(e.startswith("drop c") for e in events), events
     assert any(e.startswith("rejoin c") for e in events), events
-    # The survivors finished on one model: the mean of their two targets if c left for good
-    # before their last rounds, of all three if it still took part in them (they no longer wait
-    # out timeouts for it, so it may rejoin late in their run); the returning region had caught up
-    # (adopted the peers' rounds).
+    # The survivors finished on one model, made of the regions' updates only: the targets lie on
+    # one line (i · (1, -1, 2)), so every mix of them does too. Where it lands on it depends on
+    # when c came back (they no longer wait out timeouts for it, so it may rejoin late in their
+    # run): near the mean of a's and b's targets (0.5) if c left for good before their last
+    # rounds, near all three's (1) if it took part in many, and between or past it (outer
+    # momentum carries a round's move on) if it took part in their last few only. It stays
+    # below c's own target (2). The returning region had caught up (adopted the peers' rounds).
     assert torch.equal(out["a"], out["b"]), (out, events)
-    two = (TARGETS["a"] + TARGETS["b"]) / 2
-    assert any(torch.allclose(out["a"], m, atol=0.2) for m in (two, MEAN)), out["a"]
+    scale = float(out["a"][0])
+    assert torch.allclose(out["a"], scale * TARGETS["b"], atol=1e-4), out["a"]
+    assert 0.3 <= scale <= 1.6, (out["a"], events)
     assert engines["c2"].strategy.progress()[1] > 5
 
 
