@@ -236,6 +236,37 @@ def busy_at_probes(session: Session, probed_at: Mapping[str, Sequence[datetime]]
     return out
 
 
+def _store_contention(
+    session: Session, figures: Mapping[str, float], busy: Mapping[str, float] | None
+) -> list[str]:
+    """Store the figures that moved (by more than CONTENTION_NOTICE, or their busy count by
+    BUSY_NOTICE where one is given); the ids stored."""
+    if not figures:
+        return []
+    figure = case(dict(figures), value=Node.id)
+    moved = [
+        Node.cpu_contention.is_(None),
+        func.abs(Node.cpu_contention - figure) > CONTENTION_NOTICE * figure,
+    ]
+    values: dict = {"cpu_contention": figure, "cpu_contention_busy": None}
+    if busy is not None:
+        held = case(dict(busy), value=Node.id)
+        moved += [
+            Node.cpu_contention_busy.is_(None),
+            func.abs(Node.cpu_contention_busy - held) >= BUSY_NOTICE,
+        ]
+        values["cpu_contention_busy"] = held
+    return list(
+        session.scalars(
+            update(Node)
+            .where(Node.id.in_(list(figures)), or_(*moved))
+            .values(**values)
+            .returning(Node.id)
+            .execution_options(synchronize_session=False, **NOTED)
+        ).all()
+    )
+
+
 def _chunks(ids: Sequence[str]) -> list[Sequence[str]]:
     return [ids[i : i + ROWS_PER_STATEMENT] for i in range(0, len(ids), ROWS_PER_STATEMENT)]
 
@@ -291,42 +322,11 @@ def _touch_rows(
         if not measured:
             continue
         busy = busy_at_probes(session, {n: probed_at[n] for n in measured if probed_at.get(n)})
-        moved: list[str] = []
-        if with_busy := {n: c for n, c in measured.items() if n in busy}:
-            # Stored together: the planner reads the figure less the slots busy at its probes.
-            figure, held = case(with_busy, value=Node.id), case(busy, value=Node.id)
-            moved += session.scalars(
-                update(Node)
-                .where(
-                    Node.id.in_(list(with_busy)),
-                    or_(
-                        Node.cpu_contention.is_(None),
-                        func.abs(Node.cpu_contention - figure) > CONTENTION_NOTICE * figure,
-                        Node.cpu_contention_busy.is_(None),
-                        func.abs(Node.cpu_contention_busy - held) >= BUSY_NOTICE,
-                    ),
-                )
-                .values(cpu_contention=figure, cpu_contention_busy=held)
-                .returning(Node.id)
-                .execution_options(synchronize_session=False, **NOTED)
-            ).all()
-        if without := {n: c for n, c in measured.items() if n not in busy}:
-            # No probe instants (an older agent, or probes older than it sends): a figure that
-            # moves is stored without a busy count, which the planner then reads as the host.
-            figure = case(without, value=Node.id)
-            moved += session.scalars(
-                update(Node)
-                .where(
-                    Node.id.in_(list(without)),
-                    or_(
-                        Node.cpu_contention.is_(None),
-                        func.abs(Node.cpu_contention - figure) > CONTENTION_NOTICE * figure,
-                    ),
-                )
-                .values(cpu_contention=figure, cpu_contention_busy=None)
-                .returning(Node.id)
-                .execution_options(synchronize_session=False, **NOTED)
-            ).all()
+        # Stored with the slots busy at its probes where their instants came (the planner reads
+        # the figure less them); without, where none did (an older agent, or probes older than it
+        # sends): the planner then reads the figure as the host.
+        moved = _store_contention(session, {n: c for n, c in measured.items() if n in busy}, busy)
+        moved += _store_contention(session, {n: c for n, c in measured.items() if n not in busy}, None)
         note_changes(session, nodes=moved)
 
 

@@ -12,5 +12,6 @@ redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 || redis-server --daemonize yes --bi
   --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log
 
 # Two workers (CPN_TEST_WORKERS): the multi-process tests run in turn on one (tests/conftest.py,
-# SERIAL_PATHS), the rest on the other meanwhile.
-exec python3 -m pytest -q -n "${CPN_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# SERIAL_PATHS), the rest on the other meanwhile; the 25 slowest tests are listed at the end
+# (the serial group is the run's critical path).
+exec python3 -m pytest -q -n "${CPN_TEST_WORKERS:-2}" --dist loadgroup --durations=25 "$@"
