@@ -28,6 +28,10 @@ class Rows:
     devices_per_replica: int
     t1: np.ndarray  # (D, G) step alone on a member
     t2: np.ndarray  # (D, G) step sharing a member
+    # (D, G) what t1 and t2 hold beyond the local step itself: checkpoint writes and the run's
+    # fixed seconds per step (``local_share``), which an overlapped exchange does not hide behind.
+    e1: np.ndarray
+    e2: np.ndarray
     n_single: np.ndarray  # (D, G) members that can hold exactly one replica
     n_multi: np.ndarray  # (D, G) replica slots on members that can hold two or more
     price: np.ndarray  # (G,)
@@ -37,6 +41,7 @@ class Rows:
     room_all: np.ndarray  # (D, R) replicas each region can hold
     room_one: np.ndarray  # (D, R) replicas the largest member of each region can hold
     p_min: np.ndarray  # (D,) fewest members (sync participants) that can hold dp replicas
+    p_region: np.ndarray  # (D, R) the same within each region alone (inf where it cannot)
 
     def select(self, idx: np.ndarray) -> Rows:
         """These rows only (every figure of a row depends on that row alone)."""
@@ -45,6 +50,8 @@ class Rows:
             dp=self.dp[idx],
             t1=self.t1[idx],
             t2=self.t2[idx],
+            e1=self.e1[idx],
+            e2=self.e2[idx],
             n_single=self.n_single[idx],
             n_multi=self.n_multi[idx],
             z_time=self.z_time[idx],
@@ -52,6 +59,7 @@ class Rows:
             room_all=self.room_all[idx],
             room_one=self.room_one[idx],
             p_min=self.p_min[idx],
+            p_region=self.p_region[idx],
         )
 
 
@@ -84,8 +92,8 @@ def make_rows(
     fixed seconds per step (``local_share``): both rise with the step, so the bounds taken over
     them below stay bounds.
     """
-    t1 = local_share(fleet, t1)
-    t2 = local_share(fleet, t2)
+    t1, e1 = _with_share(fleet, t1)
+    t2, e2 = _with_share(fleet, t2)
     n_u = len(count)
     if group is None:
         group = np.arange(n_u)
@@ -113,6 +121,8 @@ def make_rows(
         devices_per_replica=devices_per_replica,
         t1=t1[:, first],
         t2=t2[:, first],
+        e1=e1[:, first],
+        e2=e2[:, first],
         n_single=n_single,
         n_multi=n_multi,
         price=price[first],
@@ -122,7 +132,14 @@ def make_rows(
         room_all=sum_by(member_cap * count[None, :], region, n_reg),
         room_one=room_one,
         p_min=fewest_members(cap, usable, count, dp),
+        p_region=fewest_members_by_region(cap, usable, count, dp, region, n_reg),
     )
+
+
+def _with_share(fleet: Fleet, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(t with ``local_share``'s per-step extras, those extras)."""
+    full = local_share(fleet, t)
+    return full, full - t
 
 
 def fewest_members(cap: np.ndarray, usable: np.ndarray, count: np.ndarray, dp: np.ndarray) -> np.ndarray:
@@ -142,6 +159,36 @@ def fewest_members(cap: np.ndarray, usable: np.ndarray, count: np.ndarray, dp: n
     rows = np.arange(d)
     need = before[rows, at] + np.ceil((dp - before_room[rows, at]) / np.maximum(held[rows, at], 1.0))
     return np.where(room[:, -1] >= dp, need, np.inf)
+
+
+def fewest_members_by_region(
+    cap: np.ndarray, usable: np.ndarray, count: np.ndarray, dp: np.ndarray, region: np.ndarray, n_reg: int
+) -> np.ndarray:
+    """``fewest_members`` within each region alone: (D, R), inf where a region cannot hold dp.
+    Units sorted by region, then largest first; each region's run of units is filled apart."""
+    d, n_u = usable.shape
+    out = np.full((d, n_reg), np.inf)
+    if n_u == 0:
+        return out
+    order = np.lexsort((-cap, region))
+    held = np.where(usable[:, order], cap[order], 0).astype(float)
+    members = np.where(held > 0, count[order], 0).astype(float)
+    regs, starts = np.unique(region[order], return_index=True)
+    seg_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n_u)))
+    room_cum = np.cumsum(held * members, axis=1)
+    mem_cum = np.cumsum(members, axis=1)
+    # Cumulative sums restarted at each region's first unit.
+    room_base = (room_cum - held * members)[:, starts][:, seg_of]
+    mem_base = (mem_cum - members)[:, starts][:, seg_of]
+    room = room_cum - room_base
+    before_room = room - held * members
+    before = mem_cum - mem_base - members
+    # Per unit: the members a region needs when dp is reached at this unit (inf elsewhere).
+    reached = (room >= dp[:, None]) & (before_room < dp[:, None])
+    need = before + np.ceil((dp[:, None] - before_room) / np.maximum(held, 1.0))
+    per_unit = np.where(reached, need, np.inf)
+    out[:, regs] = np.minimum.reduceat(per_unit, starts, axis=1)
+    return out
 
 
 def rows_of(pr: Problem) -> Rows:
@@ -227,18 +274,27 @@ def _wan_links(rows: Rows, room: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     return np.where(feasible, bw, 0.0), lat, np.minimum(k, n_reg)
 
 
+def in_region_hop(f: Fleet, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes/s, s) bounding the slowest hop among ``members`` participants of each region (last
+    axis): its fastest hop, or its local link when they outnumber every cluster there (they span
+    two clusters or more; ``problem.sync_seconds_and_egress``). Both fall as members rise."""
+    spans = members > f.cluster_members
+    return np.where(spans, f.local_bw, f.hop_bw), np.where(spans, f.local_lat, f.hop_lat)
+
+
 def _hierarchical_floor(rows: Rows, bw: np.ndarray, lat: np.ndarray, k: np.ndarray) -> np.ndarray:
     """Per row, the least seconds of a hierarchical exchange (``cm.hierarchical_parts``) over G ≥ k
     regions whose links are bounded by (bw, lat): the WAN ring among G heads, and the largest
     region's gather and answer, that region holding ceil(P/G) ≥ 2 participants of P ≥ p_min, over
-    the fleet's fastest in-region hop at best."""
+    its in-region hop (``in_region_hop``) at best, whichever region it is."""
     f = rows.fleet
     sync, n = f.spec.sync, float(f.spec.model.n_params)
     g = np.arange(2, len(f.regions) + 1, dtype=float)[None, :]  # (1, G)
     members = np.maximum(2.0, np.ceil(np.minimum(rows.p_min, 1e9)[:, None] / g))
-    hop_bw = float(f.hop_bw.max(initial=0.0))
-    hop_lat = float(f.hop_lat.min()) if len(f.hop_lat) else 0.0
-    gather = cm.region_gather_s(sync, n, members, hop_bw if hop_bw > 0 else math.inf, hop_lat)
+    hop_bw, hop_lat = in_region_hop(f, members[:, :, None])  # (D, G, R)
+    usable = hop_bw > 0  # a region whose members have no hop between them holds none of the set
+    each = cm.region_gather_s(sync, n, members[:, :, None], np.where(usable, hop_bw, 1.0), hop_lat)
+    gather = np.where(usable, each, math.inf).min(axis=2)
     local, wan = cm.hierarchical_parts(sync, n, g, gather, np.where(bw > 0, bw, 1.0)[:, None], lat[:, None])
     t = np.where(g >= k[:, None], local + wan, math.inf)
     return t.min(axis=1, initial=math.inf)
@@ -288,13 +344,15 @@ def _by_region(
     dp: np.ndarray,
     want: str = "both",
     span: float | None = None,
+    paired: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row and region: the dp-th smallest slot key, and the sum of the dp smallest keys.
 
     n, key: (D, S) slot counts and keys (≥ 0; a key of one row is every row's); g_region: (S,).
     Slots are sorted by region, then key (one sort per row, same region segments in every row);
     segment sums then give each region's fill. Returns two (D, R) arrays, inf where a region has
-    fewer than dp slots; want "kth" or "sum" leaves the other one inf (each caller reads one).
+    fewer than dp slots; want "kth" or "sum" leaves the other one inf (each caller reads one),
+    except that "kth" with ``paired`` (D, S) returns, second, paired's value at each kth slot.
     span: ``key_span(key)`` unless given (from the rows these were selected from, so that a
     selection sorts, and rounds, its rows as the whole would).
     """
@@ -324,8 +382,10 @@ def _by_region(
     if want != "sum":
         first = np.where(seg_cum >= dp[:, None], np.arange(width)[None, :], width)
         reach = np.minimum.reduceat(first, starts, axis=1)
-        kth = k_s[np.arange(d)[:, None], np.minimum(reach, width - 1)]
-        out_kth[:, regions] = np.where(enough, kth, np.inf)
+        at = (np.arange(d)[:, None], np.minimum(reach, width - 1))
+        out_kth[:, regions] = np.where(enough, k_s[at], np.inf)
+        if paired is not None and want == "kth":
+            out_sum[:, regions] = np.where(enough, np.take_along_axis(paired, order, axis=1)[at], np.inf)
     return out_kth, out_sum
 
 
@@ -388,10 +448,13 @@ def lower_bounds_rows(
     hidden = f.runtime.diloco
     hide = max(1.0, f.xps * f.runtime.fragments * f.runtime.round_steps)
 
-    def floor_at(t: np.ndarray, sync: np.ndarray) -> np.ndarray:
+    # t holds checkpoint writes and fixed seconds per step (e, ``Rows.e1``) that no exchange
+    # hides behind: the runtime prices the exposed part against the local step alone
+    # (``problem.runtime_step``), so an overlapped step is at least max(t − e, sync) + e.
+    def floor_at(t: np.ndarray, e: np.ndarray, sync: np.ndarray) -> np.ndarray:
         if hidden:
-            return np.maximum(t, sync / hide)
-        return np.maximum(t, sync) if f.overlapped else t + sync
+            return np.maximum(t, sync / hide + e)
+        return np.maximum(t, sync + e) if f.overlapped else t + sync
 
     # The last exchange of an overlapped run has no steps to hide behind: the run waits for it
     # once (``runtime_pricing.final_sync_s``), whenever two or more participants sync.
@@ -410,21 +473,25 @@ def lower_bounds_rows(
         c_u = _fill(n, t * price, dp) * scale
         return np.minimum(t_z, t_u) * steps, np.minimum(c_z, c_u)
     else:
-        # All in one region r (≥ 2 participants, and at least the fewest members holding dp):
-        # slots of r only, and the flat ring over r's fastest hop (its time rises with P and
-        # falls with the hop's speed; in one region the exchange is never hierarchical).
-        p_a = np.maximum(2.0, np.minimum(rows.p_min, 1e9))[:, None]
-        fast = f.hop_bw > 0
+        # All in one region r (≥ 2 participants, and at least the fewest of r's members holding
+        # dp): slots of r only, and the flat ring over r's fastest hop, or over its local link
+        # when that many members outnumber every cluster of r (they span two clusters or more;
+        # ``problem.sync_seconds_and_egress``). The ring's time rises with P and falls with the
+        # hop's speed; in one region the exchange is never hierarchical.
+        p_a = np.maximum(2.0, np.minimum(rows.p_region, 1e9))
+        hop_bw, hop_lat = in_region_hop(f, p_a)
+        fast = hop_bw > 0
         n_params = float(f.spec.model.n_params)
-        ring_r = cm.ring_sync_s(f.spec.sync, n_params, p_a, np.where(fast, f.hop_bw, 1.0), f.hop_lat)
+        ring_r = cm.ring_sync_s(f.spec.sync, n_params, p_a, np.where(fast, hop_bw, 1.0), hop_lat)
         # (D, R); every exchange pays the leaders' work
         sync_r = f.xps * (np.where(fast, ring_r, math.inf) + f.wan_param_s)
         t = np.concatenate([rows.t1, rows.t2], axis=1)
         g_region = np.concatenate([rows.g_region, rows.g_region])
-        kth_t, _ = _by_region(n, t, g_region, n_reg, dp, "kth", span_t)
+        e = np.concatenate([rows.e1, rows.e2], axis=1)
+        kth_t, kth_e = _by_region(n, t, g_region, n_reg, dp, "kth", span_t, paired=e)
         _, sum_pt = _by_region(n, t * price, g_region, n_reg, dp, "sum", span_pt)
         _, sum_p = _by_region(n, price, g_region, n_reg, dp, "sum")
-        d_a = (floor_at(kth_t, sync_r) * steps + (sync_r / f.xps if final else 0.0)).min(axis=1)
+        d_a = (floor_at(kth_t, kth_e, sync_r) * steps + (sync_r / f.xps if final else 0.0)).min(axis=1)
         sync_cost = sync_r * sum_p / (hide if hidden else 1.0)
         c_a = np.maximum(sum_pt, sync_cost) if f.overlapped or hidden else sum_pt + sync_cost
         c_a = c_a.min(axis=1) * scale
@@ -433,11 +500,19 @@ def lower_bounds_rows(
         wan = (f.xps * (t_wan + f.wan_param_s))[:, None]
         d_final = t_wan + f.wan_param_s if final else 0.0
     n_single = rows.n_single
-    t_s = _dp_th(n_single, floor_at(rows.t1, wan), dp)
-    c_s = _fill(n_single, floor_at(rows.t1, wan) * rows.price[None, :], dp)
+    single = floor_at(rows.t1, rows.e1, wan)
+    t_s = _dp_th(n_single, single, dp)
+    c_s = _fill(n_single, single * rows.price[None, :], dp)
     multi = rows.n_multi > 0
-    least_t2 = np.where(multi, rows.t2, np.inf).min(axis=1)[:, None]
-    t_m_all = floor_at(np.concatenate([np.maximum(rows.t1, least_t2), rows.t2], axis=1), wan)
+    # The least t2 among units that can share, with its extras (they rise with t, as t does).
+    least = np.argmin(np.where(multi, rows.t2, np.inf), axis=1)[:, None]
+    least_t2 = np.take_along_axis(np.where(multi, rows.t2, np.inf), least, axis=1)
+    least_e2 = np.take_along_axis(rows.e2, least, axis=1)
+    t_m_all = floor_at(
+        np.concatenate([np.maximum(rows.t1, least_t2), rows.t2], axis=1),
+        np.concatenate([np.maximum(rows.e1, least_e2), rows.e2], axis=1),
+        wan,
+    )
     has_multi = multi.any(axis=1)
     t_m = np.where(has_multi, _dp_th(n, t_m_all, dp), math.inf)
     c_m = np.where(has_multi, _fill(n, t_m_all * price, dp), math.inf)

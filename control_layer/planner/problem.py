@@ -15,7 +15,7 @@ differ between the two.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -84,6 +84,9 @@ class Fleet:
     # there, bytes/s) and the lowest latency of such a hop: what any exchange there is bounded by.
     hop_bw: np.ndarray
     hop_lat: np.ndarray
+    # Per region, the most members (pools) one of its clusters holds: more members than that in
+    # the region span two clusters or more, so their exchange crosses its local link.
+    cluster_members: np.ndarray
     pair_bw: np.ndarray  # R×R bytes/s (min of both directions; 0 = no link)
     pair_lat: np.ndarray  # R×R seconds (max of both directions)
     egress: np.ndarray  # R×R USD/GB from row region to column region
@@ -294,6 +297,9 @@ def build_fleet(
         cls_first_cid=_groups_of([(c.first.cluster.id,) for c in classes]),
         hop_bw=best_bw,
         hop_lat=best_lat,
+        cluster_members=_kept(
+            snapshot, "cluster_members", (pool_ids, tuple(regions)), lambda: _cluster_members(pools, ridx)
+        ),
         pair_bw=pairs.bw,
         pair_lat=pairs.lat,
         egress=pairs.egress,
@@ -315,6 +321,15 @@ def build_fleet(
         wan_orders=wan_orders,
         growth_orders=growth_orders,
     )
+
+
+def _cluster_members(pools: list[Pool], ridx: dict[str, int]) -> np.ndarray:
+    per_cluster = Counter(p.cluster.id for p in pools)
+    most = np.zeros(len(ridx))
+    for p in pools:
+        r = ridx[p.region]
+        most[r] = max(most[r], per_cluster[p.cluster.id])
+    return most
 
 
 @dataclass(frozen=True)

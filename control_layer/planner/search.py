@@ -12,8 +12,9 @@
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,7 @@ MAX_INTEGER_VARS = 150
 MILP_WORK_BUDGET = 400
 
 Bound = tuple[float, float]  # (duration s, cost USD)
+_Entry = tuple[float, float, Degrees, bool]  # a side's bound, the other's, candidate, full bound
 
 
 @dataclass(frozen=True)
@@ -72,18 +74,6 @@ class Scored:
     def tiebreak(self) -> tuple:
         d = self.problem.deg
         return (d.tp * d.pp, d.zero, d.pp, d.tp, d.dp, self.solution.n1, self.solution.n2, self.solution.x2)
-
-
-def _interleaved(queue: list[tuple[Bound, Degrees]]) -> Iterator[tuple[Bound, Degrees]]:
-    """Candidates cheapest bound and fastest bound first in turn."""
-    by_cost = sorted(queue, key=lambda it: (it[0][1], it[0][0], it[1]))
-    by_time = sorted(queue, key=lambda it: (it[0][0], it[0][1], it[1]))
-    done: set[Degrees] = set()
-    for a, b in zip(by_cost, by_time, strict=True):
-        for item in (a, b):
-            if item[1] not in done:
-                done.add(item[1])
-                yield item
 
 
 class _Search:
@@ -137,27 +127,56 @@ class _Search:
         slack[self.axis] = 1 + GAP_TOLERANCE
         return lb[0] * slack[0] < self.front[0].point[0] or lb[1] * slack[1] < self.front[-1].point[1]
 
-    def promising(self, deg: Degrees, quick: Bound) -> bool:
-        """The quick bound first; the full one (a layout at a time) only if that did not rule it out."""
-        if not self.improves(quick):
-            return False
-        # Computed with deg's: the bounds of the candidates whose quick bound passes too.
-        full = self.bounds.full(deg, lambda d: self.improves(self.quick[d]))
-        return self.within_qos(full) and self.improves(full)
-
     def dominated(self, lb: Bound) -> bool:
         return any(f.point[0] <= lb[0] and f.point[1] <= lb[1] for f in self.front)
 
     # ------------------------------------------------------------------ the three passes
 
     def heuristic_pass(self, queue: list[tuple[Bound, Degrees]]) -> set[Degrees]:
+        """Best bound first, the cheapest and the fastest side in turn (branch and bound): each
+        side's heap holds a candidate at its quick bound until it reaches the top, then at its
+        full bound; a candidate is solved when its full bound tops a side and could still improve
+        the front. Where the bounds are tight the best option is found first and rules out the
+        rest, whatever order the quick bounds (which leave out the exchange) would give."""
         solved: set[Degrees] = set()
-        for lb, deg in _interleaved(queue):
-            if self.promising(deg, lb):
-                solved.add(deg)
-                pr = self.problem(deg)
-                self.consider(pr, candidate_solutions(pr))
+        done: set[Degrees] = set()
+        sides = []
+        for axis in (1, 0):  # the cheapest side first
+            heap = [(lb[axis], lb[1 - axis], deg, False) for lb, deg in queue]
+            heapq.heapify(heap)
+            sides.append((axis, heap))
+        while any(heap for _, heap in sides):
+            for axis, heap in sides:
+                deg = self._next(axis, heap, done)
+                if deg is not None:
+                    solved.add(deg)
+                    pr = self.problem(deg)
+                    self.consider(pr, candidate_solutions(pr))
         return solved
+
+    def _next(self, axis: int, heap: list[_Entry], done: set[Degrees]) -> Degrees | None:
+        """The side's next candidate to solve (None when none is left): candidates that cannot
+        improve the front are dropped for good (the front only gets better)."""
+        while heap:
+            _, _, deg, refined = heapq.heappop(heap)
+            if deg in done:
+                continue
+            if not refined:
+                if not self.improves(self.quick[deg]):
+                    done.add(deg)
+                    continue
+                # Computed with deg's: the bounds of the candidates whose quick bound passes too.
+                full = self.bounds.full(deg, lambda d: self.improves(self.quick[d]))
+                if not (self.within_qos(full) and self.improves(full)):
+                    done.add(deg)
+                    continue
+                if axis == self.axis:
+                    heapq.heappush(heap, (full[axis], full[1 - axis], deg, True))
+                    continue
+            done.add(deg)
+            if self.improves(self.bounds.full(deg)):
+                return deg
+        return None
 
     def fill_front(self, queue: list[tuple[Bound, Degrees]], solved: set[Degrees], want: int) -> None:
         """Candidates whose bound lies between the two ends and is not dominated by a point already
