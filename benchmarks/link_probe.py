@@ -38,13 +38,16 @@ REGIONS = ("eu-west", "us-east")
 TOLERANCE = 0.15
 
 
-def _agent_argv(lab: NetLab, region: str, grpc_port: int, token: str, workdir: Path) -> list[str]:
+def _agent_argv(
+    lab: NetLab, region: str, grpc_port: int, token: str, workdir: Path, measure_profile: bool
+) -> list[str]:
     r = lab.regions[region]
     return [
         sys.executable, "-m", "agent", "--server", f"{lab.hub_ip}:{grpc_port}", "--token", token,
         "--region", region, "--cluster", f"{region}-1", "--provider", "lab", "--devices", "cpu:1",
         "--price-per-device-hour", "1.0", "--advertise-host", r.ip, "--sync-ports", "29600-29609",
         "--work-dir", str(workdir / region),
+        "--measure-profile" if measure_profile else "--no-measure-profile",
     ]  # fmt: skip
 
 
@@ -59,7 +62,9 @@ def _wait(client: httpx.Client, n: int, timeout_s: float) -> list[dict[str, Any]
     raise TimeoutError(f"fewer than {n} probes finished within {timeout_s:.0f}s")
 
 
-def measure(rate_mbit: float, index: int, timeout_s: float) -> dict[str, Any]:
+def measure(rate_mbit: float, index: int, timeout_s: float, measure_profile: bool = True) -> dict[str, Any]:
+    """One rate's probes. ``measure_profile=False`` skips the agents' reference worker step at
+    start-up (the probes do not depend on it; it only delays registration)."""
     from service_layer.server import start_server_in_thread
 
     workdir = Path(tempfile.mkdtemp(prefix="cpn-link-probe-"))
@@ -88,7 +93,7 @@ def measure(rate_mbit: float, index: int, timeout_s: float) -> dict[str, Any]:
                 procs.append(
                     lab.popen(
                         region,
-                        _agent_argv(lab, region, handle.grpc_port, token, workdir),
+                        _agent_argv(lab, region, handle.grpc_port, token, workdir, measure_profile),
                         log=workdir / f"{region}.log",
                     )
                 )

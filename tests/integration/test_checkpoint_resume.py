@@ -29,6 +29,13 @@ from tests.integration.test_end_to_end import (  # noqa: F401 - control_plane is
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(420)]
 
 EVERY = 10
+# A sync job is killed at its second checkpoint; the survivor drops the refused peer and trains on
+# alone until the pause reaches it (to step 110-170 in runs on a quiet host), and must not finish
+# before then.
+SYNC_STEPS = 300
+# The survivor must still train when its replacement's first exchange comes: it had reached step
+# 590-780 by then in runs on a quiet host (the replacement placed at step 170-230).
+ELASTIC_STEPS = 1400
 
 
 def wait_checkpoint(client: Any, job_id: str, min_step: int, timeout_s: float) -> dict[str, Any]:
@@ -53,7 +60,7 @@ def test_a_paused_sync_job_resumes_from_its_checkpoints(control_plane: Any, tmp_
     ]
     procs = launch(handle, client, specs, tmp_path)
     by_region = dict(zip([s.region for s in specs], procs, strict=True))
-    spec = job_spec(400) | {"sync": {"mode": "sync", "every": 1}}
+    spec = job_spec(SYNC_STEPS) | {"sync": {"mode": "sync", "every": 1}}
     spec["training"] = spec["training"] | {"checkpoint_every": EVERY}
     try:
         job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
@@ -95,7 +102,7 @@ def test_a_paused_sync_job_resumes_from_its_checkpoints(control_plane: Any, tmp_
                 for t in done["tasks"]
             }
         assert all(step > lost_ckpt for step in firsts.values()), firsts
-        assert recorded["us-east"]["step"] == 400 and recorded["eu-west"]["step"] == 400
+        assert recorded["us-east"]["step"] == SYNC_STEPS and recorded["eu-west"]["step"] == SYNC_STEPS
         kinds = job_event_kinds(handle, job["id"])
         assert kinds.index("job.paused") < kinds.index("job.queued") and "job.region_lost" not in kinds
     finally:
@@ -113,7 +120,7 @@ def test_an_elastic_job_replaces_only_the_lost_region(control_plane: Any, tmp_pa
     by_region = dict(zip([s.region for s in specs], procs, strict=True))
     # Long enough that the survivor still trains when its replacement has started (a replacement
     # the others finished without is dropped: test_elastic.py).
-    spec = job_spec(2000) | {"sync": {"mode": "diloco", "every": 10}}
+    spec = job_spec(ELASTIC_STEPS) | {"sync": {"mode": "diloco", "every": 10}}
     spec["training"] = spec["training"] | {"checkpoint_every": EVERY}
     try:
         job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
@@ -171,7 +178,7 @@ def test_a_task_whose_node_died_resumes_from_a_copy_on_another_node_of_its_regio
         LocalAgent("eu-west", "paris-2", "lumen", 40.0, "EU", measure_profile=False),
     ]
     procs = launch(handle, client, specs, tmp_path)
-    spec = job_spec(400) | {"sync": {"mode": "sync", "every": 1}}
+    spec = job_spec(SYNC_STEPS) | {"sync": {"mode": "sync", "every": 1}}
     spec["training"] = spec["training"] | {"checkpoint_every": EVERY}
     try:
         job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()

@@ -56,6 +56,9 @@ def control_plane(tmp_path: Path) -> Iterator[tuple[ServerHandle, httpx.Client]]
     settings = settings_for(
         url, data_dir=tmp_path, http_port=0, grpc_port=0, admin_api_key=admin_key,
         heartbeat_interval_s=HEARTBEAT_S, heartbeat_misses=MISSES, max_job_retries=2,
+        # One probe at a time per node: three regions take several rounds before every pair is
+        # measured (launch waits for that), each round a tick apart.
+        link_probe_tick_s=0.5,
     )  # fmt: skip
     handle = start_server_in_thread(settings)
     client = httpx.Client(

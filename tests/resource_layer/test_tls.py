@@ -72,7 +72,9 @@ def _start_agent(
         sys.executable, "-m", "agent", "--server", handle.grpc_target,
         "--token", enrollment_token(handle.ctx), "--region", "eu-west", "--cluster", "paris-1",
         "--provider", "lumen", "--devices", "cpu:1", "--price-per-device-hour", "1",
-        "--work-dir", str(work), "--reconnect-max-s", "1", *flags,
+        "--work-dir", str(work), "--reconnect-max-s", "1",
+        "--no-measure-profile",  # TLS is under test here; tests/agent/test_profile.py measures
+        *flags,
     ]  # fmt: skip
     with open(work / "agent.log", "ab") as out:
         proc = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
