@@ -91,17 +91,20 @@ class _Vars:
 
 
 def integer_vars(pr: Problem, objective: str, above: float = math.inf) -> int:
-    """Integer variables the model would need (the budget check). Every term is ≥ 0, so once
+    """Integer variables the model ``_build`` makes (the budget check). Every term is ≥ 0, so once
     the count passes ``above`` the rest is not counted: a model that large is not solved, and
     the partial count, already more than ``above``, says so."""
     ok = np.flatnonzero(pr.usable)
-    n = 5 * len(ok)
+    # Per unit: v1, v2, y1, y2, x2 and whether it is used; per participant count, its one-hot.
+    n = 6 * len(ok) + int(min(pr.deg.dp, int(pr.count[ok].sum())))
     if n > above:
         return n
-    if objective == "cost":
+    f = pr.fleet
+    if objective == "cost" or f.spec.qos.max_cost is not None:
         n += sum(int(pr.count[u] * pr.cap[u]).bit_length() for u in ok)
     n += int(np.maximum(pr.cap[ok] - 2, 0).sum())  # a node's gradient ring of r ≥ 3
-    cids = pr.fleet.cls_first_cid[ok]
+    n += int(((pr.count[ok] >= 2) & (f.cls_first_cluster[ok] >= 2)).sum())  # two nodes in one cluster
+    cids = f.cls_first_cid[ok]
     n += sum(int(k) * (int(k) - 1) // 2 for k in np.unique(cids, return_counts=True)[1])  # one cluster
     regions = len(set(pr.region[ok].tolist()))
     return n + 3 * regions

@@ -31,7 +31,7 @@ from control_layer.planner.heuristic import (
     _score,
     candidate_solutions,
 )
-from control_layer.planner.milp import integer_vars
+from control_layer.planner.milp import _build, integer_vars
 from control_layer.planner.problem import (
     Problem,
     Score,
@@ -429,6 +429,18 @@ def test_integer_vars_stopped_early_still_tell_too_large_apart(snap, spec, above
             assert (early > above) == (whole > above)
             if whole <= above:
                 assert early == whole
+
+
+@FAST
+@given(snap=snapshots(), spec=jobs())
+def test_integer_vars_counts_the_model_built(snap, spec) -> None:
+    """The budget counts the integer variables the MILP is built with, QoS cost caps included."""
+    _, problems = _problems(spec, snap)
+    for pr in problems[:8]:
+        for objective in ("time", "cost"):
+            built = _build(pr, objective, math.inf)
+            if built is not None:
+                assert integer_vars(pr, objective) == sum(built[0].integer)
 
 
 @given(
