@@ -505,8 +505,9 @@ def lower_bounds_rows(
     c_s = _fill(n_single, single * rows.price[None, :], dp)
     multi = rows.n_multi > 0
     # The least t2 among units that can share, with its extras (they rise with t, as t does).
-    least = np.argmin(np.where(multi, rows.t2, np.inf), axis=1)[:, None]
-    least_t2 = np.take_along_axis(np.where(multi, rows.t2, np.inf), least, axis=1)
+    shared_t2 = np.where(multi, rows.t2, np.inf)
+    least = np.argmin(shared_t2, axis=1)[:, None]
+    least_t2 = np.take_along_axis(shared_t2, least, axis=1)
     least_e2 = np.take_along_axis(rows.e2, least, axis=1)
     t_m_all = floor_at(
         np.concatenate([np.maximum(rows.t1, least_t2), rows.t2], axis=1),

@@ -267,6 +267,9 @@ def build_fleet(
     _, fill_links = _kept(snapshot, "fill_links", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     _, wan_orders = _kept(snapshot, "wan_orders", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     _, growth_orders = _kept(snapshot, "growth_orders", (pool_ids, cal_key), lambda: (grouped.pools, {}))
+    _, cluster_members = _kept(
+        snapshot, "cluster_members", pool_ids, lambda: (grouped.pools, _cluster_members(pools, ridx))
+    )
     return Fleet(
         spec=spec,
         snapshot=snapshot,
@@ -297,9 +300,7 @@ def build_fleet(
         cls_first_cid=_groups_of([(c.first.cluster.id,) for c in classes]),
         hop_bw=best_bw,
         hop_lat=best_lat,
-        cluster_members=_kept(
-            snapshot, "cluster_members", (pool_ids, tuple(regions)), lambda: _cluster_members(pools, ridx)
-        ),
+        cluster_members=cluster_members,
         pair_bw=pairs.bw,
         pair_lat=pairs.lat,
         egress=pairs.egress,
@@ -324,6 +325,7 @@ def build_fleet(
 
 
 def _cluster_members(pools: list[Pool], ridx: dict[str, int]) -> np.ndarray:
+    """Per region, the most pools one of its clusters holds (``Fleet.cluster_members``)."""
     per_cluster = Counter(p.cluster.id for p in pools)
     most = np.zeros(len(ridx))
     for p in pools:

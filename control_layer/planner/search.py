@@ -58,7 +58,7 @@ MAX_INTEGER_VARS = 150
 MILP_WORK_BUDGET = 400
 
 Bound = tuple[float, float]  # (duration s, cost USD)
-_Entry = tuple[float, float, Degrees, bool]  # a side's bound, the other's, candidate, full bound
+_Entry = tuple[float, float, Degrees, bool]  # a side's bound, the other's, candidate, is it the full one
 
 
 @dataclass(frozen=True)
@@ -133,11 +133,12 @@ class _Search:
     # ------------------------------------------------------------------ the three passes
 
     def heuristic_pass(self, queue: list[tuple[Bound, Degrees]]) -> set[Degrees]:
-        """Best bound first, the cheapest and the fastest side in turn (branch and bound): each
-        side's heap holds a candidate at its quick bound until it reaches the top, then at its
-        full bound; a candidate is solved when its full bound tops a side and could still improve
-        the front. Where the bounds are tight the best option is found first and rules out the
-        rest, whatever order the quick bounds (which leave out the exchange) would give."""
+        """The cheapest and the fastest side in turn, each from a heap of quick bounds. The
+        objective's side is best bound first (branch and bound): a candidate reaching its top
+        goes back at its full bound and is solved when that tops the heap and could still improve
+        the front, so where the bounds are tight the best option is found first and rules out the
+        rest, whatever order the quick bounds (which leave out the exchange) would give. The other
+        side solves in quick-bound order (best-first there solved more candidates)."""
         solved: set[Degrees] = set()
         done: set[Degrees] = set()
         sides = []
@@ -173,9 +174,11 @@ class _Search:
                 if axis == self.axis:
                     heapq.heappush(heap, (full[axis], full[1 - axis], deg, True))
                     continue
+            elif not self.improves(self.bounds.full(deg)):
+                done.add(deg)
+                continue
             done.add(deg)
-            if self.improves(self.bounds.full(deg)):
-                return deg
+            return deg
         return None
 
     def fill_front(self, queue: list[tuple[Bound, Degrees]], solved: set[Degrees], want: int) -> None:
