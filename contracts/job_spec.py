@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contracts.artifacts import MAX_URI, check_digest, parse_uri
 from contracts.errors import InvalidArgument
 from contracts.feasibility import BYO_DEFAULT_PARALLELISM, byo_parallelism_problems, byo_problems
 from contracts.model import gpt_param_count, model_config
@@ -53,6 +54,31 @@ def _param_count(spec: ModelSpec) -> int:
     return gpt_param_count(model_config(spec))
 
 
+class ShardSpec(_Strict):
+    """One region's part of the data. A resident shard is read only by tasks in its region: its
+    bytes never cross a region boundary, only model updates do."""
+
+    uri: str = Field(
+        max_length=MAX_URI, description="artifact:sha256:..., s3://bucket/key, https://..., file:///path"
+    )
+    resident: bool = True
+    sha256: str | None = Field(default=None, description="sha256:<hex> the fetched bytes must match")
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str) -> str:
+        parse_uri(value, "uri")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _digest(cls, value: str | None) -> str | None:
+        return value if value is None else check_digest(value, "sha256")
+
+
+MAX_SHARDS = 64
+
+
 class DataSpec(_Strict):
     kind: Literal["synthetic-markov", "tokens"] = "synthetic-markov"
     seed: int = Field(default=0, ge=0, le=SEED_MAX)
@@ -63,12 +89,54 @@ class DataSpec(_Strict):
         description="Region where the data lives; the tasks that read it must run there.",
     )
     dtype: Literal["uint16", "uint32"] = "uint16"
+    source: str | None = Field(
+        default=None,
+        max_length=MAX_URI,
+        description="One dataset every replica reads its part of: artifact:sha256:..., s3://, https://, file://.",
+    )
+    sha256: str | None = Field(default=None, description="sha256:<hex> the source's bytes must match")
+    shards: dict[_Name, ShardSpec] | None = Field(
+        default=None,
+        max_length=MAX_SHARDS,
+        description="Each region's own shard; a resident one is read only in its region.",
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_uri(value, "source")
+        return value
+
+    @field_validator("sha256")
+    @classmethod
+    def _digest(cls, value: str | None) -> str | None:
+        return value if value is None else check_digest(value, "sha256")
 
     @model_validator(mode="after")
-    def _tokens_need_path(self) -> DataSpec:
-        if self.kind == "tokens" and not self.path:
-            raise ValueError("path is required when kind is 'tokens'")
+    def _one_location(self) -> DataSpec:
+        given = [name for name in ("path", "source", "shards") if getattr(self, name)]
+        if len(given) > 1:
+            raise ValueError(f"give one of data.path, data.source and data.shards, not {' and '.join(given)}")
+        if self.shards is not None and not self.shards:
+            raise ValueError("data.shards: at least one region")
+        if self.shards and self.region:
+            raise ValueError("data.region does not apply with data.shards (each shard names its region)")
+        if self.sha256 and not self.source:
+            raise ValueError("data.sha256 applies only with data.source")
+        if self.kind == "tokens" and not given:
+            raise ValueError("data.kind 'tokens' needs data.path, data.source or data.shards")
         return self
+
+    @property
+    def location(self) -> str | None:
+        """Which of path, source and shards the data is given by (None: generated)."""
+        return next((name for name in ("path", "source", "shards") if getattr(self, name)), None)
+
+    @property
+    def resident_regions(self) -> tuple[str, ...]:
+        """Regions holding a shard that must stay there (each needs at least one replica)."""
+        return tuple(sorted(r for r, s in (self.shards or {}).items() if s.resident))
 
 
 class TrainingSpec(_Strict):
@@ -209,6 +277,38 @@ class QoSSpec(_Strict):
     objective: Literal["cost", "time"] = "cost"
 
 
+class CodeSpec(_Strict):
+    """The user's code: a tar.gz archive in the artifact store (``cpn jobs submit --code DIR``
+    packs and uploads it). Its root is put on ``sys.path``; ``entrypoint`` names a function in it."""
+
+    digest: str = Field(description="sha256:<hex> of the uploaded archive")
+    requirements_digest: str | None = Field(
+        default=None, description="sha256:<hex> of the archive's requirements.txt; None: no requirements"
+    )
+
+    @field_validator("digest", "requirements_digest")
+    @classmethod
+    def _digests(cls, value: str | None, info: Any) -> str | None:
+        return value if value is None else check_digest(value, info.field_name)
+
+
+class OutputsSpec(_Strict):
+    """Where the final model (safetensors + its config) goes, and whether the last checkpoint
+    goes with it. None: the artifact store, listed by ``GET /v1/jobs/{id}/artifacts``."""
+
+    uri: str | None = Field(
+        default=None, max_length=MAX_URI, description="s3://bucket/prefix; None: the artifact store"
+    )
+    checkpoint: bool = Field(default=False, description="also upload the last checkpoint")
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str | None) -> str | None:
+        if value is not None and parse_uri(value, "outputs.uri").scheme != "s3":
+            raise ValueError("outputs.uri: only s3://bucket/prefix (None: the artifact store)")
+        return value
+
+
 _NAME_PATTERN = r"^[a-z0-9._-]{1,64}$"
 _ENTRYPOINT_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"
 
@@ -226,6 +326,8 @@ class JobSpec(_Strict):
         pattern=_ENTRYPOINT_PATTERN,
         description="Bring-your-own training function as 'package.module:function'.",
     )
+    code: CodeSpec | None = Field(default=None, description="The user's code archive (needs an entrypoint)")
+    outputs: OutputsSpec = Field(default_factory=OutputsSpec)
     entrypoint_parallelism: list[str] | None = Field(
         default=None,
         description=(
@@ -240,6 +342,16 @@ class JobSpec(_Strict):
             raise ValueError(
                 f"training.global_batch_tokens ({self.training.global_batch_tokens}) must be a "
                 f"multiple of model.seq_len ({self.model.seq_len})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _code_and_data(self) -> JobSpec:
+        if self.code is not None and self.entrypoint is None:
+            raise ValueError("code needs an entrypoint ('module:function' inside the archive)")
+        if self.entrypoint is None and self.data.kind == "synthetic-markov" and self.data.location:
+            raise ValueError(
+                f"data.{self.data.location} needs data.kind 'tokens' (or an entrypoint reading it)"
             )
         return self
 

@@ -133,6 +133,41 @@ class CheckpointSpec(BaseModel):
     fetch: CheckpointFetch | None = None
 
 
+class StageItem(BaseModel):
+    """One blob the agent brings to the node before launch: from a signed URL (the artifact
+    store's, or a presigned bucket URL), a user's https URL, or a node-local ``file://`` path."""
+
+    model_config = _STRICT
+
+    url: str = Field(min_length=1, max_length=8192)
+    digest: str | None = None  # sha256:<hex> the bytes must match (None: an https/file source without one)
+    bytes: int | None = Field(default=None, ge=0)  # expected size, where known (progress, bounds)
+    region: str | None = None  # a resident shard's region: only a task there may read it
+
+
+class OutputTarget(BaseModel):
+    """Where the agent uploads one output file the leader wrote (a signed ``put`` URL)."""
+
+    model_config = _STRICT
+
+    url: str = Field(min_length=1, max_length=8192)
+    max_bytes: int = Field(gt=0)
+
+
+class StageSpec(BaseModel):
+    """What the agent stages before launch and uploads after: the user's code (unpacked, on
+    ``sys.path``), a venv for its requirements, this task's data, and the job's outputs."""
+
+    model_config = _STRICT
+
+    code: StageItem | None = None
+    requirements_digest: str | None = None  # sha256 of the archive's requirements.txt: the venv's key
+    data: StageItem | None = None  # the agent sets data.path to the staged file
+    # output file name -> where to upload it; only the task that holds the final model gets these
+    outputs: dict[str, OutputTarget] = Field(default_factory=dict)
+    sandbox: bool = True  # user code: run the workers under the node's sandbox
+
+
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -157,6 +192,10 @@ class WorkerConfig(BaseModel):
     # checkpoint at the next step boundary and exit (``training.preemption``).
     preempt_file: str | None = Field(default=None, max_length=4096)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    stage: StageSpec | None = None  # users' code, data and outputs (see StageSpec)
+    # Set by the agent: where the leader writes the final model (model.safetensors + config.json)
+    # and anything else it leaves for upload; None: no outputs are written.
+    outputs_dir: str | None = Field(default=None, max_length=4096)
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerConfig:
