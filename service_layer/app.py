@@ -22,6 +22,7 @@ from service_layer.metrics import RequestTimer, install_metrics
 from service_layer.metrics import router as metrics_router
 from service_layer.routers import access, admin, health, jobs, ledger, logs, nodes, resources
 from service_layer.schemas.common import error_responses
+from service_layer.text_guard import TextGuard
 
 API_PREFIX = "/v1"
 
@@ -59,6 +60,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     )
     submit = next(r for r in jobs.router.routes if getattr(r, "endpoint", None) is jobs.submit_job)
     app.add_middleware(FastSubmit, path=f"{API_PREFIX}/jobs", route=submit)  # inside the limit and timer
+    app.add_middleware(TextGuard)  # inside the limit: reads only bounded JSON bodies
     app.add_middleware(BodyLimit, max_bytes=ctx.settings.max_body_bytes)
     app.add_middleware(RequestTimer, ctx=ctx)  # outermost: times every request, refused ones too
     install_metrics(ctx)

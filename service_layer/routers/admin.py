@@ -21,7 +21,7 @@ from service_layer.audit import audit_request, list_audit
 from service_layer.deps import AdminPrincipal, CtxDep, FleetManager, SessionDep
 from service_layer.key_cache import forget_everywhere
 from service_layer.schemas.calibration import CalibrationRead, ChangeRead, FactorRead
-from service_layer.schemas.common import error_responses
+from service_layer.schemas.common import ROW_ID_MAX, error_responses
 from service_layer.schemas.tenancy import (
     ApiKeyCreated,
     AuditRead,
@@ -114,7 +114,9 @@ def snapshot(ctx: CtxDep, session: SessionDep, _: FleetManager) -> ResourceSnaps
 def audit_log(
     session: SessionDep,
     _: AdminPrincipal,
-    after: Annotated[int, Query(ge=0, le=2**62, description="Only entries with a larger id (a cursor)")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=ROW_ID_MAX, description="Only entries with a larger id (a cursor)")
+    ] = 0,
     action: Annotated[str | None, Query(max_length=64, description="e.g. price.changed")] = None,
     actor_id: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,

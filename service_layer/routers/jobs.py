@@ -21,7 +21,7 @@ from service_layer.audit import audit_request
 from service_layer.deps import AdminTenant, CtxDep, CurrentTenant, SessionDep
 from service_layer.fanout import Fanout
 from service_layer.queue_view import queue_entries
-from service_layer.schemas.common import error_responses
+from service_layer.schemas.common import ROW_ID_MAX, error_responses
 from service_layer.schemas.jobs import (
     JOB_EXAMPLES,
     QUOTE_EXAMPLES,
@@ -204,7 +204,7 @@ async def job_events(
     ctx: CtxDep,
     tenant: CurrentTenant,
     job_id: str,
-    after: Annotated[int, Query(ge=0, description="Only events with a larger id")] = 0,
+    after: Annotated[int, Query(ge=0, le=ROW_ID_MAX, description="Only events with a larger id")] = 0,
     follow: Annotated[bool, Query(description="Keep streaming until the job ends")] = True,
     last_event_id: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> StreamingResponse:
@@ -213,8 +213,8 @@ async def job_events(
             job_service.get_job(session, tenant, job_id)
 
     await asyncio.to_thread(check)
-    if last_event_id and last_event_id.isdigit():
-        after = max(after, int(last_event_id))
+    if last_event_id and last_event_id.isdigit() and len(last_event_id) <= 10:
+        after = max(after, min(int(last_event_id), ROW_ID_MAX))
     fanout: Fanout = request.app.state.fanout
     fanout.check_capacity(tenant.id)  # 429 now, not an error inside a stream that answered 200
     stream = job_event_stream(

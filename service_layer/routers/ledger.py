@@ -15,7 +15,7 @@ from orchestration.ledger import list_transactions
 from orchestration.ledger.postings import UNITS, micros_to_decimal, month_bounds
 from orchestration.ledger.statements import Document, Line, invoice, statement
 from service_layer.deps import AdminTenant, CurrentTenant, SessionDep
-from service_layer.schemas.common import error_responses
+from service_layer.schemas.common import ROW_ID_MAX, error_responses
 from service_layer.schemas.ledger import (
     MONTH_PATTERN,
     DocumentLine,
@@ -48,7 +48,7 @@ def transactions(
         str | None, Query(max_length=200, description="Only transactions posting to it, e.g. provider:lumen")
     ] = None,
     after: Annotated[
-        int, Query(ge=0, le=2**62, description="Only transactions with a larger id (a cursor)")
+        int, Query(ge=0, le=ROW_ID_MAX, description="Only transactions with a larger id (a cursor)")
     ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> TransactionPage:

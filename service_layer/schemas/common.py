@@ -6,6 +6,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# An id cursor over rows with an Integer primary key: the largest value the column holds
+# (PostgreSQL's integer is 32 bits); a larger cursor would fail in the database, not here.
+ROW_ID_MAX = 2**31 - 1
+
 
 class ApiModel(BaseModel):
     """Base of response schemas: built from ORM rows or dicts."""
