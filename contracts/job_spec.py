@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from contracts.artifacts import MAX_URI, check_digest, parse_uri
+from contracts import artifacts
+from contracts.artifacts import MAX_URI, DataUri
 from contracts.errors import InvalidArgument
 from contracts.feasibility import BYO_DEFAULT_PARALLELISM, byo_parallelism_problems, byo_problems
 from contracts.model import gpt_param_count, model_config
@@ -52,6 +53,21 @@ class ModelSpec(_Strict):
 def _param_count(spec: ModelSpec) -> int:
     # Specs are frozen (hashable); the planner asks for the count thousands of times per quote.
     return gpt_param_count(model_config(spec))
+
+
+def parse_uri(value: str, field: str) -> DataUri:
+    """``contracts.artifacts.parse_uri`` for a validator: its error as the ValueError pydantic reports."""
+    try:
+        return artifacts.parse_uri(value, field)
+    except InvalidArgument as exc:
+        raise ValueError(exc.message.removeprefix(f"{field}: ")) from None
+
+
+def check_digest(value: str, field: str) -> str:
+    try:
+        return artifacts.check_digest(value, field)
+    except InvalidArgument as exc:
+        raise ValueError(exc.message.removeprefix(f"{field}: ")) from None
 
 
 class ShardSpec(_Strict):
