@@ -191,6 +191,8 @@ def _check_cpn(cli: Any, command: str) -> str | None:
     node, path = cli, ["cpn"]
     while argv and hasattr(node, "commands") and not argv[0].startswith("-"):
         word = argv.pop(0)
+        if word.startswith("<"):
+            return None  # `cpn <command> --help`: a placeholder, not a command
         if word not in node.commands:
             return f"`{' '.join(path)}` has no command {word!r}"
         node, path = node.commands[word], [*path, word]
