@@ -3,7 +3,7 @@
     python benchmarks/admission.py [--submissions 200] [--steps 3] [--in-flight 0] [--drain-timeout 3600]
                                    [--workers N]
 
-A `cpn server` deployed as README's "Running it for real" advises, one worker per core (`--workers`,
+A `cpn server` deployed as docs/operations.md advises, one worker per core (`--workers`,
 default the cores this machine has, at most 4), on a fresh PostgreSQL database and Redis (as
 `benchmarks/control_plane.py` starts one), two real `cpn agent` processes of two CPU slots each
 (four devices in all), and two tenants. Each tenant submits half the jobs: a tiny GPT of a few steps

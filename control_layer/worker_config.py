@@ -382,7 +382,7 @@ def _overlap(runtime: RuntimeSettings, mode: str) -> dict[str, Any]:
     Overlapped DiLoCo lands each round ``overlap_steps`` after sending it with Streaming DiLoCo's
     merge (mix): with that small delay it stayed within 0.3 % of blocking DiLoCo's held-out loss
     at H=20, and it lost less than keeping the local progress when rounds landed later
-    (BENCHMARKS.md, "Sync quality")."""
+    (BENCHMARKS.md at dabf7f7, "Sync quality")."""
     if not runtime.overlap:
         return {}
     out: dict[str, Any] = {

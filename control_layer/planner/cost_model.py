@@ -222,7 +222,7 @@ def exchange_call_seconds(regions: list[str], calibration: Calibration | None) -
 # in-node gather and broadcast loop over every parameter tensor, the payload's fingerprints, waking
 # the exchange's threads (``training/sync/engine.py``), per idle core. Two-region `sync` exchanges
 # of four model sizes on loopback on the reference box took 13 ms fixed with one call each
-# (BENCHMARKS.md, quote accuracy), of which a bare call is ``DEFAULT_EXCHANGE_CALL_S``.
+# (BENCHMARKS.md at dabf7f7, quote accuracy), of which a bare call is ``DEFAULT_EXCHANGE_CALL_S``.
 # Calibration learns it per region pair, apart from the call's and the per-parameter cost.
 DEFAULT_EXCHANGE_FIXED_S = 0.010
 
@@ -239,7 +239,7 @@ def exchange_fixed_seconds(regions: list[str], calibration: Calibration | None) 
 # it back and broadcasting it to the node's other ranks (``training/runtime.py``,
 # ``training/sync/engine.py``), seconds per parameter per idle core. Two-region `sync` exchanges
 # on loopback on the reference box took about 13 ms fixed plus 16 ms per million parameters
-# (BENCHMARKS.md, quote accuracy). Calibration learns it per region pair, apart from the fixed
+# (BENCHMARKS.md at dabf7f7, quote accuracy). Calibration learns it per region pair, apart from the fixed
 # costs per exchange and per call.
 DEFAULT_EXCHANGE_PARAM_S = 16e-9
 

@@ -1,6 +1,6 @@
 """What a sync setting costs in model quality, for quotes: held-out loss at equal tokens over
 synchronous data parallelism (mode ``sync``), as measured by ``benchmarks/sync_quality.py``
-(BENCHMARKS.md, "Sync quality", 2026-11-24: 3 regions at 100 Mbit/s, a 1.34M-parameter GPT,
+(BENCHMARKS.md at dabf7f7, "Sync quality", 2026-11-24: 3 regions at 100 Mbit/s, a 1.34M-parameter GPT,
 300 steps of 1,024 tokens per region). Overlapped rows ran as real jobs do: applied the control
 plane's delay after sending (``sync_settings.overlap_delay``: one step there) with Streaming
 DiLoCo's merge. One small workload: it gives the size and the direction of the trade-off, not a

@@ -45,11 +45,11 @@ from control_layer.planner.topology import cluster_gossip, order_ring
 
 # Layouts (dp, tp, pp at the lowest ZeRO stage) tried, smallest replicas first: each costs up to
 # two estimates, and larger counts cost a fallback quote more than the search's own quotes take
-# (BENCHMARKS.md, "Planner: spanning layouts").
+# (BENCHMARKS.md at dabf7f7, "Planner: spanning layouts").
 MAX_DEGREES = 12
 # Beside the search's own options (``competing``), only the pooled placements of this many
 # layouts are priced: a quote on a fleet whose every node declared itself reachable pays for
-# each estimate (BENCHMARKS.md, "Pipelines across regions").
+# each estimate (BENCHMARKS.md at dabf7f7, "Pipelines across regions").
 COMPETING_DEGREES = 6
 
 Entry = tuple[str, str, tuple[int, ...]]  # cluster id, node id, its free devices

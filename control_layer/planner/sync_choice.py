@@ -50,7 +50,7 @@ MIN_ROUNDS = 4  # H is at most steps / MIN_ROUNDS where the run allows it
 EXPOSED_SHARE = 0.05
 # An overlapped exchange lands at most this share of its round after it was sent (at least one
 # step): one step in 20 kept int8 overlapped DiLoCo within 0.3 % of blocking, half a round lost
-# about 1 % (BENCHMARKS.md, "Sync quality").
+# about 1 % (BENCHMARKS.md at dabf7f7, "Sync quality").
 LAG_SHARE = 0.1
 # Egress an exchange bills may add at most this share to the devices' cost over its round.
 EGRESS_SHARE = 0.05

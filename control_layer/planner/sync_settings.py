@@ -84,7 +84,7 @@ def exchange_delay(round_steps: int, exchange_seconds, step_s) -> np.ndarray:
     calibrated goodput and fixed seconds per call included, ``planner.estimate.sync_cost``). The
     fewest steps is Streaming DiLoCo's small tau: the later an outer update lands, the more local
     progress it was computed without (a round applied half a round late cost ~1 % held-out loss at
-    H=20; BENCHMARKS.md, "Sync quality")."""
+    H=20; BENCHMARKS.md at dabf7f7, "Sync quality")."""
     t = np.asarray(exchange_seconds, dtype=float)
     step = np.asarray(step_s, dtype=float)
     known = np.isfinite(t) & (t >= 0) & (step > 0) & np.isfinite(step)

@@ -14,8 +14,8 @@ from control_layer import exchange_fit as xf
 # cost_model's defaults: seconds per exchange, per call, per million parameters.
 PRIOR = xf.Costs(0.010, 0.003, 0.016)
 
-# `sync` exchanges on loopback on the reference box (BENCHMARKS.md, quote accuracy): calls, millions
-# of parameters, seconds beyond the transfer per idle core. Two regions make one call each; the
+# `sync` exchanges on loopback on the reference box (BENCHMARKS.md at dabf7f7, quote accuracy): calls,
+# millions of parameters, seconds beyond the transfer per idle core. Two regions make one call each; the
 # three-region ring of the s model four.
 MEASURED = [(1, 0.11, 0.0148), (1, 0.47, 0.0205), (1, 0.86, 0.0268), (1, 3.4, 0.0675), (4, 0.47, 0.033)]
 

@@ -1,4 +1,4 @@
-"""Every route declares who may call it, and each role gets exactly what the README's table says."""
+"""Every route declares who may call it, and each role gets exactly what docs/api.md's role table says."""
 
 from __future__ import annotations
 
