@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+from service_layer import transfers
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 
@@ -195,6 +198,68 @@ class CpnClient:
                 response.read()
                 raise ApiError.from_response(response)
             yield from parse_sse(response.iter_lines())
+
+    # -- the artifact store
+    def upload_artifact(
+        self,
+        path: Path,
+        *,
+        name: str | None = None,
+        kind: str = "other",
+        digest: str | None = None,
+        progress: transfers.Progress | None = None,
+    ) -> dict[str, Any]:
+        """Stream a file up (read as it is sent). Its digest is computed first, so bytes the
+        tenant already keeps are not sent again, and the server checks what it received."""
+        digest = digest or transfers.file_digest(path)
+        params = {"name": path.name if name is None else name, "kind": kind, "digest": digest}
+        headers = {"Content-Length": str(path.stat().st_size), "Content-Type": "application/octet-stream"}
+        return self._call(
+            "POST",
+            "/v1/artifacts",
+            params=params,
+            content=transfers.read_chunks(path, progress),
+            headers=headers,
+            timeout=httpx.Timeout(DEFAULT_TIMEOUT.connect or 5.0, read=300.0, write=300.0),
+        )
+
+    def artifacts(self, kind: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if kind:
+            params["kind"] = kind
+        return self._call("GET", "/v1/artifacts", params=params)
+
+    def job_artifacts(self, job_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/jobs/{job_id}/artifacts")
+
+    def delete_artifact(self, artifact_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/artifacts/{artifact_id}")
+
+    def download_artifact(
+        self, artifact: dict[str, Any], dest: Path, progress: transfers.Progress | None = None
+    ) -> Path:
+        """Fetch ``artifact`` (a row from ``artifacts``/``job_artifacts``) to ``dest``: into
+        ``dest.part`` first, resumed with ``Range`` where an earlier try stopped; kept only if
+        its SHA-256 matches (``transfers.DigestMismatch`` otherwise)."""
+        size, part = int(artifact["bytes"]), transfers.partial_path(dest)
+        have = transfers.resume_from(part, size)
+        if have < size or size == 0:
+            headers = {"Range": f"bytes={have}-"} if have else {}
+            timeout = httpx.Timeout(DEFAULT_TIMEOUT.connect or 5.0, read=300.0)
+            with self._http.stream(
+                "GET", f"/v1/artifacts/{artifact['id']}", headers=headers, timeout=timeout
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ApiError.from_response(response)
+                have = have if response.status_code == 206 else 0
+                with part.open("ab" if have else "wb") as out:
+                    for chunk in response.iter_bytes(transfers.CHUNK_BYTES):
+                        out.write(chunk)
+                        have += len(chunk)
+                        if progress:
+                            progress(have, size)
+        return transfers.finish(part, dest, artifact["digest"])
 
     def regions(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/regions")
