@@ -73,10 +73,13 @@ def _included(rel: PurePosixPath, patterns: Sequence[str]) -> bool:
 
 
 def code_files(
-    root: Path, include: Sequence[str] = (), exclude: Sequence[str] = DEFAULT_EXCLUDES
+    root: Path, include: Sequence[str] = (), exclude: Sequence[str] = ()
 ) -> Iterator[tuple[str, Path]]:
-    """``(member name, file to read)`` for every file that goes in, in sorted order."""
+    """``(member name, file to read)`` for every file that goes in, in sorted order: those matching
+    ``include`` (all when empty), less ``DEFAULT_EXCLUDES`` and ``exclude``. A pattern matches a
+    member's relative path or any one of its parts (``pkg`` leaves out the whole directory)."""
     root = root.resolve()
+    exclude = (*DEFAULT_EXCLUDES, *exclude)
     if not root.is_dir():
         raise ArchiveError(f"{root} is not a directory")
 
@@ -135,11 +138,12 @@ def pack_code(
     dest: Path,
     *,
     include: Sequence[str] = (),
-    exclude: Sequence[str] = DEFAULT_EXCLUDES,
+    exclude: Sequence[str] = (),
     max_bytes: int = MAX_CODE_BYTES,
 ) -> PackedCode:
-    """Pack ``root`` into ``dest`` (a .tar.gz); raise ArchiveError naming what is wrong."""
-    sha, files = hashlib.sha256(), 0
+    """Pack ``root`` into ``dest`` (a .tar.gz; see ``code_files`` for which files); raise
+    ArchiveError naming what is wrong."""
+    sha, files, req_digest = hashlib.sha256(), 0, None
     with dest.open("wb") as out:
         capped = _Capped(out, max_bytes, sha)
         with (
@@ -152,12 +156,10 @@ def pack_code(
                     raise ArchiveError(f"more than {MAX_MEMBERS} files; leave some out with --exclude")
                 with path.open("rb") as f:
                     tar.addfile(_tarinfo(name, path), f)
+                if name == REQUIREMENTS:  # the environment the agent builds: what the archive holds
+                    req_digest = "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
     if files == 0:
         raise ArchiveError(f"no files to pack in {root} (check --include/--exclude)")
-    requirements = root / REQUIREMENTS
-    req_digest = None
-    if requirements.is_file() and not _excluded(PurePosixPath(REQUIREMENTS), exclude):
-        req_digest = "sha256:" + hashlib.sha256(requirements.read_bytes()).hexdigest()
     return PackedCode(dest, "sha256:" + sha.hexdigest(), capped.written, files, req_digest)
 
 

@@ -119,6 +119,7 @@ def list_rows(
     tenant_id: str | None,
     job_id: str | None = None,
     kind: str | None = None,
+    digest: str | None = None,
     limit: int = MAX_LIST,
 ) -> list[Artifact]:
     """Newest first; ``tenant_id`` None: every tenant's."""
@@ -129,6 +130,8 @@ def list_rows(
         q = q.where(Artifact.job_id == job_id).order_by(None).order_by(Artifact.name)
     if kind is not None:
         q = q.where(Artifact.kind == kind)
+    if digest is not None:
+        q = q.where(Artifact.digest == digest)
     return list(session.scalars(q))
 
 

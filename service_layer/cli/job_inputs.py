@@ -11,7 +11,7 @@ from typing import Any
 from service_layer.cli.artifacts import progress_line, size_text
 from service_layer.cli.common import err_console, fail
 from service_layer.client import CpnClient
-from service_layer.code_archive import DEFAULT_EXCLUDES, ArchiveError, check_archive, pack_code
+from service_layer.code_archive import ArchiveError, check_archive, pack_code
 
 SHARD_FLAGS = ("resident", "shared")
 
@@ -25,9 +25,7 @@ def attach_code(
     with tempfile.TemporaryDirectory(prefix="cpn-code-") as tmp:
         try:
             if code.is_dir():
-                packed = pack_code(
-                    code, Path(tmp) / "code.tar.gz", include=include, exclude=(*DEFAULT_EXCLUDES, *exclude)
-                )
+                packed = pack_code(code, Path(tmp) / "code.tar.gz", include=include, exclude=exclude)
             else:
                 packed = check_archive(code)
         except ArchiveError as exc:

@@ -239,11 +239,13 @@ def list_artifacts(
     session: SessionDep,
     tenant: CurrentTenant,
     kind: Annotated[ArtifactKind | None, Query(description="Only this kind")] = None,
+    digest: DigestQuery = None,
     limit: Annotated[int, Query(ge=1, le=records.MAX_LIST)] = 100,
 ) -> list[ArtifactRead]:
-    """The tenant's artifacts, newest first (an admin key: every tenant's)."""
+    """The tenant's artifacts, newest first (an admin key: every tenant's); `digest`: only those
+    of these bytes (a client checks before it uploads)."""
     rows = records.list_rows(
-        session, tenant_id=None if tenant.is_admin else tenant.id, kind=kind, limit=limit
+        session, tenant_id=None if tenant.is_admin else tenant.id, kind=kind, digest=digest, limit=limit
     )
     return [_read(r) for r in rows]
 
