@@ -323,9 +323,18 @@ class CpnClient:
         return self._call("POST", f"/v1/tenants/{tenant_id}/keys")
 
     def set_quota(
-        self, tenant_id: str, *, max_devices: int | None, max_monthly_spend: float | None
+        self,
+        tenant_id: str,
+        *,
+        max_devices: int | None,
+        max_monthly_spend: float | None,
+        max_artifact_bytes: int | None = None,
     ) -> dict[str, Any]:
-        body = {"max_devices": max_devices, "max_monthly_spend": max_monthly_spend}
+        body = {
+            "max_devices": max_devices,
+            "max_monthly_spend": max_monthly_spend,
+            "max_artifact_bytes": max_artifact_bytes,
+        }
         return self._call("PUT", f"/v1/tenants/{tenant_id}/quota", json=body)
 
     def queue(self) -> list[dict[str, Any]]:

@@ -10,11 +10,9 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from sqlalchemy import update
 
 from contracts.artifacts import ArtifactTicket, sign_ticket
 from orchestration.artifacts.urls import artifact_key, get_url, put_url
-from orchestration.db.models import Tenant
 from service_layer.client import ApiError, CpnClient
 from service_layer.server import ServerHandle, start_server_in_thread
 from service_layer.transfers import partial_path
@@ -168,10 +166,10 @@ def test_the_quota_refuses_uploads_that_would_pass_it(small_quota_server: Server
             assert blobs(server) == [sha(b"a" * 60_000)]
 
             # a tenant's own quota overrides the server's default
-            with server.ctx.session_factory() as s, s.begin():
-                s.execute(
-                    update(Tenant).where(Tenant.id == acme_row["id"]).values(max_artifact_bytes=200_000)
-                )
+            raised = admin.set_quota(
+                acme_row["id"], max_devices=None, max_monthly_spend=None, max_artifact_bytes=200_000
+            )
+            assert raised["max_artifact_bytes"] == 200_000
             assert acme._http.post("/v1/artifacts", content=b"b" * 60_000).status_code == 201
 
 
