@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from contracts.artifacts import ArtifactTicket, sign_ticket
+from orchestration.artifacts.store import ArtifactStore
 from orchestration.artifacts.urls import artifact_key, get_url, put_url
 from service_layer.client import ApiError, CpnClient
 from service_layer.server import ServerHandle, start_server_in_thread
@@ -52,6 +53,29 @@ class Recording(httpx.HTTPTransport):
         return response
 
 
+class CountingStore:
+    """The server's own store, noting the size of every write its uploads make."""
+
+    def __init__(self, store: ArtifactStore) -> None:
+        self.store, self.writes = store, []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    def begin(self, max_bytes: int) -> object:
+        writer, writes = self.store.begin(max_bytes), self.writes
+
+        class Counted:
+            def __getattr__(self, name: str) -> object:
+                return getattr(writer, name)
+
+            def write(self, data: bytes) -> None:
+                writes.append(len(data))
+                writer.write(data)
+
+        return Counted()
+
+
 def relative(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.path}?{parts.query}"
@@ -64,8 +88,14 @@ def test_upload_list_download_resume_and_delete(
     _, rival = new_tenant(admin, server, "rival")
     src = write_file(tmp_path / "shard.bin", int(2.5 * MIB))  # over the 1 MiB body limit and a chunk
     data = src.read_bytes()
+    counting = CountingStore(server.ctx.artifacts)
+    server.ctx.artifact_store = counting  # type: ignore[assignment]
     with acme, rival:
         row = acme.upload_artifact(src, kind="data")
+        # the body reached the store in pieces of about a chunk, never as a whole
+        chunk = counting.store.chunk_bytes
+        assert sum(counting.writes) == len(data) and len(counting.writes) >= 2
+        assert max(counting.writes) < chunk + 256 * 1024
         assert (row["digest"], row["bytes"], row["kind"], row["name"]) == (
             sha(data),
             len(data),
