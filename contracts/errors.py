@@ -60,6 +60,18 @@ class PaymentRequired(CpnError):
     code = "payment_required"
 
 
+class PayloadTooLarge(CpnError):
+    """A body (an upload) is over the limit that applies to it; ``details`` name the limit."""
+
+    code = "payload_too_large"
+
+
+class QuotaExceeded(PayloadTooLarge):
+    """Storing this would take the tenant past its storage quota; ``details`` name the numbers."""
+
+    code = "quota_exceeded"
+
+
 class Unauthenticated(CpnError):
     code = "unauthenticated"
 

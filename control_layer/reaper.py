@@ -28,6 +28,7 @@ from sqlalchemy import select
 
 from control_layer.preemption import expire_preemptions
 from control_layer.reactions import on_node_lost
+from orchestration.artifacts import records as artifact_records
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc, session_scope
@@ -101,9 +102,14 @@ def prune_logs_once(ctx: ServerContext) -> int:
     return removed
 
 
+def sweep_artifacts_once(ctx: ServerContext) -> artifact_records.Swept:
+    """Retention of the artifact store: expired rows, blobs no row names, unfinished uploads."""
+    return artifact_records.sweep(ctx.session_factory, ctx.artifacts, utcnow())
+
+
 async def run_reaper(ctx: ServerContext, stop: asyncio.Event) -> None:
     """Reap four times per heartbeat interval until ``stop`` is set; a failed pass is logged, not fatal.
-    Old jobs' log lines are pruned at start and every ``LOG_PRUNE_EVERY_S``.
+    Old jobs' log lines and expired artifacts are pruned at start and every ``LOG_PRUNE_EVERY_S``.
 
     Polling faster than the interval keeps detection close to interval x misses after the last heartbeat.
     """
@@ -127,5 +133,9 @@ async def run_reaper(ctx: ServerContext, stop: asyncio.Event) -> None:
                 await asyncio.to_thread(prune_logs_once, ctx)
             except Exception:
                 log.exception("pruning old log lines failed")
+            try:
+                await asyncio.to_thread(sweep_artifacts_once, ctx)
+            except Exception:
+                log.exception("the artifact sweep failed")
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)

@@ -11,6 +11,7 @@ import typer
 from agent.cli import agent_command
 from service_layer.cli.access import keys_app, nodes_app
 from service_layer.cli.admin import db_app, snapshot_app, tenants_app, tokens_app
+from service_layer.cli.artifacts import artifacts_app
 from service_layer.cli.demo import demo
 from service_layer.cli.jobs import jobs_app, quote
 from service_layer.cli.ledger import invoice, ledger_app, statement
@@ -34,6 +35,7 @@ app.command("queue")(queue)
 app.command("invoice")(invoice)
 app.command("statement")(statement)
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(artifacts_app, name="artifacts")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(keys_app, name="keys")

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from orchestration.artifacts.factory import make_store
+from orchestration.artifacts.store import ArtifactStore
 from orchestration.metrics import ServerMetrics
 from orchestration.resource_changes import ResourceChangeFeed
 from orchestration.settings import Settings
@@ -31,6 +33,15 @@ class ServerContext:
     # victims a queued job of higher priority may displace (control_layer.victim_choice); None:
     # such jobs are left to finish where they run (a drain says so; the placer never preempts).
     preempt_job: Callable[..., bool] | None = field(default=None)
+    # Users' code, data and outputs (``orchestration.artifacts``): built once per process, from
+    # the settings, on first use (``server.build_context`` builds it at start).
+    artifact_store: ArtifactStore | None = field(default=None, repr=False)
+
+    @property
+    def artifacts(self) -> ArtifactStore:
+        if self.artifact_store is None:
+            self.artifact_store = make_store(self.settings)
+        return self.artifact_store
 
     def __post_init__(self) -> None:
         self.resource_changes = ResourceChangeFeed.for_factory(self.session_factory, self.bus)

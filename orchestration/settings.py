@@ -126,6 +126,35 @@ class Settings(BaseSettings):
         20_000, ge=100, le=1_000_000, description="Lines waiting to be written; beyond, they are dropped"
     )
 
+    # The artifact store (orchestration/artifacts/): users' code, data, models and checkpoints.
+    artifact_store: Literal["embedded", "s3"] = Field(
+        "embedded", description="embedded: blobs under data_dir/artifacts; s3: an S3-compatible bucket"
+    )
+    s3_endpoint_url: str | None = Field(
+        None, max_length=2048, description="S3-compatible endpoint (unset: AWS's own, by region)"
+    )
+    s3_bucket: str | None = Field(
+        None, pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", description="Bucket of the s3 store"
+    )
+    s3_region: str | None = Field(None, max_length=64, description="Region of the bucket (unset: AWS_REGION)")
+    s3_prefix: str = Field(
+        "",
+        max_length=512,
+        pattern=r"^([A-Za-z0-9._-]+/)*$",
+        description="Key prefix in the bucket, '' or 'a/b/'",
+    )
+    s3_access_key_id: str | None = Field(None, description="Unset: the standard AWS credential chain")
+    s3_secret_access_key: str | None = Field(None, description="With s3_access_key_id")
+    artifact_quota_bytes: int = Field(
+        100 * 1024**3,
+        ge=0,
+        le=1 << 50,
+        description="Bytes of artifacts a tenant may keep (default per tenant)",
+    )
+    artifact_retention_days: float = Field(
+        30.0, gt=0, le=36_500, description="Artifacts are deleted this long after their last upload"
+    )
+
     @model_validator(mode="after")
     def _refuse_default_secret(self) -> Settings:
         if self.environment != "development" and self.secret_key == _DEV_SECRET:
@@ -140,6 +169,18 @@ class Settings(BaseSettings):
             raise ValueError("CPN_TLS_CLIENT_CA_FILE (mTLS) needs CPN_TLS_CERT_FILE and CPN_TLS_KEY_FILE")
         if self.tls_client_ca_key_file is not None and self.tls_client_ca_file is None:
             raise ValueError("CPN_TLS_CLIENT_CA_KEY_FILE needs CPN_TLS_CLIENT_CA_FILE")
+        return self
+
+    @model_validator(mode="after")
+    def _s3_store_needs_a_bucket(self) -> Settings:
+        if self.artifact_store == "s3" and not self.s3_bucket:
+            raise ValueError("CPN_ARTIFACT_STORE=s3 needs CPN_S3_BUCKET")
+        if (self.s3_access_key_id is None) != (self.s3_secret_access_key is None):
+            raise ValueError(
+                "CPN_S3_ACCESS_KEY_ID and CPN_S3_SECRET_ACCESS_KEY are set together or not at all"
+            )
+        if self.s3_endpoint_url is not None and not self.s3_endpoint_url.startswith(("http://", "https://")):
+            raise ValueError("CPN_S3_ENDPOINT_URL must be an http:// or https:// URL")
         return self
 
     @property

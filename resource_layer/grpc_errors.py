@@ -11,6 +11,7 @@ from contracts.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PayloadTooLarge,
     PermissionDenied,
     ResourceExhausted,
     Unauthenticated,
@@ -24,6 +25,7 @@ _CODES: tuple[tuple[type[CpnError], grpc.StatusCode], ...] = (
     (Conflict, grpc.StatusCode.ALREADY_EXISTS),
     (Aborted, grpc.StatusCode.ABORTED),
     (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (PayloadTooLarge, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
 )

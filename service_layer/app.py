@@ -20,7 +20,7 @@ from service_layer.fast_submit import FastSubmit
 from service_layer.key_cache import KeyCache
 from service_layer.metrics import RequestTimer, install_metrics
 from service_layer.metrics import router as metrics_router
-from service_layer.routers import access, admin, health, jobs, ledger, logs, nodes, resources
+from service_layer.routers import access, admin, artifacts, health, jobs, ledger, logs, nodes, resources
 from service_layer.schemas.common import error_responses
 from service_layer.text_guard import TextGuard
 
@@ -34,7 +34,7 @@ its tenant's keys), operator (the fleet: nodes, links, enrollment tokens) or adm
 route a role may not use answers 403 naming the roles that may. Errors are
 `{code, message, details}`; a 422 lists each bad field in `details.errors`. Any request may get a
 400 (a malformed `Content-Length`) or a 413 (a body over the server's limit, checked before
-authentication).
+authentication; artifact uploads stream and have their own limits).
 """
 
 
@@ -54,6 +54,10 @@ def create_app(ctx: ServerContext) -> FastAPI:
             },
             {"name": "access", "description": "API keys with roles; enrollment tokens"},
             {"name": "nodes", "description": "Cordon, drain, revoke nodes: operators and admins"},
+            {
+                "name": "artifacts",
+                "description": "Users' code, data and models by SHA-256; agents' reads and writes by ticket",
+            },
             {"name": "ledger", "description": "Charges, monthly invoices and provider payout statements"},
             {"name": "health", "description": "Liveness of the database and bus"},
         ],
@@ -61,7 +65,9 @@ def create_app(ctx: ServerContext) -> FastAPI:
     submit = next(r for r in jobs.router.routes if getattr(r, "endpoint", None) is jobs.submit_job)
     app.add_middleware(FastSubmit, path=f"{API_PREFIX}/jobs", route=submit)  # inside the limit and timer
     app.add_middleware(TextGuard)  # inside the limit: reads only bounded JSON bodies
-    app.add_middleware(BodyLimit, max_bytes=ctx.settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=ctx.settings.max_body_bytes, exempt=artifacts.streamed_upload
+    )  # uploads stream, bounded by their own routes
     app.add_middleware(RequestTimer, ctx=ctx)  # outermost: times every request, refused ones too
     install_metrics(ctx)
     app.state.ctx = ctx
@@ -70,7 +76,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     app.state.fanout = Fanout(ctx.bus, max_per_tenant=ctx.settings.max_streams_per_tenant)
     app.state.submissions = SubmissionBatcher(ctx)  # group commit of concurrent submissions
     install_error_handlers(app)
-    routers = (jobs, logs, resources, admin, access, nodes, ledger)
+    routers = (jobs, artifacts, logs, resources, admin, access, nodes, ledger)
     for r in (module.router for module in routers):
         app.include_router(r, prefix=API_PREFIX)
     app.include_router(health.router)

@@ -2,23 +2,27 @@
 
 A declared ``Content-Length`` over the cap is refused at once with 413; a chunked body is counted
 as it arrives and refused the moment it passes the cap, so no request makes the server buffer
-more than the cap.
+more than the cap. Streamed uploads (``exempt``) are passed through: their routes never buffer a
+body and enforce their own caps (the artifact routes: the tenant's quota, a ticket's max_bytes).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, exempt: Callable[[str, str], bool] | None = None
+    ) -> None:
+        self.app, self.max_bytes, self.exempt = app, max_bytes, exempt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (self.exempt and self.exempt(scope["method"], scope["path"])):
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")

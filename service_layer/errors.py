@@ -18,6 +18,7 @@ from contracts.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PayloadTooLarge,
     PaymentRequired,
     PermissionDenied,
     ResourceExhausted,
@@ -36,6 +37,7 @@ _STATUS: tuple[tuple[type[CpnError], int], ...] = (
     (Aborted, 409),
     (ResourceExhausted, 429),
     (PaymentRequired, 402),
+    (PayloadTooLarge, 413),
     (Unauthenticated, 401),
     (PermissionDenied, 403),
 )

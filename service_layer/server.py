@@ -29,6 +29,7 @@ from control_layer.placer import run_placer
 from control_layer.preemption import preempt_job
 from control_layer.reactions import control_handlers
 from control_layer.reaper import run_reaper
+from orchestration.artifacts.factory import make_store
 from orchestration.bus import make_bus
 from orchestration.context import ServerContext
 from orchestration.db.engine import is_sqlite, make_engine, make_session_factory, session_scope
@@ -66,6 +67,7 @@ def build_context(settings: Settings) -> tuple[ServerContext, Engine]:
         session_factory=make_session_factory(engine),
         bus=make_bus(settings),
         preempt_job=preempt_job,
+        artifact_store=make_store(settings),
     ), engine
 
 

@@ -83,13 +83,21 @@ def set_quota(
     max_monthly_spend: Annotated[
         float | None, typer.Option(min=0, help="Spend cap per calendar month, UTC (omit: none)")
     ] = None,
+    max_artifact_bytes: Annotated[
+        int | None, typer.Option(min=0, help="Bytes of artifacts it may keep (omit: the server's default)")
+    ] = None,
     server: ServerOpt = DEFAULT_SERVER,
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Set a tenant's quotas (admin): both are replaced; an option left out removes that quota."""
+    """Set a tenant's quotas (admin): all are replaced; an option left out removes that quota."""
     with api(server, api_key) as client:
-        tenant = client.set_quota(tenant_id, max_devices=max_devices, max_monthly_spend=max_monthly_spend)
+        tenant = client.set_quota(
+            tenant_id,
+            max_devices=max_devices,
+            max_monthly_spend=max_monthly_spend,
+            max_artifact_bytes=max_artifact_bytes,
+        )
     if as_json:
         print_json(tenant)
         return

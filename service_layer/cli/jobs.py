@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from contracts.states import JobState
+from service_layer.cli.artifacts import progress_line
 from service_layer.cli.common import (
     DEFAULT_SERVER,
     ApiKeyOpt,
@@ -16,10 +17,13 @@ from service_layer.cli.common import (
     ServerOpt,
     api,
     console,
+    fail,
     load_spec,
     print_json,
 )
+from service_layer.cli.job_inputs import attach_code, attach_shards
 from service_layer.cli.watch import watch_job
+from service_layer.transfers import DigestMismatch, file_digest
 
 jobs_app = typer.Typer(help="Submit and follow training jobs.", no_args_is_help=True)
 
@@ -156,17 +160,42 @@ def submit(
         str | None, typer.Option("--option", help="The option to accept (with --quote)")
     ] = None,
     watch: Annotated[bool, typer.Option("--watch", help="Follow the job until it ends")] = False,
+    code: Annotated[
+        Path | None,
+        typer.Option(
+            "--code", exists=True, help="Code directory (or a .tar.gz): packed, uploaded, set as code"
+        ),
+    ] = None,
+    include: Annotated[
+        list[str] | None, typer.Option("--include", help="Only files matching this glob (repeatable)")
+    ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option("--exclude", help="Leave out files matching this glob (repeatable; .git etc. always)"),
+    ] = None,
+    shard: Annotated[
+        list[str] | None,
+        typer.Option("--shard", help="REGION=FILE[:resident]: upload FILE as that region's data shard"),
+    ] = None,
     server: ServerOpt = DEFAULT_SERVER,
     api_key: ApiKeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Submit a job: from a spec file (planned now, option picked by --choice) or a quote's option."""
+    """Submit a job: from a spec file (planned now, option picked by --choice) or a quote's option.
+    With --code, the directory is packed (deterministically: an unchanged tree is not uploaded
+    again) and uploaded first, and the spec's code.digest set to it."""
     if (file is None) == (quote_id is None):
         raise typer.BadParameter("give either --file or --quote (with --option)")
     if quote_id and not option_id:
         raise typer.BadParameter("--quote needs --option")
+    if (code or shard) and not file:
+        raise typer.BadParameter("--code and --shard go with --file")
     spec = load_spec(file) if file else None
     with api(server, api_key) as client:
+        if spec is not None and code is not None:
+            attach_code(client, spec, code, include or (), exclude or ())
+        if spec is not None and shard:
+            attach_shards(client, spec, shard)
         job = client.submit(spec=spec, choice=choice, quote_id=quote_id, option_id=option_id)
         if as_json and not watch:
             print_json(job)
@@ -301,3 +330,30 @@ def preempt(
     with api(server, api_key) as client:
         job = client.preempt(job_id, reason, by_job_id=by, grace_s=grace)
     console.print(f"job {job['id']} {job['status']}: preempting ({reason}); it resumes from its checkpoint")
+
+
+@jobs_app.command("download")
+def download(
+    job_id: Annotated[str, typer.Argument(help="The job")],
+    out: Annotated[Path, typer.Option("-o", "--output", help="Directory to write the files to")] = Path("."),
+    server: ServerOpt = DEFAULT_SERVER,
+    api_key: ApiKeyOpt = None,
+) -> None:
+    """Fetch every output of the job (its model, config, checkpoint) into a directory; a partial
+    file from an earlier try is resumed, and each file's SHA-256 is checked before it is kept."""
+    out.mkdir(parents=True, exist_ok=True)
+    with api(server, api_key) as client:
+        rows = client.job_artifacts(job_id)
+        if not rows:
+            fail(f"job {job_id} has no outputs (yet)")
+        for row in rows:
+            name = Path(row["name"]).name or row["id"]
+            dest = out / name
+            if dest.is_file() and dest.stat().st_size == row["bytes"] and file_digest(dest) == row["digest"]:
+                console.print(f"{dest}: up to date", markup=False)
+                continue
+            try:
+                client.download_artifact(row, dest, progress=progress_line(name))
+            except DigestMismatch as exc:
+                fail(str(exc))
+            console.print(f"{dest}  {row['bytes']:,} bytes  {row['digest']}", markup=False)

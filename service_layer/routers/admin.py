@@ -70,14 +70,16 @@ def list_tenants(session: SessionDep, _: AdminPrincipal) -> list[TenantRead]:
 def set_quota(
     ctx: CtxDep, admin: AdminPrincipal, tenant_id: str, body: QuotaUpdate, request: Request
 ) -> TenantRead:
-    """Replace the tenant's quotas: `max_devices` (its jobs wait in the queue beyond it) and
-    `max_monthly_spend` (a submission over it → 402); null removes one. The placer's next pass
+    """Replace the tenant's quotas: `max_devices` (its jobs wait in the queue beyond it),
+    `max_monthly_spend` (a submission over it → 402) and `max_artifact_bytes` (the artifact store;
+    null: the server's default); null removes one. The placer's next pass
     applies them; submissions, within the seconds a verified key is cached."""
     with session_scope(ctx.session_factory) as session:
         tenant = session.get(Tenant, tenant_id, with_for_update=True)
         if tenant is None:
             raise NotFound(f"tenant {tenant_id} not found", field="tenant_id")
         tenant.max_devices, tenant.max_monthly_spend = body.max_devices, body.max_monthly_spend
+        tenant.max_artifact_bytes = body.max_artifact_bytes
         audit_request(session, request, admin, "tenant.quota", f"tenant {tenant_id}", body.model_dump())
         read = TenantRead.model_validate(tenant)
         wake_placer(session, ctx.bus, "quota changed")

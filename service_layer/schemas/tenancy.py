@@ -31,10 +31,13 @@ class TenantRead(ApiModel):
     max_monthly_spend: float | None = Field(
         None, description="Spend cap per calendar month (UTC); null: none"
     )
+    max_artifact_bytes: int | None = Field(
+        None, description="Bytes of artifacts it may keep; null: the server's CPN_ARTIFACT_QUOTA_BYTES"
+    )
 
 
 class QuotaUpdate(BaseModel):
-    """A tenant's quotas, both replaced (null removes one)."""
+    """A tenant's quotas, all replaced (null removes one)."""
 
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"examples": [{"max_devices": 8, "max_monthly_spend": 2500.0}]}
@@ -43,6 +46,9 @@ class QuotaUpdate(BaseModel):
     max_devices: int | None = Field(None, ge=0, le=1_000_000, description="null: unlimited")
     max_monthly_spend: float | None = Field(
         None, ge=0, le=1e12, allow_inf_nan=False, description="null: no cap"
+    )
+    max_artifact_bytes: int | None = Field(
+        None, ge=0, le=1 << 50, description="Bytes of artifacts it may keep; null: the server's default"
     )
 
 

@@ -1,5 +1,6 @@
 """ORM models, one module per domain; importing this package registers every table on Base.metadata."""
 
+from orchestration.db.models.artifacts import Artifact
 from orchestration.db.models.audit import AuditEvent
 from orchestration.db.models.calibration import CalibrationChange, CalibrationFactor
 from orchestration.db.models.events import Event
@@ -24,6 +25,7 @@ __all__ = [
     "Accelerator",
     "Allocation",
     "ApiKey",
+    "Artifact",
     "AuditEvent",
     "CalibrationChange",
     "CheckpointCopy",

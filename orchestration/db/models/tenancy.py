@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, String
+from sqlalchemy import BigInteger, ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from orchestration.db.base import Base, new_id, utcnow
@@ -23,6 +23,8 @@ class Tenant(Base):
     # estimate would take this month's spend over max_monthly_spend is refused (402).
     max_devices: Mapped[int | None] = mapped_column(default=None)
     max_monthly_spend: Mapped[float | None] = mapped_column(default=None)
+    # Bytes of artifacts it may keep (None: the server's default, Settings.artifact_quota_bytes).
+    max_artifact_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
