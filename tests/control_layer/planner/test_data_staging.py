@@ -38,7 +38,9 @@ def snap() -> ResourceSnapshot:
             "nodes": [
                 {
                     "id": f"{r}{i}-n",
-                    "devices": [{"index": k, "model": "cpu", "memory_gb": 4, "tflops": 0.05} for k in range(2)],
+                    "devices": [
+                        {"index": k, "model": "cpu", "memory_gb": 4, "tflops": 0.05} for k in range(2)
+                    ],
                 }
             ],
         }
@@ -174,7 +176,9 @@ def test_unknown_size_is_stated_and_priced_as_nothing(snap) -> None:
 
 def test_staging_counts_against_max_hours(snap) -> None:
     spec = job({"kind": "tokens", "source": ART}, qos={"max_hours": 1})
-    slow = DataStaging(source=StagedBlob(bytes=10**9), rates={f"{r}{i}": 1e5 for r in PRICES for i in range(2)})
+    slow = DataStaging(
+        source=StagedBlob(bytes=10**9), rates={f"{r}{i}": 1e5 for r in PRICES for i in range(2)}
+    )
     with pytest.raises(NoFeasiblePlan):
         plan(spec, snap, staging=slow)  # 10^4 s of staging on every node
 
