@@ -31,6 +31,11 @@ class ServerContext:
     # victims a queued job of higher priority may displace (control_layer.victim_choice); None:
     # such jobs are left to finish where they run (a drain says so; the placer never preempts).
     preempt_job: Callable[..., bool] | None = field(default=None)
+    # Users' code and data (``control_layer.user_data``): the artifact store's metadata
+    # (``ArtifactLookup``: an uploaded blob's size per tenant) and its S3 side (``S3Store``);
+    # None: references to them are refused (422) rather than guessed.
+    artifact_lookup: Any = field(default=None)
+    s3_store: Any = field(default=None)
 
     def __post_init__(self) -> None:
         self.resource_changes = ResourceChangeFeed.for_factory(self.session_factory, self.bus)

@@ -371,6 +371,9 @@ class Calibration(_Plain):
     exchange_drift: dict[str, float] = Field(default_factory=dict)
     exchange_drift_fixed_s: dict[str, float] = Field(default_factory=dict)
     checkpoint_fixed_s: dict[str, float] = Field(default_factory=dict)
+    # Per cluster id: bytes/s its nodes staged code and data at, from the agents' reports
+    # (``control_layer.planner.staging``; the first guess is the link to the store's region).
+    staging_bytes_per_s: dict[str, float] = Field(default_factory=dict)
     time_error: ErrorBand | None = None
     cost_error: ErrorBand | None = None
 
