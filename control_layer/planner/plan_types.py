@@ -400,4 +400,7 @@ class Calibration(_Plain):
             for key, value in seconds.items():
                 if not (math.isfinite(value) and value >= 0):
                     raise ValueError(f"{name}[{key!r}] = {value} is not a non-negative number of seconds")
+        for key, value in self.staging_bytes_per_s.items():
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"staging_bytes_per_s[{key!r}] = {value} is not a positive rate")
         return self

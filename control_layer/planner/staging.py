@@ -57,7 +57,9 @@ class DataStaging(BaseModel):
         """(bytes/s, basis) from the source to a node of ``cluster`` in ``region``: the learned
         figure where the cluster has one, else the link from the store's region (its goodput
         applied); the store is served by the control plane, so that link is the node's to it."""
-        learned = self.rates.get(cluster)
+        learned = self.rates.get(cluster) or (
+            calibration.staging_bytes_per_s.get(cluster) if calibration else None
+        )
         if learned and learned > 0:
             return learned, "learned"
         home = self.store_region or region
