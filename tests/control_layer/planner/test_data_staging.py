@@ -188,3 +188,17 @@ def test_options_without_staging_dump_as_before(snap) -> None:
         text = json.dumps(o.model_dump(mode="json"))
         assert "staging" not in text
         assert o.estimates.staging_s is None and o.estimates.cost.staging_egress is None
+
+
+def test_a_lost_task_of_a_sharded_job_is_replaced_in_its_own_region_only(snap) -> None:
+    from control_layer.planner.replacement import pick_replacement
+
+    args = dict(devices=2, kinds=frozenset({"cpu"}), prefer_region="b")
+    # b's nodes are busy (excluded): a job without shards moves to the cheapest other region ...
+    busy = frozenset({"b0-n", "b1-n"})
+    moved = pick_replacement(job(), snap, exclude_nodes=busy, **args)
+    assert moved is not None and moved.region == "a"
+    # ... a sharded one stays with its region's shard, or is not replaced.
+    sharded = job(shards(b=True, c=False))
+    assert pick_replacement(sharded, snap, exclude_nodes=busy, **args) is None
+    assert pick_replacement(sharded, snap, exclude_nodes=frozenset({"b0-n"}), **args).node_id == "b1-n"
