@@ -34,12 +34,6 @@ class DataSpec(BaseModel):
     dtype: Literal["uint16", "uint32"] = "uint16"
     region: str | None = None  # pinned: only workers in this region may read it
 
-    @model_validator(mode="after")
-    def _path_for_tokens(self) -> DataSpec:
-        if self.kind == "tokens" and not self.path:
-            raise ValueError("data.path is required when data.kind is 'tokens'")
-        return self
-
 
 class TrainingSpec(BaseModel):
     model_config = _STRICT
@@ -203,6 +197,9 @@ class WorkerConfig(BaseModel):
             raise ValueError("model is required unless an entrypoint supplies one")
         if self.entrypoint is not None and not _ENTRYPOINT.match(self.entrypoint):
             raise ValueError(f"entrypoint must look like 'package.module:function', got {self.entrypoint!r}")
+        if self.data.kind == "tokens" and not self.data.path and not (self.stage and self.stage.data):
+            # With stage.data the agent stages the file and sets data.path before the launch.
+            raise ValueError("data.path is required when data.kind is 'tokens' (or stage.data to stage it)")
         if (self.data.kind == "byo") != (self.entrypoint is not None):
             raise ValueError("data.kind 'byo' and entrypoint go together: set both or neither")
         p = self.parallel

@@ -25,6 +25,7 @@ from control_layer.checkpoint_copies import reachable_checkpoints, sign_fetches
 from control_layer.planner.node_groups import node_groups
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.snapshot import current_prices
+from control_layer.stage_sections import JobStage
 from control_layer.worker_config import (
     TaskSlot,
     build_worker_configs,
@@ -54,9 +55,11 @@ def allocate(
     *,
     sync_secret: str | None = None,
     platform_fee: float = DEFAULT_PLATFORM_FEE,
+    stage: JobStage | None = None,
 ) -> list[Task]:
-    """Lock, re-check and reserve; create one Task per node with its worker config. Flushes, so a
-    unique-index violation surfaces here as AllocationConflict (the caller rolls back)."""
+    """Lock, re-check and reserve; create one Task per node with its worker config (``stage``:
+    the job's code, data and outputs sections). Flushes, so a unique-index violation surfaces
+    here as AllocationConflict (the caller rolls back)."""
     groups = group_by_node(option)
     nodes = _lock_nodes(session, sorted(groups))
     for node_id, entries in groups.items():
@@ -116,6 +119,7 @@ def allocate(
         slots,
         sync_secret=sync_secret,
         checkpoints=reachable_checkpoints(session, job.id),
+        stage=stage,
     )
     sign_fetches(session, job.id, configs)
     if multi and sync_secret:

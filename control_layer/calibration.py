@@ -21,7 +21,9 @@ made with (``Estimates.basis``) they give an observed value per factor:
   fitted over the runs' round lengths as a fraction of the round plus fixed seconds per round
   (``drift_fit``), overlapped rounds apart from blocking ones (``cm.OVERLAPPED_SUFFIX``);
 - a checkpoint write's fixed seconds per node (per idle core): the worker's mean write less the
-  part priced by its bytes (``_observe_checkpoint``).
+  part priced by its bytes (``_observe_checkpoint``);
+- staging throughput per cluster: the bytes its agents fetched before launch over the seconds
+  that took (``observe_staging``), what the planner prices staging at for that cluster.
 
 Per-step parts are the worker's totals over the run divided by its steps when its result has them
 (the agent forwards per-step metrics at a bounded rate, so the stored ones are a sample).
@@ -67,6 +69,8 @@ DRIFT_FIT = "drift_fit"
 DRIFT_RANGE = df.DRIFT_RANGE  # the wait for the slowest region, in the local steps between exchanges
 CHECKPOINT_FIXED = "checkpoint_fixed_s"
 CHECKPOINT_FIXED_RANGE = (0.0, 60.0)  # one write's fixed seconds per idle core
+STAGING = "staging_bps"  # per cluster: bytes/s its nodes staged code and data at
+STAGING_RANGE = (1e3, 1e12)  # 1 kB/s to 1 TB/s
 TIME, COST = "time", "cost"
 
 
@@ -171,6 +175,7 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
     basis = est.basis
     obs: dict[tuple[str, str], list[float]] = defaultdict(list)
     est_opt = getattr(est.step_s, "optimizer", 0.0)
+    cluster_of = {t.node: t.cluster for t in option.tasks}
     for task in run.tasks:
         med = run_means(task)
         key = f"{task.device_model}|{option.precision}"
@@ -195,6 +200,8 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
             obs[(TEARDOWN, task.node_id)].append(teardown / share)
         if (write_fixed := _observe_checkpoint(run, task, share)) is not None:
             obs[(CHECKPOINT_FIXED, task.node_id)].append(write_fixed)
+        if (rate := observe_staging(task.result)) is not None and task.node_id in cluster_of:
+            obs[(STAGING, cluster_of[task.node_id])].append(rate)
     if _exchanged(run) and basis is not None:
         goodput, _ = observe_exchange(basis, [t.result for t in run.tasks], _beside_steps(run))
         for key, value in goodput.items():
@@ -207,6 +214,24 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
                 obs[(EXCHANGE_DRIFT, key + _drift_suffix(basis))].append(implied)
     # Several tasks on one key (replicas of one model, one node's tasks): their median.
     return {k: statistics.median(v) for k, v in obs.items()}
+
+
+def observe_staging(result: dict[str, Any]) -> float | None:
+    """Bytes/s the task's agent staged at: the items it fetched (``result["staging"]``, a list of
+    ``{"bytes", "seconds", "cached"}``, or ``{"items": [...]}``) over the seconds they took;
+    items served from the node's cache and file:// items (nothing fetched) say nothing of the link."""
+    got = result.get("staging")
+    items = got.get("items") if isinstance(got, dict) else got
+    if not isinstance(items, list):
+        return None
+    moved = spent = 0.0
+    for item in items:
+        if not isinstance(item, dict) or item.get("cached"):
+            continue
+        size, seconds = _num(item.get("bytes")), _num(item.get("seconds"))
+        if size is not None and seconds is not None and size > 0 and seconds > 0:
+            moved, spent = moved + size, spent + seconds
+    return _clamp(moved / spent, STAGING_RANGE) if moved > 0 and spent > 0 else None
 
 
 def _observe_checkpoint(run: FinishedRun, task: TaskRun, share: float) -> float | None:
@@ -560,6 +585,7 @@ def to_calibration(state: State) -> Calibration:
         EXCHANGE_DRIFT: {},
         EXCHANGE_DRIFT_FIXED: {},
         CHECKPOINT_FIXED: {},
+        STAGING: {},
     }
     for (kind, key), factor in state.factors.items():
         if kind in tables:
@@ -576,6 +602,7 @@ def to_calibration(state: State) -> Calibration:
         exchange_drift=tables[EXCHANGE_DRIFT],
         exchange_drift_fixed_s=tables[EXCHANGE_DRIFT_FIXED],
         checkpoint_fixed_s=tables[CHECKPOINT_FIXED],
+        staging_bytes_per_s=tables[STAGING],
         time_error=error_band(r for k, r in state.errors if k == TIME),
         cost_error=error_band(r for k, r in state.errors if k == COST),
     )

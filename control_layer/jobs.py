@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -30,6 +31,7 @@ from control_layer.allocation import AllocationConflict, allocate
 from control_layer.calibration_store import load_calibration
 from control_layer.capacity import with_devices_free
 from control_layer.dispatch import dispatch
+from control_layer.job_refs import fleet_regions, resolve_job_refs
 from control_layer.lifecycle import transition
 from control_layer.live_snapshot import current_snapshot
 from control_layer.option_choice import CHOICES, choose_option
@@ -43,8 +45,10 @@ from control_layer.queue import (
     month_label,
     month_spend,
 )
+from control_layer.stage_sections import JobStage, job_stage
 from control_layer.submissions import submit_job as submit_job  # the submit step of the service
 from control_layer.task_states import clip_message
+from control_layer.user_data import needs_resolution
 from control_layer.victim_choice import why_no_preemption
 from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
@@ -65,14 +69,25 @@ def plan_now(
     *,
     exclude_nodes: frozenset[str] = frozenset(),
     calibration: Calibration | None = None,
+    tenant_id: str | None = None,
+    strict: bool = True,
 ) -> list[PlanOption]:
     """Options on a snapshot and the calibration of this moment (read in one short transaction;
-    a caller planning many jobs at once may pass the calibration it read for all of them)."""
+    a caller planning many jobs at once may pass the calibration it read for all of them).
+
+    With ``tenant_id``, the spec's code, data and outputs are checked and sized first
+    (``control_layer.user_data``; InvalidArgument naming the field) and each option's staging is
+    priced; ``strict=False`` (placement) prices an https source that does not answer as unknown."""
     with session_scope(ctx.session_factory) as session:
         snapshot = current_snapshot(ctx, session, exclude_nodes=exclude_nodes)
         if calibration is None:
             calibration = load_calibration(session)
-    return plan(spec, snapshot, calibration)
+    staging = None
+    if tenant_id is not None and needs_resolution(spec):
+        refs = resolve_job_refs(ctx, tenant_id, spec, fleet_regions(snapshot), strict=strict)
+        if spec.code or spec.data.source or spec.data.shards:
+            staging = refs.staging(ctx.settings.artifact_store_region, calibration.staging_bytes_per_s)
+    return plan(spec, snapshot, calibration, staging=staging)
 
 
 # -- quotes and submission ------------------------------------------------------------------------
@@ -87,7 +102,7 @@ def quote_with_options(
     ctx: ServerContext, tenant_id: str, spec: JobSpec, *, ttl_s: float = QUOTE_TTL_S
 ) -> tuple[Quote, list[PlanOption]]:
     """create_quote, also returning the options as planned (no need to re-read them from JSON)."""
-    options = plan_now(ctx, spec)
+    options = plan_now(ctx, spec, tenant_id=tenant_id)
     with session_scope(ctx.session_factory) as session:
         _tenant(session, tenant_id)
         quote = Quote(
@@ -170,10 +185,21 @@ def place_job(
                 return keep_waiting(ctx, job_id, state.not_now[key], "waiting", known)
             try:
                 option = choose_option(
-                    plan_now(ctx, spec, exclude_nodes=avoid, calibration=calibration), choice
+                    plan_now(
+                        ctx,
+                        spec,
+                        exclude_nodes=avoid,
+                        calibration=calibration,
+                        tenant_id=tenant.id,
+                        strict=False,
+                    ),
+                    choice,
                 )
             except NoFeasiblePlan as exc:
                 return _not_now(ctx, job_id, spec, avoid, exc, calibration, state, key, context)
+            except InvalidArgument as exc:  # an artifact gone since submission, a store removed
+                _fail_queued(ctx, job_id, f"{context}cannot place: {exc.message}", exc.details)
+                return "failed"
         quota = device_quota_wait(in_use, option.n_devices, tenant.max_devices)
         if quota is not None:
             return keep_waiting(ctx, job_id, quota, "quota")
@@ -186,7 +212,7 @@ def place_job(
                     ctx, job_id, f"{refusal.message}; waits for next month or a higher cap", "quota"
                 )
         try:
-            _place_once(ctx, job_id, spec, option)
+            _place_once(ctx, job_id, spec, option, tenant.id)
             state.devices_in_use[tenant.id] = in_use + option.n_devices
             if state.free_devices is not None:
                 state.free_devices = max(0, state.free_devices - option.n_devices)
@@ -272,7 +298,8 @@ def keep_waiting(ctx: ServerContext, job_id: str, reason: str, outcome: str, kno
     return outcome
 
 
-def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOption) -> None:
+def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOption, tenant_id: str) -> None:
+    stage = _stage(ctx, job_id, spec, option, tenant_id)  # before the locks: it may ask the network
     with session_scope(ctx.session_factory) as session:
         job = _lock_job(session, job_id)
         if job.status != JobState.QUEUED:
@@ -284,7 +311,14 @@ def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOpti
         spec = pinned(spec, option)
         fee = ctx.settings.platform_fee  # the fee in force now, like the prices
         tasks = allocate(
-            session, job, spec, option, attempt=job.attempt + 1, sync_secret=secret, platform_fee=fee
+            session,
+            job,
+            spec,
+            option,
+            attempt=job.attempt + 1,
+            sync_secret=secret,
+            platform_fee=fee,
+            stage=stage,
         )
         job.spec = spec.model_dump(mode="json")
         job.option = option.model_dump(mode="json")
@@ -307,6 +341,31 @@ def _place_once(ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOpti
         )
         for task in tasks:
             dispatch(session, ctx.bus, task)
+
+
+def _stage(
+    ctx: ServerContext, job_id: str, spec: JobSpec, option: PlanOption, tenant_id: str
+) -> JobStage | None:
+    """The job's stage sections for this placement (None: it stages nothing); a reference that no
+    longer resolves is a FailedPrecondition, which fails the job with the reason."""
+    if not (needs_resolution(spec) or spec.outputs.checkpoint):
+        return None
+    try:
+        refs = resolve_job_refs(ctx, tenant_id, spec, strict=False)
+    except InvalidArgument as exc:
+        raise FailedPrecondition(exc.message, **exc.details) from None
+    staging = option.estimates.staging
+    s3 = ctx.s3_store
+    return job_stage(
+        spec,
+        refs,
+        job_id=job_id,
+        settings=ctx.settings,
+        now=time.time(),
+        regions=sorted(option.regions or {t.region for t in option.tasks}),
+        shard_of_region=staging.shard_of_region if staging is not None else None,
+        presign=s3.presign_external if s3 is not None else None,
+    )
 
 
 def _fail_queued(ctx: ServerContext, job_id: str, reason: str, details: dict[str, Any] | None = None) -> None:

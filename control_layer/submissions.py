@@ -25,11 +25,13 @@ from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, NotF
 from contracts.job_spec import JobSpec
 from contracts.states import JobState
 from control_layer.admission import spend_refusal
+from control_layer.job_refs import resolve_job_refs
 from control_layer.lifecycle import wake_placer
 from control_layer.option_choice import CHOICES, choose_option
 from control_layer.planner.plan_types import PlanOption
 from control_layer.planner.sync_choice import pinned
 from control_layer.queue import month_label, month_spend
+from control_layer.user_data import needs_resolution
 from orchestration.context import ServerContext
 from orchestration.db.base import new_id, utcnow
 from orchestration.db.engine import as_utc, session_scope
@@ -102,6 +104,8 @@ def draft_job(
         spec, option = _accept_quote(ctx, tenant_id, quote_id, option_id, choice)
         spec = pinned(spec, option)  # the job keeps the sync settings its option chose
     assert spec is not None  # a JobSpec is validated on construction; the placer plans it
+    if quote_id is None and needs_resolution(spec):
+        resolve_job_refs(ctx, tenant_id, spec)  # a bad reference: 422 naming it, nothing stored
 
     # Every column is set: the row is one INSERT and the answer is built from this object.
     now = utcnow()

@@ -40,6 +40,7 @@ from control_layer.planner.node_groups import (
 from control_layer.planner.plan_types import PlannedTask, PlanOption, RuntimeSettings
 from control_layer.planner.runtime_settings import runtime_settings
 from control_layer.planner.sync_choice import pinned
+from control_layer.stage_sections import JobStage
 
 # A job's leaders write a metrics line at most once a second: a line a step woke the agent on the
 # workers' own cores ~4 times a second (0.7-1 s of a 130 s, 500-step run on a 2-core host), and the
@@ -164,12 +165,15 @@ def build_worker_configs(
     *,
     sync_secret: str | None = None,
     checkpoints: dict[str, dict[str, Any]] | None = None,
+    stage: JobStage | None = None,
 ) -> dict[str, dict[str, Any]]:
     """node_id -> WorkerConfig dict for every task of the option; with ``sync_secret`` the
     leaders accept sync calls only from each other. ``checkpoints`` are the job's latest complete
     checkpoints by participant key (``control_layer.checkpoints``): where a task has none of its
     own on its node but the job has peers to take the model from, it starts at their step.
-    Sync settings the spec left to the planner are the option's (``sync_choice.pinned``)."""
+    Sync settings the spec left to the planner are the option's (``sync_choice.pinned``).
+    ``stage``: the job's code, data and outputs (``control_layer.stage_sections``): each task gets
+    its region's section, and only the leader of the group holding replica 0 the output URLs."""
     spec = pinned(spec, option)
     check_node_groups(option, spec, [s.node_id for s in slots if s.cross_cluster_host])
     groups = slot_groups(option, slots)
@@ -240,6 +244,9 @@ def build_worker_configs(
                 "checkpoint": ck,
                 "group": _group(group, node_rank),
             }
+            if stage is not None:
+                final = offset == 0 and node_rank == 0  # holds replica 0: writes the final model
+                configs[slot.node_id]["stage"] = stage.section(slot.region, final=final)
             if stage_rings:
                 configs[slot.node_id]["sync"]["stages"] = _stage_section(stage_rings, key, slot)
         offset += dp_local
@@ -504,6 +511,7 @@ def _model(spec: JobSpec) -> dict[str, Any]:
 
 def _data(spec: JobSpec, slot: TaskSlot, key: str) -> dict[str, Any]:
     d = spec.data
+    # A source or shards: the agent stages the file and sets data.path to it (``stage.data``).
     return {
         # a bring-your-own entrypoint supplies its own dataset
         "kind": "byo" if spec.entrypoint else d.kind,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from orchestration.artifacts.factory import make_store
+from orchestration.artifacts.lookup import DbArtifactLookup
 from orchestration.artifacts.store import ArtifactStore
 from orchestration.metrics import ServerMetrics
 from orchestration.resource_changes import ResourceChangeFeed
@@ -37,6 +38,13 @@ class ServerContext:
     # the settings, on first use (``server.build_context`` builds it at start).
     artifact_store: ArtifactStore | None = field(default=None, repr=False)
 
+    # Users' code and data (``control_layer.user_data``): the artifact store's metadata
+    # (``ArtifactLookup``: an uploaded blob's size per tenant; default: the artifacts table) and
+    # its S3 side (``S3Store``; default: the store itself when it is S3, else None: ``s3://``
+    # references are refused with a 422 rather than guessed).
+    artifact_lookup: Any = field(default=None)
+    s3_store: Any = field(default=None)
+
     @property
     def artifacts(self) -> ArtifactStore:
         if self.artifact_store is None:
@@ -45,3 +53,7 @@ class ServerContext:
 
     def __post_init__(self) -> None:
         self.resource_changes = ResourceChangeFeed.for_factory(self.session_factory, self.bus)
+        if self.artifact_lookup is None:
+            self.artifact_lookup = DbArtifactLookup(self.session_factory)
+        if self.s3_store is None and self.settings.artifact_store == "s3":
+            self.s3_store = self.artifacts

@@ -72,6 +72,19 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         1 << 20, ge=1024, le=1 << 30, description="Largest request body accepted, checked before auth"
     )
+    # Users' code and data (control_layer.user_data): where staging is priced from, what outputs may name.
+    artifact_store_region: str | None = Field(
+        None,
+        max_length=64,
+        description="Region the control plane (and its artifact store) serves from: the first guess of"
+        " a node's staging bandwidth is its region's link to this one (unset: the node's own region)",
+    )
+    outputs_allow: list[str] = Field(
+        default_factory=list,
+        max_length=100,
+        description="s3://bucket/prefix locations any tenant may name as outputs.uri, besides its own"
+        " prefix of the store's bucket",
+    )
     # Link probes (resource_layer/link_probes.py): agents measure the links between regions.
     link_probe_interval_s: float = Field(
         600.0, ge=1, le=86_400, description="Longest time between two probes of one link"

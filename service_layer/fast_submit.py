@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from contracts.errors import CpnError
 from contracts.roles import Permission
 from control_layer.submissions import draft_job
+from control_layer.user_data import needs_resolution
 from service_layer.auth import hash_key
 from service_layer.errors import render_error
 from service_layer.queries import submitted_job_detail
@@ -48,7 +49,7 @@ class FastSubmit:
             return
         body, more = await _read_body(receive)
         create = _spec_submission(body) if more is None else None
-        if create is None:
+        if create is None or needs_resolution(create.spec):  # references to check: off the loop
             await self.app(scope, _replay(body, more, receive), send)
             return
         scope["route"] = self.route

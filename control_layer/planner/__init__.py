@@ -37,12 +37,14 @@ from control_layer.planner.snapshot import (
     RegionInfo,
     ResourceSnapshot,
 )
+from control_layer.planner.staging import DataStaging, StagedBlob
 
 __all__ = [
     "Calibration",
     "ClusterInfo",
     "CostBreakdown",
     "DataSpec",
+    "DataStaging",
     "DeviceSlot",
     "Estimates",
     "JobSpec",
@@ -56,6 +58,7 @@ __all__ = [
     "QosCheck",
     "RegionInfo",
     "ResourceSnapshot",
+    "StagedBlob",
     "StepBreakdown",
     "SyncSpec",
     "SyncTopology",
@@ -71,6 +74,7 @@ def plan(
     snapshot: ResourceSnapshot,
     calibration: Calibration | None = None,
     max_options: int = 5,
+    staging: DataStaging | None = None,
 ) -> list[PlanOption]:
     """Priced options on the cost-vs-time Pareto front, best for spec.qos.objective first.
 
@@ -79,10 +83,13 @@ def plan(
     calibration's recent errors, and the runtime settings its workers get (checkpoint interval,
     overlap, streamed fragments). Raises contracts.errors.NoFeasiblePlan, whose
     details['explanation'] lists which constraint removed what, when nothing is feasible.
+
+    With ``data.shards`` every region holding a resident shard gets a replica; ``staging`` (the
+    sizes and rates the control plane resolved) prices each option's staging and its egress.
     """
     if max_options < 1:
         raise InvalidArgument("max_options must be at least 1", field="max_options")
-    return _search(spec, snapshot, calibration, max_options)
+    return _search(spec, snapshot, calibration, max_options, staging)
 
 
 def prepare(snapshot: ResourceSnapshot) -> None:

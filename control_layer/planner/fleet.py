@@ -168,6 +168,15 @@ def _cluster_pools(cluster: ClusterInfo, spot: bool) -> list[Pool]:
     return out
 
 
+def shard_regions(spec: JobSpec) -> set[str] | None:
+    """The regions the job may use because of its shards: with every shard resident, only theirs;
+    None where the data does not restrict regions (a non-resident shard may go anywhere)."""
+    shards = spec.data.shards
+    if not shards or not all(s.resident for s in shards.values()):
+        return None
+    return set(shards)
+
+
 def filter_fleet(spec: JobSpec, snapshot: ResourceSnapshot) -> Filtered:
     """Apply the QoS and data constraints one by one, recording what each removed."""
     qos = spec.qos
@@ -221,6 +230,14 @@ def filter_fleet(spec: JobSpec, snapshot: ResourceSnapshot) -> Filtered:
             home,
             lambda p: p.region == home,
             f"data lives in {home}; its readers must run there",
+        )
+    home_regions = shard_regions(spec)
+    if home_regions is not None:
+        apply(
+            "data.shards",
+            sorted(home_regions),
+            lambda p: p.region in home_regions,
+            "every shard is resident and this region holds none: no data could be read there",
         )
     if qos.accelerators:
         kinds = [a.lower() for a in qos.accelerators]

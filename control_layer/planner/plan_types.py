@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 
 class _Plain(BaseModel):
@@ -16,13 +16,24 @@ def _fill_and_check_total(data: Any, parts: tuple[str, ...], what: str) -> Any:
     """Fill a missing total with the sum of its parts; refuse a total that is not that sum."""
     if not isinstance(data, dict):
         return data
-    total = sum(float(data.get(p, 0.0)) for p in parts)
+    total = sum(float(data.get(p) or 0.0) for p in parts)
     given = data.get("total")
     if given is None:
         return {**data, "total": total}
     if not math.isclose(float(given), total, rel_tol=1e-9, abs_tol=1e-9):
         raise ValueError(f"{what}.total ({given}) is not the sum of its parts ({total})")
     return data
+
+
+def _without_unset_staging(handler: Any, model: BaseModel, names: tuple[str, ...]) -> Any:
+    """Dump ``model`` leaving out the staging fields that are None: an option of a job without
+    staged data reads exactly as before staging was priced (quotes, digests, stored options)."""
+    out = handler(model)
+    if isinstance(out, dict):
+        for name in names:
+            if out.get(name, 0) is None:
+                del out[name]
+    return out
 
 
 class PlannedTask(_Plain):
@@ -77,16 +88,53 @@ class StepBreakdown(_Plain):
 
 
 class CostBreakdown(_Plain):
-    """USD for the whole run; total is the sum of the parts."""
+    """USD for the whole run; total is the sum of the parts. staging_egress: the source's egress
+    for the staged bytes that cross a region boundary (None: the job stages no data)."""
 
     devices: float = Field(ge=0)
     egress: float = Field(default=0.0, ge=0)
+    staging_egress: float | None = Field(default=None, ge=0)
     total: float = Field(ge=0)
 
     @model_validator(mode="before")
     @classmethod
     def _total(cls, data: Any) -> Any:
-        return _fill_and_check_total(data, ("devices", "egress"), "cost")
+        return _fill_and_check_total(data, ("devices", "egress", "staging_egress"), "cost")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        return _without_unset_staging(handler, self, ("staging_egress",))
+
+
+class StagedRead(_Plain):
+    """One node's staging as priced: what it reads, from where, and how long that takes."""
+
+    node: str
+    region: str
+    items: list[str] = Field(description="Spec fields staged: 'code', 'data.source', 'data.shards.<region>'.")
+    bytes: int = Field(ge=0)
+    bytes_per_s: float = Field(gt=0)
+    rate_basis: str = Field(description="'learned' (the cluster's staging figures) or the link guessed from")
+    seconds: float = Field(ge=0)
+    crossing_bytes: int = Field(default=0, ge=0, description="Bytes that cross a region boundary.")
+    egress_usd: float = Field(default=0.0, ge=0)
+
+
+class StagingEstimate(_Plain):
+    """Staging before training starts (``control_layer.planner.staging``): the nodes stage in
+    parallel, so the slowest sets ``seconds``; each node's time is its bytes over the measured
+    bandwidth from the source. ``unknown`` lists items whose size is not known (file:// on the
+    node: nothing to fetch)."""
+
+    seconds: float = Field(ge=0)
+    bytes: int = Field(ge=0, description="Over all nodes.")
+    crossing_bytes: int = Field(default=0, ge=0)
+    egress_usd: float = Field(default=0.0, ge=0)
+    reads: list[StagedRead] = Field(default_factory=list)
+    shard_of_region: dict[str, str] = Field(
+        default_factory=dict, description="Per region used: the shard its tasks read (data.shards)."
+    )
+    unknown: list[str] = Field(default_factory=list)
 
 
 class EstimateInterval(_Plain):
@@ -171,7 +219,8 @@ class CalibrationBasis(_Plain):
 class Estimates(_Plain):
     """What a run of the option takes and costs.
 
-    duration_s is the span the ledger bills: startup_s (the slowest node's spawn to first step) +
+    duration_s is the span the ledger bills: staging_s (the slowest node bringing its code and
+    data, where the job stages any) + startup_s (the slowest node's spawn to first step) +
     steps × step_s.total + final_sync_s (the exchange that produces the final model and leaving the
     peers, where not already in the steps) + teardown_s (the result to the processes gone).
     """
@@ -188,6 +237,13 @@ class Estimates(_Plain):
     wan_bytes_per_step: float = Field(ge=0, description="Bytes crossing region boundaries, amortised.")
     interval: EstimateInterval | None = None
     basis: CalibrationBasis | None = None
+    # None (and left out of the dump): the job stages no data (``control_layer.planner.staging``).
+    staging_s: float | None = Field(default=None, ge=0)
+    staging: StagingEstimate | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        return _without_unset_staging(handler, self, ("staging_s", "staging"))
 
     @property
     def hours(self) -> float:
@@ -315,6 +371,9 @@ class Calibration(_Plain):
     exchange_drift: dict[str, float] = Field(default_factory=dict)
     exchange_drift_fixed_s: dict[str, float] = Field(default_factory=dict)
     checkpoint_fixed_s: dict[str, float] = Field(default_factory=dict)
+    # Per cluster id: bytes/s its nodes staged code and data at, from the agents' reports
+    # (``control_layer.planner.staging``; the first guess is the link to the store's region).
+    staging_bytes_per_s: dict[str, float] = Field(default_factory=dict)
     time_error: ErrorBand | None = None
     cost_error: ErrorBand | None = None
 
@@ -341,4 +400,7 @@ class Calibration(_Plain):
             for key, value in seconds.items():
                 if not (math.isfinite(value) and value >= 0):
                     raise ValueError(f"{name}[{key!r}] = {value} is not a non-negative number of seconds")
+        for key, value in self.staging_bytes_per_s.items():
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"staging_bytes_per_s[{key!r}] = {value} is not a positive rate")
         return self

@@ -34,12 +34,13 @@ def pick_replacement(
 ) -> Replacement | None:
     """The node that takes over a task of ``devices`` devices of one of ``kinds`` ("cuda", "cpu"),
     or None when no node can. Same region first (its data and links are the ones planned), then
-    the lowest device price; ties by ids, so the choice is deterministic."""
+    the lowest device price; ties by ids, so the choice is deterministic. With ``data.shards`` only
+    the same region: the lost task's stage section reads that region's shard, which may be resident."""
     if devices < 1:
         raise ValueError(f"devices must be >= 1, got {devices}")
     best: tuple[tuple[object, ...], Replacement] | None = None
     for pool in filter_fleet(spec, snapshot).pools:
-        if pool.kind not in kinds:
+        if pool.kind not in kinds or (spec.data.shards and pool.region != prefer_region):
             continue
         for node_id, free in pool.nodes:
             if node_id in exclude_nodes or len(free) < devices:

@@ -26,7 +26,7 @@ from control_layer.planner.explain import Trace, explain, too_few
 from control_layer.planner.fleet import Pool, filter_fleet
 from control_layer.planner.heuristic import candidate_solutions
 from control_layer.planner.milp import integer_vars, milp_solutions
-from control_layer.planner.options import build_option
+from control_layer.planner.options import build_option, qos_checks
 from control_layer.planner.pareto import labels, pareto_front, select
 from control_layer.planner.plan_types import Calibration, PlanOption
 from control_layer.planner.problem import (
@@ -38,9 +38,11 @@ from control_layer.planner.problem import (
     build_problem,
     evaluate_many,
 )
+from control_layer.planner.residency import cover, needed_indices, resident_check
 from control_layer.planner.screen import Bounds, screen
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.spanning import spanning_options, spans_clusters
+from control_layer.planner.staging import DataStaging, price_staging
 from control_layer.planner.sync_choice import AutoSync, provisional
 
 # A heuristic answer within this fraction of the candidate's lower bound is taken as optimal,
@@ -88,6 +90,9 @@ class _Search:
         self.best_of: dict[Degrees, Bound] = {}  # per candidate, the best (duration, cost) found
         self.quick: dict[Degrees, Bound] = {}  # per queued candidate, its quick bound
         self._problems: dict[Degrees, Problem] = {}
+        # Resident shards' regions (indices in the fleet's regions): each solution gets a replica
+        # in every one (``residency.cover``) before it is scored.
+        self.needed = needed_indices(spec, fleet.regions) if spec.data.shards else ()
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -106,6 +111,8 @@ class _Search:
         """Score solutions exactly; those within the QoS bounds join the front."""
         fresh: list[Scored] = []
         sols = list(solutions)
+        if self.needed:
+            sols = [c for c in (cover(pr, s, self.needed) for s in sols) if c is not None]
         for sol, sc in zip(sols, evaluate_many(pr, sols), strict=True):
             if sc is None:
                 continue
@@ -279,7 +286,11 @@ def precision_groups(spec: JobSpec, pools: list[Pool]) -> list[tuple[str, list[P
 
 
 def search(
-    spec: JobSpec, snapshot: ResourceSnapshot, calibration: Calibration | None, max_options: int
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    calibration: Calibration | None,
+    max_options: int,
+    staging: DataStaging | None = None,
 ) -> list[PlanOption]:
     # Sync settings left to the planner: the codec now, H per option (``sync_choice``); the
     # search ranks placements at the provisional H, and each option is priced at its own.
@@ -294,6 +305,16 @@ def search(
             else "no free devices"
         )
         raise NoFeasiblePlan(message, explanation=explanation)
+    if spec.data.shards:
+        left = {p.region for p in filtered.pools}
+        lacking = [r for r in spec.data.resident_regions if r not in left]
+        if lacking:
+            detail = (
+                f"resident shards live in {lacking}, which have no free devices left after the"
+                " constraints above; a resident shard is read only in its region"
+            )
+            explanation.append({"constraint": "data.shards", "value": lacking, "detail": detail})
+            raise NoFeasiblePlan(detail, explanation=explanation)
     options: list[PlanOption] = []
     failures: list[NoFeasiblePlan] = []
     for precision, pools in precision_groups(spec, filtered.pools):
@@ -313,6 +334,8 @@ def search(
             options += spanning_options(
                 with_precision(spec, precision), snapshot, pools, calibration, competing=competing
             )
+    if spec.data.shards or staging is not None:
+        options = _with_data(options, spec, snapshot, calibration, staging)
     if not options:
         if failures:
             raise failures[0]
@@ -321,6 +344,28 @@ def search(
         detail = "no option met the QoS bounds once priced with its runtime settings"
         raise NoFeasiblePlan(detail, explanation=[*explanation, {"constraint": "qos", "detail": detail}])
     return finish(options, spec.qos.objective, max_options)
+
+
+def _with_data(
+    options: list[PlanOption],
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    calibration: Calibration | None,
+    staging: DataStaging | None,
+) -> list[PlanOption]:
+    """Options priced with their staging, checked again on their QoS bounds (staging adds time
+    and cost) and on the resident shards' regions; those that fail any check are dropped."""
+    out = []
+    for o in options:
+        if staging is not None:
+            o = price_staging(o, spec, snapshot, staging, calibration)
+        checks = qos_checks(spec, snapshot, o.tasks, o.estimates, o.spot)
+        resident = resident_check(spec, o.regions)
+        if resident is not None:
+            checks.append(resident)
+        if all(c.ok for c in checks):
+            out.append(o.model_copy(update={"qos_checks": checks}))
+    return out
 
 
 def _search_pools(

@@ -187,6 +187,17 @@ class S3Store:
     def presign_get(self, digest: str, ttl_s: int = PRESIGN_TTL_S) -> str | None:
         return self.presign_external(self.bucket, self.key(digest), ttl_s)
 
+    def tenant_prefix(self, tenant_id: str) -> str:
+        """Where a tenant's own objects live in ``bucket``: what it may name as ``outputs.uri``."""
+        return f"{self.prefix}tenants/{tenant_id}/"
+
+    def object_size(self, bucket: str, key: str) -> int | None:
+        """Bytes of an object the store's credentials can read; None when absent or not allowed."""
+        try:
+            return int(self.client.head_object(Bucket=bucket, Key=key)["ContentLength"])
+        except ClientError:
+            return None
+
     def presign_external(self, bucket: str, key: str, ttl_s: int = PRESIGN_TTL_S) -> str | None:
         return str(
             self.client.generate_presigned_url(

@@ -14,6 +14,7 @@ from control_layer import jobs as job_service
 from control_layer import submissions
 from control_layer.planner.plan_types import PlanOption
 from control_layer.preemption import start_preemption
+from control_layer.user_data import needs_resolution
 from orchestration.db.engine import as_utc, session_scope
 from orchestration.db.models import Quote
 from service_layer import queries
@@ -99,9 +100,9 @@ async def submit_job(
         "option_id": body.option_id,
         "choice": body.choice,
     }
-    if body.quote_id is None:  # nothing to read: drafted on the event loop
+    if body.quote_id is None and not (body.spec and needs_resolution(body.spec)):  # drafted on the loop
         draft = submissions.draft_job(ctx, tenant.id, **request_args)
-    else:  # the quote is read from the database, off the event loop
+    else:  # the quote is read, or the spec's references checked, off the event loop
         draft = await run_in_threadpool(submissions.draft_job, ctx, tenant.id, **request_args)
     job = await request.app.state.submissions.submit(draft)
     ctx.metrics.submissions.labels("route").inc()

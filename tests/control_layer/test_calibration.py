@@ -15,6 +15,7 @@ from control_layer.planner.estimate import estimate_option, estimate_planned
 from control_layer.planner.intervals import DEFAULT_BAND
 from control_layer.planner.plan_types import ExchangeBasis, PlannedTask, PlanOption, SyncTopology
 from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.staging import DataStaging, StagedBlob, price_staging
 
 AT = datetime(2026, 11, 23, tzinfo=UTC)
 REGION_OF = {"a": "eu", "b": "us", "c": "ap"}
@@ -775,3 +776,30 @@ def test_a_hierarchical_exchange_teaches_no_goodput_and_its_gathers_are_read_as_
     wait = totals["wait_s"] / totals["n"]
     assert sample is not None
     assert sample.seconds == pytest.approx(wait - ex.local_s - ex.bytes / ex.bytes_per_s - ex.latency_s)
+
+
+def test_staging_throughput_is_learned_per_cluster_and_prices_the_next_staging() -> None:
+    option = _option(regions=1)
+    cluster, node = option.tasks[0].cluster, option.tasks[0].node
+    # Two fetched items (8 MB in 2 s) and one from the node's cache, which says nothing of the link.
+    staged = [
+        {"item": "code", "bytes": 2_000_000, "seconds": 0.5},
+        {"item": "data", "bytes": 6_000_000, "seconds": 1.5},
+        {"item": "data", "bytes": 9_000_000_000, "seconds": 0.01, "cached": True},
+    ]
+    assert cal.observe_staging({"staging": staged}) == pytest.approx(4e6)
+    assert cal.observe_staging({"staging": {"items": staged}}) == pytest.approx(4e6)
+    assert cal.observe_staging({"staging": [{"bytes": 5, "seconds": 0}]}) is None
+    run = cal.FinishedRun(
+        "s", AT, True, option, [cal.TaskRun(node, "eu", "cpu", [], {"staging": staged})], 10.0, 1.0
+    )
+    state, changes = cal.update(cal.State(), run)
+    assert state.factors[(cal.STAGING, cluster)].value == pytest.approx(4e6)
+    assert [(c.kind, c.key) for c in changes if c.kind == cal.STAGING] == [(cal.STAGING, cluster)]
+    learned = cal.to_calibration(state)
+    assert learned.staging_bytes_per_s == {cluster: pytest.approx(4e6)}
+    # The planner prices a node of that cluster at the learned rate, not the link's guess.
+    staging = DataStaging(code=StagedBlob(bytes=8_000_000))  # the code archive: every node stages it
+    priced = price_staging(option, _spec(), _snap(), staging, learned)
+    assert priced.estimates.staging_s == pytest.approx(2.0)
+    assert priced.estimates.staging.reads[0].rate_basis == "learned"

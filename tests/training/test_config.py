@@ -45,7 +45,7 @@ def test_single_cluster_defaults() -> None:
         ({"training": {"steps": 1, "local_batch": 6, "micro_batch": 4}}, "divisible by micro_batch", None),
         ({"parallel": {"pp": 2, "microbatches": 1}}, "microbatches \\(1\\) must be >= pp", None),
         ({"parallel": {"dp_local": 3}, "sync": {"global_replicas": 4, "replica_offset": 2}}, "exceeds", None),
-        ({"data": {"kind": "tokens"}}, "data.path is required", "data"),
+        ({"data": {"kind": "tokens"}}, "data.path is required", None),
         ({"entrypoint": "not a path"}, "package.module:function", None),
         ({"model": None}, "model is required", None),
         ({"parallel": {"zero": 4}}, "zero", "parallel.zero"),
@@ -59,6 +59,13 @@ def test_bad_config_is_refused_with_a_clear_message(
         parse_worker_config(raw(**over))
     if field is not None:
         assert field in e.value.details["fields"]
+
+
+def test_tokens_to_be_staged_need_no_path_yet() -> None:
+    # The agent stages stage.data and sets data.path before the launch.
+    staged = {"data": {"url": "https://example.org/tokens.bin"}}
+    cfg = parse_worker_config(raw(data={"kind": "tokens"}, stage=staged))
+    assert cfg.data.path is None and cfg.stage is not None and cfg.stage.data is not None
 
 
 def test_load_from_path_or_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
