@@ -167,6 +167,8 @@ def sandbox_command(
         argv += ["--ro-bind", str(p), str(p)]
     for p in _unique(p.resolve() for p in writable):
         argv += ["--bind", str(p), str(p)]
+    for d in hidden_dirs(settings):  # the empty cover itself takes no writes (its binds still do)
+        argv += ["--remount-ro", str(d)]
     argv += [
         "--unshare-user",
         "--uid",

@@ -107,8 +107,8 @@ class Launcher:
             "--allow-command-override", "--log-level", "DEBUG",
             "--no-measure-profile",  # its life is under test here; test_profile.py measures
         ]  # fmt: skip
-        for key, value in options.items():
-            args += [f"--{key.replace('_', '-')}", value]
+        for key, value in options.items():  # a flag given "" is a switch
+            args += [f"--{key.replace('_', '-')}", value] if value else [f"--{key.replace('_', '-')}"]
         log_path = work_dir / f"agent-{len(self.started)}.log"
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
