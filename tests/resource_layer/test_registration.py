@@ -362,6 +362,7 @@ def test_the_sandbox_a_node_declares_is_stored_and_reaches_both_snapshots(
     """Whether a node runs users' code is what it registered with; an agent that says nothing
     (an older one) runs none."""
     from control_layer.live_snapshot import LiveSnapshot
+    from service_layer.queries import list_clusters
 
     boxed = stub.Register(request(enrollment_token(ctx), sandbox="bubblewrap"), timeout=10)
     silent = stub.Register(request(enrollment_token(ctx), hostname="node-b"), timeout=10)
@@ -370,6 +371,9 @@ def test_the_sandbox_a_node_declares_is_stored_and_reaches_both_snapshots(
     for snap in (built, LiveSnapshot(ctx).snapshot()):
         nodes = {n.id: n for c in snap.clusters for n in c.nodes}
         assert (nodes[boxed.node_id].sandbox, nodes[silent.node_id].sandbox) == ("bubblewrap", "none")
+    with ctx.session_factory() as s:  # and the node API shows it
+        shown = {n.id: n.sandbox for c in list_clusters(s, ctx.bus) for n in c.nodes}
+    assert (shown[boxed.node_id], shown[silent.node_id]) == ("bubblewrap", "none")
     again = stub.Register(
         request("", node_id=boxed.node_id, node_token=boxed.node_token, sandbox="unsandboxed-allowed"),
         timeout=10,
