@@ -22,6 +22,7 @@ import re
 import resource
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,14 @@ NOFILE_PER_DEVICE = 16384  # torch's data loaders and gloo's sockets: generous, 
 MIN_NOFILE = 4096
 # The environment the agent was started with may hold its enrollment token.
 HIDDEN_ENV = ("CPN_AGENT_TOKEN",)
+# The agent stops a task by SIGTERM to its process group, then SIGKILL after a grace period. bwrap
+# would die of the SIGTERM at once and, dying, SIGKILL the sandbox (--die-with-parent): so bwrap
+# runs with SIGTERM ignored, and the task's command with it restored, to end on its own terms.
+IGNORE_TERM = ("sh", "-c", 'trap "" TERM; exec "$0" "$@"')
+DEFAULT_TERM = (
+    "import os, signal, sys; signal.signal(signal.SIGTERM, signal.SIG_DFL);"
+    " os.execvp(sys.argv[1], sys.argv[1:])"
+)
 # Each GPU's own node plus the driver's shared ones (present or not, depending on the driver).
 NVIDIA_SHARED = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 
@@ -191,7 +200,7 @@ def sandbox_command(
         argv += ["--unsetenv", name]
     if chdir is not None:
         argv += ["--chdir", str(chdir.resolve())]
-    return [*argv, "--", *cmd]
+    return [*IGNORE_TERM, *argv, "--", sys.executable, "-c", DEFAULT_TERM, *cmd]
 
 
 def secrets_of(settings: AgentSettings) -> list[Path]:

@@ -69,10 +69,13 @@ def test_the_argv_hides_the_work_dir_then_shows_the_task_its_own_paths() -> None
         as_root=True,
         nofile_hard=1 << 20,
     )
+    assert argv[:3] == ["sh", "-c", 'trap "" TERM; exec "$0" "$@"']  # bwrap outlives a SIGTERM
     sep = argv.index("--")
-    assert argv[:sep] == ["prlimit", f"--fsize={2 * 1024**3}", "--nofile=32768", "--core=0"]
+    assert argv[3:sep] == ["prlimit", f"--fsize={2 * 1024**3}", "--nofile=32768", "--core=0"]
     bwrap = argv[sep + 1 : argv.index("--", sep + 1)]
-    assert argv[argv.index("--", sep + 1) + 1 :] == ["python", "-m", "training.worker"]
+    inner = argv[argv.index("--", sep + 1) + 1 :]  # the command, SIGTERM restored
+    assert inner[:2] == [sys.executable, "-c"] and "SIG_DFL" in inner[2]
+    assert inner[3:] == ["python", "-m", "training.worker"]
     assert bwrap[:3] == ["bwrap", "--ro-bind", "/"]
     # The hidden work dir comes before the task's own binds, which reappear inside it.
     hide = bwrap.index("/srv/cpn")
@@ -232,6 +235,7 @@ print("CPN_RESULT " + json.dumps({"escaped": [f"{size} MiB in one file"]}), flus
 TERM = """
 import os, signal, sys, time
 def on_term(*_):
+    time.sleep(0.5)  # a checkpoint on the way out
     open("got-sigterm", "w").write("yes")
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
@@ -381,11 +385,13 @@ def test_users_code_past_its_quota_fails_even_when_it_ends_first(boxed: Node_, s
 
 
 def test_a_cancelled_sandboxed_task_gets_its_sigterm(boxed: Node_) -> None:
+    """The worker has the whole grace period: bwrap, which ignores the SIGTERM, does not cut it
+    short by dying and taking the sandbox with it."""
     plane, node = boxed.plane, boxed.node
     task_id = dispatch(plane, node, user_config(TERM, None))
     run_dir = boxed.agent.work_dir / "assignments" / task_id
-    wait_for(lambda: "waiting" in ((run_dir / "worker.log").read_text() if run_dir.is_dir() else ""),
-             timeout=60, what="the worker to start")  # fmt: skip
+    log = run_dir / "worker.log"
+    wait_for(lambda: log.is_file() and "waiting" in log.read_text(), timeout=60, what="the worker to start")
     with plane.ctx.session_factory() as s:
         row = s.get(Task, task_id)
         assert row is not None
