@@ -265,6 +265,10 @@ def sandboxed(
     its writable directories (bwrap binds only what exists). InvalidArgument where a path of the
     config would expose the node's secrets or other tasks."""
     writable, readable = task_paths(config, run_dir, cmd, env)
+    # A readable path above a hidden dir (the agent's own PYTHONPATH holding its work dir) shows
+    # nothing the read-only root does not: left out, the dir stays hidden.
+    hidden = hidden_dirs(settings)
+    readable = [p for p in readable if not any(h.is_relative_to(p.resolve()) for h in hidden)]
     problems = exposure_problems([*writable, *readable], settings)
     if problems:
         raise InvalidArgument("the sandbox refuses this task's paths: " + "; ".join(problems))

@@ -29,11 +29,13 @@ from agent.sandbox import (
     nvidia_minors,
     over_quota_reason,
     sandbox_command,
+    sandboxed,
     task_limits,
     task_paths,
     tree_bytes,
 )
 from agent.settings import AgentSettings
+from contracts.errors import InvalidArgument
 from control_layer.dispatch import assignment_message, cancel_message
 from orchestration.db.models import Node, Task
 from tests.agent.conftest import REPO, AgentProcess, Launcher, Plane, close_plane, make_plane, node_of
@@ -139,7 +141,7 @@ def test_user_code_is_what_has_an_entrypoint_unless_its_stage_turns_the_sandbox_
     assert SandboxProbe(False, "x").capability(False) == "none"
 
 
-def test_no_path_may_expose_the_work_dir_its_secrets_or_other_tasks() -> None:
+def test_no_path_may_expose_the_work_dir_its_secrets_or_other_tasks(tmp_path: Path) -> None:
     s = settings(state_file=Path("/etc/cpn/state.json"))
     bad = [Path("/srv/cpn"), Path("/srv/cpn/assignments"), Path("/srv"), Path("/etc/cpn"), Path("/")]
     assert len(exposure_problems(bad, s)) == len(bad)
@@ -153,6 +155,16 @@ def test_no_path_may_expose_the_work_dir_its_secrets_or_other_tasks() -> None:
     assert writable == [Path("/srv/cpn/assignments/t1"), Path("/srv/cpn/checkpoints/j/x"),
                         Path("/srv/cpn/assignments/t1/out")]  # fmt: skip
     assert readable == [Path("/srv/cpn/cache/data.bin"), Path("/c")]
+    # The agent's own PYTHONPATH above its work dir is left out rather than failing the task; a
+    # writable one fails it.
+    s, run = settings(work_dir=tmp_path / "w"), tmp_path / "w" / "assignments" / "t"
+    argv, dirs = sandboxed(
+        ["python"], {}, run, {"PYTHONPATH": str(tmp_path)}, device_kind="cpu", device_indices=(0,), settings=s
+    )
+    assert (str(tmp_path), str(tmp_path)) not in _pairs(argv, "--ro-bind") and dirs == [run]
+    with pytest.raises(InvalidArgument, match="would expose"):
+        bad = {"outputs_dir": str(tmp_path / "w")}
+        sandboxed(["python"], bad, run, {}, device_kind="cpu", device_indices=(0,), settings=s)
 
 
 def test_disk_use_counts_blocks_once_per_inode_and_freeing_keeps_the_agents_files(tmp_path: Path) -> None:
