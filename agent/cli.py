@@ -80,6 +80,18 @@ def agent_command(
         True, "--measure-profile/--no-measure-profile", help="Run the reference worker step at start-up"
     ),
     allow_command_override: bool = typer.Option(False, "--allow-command-override", hidden=True),
+    allow_unsandboxed: bool = typer.Option(
+        False,
+        "--allow-unsandboxed",
+        help="Run users' code even where bubblewrap does not work on this node (the code then sees"
+        " everything the agent's user can)",
+    ),
+    task_disk_gb: float = typer.Option(
+        100.0, "--task-disk-gb", help="GiB a sandboxed task's directories may hold before it is stopped"
+    ),
+    task_tmp_gb: float = typer.Option(
+        4.0, "--task-tmp-gb", help="GiB of a sandboxed task's private /tmp and of its /dev/shm (memory)"
+    ),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
     """Run the node agent: register this node's devices and run the work the control plane assigns."""
@@ -113,6 +125,9 @@ def agent_command(
             kill_grace_s=kill_grace_s,
             measure_profile=measure_profile,
             allow_command_override=allow_command_override,
+            allow_unsandboxed=allow_unsandboxed,
+            task_disk_gb=task_disk_gb,
+            task_tmp_gb=task_tmp_gb,
         )
     except ValidationError as exc:
         for err in exc.errors():

@@ -33,6 +33,7 @@ from agent.duties import Duty, run_duty
 from agent.outbox import Outbox
 from agent.probe import build_probe_server, run_probe
 from agent.profile import another_measuring, measure_profile
+from agent.sandbox import SandboxProbe, needs_sandbox, probe_sandbox
 from agent.settings import AgentSettings
 from agent.state import AgentState, Credentials
 from agent.tls import certificate_request, channel_credentials, load_or_create_key, read_pem
@@ -163,6 +164,7 @@ class Agent:
         self._server_index = 0
         self._client_pair: tuple[bytes, bytes] | None = None  # mTLS: the node's key and certificate
         self._heartbeat_duty = Duty("heartbeat", lambda: self.heartbeat_interval_s, self._heartbeat)
+        self.sandbox = SandboxProbe(False, "not probed yet")  # probed when the agent starts
 
     # -- the whole life -------------------------------------------------------------------------
     async def run(self) -> int:
@@ -186,6 +188,13 @@ class Agent:
             except Exception as exc:
                 log.error("device detection failed: %s", exc)
                 return 2
+        self.sandbox = await asyncio.to_thread(probe_sandbox, s)
+        if self.sandbox.ok:
+            log.info("sandbox: bubblewrap works; users' code runs confined")
+        elif s.allow_unsandboxed:
+            log.warning("sandbox: %s; users' code runs UNCONFINED (--allow-unsandboxed)", self.sandbox.reason)
+        else:
+            log.warning("sandbox: %s; this node refuses users' code", self.sandbox.reason)
         settled: float | None = None
         if s.measure_profile and self.profile is None and self.devices:
 
@@ -386,6 +395,7 @@ class Agent:
             probe_port=self._probe_port,
             cpu_contention=self._contention.value,
             cpu_contention_probe_ages_s=self._contention.kept_ages(),
+            sandbox=self.sandbox.capability(s.allow_unsandboxed),
         )
         if self.profile is not None:
             request.measured_profile.CopyFrom(profile_to_proto(self.profile))
@@ -540,6 +550,15 @@ class Agent:
                 aid, f"nproc ({a.nproc}) must equal the number of device_indices {list(a.device_indices)}"
             )
         kind = kinds[a.device_indices[0]] if a.device_indices else self.devices[0].kind
+        sandbox = needs_sandbox(a.worker_config)
+        if sandbox and not self.sandbox.ok:
+            if not self.settings.allow_unsandboxed:
+                return self._fail(
+                    aid,
+                    f"users' code needs a sandbox and this node has none ({self.sandbox.reason});"
+                    " its provider may allow unsandboxed users' code with --allow-unsandboxed",
+                )
+            sandbox = False
         run = WorkerRun(
             a,
             self.settings.work_dir.resolve() / "assignments" / aid,
@@ -547,6 +566,7 @@ class Agent:
             device_kind=kind,
             send=self._outbox.put,
             on_spawn=self._remember_worker,
+            sandbox=sandbox,
         )
         self._runs[aid] = run
         task = asyncio.create_task(self._supervise(run))

@@ -125,6 +125,18 @@ class AgentSettings(BaseModel):
     allow_command_override: bool = Field(
         False, description="honour a worker config's 'command' list instead of torchrun (tests only)"
     )
+    allow_unsandboxed: bool = Field(
+        False, description="run users' code without a sandbox where bubblewrap does not work here"
+    )
+    task_disk_gb: float = Field(
+        100.0, gt=0, le=1e6, description="GiB a sandboxed task's own directories may hold"
+    )
+    task_tmp_gb: float = Field(
+        4.0, gt=0, le=1024, description="GiB each of a sandboxed task's private /tmp and /dev/shm may hold"
+    )
+    disk_check_interval_s: float = Field(
+        2.0, gt=0, le=3600, description="how often a sandboxed task's disk use is checked"
+    )
 
     @field_validator("server")
     @classmethod

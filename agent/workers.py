@@ -29,6 +29,14 @@ from agent.output import (
     MetricsTracker,
     parse_prefixed,
 )
+from agent.sandbox import (
+    disk_quota_bytes,
+    free_task_dirs,
+    guard_disk,
+    over_quota_reason,
+    sandboxed,
+    tree_bytes,
+)
 from agent.settings import AgentSettings
 from contracts.checkpoint_transfer import CheckpointTicket
 from contracts.errors import InvalidArgument
@@ -42,6 +50,7 @@ log = logging.getLogger(__name__)
 COMMAND_KEY = "command"  # worker_config key naming an argv to run instead of torchrun (tests only)
 MAX_LINE = 4000
 READ_LIMIT = 1 << 20
+AGENT_FILES = ("worker.log", "worker_config.json")  # the agent's own files in a run dir
 
 SUCCEEDED, FAILED, CANCELLED = (
     agent_pb2.TASK_STATE_SUCCEEDED,
@@ -210,6 +219,7 @@ class WorkerRun:
         device_kind: str,
         send: Callable[[agent_pb2.AgentMessage], None],
         on_spawn: Callable[[WorkerRun], None] = lambda run: None,
+        sandbox: bool = False,
     ) -> None:
         self.assignment = assignment
         self.run_dir = run_dir
@@ -232,6 +242,9 @@ class WorkerRun:
         self._result_at: float | None = None  # monotonic, when its result line arrived
         self._error: str | None = None
         self._stderr_tail: deque[str] = deque(maxlen=8)
+        self._sandbox = sandbox  # users' code: run confined (agent.sandbox)
+        self._quota_dirs: list[Path] = []  # what the task's disk quota covers, when sandboxed
+        self._over_quota = False
 
     @property
     def done(self) -> bool:
@@ -272,6 +285,16 @@ class WorkerRun:
             config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
             cmd = worker_command(a, config_path, allow_override=self._settings.allow_command_override)
             env = worker_env(os.environ, a, device_kind=self._device_kind, config_path=config_path)
+            if self._sandbox:
+                cmd, self._quota_dirs = sandboxed(
+                    cmd,
+                    config,
+                    self.run_dir,
+                    env,
+                    device_kind=self._device_kind,
+                    device_indices=a.device_indices,
+                    settings=self._settings,
+                )
             if self._stop is not None:
                 return self._finish(self._stop[0], self._stop[1], 0)
             self._spawned_at = time.monotonic()
@@ -300,13 +323,17 @@ class WorkerRun:
             stopper = None
             if self._stop is not None:  # asked to stop while the process was being spawned
                 stopper = asyncio.create_task(self.stop(self._stop[1], self._stop[0]))
+            guard = self._start_disk_guard()
             code = await self._proc.wait()
             if stopper is not None:
                 await stopper
+            await self._end_disk_guard(guard)
             _signal_group(self.pgid, signal.SIGKILL)  # whatever the group left behind holds our pipes
             _, pending = await asyncio.wait(pumps, timeout=5)
             for task in pending:
                 task.cancel()
+        if self._over_quota:  # give the node its disk back: what the task wrote goes
+            await asyncio.to_thread(free_task_dirs, self._quota_dirs, keep=AGENT_FILES)
         self.flush_metrics(force=True)
         if self._stop is not None:
             return self._finish(self._stop[0], self._stop[1], code)
@@ -319,6 +346,28 @@ class WorkerRun:
         why = self._error or (self._stderr_tail[-1] if self._stderr_tail else "")
         suffix = " after reporting a result" if self._result is not None else ""
         self._finish(FAILED, f"workers exited with code {code}{suffix}: {why}".rstrip(": "), code)
+
+    def _start_disk_guard(self) -> asyncio.Task[None] | None:
+        if not self._quota_dirs:
+            return None
+        quota, every = disk_quota_bytes(self._settings), self._settings.disk_check_interval_s
+        return asyncio.create_task(guard_disk(self._quota_dirs, quota, self._stop_over_quota, every))
+
+    async def _stop_over_quota(self, reason: str) -> None:
+        self._over_quota = True
+        await self.stop(reason, FAILED)
+
+    async def _end_disk_guard(self, guard: asyncio.Task[None] | None) -> None:
+        """Stop watching; a task that went over its quota between the last check and its exit
+        fails all the same."""
+        if guard is None:
+            return
+        guard.cancel()
+        await asyncio.gather(guard, return_exceptions=True)
+        if self._stop is None:
+            used = await asyncio.to_thread(tree_bytes, self._quota_dirs)
+            if (reason := over_quota_reason(used, disk_quota_bytes(self._settings))) is not None:
+                self._stop, self._over_quota = (FAILED, reason), True
 
     async def _fetch_checkpoint(self) -> None:
         """Bring the checkpoint the control plane named (``checkpoint.fetch``) from the node of the

@@ -100,6 +100,17 @@ class NodeProfile:
         }
 
 
+# Whether and how a node runs users' code (an entrypoint): confined by bubblewrap, unconfined
+# because its provider allowed it, or not at all. The planner places users' code only on the first
+# two (``runs_user_code``).
+SANDBOX_BUBBLEWRAP, SANDBOX_UNSANDBOXED_ALLOWED, SANDBOX_NONE = "bubblewrap", "unsandboxed-allowed", "none"
+SANDBOX_KINDS = (SANDBOX_BUBBLEWRAP, SANDBOX_UNSANDBOXED_ALLOWED, SANDBOX_NONE)
+
+
+def runs_user_code(sandbox: str | None) -> bool:
+    return sandbox in (SANDBOX_BUBBLEWRAP, SANDBOX_UNSANDBOXED_ALLOWED)
+
+
 @dataclass(frozen=True)
 class NodeRegistration:
     region: str
@@ -129,6 +140,7 @@ class NodeRegistration:
     cpu_contention: float = 0.0
     # Seconds before the request each probe the figure kept was taken (see MAX_CONTENTION_PROBES).
     cpu_contention_probe_ages_s: tuple[float, ...] = ()
+    sandbox: str = SANDBOX_NONE  # whether and how it runs users' code (SANDBOX_KINDS)
 
 
 def probe_ages_problem(ages: Sequence[float]) -> str | None:
@@ -264,6 +276,8 @@ def registration_problems(reg: NodeRegistration) -> list[str]:
             f" [{MIN_CONTENTION:g}, {MAX_CONTENTION:g}],"
             f" got {reg.cpu_contention}"
         )
+    if reg.sandbox not in SANDBOX_KINDS:
+        p.append(f"sandbox: must be one of {', '.join(SANDBOX_KINDS)}, got {reg.sandbox[:64]!r}")
     if (why := probe_ages_problem(reg.cpu_contention_probe_ages_s)) is not None:
         p.append(f"cpu_contention_probe_ages_s: {why}")
     if reg.profile is not None:

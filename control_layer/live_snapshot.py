@@ -73,6 +73,7 @@ class _NodeRow:
     fabric_latency_ms: float | None = None
     cross_cluster_groups: bool = False
     cpu_contention_busy: float | None = None
+    sandbox: str = "none"
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,7 @@ class _State:
             Node.fabric_bandwidth_gbps,
             Node.fabric_latency_ms,
             Node.cross_cluster_host,
+            Node.sandbox,
         )
         acc_cols = select(
             Accelerator.id,
@@ -270,6 +272,7 @@ class _State:
             fabric_gbps,
             fabric_ms,
             cross,
+            sandbox,
         ) in node_rows:
             self.nodes[node_id] = _NodeRow(
                 cluster_id,
@@ -281,6 +284,7 @@ class _State:
                 fabric_ms,
                 bool(cross),
                 contention_busy,
+                sandbox,
             )
             self.cluster_nodes.setdefault(cluster_id, set()).add(node_id)
             self.stale.add(cluster_id)
@@ -361,6 +365,7 @@ class _State:
                 fabric_bandwidth_gbps=self.nodes[nid].fabric_bandwidth_gbps,
                 fabric_latency_ms=self.nodes[nid].fabric_latency_ms,
                 cross_cluster_groups=self.nodes[nid].cross_cluster_groups,
+                sandbox=self.nodes[nid].sandbox,  # type: ignore[arg-type]
                 devices=[
                     DeviceSlot(
                         index=d.index,

@@ -103,6 +103,7 @@ def build_snapshot(
                 fabric_bandwidth_gbps=node.fabric_bandwidth_gbps,
                 fabric_latency_ms=node.fabric_latency_ms,
                 cross_cluster_groups=bool(node.cross_cluster_host),
+                sandbox=node.sandbox,
             )
         )
 

@@ -8,7 +8,14 @@ from typing import Any
 from google.protobuf import json_format
 
 from contracts.errors import InvalidArgument
-from contracts.registration import STEP_RATE_FIELDS, DeviceReport, NodeProfile, NodeRegistration, StepRate
+from contracts.registration import (
+    SANDBOX_NONE,
+    STEP_RATE_FIELDS,
+    DeviceReport,
+    NodeProfile,
+    NodeRegistration,
+    StepRate,
+)
 from contracts.states import TaskState
 from proto.cpn.agent.v1 import agent_pb2
 
@@ -67,6 +74,7 @@ def registration_from_proto(r: agent_pb2.RegisterRequest) -> NodeRegistration:
         cross_cluster_host=r.cross_cluster_host,
         cpu_contention=r.cpu_contention,
         cpu_contention_probe_ages_s=tuple(r.cpu_contention_probe_ages_s),
+        sandbox=r.sandbox or SANDBOX_NONE,  # an agent that does not say runs no users' code
         profile=profile_from_proto(r.measured_profile) if r.HasField("measured_profile") else None,
     )
 

@@ -91,6 +91,7 @@ def register_node(
     node.fabric_bandwidth_gbps = reg.node_fabric_gbps or None
     node.fabric_latency_ms = reg.node_fabric_latency_ms or None
     node.cross_cluster_host = reg.cross_cluster_host or None
+    node.sandbox = reg.sandbox
     if reg.cpu_contention:  # measured after the agent's own start-up: quotes use it at once
         node.cpu_contention = reg.cpu_contention
         node.cpu_contention_busy = None

@@ -118,6 +118,7 @@ def list_clusters(session: Session, bus: Bus, now: datetime | None = None) -> li
             heartbeat_age_s=(now - last).total_seconds() if last else None,
             advertise_host=node.advertise_host,
             agent_version=node.agent_version,
+            sandbox=node.sandbox,
             devices=[
                 DeviceRead.model_validate(a).model_copy(update={"allocated": a.id in busy})
                 for a in devices_by_node.get(node.id, [])

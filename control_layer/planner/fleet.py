@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.job_spec import JobSpec
+from contracts.registration import runs_user_code
 from control_layer.planner.estimate import device_price
 from control_layer.planner.snapshot import ClusterInfo, NodeInfo, ResourceSnapshot
 
@@ -251,4 +252,13 @@ def filter_fleet(spec: JobSpec, snapshot: ResourceSnapshot) -> Filtered:
     if qos.min_gpu_mem_gb is not None:
         need = qos.min_gpu_mem_gb
         apply("qos.min_gpu_mem_gb", need, lambda p: p.memory_gb >= need, f"device memory below {need:g} GB")
+    if spec.entrypoint is not None:
+        # Users' code runs only where the node confines it, or its provider accepts it unconfined.
+        closed = {n.id for c in snapshot.clusters for n in c.nodes if not runs_user_code(n.sandbox)}
+        apply(
+            "entrypoint",
+            spec.entrypoint,
+            lambda p: not any(node_id in closed for node_id, _ in p.nodes),
+            "node runs no users' code (no working sandbox, and its provider has not allowed it unsandboxed)",
+        )
     return result

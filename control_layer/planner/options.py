@@ -6,6 +6,7 @@ import hashlib
 import json
 
 from contracts.job_spec import JobSpec
+from contracts.registration import runs_user_code
 from control_layer.planner import cost_model as cm
 from control_layer.planner.assign import assign
 from control_layer.planner.estimate import device_slots, estimate_planned
@@ -94,6 +95,16 @@ def qos_checks(
             "min_gpu_mem_gb",
             smallest >= qos.min_gpu_mem_gb,
             f"smallest device {smallest:g} GB ≥ {qos.min_gpu_mem_gb:g} GB",
+        )
+    if spec.entrypoint is not None:
+        nodes = {(c, n.id): n for c in {t.cluster for t in tasks} for n in clusters[c].nodes}
+        closed = sorted({t.node for t in tasks if not runs_user_code(nodes[(t.cluster, t.node)].sandbox)})
+        add(
+            "sandbox",
+            not closed,
+            "users' code on nodes that confine it (or whose provider allowed it unconfined)"
+            if not closed
+            else f"nodes that run no users' code: {closed}",
         )
     add(
         "preemptible",

@@ -137,6 +137,10 @@ class NodeInfo(_Plain):
     # The agent declared its torchrun endpoint (advertise host, sync ports) reachable from the
     # region's other clusters: the node may share a replica's pipeline with nodes there.
     cross_cluster_groups: bool = False
+    # Whether and how it runs users' code (contracts.registration.SANDBOX_KINDS). The snapshot
+    # builders always set it from the node's row (a node that never said is "none"); a snapshot
+    # written by hand describes nodes able to run them.
+    sandbox: Literal["bubblewrap", "unsandboxed-allowed", "none"] = "bubblewrap"
 
     @property
     def host(self) -> str:

@@ -37,6 +37,10 @@ class NodeRead(BaseModel):
     heartbeat_age_s: float | None
     advertise_host: str
     agent_version: str
+    sandbox: str = Field(
+        "none",
+        description="Whether it runs users' code: bubblewrap (sandboxed) | unsandboxed-allowed | none",
+    )
     devices: list[DeviceRead]
 
 

@@ -93,6 +93,7 @@ class Launcher:
         token: str | None = None,
         cluster: str = "paris-1",
         region: str = "eu-west",
+        env: dict[str, str] | None = None,
         **options: str,
     ) -> AgentProcess:
         work_dir = self.tmp / f"agent-{name}"
@@ -106,12 +107,12 @@ class Launcher:
             "--allow-command-override", "--log-level", "DEBUG",
             "--no-measure-profile",  # its life is under test here; test_profile.py measures
         ]  # fmt: skip
-        for key, value in options.items():
-            args += [f"--{key.replace('_', '-')}", value]
+        for key, value in options.items():  # a flag given "" is a switch
+            args += [f"--{key.replace('_', '-')}", value] if value else [f"--{key.replace('_', '-')}"]
         log_path = work_dir / f"agent-{len(self.started)}.log"
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
-                args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
             )
         agent = AgentProcess(proc, work_dir, log_path, args)
         self.started.append(agent)

@@ -204,6 +204,7 @@ MALFORMED: list[tuple[str, dict[str, Any], str]] = [
     ("zero tflops", {"devices": [_device(measured_tflops=0)]}, "devices[0].measured_tflops: must be"),
     ("NaN tflops", {"devices": [_device(measured_tflops=float("nan"))]}, "devices[0].measured_tflops"),
     ("unknown device kind", {"devices": [_device(kind="tpu")]}, "devices[0].kind: must be one of cuda, cpu"),
+    ("unknown sandbox", {"sandbox": "chroot"}, "sandbox: must be one of bubblewrap"),
     ("empty device model", {"devices": [_device(model="")]}, "devices[0].model"),
     ("duplicate device index", {"devices": [_device(), _device()]}, "devices[1].index: duplicate"),
     (
@@ -353,6 +354,33 @@ def test_a_declared_node_fabric_is_stored_and_reaches_both_snapshots(
         node = s.get(Node, again.node_id)
         assert node is not None and node.fabric_bandwidth_gbps is None and node.fabric_latency_ms is None
         assert node.cross_cluster_host is None
+
+
+def test_the_sandbox_a_node_declares_is_stored_and_reaches_both_snapshots(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    """Whether a node runs users' code is what it registered with; an agent that says nothing
+    (an older one) runs none."""
+    from control_layer.live_snapshot import LiveSnapshot
+    from service_layer.queries import list_clusters
+
+    boxed = stub.Register(request(enrollment_token(ctx), sandbox="bubblewrap"), timeout=10)
+    silent = stub.Register(request(enrollment_token(ctx), hostname="node-b"), timeout=10)
+    with ctx.session_factory() as s:
+        built = build_snapshot(s)
+    for snap in (built, LiveSnapshot(ctx).snapshot()):
+        nodes = {n.id: n for c in snap.clusters for n in c.nodes}
+        assert (nodes[boxed.node_id].sandbox, nodes[silent.node_id].sandbox) == ("bubblewrap", "none")
+    with ctx.session_factory() as s:  # and the node API shows it
+        shown = {n.id: n.sandbox for c in list_clusters(s, ctx.bus) for n in c.nodes}
+    assert (shown[boxed.node_id], shown[silent.node_id]) == ("bubblewrap", "none")
+    again = stub.Register(
+        request("", node_id=boxed.node_id, node_token=boxed.node_token, sandbox="unsandboxed-allowed"),
+        timeout=10,
+    )
+    with ctx.session_factory() as s:
+        node = s.get(Node, again.node_id)
+        assert node is not None and node.sandbox == "unsandboxed-allowed"
 
 
 @pytest.mark.parametrize(("case", "overrides", "reason"), MALFORMED, ids=[m[0] for m in MALFORMED])

@@ -67,6 +67,7 @@ def register_node(
         sync_port_max=29049,
         jurisdiction=jurisdiction,
         agent_version="test",
+        sandbox="bubblewrap",  # as an agent where bubblewrap works: it may run users' code
     )
     with grpc.insecure_channel(server.grpc_target) as channel:
         reply = agent_pb2_grpc.AgentServiceStub(channel).Register(request, timeout=10)

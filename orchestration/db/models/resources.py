@@ -83,6 +83,9 @@ class Node(Base):
     # Where the region's other clusters reach the node's torchrun endpoint (its agent's
     # --cross-cluster-host); None: it runs groups with its own cluster's nodes only.
     cross_cluster_host: Mapped[str | None] = mapped_column(String(255), default=None)
+    # Whether and how it runs users' code (contracts.registration.SANDBOX_KINDS), as its agent
+    # registered: the planner places jobs with an entrypoint only where it may.
+    sandbox: Mapped[str] = mapped_column(String(32), default="none", server_default="none")
 
     cluster: Mapped[Cluster] = relationship(back_populates="nodes", lazy="raise")
     accelerators: Mapped[list[Accelerator]] = relationship(back_populates="node", lazy="raise")

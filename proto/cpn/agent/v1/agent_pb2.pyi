@@ -37,7 +37,7 @@ class Device(_message.Message):
     def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., memory_gb: _Optional[float] = ..., measured_tflops: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port", "measured_profile", "node_fabric_gbps", "node_fabric_latency_ms", "cross_cluster_host", "cpu_contention", "cpu_contention_probe_ages_s", "csr_pem")
+    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port", "measured_profile", "node_fabric_gbps", "node_fabric_latency_ms", "cross_cluster_host", "cpu_contention", "cpu_contention_probe_ages_s", "csr_pem", "sandbox")
     ENROLLMENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class RegisterRequest(_message.Message):
     CPU_CONTENTION_FIELD_NUMBER: _ClassVar[int]
     CPU_CONTENTION_PROBE_AGES_S_FIELD_NUMBER: _ClassVar[int]
     CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
     enrollment_token: str
     region: str
     cluster: str
@@ -86,7 +87,8 @@ class RegisterRequest(_message.Message):
     cpu_contention: float
     cpu_contention_probe_ages_s: _containers.RepeatedScalarFieldContainer[float]
     csr_pem: str
-    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ..., measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ..., node_fabric_gbps: _Optional[float] = ..., node_fabric_latency_ms: _Optional[float] = ..., cross_cluster_host: _Optional[str] = ..., cpu_contention: _Optional[float] = ..., cpu_contention_probe_ages_s: _Optional[_Iterable[float]] = ..., csr_pem: _Optional[str] = ...) -> None: ...
+    sandbox: str
+    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ..., measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ..., node_fabric_gbps: _Optional[float] = ..., node_fabric_latency_ms: _Optional[float] = ..., cross_cluster_host: _Optional[str] = ..., cpu_contention: _Optional[float] = ..., cpu_contention_probe_ages_s: _Optional[_Iterable[float]] = ..., csr_pem: _Optional[str] = ..., sandbox: _Optional[str] = ...) -> None: ...
 
 class MeasuredProfile(_message.Message):
     __slots__ = ("startup_s", "teardown_s", "physical_cores", "rates", "host_load_factor", "launcher_s", "collective_call_s", "collective_gbps", "collective_wait_s")
