@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 
+from agent.fetch import Cancelled
 from contracts.artifacts import MAX_CODE_BYTES
 
 MAX_UNPACKED_BYTES = 4 * MAX_CODE_BYTES
@@ -264,7 +265,7 @@ def _run(
     if code == 0:
         return
     if cancel is not None and cancel.is_set():
-        raise CodeError(f"{what}: stopped")
+        raise Cancelled(f"{what}: stopped")
     if time.monotonic() > deadline:
         raise PipFailed(f"{what}: still running after {timeout_s:g}s; stopped", list(tail))
     lines = [t for t in tail if t.strip()]
