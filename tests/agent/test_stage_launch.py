@@ -315,6 +315,10 @@ BYO = textwrap.dedent(
 
 
     def build(cfg):
+        import sys
+        from pathlib import Path
+
+        Path("interpreter.txt").write_text(sys.executable)  # the cwd is the task's own directory
         train, held_out = datasets(cfg.data.path)
         return BYOJob(make_model(), train, nn.functional.mse_loss, eval_dataset=held_out)
     """
@@ -358,6 +362,8 @@ def test_a_users_code_and_data_train_and_the_model_lands_in_the_store(
     status, result = final(sent)
     assert status.state == SUCCEEDED, (status.message, (run.run_dir / "worker.log").read_text()[-3000:])
     assert result["steps"] == 30
+    venv = Path((run.run_dir / "interpreter.txt").read_text()).parent.parent
+    assert venv.parent == settings.work_dir.resolve() / "cache" / "venvs"  # the venv's python ran it
     assert result["staging"]["venv"]["cache_hit"] is False
     assert set(result["staging"]) == {"code", "venv", "data"}
     assert result["outputs"]["uploaded"][MODEL_OUTPUT]["digest"] == digest(store.uploads[MODEL_OUTPUT])
