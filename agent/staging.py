@@ -7,6 +7,8 @@ read under the node's sandbox.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import sys
 import threading
 import time
@@ -180,20 +182,25 @@ def code_pythonpath(staged: Staged | None, current: str | None) -> str | None:
     return str(staged.code_dir) + (f":{current}" if current else "")
 
 
-try:  # the node's sandbox (bubblewrap)
-    from agent.sandbox import sandbox_command  # type: ignore[import-not-found,unused-ignore]
-except ImportError:  # not on this node's build: the workers run as the agent does
+def _unsandboxed(
+    cmd: list[str],
+    *,
+    writable: list[Path],
+    readable: list[Path],
+    device_kind: str,
+    device_indices: tuple[int, ...],
+    settings: AgentSettings,
+) -> list[str]:
+    """Where this build has no ``agent.sandbox``: the workers run as the agent does."""
+    return cmd
 
-    def sandbox_command(  # type: ignore[misc,unused-ignore]
-        cmd: list[str],
-        *,
-        writable: list[Path],
-        readable: list[Path],
-        device_kind: str,
-        device_indices: tuple[int, ...],
-        settings: AgentSettings,
-    ) -> list[str]:
-        return cmd
+
+def _sandbox_command() -> Callable[..., list[str]]:
+    """The node's sandbox (bubblewrap) from ``agent.sandbox``. Only its absence falls back: a
+    sandbox module that fails to import fails the launch rather than running users' code bare."""
+    if importlib.util.find_spec("agent.sandbox") is None:
+        return _unsandboxed
+    return importlib.import_module("agent.sandbox").sandbox_command
 
 
 def wrap_in_sandbox(
@@ -211,7 +218,7 @@ def wrap_in_sandbox(
     if not isinstance(stage, dict) or not stage.get("sandbox", True):
         return cmd
     writable, readable = sandbox_paths(config, staged, run_dir)
-    return sandbox_command(
+    return _sandbox_command()(
         cmd,
         writable=writable,
         readable=readable,
