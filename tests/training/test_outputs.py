@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from contracts.artifacts import MODEL_CONFIG_OUTPUT, MODEL_OUTPUT
 from tests.training import byo_eval_example
-from tests.training.harness import assert_succeeded, launch, tiny_config
+from tests.training.harness import assert_succeeded, launch, reference_run, tiny_config
 
 
 def _eval_loss(model: torch.nn.Module, batch: int) -> float:
@@ -67,3 +67,22 @@ def test_no_outputs_dir_no_files_but_the_eval_loss_still_reported(tmp_path: Path
     assert_succeeded(run, 2)
     assert run.result is not None and run.result["eval_loss"] > 0
     assert "outputs" not in run.result
+
+
+@pytest.mark.slow
+def test_a_pipelines_stages_meet_in_one_model_file_equal_to_the_reference_run(tmp_path: Path) -> None:
+    out = tmp_path / "outputs"
+    raw = tiny_config(
+        tmp_path,
+        parallel={"pp": 2, "pp_schedule": "gpipe", "microbatches": 2},
+        checkpoint={"dir": None},
+        outputs_dir=str(out),
+    )
+    run = launch(raw, 2, tmp_path)
+    assert_succeeded(run, 3)
+    state = load_file(str(out / MODEL_OUTPUT))
+    _, reference = reference_run(raw)
+    assert set(reference) <= set(state), sorted(set(reference) - set(state))
+    for name, value in reference.items():
+        torch.testing.assert_close(state[name], value, rtol=1e-4, atol=1e-5)
+    assert json.loads((out / MODEL_CONFIG_OUTPUT).read_text())["model"]["n_layers"] == 2
