@@ -160,8 +160,8 @@ def fetch(
             os.utime(final)  # last use, for LRU eviction
             if use is not None:
                 use.hold(root / f"{key}.use")
-            seen = digest or _file_digest(final)
-            return Fetched(final, seen, size, time.monotonic() - started, True, "cache")
+            # A blob cached by its URL is not hashed again (it could be large): no digest to report.
+            return Fetched(final, digest, size, time.monotonic() - started, True, "cache")
         partial = root / f"{key}.partial"
         got = _download(url, partial, limit, expected_bytes, progress, cancel, client, timeout_s)
         if digest is not None and got != digest:

@@ -254,6 +254,12 @@ def test_a_cancel_while_staging_ends_the_task_cancelled(store: FakeStore, tmp_pa
     assert not (run.run_dir / "ran").exists()
 
 
+def test_a_malformed_stage_fails_the_task_naming_the_field(tmp_path: Path) -> None:
+    _, sent = run_task({"job_id": "j1", "stage": {"code": {"url": ""}}}, agent_settings(tmp_path))
+    status, _ = final(sent)
+    assert status.state == FAILED and status.message.startswith("worker_config.stage.code.url:")
+
+
 def test_the_config_points_at_what_was_staged_and_the_sandbox_sees_only_that(tmp_path: Path) -> None:
     staged = Staged(code_dir=tmp_path / "code", venv=tmp_path / "venv", data_path=tmp_path / "shard")
     run_dir = tmp_path / "run"
