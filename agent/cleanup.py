@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 from agent.workers import ENDED_MARK
 
 log = logging.getLogger(__name__)
+TRASH = "trash"  # under the work dir: what is being deleted
 
 
 @dataclass
@@ -73,11 +75,35 @@ def expired(jobs: dict[str, JobDirs], live: Collection[str], retention_s: float,
 
 def clean(work_dir: Path, live: Collection[str], retention_s: float, now: float) -> list[str]:
     """Delete the expired jobs' run dirs and checkpoints; return those jobs."""
+    gone, trash = take_expired(work_dir, live, retention_s, now)
+    remove(trash)
+    return gone
+
+
+def take_expired(
+    work_dir: Path, live: Collection[str], retention_s: float, now: float
+) -> tuple[list[str], list[Path]]:
+    """Move the expired jobs' directories out of sight (a rename: quick, so the caller can do it
+    where no task of the job can start meanwhile); ``remove`` deletes them after."""
     jobs = job_dirs(work_dir)
     gone = expired(jobs, live, retention_s, now)
+    trash_root = work_dir / TRASH
+    trash = []
     for job in gone:
         d = jobs[job]
         for path in [*d.run_dirs, *([d.checkpoints] if d.checkpoints else [])]:
-            shutil.rmtree(path, ignore_errors=True)
-        log.info("job %s: deleted its checkpoints and run dirs (retention over)", job)
-    return gone
+            trash_root.mkdir(parents=True, exist_ok=True)
+            target = trash_root / uuid.uuid4().hex
+            try:
+                path.rename(target)
+            except OSError as exc:
+                log.warning("job %s: could not remove %s: %s", job, path, exc)
+                continue
+            trash.append(target)
+        log.info("job %s: its checkpoints and run dirs go (retention over)", job)
+    return gone, trash
+
+
+def remove(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)

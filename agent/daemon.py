@@ -740,7 +740,11 @@ class Agent:
         provider's retention ago, never those of a job with a task on the node."""
         live = {r.assignment.job_id for r in self._runs.values() if not r.done}
         retention_s = self.settings.checkpoint_retention_h * 3600
-        await asyncio.to_thread(cleanup.clean, self.settings.work_dir, live, retention_s, time.time())
+        # Moved aside here, on the loop, where no assignment of those jobs can start meanwhile;
+        # deleted in a thread (a checkpoint can be large).
+        _, trash = cleanup.take_expired(self.settings.work_dir, live, retention_s, time.time())
+        trash += [p for p in (self.settings.work_dir / cleanup.TRASH).glob("*") if p not in trash]
+        await asyncio.to_thread(cleanup.remove, trash)
 
     def _forget_finished(self) -> None:
         now = time.monotonic()
