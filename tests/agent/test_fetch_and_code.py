@@ -50,6 +50,26 @@ def test_a_dropped_connection_resumes_with_range_and_the_blob_is_whole(
     assert not (blobs_dir(tmp_path) / f"{digest(data)[7:]}.partial").exists()
 
 
+def test_a_partial_left_by_an_earlier_agent_is_resumed_and_a_bad_one_restarted(
+    store: FakeStore, tmp_path: Path
+) -> None:
+    data = os.urandom(50_000)
+    store.blobs["b"] = data
+    partial = blobs_dir(tmp_path) / f"{digest(data)[7:]}.partial"
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(data[:20_000])
+    got = fetch(store.blob_url("b"), work_dir=tmp_path, digest=digest(data))
+    assert got.path.read_bytes() == data
+    assert [r.range for r in store.gets("b")] == ["bytes=20000-"]
+    # Longer than the blob: not a prefix of it; the server says 416 and it starts afresh.
+    store.blobs["c"] = data[:1000]
+    partial = blobs_dir(tmp_path) / f"{digest(data[:1000])[7:]}.partial"
+    partial.write_bytes(b"x" * 5000)
+    got = fetch(store.blob_url("c"), work_dir=tmp_path, digest=digest(data[:1000]))
+    assert got.path.read_bytes() == data[:1000]
+    assert [r.range for r in store.gets("c")] == ["bytes=5000-", None]
+
+
 def test_a_digest_mismatch_deletes_the_bytes_and_fails(store: FakeStore, tmp_path: Path) -> None:
     store.blobs["x"] = b"the bytes that came"
     want = digest(b"the bytes that were promised")
