@@ -117,4 +117,4 @@ def finish_outputs(trainer: Trainer, result: dict[str, Any]) -> None:
     state = full_state_dict(trainer)
     if trainer.ctx.rank == 0:
         write_outputs(trainer.cfg.outputs_dir, state, model_config(trainer, result))
-        result["outputs"] = sorted([MODEL_OUTPUT, MODEL_CONFIG_OUTPUT])
+        result["outputs_written"] = sorted([MODEL_OUTPUT, MODEL_CONFIG_OUTPUT])

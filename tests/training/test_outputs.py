@@ -43,6 +43,7 @@ def test_the_final_model_is_written_whole_and_reproduces_its_eval_loss(tmp_path:
     run = launch(raw, 2, tmp_path)
     assert_succeeded(run, 20)
     assert run.result is not None
+    assert run.result["outputs_written"] == [MODEL_CONFIG_OUTPUT, MODEL_OUTPUT]
     meta = json.loads((out / MODEL_CONFIG_OUTPUT).read_text())
     assert meta["entrypoint"] == "tests.training.byo_eval_example:build"
     assert meta["final_loss"] == run.result["final_loss"] and meta["eval"]["batch_size"] == 8
@@ -66,7 +67,7 @@ def test_no_outputs_dir_no_files_but_the_eval_loss_still_reported(tmp_path: Path
     run = launch(raw, 1, tmp_path)
     assert_succeeded(run, 2)
     assert run.result is not None and run.result["eval_loss"] > 0
-    assert "outputs" not in run.result
+    assert "outputs_written" not in run.result
 
 
 @pytest.mark.slow
