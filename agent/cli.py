@@ -79,6 +79,19 @@ def agent_command(
     measure_profile: bool = typer.Option(
         True, "--measure-profile/--no-measure-profile", help="Run the reference worker step at start-up"
     ),
+    cache_max_gb: float = typer.Option(
+        100.0, "--cache-max-gb", min=0.001, help="Node cache of staged code and data, GB (LRU beyond it)"
+    ),
+    pip_arg: list[str] = typer.Option(
+        [], "--pip-arg", help="Extra argument to pip install for users' requirements (repeatable)"
+    ),
+    pip_timeout_s: float = typer.Option(1800.0, "--pip-timeout-s", help="Longest a venv build may take"),
+    checkpoint_retention_h: float = typer.Option(
+        24.0,
+        "--checkpoint-retention-h",
+        min=0,
+        help="Hours a job's checkpoints and run dirs are kept here after its last task on the node ended",
+    ),
     allow_command_override: bool = typer.Option(False, "--allow-command-override", hidden=True),
     allow_unsandboxed: bool = typer.Option(
         False,
@@ -124,6 +137,10 @@ def agent_command(
             reconnect_min_s=min(0.5, reconnect_max_s),
             kill_grace_s=kill_grace_s,
             measure_profile=measure_profile,
+            cache_max_bytes=int(cache_max_gb * 1e9),
+            pip_args=tuple(pip_arg),
+            pip_timeout_s=pip_timeout_s,
+            checkpoint_retention_h=checkpoint_retention_h,
             allow_command_override=allow_command_override,
             allow_unsandboxed=allow_unsandboxed,
             task_disk_gb=task_disk_gb,

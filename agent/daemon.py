@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from agent import contention
+from agent import cleanup, contention
 from agent.checkpoint_transfer import MAX_MESSAGE_BYTES as CHECKPOINT_MESSAGE_BYTES
 from agent.checkpoint_transfer import add_checkpoint_service, run_copy, ticket_from_proto
 from agent.devices import detect_devices
@@ -290,6 +290,7 @@ class Agent:
             Duty("flush-metrics", lambda: max(0.05, s.metrics_min_interval_s), self._flush_metrics),
             Duty("forget-finished", lambda: 30.0, self._forget_finished),
             Duty("restate-running", lambda: 30.0, self._restate_running),
+            Duty("retention", lambda: min(600.0, max(1.0, s.checkpoint_retention_h * 900)), self._retention),
         ]
 
     # -- registration and the stream ------------------------------------------------------------
@@ -753,6 +754,17 @@ class Agent:
             for run in self._runs.values():
                 if not run.done:
                     self._outbox.put(run.current)
+
+    async def _retention(self) -> None:
+        """Delete the checkpoints and run dirs of jobs whose last task here ended longer than the
+        provider's retention ago, never those of a job with a task on the node."""
+        live = {r.assignment.job_id for r in self._runs.values() if not r.done}
+        retention_s = self.settings.checkpoint_retention_h * 3600
+        # Moved aside here, on the loop, where no assignment of those jobs can start meanwhile;
+        # deleted in a thread (a checkpoint can be large).
+        _, trash = cleanup.take_expired(self.settings.work_dir, live, retention_s, time.time())
+        trash += [p for p in (self.settings.work_dir / cleanup.TRASH).glob("*") if p not in trash]
+        await asyncio.to_thread(cleanup.remove, trash)
 
     def _forget_finished(self) -> None:
         now = time.monotonic()

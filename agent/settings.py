@@ -122,6 +122,16 @@ class AgentSettings(BaseModel):
     measure_profile: bool = Field(
         True, description="run the reference worker at start-up and register what it measured"
     )
+    cache_max_bytes: int = Field(
+        100 * 1024**3, gt=0, description="node cache of staged blobs (LRU beyond it, blobs in use kept)"
+    )
+    pip_args: tuple[str, ...] = Field(
+        (), max_length=32, description="extra pip install arguments (an index mirror, --no-index ...)"
+    )
+    pip_timeout_s: float = Field(1800.0, gt=0, le=86400, description="longest a venv build may take")
+    checkpoint_retention_h: float = Field(
+        24.0, ge=0, le=24 * 365, description="hours a job's checkpoints and run dirs outlive it here"
+    )
     allow_command_override: bool = Field(
         False, description="honour a worker config's 'command' list instead of torchrun (tests only)"
     )

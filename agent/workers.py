@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -22,7 +23,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agent import staging, uploads
 from agent.checkpoint_transfer import has_checkpoint, run_copy
+from agent.fetch import Cancelled
 from agent.output import (
     ERROR_PREFIX,
     LineBudget,
@@ -38,11 +41,12 @@ from agent.sandbox import (
     tree_bytes,
 )
 from agent.settings import AgentSettings
+from contracts.artifacts import CHECKPOINT_OUTPUT
 from contracts.checkpoint_transfer import CheckpointTicket
 from contracts.errors import InvalidArgument
 from contracts.lost_notices import LostNotice, append_notice
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
-from contracts.worker_config import NodeGroupSpec
+from contracts.worker_config import NodeGroupSpec, StageSpec
 from proto.cpn.agent.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,7 @@ COMMAND_KEY = "command"  # worker_config key naming an argv to run instead of to
 MAX_LINE = 4000
 READ_LIMIT = 1 << 20
 AGENT_FILES = ("worker.log", "worker_config.json")  # the agent's own files in a run dir
+ENDED_MARK = "ended"  # touched in the run dir when the assignment ends here
 
 SUCCEEDED, FAILED, CANCELLED = (
     agent_pb2.TASK_STATE_SUCCEEDED,
@@ -88,8 +93,11 @@ class Assignment:
         return steps if isinstance(steps, int) else 0
 
 
-def worker_command(a: Assignment, config_path: Path, *, allow_override: bool) -> list[str]:
-    """torchrun over ``training.worker``, or the config's test-only ``command`` where allowed."""
+def worker_command(
+    a: Assignment, config_path: Path, *, allow_override: bool, python: str = sys.executable
+) -> list[str]:
+    """torchrun over ``training.worker`` (under ``python``: a user's venv, or the agent's own
+    interpreter), or the config's test-only ``command`` where allowed."""
     override = a.worker_config.get(COMMAND_KEY)
     if override is not None:
         if not allow_override:
@@ -98,7 +106,7 @@ def worker_command(a: Assignment, config_path: Path, *, allow_override: bool) ->
             raise InvalidArgument("worker_config.command: must be a non-empty list of strings")
         return list(override)
     return [
-        sys.executable,
+        python,
         "-m",
         "torch.distributed.run",
         *rendezvous_args(a.worker_config.get("group")),
@@ -245,6 +253,10 @@ class WorkerRun:
         self._sandbox = sandbox  # users' code: run confined (agent.sandbox)
         self._quota_dirs: list[Path] = []  # what the task's disk quota covers, when sandboxed
         self._over_quota = False
+        self._staged: staging.Staged | None = None
+        self._stage_cancel = threading.Event()  # set to stop staging (a cancel before launch)
+        self._extra: dict[str, Any] = {}  # the agent's own figures, merged into the worker's result
+        self._checkpoint_dir: Path | None = None
 
     @property
     def done(self) -> bool:
@@ -274,6 +286,9 @@ class WorkerRun:
         a = self.assignment
         self._report(agent_pb2.TASK_STATE_STARTING, "launching")
         await self._fetch_checkpoint()
+        if not await self._stage():
+            return
+        staged = self._staged
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             config_path = self.run_dir / "worker_config.json"
@@ -282,9 +297,20 @@ class WorkerRun:
             if isinstance(config.get("sync"), dict):  # where the control plane's lost-peer notices land
                 config["sync"] = config["sync"] | {"lost_notices": str(self.lost_notices_path)}
             config["preempt_file"] = str(self.preempt_path)
+            config = staging.apply_stage(config, staged, self.run_dir)
+            if isinstance(config.get("outputs_dir"), str):
+                Path(config["outputs_dir"]).mkdir(parents=True, exist_ok=True)
+            ck = config.get("checkpoint")
+            if isinstance(ck, dict) and isinstance(ck.get("dir"), str):
+                self._checkpoint_dir = Path(ck["dir"])
             config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
-            cmd = worker_command(a, config_path, allow_override=self._settings.allow_command_override)
+            python = staged.python if staged is not None else sys.executable
+            cmd = worker_command(
+                a, config_path, allow_override=self._settings.allow_command_override, python=python
+            )
             env = worker_env(os.environ, a, device_kind=self._device_kind, config_path=config_path)
+            if (path := staging.code_pythonpath(staged, env.get("PYTHONPATH"))) is not None:
+                env["PYTHONPATH"] = path
             if self._sandbox:
                 cmd, self._quota_dirs = sandboxed(
                     cmd,
@@ -336,16 +362,111 @@ class WorkerRun:
             await asyncio.to_thread(free_task_dirs, self._quota_dirs, keep=AGENT_FILES)
         self.flush_metrics(force=True)
         if self._stop is not None:
-            return self._finish(self._stop[0], self._stop[1], code)
-        if code == 0 and self._preempt is not None and (self._result or {}).get("preempted"):
+            state, message = self._stop
+        elif code == 0 and self._preempt is not None and (self._result or {}).get("preempted"):
             step = (self._result or {}).get("checkpoint_step")
             where = f"checkpoint of step {step}" if step else "no checkpoint"
-            return self._finish(CANCELLED, f"preempted ({self._preempt}): stopped with a {where}", code)
-        if code == 0:  # a preempted run that finished its last step first has succeeded
-            return self._finish(SUCCEEDED, "workers exited cleanly", code)
-        why = self._error or (self._stderr_tail[-1] if self._stderr_tail else "")
-        suffix = " after reporting a result" if self._result is not None else ""
-        self._finish(FAILED, f"workers exited with code {code}{suffix}: {why}".rstrip(": "), code)
+            state, message = CANCELLED, f"preempted ({self._preempt}): stopped with a {where}"
+        elif code == 0:  # a preempted run that finished its last step first has succeeded
+            state, message = SUCCEEDED, "workers exited cleanly"
+        else:
+            why = self._error or (self._stderr_tail[-1] if self._stderr_tail else "")
+            suffix = " after reporting a result" if self._result is not None else ""
+            state, message = FAILED, f"workers exited with code {code}{suffix}: {why}".rstrip(": ")
+        state, message = await self._upload(state, message, config)
+        self._finish(state, message, code)
+
+    def _stage_spec(self) -> StageSpec | None:
+        raw = self.assignment.worker_config.get("stage")
+        if raw is None:
+            return None
+        try:
+            return StageSpec.model_validate(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise InvalidArgument(f"worker_config.stage.{where}: {err['msg']}", field="stage") from None
+
+    async def _stage(self) -> bool:
+        """Bring the task's code, venv and data (``worker_config.stage``), telling the control
+        plane how far it got. False when the task ended here (failed or stopped): its workers
+        never start, so it is never charged for training time (that begins at RUNNING)."""
+        try:
+            stage = self._stage_spec()
+        except InvalidArgument as exc:
+            self._finish(FAILED, exc.message, 0)
+            return False
+        if stage is None:
+            return True
+        loop = asyncio.get_running_loop()
+
+        def progress(message: str) -> None:
+            loop.call_soon_threadsafe(self._staging_progress, message)
+
+        def log_line(line: str) -> None:
+            loop.call_soon_threadsafe(self._forward, "agent", line)
+
+        try:
+            self._staged = await asyncio.to_thread(
+                staging.stage_task,
+                stage,
+                self._settings,
+                progress=progress,
+                log_line=log_line,
+                cancel=self._stage_cancel,
+            )
+        except Cancelled:
+            state, reason = self._stop or (CANCELLED, "stopped while staging")
+            self._finish(state, reason, 0)
+            return False
+        except staging.StagingError as exc:
+            self._forward("agent", f"[cpn-agent] staging failed: {exc.message}")
+            self._finish(FAILED, f"staging failed: {exc.message}", 0)
+            return False
+        # one item per staged part (code, venv, data), as calibration and the benchmarks read it
+        self._extra["staging"] = {"items": [f | {"kind": k} for k, f in self._staged.figures.items()]}
+        if self._stop is not None:
+            self._finish(*self._stop, 0)
+            return False
+        return True
+
+    def _staging_progress(self, message: str) -> None:
+        if self.done:
+            return
+        self._report(agent_pb2.TASK_STATE_STARTING, message)
+        self._forward("agent", f"[cpn-agent] {message}")
+
+    async def _upload(self, state: int, message: str, config: dict[str, Any]) -> tuple[int, str]:
+        """The task's outputs after its workers exited: the files they wrote after a success, the
+        newest checkpoint after a failure or a cancel (where the stage names a target for it).
+        A failed upload fails the task."""
+        stage = self._stage_spec() if "stage" in self.assignment.worker_config else None
+        if stage is None or not stage.outputs:
+            return state, message
+        outputs_dir = config.get("outputs_dir")
+        try:
+            if state == SUCCEEDED and isinstance(outputs_dir, str):
+                done = await asyncio.to_thread(uploads.upload_outputs, Path(outputs_dir), stage.outputs)
+                self._extra["outputs"] = done
+            elif (
+                state in (FAILED, CANCELLED)
+                and CHECKPOINT_OUTPUT in stage.outputs
+                and self._checkpoint_dir is not None
+            ):
+                done = await asyncio.to_thread(
+                    uploads.upload_checkpoint,
+                    self._checkpoint_dir,
+                    stage.outputs[CHECKPOINT_OUTPUT],
+                    self.run_dir,
+                )
+                if done is not None:
+                    self._extra["outputs"] = {"uploaded": {CHECKPOINT_OUTPUT: done}, "missing": []}
+        except (uploads.UploadError, OSError) as exc:
+            self._forward("agent", f"[cpn-agent] {exc}")
+            if state == SUCCEEDED:
+                return FAILED, f"workers exited cleanly, but {exc}"
+            return state, f"{message}; {exc}"
+        return state, message
 
     def _start_disk_guard(self) -> asyncio.Task[None] | None:
         if not self._quota_dirs:
@@ -419,7 +540,12 @@ class WorkerRun:
             self._result["task_wall_s"] = now - self._spawned_at
             if self._result_at is not None:
                 self._result["teardown_s"] = now - self._result_at
-        result = json.dumps(self._result, sort_keys=True) if self._result is not None else ""
+        merged = (self._result or {}) | self._extra if self._result is not None or self._extra else None
+        result = json.dumps(merged, sort_keys=True) if merged is not None else ""
+        if self._staged is not None:
+            self._staged.use.release()  # its blobs may be evicted from now on
+        if self.run_dir.is_dir():  # the provider's retention counts from here (``agent.cleanup``)
+            (self.run_dir / ENDED_MARK).touch()
         self._report(state, message, code, result)
         self.finished_at = time.monotonic()
         log.info(
@@ -452,6 +578,7 @@ class WorkerRun:
             return
         if self._stop is None:
             self._stop = (state, reason)
+        self._stage_cancel.set()
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
@@ -494,6 +621,10 @@ class WorkerRun:
             self._error = line[len(ERROR_PREFIX) :]
         if stream == "stderr" and line.strip():
             self._stderr_tail.append(line[:500])
+        self._forward(stream, line)
+
+    def _forward(self, stream: str, line: str) -> None:
+        """One line to the job's logs, within the line budget."""
         forward, dropped = self._budget.admit(time.monotonic())
         if not forward:
             return

@@ -24,6 +24,12 @@ MAX_CODE_BYTES = 256 * 1024**2  # a packed code directory
 MAX_TICKET_TTL_S = 24 * 3600.0  # a task's staging and its final upload fit in a day's ticket
 ARTIFACT_SCHEME = "artifact"  # "artifact:sha256:<hex>": a blob this tenant uploaded
 URI_SCHEMES = ("artifact", "s3", "https", "http", "file")
+# Output file names: the leader writes the final model and its config into ``outputs_dir``; the
+# agent uploads the newest complete checkpoint under CHECKPOINT_OUTPUT after a task that failed or
+# was cancelled, where ``stage.outputs`` names it.
+MODEL_OUTPUT = "model.safetensors"
+MODEL_CONFIG_OUTPUT = "config.json"
+CHECKPOINT_OUTPUT = "checkpoint.tar"
 MAX_URI = 2048
 
 ArtifactKind = Literal["code", "data", "model", "checkpoint", "other"]

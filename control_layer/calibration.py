@@ -217,8 +217,9 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
 
 
 def observe_staging(result: dict[str, Any]) -> float | None:
-    """Bytes/s the task's agent staged at: the items it fetched (``result["staging"]``, a list of
-    ``{"bytes", "seconds", "cached"}``, or ``{"items": [...]}``) over the seconds they took;
+    """Bytes/s the task's agent staged at: the items it fetched (``result["staging"]["items"]``,
+    each ``{"kind", "bytes", "seconds", "cache_hit", ...}`` as the agent reports them, or a bare
+    list of those) over the seconds they took;
     items served from the node's cache and file:// items (nothing fetched) say nothing of the link."""
     got = result.get("staging")
     items = got.get("items") if isinstance(got, dict) else got
@@ -226,7 +227,7 @@ def observe_staging(result: dict[str, Any]) -> float | None:
         return None
     moved = spent = 0.0
     for item in items:
-        if not isinstance(item, dict) or item.get("cached"):
+        if not isinstance(item, dict) or item.get("cache_hit"):
             continue
         size, seconds = _num(item.get("bytes")), _num(item.get("seconds"))
         if size is not None and seconds is not None and size > 0 and seconds > 0:

@@ -73,6 +73,7 @@ SERIAL_PATHS = (
     "tests/resource_layer/test_tls.py",
     "tests/service_layer/test_job_logs_agent.py",
     "tests/training/test_lost_notices.py",
+    "tests/training/test_outputs.py",
     "tests/training/test_sync_engine.py",
 )
 

@@ -1,9 +1,10 @@
 """Bring your own model: ``entrypoint = "package.module:function"``.
 
 The function takes the ``WorkerConfig`` and returns a ``BYOJob`` (or a ``(model, dataset, loss_fn)``
-tuple): an ``nn.Module``, a map-style dataset whose items are ``(input, target)`` pairs, and
-``loss_fn(model(inputs), targets) -> scalar``. It is called after ``torch.manual_seed(training.seed)``
-on every rank, so default initialisation is identical across ranks. Data parallelism (DDP / FSDP2)
+tuple; a ``BYOJob`` may add an ``eval_dataset``): an ``nn.Module``, a map-style dataset whose items
+are ``(input, target)`` pairs, and ``loss_fn(model(inputs), targets) -> scalar``. It is called after
+``torch.manual_seed(training.seed)`` on every rank, so default initialisation is identical across
+ranks. Data parallelism (DDP / FSDP2)
 and cross-region sync apply as for the built-in GPT; TP and PP need the GPT's module structure.
 """
 
@@ -30,6 +31,9 @@ class BYOJob:
     model: nn.Module
     dataset: Dataset[Any]
     loss_fn: Callable[[Any, Tensor], Tensor]
+    # Optional: held-out (input, target) pairs; the final model's mean loss on them is reported as
+    # ``eval_loss`` (``training.outputs.evaluate``).
+    eval_dataset: Dataset[Any] | None = None
 
 
 def load_entrypoint(spec: str) -> Callable[[WorkerConfig], Any]:

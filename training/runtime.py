@@ -121,6 +121,7 @@ class Trainer:
     # the stage's first rank; ``stage_group`` holds the stage's ranks (None: the stage is one rank).
     per_stage: bool = False
     stage_group: dist.ProcessGroup | None = None
+    eval_dataset: Any = None  # a bring-your-own job's held-out data (``training.outputs``)
 
     @property
     def sync_leader(self) -> bool:
@@ -511,6 +512,7 @@ def build_trainer(cfg: WorkerConfig, ctx: DistContext) -> Trainer:
     dims.build_mesh(ctx.device.type)
     replica = cfg.replica_offset + dims.dp_rank
     floor = None
+    eval_dataset = None
     if cfg.entrypoint is not None:
         if dims.tp > 1 or dims.pp > 1:
             raise InvalidArgument(
@@ -519,6 +521,7 @@ def build_trainer(cfg: WorkerConfig, ctx: DistContext) -> Trainer:
         job = build_byo(cfg)
         model: nn.Module = job.model
         loss_fn = job.loss_fn
+        eval_dataset = job.eval_dataset
         forward_loss: ForwardLoss = lambda m, x, y: loss_fn(m(x), y)  # noqa: E731
         stream: BatchStream = DatasetStream(
             job.dataset, cfg.data.seed, replica, cfg.global_replicas, cfg.local_batch
@@ -595,4 +598,5 @@ def build_trainer(cfg: WorkerConfig, ctx: DistContext) -> Trainer:
         entropy_floor=floor,
         tokens_per_sample=cfg.model.seq_len if cfg.model is not None and cfg.entrypoint is None else 1,
         preempt=PreemptWatch(cfg.preempt_file),
+        eval_dataset=eval_dataset,
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 from contracts.errors import CpnError
 from contracts.worker_config import load_worker_config
 from training.metrics import JsonLinesSink, emit_result
+from training.outputs import finish_outputs
 from training.parallel.init import compute_cleanup, compute_init
 from training.runtime import build_trainer
 
@@ -78,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             trainer.close()  # the final exchange and leaving the peers
         result["final_sync_s"] = time.perf_counter() - t_close
         result.update(trainer.sync_totals())  # WAN bytes of the whole run, the final exchange included
+        if not trainer.preempted:  # the final model (and its eval loss): a preempted run has none yet
+            finish_outputs(trainer, result)
         if ctx.is_leader:
             emit_result(result)
         ok = True

@@ -23,6 +23,7 @@ from contracts.artifacts import (
     ArtifactKind,
     ArtifactTicket,
     TicketAction,
+    check_digest,
     check_output_name,
     verify_ticket,
 )
@@ -404,10 +405,15 @@ async def put_output(
     name: str,
     ticket: TicketQuery,
     content_length: Annotated[str | None, Header(include_in_schema=False)] = None,
+    content_sha256: Annotated[
+        str | None, Header(alias="X-Content-SHA256", include_in_schema=False, max_length=71)
+    ] = None,
 ) -> Response:
     """The final model or a checkpoint, streamed by the agent of the task holding it. Recorded as
     an artifact of the job's tenant (kind `checkpoint` for names starting so, else `model`); a
-    retry replaces what the name held. At most the ticket's `max_bytes` (413 beyond)."""
+    retry replaces what the name held. At most the ticket's `max_bytes` (413 beyond). With
+    `X-Content-SHA256: sha256:<hex>` (as agents send it) a body that does not hash to it is a 422
+    and nothing is recorded."""
     ctx: ServerContext = request.app.state.ctx
     check_output_name(name)
     allowed = _ticket(ctx, ticket, action="put", job_id=job_id, target=name)
@@ -420,7 +426,8 @@ async def put_output(
         )
     writer = await run_in_threadpool(ctx.artifacts.begin, limit)
     try:
-        stored = await _stream_into(request, writer, ctx.artifacts.chunk_bytes, None)
+        expected = None if content_sha256 is None else check_digest(content_sha256, "X-Content-SHA256")
+        stored = await _stream_into(request, writer, ctx.artifacts.chunk_bytes, expected)
     finally:
         await run_in_threadpool(writer.abort)
     row, created = await run_in_threadpool(_record_output, ctx, tenant_id, job_id, name, stored)

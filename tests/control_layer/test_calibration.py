@@ -783,9 +783,9 @@ def test_staging_throughput_is_learned_per_cluster_and_prices_the_next_staging()
     cluster, node = option.tasks[0].cluster, option.tasks[0].node
     # Two fetched items (8 MB in 2 s) and one from the node's cache, which says nothing of the link.
     staged = [
-        {"item": "code", "bytes": 2_000_000, "seconds": 0.5},
-        {"item": "data", "bytes": 6_000_000, "seconds": 1.5},
-        {"item": "data", "bytes": 9_000_000_000, "seconds": 0.01, "cached": True},
+        {"kind": "code", "bytes": 2_000_000, "seconds": 0.5},
+        {"kind": "data", "bytes": 6_000_000, "seconds": 1.5},
+        {"kind": "data", "bytes": 9_000_000_000, "seconds": 0.01, "cache_hit": True},
     ]
     assert cal.observe_staging({"staging": staged}) == pytest.approx(4e6)
     assert cal.observe_staging({"staging": {"items": staged}}) == pytest.approx(4e6)
