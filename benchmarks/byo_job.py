@@ -233,7 +233,7 @@ def rx_from_hub(lab: NetLab) -> dict[str, int]:
 def submit(client: httpx.Client, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Quote, then accept its cheapest option; (the option, the job)."""
     quote = client.post("/v1/quotes", json={"spec": spec}).raise_for_status().json()
-    option = min(quote["options"], key=lambda o: o["estimate"]["cost"]["total"])
+    option = min(quote["options"], key=lambda o: o["estimates"]["cost"]["total"])
     job = (
         client.post("/v1/jobs", json={"quote_id": quote["id"], "option_id": option["id"]})
         .raise_for_status()
@@ -251,9 +251,23 @@ def staging_items(job: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def evaluate_download(client: httpx.Client, job_id: str, dest: Path) -> tuple[float, list[str]]:
-    """Fetch the job's artifacts, load the model and evaluate it on the held-out text as the worker did."""
+def held_out_loss(model: Any, dataset: Any, loss_fn: Any, batch_size: int) -> float:
+    """Mean loss over the held-out windows in the worker's batches (its result states the size),
+    computed here on its own."""
     import torch  # noqa: PLC0415
+
+    total, n = 0.0, len(dataset)
+    with torch.no_grad():
+        for start in range(0, n, batch_size):
+            xs, ys = zip(*(dataset[i] for i in range(start, min(n, start + batch_size))), strict=True)
+            total += float(loss_fn(model(torch.stack(xs)), torch.stack(ys))) * len(xs)
+    return total / n
+
+
+def evaluate_download(
+    client: httpx.Client, job_id: str, dest: Path, batch_size: int
+) -> tuple[float, list[str]]:
+    """Fetch the job's artifacts, load the model and evaluate it on the held-out text as the worker did."""
     from safetensors.torch import load_file  # noqa: PLC0415
 
     _, model_mod, train = example_modules()
@@ -270,11 +284,7 @@ def evaluate_download(client: httpx.Client, job_id: str, dest: Path) -> tuple[fl
     model = model_mod.CharModel(train.CONFIG)
     model.load_state_dict(load_file(str(dest / "model.safetensors")))
     model.eval()
-    ds = train.eval_dataset()
-    from training.byo import eval_loss  # noqa: PLC0415 - the same batching the worker used
-
-    with torch.no_grad():
-        return float(eval_loss(model, ds, train.lm_loss)), names
+    return held_out_loss(model, train.eval_dataset(), train.lm_loss, batch_size), names
 
 
 def foreign_shards(fleet: Fleet, digests: dict[str, str], sizes: dict[str, int]) -> int:
@@ -313,26 +323,31 @@ def run_store(args: argparse.Namespace, store: str, lab: NetLab, tmp: Path) -> d
                 "job_id": job["id"],
                 "status": done["status"],
                 "reason": done["reason"],
-                "staging_estimate_s": (option["estimate"].get("staging") or {}).get("seconds"),
+                "staging_estimate_s": option["estimates"].get("staging_s"),
                 "rx_bytes": {r: after[r] - before[r] for r in REGIONS},
             }
             items = staging_items(done)
             rec["staging_items"] = items
+            # What the quote prices as staging: the transfers (code and data) of the slowest task;
+            # the venv's build is shown apart (``venv_s``).
+            moved = [i for i in items if i["kind"] in ("code", "data")]
             rec["staging_measured_s"] = max(
-                (sum(i["seconds"] for i in items if i["task"] == t) for t in {i["task"] for i in items}),
+                (sum(i["seconds"] for i in moved if i["task"] == t) for t in {i["task"] for i in moved}),
                 default=None,
             )
+            rec["venv_s"] = max((i["seconds"] for i in items if i["kind"] == "venv"), default=None)
             rec["cache_hits"] = sum(1 for i in items if i.get("cache_hit"))
-            rec["restaged_bytes"] = sum(i["bytes"] for i in items if not i.get("cache_hit"))
+            rec["restaged_bytes"] = sum(i.get("bytes", 0) for i in moved if not i.get("cache_hit"))
             per_task = (done.get("result") or {}).get("per_task", {})
-            rec["eval_loss_reported"] = next(
-                (r["eval_loss"] for r in per_task.values() if r.get("eval_loss") is not None), None
-            )
+            evaluated = next((r for r in per_task.values() if r.get("eval_loss") is not None), {})
+            rec["eval_loss_reported"] = evaluated.get("eval_loss")
             if done["status"] == "succeeded":
                 dl = root / f"download-{run}"
                 dl.mkdir()
                 try:
-                    rec["eval_loss_local"], rec["downloaded"] = evaluate_download(client, job["id"], dl)
+                    rec["eval_loss_local"], rec["downloaded"] = evaluate_download(
+                        client, job["id"], dl, evaluated["eval"]["batch_size"]
+                    )
                 except Exception as exc:  # shown in the table: the download or the load failed
                     rec["download_error"] = repr(exc)
             out["jobs"].append(rec)
