@@ -194,6 +194,8 @@ async def run_control_plane(
                 await asyncio.sleep(0.02)
             if http.started:
                 http_port = http_sock.getsockname()[1]
+                if settings.http_port == 0:  # agents' artifact URLs name the port actually bound
+                    ctx.settings = ctx.settings.model_copy(update={"http_port": http_port})
                 log.info(
                     "control plane up: REST %s:%d, gRPC %s:%d%s",
                     settings.http_host,
