@@ -31,7 +31,7 @@ from control_layer.checkpoint_copies import order_copy, record_copy_result
 from control_layer.dispatch import assignment_message, send_cancel
 from control_layer.elastic import drop_stranded_replacements, handle_lost_task
 from control_layer.lifecycle import transition
-from control_layer.task_states import move_task, normalize_task_state
+from control_layer.task_states import clip_message, move_task, normalize_task_state
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
 from orchestration.db.models import Job, Node, Task, TaskMetric
@@ -66,6 +66,18 @@ def on_task_status(
                 f"task {assignment_id} is not assigned to node {node_id}", field="assignment_id"
             )
 
+        if to == task.status == TaskState.STARTING and message and clip_message(message) != task.message:
+            # Progress while the agent stages (``staging data 45% ...``): the task stays starting,
+            # its message and the job's events follow.
+            task.message = clip_message(message)
+            record_event(
+                session,
+                ctx.bus,
+                "task.progress",
+                job.id,
+                {"task_id": task.id, "node_id": node_id, "region": task.region, "message": task.message},
+            )
+            return
         if not task_move_applies(task.status, to):
             if to in _LIVE and task.status in (TaskState.FAILED, TaskState.CANCELLED):
                 send_cancel(session, ctx.bus, task, f"task is already {task.status}")

@@ -251,3 +251,26 @@ def test_pending_assignments_resend_unfinished_tasks_of_the_live_attempt(ctx: Se
     on_task_status(ctx, t1.node_id, t1.id, "succeeded", "", 0, {})
     assert pending_assignments(ctx, t1.node_id) == []
     assert [m["assignment"]["assignment_id"] for m in pending_assignments(ctx, t2.node_id)] == [t2.id]
+
+
+def test_progress_while_starting_is_the_tasks_message_and_an_event_each_time_it_changes(
+    ctx: ServerContext,
+) -> None:
+    job_id, _ = _setup(ctx)
+    t1, _ = _tasks(ctx, job_id)
+    on_task_status(ctx, t1.node_id, t1.id, "starting", "launching", None, None)
+    for message in (
+        "staging data 45% (1.0 of 2.2 MB)",
+        "staging data 45% (1.0 of 2.2 MB)",
+        "staging data 100%",
+    ):
+        on_task_status(ctx, t1.node_id, t1.id, "starting", message, None, None)
+    with session_scope(ctx.session_factory) as s:
+        events = s.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)).all()
+        progress = [e.payload["message"] for e in events if e.kind == "task.progress"]
+        task = s.get(Task, t1.id)
+        assert task is not None and (task.status, task.message) == ("starting", "staging data 100%")
+    assert progress == ["staging data 45% (1.0 of 2.2 MB)", "staging data 100%"]
+    on_task_status(ctx, t1.node_id, t1.id, "running", "pid 1", None, None)
+    on_task_status(ctx, t1.node_id, t1.id, "starting", "late", None, None)  # after running: ignored
+    assert _tasks(ctx, job_id)[0].message == "pid 1"
