@@ -230,15 +230,18 @@ def rx_from_hub(lab: NetLab) -> dict[str, int]:
     return {name: rx for name, (_tx, rx) in lab.counters().items()}
 
 
+def ok(r: httpx.Response) -> Any:
+    """The answer's JSON; a refusal stops the run with what the server said."""
+    if r.is_error:
+        raise RuntimeError(f"{r.request.method} {r.request.url.path}: {r.status_code} {r.text[:2000]}")
+    return r.json()
+
+
 def submit(client: httpx.Client, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Quote, then accept its cheapest option; (the option, the job)."""
-    quote = client.post("/v1/quotes", json={"spec": spec}).raise_for_status().json()
+    quote = ok(client.post("/v1/quotes", json=spec))
     option = min(quote["options"], key=lambda o: o["estimates"]["cost"]["total"])
-    job = (
-        client.post("/v1/jobs", json={"quote_id": quote["id"], "option_id": option["id"]})
-        .raise_for_status()
-        .json()
-    )
+    job = ok(client.post("/v1/jobs", json={"quote_id": quote["id"], "option_id": option["id"]}))
     return option, job
 
 
