@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-OVERLAPPED_MODES = ("diloco", "async")
+from contracts.sync_config import OVERLAPPED_MODES
+from contracts.sync_delay import overlap_delay_steps
+
 FRAGMENT_CHOICES = (4, 2, 1)
 # Below this a fragment's exchange is dominated by per-call latency and streaming gains nothing.
 MIN_FRAGMENT_BYTES = 4 << 20
@@ -77,20 +79,15 @@ def overlap_delay(
 
 
 def exchange_delay(round_steps: int, exchange_seconds, step_s) -> np.ndarray:
-    """Steps between sending a DiLoCo fragment and applying it: the fewest whole steps of
-    ``step_s`` its exchange of ``exchange_seconds`` takes, at most a round; half a round where the
-    exchange (not finite) or the step time is unknown. Vectorised over placements; the one rule
-    the search and the runtime settings both use, from the exchange time they price (the link's
-    calibrated goodput and fixed seconds per call included, ``planner.estimate.sync_cost``). The
-    fewest steps is Streaming DiLoCo's small tau: the later an outer update lands, the more local
-    progress it was computed without (a round applied half a round late cost ~1 % held-out loss at
-    H=20; BENCHMARKS.md, "Sync quality")."""
-    t = np.asarray(exchange_seconds, dtype=float)
-    step = np.asarray(step_s, dtype=float)
-    known = np.isfinite(t) & (t >= 0) & (step > 0) & np.isfinite(step)
-    with np.errstate(over="ignore", invalid="ignore"):  # a vanishing step needs more than a round
-        need = np.maximum(1, np.ceil(np.where(known, t, 0.0) / np.where(known, step, 1.0) - 1e-9))
-    return np.where(known, np.minimum(round_steps, need), max(1, round_steps // 2)).astype(np.int64)
+    """Steps between sending a DiLoCo fragment and applying it, per placement:
+    ``contracts.sync_delay.overlap_delay_steps`` (the one rule the search, the runtime settings and
+    a hand-built sync config all use) over arrays of exchange and step seconds. The search and the
+    runtime settings give it the exchange time they price (the link's calibrated goodput and fixed
+    seconds per call included, ``planner.estimate.sync_cost``)."""
+    rule = np.frompyfunc(lambda t, s: overlap_delay_steps(round_steps, float(t), float(s)), 2, 1)
+    return np.asarray(
+        rule(np.asarray(exchange_seconds, dtype=float), np.asarray(step_s, dtype=float))
+    ).astype(np.int64)
 
 
 def sync_settings(
