@@ -68,16 +68,20 @@ SUBNET, PREFIX, PORT = "10.213.21", "cpnsq", 29700
 
 def modes() -> list[tuple[str, dict[str, Any]]]:
     """Overlapped rows get their delay from the control plane (``overlap_delay``, in ``main``);
-    ``overlap_merge: mix`` is what real jobs get (control_layer/worker_config.py)."""
-    int8 = {"compression": "int8", "overlap": True}
+    ``overlap_merge: mix`` is what real jobs get (control_layer/worker_config.py). Every row runs
+    the same steps in every region (no balanced rounds) and says whether it overlaps."""
+    fixed = {"balance": False}
+    blocking = {"overlap": False, **fixed}
+    int8 = {"compression": "int8", "overlap": True, **fixed}
     stream = {"fragments": 5, **int8}
+    progress = {"overlap_merge": "progress"}
     return [
-        ("diloco H20 fp32", {"mode": "diloco", "every": 20}),
+        ("diloco H20 fp32", {"mode": "diloco", "every": 20, **blocking}),
         ("diloco H20 int8 overlap", {"mode": "diloco", "every": 20, **int8, "overlap_merge": "mix"}),
-        ("diloco H20 int8 overlap progress", {"mode": "diloco", "every": 20, **int8}),
-        ("diloco H100 fp32", {"mode": "diloco", "every": 100}),
+        ("diloco H20 int8 overlap progress", {"mode": "diloco", "every": 20, **int8, **progress}),
+        ("diloco H100 fp32", {"mode": "diloco", "every": 100, **blocking}),
         ("diloco H100 stream int8", {"mode": "diloco", "every": 100, **stream, "overlap_merge": "mix"}),
-        ("local_sgd H20", {"mode": "local_sgd", "every": 20}),
+        ("local_sgd H20", {"mode": "local_sgd", "every": 20, **fixed}),
         ("gossip", {"mode": "gossip", "every": 10}),
         ("sync", {"mode": "sync"}),
     ]  # fmt: skip
@@ -118,6 +122,7 @@ def configs(model: dict, batch: int, steps: int, sync: dict, lab: NetLab, wd: Pa
                 "peers": {p: a for p, a in addr.items() if p != r},
                 "ring_order": REGIONS,
                 "kernel_shaping": True,
+                "insecure": True,  # the lab's namespaces on this host, without the job's TLS material
                 "global_replicas": len(REGIONS),
                 "replica_offset": i,
                 "timeout_s": 120.0,

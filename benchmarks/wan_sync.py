@@ -56,21 +56,33 @@ def links(mbps: float, ms: float) -> dict[str, dict[str, float]]:
 
 def modes(steps: int) -> list[tuple[str, str, dict[str, Any], float]]:
     h = steps // 4
+    # Every region runs the same steps (no balanced rounds); overlapped DiLoCo keeps the local progress.
+    fixed = {"balance": False, "overlap_merge": "progress"}
     return [
         ("sync", "sync", {"mode": "sync", "every": 1}, 100),
-        ("local_sgd", "local_sgd", {"mode": "local_sgd", "every": 20}, 100),
-        ("diloco", "diloco", {"mode": "diloco", "every": h, "compression": "int8", "overlap": True}, 100),
+        ("local_sgd", "local_sgd", {"mode": "local_sgd", "every": 20, "balance": False}, 100),
+        (
+            "diloco",
+            "diloco",
+            {"mode": "diloco", "every": h, "compression": "int8", "overlap": True, **fixed},
+            100,
+        ),
         (
             "diloco-stream",
             "diloco",
-            {"mode": "diloco", "every": h, "fragments": 5, "compression": "int8", "overlap": True},
+            {"mode": "diloco", "every": h, "fragments": 5, "compression": "int8", "overlap": True, **fixed},
             100,
         ),
         ("gossip", "gossip", {"mode": "gossip", "every": 10, "compression": "bf16"}, 100),
         ("ssp", "ssp", {"mode": "ssp", "every": 10, "staleness": 1, "compression": "int8"}, 100),
         ("async", "async", {"mode": "async", "every": 10, "compression": "int8", "overlap": True}, 100),
         ("sync@1G", "sync", {"mode": "sync", "every": 1}, 1000),
-        ("diloco@1G", "diloco", {"mode": "diloco", "every": h, "compression": "int8", "overlap": True}, 1000),
+        (
+            "diloco@1G",
+            "diloco",
+            {"mode": "diloco", "every": h, "compression": "int8", "overlap": True, **fixed},
+            1000,
+        ),
     ]
 
 

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contracts.errors import InvalidArgument
 from contracts.links import LinkSpec, parse_links
+from contracts.sync_delay import overlap_delay_steps
 
 MAX_PEM = 16 * 1024  # a certificate or key of any usual size, and no more
 # The name every leader's sync certificate carries and every client verifies: certificates name the
@@ -16,6 +17,8 @@ SYNC_TLS_SERVER_NAME = "cpn-sync"
 
 Mode = Literal["none", "sync", "local_sgd", "diloco", "gossip", "ssp", "async"]
 Compression = Literal["none", "fp32", "fp16", "bf16", "int8", "topk"]
+ANCHORED_MODES = ("local_sgd", "diloco")
+OVERLAPPED_MODES = ("diloco", "async")  # the modes a real job overlaps (planner.sync_settings)
 
 # DiLoCo (Douillard et al. 2023): outer Nesterov SGD, lr 0.7, momentum 0.9.
 DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM = 0.7, 0.9
@@ -66,25 +69,38 @@ class SyncConfig(BaseModel):
     outer_momentum: float | None = Field(default=None, ge=0, lt=1)
     nesterov: bool = True
     fragments: int = Field(default=1, gt=0, description="diloco: streamed fragments (Streaming DiLoCo)")
-    overlap: bool = False
+    # The fields below left None take a real job's defaults on validation (``_defaults``), so a
+    # config built by hand runs like one the control plane filled and its repr shows every value.
+    overlap: bool | None = Field(
+        default=None,
+        description="exchange in the background (default: on for diloco and async, as a real job)",
+    )
     overlap_steps: int | None = Field(
         default=None,
         ge=0,
-        description="steps between a fragment's send and "
-        "its application (default: every // fragments // 2 with overlap)",
+        description="local_sgd / diloco with overlap: steps between a fragment's send and its "
+        "application (default: contracts.sync_delay.overlap_delay_steps without link figures, half a "
+        "round; pass it the exchange's and a step's seconds for a real job's delay)",
     )
-    overlap_merge: Literal["progress", "mix"] = Field(
-        default="progress",
+    overlap_merge: Literal["progress", "mix"] | None = Field(
+        default=None,
         description="how an overlapped round lands: 'progress' puts the local steps made since the "
         "snapshot on the new anchor; 'mix' sets params = overlap_mix * params + (1 - overlap_mix) * "
-        "new anchor (Streaming DiLoCo, Douillard et al. 2025)",
+        "new anchor (Streaming DiLoCo, Douillard et al. 2025; default for diloco, 'progress' otherwise)",
     )
     overlap_mix: float = Field(default=0.5, ge=0, le=1)
-    balance: bool = Field(
-        default=False,
+    land_on_arrival: bool | None = Field(
+        default=None,
+        description="local_sgd / diloco with overlap: apply a round at the first step its result is "
+        "in rather than at the fixed delay; needs the region's leader to be its one process "
+        "(default: set by training.sync.create_engine from the region's process count)",
+    )
+    balance: bool | None = Field(
+        default=None,
         description="local_sgd / diloco: each region's steps per round follow its measured speed "
         "(the round's total stays regions x H), so regions of unequal speed reach every round's end "
-        "together; contributions are weighted by the tokens each region trained",
+        "together and train different step counts (engine.local_steps); contributions are weighted "
+        "by the tokens each region trained. Needs land_on_arrival (default: on where it is on)",
     )
     # gossip
     gossip_protocol: Literal["pairwise", "push_sum"] = "pairwise"
@@ -132,6 +148,11 @@ class SyncConfig(BaseModel):
         default=None, max_length=MAX_PEM, description="this leader's certificate"
     )
     tls_key_pem: str | None = Field(default=None, max_length=MAX_PEM, description="this leader's private key")
+    insecure: bool = Field(
+        default=False,
+        description="run without TLS across hosts: plaintext and, without auth_secret, unauthenticated "
+        "(without it an engine without TLS material refuses any address off loopback)",
+    )
     timeout_s: float = Field(default=30.0, gt=0, description="a peer missing this long is dropped")
     lost_notices: str | None = Field(
         default=None,
@@ -153,6 +174,24 @@ class SyncConfig(BaseModel):
     replica_offset: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
+    def _defaults(self) -> SyncConfig:
+        """A real job's defaults for what was left unset (``control_layer.worker_config``)."""
+        if self.overlap is None:
+            self.overlap = self.mode in OVERLAPPED_MODES
+        if self.overlap_merge is None:
+            self.overlap_merge = "mix" if self.mode == "diloco" else "progress"
+        if (
+            self.mode in ANCHORED_MODES
+            and self.overlap
+            and self.overlap_steps is None
+            and self.every % self.fragments == 0
+        ):
+            self.overlap_steps = overlap_delay_steps(self.round_steps)
+        if self.balance is None and self.land_on_arrival is not None:
+            self.balance = self.mode in ANCHORED_MODES and self.land_on_arrival
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> SyncConfig:
         try:
             parse_links(self.links, set(self.peers) | ({self.region} if self.region else set()) or None)
@@ -163,8 +202,15 @@ class SyncConfig(BaseModel):
             raise ValueError("tls_ca_pem, tls_cert_pem and tls_key_pem go together: give all three or none")
         if self.mode == "diloco" and self.every % self.fragments:
             raise ValueError(f"every ({self.every}) must be divisible by fragments ({self.fragments})")
-        if self.balance and self.mode not in ("local_sgd", "diloco"):
+        if self.balance and self.mode not in ANCHORED_MODES:
             raise ValueError("balance applies to modes 'local_sgd' and 'diloco' only")
+        if self.balance and self.land_on_arrival is False:
+            raise ValueError(
+                "balance needs land_on_arrival (balanced round ends only a region whose leader is its "
+                "one process can follow): set balance=False, or land_on_arrival=True"
+            )
+        if self.land_on_arrival and self.mode not in ANCHORED_MODES:
+            raise ValueError("land_on_arrival applies to modes 'local_sgd' and 'diloco' only")
         if self.fragments > 1 and self.mode != "diloco":
             raise ValueError("fragments applies to mode 'diloco' only")
         if self.overlap_steps is not None and self.overlap_steps > self.round_steps:
@@ -229,9 +275,9 @@ class SyncConfig(BaseModel):
     @property
     def delay_steps(self) -> int:
         """Steps between sending a round and applying its result (0: blocking)."""
-        if self.overlap_steps is not None:
-            return self.overlap_steps if self.overlap else 0
-        return max(1, self.round_steps // 2) if self.overlap else 0
+        if not self.overlap:
+            return 0
+        return self.overlap_steps if self.overlap_steps is not None else overlap_delay_steps(self.round_steps)
 
     @property
     def effective_outer_lr(self) -> float:

@@ -30,6 +30,7 @@ from contracts.feasibility import (
     sync_port_problems,
 )
 from contracts.job_spec import JobSpec
+from contracts.sync_config import OVERLAPPED_MODES
 from control_layer.planner.node_groups import (
     node_group_problems,
     node_groups,
@@ -224,7 +225,9 @@ def build_worker_configs(
             "sync": (
                 _sync(spec, option, leader, key, peers, offset, gossip)
                 | _overlap(runtime, spec.sync.mode)
-                | {"auth_secret": sync_secret, "ring_order": ring}
+                # Without the server's secret the job's leaders get no TLS either (``allocation``):
+                # the config says so, and the engine runs plaintext only because it is told to.
+                | {"auth_secret": sync_secret, "ring_order": ring, "insecure": sync_secret is None}
                 | ({"hierarchy": hierarchy} if hierarchy else {})
                 if multi
                 else _solo(option, offset)
@@ -391,7 +394,8 @@ def _overlap(runtime: RuntimeSettings, mode: str) -> dict[str, Any]:
     at H=20, and it lost less than keeping the local progress when rounds landed later
     (BENCHMARKS.md at dabf7f7, "Sync quality")."""
     if not runtime.overlap:
-        return {}
+        # Said where the mode's own default is to overlap (contracts.sync_config.OVERLAPPED_MODES).
+        return {"overlap": False} if mode in OVERLAPPED_MODES else {}
     out: dict[str, Any] = {
         "overlap": True,
         "overlap_steps": runtime.overlap_steps,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-OVERLAPPED_MODES = ("diloco", "async")
+from contracts.sync_config import OVERLAPPED_MODES
+
 FRAGMENT_CHOICES = (4, 2, 1)
 # Below this a fragment's exchange is dominated by per-call latency and streaming gains nothing.
 MIN_FRAGMENT_BYTES = 4 << 20
@@ -77,7 +78,9 @@ def overlap_delay(
 
 
 def exchange_delay(round_steps: int, exchange_seconds, step_s) -> np.ndarray:
-    """Steps between sending a DiLoCo fragment and applying it: the fewest whole steps of
+    """``contracts.sync_delay.overlap_delay_steps`` over arrays (the planner's hot path: the rule
+    vectorised, held equal to it by ``tests/training/test_sync_public_api.py``). Steps between
+    sending a DiLoCo fragment and applying it: the fewest whole steps of
     ``step_s`` its exchange of ``exchange_seconds`` takes, at most a round; half a round where the
     exchange (not finite) or the step time is unknown. Vectorised over placements; the one rule
     the search and the runtime settings both use, from the exchange time they price (the link's

@@ -18,7 +18,7 @@ import torch
 from contracts.lost_notices import LostNotice, NoticeReader, append_notice
 from contracts.sync_config import SyncConfig
 from tests.training.test_sync_engine import train
-from training.sync.engine import SyncEngine
+from training.sync.engine import SyncEngine, create_engine
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 25.0  # what a survivor would wait for a silent peer without the notice
@@ -47,9 +47,11 @@ def _engine(r: str, rdv: Path, steps: int, notices: Path | None) -> SyncEngine:
         startup_timeout_s=60,
         mode="diloco",
         every=5,
+        overlap=False,  # blocking rounds on the fixed schedule: a frozen peer stalls the next one
+        land_on_arrival=False,
         lost_notices=str(notices) if notices else None,
     )
-    return SyncEngine(cfg, region=r, is_leader=True, total_steps=steps, weight=1 / 3, theta0=torch.zeros(3))
+    return create_engine(cfg, region=r, total_steps=steps, weight=1 / 3, theta0=torch.zeros(3))
 
 
 FROZEN = """

@@ -12,7 +12,7 @@ import torch
 from contracts.sync_config import SyncConfig
 from training.sync.algorithms.ring import all_gather_step, owned_chunk, reduce_scatter_step, ring_members
 from training.sync.collective import Reduced
-from training.sync.engine import SyncEngine
+from training.sync.engine import create_engine
 
 
 @pytest.mark.parametrize("size", [3, 4, 7])
@@ -50,8 +50,11 @@ def reduce_everywhere(
     regions = sorted(xs)
     cfg = {"peers": dict.fromkeys(regions, ""), "rendezvous_dir": str(tmp), "timeout_s": 10} | sync
     engines = {
-        r: SyncEngine(
-            SyncConfig(mode="local_sgd", **cfg), region=r, is_leader=True, total_steps=10, weight=weights[r]
+        r: create_engine(
+            SyncConfig(mode="local_sgd", land_on_arrival=False, **cfg),
+            region=r,
+            total_steps=10,
+            weight=weights[r],
         )
         for r in regions
     }
@@ -125,7 +128,7 @@ def test_a_contribution_that_comes_after_its_receiver_has_the_result_is_not_awai
     regions = ["a", "b"]
     cfg = {"peers": dict.fromkeys(regions, ""), "rendezvous_dir": str(tmp_path), "timeout_s": 120}
     engines = {
-        r: SyncEngine(SyncConfig(mode="local_sgd", **cfg), region=r, is_leader=True, total_steps=10)
+        r: create_engine(SyncConfig(mode="local_sgd", land_on_arrival=False, **cfg), region=r, total_steps=10)
         for r in regions
     }
     got: dict[str, Reduced] = {}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from contracts.sync_config import SyncConfig
-from training.sync.engine import SyncEngine
+from training.sync.engine import SyncEngine, create_engine
 
 REGIONS = ["a", "b", "c"]
 TARGETS = {r: torch.tensor([float(i), -float(i), 2.0 * i]) for i, r in enumerate(REGIONS)}
@@ -21,10 +21,12 @@ MEAN = torch.stack(list(TARGETS.values())).mean(0)
 
 
 def engine(r: str, rdv: Path, steps: int, **sync: Any) -> SyncEngine:
+    # The fixed schedule (an overlapped round lands at its delay), blocking unless a case overlaps.
+    sync = {"overlap": False, "land_on_arrival": False} | sync
     cfg = SyncConfig(
         peers=dict.fromkeys(REGIONS, ""), rendezvous_dir=str(rdv), timeout_s=3, startup_timeout_s=30, **sync
     )
-    return SyncEngine(cfg, region=r, is_leader=True, total_steps=steps, weight=1 / 3, theta0=torch.zeros(3))
+    return create_engine(cfg, region=r, total_steps=steps, weight=1 / 3, theta0=torch.zeros(3))
 
 
 def train(
@@ -98,6 +100,7 @@ def test_sync_averages_gradients_so_regions_follow_one_trajectory(tmp_path: Path
             "every": 10,
             "fragments": 2,
             "overlap": True,
+            "overlap_merge": "progress",
             "compression": "bf16",
             "outer_lr": 1.0,
             "outer_momentum": 0.5,
@@ -277,6 +280,7 @@ def run_on_arrival(
     links = {f"{x}|{y}": {"latency_ms": latency_ms} for x in REGIONS for y in REGIONS if x < y}
     sync = {"mode": "diloco", "every": every, "overlap": True, "overlap_steps": delay, "links": links}
     sync |= {"compression": "int8", "outer_lr": 1.0, "outer_momentum": 0.5}
+    sync |= {"balance": False}  # every region runs the same steps: landings compared step for step
     engines = {}
     for r in REGIONS:
         cfg = SyncConfig(
@@ -286,15 +290,7 @@ def run_on_arrival(
             startup_timeout_s=30,
             **sync,
         )
-        engines[r] = SyncEngine(
-            cfg,
-            region=r,
-            is_leader=True,
-            total_steps=steps,
-            weight=1 / 3,
-            theta0=torch.zeros(3),
-            land_on_arrival=True,
-        )
+        engines[r] = create_engine(cfg, region=r, total_steps=steps, weight=1 / 3, theta0=torch.zeros(3))
     out: dict[str, torch.Tensor] = {}
     logs: dict[str, list] = {r: [] for r in REGIONS}
 
@@ -370,8 +366,8 @@ def test_gossip_end_meets_when_round_counters_differ(tmp_path: Path, regions: li
             mode="gossip",
             every=5,
         )
-        engines[r] = SyncEngine(
-            cfg, region=r, is_leader=True, total_steps=steps, weight=1 / len(regions), theta0=torch.zeros(3)
+        engines[r] = create_engine(
+            cfg, region=r, total_steps=steps, weight=1 / len(regions), theta0=torch.zeros(3)
         )
     out: dict[str, torch.Tensor] = {}
     ended: dict[str, float] = {}

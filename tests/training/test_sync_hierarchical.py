@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from contracts.sync_config import SyncConfig
-from training.sync.engine import SyncEngine
+from training.sync.engine import create_engine
 from training.sync.stages import stage_sync_config
 
 N = 30_000
@@ -32,10 +32,9 @@ def run(
     names = sorted(xs)
     cfg = {"peers": dict.fromkeys(names, ""), "rendezvous_dir": str(tmp), "timeout_s": 10} | sync
     engines = {
-        r: SyncEngine(
-            SyncConfig(mode="local_sgd", hierarchy=hierarchy, **cfg),
+        r: create_engine(
+            SyncConfig(mode="local_sgd", hierarchy=hierarchy, land_on_arrival=False, **cfg),
             region=r,
-            is_leader=True,
             total_steps=10,
             weight=weights[r],
         )

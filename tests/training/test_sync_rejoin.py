@@ -14,7 +14,7 @@ from torch import Tensor
 
 from contracts.sync_config import SyncConfig
 from proto.cpn.sync.v1 import sync_pb2
-from training.sync.engine import SyncEngine
+from training.sync.engine import SyncEngine, create_engine
 from training.sync.strategies.anchored import AnchoredSync
 
 H = 20  # steps per round: round k opens at step H * (k + 1)
@@ -30,18 +30,11 @@ def engine(region: str, rdv: Path) -> SyncEngine:
         every=H,
         overlap=True,
         overlap_steps=2,
+        balance=False,
         timeout_s=TIMEOUT_S,
         startup_timeout_s=30,
     )
-    return SyncEngine(
-        cfg,
-        region=region,
-        is_leader=True,
-        total_steps=1000,
-        weight=0.5,
-        theta0=torch.zeros(3),
-        land_on_arrival=True,
-    )
+    return create_engine(cfg, region=region, total_steps=1000, weight=0.5, theta0=torch.zeros(3))
 
 
 def survivor(rdv: Path, rounds: int) -> SyncEngine:

@@ -27,7 +27,11 @@ def test_killed_region_is_dropped_then_rejoins(tmp_path: Path) -> None:
     }
     links = {"eu-west|us-east": {"bandwidth_mbps": 100, "latency_ms": 5}}
     cfgs = region_configs(
-        base, REGIONS, {"mode": "diloco", "every": 10, "timeout_s": 4, "links": links}, tmp_path
+        base,
+        REGIONS,
+        # blocking rounds, the same steps in every region: each region's result is the job's steps
+        {"mode": "diloco", "every": 10, "overlap": False, "balance": False, "timeout_s": 4, "links": links},
+        tmp_path,
     )
     procs = {r: start_region(c, tmp_path) for r, c in cfgs.items()}
     victim = procs["sa-east"]
@@ -69,6 +73,7 @@ def test_overlapped_diloco_workers_apply_each_round_when_it_arrives(tmp_path: Pa
     }
     links = {f"{a}|{b}": {"latency_ms": 40} for a in REGIONS for b in REGIONS if a < b}
     sync = {"mode": "diloco", "every": every, "overlap": True, "overlap_steps": 1, "links": links}
+    sync |= {"balance": False}  # rounds open at every H-th step in every region
     procs = run_regions(region_configs(base, REGIONS, sync | {"compression": "int8"}, tmp_path), tmp_path)
     for p in procs.values():
         res = p.result()
@@ -132,6 +137,7 @@ def test_survivors_do_not_wait_out_timeouts_for_a_killed_or_rejoining_region(tmp
         "training": {"steps": steps, "local_batch": 4, "lr": 3e-3, "warmup": 5, "seed": 7},
     }
     sync = {"mode": "diloco", "every": 20, "overlap": True, "overlap_steps": 2, "timeout_s": timeout_s}
+    sync |= {"balance": False}  # every region's result is the job's step count
     cfgs = region_configs(base, REGIONS, sync, tmp_path)
     procs = {r: start_region(c, tmp_path) for r, c in cfgs.items()}
     back = None

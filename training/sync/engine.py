@@ -1,4 +1,5 @@
-"""``SyncEngine``: the train loop's cross-region hook (``training.sync_protocol.CrossRegionSync``).
+"""``SyncEngine``: the train loop's cross-region hook (``training.sync_protocol.CrossRegionSync``),
+built by ``create_engine`` (a user's loop) or ``create_sync`` (a worker, through it).
 
 Built on every rank; only the leader opens a server and talks to peer leaders. The leader's first
 event is a join: it waits for the peers, and if they are ahead (this region restarted, or resumed
@@ -8,6 +9,7 @@ to have fallen behind or drifted later catches up the same way.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -15,9 +17,10 @@ import torch
 from torch import Tensor
 
 from contracts.errors import FailedPrecondition, InvalidArgument
-from contracts.sync_config import SyncConfig
+from contracts.sync_config import ANCHORED_MODES, SyncConfig
 from training.sync.algorithms.round_plan import RoundPlan
 from training.sync.algorithms.schedule import anchored_event, is_start
+from training.sync.exposure import check_exposure, has_tls
 from training.sync.node import RegionNode
 from training.sync.stats import goodput_fraction
 from training.sync.strategies.anchored import AnchoredSync
@@ -31,6 +34,8 @@ from training.sync.transport import PeerError
 if TYPE_CHECKING:
     from contracts.worker_config import WorkerConfig
     from training.sync_protocol import SyncContext
+
+log = logging.getLogger(__name__)
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "sync": GradSync,
@@ -55,13 +60,11 @@ LEAVE_WAIT_S = 5.0  # the most a finished region waits for its live peers to lea
 
 
 class SyncEngine:
-    """Cross-region sync for any training loop (public API, exported by ``training.sync``).
+    """Cross-region sync for any training loop (public API, exported by ``training.sync``; build it
+    with ``create_engine``, see ``docs/sync.md``).
 
-    Build one per process with the mode's ``SyncConfig``: ``region`` is this region's name among
-    ``cfg.peers``; only the leader (``is_leader``) opens a server on ``cfg.listen`` (any address,
-    e.g. ``0.0.0.0:7000``; peers reach it at ``cfg.advertise``); ``weight`` is this region's share
-    of the job's replicas; ``theta0`` the job's common initial parameters, flattened (without it
-    every region starts from the lowest-named region's). Each step, on the leader:
+    Only the leader (``is_leader``) opens a server and talks to peer leaders. Each step, on the
+    leader:
 
         if engine.syncs_gradients(step):      # mode "sync": before the optimizer step
             engine.reduce_gradients(step, grads)
@@ -70,7 +73,8 @@ class SyncEngine:
             engine.after_step(step, params)   # in place
         engine.metrics()
 
-    and ``close()`` at the end. ``examples/sync_regions.py`` runs one.
+    for ``step`` up to ``engine.local_steps(total_steps)`` (balanced rounds change it), and
+    ``close()`` at the end. ``examples/sync_regions.py`` runs one per mode.
     """
 
     def __init__(
@@ -80,19 +84,26 @@ class SyncEngine:
         region: str,
         is_leader: bool,
         total_steps: int,
-        weight: float = 1.0,
-        theta0: Tensor | None = None,
-        land_on_arrival: bool = False,
+        weight: float,
+        theta0: Tensor | None,
     ) -> None:
         if cfg.mode not in STRATEGIES:
             raise InvalidArgument(
                 f"sync.mode {cfg.mode!r} has no engine; expected one of {sorted(STRATEGIES)}",
                 field="sync.mode",
             )
+        if cfg.land_on_arrival is None or cfg.balance is None:
+            raise InvalidArgument(
+                "the engine takes a complete sync config (land_on_arrival and balance set): build it "
+                "with training.sync.create_engine",
+                field="sync",
+            )
         if cfg.region is not None and cfg.region != region:
             raise InvalidArgument(
                 f"sync.region {cfg.region!r} differs from the worker's region {region!r}", field="sync.region"
             )
+        if total_steps < 1:
+            raise InvalidArgument(f"total_steps must be >= 1, got {total_steps}", field="total_steps")
         self.cfg, self.region, self.is_leader, self.total_steps = cfg, region, is_leader, total_steps
         self.theta0 = theta0
         self.joined = False
@@ -101,19 +112,28 @@ class SyncEngine:
         self.waited_s = 0.0  # every second spent in sync calls, never reset (balancing's clock)
         self.node: RegionNode | None = None
         self.strategy: Strategy | None = None
+        self.finished_at: int | None = None  # balanced: the step this region's final round opened at
         if is_leader:
             regions = sorted(set(cfg.peers) | {region})
             if len(regions) < 2:
                 raise InvalidArgument("sync needs at least one peer region in sync.peers", field="sync.peers")
+            check_exposure(cfg)
             self.node = RegionNode(cfg, region, regions)
             self.strategy = STRATEGIES[cfg.mode](self.node, cfg, weight, total_steps)
             self.node.strategy = self.strategy
             if isinstance(self.strategy, AnchoredSync):
-                self.strategy.on_arrival = land_on_arrival and cfg.overlap
+                self.strategy.on_arrival = cfg.land_on_arrival and bool(cfg.overlap)
                 # Balanced rounds move round ends off the fixed schedule, which only a region whose
-                # leader is its one process can follow (the same condition as landing on arrival).
-                if cfg.balance and land_on_arrival:
+                # leader is its one process can follow (the config requires landing on arrival).
+                if cfg.balance:
                     self.strategy.plan = RoundPlan(region, cfg.round_steps, total_steps)
+                    log.info(
+                        "sync %s: balanced rounds (balance=True): region %s trains "
+                        "engine.local_steps(%d) steps, which follow its speed",
+                        cfg.mode,
+                        region,
+                        total_steps,
+                    )
             self.node.start()
 
     @property
@@ -124,6 +144,7 @@ class SyncEngine:
     # ------------------------------------------------------------ hook
 
     def should_sync(self, step: int) -> bool:
+        self._check_within_plan(step)
         # Landing on arrival moves a round's landing off the fixed schedule; only the leader knows
         # when its result is in, so the engine does it only where the leader is the region's one
         # process. The fixed schedule's landing step is then no event of its own.
@@ -136,6 +157,18 @@ class SyncEngine:
 
     def syncs_gradients(self, step: int) -> bool:
         return self.cfg.mode == "sync"
+
+    def _check_within_plan(self, step: int) -> None:
+        """Balanced rounds end this region's run at its own step count: a loop that runs on past it
+        would train steps no round ever averages."""
+        if self.finished_at is not None and step > self.finished_at:
+            raise FailedPrecondition(
+                f"sync: region {self.region}'s balanced rounds ended at step {self.finished_at} and the "
+                f"loop is at step {step}: with balance=True each region trains "
+                f"engine.local_steps({self.total_steps}) steps (its share follows its speed); loop up to "
+                "that, or set balance=False to train the same steps in every region",
+                field="sync.balance",
+            )
 
     @property
     def plan(self) -> RoundPlan | None:
@@ -153,6 +186,12 @@ class SyncEngine:
     def reduce_gradients(self, step: int, grads: list[Tensor]) -> None:
         """``sync`` mode, before the optimizer step: replace the cluster's gradients (leader: full
         replica, CPU, canonical order) with their weighted average over the regions, in place."""
+        if self.cfg.mode != "sync":
+            raise FailedPrecondition(
+                f"reduce_gradients is the 'sync' mode's hook; mode {self.cfg.mode!r} syncs parameters "
+                "in after_step (engine.syncs_gradients(step) says when to call it)",
+                field="sync.mode",
+            )
         if not self.is_leader or not grads:
             return
         assert isinstance(self.strategy, GradSync)
@@ -179,6 +218,14 @@ class SyncEngine:
         if not self.is_leader or not model_params:
             return
         assert self.strategy is not None
+        self._check_within_plan(step)
+        if isinstance(self.strategy, GradSync) and self.strategy.completed != step:
+            raise FailedPrecondition(
+                f"sync: step {step} took its optimizer step on this region's own gradients; mode "
+                "'sync' averages gradients, not parameters: call engine.reduce_gradients(step, grads) "
+                "after backward and before the optimizer step wherever engine.syncs_gradients(step)",
+                field="sync.mode",
+            )
         t0 = time.monotonic()
         if isinstance(self.strategy, AnchoredSync):
             self.strategy.tick(step, t0, time.time(), self.waited_s)
@@ -199,6 +246,13 @@ class SyncEngine:
         out = self.strategy.on_event(step, flat)
         if out is not None:
             flat, changed = out, True
+        plan = self.plan
+        if (
+            plan is not None
+            and isinstance(self.strategy, AnchoredSync)
+            and self.strategy.opened >= plan.rounds
+        ):
+            self.finished_at = step
         if changed:
             offset = 0
             for p in model_params:
@@ -336,6 +390,12 @@ class SyncEngine:
             spread = self.strategy.take_spread()
             if spread is not None:
                 out["gossip_spread"] = spread
+        if isinstance(self.strategy, StaleSync) and self.strategy.ahead:
+            out["ssp_ahead"] = max(self.strategy.ahead)
+            self.strategy.ahead = []
+        if isinstance(self.strategy, AsyncServer) and self.strategy.lag_rounds:
+            out["async_lag_rounds"] = max(self.strategy.lag_rounds)
+            self.strategy.lag_rounds = []
         identical = getattr(self.strategy, "identical", None)
         if identical is not None:
             out["replicas_identical"] = identical
@@ -369,10 +429,16 @@ class SyncEngine:
         """Bytes the leader sent to peer regions over the whole run, for the result (after
         ``close``, so the last exchange and leaving the peers are in them): ``wan_bytes_sent``
         counts gRPC messages (serialized plus the 5-byte prefix: what egress is priced on),
-        ``wan_wire_bytes_sent`` what the kernel put on the wire (absent where unavailable)."""
+        ``wan_wire_bytes_sent`` what the kernel put on the wire (absent where unavailable).
+        ``insecure`` (True) where the sync ran without TLS; ``local_steps``, with balanced rounds,
+        the steps this region's share came to."""
         if self.node is None:
             return {}
         out = {"wan_bytes_sent": sum(self.node.stats.total_sent.values())}
+        if not has_tls(self.cfg):
+            out["insecure"] = True
+        if self.plan is not None:
+            out["local_steps"] = self.plan.local_steps()
         n = self.node.wire.sample(force=True)
         if n is not None:
             out["wan_wire_bytes_sent"] = n
@@ -409,8 +475,59 @@ def initial_params(cfg: WorkerConfig, names: tuple[str, ...]) -> Tensor | None:
     return torch.cat([params[n].detach().reshape(-1).float() for n in names])
 
 
+def create_engine(
+    cfg: SyncConfig,
+    *,
+    total_steps: int,
+    region: str | None = None,
+    is_leader: bool = True,
+    ranks: int = 1,
+    weight: float | None = None,
+    theta0: Tensor | None = None,
+) -> SyncEngine:
+    """The one way to build a sync engine, with a real job's defaults (``docs/sync.md``).
+
+    ``region``: this region's name among ``cfg.peers`` (default ``cfg.region``); ``ranks``: the
+    processes of this region's replica (1 in a plain loop; only rank 0 is the leader,
+    ``is_leader``); ``weight``: this region's share of the job's data (default an equal share);
+    ``theta0``: the job's common initial parameters, flattened (without them anchored modes start
+    every region from the lowest-named region's). Landing on arrival and balanced rounds default
+    to on where the region is one process, as in a real job; the engine's ``cfg`` shows them."""
+    name = region or cfg.region
+    if not name:
+        raise InvalidArgument("create_engine needs region= or sync.region", field="sync.region")
+    if ranks < 1:
+        raise InvalidArgument(f"ranks must be >= 1, got {ranks}", field="ranks")
+    anchored = cfg.mode in ANCHORED_MODES
+    landing = cfg.land_on_arrival if cfg.land_on_arrival is not None else (anchored and ranks == 1)
+    if landing and ranks > 1:
+        raise InvalidArgument(
+            f"land_on_arrival needs the region's leader to be its one process; this region has {ranks}",
+            field="sync.land_on_arrival",
+        )
+    balance = cfg.balance if cfg.balance is not None else (anchored and landing)
+    if balance and not landing:
+        raise InvalidArgument(
+            "balance=True needs land_on_arrival (balanced round ends only a region whose leader is its "
+            "one process can follow): set balance=False, or run the region as one process",
+            field="sync.balance",
+        )
+    resolved = SyncConfig.model_validate(cfg.model_dump() | {"land_on_arrival": landing, "balance": balance})
+    regions = set(cfg.peers) | {name}
+    return SyncEngine(
+        resolved,
+        region=name,
+        is_leader=is_leader,
+        total_steps=total_steps,
+        weight=1 / len(regions) if weight is None else weight,
+        theta0=theta0,
+    )
+
+
 def create_sync(cfg: WorkerConfig, ctx: SyncContext) -> SyncEngine:
-    """Entry point used by ``training.sync_hook.build_sync``."""
+    """A worker's engine (``training.sync_hook.build_sync``): ``create_engine`` with the worker's
+    region, replica share and initialisation. The control plane asks for balanced rounds in
+    round-based modes; they apply where the region is one process."""
     sc = cfg.sync
     if not isinstance(sc, SyncConfig):
         sc = SyncConfig.model_validate(sc.model_dump())
@@ -418,14 +535,16 @@ def create_sync(cfg: WorkerConfig, ctx: SyncContext) -> SyncEngine:
         raise FailedPrecondition(
             "sync.global_replicas is required with peers (weights of regions)", field="sync.global_replicas"
         )
+    if ctx.world_size > 1 and sc.balance:
+        sc = SyncConfig.model_validate(sc.model_dump() | {"balance": False})
     weight = ctx.local_replicas / (sc.global_replicas or ctx.local_replicas)
     theta0 = initial_params(cfg, ctx.param_names) if ctx.is_leader else None
-    return SyncEngine(
+    return create_engine(
         sc,
         region=cfg.region,
         is_leader=ctx.is_leader,
+        ranks=ctx.world_size,
         total_steps=cfg.training.steps,
         weight=weight,
         theta0=theta0,
-        land_on_arrival=ctx.world_size == 1,
     )

@@ -106,4 +106,8 @@ def merge_stage_totals(parts: list[dict[str, int]]) -> dict[str, int]:
     if not parts:
         return {}
     keys = set.intersection(*(set(t) for t in parts))
-    return {k: sum(t[k] for t in parts) for k in sorted(keys)}
+    # Flags (``insecure``) hold where any stage's engine raised them; counts add up.
+    return {
+        k: any(t[k] for t in parts) if isinstance(parts[0][k], bool) else sum(t[k] for t in parts)
+        for k in sorted(keys)
+    }

@@ -37,6 +37,9 @@ class AsyncServer(Strategy):
         self.snapshot: Tensor | None = None
         self.pending: Future | None = None
         self.pending_residual: Tensor | None = None
+        # Per server answer applied since the last metrics: rounds between the update's push and
+        # the answer's landing (0 blocking, 1 with overlap).
+        self.lag_rounds: list[int] = []
 
     def start(self, flat: Tensor, theta0: Tensor | None) -> None:
         init = (theta0 if theta0 is not None else flat).clone()
@@ -81,6 +84,7 @@ class AsyncServer(Strategy):
             return None
         if self.pending is not None:
             flat = self._take(self.pending, flat)
+            self.lag_rounds.append(1)
         enc, decoded, residual = self.ef.compress(flat - self.base)
         self.snapshot, self.pending_residual = flat.clone(), residual
         fut = self.node.pool.submit(self._push, enc, decoded)
@@ -88,6 +92,7 @@ class AsyncServer(Strategy):
             self.pending = fut
         else:
             flat = self._take(fut, flat)
+            self.lag_rounds.append(0)
         return flat
 
     def _push(self, enc: Any, decoded: Tensor) -> tuple[Tensor, int] | None:

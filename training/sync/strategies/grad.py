@@ -4,9 +4,10 @@ by replicas; a ring with 3+ regions; optionally compressed with error feedback) 
 takes the same optimizer step on the same gradient, so the replicas stay one model.
 
 Parameters cross the WAN only to check that: at the first and the last step the regions compare
-parameter fingerprints, and at the first a region that differs (a model initialised differently)
-takes the lowest-named region's parameters. Optimizer state needs no repair: it was built from the
-averaged gradient, which is the same everywhere.
+parameter fingerprints. At a process's first check a region that differs (a model initialised
+differently, or resumed without the step's checkpoint) takes the lowest-named region's parameters;
+at any later one a difference fails the run with its step: some step ran on other gradients.
+Optimizer state needs no repair: it was built from the averaged gradient, the same everywhere.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class GradSync(Strategy):
         self.public: Tensor | None = None  # parameters at the last check (what a peer pulls)
         self.public_round = -1
         self.identical: bool | None = None  # at the last check, before any repair
+        self.checks = 0  # parameter checks this process has made
 
     def progress(self) -> tuple[int, int]:
         return self.completed, self.completed
@@ -80,6 +82,15 @@ class GradSync(Strategy):
             self.lock.notify_all()
         res = self.checker.reduce(step, torch.zeros(1), self.weight, fp, step, self.cfg.timeout_s)
         self.identical = len(set(res.fingerprints.values())) == 1
+        self.checks += 1
+        if not self.identical and self.checks > 1:
+            raise FailedPrecondition(
+                f"sync: the regions' replicas differ at step {step} (fingerprints "
+                f"{dict(sorted(res.fingerprints.items()))}); mode 'sync' keeps one model, so some step "
+                "since the first ran on other gradients or parameters",
+                field="sync.mode",
+                step=step,
+            )
         root = min(res.fingerprints)
         if res.fingerprints[root] == fp:
             return None

@@ -36,6 +36,9 @@ class StaleSync(Strategy):
         self.pending: dict[str, dict[int, tuple[Tensor, float]]] = {p: {} for p in self.node.peers}
         # One sender per peer keeps a peer's updates in clock order.
         self.senders = {p: ThreadPoolExecutor(1, thread_name_prefix=f"ssp-{p}") for p in self.node.peers}
+        # Per event since the last metrics: clocks this region went on ahead of the slowest live
+        # peer's last delivered one (the bound keeps it <= staleness).
+        self.ahead: list[int] = []
 
     def start(self, flat: Tensor, theta0: Tensor | None) -> None:
         if self.base is None:
@@ -78,6 +81,8 @@ class StaleSync(Strategy):
                 for p in behind:  # a killed peer is dropped at once, not after the timeout
                     self.node.check_gone(p)
                 self.lock.wait(min(left, 0.2))
+            if not behind and live:
+                self.ahead.append(c - min(live.values()))
             new = self.base + self.weight * decoded
             for p in self.pending:
                 for _, (u, w) in sorted(self.pending[p].items()):

@@ -1,0 +1,33 @@
+"""How many steps an overlapped DiLoCo fragment lands after it is sent: the one rule the planner
+prices placements with and a hand-built ``SyncConfig`` defaults to. Pure: numbers in, steps out."""
+
+from __future__ import annotations
+
+import math
+
+
+def overlap_delay_steps(
+    round_steps: int, exchange_s: float | None = None, step_s: float | None = None
+) -> int:
+    """Steps between sending a fragment and applying it: the fewest whole steps of ``step_s``
+    seconds its exchange of ``exchange_s`` seconds takes, at most a round; half a round (at least
+    one step) where either is unknown (None, not finite, negative, or a step of 0 seconds). The
+    fewest steps is Streaming DiLoCo's small tau: the later an outer update lands, the more local
+    progress it was computed without (a round applied half a round late cost ~1 % held-out loss at
+    H=20; BENCHMARKS.md at dabf7f7, "Sync quality")."""
+    if round_steps < 1:
+        raise ValueError(f"round_steps must be >= 1, got {round_steps}")
+    known = (
+        exchange_s is not None
+        and step_s is not None
+        and math.isfinite(exchange_s)
+        and exchange_s >= 0
+        and math.isfinite(step_s)
+        and step_s > 0
+    )
+    if not known:
+        return max(1, round_steps // 2)
+    ratio = exchange_s / step_s - 1e-9  # type: ignore[operator]
+    if not math.isfinite(ratio):  # a vanishing step: the exchange needs more than a round
+        return round_steps
+    return min(round_steps, max(1, math.ceil(ratio)))
