@@ -54,8 +54,8 @@ log = logging.getLogger(__name__)
 COMMAND_KEY = "command"  # worker_config key naming an argv to run instead of torchrun (tests only)
 MAX_LINE = 4000
 READ_LIMIT = 1 << 20
-AGENT_FILES = ("worker.log", "worker_config.json")  # the agent's own files in a run dir
 ENDED_MARK = "ended"  # touched in the run dir when the assignment ends here
+AGENT_FILES = ("worker.log", "worker_config.json", ENDED_MARK)  # the agent's own files in a run dir
 
 SUCCEEDED, FAILED, CANCELLED = (
     agent_pb2.TASK_STATE_SUCCEEDED,

@@ -272,7 +272,10 @@ def boxed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node_]:
     plane = make_plane(tmp)
     launcher = Launcher(plane, tmp)
     try:
-        agent = launcher(task_disk_gb=str(QUOTA_GB))
+        # The entrypoints under test live in this repository's tests package, as a provider's own
+        # modules would on its node: on the workers' path.
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        agent = launcher(task_disk_gb=str(QUOTA_GB), env=env)
         node = node_of(plane)
         wait_for(lambda: "registered as node" in agent.log(), timeout=60, what="the agent to register")
         # What a node holds that its tasks must not see: its key and another job's directory.
@@ -379,7 +382,7 @@ def test_users_code_filling_the_disk_is_stopped_at_its_quota_and_its_files_go(bo
     assert task.status == "failed" and "disk quota exceeded" in task.message, task.message
     run_dir = boxed.agent.work_dir / "assignments" / task.id
     assert tree_bytes([run_dir]) < QUOTA_GB * 1024**3  # what it wrote is gone again
-    assert sorted(p.name for p in run_dir.iterdir()) == ["worker.log", "worker_config.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["ended", "worker.log", "worker_config.json"]
 
 
 @pytest.mark.parametrize("sandbox", [True, False], ids=["sandboxed", "control"])

@@ -20,10 +20,10 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     # Nodes registered before it said nothing: they run no users' code until they register again.
-    with op.batch_alter_table("nodes") as batch:
-        batch.add_column(sa.Column("sandbox", sa.String(32), nullable=False, server_default="none"))
+    # Plain ADD/DROP COLUMN: a batch copy of ``nodes`` would drop a table that accelerators and
+    # tasks reference (SQLite refuses it with rows there).
+    op.add_column("nodes", sa.Column("sandbox", sa.String(32), nullable=False, server_default="none"))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("nodes") as batch:
-        batch.drop_column("sandbox")
+    op.drop_column("nodes", "sandbox")
