@@ -55,6 +55,9 @@ class GradSync(Strategy):
         self.public_round = -1
         self.identical: bool | None = None  # at the last check, before any repair
         self.checks = 0  # parameter checks this process has made
+        # Its first check took a peer's parameters (not its optimizer state): later differences
+        # follow from that repair and are repaired again, not failed.
+        self.repaired = False
 
     def progress(self) -> tuple[int, int]:
         return self.completed, self.completed
@@ -83,7 +86,9 @@ class GradSync(Strategy):
         res = self.checker.reduce(step, torch.zeros(1), self.weight, fp, step, self.cfg.timeout_s)
         self.identical = len(set(res.fingerprints.values())) == 1
         self.checks += 1
-        if not self.identical and self.checks > 1:
+        if self.checks == 1:
+            self.repaired = not self.identical
+        if not self.identical and self.checks > 1 and not self.repaired:
             raise FailedPrecondition(
                 f"sync: the regions' replicas differ at step {step} (fingerprints "
                 f"{dict(sorted(res.fingerprints.items()))}); mode 'sync' keeps one model, so some step "
