@@ -136,8 +136,8 @@ class MotoS3:
 class Fleet:
     """The control plane (with its store) and one agent per region's namespace."""
 
-    def __init__(self, lab: NetLab, root: Path, store: str) -> None:
-        self.lab, self.root, self.store = lab, root, store
+    def __init__(self, lab: NetLab, root: Path, store: str, link_mbit: float) -> None:
+        self.lab, self.root, self.store, self.link_mbit = lab, root, store, link_mbit
         self.db = Database()
         self.admin_key = "cpn_admin_" + secrets.token_urlsafe(16)
         self.s3 = MotoS3(lab.hub_ip, root / "moto.log") if store == "s3" else None
@@ -161,7 +161,24 @@ class Fleet:
         for s in specs:
             self.agents[s.region] = self._agent(s, tokens[s.provider])
         wait_for_clusters(self.client, len(REGIONS), timeout_s=600)
+        for i, a in enumerate(REGIONS):  # the egress price; bandwidth and latency the agents measure
+            for b in REGIONS[i + 1 :]:
+                link = {"src": a, "dst": b, "bandwidth_gbps": self.link_mbit / 1e3, "latency_ms": 0.1}
+                ok(self.client.put("/v1/links", json=link | {"egress_price_per_gb": 0.02}))
+        self.wait_links()
         return self.client
+
+    def wait_links(self, timeout_s: float = 300.0) -> None:
+        """Until the agents have measured every link between the regions (or the timeout: the
+        declared links then stand), so their probes' bytes are not counted in a job's."""
+        assert self.client is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            links = ok(self.client.get("/v1/links"))
+            pairs = {tuple(sorted((ln["src"], ln["dst"]))) for ln in links if ln["source"] == "measured"}
+            if len(pairs) >= len(REGIONS) * (len(REGIONS) - 1) // 2:
+                return
+            time.sleep(2)
 
     def work_dir(self, region: str) -> Path:
         return self.root / f"agent-{region}"
@@ -308,7 +325,7 @@ def run_store(args: argparse.Namespace, store: str, lab: NetLab, tmp: Path) -> d
     root = tmp / store
     root.mkdir()
     shard_files = corpus.write_shards(root / "shards")
-    fleet = Fleet(lab, root, store)
+    fleet = Fleet(lab, root, store, args.link_mbit)
     out: dict[str, Any] = {"store": store, "jobs": []}
     try:
         client = fleet.start()
