@@ -17,16 +17,18 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 import httpx
 
-from contracts.artifacts import DIGEST_RE, MAX_ARTIFACT_BYTES, parse_uri
+from contracts.artifacts import DIGEST_RE, MAX_ARTIFACT_BYTES, DataUri, parse_uri
 from contracts.errors import InvalidArgument
 
 CHUNK = 1 << 20
@@ -120,6 +122,13 @@ def _check_digest(digest: str | None) -> None:
         raise FetchError(f"stage item digest {digest[:80]!r} is not sha256:<64 hex digits>")
 
 
+def _plain_from(url: str, hosts: frozenset[str]) -> DataUri | None:
+    """A plain-http URL to one of ``hosts``: the control plane, where the agent's own channel to it
+    is plaintext too (no ``--tls-ca-file``), so its artifact URLs are no less safe than its orders."""
+    parts = urlsplit(url) if url.startswith("http://") else None
+    return DataUri("http", url=url) if parts is not None and parts.hostname in hosts else None
+
+
 def fetch(
     url: str,
     *,
@@ -133,6 +142,8 @@ def fetch(
     cache_max_bytes: int | None = None,
     client: httpx.Client | None = None,
     timeout_s: float = 60.0,
+    verify: ssl.SSLContext | bool = True,
+    plain_http_hosts: frozenset[str] = frozenset(),
 ) -> Fetched:
     """The blob at ``url`` on this node, verified against ``digest`` where given, its size bounded
     by ``expected_bytes`` (where known) and ``max_bytes``. A cached blob of that digest is used
@@ -140,7 +151,7 @@ def fetch(
     _check_digest(digest)
     limit = min(max_bytes, expected_bytes) if expected_bytes is not None else max_bytes
     try:
-        uri = parse_uri(url, "stage.url")
+        uri = _plain_from(url, plain_http_hosts) or parse_uri(url, "stage.url")
     except InvalidArgument as exc:
         raise FetchError(exc.message) from None
     if uri.scheme == "file":
@@ -163,7 +174,7 @@ def fetch(
             # A blob cached by its URL is not hashed again (it could be large): no digest to report.
             return Fetched(final, digest, size, time.monotonic() - started, True, "cache")
         partial = root / f"{key}.partial"
-        got = _download(url, partial, limit, expected_bytes, progress, cancel, client, timeout_s)
+        got = _download(url, partial, limit, expected_bytes, progress, cancel, client, timeout_s, verify)
         if digest is not None and got != digest:
             (root / f"{key}.partial").unlink(missing_ok=True)
             raise FetchError(f"digest mismatch for {_redact(url)}: expected {digest}, got {got}; deleted")
@@ -222,12 +233,13 @@ def _download(
     cancel: threading.Event | None,
     client: httpx.Client | None,
     timeout_s: float,
+    verify: ssl.SSLContext | bool = True,
 ) -> str:
     """Stream ``url`` into ``partial``, resuming what an earlier try (or an earlier agent) left
     there; return the digest of the whole. Retries dropped connections and 5xx answers with a
     capped backoff; a 4xx answer (a refused ticket, a missing blob) fails at once."""
     own = client is None
-    http = client or httpx.Client(follow_redirects=True, timeout=timeout_s)
+    http = client or httpx.Client(follow_redirects=True, timeout=timeout_s, verify=verify)
     meter = _Meter(progress, expected, cancel)
     backoff, last_error = BACKOFF_MIN_S, ""
     try:

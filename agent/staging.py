@@ -18,6 +18,7 @@ from typing import Any
 from agent import code_env
 from agent.fetch import BlobUse, FetchError, fetch
 from agent.settings import AgentSettings
+from agent.tls import http_verify, plain_http_hosts
 from contracts.artifacts import MAX_CODE_BYTES
 from contracts.worker_config import StageSpec
 
@@ -92,6 +93,8 @@ def stage_task(
                 progress=lambda d, t: progress(progress_message("code", d, t)),
                 cancel=cancel,
                 cache_max_bytes=settings.cache_max_bytes,
+                verify=http_verify(settings.tls_ca_file),
+                plain_http_hosts=plain_http_hosts(settings.server, settings.tls_ca_file),
             )
             t0 = time.monotonic()
             key = got.digest or item.digest
@@ -127,6 +130,8 @@ def stage_task(
                 progress=lambda d, t: progress(progress_message("data", d, t)),
                 cancel=cancel,
                 cache_max_bytes=settings.cache_max_bytes,
+                verify=http_verify(settings.tls_ca_file),
+                plain_http_hosts=plain_http_hosts(settings.server, settings.tls_ca_file),
             )
             staged.data_path = got.path
             staged.figures["data"] = got.figures()

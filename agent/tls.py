@@ -4,6 +4,7 @@ node's certificate under mTLS) and the node's own key and certificate signing re
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 
 import grpc
@@ -54,3 +55,18 @@ def certificate_request(key_pem: bytes, hostname: str) -> bytes:
         .sign(key, hashes.SHA256())  # type: ignore[arg-type]
     )
     return csr.public_bytes(serialization.Encoding.PEM)
+
+
+def http_verify(ca_file: Path | None) -> ssl.SSLContext | bool:
+    """How the agent checks the control plane's HTTPS certificate when it fetches and uploads
+    artifacts: against ``--tls-ca-file`` where given (the CA its gRPC channel trusts), else the
+    system's store."""
+    return ssl.create_default_context(cafile=str(ca_file)) if ca_file is not None else True
+
+
+def plain_http_hosts(server: str, ca_file: Path | None) -> frozenset[str]:
+    """The control plane's hosts (``--server``) where the agent speaks to it in plaintext: its
+    artifact URLs may then be plain http too. With TLS (``--tls-ca-file``) none: https only."""
+    if ca_file is not None:
+        return frozenset()
+    return frozenset(part.rsplit(":", 1)[0].strip("[]") for part in server.split(",") if part)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import ssl
 import tarfile
 import time
 from collections.abc import Iterator
@@ -45,7 +46,9 @@ def _chunks(path: Path) -> Iterator[bytes]:
             yield chunk
 
 
-def upload_file(path: Path, target: OutputTarget, *, timeout_s: float = 120.0) -> dict[str, Any]:
+def upload_file(
+    path: Path, target: OutputTarget, *, timeout_s: float = 120.0, verify: ssl.SSLContext | bool = True
+) -> dict[str, Any]:
     """PUT one file (streamed); retries dropped connections and 5xx answers, not 4xx ones.
     Returns {bytes, digest, seconds}."""
     size = path.stat().st_size
@@ -59,7 +62,7 @@ def upload_file(path: Path, target: OutputTarget, *, timeout_s: float = 120.0) -
         "Content-Type": "application/octet-stream",
     }
     started, backoff, last = time.monotonic(), BACKOFF_MIN_S, ""
-    with httpx.Client(timeout=timeout_s, follow_redirects=False) as http:
+    with httpx.Client(timeout=timeout_s, follow_redirects=False, verify=verify) as http:
         for _ in range(MAX_ATTEMPTS):
             try:
                 r = http.put(target.url, content=_chunks(path), headers=headers)
@@ -76,7 +79,9 @@ def upload_file(path: Path, target: OutputTarget, *, timeout_s: float = 120.0) -
     raise UploadError(f"output {name}: upload failed: {last}")
 
 
-def upload_outputs(outputs_dir: Path, targets: dict[str, OutputTarget]) -> dict[str, Any]:
+def upload_outputs(
+    outputs_dir: Path, targets: dict[str, OutputTarget], verify: ssl.SSLContext | bool = True
+) -> dict[str, Any]:
     """Every file of ``outputs_dir`` that has a target; a target whose file the workers did not
     write is listed under ``missing``. UploadError on the first that fails."""
     uploaded: dict[str, Any] = {}
@@ -88,7 +93,7 @@ def upload_outputs(outputs_dir: Path, targets: dict[str, OutputTarget]) -> dict[
         if not path.is_file():
             missing.append(name)
             continue
-        uploaded[name] = upload_file(path, target)
+        uploaded[name] = upload_file(path, target, verify=verify)
     return {"uploaded": uploaded, "missing": missing}
 
 
@@ -113,13 +118,15 @@ def pack_checkpoint(step_dir: Path, out: Path) -> Path:
     return out
 
 
-def upload_checkpoint(checkpoint_dir: Path, target: OutputTarget, scratch: Path) -> dict[str, Any] | None:
+def upload_checkpoint(
+    checkpoint_dir: Path, target: OutputTarget, scratch: Path, verify: ssl.SSLContext | bool = True
+) -> dict[str, Any] | None:
     """The newest complete checkpoint as ``checkpoint.tar`` (None: there is none)."""
     newest = newest_checkpoint(checkpoint_dir)
     if newest is None:
         return None
     tar = pack_checkpoint(newest, scratch / CHECKPOINT_OUTPUT)
     try:
-        return upload_file(tar, target) | {"step_dir": newest.name}
+        return upload_file(tar, target, verify=verify) | {"step_dir": newest.name}
     finally:
         tar.unlink(missing_ok=True)

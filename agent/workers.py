@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -41,6 +42,7 @@ from agent.sandbox import (
     tree_bytes,
 )
 from agent.settings import AgentSettings
+from agent.tls import http_verify
 from contracts.artifacts import CHECKPOINT_OUTPUT
 from contracts.checkpoint_transfer import CheckpointTicket
 from contracts.errors import InvalidArgument
@@ -376,6 +378,9 @@ class WorkerRun:
         state, message = await self._upload(state, message, config)
         self._finish(state, message, code)
 
+    def _http_verify(self) -> ssl.SSLContext | bool:
+        return http_verify(self._settings.tls_ca_file)
+
     def _stage_spec(self) -> StageSpec | None:
         raw = self.assignment.worker_config.get("stage")
         if raw is None:
@@ -446,7 +451,9 @@ class WorkerRun:
         outputs_dir = config.get("outputs_dir")
         try:
             if state == SUCCEEDED and isinstance(outputs_dir, str):
-                done = await asyncio.to_thread(uploads.upload_outputs, Path(outputs_dir), stage.outputs)
+                done = await asyncio.to_thread(
+                    uploads.upload_outputs, Path(outputs_dir), stage.outputs, self._http_verify()
+                )
                 self._extra["outputs"] = done
             elif (
                 state in (FAILED, CANCELLED)
@@ -458,6 +465,7 @@ class WorkerRun:
                     self._checkpoint_dir,
                     stage.outputs[CHECKPOINT_OUTPUT],
                     self.run_dir,
+                    self._http_verify(),
                 )
                 if done is not None:
                     self._extra["outputs"] = {"uploaded": {CHECKPOINT_OUTPUT: done}, "missing": []}

@@ -233,3 +233,14 @@ def test_requirements_that_do_not_match_their_digest_are_refused(tmp_path: Path)
     with pytest.raises(code_env.CodeError, match="not stage.requirements_digest"):
         code_env.ensure_venv(code, digest(b"other"), tmp_path / "work")
     assert not code_env.venvs_root(tmp_path / "work").joinpath(digest(b"other")[7:]).exists()
+
+
+def test_plain_http_reaches_only_a_control_plane_the_agent_itself_speaks_plaintext_to(tmp_path: Path) -> None:
+    from agent.fetch import FetchError, fetch
+    from agent.tls import plain_http_hosts
+
+    assert plain_http_hosts("10.0.0.1:50051,[::1]:50051", None) == {"10.0.0.1", "::1"}
+    assert plain_http_hosts("10.0.0.1:50051", tmp_path / "ca.pem") == frozenset()  # TLS: https only
+    url = "http://10.0.0.1:8080/v1/artifacts/content/sha256:" + "a" * 64
+    with pytest.raises(FetchError, match="plain http only to loopback"):
+        fetch(url, work_dir=tmp_path, plain_http_hosts=plain_http_hosts("10.0.0.2:50051", None))
