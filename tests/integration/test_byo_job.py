@@ -27,6 +27,7 @@ from tests.conftest import (
     redis_unreachable,
     settings_for,
 )
+from tests.integration.links import declare_links, wait_links_measured
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(900)]
 
@@ -54,6 +55,8 @@ def fleet(tmp_path: Path) -> Iterator[tuple[ServerHandle, CpnClient]]:
         tokens = enroll(client._http, specs, note="byo")
         procs = start_agents(specs, handle.grpc_target, tokens, tmp_path / "agents", first_port=31400)
         wait_for_clusters(client._http, len(specs))
+        declare_links(client._http, list(REGIONS), latency_ms=0.1)
+        wait_links_measured(client._http, list(REGIONS))
         yield handle, client
     finally:
         stop_agents(procs)

@@ -25,6 +25,7 @@ from tests.conftest import (
     redis_unreachable,
     settings_for,
 )
+from tests.integration.links import declare_links, wait_links_measured
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(720)]
 
@@ -77,28 +78,9 @@ def launch(handle: ServerHandle, client: httpx.Client, specs: list[LocalAgent], 
     procs = start_agents(specs, handle.grpc_target, tokens, workdir, first_port=31000)
     wait_for_clusters(client, len(specs))  # the agents measure the reference worker step first
     regions = list(dict.fromkeys(s.region for s in specs))  # a region may have several nodes
-    for i, a in enumerate(regions):  # links as a provider declares them
-        for b in regions[i + 1 :]:
-            link = {"src": a, "dst": b, "bandwidth_gbps": 1.0, "latency_ms": 40.0}
-            link["egress_price_per_gb"] = 0.02
-            client.put("/v1/links", json=link).raise_for_status()
+    declare_links(client, regions)
     wait_links_measured(client, regions)
     return procs
-
-
-def wait_links_measured(client: httpx.Client, regions: list[str], timeout_s: float = 90) -> None:
-    """Until the agents' probes have measured every pair of regions. Placement must not hang on
-    which probe happened to land first: a pair still on its declared 40 ms looks far slower than
-    a measured loopback pair, and a job placed in that window would follow that, not the price."""
-    pairs = {frozenset((a, b)) for i, a in enumerate(regions) for b in regions[i + 1 :]}
-    deadline = time.monotonic() + timeout_s
-    while True:
-        links = client.get("/v1/links").raise_for_status().json()
-        measured = {frozenset((ln["src"], ln["dst"])) for ln in links if ln["source"] == "measured"}
-        if pairs <= measured:
-            return
-        assert time.monotonic() < deadline, f"links still unmeasured after {timeout_s}s: {pairs - measured}"
-        time.sleep(0.5)
 
 
 def wait_job(client: httpx.Client, job_id: str, until: tuple[str, ...], timeout_s: float) -> dict[str, Any]:
