@@ -79,6 +79,13 @@ def agent_command(
     measure_profile: bool = typer.Option(
         True, "--measure-profile/--no-measure-profile", help="Run the reference worker step at start-up"
     ),
+    profile_share_s: float = typer.Option(
+        900.0,
+        "--profile-share-s",
+        min=0,
+        max=86400,
+        help="Take the reference figures an alike agent of this host measured this recently (0: measure)",
+    ),
     cache_max_gb: float = typer.Option(
         100.0, "--cache-max-gb", min=0.001, help="Node cache of staged code and data, GB (LRU beyond it)"
     ),
@@ -137,6 +144,7 @@ def agent_command(
             reconnect_min_s=min(0.5, reconnect_max_s),
             kill_grace_s=kill_grace_s,
             measure_profile=measure_profile,
+            profile_share_s=profile_share_s,
             cache_max_bytes=int(cache_max_gb * 1e9),
             pip_args=tuple(pip_arg),
             pip_timeout_s=pip_timeout_s,

@@ -209,6 +209,8 @@ class Agent:
                 self.devices[0].kind,
                 s.work_dir / "reference",
                 then=settle if self._probes_cpu else None,
+                device_model=self.devices[0].model,
+                shared_max_age_s=s.profile_share_s,
             )
             if self.profile is not None:
                 log.info("worker profile: %s", self.profile.as_dict())
