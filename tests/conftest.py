@@ -77,6 +77,10 @@ SERIAL_PATHS = (
     "tests/training/test_sync_engine.py",
 )
 
+# Slow multi-process tests that assert only results (equal losses and parameters), never timing
+# or liveness: they run beside the serial group rather than lengthen it.
+BESIDE_OTHERS = ("tests/training/test_parallel_equivalence.py",)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # xdist hands its workers the controller's terminal size as COLUMNS/LINES; the CLI's rich
@@ -90,6 +94,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if item.nodeid.startswith(BESIDE_OTHERS):
+            continue
         if item.get_closest_marker("slow") or item.nodeid.startswith(SERIAL_PATHS):
             item.add_marker(pytest.mark.xdist_group("serial"))
 
