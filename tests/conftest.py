@@ -82,6 +82,18 @@ SERIAL_PATHS = (
 BESIDE_OTHERS = ("tests/training/test_parallel_equivalence.py",)
 
 
+# What ``--quick`` leaves out: whatever needs a service, a browser, root or several processes.
+NOT_QUICK_MARKS = ("slow", "postgres", "redis", "browser")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="only the pure and single-process tests: no PostgreSQL, Redis, browser, root or agents",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # xdist hands its workers the controller's terminal size as COLUMNS/LINES; the CLI's rich
     # consoles, made at import, would fix their width to it, and the CLI tests that set COLUMNS
@@ -91,8 +103,18 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.pop("LINES", None)
 
 
+def quick(item: pytest.Item) -> bool:
+    if item.nodeid.startswith(SERIAL_PATHS + BESIDE_OTHERS):
+        return False
+    return not any(item.get_closest_marker(m) for m in NOT_QUICK_MARKS)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--quick"):
+        kept = [i for i in items if quick(i)]
+        config.hook.pytest_deselected(items=[i for i in items if not quick(i)])
+        items[:] = kept
     for item in items:
         if item.nodeid.startswith(BESIDE_OTHERS):
             continue
