@@ -34,9 +34,12 @@ from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.candidates import Degrees, enumerate_degrees
 from control_layer.planner.cross_cluster import cluster_order, reachable_nodes, region_order
-from control_layer.planner.estimate import Links, estimate_planned, n_micro_batches, replica_walks
+from control_layer.planner.estimate import estimate_planned
 from control_layer.planner.fleet import Pool
+from control_layer.planner.links import Links
+from control_layer.planner.local_step import n_micro_batches, replica_walks
 from control_layer.planner.options import plan_id, qos_checks
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import Calibration, PlannedTask, PlanOption, SyncTopology
 from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
@@ -314,15 +317,17 @@ def _searched(
         return None
     try:
         walks = replica_walks(
-            spec,
-            snapshot,
-            tasks,
-            dp=deg.dp,
-            tp=deg.tp,
-            pp=deg.pp,
-            zero=deg.zero,
-            pp_schedule=spec.pp_schedule,
-            calibration=calibration,
+            Placement(
+                spec,
+                snapshot,
+                tasks,
+                dp=deg.dp,
+                tp=deg.tp,
+                pp=deg.pp,
+                zero=deg.zero,
+                pp_schedule=spec.pp_schedule,
+                calibration=calibration,
+            )
         )
     except InvalidArgument:  # not a placement the estimate accepts: nothing to order
         return None
@@ -345,16 +350,18 @@ def _option(
     )
     try:
         est, runtime = estimate_planned(
-            spec,
-            snapshot,
-            tasks,
-            dp=deg.dp,
-            tp=deg.tp,
-            pp=deg.pp,
-            zero=deg.zero,
-            pp_schedule=spec.pp_schedule,
-            spot=spot,
-            calibration=calibration,
+            Placement(
+                spec,
+                snapshot,
+                tasks,
+                dp=deg.dp,
+                tp=deg.tp,
+                pp=deg.pp,
+                zero=deg.zero,
+                pp_schedule=spec.pp_schedule,
+                spot=spot,
+                calibration=calibration,
+            )
         )
     except InvalidArgument:  # out of memory on these devices: not an option
         return None
