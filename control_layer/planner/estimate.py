@@ -173,10 +173,9 @@ def _estimate(
 def _beside_steps_s(exchange: SyncCost) -> float:
     """Seconds of the exchange beside the steps: on a host with no idle core, its CPU work takes
     turns with the leader's training thread (``overlapped_exchange_s``)."""
-    xb = exchange.basis
-    return float(
-        overlapped_exchange_s(exchange.t_sync, (xb.fixed_s + xb.params * xb.param_s) * xb.share, xb.share)
-    )
+    parts = exchange.basis
+    work_s = (parts.fixed_s + parts.params * parts.param_s) * parts.share
+    return float(overlapped_exchange_s(exchange.t_sync, work_s, parts.share))
 
 
 def _sync_choice(
@@ -204,7 +203,7 @@ def _planned_runtime(
 ) -> tuple[JobSpec, RuntimeSettings]:
     """The runtime settings the option's workers get, and its spec with the H chosen for it."""
     spec = plan.placement.spec
-    work = max(loc.work for loc in steps)
+    work = max(step.work for step in steps)
     bandwidth, latency = weakest_link(set(plan.sync_regions), plan.placement.snapshot)
     # The delay from the exchange as priced here (calibrated goodput and per-call seconds, and its
     # CPU beside the steps): the search's objective ranks by the blocking figure
@@ -305,18 +304,18 @@ def _step(
     n_steps = spec.training.steps
     every = runtime.checkpoint_every if runtime is not None else spec.training.checkpoint_every
     writes_per_step = cm.checkpoint_writes(n_steps, every) / n_steps
-    slowest = max(steps, key=lambda loc: loc.total(writes_per_step))
+    slowest = max(steps, key=lambda step: step.total(writes_per_step))
     terms = runtime_terms(spec)
     timed = _timed_exchange(plan, terms, runtime, exchange, beside_s, slowest.total(writes_per_step))
-    rt = slowest.replica
+    parts = slowest.replica
     step = StepBreakdown(
         data=slowest.data,
-        compute=float(rt.compute),
+        compute=float(parts.compute),
         optimizer=slowest.optimizer,
-        tp_comm=float(rt.tp_comm),
-        dp_comm=float(rt.dp_comm),
-        pp_bubble=float(rt.pp_bubble),
-        pp_comm=float(rt.pp_comm),
+        tp_comm=float(parts.tp_comm),
+        dp_comm=float(parts.dp_comm),
+        pp_bubble=float(parts.pp_bubble),
+        pp_comm=float(parts.pp_comm),
         wan_sync=_exchange_per_step(terms, runtime, timed, slowest.work),
         checkpoint=slowest.write_s * writes_per_step,
     )
@@ -346,7 +345,7 @@ def _startup_and_teardown(plan: _Resolved) -> tuple[float, float]:
         _fixed_seconds(nodes[n], plan.shares.get(n, 1.0), plan.launch_shares.get(n, 1.0), calibration)
         for n in plan.node_ids
     ]
-    return max(f[0] for f in fixed), max(f[1] for f in fixed)
+    return max(start for start, _ in fixed), max(stop for _, stop in fixed)
 
 
 def _pipeline_egress(plan: _Resolved) -> tuple[float, float]:
@@ -355,13 +354,16 @@ def _pipeline_egress(plan: _Resolved) -> tuple[float, float]:
     its sender's region."""
     if not any(rep.boundaries for rep in plan.replicas):
         return 0.0, 0.0
-    p = plan.placement
-    n_micro = n_micro_batches(p.spec, p.dp)
+    placement = plan.placement
+    n_micro = n_micro_batches(placement.spec, placement.dp)
     message = (
-        p.spec.training.micro_batch_size * p.spec.model.seq_len * p.spec.model.d_model * cm.RESIDUAL_BYTES
+        placement.spec.training.micro_batch_size
+        * placement.spec.model.seq_len
+        * placement.spec.model.d_model
+        * cm.RESIDUAL_BYTES
     )
     pipe_bytes, pipe_usd = 0.0, 0.0
-    for (a, b), count in wan_messages(p.tasks, p.snapshot.clusters_by_id()).items():
+    for (a, b), count in wan_messages(placement.tasks, placement.snapshot.clusters_by_id()).items():
         sent = count * n_micro * message
         pipe_bytes += sent
         pipe_usd += sent / cm.GB * plan.links.egress(a, b)
@@ -372,14 +374,14 @@ def _estimates(
     plan: _Resolved, spec: JobSpec, step: StepBreakdown, timed: _TimedExchange, peak_bytes: float
 ) -> Estimates:
     """The run's duration and cost from its step, and what they rest on."""
-    p = plan.placement
+    placement = plan.placement
     n_steps = spec.training.steps
     startup, teardown = _startup_and_teardown(plan)
     duration = startup + n_steps * step.total + timed.final_s + teardown
     per_step_exchanges = cm.exchanges_per_step(spec.sync, n_steps)
     pipe_bytes, pipe_usd = _pipeline_egress(plan)
     cost = CostBreakdown(
-        devices=hourly_price(plan.replicas, p.spot) * duration / 3600.0,
+        devices=hourly_price(plan.replicas, placement.spot) * duration / 3600.0,
         egress=(timed.cost.egress_usd * per_step_exchanges + pipe_usd) * n_steps,
     )
     exchange_basis = timed.cost.basis.model_copy(
@@ -390,7 +392,14 @@ def _estimates(
             "drift_fixed_s": timed.drift_fixed_s,
         }
     )
-    rests_on = basis(p.tasks, p.snapshot, plan.precision, p.calibration, plan.shares, plan.launch_shares)
+    rests_on = basis(
+        placement.tasks,
+        placement.snapshot,
+        plan.precision,
+        placement.calibration,
+        plan.shares,
+        plan.launch_shares,
+    )
     return Estimates(
         step_s=step,
         steps=n_steps,
@@ -402,6 +411,6 @@ def _estimates(
         memory_per_device_gb=peak_bytes / cm.GB,
         tokens_per_s=spec.training.global_batch_tokens / step.total if step.total > 0 else 0.0,
         wan_bytes_per_step=timed.cost.wan_bytes * per_step_exchanges + pipe_bytes,
-        interval=interval(duration, cost.total, p.calibration),
+        interval=interval(duration, cost.total, placement.calibration),
         basis=rests_on.model_copy(update={"exchange": exchange_basis}),
     )

@@ -1,7 +1,7 @@
 """One replica's step before the cross-participant exchange: compute, tensor-, data- and
 pipeline-parallel communication, and the parts the node's reference step measured
-(docs/cost-model.md, "Compute" and "Communication inside a replica", where the symbols are
-defined)."""
+(docs/cost-model.md, "Compute" and "Communication inside a replica and a node", where the
+symbols are defined)."""
 
 from __future__ import annotations
 
@@ -93,14 +93,14 @@ def step_basis(
     calibration: Calibration | None,
 ) -> StepBasis:
     devices = rep.devices
-    cls = [clusters[i] for i in sorted({c.id for c, _ in devices})]
-    fabric_bw = min(intra_bytes_per_s(c, calibration) for c in cls)
-    fabric_lat = max(c.intra_latency_ms for c in cls) / 1000.0
-    on = rep.all_nodes
+    spanned = [clusters[cid] for cid in sorted({c.id for c, _ in devices})]
+    fabric_bw = min(intra_bytes_per_s(c, calibration) for c in spanned)
+    fabric_lat = max(c.intra_latency_ms for c in spanned) / 1000.0
+    on = rep.all_nodes  # the nodes it runs on
     # A replica across nodes runs at its slowest node's pace (the busiest stage paces the
     # pipeline); a node without a measured rate leaves the whole replica to the defaults.
-    rates = [p.rates.get(precision) if (p := nodes[n].profile) else None for n in on]
-    rate = None if any(x is None for x in rates) else min(rates, key=lambda x: x.tflops)  # type: ignore[union-attr]
+    rates = [prof.rates.get(precision) if (prof := nodes[n].profile) else None for n in on]
+    rate = None if any(got is None for got in rates) else min(rates, key=lambda got: got.tflops)  # type: ignore[union-attr]
     share = max(shares.get(n, 1.0) for n in on) if devices[0][1].kind == "cpu" else 1.0
     return StepBasis(fabric_bw, fabric_lat, rate, share)
 
@@ -126,13 +126,13 @@ def pace(rep: Replica, basis: StepBasis, precision: str, calibration: Calibratio
         return Pace(basis.fabric_bw, basis.fabric_lat, flops / share)
     # The node's reference step: its FLOP rate (the calibrated efficiency scales it, 1 until runs
     # say otherwise) and fixed costs, slowed by the share of the host's cores.
-    eff = cm.device_efficiency(slot.model, calibration, precision, default=1.0)
+    efficiency = cm.device_efficiency(slot.model, calibration, precision, default=1.0)
     return Pace(
         basis.fabric_bw,
         basis.fabric_lat,
-        rate.tflops * 1e12 * eff / share,
-        micro_batch_s=rate.micro_batch_s * share / eff,
-        step_s=rate.step_s * share / eff,
+        rate.tflops * 1e12 * efficiency / share,
+        micro_batch_s=rate.micro_batch_s * share / efficiency,
+        step_s=rate.step_s * share / efficiency,
     )
 
 
@@ -177,8 +177,8 @@ class ReplicaWalk:
 
     def pp_comm(self, links: cm.PipelineLinks) -> float:
         """Seconds the stage transfers add to the step over these links (the walked schedule)."""
-        rt = replica_time(self.placement, self.n_micro, self.group_size, self.pace, links)
-        return float(rt.pp_comm)
+        parts = replica_time(self.placement, self.n_micro, self.group_size, self.pace, links)
+        return float(parts.pp_comm)
 
 
 def replica_walks(placement: Placement) -> list[ReplicaWalk]:
@@ -216,12 +216,12 @@ class ReplicaFigures:
 
     def key(self) -> tuple[object, ...]:
         slots = [s for _, s in self.replica.devices]
-        b = self.basis
+        basis = self.basis
         return (
-            b.fabric_bw,
-            b.fabric_lat,
-            rate_key(b.rate),
-            b.share,
+            basis.fabric_bw,
+            basis.fabric_lat,
+            rate_key(basis.rate),
+            basis.share,
             slots[0].model,
             slots[0].kind,
             min([s.tflops for s in slots]),
@@ -280,19 +280,19 @@ def _local_step(
     spec, tp, pp, r = placement.spec, placement.tp, placement.pp, figures.group_size
     rate, share = figures.basis.rate, figures.basis.share
     step_pace = pace(figures.replica, figures.basis, precision, placement.calibration)
-    rt = replica_time(placement, n_micro, r, step_pace, figures.stage_links)
+    parts = replica_time(placement, n_micro, r, step_pace, figures.stage_links)
     if rate is None:
-        return LocalStep(rt, 0.0, 0.0, default_write_s)
+        return LocalStep(parts, 0.0, 0.0, default_write_s)
     if figures.host_collective is not None:
         # The node's ranks all-reduce among themselves on the host's cores, not over a
         # fabric: priced from the all-reduce the node measured (``cm.host_dp_comm_s``).
         grad_bytes = cm.stage_params(spec.model, tp, pp) * cm.GRAD_BYTES
-        rt = replace(rt, dp_comm=cm.host_dp_comm_s(grad_bytes, r, share, *figures.host_collective))
+        parts = replace(parts, dp_comm=cm.host_dp_comm_s(grad_bytes, r, share, *figures.host_collective))
     mparams = cm.stage_params(spec.model, tp, pp) / 1e6
     opt_params = mparams / r if placement.zero >= 1 else mparams
     local_tokens = n_micro * spec.training.micro_batch_size * spec.model.seq_len
     return LocalStep(
-        rt,
+        parts,
         data=rate.data_s_per_mtoken * local_tokens / 1e6 * share,
         optimizer=rate.optimizer_s_per_mparam * opt_params * share,
         write_s=rate.checkpoint_s_per_mparam * mparams + figures.write_fixed_s,
@@ -302,17 +302,17 @@ def _local_step(
 def _checked_memory(placement: Placement, figures: ReplicaFigures, n_micro: int) -> float:
     """Bytes per device the replica needs; raises InvalidArgument where its smallest device
     cannot hold them."""
-    p = placement
-    mem = cm.memory_per_device(p.spec, p.tp, p.pp, p.zero, figures.group_size, n_micro, p.pp_schedule).total
+    spec, tp, pp, zero = placement.spec, placement.tp, placement.pp, placement.zero
+    need = cm.memory_per_device(spec, tp, pp, zero, figures.group_size, n_micro, placement.pp_schedule).total
     rep = figures.replica
     smallest = min([s.memory_gb for _, s in rep.devices])
-    if not cm.fits(mem, smallest):
+    if not cm.fits(need, smallest):
         raise InvalidArgument(
-            f"dp rank {rep.rank} needs {mem / cm.GB:.2f} GB per device; smallest device has "
+            f"dp rank {rep.rank} needs {need / cm.GB:.2f} GB per device; smallest device has "
             f"{smallest:g} GB ({cm.USABLE_MEMORY_FRACTION:.0%} usable)",
             dp_rank=rep.rank,
         )
-    return mem
+    return need
 
 
 def local_steps(

@@ -116,192 +116,200 @@ class _Ring:
     most_latency: float = 0.0
     most_egress: float = 0.0
 
-    def hop(self, md: _Model, present: int, bw: float, lat: float) -> None:
+    def hop(self, model: _Model, present: int, bw: float, lat: float) -> None:
         """A hop of ``bw`` bytes/s and ``lat`` seconds, in the ring whenever ``present`` is 1."""
         s_per_gb = cm.GB / bw  # seconds per GB keeps coefficients near 1
         self.most_s_per_gb, self.most_latency = max(self.most_s_per_gb, s_per_gb), max(self.most_latency, lat)
-        md.row([(self.s_per_gb, 1.0), (present, -s_per_gb)], 0.0, math.inf)
-        md.row([(self.latency, 1.0), (present, -lat)], 0.0, math.inf)
+        model.row([(self.s_per_gb, 1.0), (present, -s_per_gb)], 0.0, math.inf)
+        model.row([(self.latency, 1.0), (present, -lat)], 0.0, math.inf)
 
-    def link(self, md: _Model, used_a: int, used_b: int, bw: float, lat: float) -> None:
+    def link(self, model: _Model, used_a: int, used_b: int, bw: float, lat: float) -> None:
         """The link between two regions, in the ring whenever both are used."""
         s_per_gb = cm.GB / bw
         self.most_s_per_gb, self.most_latency = max(self.most_s_per_gb, s_per_gb), max(self.most_latency, lat)
-        md.row([(self.s_per_gb, 1.0), (used_a, -s_per_gb), (used_b, -s_per_gb)], -s_per_gb, math.inf)
-        md.row([(self.latency, 1.0), (used_a, -lat), (used_b, -lat)], -lat, math.inf)
+        model.row([(self.s_per_gb, 1.0), (used_a, -s_per_gb), (used_b, -s_per_gb)], -s_per_gb, math.inf)
+        model.row([(self.latency, 1.0), (used_a, -lat), (used_b, -lat)], -lat, math.inf)
 
 
 @dataclass
 class _LocalStep:
     """The slowest used replica's local step with its writes and fixed seconds (``slowest``),
     and what the writes and fixed seconds add to it (``extra``); per unit, that step with one
-    replica on a member and with several (g1, g2)."""
+    replica on a member and with several (alone, shared)."""
 
     slowest: int
     extra: int
-    g1: np.ndarray
-    g2: np.ndarray
+    alone: np.ndarray
+    shared: np.ndarray
 
 
-def _add_members(md: _Model, pr: Problem, units: list[int]) -> _Vars:
+def _add_members(model: _Model, pr: Problem, units: list[int]) -> _Vars:
     """Per unit, v1, v2, y1, y2 and x2 within its members and its replicas per member; then dp
     replicas in all."""
-    vs = _Vars()
+    columns = _Vars()
     for u in units:
         count, cap, least = int(pr.count[u]), int(pr.cap[u]), int(pr.lo[u])
         single_ok = least <= 1
         multi_ok = cap >= 2
-        v1 = vs.v1[u] = md.var(0, 1 if single_ok else 0, True)
-        v2 = vs.v2[u] = md.var(0, 1 if multi_ok else 0, True)
-        y1 = vs.y1[u] = md.var(0, count if single_ok else 0, True)
-        y2 = vs.y2[u] = md.var(0, count if multi_ok else 0, True)
-        x2 = vs.x2[u] = md.var(0, count * cap if multi_ok else 0, True)
-        md.row([(y1, 1.0), (v1, -float(count))], -math.inf, 0.0)
-        md.row([(y1, 1.0), (v1, -1.0)], 0.0, math.inf)
-        md.row([(y2, 1.0), (v2, -float(count))], -math.inf, 0.0)
-        md.row([(y2, 1.0), (v2, -1.0)], 0.0, math.inf)
-        md.row([(y1, 1.0), (y2, 1.0)], -math.inf, float(count))
-        md.row([(x2, 1.0), (y2, -float(max(2, least)))], 0.0, math.inf)
-        md.row([(x2, 1.0), (y2, -float(cap))], -math.inf, 0.0)
-    md.row([(vs.y1[u], 1.0) for u in units] + [(vs.x2[u], 1.0) for u in units], pr.deg.dp, pr.deg.dp)
-    return vs
+        v1 = columns.v1[u] = model.var(0, 1 if single_ok else 0, True)
+        v2 = columns.v2[u] = model.var(0, 1 if multi_ok else 0, True)
+        y1 = columns.y1[u] = model.var(0, count if single_ok else 0, True)
+        y2 = columns.y2[u] = model.var(0, count if multi_ok else 0, True)
+        x2 = columns.x2[u] = model.var(0, count * cap if multi_ok else 0, True)
+        model.row([(y1, 1.0), (v1, -float(count))], -math.inf, 0.0)
+        model.row([(y1, 1.0), (v1, -1.0)], 0.0, math.inf)
+        model.row([(y2, 1.0), (v2, -float(count))], -math.inf, 0.0)
+        model.row([(y2, 1.0), (v2, -1.0)], 0.0, math.inf)
+        model.row([(y1, 1.0), (y2, 1.0)], -math.inf, float(count))
+        model.row([(x2, 1.0), (y2, -float(max(2, least)))], 0.0, math.inf)
+        model.row([(x2, 1.0), (y2, -float(cap))], -math.inf, 0.0)
+    model.row(
+        [(columns.y1[u], 1.0) for u in units] + [(columns.x2[u], 1.0) for u in units], pr.deg.dp, pr.deg.dp
+    )
+    return columns
 
 
-def _add_regions(md: _Model, pr: Problem, units: list[int], regions: list[int], vs: _Vars) -> _Regions:
+def _add_regions(
+    model: _Model, pr: Problem, units: list[int], regions: list[int], columns: _Vars
+) -> _Regions:
     """z_r is 1 exactly when some unit of region r is used."""
     out = _Regions({}, {}, {})
     for r in regions:
-        used = out.used[r] = md.var(0, 1, True)
-        several = out.several[r] = md.var(0, 1, True)
-        out.egress[r] = md.var(0, math.inf, False)
+        used = out.used[r] = model.var(0, 1, True)
+        several = out.several[r] = model.var(0, 1, True)
+        out.egress[r] = model.var(0, math.inf, False)
         mine = [u for u in units if pr.region[u] == r]
         for u in mine:
-            md.row([(used, 1.0), (vs.v1[u], -1.0)], 0.0, math.inf)
-            md.row([(used, 1.0), (vs.v2[u], -1.0)], 0.0, math.inf)
-        md.row(
-            [(used, 1.0)] + [(vs.v1[u], -1.0) for u in mine] + [(vs.v2[u], -1.0) for u in mine],
+            model.row([(used, 1.0), (columns.v1[u], -1.0)], 0.0, math.inf)
+            model.row([(used, 1.0), (columns.v2[u], -1.0)], 0.0, math.inf)
+        model.row(
+            [(used, 1.0)] + [(columns.v1[u], -1.0) for u in mine] + [(columns.v2[u], -1.0) for u in mine],
             -math.inf,
             0.0,
         )
         members = float(sum(int(pr.count[u]) for u in mine))
-        taking_part = [(vs.y1[u], 1.0) for u in mine] + [(vs.y2[u], 1.0) for u in mine]
-        md.row(taking_part + [(several, -members)], -math.inf, 1.0)
+        taking_part = [(columns.y1[u], 1.0) for u in mine] + [(columns.y2[u], 1.0) for u in mine]
+        model.row(taking_part + [(several, -members)], -math.inf, 1.0)
     return out
 
 
-def _add_ring(md: _Model, pr: Problem, units: list[int], vs: _Vars) -> _Ring:
+def _add_ring(model: _Model, pr: Problem, units: list[int], columns: _Vars) -> _Ring:
     """The one-hot π_P over the participants P (one per node), Σ (y1 + y2) = P."""
     p_max = int(min(pr.deg.dp, sum(int(pr.count[u]) for u in units)))
-    one_hot = {p: md.var(0, 1, True) for p in range(1, p_max + 1)}
-    md.row([(pi, 1.0) for pi in one_hot.values()], 1.0, 1.0)
-    md.row(
-        [(vs.y1[u], 1.0) for u in units]
-        + [(vs.y2[u], 1.0) for u in units]
+    one_hot = {p: model.var(0, 1, True) for p in range(1, p_max + 1)}
+    model.row([(pi, 1.0) for pi in one_hot.values()], 1.0, 1.0)
+    model.row(
+        [(columns.y1[u], 1.0) for u in units]
+        + [(columns.y2[u], 1.0) for u in units]
         + [(pi, -float(p)) for p, pi in one_hot.items()],
         0.0,
         0.0,
     )
-    return _Ring(one_hot, md.var(0, math.inf, False), md.var(0, math.inf, False))
+    return _Ring(one_hot, model.var(0, math.inf, False), model.var(0, math.inf, False))
 
 
-def _add_unit_hops(md: _Model, pr: Problem, units: list[int], vs: _Vars, ring: _Ring) -> dict[int, int]:
+def _add_unit_hops(
+    model: _Model, pr: Problem, units: list[int], columns: _Vars, ring: _Ring
+) -> dict[int, int]:
     """Per unit, whether it is used; a unit's fabric is a hop where two or more of its nodes in
     its first cluster (filled first, the one holding most of them) take part. A class with one
     node per cluster crosses the local link instead."""
-    f = pr.fleet
+    fleet = pr.fleet
     used: dict[int, int] = {}
     for u in units:
         count = float(pr.count[u])
-        used[u] = md.var(0, 1, True)
-        md.row([(used[u], 1.0), (vs.v1[u], -1.0)], 0.0, math.inf)
-        md.row([(used[u], 1.0), (vs.v2[u], -1.0)], 0.0, math.inf)
-        if pr.count[u] >= 2 and f.cls_first_cluster[u] >= 2:
-            two_here = md.var(0, 1, True)
-            md.row([(two_here, count), (vs.y1[u], -1.0), (vs.y2[u], -1.0)], -1.0, math.inf)
-            ring.hop(md, two_here, float(f.cls_intra_bw[u]), float(f.cls_hop_lat[u]))
+        used[u] = model.var(0, 1, True)
+        model.row([(used[u], 1.0), (columns.v1[u], -1.0)], 0.0, math.inf)
+        model.row([(used[u], 1.0), (columns.v2[u], -1.0)], 0.0, math.inf)
+        if pr.count[u] >= 2 and fleet.cls_first_cluster[u] >= 2:
+            two_here = model.var(0, 1, True)
+            model.row([(two_here, count), (columns.y1[u], -1.0), (columns.y2[u], -1.0)], -1.0, math.inf)
+            ring.hop(model, two_here, float(fleet.cls_intra_bw[u]), float(fleet.cls_hop_lat[u]))
     return used
 
 
 def _add_region_hops(
-    md: _Model,
+    model: _Model,
     pr: Problem,
     units: list[int],
     regions: list[int],
     used: dict[int, int],
-    vs: _Vars,
+    columns: _Vars,
     ring: _Ring,
 ) -> None:
     """Per region, whether its nodes span two or more clusters (its local link is then a hop), and
     the fabric of a cluster two used units share."""
-    f = pr.fleet
+    fleet = pr.fleet
     for r in regions:
         mine = [u for u in units if pr.region[u] == r]
-        spans = md.var(0, 1, True)
+        spans = model.var(0, 1, True)
         for i, u in enumerate(mine):
-            for w in mine[i + 1 :]:
-                if f.cls_first_cid[u] != f.cls_first_cid[w]:
-                    md.row([(spans, 1.0), (used[u], -1.0), (used[w], -1.0)], -1.0, math.inf)
+            for other in mine[i + 1 :]:
+                if fleet.cls_first_cid[u] != fleet.cls_first_cid[other]:
+                    model.row([(spans, 1.0), (used[u], -1.0), (used[other], -1.0)], -1.0, math.inf)
                     continue
                 # Two units of one cluster: within their first cluster they meet over its fabric
                 # (beyond it, the row below makes them span clusters).
-                both = md.var(0, 1, True)
-                md.row([(both, 1.0), (used[u], -1.0), (used[w], -1.0)], -1.0, math.inf)
-                bw = min(float(f.cls_intra_bw[u]), float(f.cls_intra_bw[w]))
-                ring.hop(md, both, bw, max(float(f.cls_hop_lat[u]), float(f.cls_hop_lat[w])))
-            first = int(f.cls_first_cluster[u])
+                both = model.var(0, 1, True)
+                model.row([(both, 1.0), (used[u], -1.0), (used[other], -1.0)], -1.0, math.inf)
+                bw = min(float(fleet.cls_intra_bw[u]), float(fleet.cls_intra_bw[other]))
+                ring.hop(model, both, bw, max(float(fleet.cls_hop_lat[u]), float(fleet.cls_hop_lat[other])))
+            first = int(fleet.cls_first_cluster[u])
             if first < pr.count[u]:
-                md.row(
-                    [(spans, float(pr.count[u])), (vs.y1[u], -1.0), (vs.y2[u], -1.0)], -float(first), math.inf
+                model.row(
+                    [(spans, float(pr.count[u])), (columns.y1[u], -1.0), (columns.y2[u], -1.0)],
+                    -float(first),
+                    math.inf,
                 )
-        if float(f.local_bw[r]) <= 0:
-            md.row([(spans, 1.0)], 0.0, 0.0)
+        if float(fleet.local_bw[r]) <= 0:
+            model.row([(spans, 1.0)], 0.0, 0.0)
         else:
-            ring.hop(md, spans, float(f.local_bw[r]), float(f.local_lat[r]))
+            ring.hop(model, spans, float(fleet.local_bw[r]), float(fleet.local_lat[r]))
 
 
-def _add_region_links(md: _Model, pr: Problem, regions: list[int], used: _Regions, ring: _Ring) -> None:
+def _add_region_links(model: _Model, pr: Problem, regions: list[int], used: _Regions, ring: _Ring) -> None:
     """The links between used regions are hops, and each region's egress price is its dearest
     link to another used region; two regions without a link are never both used."""
-    f = pr.fleet
+    fleet = pr.fleet
     for i, a in enumerate(regions):
         for b in regions[i + 1 :]:
-            bw = float(f.pair_bw[a, b])
+            bw = float(fleet.pair_bw[a, b])
             if bw <= 0:
-                md.row([(used.used[a], 1.0), (used.used[b], 1.0)], -math.inf, 1.0)
+                model.row([(used.used[a], 1.0), (used.used[b], 1.0)], -math.inf, 1.0)
                 continue
-            ring.link(md, used.used[a], used.used[b], bw, float(f.pair_lat[a, b]))
+            ring.link(model, used.used[a], used.used[b], bw, float(fleet.pair_lat[a, b]))
             for src, dst in ((a, b), (b, a)):
-                price = float(f.egress[src, dst])
-                md.row(
+                price = float(fleet.egress[src, dst])
+                model.row(
                     [(used.egress[src], 1.0), (used.used[a], -price), (used.used[b], -price)],
                     -price,
                     math.inf,
                 )
     for r in regions:
-        others = [float(f.egress[r, d]) for d in regions if d != r]
+        others = [float(fleet.egress[r, d]) for d in regions if d != r]
         ring.most_egress += max(others, default=0.0)
 
 
 def _add_exchange(
-    md: _Model, pr: Problem, regions: list[int], used: _Regions, ring: _Ring
+    model: _Model, pr: Problem, regions: list[int], used: _Regions, ring: _Ring
 ) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     """(seconds, bytes across regions) of one exchange as linear terms: π_P times the slowest
     hop's seconds per GB, its latency and the egress prices, each linearised exactly (a binary
     times a bounded continuous variable), at P's bytes and hops; plus the leaders' work."""
-    spec, f = pr.fleet.spec, pr.fleet
+    spec, fleet = pr.fleet.spec, pr.fleet
     n_params = float(spec.model.n_params)
     seconds: list[tuple[int, float]] = []
     egress: list[tuple[int, float]] = []
     for p, pi in ring.one_hot.items():
         if p < 2:
             continue
-        at_bw = md.var(0, math.inf, False)
-        at_latency = md.var(0, math.inf, False)
-        at_egress = md.var(0, math.inf, False)
+        at_bw = model.var(0, math.inf, False)
+        at_latency = model.var(0, math.inf, False)
+        at_egress = model.var(0, math.inf, False)
         big_bw, big_lat, big_eg = ring.most_s_per_gb, ring.most_latency, ring.most_egress
-        md.row([(at_bw, 1.0), (ring.s_per_gb, -1.0), (pi, -big_bw)], -big_bw, math.inf)
-        md.row([(at_latency, 1.0), (ring.latency, -1.0), (pi, -big_lat)], -big_lat, math.inf)
-        md.row(
+        model.row([(at_bw, 1.0), (ring.s_per_gb, -1.0), (pi, -big_bw)], -big_bw, math.inf)
+        model.row([(at_latency, 1.0), (ring.latency, -1.0), (pi, -big_lat)], -big_lat, math.inf)
+        model.row(
             [(at_egress, 1.0)] + [(used.egress[r], -1.0) for r in regions] + [(pi, -big_eg)],
             -big_eg,
             math.inf,
@@ -310,36 +318,40 @@ def _add_exchange(
         seconds += [(at_bw, factor / cm.GB), (at_latency, float(cm.wan_latency_hops(spec.sync, p)))]
         egress.append((at_egress, float(cm.wan_bytes_per_leader(spec.sync, n_params, p)) / cm.GB))
         # The leaders' per-parameter work, once per exchange (any two participants).
-        seconds.append((pi, f.wan_param_s))
+        seconds.append((pi, fleet.wan_param_s))
     return seconds, egress
 
 
-def _add_local_step(md: _Model, pr: Problem, units: list[int], vs: _Vars) -> _LocalStep:
+def _add_local_step(model: _Model, pr: Problem, units: list[int], columns: _Vars) -> _LocalStep:
     """Local steps with their checkpoint writes and the run's fixed seconds per step (monotone in
     the step, so the max commutes; the cost θ × rate then counts the fixed seconds too)."""
-    f = pr.fleet
-    g1, g2 = local_share(f, pr.t1), local_share(f, pr.t2)
-    step = _LocalStep(md.var(0, math.inf, False), md.var(0, math.inf, False), g1, g2)
+    fleet = pr.fleet
+    alone, shared = local_share(fleet, pr.t1), local_share(fleet, pr.t2)
+    step = _LocalStep(model.var(0, math.inf, False), model.var(0, math.inf, False), alone, shared)
     # ``extra``: what the checkpoint writes and fixed seconds add to the slowest local step (they
     # rise with the step, so the largest of the units' is the slowest's): an overlapped exchange
     # that does not hide makes the step the exchange's share plus these.
     for u in units:
-        md.row([(step.slowest, 1.0), (vs.v1[u], -float(g1[u]))], 0.0, math.inf)
-        md.row([(step.slowest, 1.0), (vs.v2[u], -float(g2[u]))], 0.0, math.inf)
-        md.row([(step.extra, 1.0), (vs.v1[u], -float(g1[u] - pr.t1[u]))], 0.0, math.inf)
-        md.row([(step.extra, 1.0), (vs.v2[u], -float(g2[u] - pr.t2[u]))], 0.0, math.inf)
+        model.row([(step.slowest, 1.0), (columns.v1[u], -float(alone[u]))], 0.0, math.inf)
+        model.row([(step.slowest, 1.0), (columns.v2[u], -float(shared[u]))], 0.0, math.inf)
+        model.row([(step.extra, 1.0), (columns.v1[u], -float(alone[u] - pr.t1[u]))], 0.0, math.inf)
+        model.row([(step.extra, 1.0), (columns.v2[u], -float(shared[u] - pr.t2[u]))], 0.0, math.inf)
     # A node holding r ≥ 3 replicas rings its gradients among r: the fullest of a unit's y2
     # members holds ⌈x2/y2⌉ (``assign``), at least r exactly when x2 > (r−1)·y2.
     for u in units:
         cap, top = int(pr.cap[u]), int(pr.count[u] * pr.cap[u])
         if cap < 3:
             continue
-        t_r = pr.t_shared(np.arange(3, cap + 1)[:, None])[:, u]
-        for r, t, g in zip(range(3, cap + 1), t_r, local_share(f, t_r), strict=True):
-            fullest = md.var(0, 1, True)
-            md.row([(vs.x2[u], 1.0), (vs.y2[u], -float(r - 1)), (fullest, -float(top))], -math.inf, 0.0)
-            md.row([(step.slowest, 1.0), (fullest, -float(g))], 0.0, math.inf)
-            md.row([(step.extra, 1.0), (fullest, -float(g - t))], 0.0, math.inf)
+        local_r = pr.t_shared(np.arange(3, cap + 1)[:, None])[:, u]  # the local step with r replicas
+        for r, local, with_writes in zip(
+            range(3, cap + 1), local_r, local_share(fleet, local_r), strict=True
+        ):
+            fullest = model.var(0, 1, True)
+            model.row(
+                [(columns.x2[u], 1.0), (columns.y2[u], -float(r - 1)), (fullest, -float(top))], -math.inf, 0.0
+            )
+            model.row([(step.slowest, 1.0), (fullest, -float(with_writes))], 0.0, math.inf)
+            model.row([(step.extra, 1.0), (fullest, -float(with_writes - local))], 0.0, math.inf)
     return step
 
 
@@ -348,12 +360,12 @@ def _theta_bounds(
 ) -> tuple[float, float]:
     """Bounds on θ that keep the linearisations tight: below, the bound from bounds.py; above,
     the deadline, the slowest unit plus the widest possible sync, and what ``beat`` allows."""
-    spec, f = pr.fleet.spec, pr.fleet
+    spec, fleet = pr.fleet.spec, pr.fleet
     steps, n_params = spec.training.steps, float(spec.model.n_params)
     widest = max(len(ring.one_hot), 2)
     sync_ub = float(cm.wan_time_factor(spec.sync, n_params, widest)) / cm.GB * ring.most_s_per_gb
-    sync_ub += float(cm.wan_latency_hops(spec.sync, widest)) * ring.most_latency + f.wan_param_s
-    theta_ub = float(max(step.g1[units].max(), step.g2[units].max())) + pr.xps * sync_ub
+    sync_ub += float(cm.wan_latency_hops(spec.sync, widest)) * ring.most_latency + fleet.wan_param_s
+    theta_ub = float(max(step.alone[units].max(), step.shared[units].max())) + pr.xps * sync_ub
     if spec.qos.max_hours is not None:
         theta_ub = min(theta_ub, spec.qos.max_hours * 3600.0 / steps)
     if math.isfinite(beat):
@@ -366,30 +378,36 @@ def _theta_bounds(
     return min(lower_bounds(pr)[0] / steps, theta_ub), theta_ub
 
 
-def _add_step(md: _Model, pr: Problem, theta: int, step: _LocalStep, sync: list[tuple[int, float]]) -> None:
+def _add_step(
+    model: _Model, pr: Problem, theta: int, step: _LocalStep, sync: list[tuple[int, float]]
+) -> None:
     """θ is at least the local step plus the exchange's share per step. Where the runtime overlaps
     the exchange (DiLoCo, async, ssp with staleness), a round lasts its H local steps or its
     exchange, whichever is longer (``runtime_pricing``: what does not hide behind the work
     blocks), so a step is the local one or the exchange's share plus the writes and fixed
     seconds; the last round's exchange blocks once."""
-    f, xps, steps = pr.fleet, pr.xps, pr.fleet.spec.training.steps
-    if f.runtime.diloco or pr.overlapped:
-        wan_once = [(v, -c / steps) for v, c in sync]
-        md.row([(theta, 1.0), (step.slowest, -1.0)] + wan_once, 0.0, math.inf)
-        md.row(
-            [(theta, 1.0), (step.extra, -1.0)] + [(v, -xps * c) for v, c in sync] + wan_once, 0.0, math.inf
+    fleet, xps, steps = pr.fleet, pr.xps, pr.fleet.spec.training.steps
+    if fleet.runtime.diloco or pr.overlapped:
+        wan_once = [(col, -coef / steps) for col, coef in sync]
+        model.row([(theta, 1.0), (step.slowest, -1.0)] + wan_once, 0.0, math.inf)
+        model.row(
+            [(theta, 1.0), (step.extra, -1.0)] + [(col, -xps * coef) for col, coef in sync] + wan_once,
+            0.0,
+            math.inf,
         )
     else:
-        md.row([(theta, 1.0), (step.slowest, -1.0)] + [(v, -xps * c) for v, c in sync], 0.0, math.inf)
+        model.row(
+            [(theta, 1.0), (step.slowest, -1.0)] + [(col, -xps * coef) for col, coef in sync], 0.0, math.inf
+        )
 
 
 def _add_cost(
-    md: _Model,
+    model: _Model,
     pr: Problem,
     objective: str,
     beat: float,
     units: list[int],
-    vs: _Vars,
+    columns: _Vars,
     egress: list[tuple[int, float]],
     theta_lb: float,
     theta_ub: float,
@@ -399,25 +417,27 @@ def _add_cost(
     linearised exactly; bounded by the spec's max_cost and what ``beat`` allows."""
     spec = pr.fleet.spec
     steps = spec.training.steps
-    cost_terms: list[tuple[int, float]] = [(v, steps * pr.xps * c) for v, c in egress]
+    cost_terms: list[tuple[int, float]] = [(col, steps * pr.xps * coef) for col, coef in egress]
     if objective != "cost" and spec.qos.max_cost is None:
         return cost_terms
     scale = steps / 3600.0 * pr.dev
-    theta = vs.theta
+    theta = columns.theta
     for u in units:
         total = int(pr.count[u] * pr.cap[u])
         bits = []
         for j in range(total.bit_length()):
-            bit = md.var(0, 1, True)
-            theta_bit = md.var(0, theta_ub * (1 + 1e-9), False)
+            bit = model.var(0, 1, True)
+            theta_bit = model.var(0, theta_ub * (1 + 1e-9), False)
             bits.append((bit, float(1 << j)))
-            md.row([(theta_bit, 1.0), (theta, -1.0), (bit, -theta_ub)], -theta_ub, math.inf)
-            md.row([(theta_bit, 1.0), (bit, -theta_lb)], 0.0, math.inf)
+            model.row([(theta_bit, 1.0), (theta, -1.0), (bit, -theta_ub)], -theta_ub, math.inf)
+            model.row([(theta_bit, 1.0), (bit, -theta_lb)], 0.0, math.inf)
             cost_terms.append((theta_bit, scale * float(pr.price[u]) * float(1 << j)))
-        md.row([(vs.y1[u], 1.0), (vs.x2[u], 1.0)] + [(b, -w) for b, w in bits], 0.0, 0.0)
+        model.row(
+            [(columns.y1[u], 1.0), (columns.x2[u], 1.0)] + [(bit, -weight) for bit, weight in bits], 0.0, 0.0
+        )
     limit = min(spec.qos.max_cost or math.inf, beat if objective == "cost" else math.inf)
     if math.isfinite(limit):
-        md.row(cost_terms, -math.inf, limit)
+        model.row(cost_terms, -math.inf, limit)
     return cost_terms
 
 
@@ -447,23 +467,23 @@ def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | N
     units = [int(u) for u in np.flatnonzero(pr.usable)]
     if not units:
         return None
-    md = _Model()
-    vs = _add_members(md, pr, units)
+    model = _Model()
+    columns = _add_members(model, pr, units)
     regions = sorted({int(pr.region[u]) for u in units})
-    used_regions = _add_regions(md, pr, units, regions, vs)
+    used_regions = _add_regions(model, pr, units, regions, columns)
     # The flat ring over P participants (one per node): a one-hot over P, and the ring's slowest
     # hop and largest latency over the hop kinds present (problem.sync_seconds_and_egress).
-    ring = _add_ring(md, pr, units, vs)
-    used_units = _add_unit_hops(md, pr, units, vs, ring)
-    _add_region_hops(md, pr, units, regions, used_units, vs, ring)
-    _add_region_links(md, pr, regions, used_regions, ring)
-    sync, egress = _add_exchange(md, pr, regions, used_regions, ring)
-    step = _add_local_step(md, pr, units, vs)
+    ring = _add_ring(model, pr, units, columns)
+    used_units = _add_unit_hops(model, pr, units, columns, ring)
+    _add_region_hops(model, pr, units, regions, used_units, columns, ring)
+    _add_region_links(model, pr, regions, used_regions, ring)
+    sync, egress = _add_exchange(model, pr, regions, used_regions, ring)
+    step = _add_local_step(model, pr, units, columns)
     theta_lb, theta_ub = _theta_bounds(pr, objective, beat, units, ring, step)
-    vs.theta = md.var(theta_lb, theta_ub * (1 + 1e-9), False)
-    _add_step(md, pr, vs.theta, step, sync)
-    vs.cost_terms = _add_cost(md, pr, objective, beat, units, vs, egress, theta_lb, theta_ub)
-    return md, vs
+    columns.theta = model.var(theta_lb, theta_ub * (1 + 1e-9), False)
+    _add_step(model, pr, columns.theta, step, sync)
+    columns.cost_terms = _add_cost(model, pr, objective, beat, units, columns, egress, theta_lb, theta_ub)
+    return model, columns
 
 
 def solve(pr: Problem, objective: str, beat: float = math.inf) -> Solution | None:

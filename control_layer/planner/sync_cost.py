@@ -1,6 +1,6 @@
 """One cross-participant exchange of an option, priced: the flat ring, the hierarchical exchange
-and per-stage rings (docs/cost-model.md, "Synchronisation", "Per-stage rings" and "Hierarchical
-exchange", where the symbols are defined)."""
+and per-stage rings (docs/cost-model.md, "Cross-cluster synchronisation" with its "Per-stage
+rings" and "Hierarchical exchange", where the symbols are defined)."""
 
 from __future__ import annotations
 
@@ -236,7 +236,7 @@ def sync_cost(
     sync, n = spec.sync, float(spec.model.n_params)
     ring_s = float(cm.ring_sync_s(sync, n, p_count, slowest.bytes_per_s, slowest.hop_s))
     work = ExchangeWork.of(regions, links, n)
-    groups, largest = len(regions), max(sum(c.values()) for c in by_region.values())
+    groups, largest = len(regions), max(sum(counts.values()) for counts in by_region.values())
     local_s, wan_s = (0.0, 0.0)
     if groups >= 2 and largest >= 2:
         parts = cm.hierarchical_parts(sync, n, groups, gather_s, outer.bytes_per_s, outer.hop_s)
@@ -380,11 +380,11 @@ def participant_fabric(
     clusters, nodes = placement.snapshot.clusters_by_id(), placement.snapshot.nodes_by_id()
     fabric: dict[str, tuple[float, float]] = {}
     for cluster_id, leader, _ in participants:
-        c = clusters[cluster_id]
-        gbps, lat_ms = c.port(nodes[leader])
-        bw_was, lat_was = fabric.get(c.id, (math.inf, 0.0))
-        port_bw = port_bytes_per_s(c, gbps, placement.calibration)
-        fabric[c.id] = (min(bw_was, port_bw), max(lat_was, lat_ms / 1000.0))
+        cluster = clusters[cluster_id]
+        gbps, lat_ms = cluster.port(nodes[leader])
+        bw_was, lat_was = fabric.get(cluster_id, (math.inf, 0.0))
+        port_bw = port_bytes_per_s(cluster, gbps, placement.calibration)
+        fabric[cluster_id] = (min(bw_was, port_bw), max(lat_was, lat_ms / 1000.0))
     return fabric
 
 
@@ -406,12 +406,12 @@ def exchange_cost(
     # stage leader's host, so the slowest of those hosts slows them.
     nodes = snapshot.nodes_by_id()
     rings = stage_rings(placement.tasks, snapshot)
-    leaders = {n for ring in rings for _, _, n in ring}
-    stage_links = Links(snapshot, calibration, max(shares.get(n, 1.0) for n in leaders))
+    leaders = {node for ring in rings for _, _, node in ring}
+    stage_links = Links(snapshot, calibration, max(shares.get(node, 1.0) for node in leaders))
     ports = {
-        n: (port_bytes_per_s(clusters[c], gbps, calibration), lat_ms / 1000.0)
+        node: (port_bytes_per_s(clusters[cluster_id], gbps, calibration), lat_ms / 1000.0)
         for ring in rings
-        for _, c, n in ring
-        for gbps, lat_ms in [clusters[c].port(nodes[n])]
+        for _, cluster_id, node in ring
+        for gbps, lat_ms in [clusters[cluster_id].port(nodes[node])]
     }
     return stage_sync_cost(spec, stage_links, rings, ports, cm.stage_param_counts(spec.model, placement.pp))
