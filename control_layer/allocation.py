@@ -34,7 +34,7 @@ from control_layer.worker_config import (
     validate_worker_config,
 )
 from orchestration.db.base import utcnow
-from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Task
+from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Price, Task
 from orchestration.resource_changes import NOTED, note_changes
 from orchestration.settings import DEFAULT_PLATFORM_FEE
 from orchestration.sync_tls import job_ca_pem, leader_credentials
@@ -68,36 +68,57 @@ def allocate(
         if wanted != {node.cluster_id}:
             raise AllocationConflict(f"node {node_id} is in cluster {node.cluster_id}, not {sorted(wanted)}")
     accelerators = _lock_accelerators(session, groups)
-    busy = set(
-        session.scalars(
-            select(Allocation.accelerator_id).where(
-                Allocation.active.is_(True),
-                Allocation.accelerator_id.in_([a.id for a in accelerators.values()]),
-            )
-        )
-    )
+    busy = _busy(session, accelerators)
     if busy:
         taken = sorted(f"{a.node_id}:{a.index}" for a in accelerators.values() if a.id in busy)
         raise AllocationConflict(f"devices already allocated: {', '.join(taken)}")
+    slots = _task_slots(session, spec, option, groups, nodes)
+    configs = build_worker_configs(
+        job.id,
+        spec,
+        option,
+        slots,
+        sync_secret=sync_secret,
+        checkpoints=reachable_checkpoints(session, job.id),
+        stage=stage,
+    )
+    sign_fetches(session, job.id, configs)
+    if len(node_groups(option.tasks)) > 1 and sync_secret:
+        # the job's leaders speak mutual TLS with certificates of the job's own CA
+        ca = job_ca_pem(sync_secret, job.id)
+        for config in configs.values():
+            config["sync"] |= leader_credentials(sync_secret, job.id, config["region"], ca_pem=ca)
+    tasks = _new_tasks(session, job, option, attempt, slots, configs, platform_fee)
+    _reserve(session, job.id, tasks, accelerators)
+    return tasks
 
+
+def _task_slots(
+    session: Session,
+    spec: JobSpec,
+    option: PlanOption,
+    groups: dict[str, list[PlannedTask]],
+    nodes: dict[str, Node],
+) -> list[TaskSlot]:
+    """Each node's share of the option with the ports it listens on: a group's leader listens
+    for the other groups' leaders (when there are any) and, when the group spans nodes, hosts its
+    rendezvous; other nodes of a group need no port. With per-stage sync, every node holding
+    stages' leaders listens once per such stage instead."""
     clusters = {
         c.id: c
         for c in session.scalars(
             select(Cluster).where(Cluster.id.in_({n.cluster_id for n in nodes.values()}))
         )
     }
-    # A group's leader listens for the other groups' leaders (when there are any) and, when the
-    # group spans nodes, hosts its rendezvous; other nodes of a group need no port.
     process_groups = node_groups(option.tasks)
     multi = len(process_groups) > 1
     spanning = {g[0] for g in process_groups if len(g) > 1}
-    # Per-stage sync: every node holding stages' leaders listens once per such stage instead.
     staged = stage_port_counts(option, spec.sync.mode)
     wanted_ports = {g[0]: int(multi) + int(g[0] in spanning) for g in process_groups}
     for node_id, k in staged.items():
         wanted_ports[node_id] = k + int(node_id in spanning)
     ports = _assign_sync_ports(session, [nodes[n] for n, k in wanted_ports.items() if k], wanted_ports)
-    slots = [
+    return [
         TaskSlot(
             node_id=node_id,
             cluster_id=nodes[node_id].cluster_id,
@@ -112,32 +133,22 @@ def allocate(
         )
         for node_id, entries in groups.items()
     ]
-    configs = build_worker_configs(
-        job.id,
-        spec,
-        option,
-        slots,
-        sync_secret=sync_secret,
-        checkpoints=reachable_checkpoints(session, job.id),
-        stage=stage,
-    )
-    sign_fetches(session, job.id, configs)
-    if multi and sync_secret:
-        # the job's leaders speak mutual TLS with certificates of the job's own CA
-        ca = job_ca_pem(sync_secret, job.id)
-        for config in configs.values():
-            config["sync"] |= leader_credentials(sync_secret, job.id, config["region"], ca_pem=ca)
-    prices = current_prices(session, list(clusters))
-    egress = _egress_prices(session, {s.region for s in slots})
 
+
+def _new_tasks(
+    session: Session,
+    job: Job,
+    option: PlanOption,
+    attempt: int,
+    slots: list[TaskSlot],
+    configs: dict[str, dict[str, Any]],
+    platform_fee: float,
+) -> list[Task]:
+    """One pending Task per slot at the prices in force, added to the session."""
+    prices = current_prices(session, sorted({s.cluster_id for s in slots}))
+    egress = _egress_prices(session, {s.region for s in slots})
     tasks: list[Task] = []
     for slot in slots:
-        price = prices.get(slot.cluster_id)
-        if price is None:
-            raise AllocationConflict(f"cluster {slot.cluster_id} has no price in force")
-        unit = price.price_per_device_hour
-        if option.spot and price.spot_price_per_device_hour is not None:
-            unit = price.spot_price_per_device_hour
         task = Task(
             job_id=job.id,
             attempt=attempt,
@@ -149,25 +160,54 @@ def allocate(
             placement=[e.model_dump(mode="json") for e in slot.entries],
             worker_config=validate_worker_config(configs[slot.node_id]),
             sync_port=slot.sync_port,
-            price_per_device_hour=unit,
+            price_per_device_hour=_device_price(prices.get(slot.cluster_id), slot.cluster_id, option.spot),
             egress_price_per_gb=egress(slot.region),
             platform_fee=platform_fee,
         )
         session.add(task)
         tasks.append(task)
+    return tasks
+
+
+def _busy(session: Session, accelerators: dict[tuple[str, int], Accelerator]) -> set[str]:
+    """Which of these accelerators an active allocation holds now."""
+    return set(
+        session.scalars(
+            select(Allocation.accelerator_id).where(
+                Allocation.active.is_(True),
+                Allocation.accelerator_id.in_([a.id for a in accelerators.values()]),
+            )
+        )
+    )
+
+
+def _device_price(price: Price | None, cluster_id: str, spot: bool) -> float:
+    """USD per device-hour of the price row in force: its spot price where the option runs on spot
+    capacity and the cluster offers it."""
+    if price is None:
+        raise AllocationConflict(f"cluster {cluster_id} has no price in force")
+    if spot and price.spot_price_per_device_hour is not None:
+        return price.spot_price_per_device_hour
+    return price.price_per_device_hour
+
+
+def _reserve(
+    session: Session, job_id: str, tasks: list[Task], accelerators: dict[tuple[str, int], Accelerator]
+) -> None:
+    """The tasks' allocation rows; a device another job took meanwhile breaks the unique index on
+    active allocations, raised here as AllocationConflict."""
     session.flush()  # task ids, for the allocation rows
     for task in tasks:
         for index in task.device_indices:
             session.add(
                 Allocation(
-                    job_id=job.id, task_id=task.id, accelerator_id=accelerators[(task.node_id, index)].id
+                    job_id=job_id, task_id=task.id, accelerator_id=accelerators[(task.node_id, index)].id
                 )
             )
     try:
         session.flush()
     except IntegrityError as exc:
         raise AllocationConflict(f"a device was allocated concurrently: {exc.orig}") from exc
-    return tasks
 
 
 def allocate_replacement(
@@ -195,15 +235,7 @@ def allocate_replacement(
         for e, d in zip(old, devices, strict=True)
     )
     accelerators = _lock_accelerators(session, {node_id: list(entries)})
-    busy = set(
-        session.scalars(
-            select(Allocation.accelerator_id).where(
-                Allocation.active.is_(True),
-                Allocation.accelerator_id.in_([a.id for a in accelerators.values()]),
-            )
-        )
-    )
-    if busy:
+    if _busy(session, accelerators):
         raise AllocationConflict(f"devices of node {node_id} were allocated meanwhile")
     port = (
         _assign_sync_ports(session, [node], {node_id: 1}).get(node_id, [None])[0]
@@ -221,11 +253,7 @@ def allocate_replacement(
         cross_cluster_host=node.cross_cluster_host,
     )
     price = current_prices(session, [cluster.id]).get(cluster.id)
-    if price is None:
-        raise AllocationConflict(f"cluster {cluster.id} has no price in force")
-    unit = price.price_per_device_hour
-    if (job.option or {}).get("spot") and price.spot_price_per_device_hour is not None:
-        unit = price.spot_price_per_device_hour
+    unit = _device_price(price, cluster.id, bool((job.option or {}).get("spot")))
     task = Task(
         job_id=job.id,
         attempt=lost.attempt,
@@ -242,15 +270,7 @@ def allocate_replacement(
         platform_fee=lost.platform_fee,
     )
     session.add(task)
-    session.flush()
-    for index in task.device_indices:
-        session.add(
-            Allocation(job_id=job.id, task_id=task.id, accelerator_id=accelerators[(node_id, index)].id)
-        )
-    try:
-        session.flush()
-    except IntegrityError as exc:
-        raise AllocationConflict(f"a device was allocated concurrently: {exc.orig}") from exc
+    _reserve(session, job.id, [task], accelerators)
     return task
 
 
