@@ -82,8 +82,22 @@ SERIAL_PATHS = (
 BESIDE_OTHERS = ("tests/training/test_parallel_equivalence.py",)
 
 
-# What ``--quick`` leaves out: whatever needs a service, a browser, root or several processes.
+# What ``--quick`` leaves out: whatever needs a service, a browser, root or several processes (the
+# serial group, and these modules, which start workers or servers as processes).
 NOT_QUICK_MARKS = ("slow", "postgres", "redis", "browser")
+PROCESS_PATHS = (
+    "tests/benchmarks/test_plan_executes_groups.py",
+    "tests/control_layer/test_worker_configs_run.py",
+    "tests/service_layer/test_server_process.py",
+    "tests/service_layer/test_server_workers.py",
+    "tests/training/test_reference_startup.py",
+    "tests/training/test_sync_example.py",
+    "tests/training/test_sync_grad_workers.py",
+    "tests/training/test_sync_hierarchical_workers.py",
+    "tests/training/test_sync_workers.py",
+    "tests/training/test_wire_count.py",
+    "tests/training/test_worker.py",
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -104,7 +118,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def quick(item: pytest.Item) -> bool:
-    if item.nodeid.startswith(SERIAL_PATHS + BESIDE_OTHERS):
+    if item.nodeid.startswith(SERIAL_PATHS + BESIDE_OTHERS + PROCESS_PATHS):
+        return False
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("db_url") == "postgres":
         return False
     return not any(item.get_closest_marker(m) for m in NOT_QUICK_MARKS)
 
