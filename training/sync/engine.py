@@ -378,7 +378,8 @@ class SyncEngine:
             # arrival: as the exchange took), else the fixed delay.
             out["overlap_steps"] = self.strategy.last_lag or self.strategy.delay
             if self.strategy.landings:  # overlapped rounds applied at this step: steps since opening
-                out["landed_after_steps"] = [lag for _, lag in self.strategy.landings]
+                out["landed_after_steps"] = [lag for _, lag, _ in self.strategy.landings]
+                out["landed_waiting"] = [waited for _, _, waited in self.strategy.landings]
                 self.strategy.landings = []
         if isinstance(self.strategy, AnchoredSync) and self.strategy.splits:
             out["round_split"] = self.strategy.splits[-1]  # steps per region of the round re-split latest

@@ -77,7 +77,8 @@ class AnchoredSync(Strategy):
         self.on_arrival = False  # set by the engine where every rank of the region can follow it
         self.last_lag = 0  # steps from the opening to the applying of the last overlapped round
         self.landed: dict[int, int] = {}  # round -> step it was applied at
-        self.landings: list[tuple[int, int]] = []  # (step, lag) of rounds applied since last taken
+        # (step, lag, waited) of rounds applied since last taken; waited: its result was not in yet
+        self.landings: list[tuple[int, int, bool]] = []
         self.anchor: Tensor | None = None
         self.slices: list[slice] = []
         self.momentum: list[Tensor | None] = [None] * c.fragments
@@ -218,7 +219,7 @@ class AnchoredSync(Strategy):
             rnd = self.inflight.popleft()
             self.landed[rnd.index] = step
             self.last_lag = step - rnd.open_step
-            self.landings.append((step, self.last_lag))
+            self.landings.append((step, self.last_lag, not rnd.future.done()))
             flat = self._apply(rnd, flat, as_of)
             changed = True
         if final:  # end on one model: every fragment syncs once more, blocking
