@@ -37,7 +37,7 @@ from control_layer.planner.snapshot import (
     RegionInfo,
     ResourceSnapshot,
 )
-from control_layer.snapshot import build_snapshot, node_profile
+from control_layer.snapshot import build_snapshot, node_profile, region_info
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc, session_scope
@@ -90,7 +90,7 @@ class _DeviceRow:
 class _State:
     """The fleet's rows as plain data, and the ClusterInfo built from them (rebuilt when dirty)."""
 
-    regions: dict[str, str] = field(default_factory=dict)
+    regions: dict[str, RegionInfo] = field(default_factory=dict)
     links: list[LinkInfo] = field(default_factory=list)
     providers: dict[str, str] = field(default_factory=dict)
     clusters: dict[str, _ClusterRow] = field(default_factory=dict)
@@ -142,7 +142,7 @@ class _State:
             self._nodes(session, nodes)
 
     def _topology(self, session: Session) -> None:
-        self.regions = {r.name: r.jurisdiction for r in session.scalars(select(Region))}
+        self.regions = {r.name: region_info(r) for r in session.scalars(select(Region))}
         self._links(session)
         self.whole = None
         providers = {p.id: p.name for p in session.scalars(select(Provider))}
@@ -330,7 +330,7 @@ class _State:
         if exclude_nodes:
             clusters = list(_without(clusters, set(exclude_nodes)))
         snap = ResourceSnapshot.model_construct(
-            regions=[RegionInfo(name=n, jurisdiction=j) for n, j in sorted(self.regions.items())],
+            regions=[info for _, info in sorted(self.regions.items())],
             clusters=list(clusters),
             links=list(self.links),
             taken_at=time.time(),

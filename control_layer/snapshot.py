@@ -52,6 +52,14 @@ def busy_accelerator_ids(session: Session) -> set[str]:
     return set(session.scalars(select(Allocation.accelerator_id).where(Allocation.active.is_(True))))
 
 
+def region_info(region: Region) -> RegionInfo:
+    """The planner's view of a region: its jurisdiction only where an admin approved it (data
+    residency trusts nothing else); an agent's unapproved claim is carried apart, for the reasons."""
+    if region.jurisdiction_approved:
+        return RegionInfo(name=region.name, jurisdiction=region.jurisdiction)
+    return RegionInfo(name=region.name, jurisdiction_claim=region.jurisdiction)
+
+
 def build_snapshot(
     session: Session, *, exclude_nodes: Collection[str] = (), link_fresh_s: float = DEFAULT_LINK_FRESH_S
 ) -> ResourceSnapshot:
@@ -128,10 +136,7 @@ def build_snapshot(
             )
         )
 
-    regions = [
-        RegionInfo(name=r.name, jurisdiction=r.jurisdiction)
-        for r in sorted(session.scalars(select(Region)), key=lambda r: r.name)
-    ]
+    regions = [region_info(r) for r in sorted(session.scalars(select(Region)), key=lambda r: r.name)]
     # Measured where a fresh probe exists, else as an admin declared it (resource_layer.link_view).
     links = [
         LinkInfo(

@@ -80,7 +80,11 @@ def region_boxes(
             n[1] += 1
             for d in node.devices:
                 n[3 if d.allocated else 2 if node.alive else 4] += 1
-    known = {r.name: r.jurisdiction for r in regions}
+    # An agent's claim no admin approved is marked: data residency does not trust it.
+    known = {
+        r.name: r.jurisdiction + ("" if r.jurisdiction_approved or not r.jurisdiction else "?")
+        for r in regions
+    }
     for c in clusters:
         known.setdefault(c.region, "")
     return tuple(

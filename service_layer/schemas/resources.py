@@ -7,12 +7,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from contracts.registration import JURISDICTION_RE
 from service_layer.schemas.common import ApiModel
 
 
 class RegionRead(BaseModel):
     name: str
-    jurisdiction: str
+    jurisdiction: str = Field(description="Set by an admin, or claimed by the region's first agent")
+    jurisdiction_approved: bool = Field(
+        False,
+        description="An admin set it (PUT /v1/regions/{name}/jurisdiction); data residency trusts"
+        " nothing else",
+    )
     clusters: int = Field(description="Clusters in the region")
     alive_nodes: int
     devices: int = Field(description="Devices on alive nodes")
@@ -53,6 +59,16 @@ class ClusterRead(BaseModel):
     price_per_device_hour: float | None
     spot_price_per_device_hour: float | None
     nodes: list[NodeRead]
+
+
+class JurisdictionSet(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"jurisdiction": "EU", "reason": "contract 2026-114"}]},
+    )
+
+    jurisdiction: str = Field(pattern=f"^{JURISDICTION_RE.pattern}$", max_length=16, description="e.g. EU")
+    reason: str = Field("", max_length=500, description="Why, for the audit log")
 
 
 class LinkUpsert(BaseModel):

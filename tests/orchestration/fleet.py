@@ -39,7 +39,8 @@ from orchestration.db.models import (
 def ensure_region(session: Session, name: str, jurisdiction: str = "") -> Region:
     region = session.get(Region, name)
     if region is None:
-        region = Region(name=name, jurisdiction=jurisdiction)
+        # A fixture's jurisdiction stands for one an admin set (agents' claims are not trusted).
+        region = Region(name=name, jurisdiction=jurisdiction, jurisdiction_approved=bool(jurisdiction))
         session.add(region)
         session.flush()
     return region

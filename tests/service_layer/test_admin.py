@@ -51,7 +51,12 @@ def test_tokens_tenants_links_and_snapshot(server: ServerHandle, admin: CpnClien
         ("eu-west", "eu-north"),
         ("eu-west", "us-east"),
     }
-    assert {r["name"]: r["jurisdiction"] for r in snap["regions"]}["us-east"] == "US"
+    # The agent's jurisdiction is a claim the planner does not trust until an admin sets it.
+    us = {r["name"]: r for r in snap["regions"]}["us-east"]
+    assert (us["jurisdiction"], us["jurisdiction_claim"]) == ("", "US")
+    admin.set_jurisdiction("us-east", "US")
+    us = {r["name"]: r for r in admin.snapshot()["regions"]}["us-east"]
+    assert (us["jurisdiction"], us["jurisdiction_claim"]) == ("US", "")
 
 
 def test_openapi_is_complete_with_examples(server: ServerHandle) -> None:

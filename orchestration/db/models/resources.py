@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, String, UniqueConstraint
+from sqlalchemy import ForeignKey, Index, String, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from orchestration.db.base import Base, new_id, utcnow
@@ -15,7 +15,10 @@ class Region(Base):
     __tablename__ = "regions"
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Claimed by the region's first agent, or set by an admin; data residency trusts it only once
+    # an admin approved it (``jurisdiction_approved``): a claim alone is never trusted.
     jurisdiction: Mapped[str] = mapped_column(String(16), default="")
+    jurisdiction_approved: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
