@@ -38,6 +38,7 @@ from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link,
 from orchestration.resource_changes import NOTED, note_changes
 from orchestration.settings import DEFAULT_PLATFORM_FEE
 from orchestration.sync_tls import job_ca_pem, leader_credentials
+from resource_layer.link_view import declared_private
 
 
 class AllocationConflict(Aborted):
@@ -121,6 +122,7 @@ def allocate(
         checkpoints=reachable_checkpoints(session, job.id),
         stage=stage,
     )
+    _check_private_links(session, process_groups, nodes, clusters)
     sign_fetches(session, job.id, configs)
     if multi and sync_secret:
         # the job's leaders speak mutual TLS with certificates of the job's own CA
@@ -168,6 +170,29 @@ def allocate(
     except IntegrityError as exc:
         raise AllocationConflict(f"a device was allocated concurrently: {exc.orig}") from exc
     return tasks
+
+
+def _check_private_links(
+    session: Session, groups: list[list[str]], nodes: dict[str, Node], clusters: dict[str, Cluster]
+) -> None:
+    """A group across clusters sends plaintext gloo/NCCL traffic between them: refuse the option
+    where a link it crosses is no longer declared private (the plan may predate the change)."""
+    crossing = [sorted({nodes[n].cluster_id for n in g}) for g in groups if len(g) > 1]
+    crossing = [cs for cs in crossing if len(cs) > 1]
+    if not crossing:
+        return
+    declared = {(ln.src, ln.dst): ln.private for ln in session.scalars(select(Link))}
+    public = sorted(
+        {
+            tuple(sorted((clusters[a].region, clusters[b].region)))
+            for cs in crossing
+            for i, a in enumerate(cs)
+            for b in cs[i + 1 :]
+            if not declared_private(declared, clusters[a].region, clusters[b].region)
+        }
+    )
+    if public:
+        raise AllocationConflict(f"a group across clusters would cross links not declared private: {public}")
 
 
 def allocate_replacement(

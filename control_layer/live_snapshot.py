@@ -37,7 +37,7 @@ from control_layer.planner.snapshot import (
     RegionInfo,
     ResourceSnapshot,
 )
-from control_layer.snapshot import build_snapshot, node_profile, region_info
+from control_layer.snapshot import build_snapshot, link_info, node_profile, region_info
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import as_utc, session_scope
@@ -153,18 +153,7 @@ class _State:
     def _links(self, session: Session) -> None:
         # Measured where a fresh probe exists, else as declared (resource_layer.link_probes).
         self.links = sorted(
-            (
-                LinkInfo(
-                    src=ln.src,
-                    dst=ln.dst,
-                    bandwidth_gbps=ln.bandwidth_gbps,
-                    latency_ms=ln.latency_ms,
-                    egress_price_per_gb=ln.egress_price_per_gb,
-                    source=ln.source,
-                )
-                for ln in current_links(session, self.link_fresh_s)
-                if ln.bandwidth_gbps > 0
-            ),
+            (link_info(ln) for ln in current_links(session, self.link_fresh_s) if ln.bandwidth_gbps > 0),
             key=lambda ln: (ln.src, ln.dst),
         )
         self.links_read_at = time.monotonic()

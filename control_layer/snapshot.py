@@ -23,6 +23,7 @@ from control_layer.planner.snapshot import (
 from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Price, Provider, Region
 from resource_layer.link_probes import current_links
+from resource_layer.link_view import EffectiveLink
 
 DEFAULT_LINK_FRESH_S = 1800.0  # Settings.effective_link_fresh_s by default: 3 x the 600 s probe interval
 
@@ -50,6 +51,19 @@ def node_profile(raw: dict[str, Any] | None) -> NodeProfileInfo | None:
 
 def busy_accelerator_ids(session: Session) -> set[str]:
     return set(session.scalars(select(Allocation.accelerator_id).where(Allocation.active.is_(True))))
+
+
+def link_info(ln: EffectiveLink) -> LinkInfo:
+    """The planner's view of a link in force (``resource_layer.link_view``)."""
+    return LinkInfo(
+        src=ln.src,
+        dst=ln.dst,
+        bandwidth_gbps=ln.bandwidth_gbps,
+        latency_ms=ln.latency_ms,
+        egress_price_per_gb=ln.egress_price_per_gb,
+        source=ln.source,  # type: ignore[arg-type]
+        private=ln.private,
+    )
 
 
 def region_info(region: Region) -> RegionInfo:
@@ -139,14 +153,7 @@ def build_snapshot(
     regions = [region_info(r) for r in sorted(session.scalars(select(Region)), key=lambda r: r.name)]
     # Measured where a fresh probe exists, else as an admin declared it (resource_layer.link_view).
     links = [
-        LinkInfo(
-            src=ln.src,
-            dst=ln.dst,
-            bandwidth_gbps=ln.bandwidth_gbps,
-            latency_ms=ln.latency_ms,
-            egress_price_per_gb=ln.egress_price_per_gb,
-            source=ln.source,
-        )
+        link_info(ln)
         for ln in sorted(current_links(session, link_fresh_s), key=lambda ln: (ln.src, ln.dst))
         if ln.bandwidth_gbps > 0
     ]

@@ -16,10 +16,11 @@ from contracts.feasibility import resolve_precision
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.cross_cluster import (
+    declared_nodes,
     node_clusters,
     pipe_shares,
     pipeline_links,
-    reachable_nodes,
+    private_between,
     wan_messages,
 )
 from control_layer.planner.intervals import basis, interval
@@ -461,7 +462,11 @@ def _replicas(
         )
     # Nodes that share a replica run as one torchrun group (node_groups): its replicas average
     # every step over the cluster's fabric, and its first node leads it.
-    group_problems = node_group_problems(tasks, reachable_nodes(snapshot))
+    group_problems = node_group_problems(
+        tasks,
+        declared_nodes(snapshot),
+        lambda a, b: private_between(snapshot, clusters[a].region, clusters[b].region),
+    )
     if group_problems:
         raise InvalidArgument(group_problems[0], field="tasks")
     leader = {n: g[0] for g in node_groups(tasks) for n in g}

@@ -205,6 +205,9 @@ class LinkInfo(_Plain):
     egress_price_per_gb: float = Field(default=0.0, ge=0)
     # measured by agents' probes, or declared by an admin
     source: Literal["measured", "declared"] = "declared"
+    # Declared private by the providers: only such links carry a torchrun group's gloo/NCCL
+    # traffic between clusters (``cross_cluster.private_between``). Undeclared: public.
+    private: bool = False
 
 
 class ResourceSnapshot(_Plain):

@@ -107,6 +107,7 @@ def link_lines(links: Sequence[LinkRead], use: Mapping[Edge, float]) -> tuple[Li
     return tuple(
         LinkLine(ln.src, ln.dst, ln.bandwidth_gbps, ln.latency_ms, ln.source, use.get((ln.src, ln.dst), 0.0))
         for ln in sorted(links, key=lambda ln: (ln.src, ln.dst))
+        if ln.src != ln.dst  # a region's own network between its clusters: no line to draw
     )
 
 

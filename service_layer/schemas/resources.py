@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from contracts.registration import JURISDICTION_RE
 from service_layer.schemas.common import ApiModel
@@ -82,6 +82,7 @@ class LinkUpsert(BaseModel):
                     "bandwidth_gbps": 0.5,
                     "latency_ms": 80,
                     "egress_price_per_gb": 0.05,
+                    "private": False,
                 }
             ]
         },
@@ -93,6 +94,12 @@ class LinkUpsert(BaseModel):
     bandwidth_gbps: float = Field(gt=0, le=10_000, allow_inf_nan=False)
     latency_ms: float = Field(ge=0, le=60_000, allow_inf_nan=False)
     egress_price_per_gb: float = Field(0.0, ge=0, le=1000, allow_inf_nan=False)
+    private: StrictBool = Field(
+        False,
+        description="The providers' word that the link is private (their own network or a private"
+        " interconnect): torchrun groups spanning clusters may send their plaintext gloo/NCCL traffic"
+        " only over private links. src = dst: the region's own network between its clusters",
+    )
 
 
 class DeclaredLinkRead(ApiModel):
@@ -104,6 +111,7 @@ class DeclaredLinkRead(ApiModel):
     bandwidth_gbps: float
     latency_ms: float
     egress_price_per_gb: float
+    private: bool
     measured_at: datetime = Field(description="When it was declared")
 
 
@@ -115,6 +123,9 @@ class LinkRead(BaseModel):
     bandwidth_gbps: float
     latency_ms: float = Field(description="One way (half the measured round trip when measured)")
     egress_price_per_gb: float = Field(description="From the declared link (either direction); 0 if none")
+    private: bool = Field(
+        description="Declared private (PUT /v1/links); no probe can tell. False where undeclared"
+    )
     source: Literal["measured", "declared"] = Field(
         description="measured: agents' probes within the freshness window; declared: PUT /v1/links"
     )

@@ -154,6 +154,27 @@ def test_a_replica_across_clusters_is_refused(session_factory: sessionmaker[Sess
             allocate(s, _job(s), tiny_spec(), hand_option([(c1, a, 0), (c2, b, 0)], tp=2), attempt=1)
 
 
+def test_a_group_across_clusters_is_refused_until_the_link_between_them_is_declared_private(
+    session_factory: sessionmaker[Session],
+) -> None:
+    """The plan may predate the link's change: allocation checks again, and a refusal is a conflict
+    (the placer re-plans on a fresh snapshot, which offers no such group)."""
+    with session_scope(session_factory) as s:
+        c1, (a,) = add_cluster(s, name="c1")
+        c2, (b,) = add_cluster(s, name="c2")
+        a.cross_cluster_host, b.cross_cluster_host = "10.0.0.1", "10.0.0.2"
+        option = hand_option([(c1, a, 0), (c2, b, 0)], tp=2)
+        with pytest.raises(AllocationConflict, match=r"not declared private: \[\('eu-west', 'eu-west'\)\]"):
+            allocate(s, _job(s), tiny_spec(), option, attempt=1)
+        link = add_link(s, "eu-west", "eu-west", bandwidth_gbps=10.0, latency_ms=1.0)
+        with pytest.raises(AllocationConflict, match="not declared private"):
+            allocate(s, _job(s), tiny_spec(), option, attempt=1)
+        link.private = True
+        s.flush()
+        tasks = allocate(s, _job(s), tiny_spec(), option, attempt=1)
+        assert {t.worker_config["group"]["master_addr"] for t in tasks} == {"10.0.0.1"}
+
+
 def test_ports_go_round_the_range_instead_of_reusing_a_just_freed_one(
     session_factory: sessionmaker[Session],
 ) -> None:

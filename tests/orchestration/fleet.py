@@ -123,6 +123,7 @@ def add_link(
     bandwidth_gbps: float = 1.0,
     latency_ms: float = 50.0,
     egress_price_per_gb: float = 0.05,
+    private: bool = False,
 ) -> Link:
     link = Link(
         src=src,
@@ -130,6 +131,7 @@ def add_link(
         bandwidth_gbps=bandwidth_gbps,
         latency_ms=latency_ms,
         egress_price_per_gb=egress_price_per_gb,
+        private=private,
     )
     session.add(link)
     session.flush()

@@ -110,7 +110,8 @@ class Accelerator(Base):
 
 
 class Link(Base):
-    """A measured (or declared) link between two regions; symmetric unless both directions exist."""
+    """A measured (or declared) link between two regions; symmetric unless both directions exist.
+    ``src == dst``: the region's own network between its clusters."""
 
     __tablename__ = "links"
     __table_args__ = (UniqueConstraint("src", "dst"),)
@@ -121,6 +122,8 @@ class Link(Base):
     bandwidth_gbps: Mapped[float]
     latency_ms: Mapped[float]
     egress_price_per_gb: Mapped[float] = mapped_column(default=0.0)
+    # Declared private by the providers: a torchrun group's plaintext gloo/NCCL traffic may cross it.
+    private: Mapped[bool] = mapped_column(default=False, server_default=false())
     measured_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
