@@ -67,7 +67,15 @@ def agent_command(
     probe_port: int = typer.Option(
         0, "--probe-port", help="Port peers probe this node's links on (0: any free one, -1: none)"
     ),
-    probe_bind: str = typer.Option("0.0.0.0", "--probe-bind", help="Address the probe server binds"),
+    probe_bind: str = typer.Option(
+        "0.0.0.0", "--probe-bind", help="Address the probe and checkpoint servers bind"
+    ),
+    checkpoint_port: int = typer.Option(
+        0,
+        "--checkpoint-port",
+        help="Port the region's nodes fetch checkpoint copies from, over mutual TLS with each job's"
+        " credentials (0: any free one, -1: none)",
+    ),
     work_dir: Path = typer.Option(Path("./cpn-agent"), "--work-dir", help="Assignment configs and logs"),
     state_file: Path | None = typer.Option(None, "--state-file", help="Default: <work-dir>/agent-state.json"),
     reconnect_max_s: float = typer.Option(
@@ -130,6 +138,7 @@ def agent_command(
             node_fabric_latency_ms=node_fabric_latency_ms,
             cross_cluster_host=cross_cluster_host,
             probe_port=probe_port,
+            checkpoint_port=checkpoint_port,
             probe_bind=probe_bind,
             work_dir=work_dir,
             state_file=state_file,

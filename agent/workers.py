@@ -44,7 +44,7 @@ from agent.sandbox import (
 from agent.settings import AgentSettings
 from agent.tls import http_verify
 from contracts.artifacts import CHECKPOINT_OUTPUT
-from contracts.checkpoint_transfer import CheckpointTicket
+from contracts.checkpoint_transfer import CheckpointTicket, CheckpointTls
 from contracts.errors import InvalidArgument
 from contracts.lost_notices import LostNotice, append_notice
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
@@ -295,6 +295,8 @@ class WorkerRun:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             config_path = self.run_dir / "worker_config.json"
             config = {k: v for k, v in a.worker_config.items() if k != COMMAND_KEY}
+            if isinstance(config.get("checkpoint"), dict):  # the agent's, for copies: not the worker's
+                config["checkpoint"] = {k: v for k, v in config["checkpoint"].items() if k != "tls"}
             config = resolve_checkpoint_dir(config, self._settings.work_dir)
             if isinstance(config.get("sync"), dict):  # where the control plane's lost-peer notices land
                 config["sync"] = config["sync"] | {"lost_notices": str(self.lost_notices_path)}
@@ -524,7 +526,8 @@ class WorkerRun:
             if has_checkpoint(self._settings.work_dir, ticket.dir, ticket.step):
                 nbytes, seconds, error = 0, 0.0, ""  # already here (a copy landed before)
             else:
-                nbytes, seconds, error = await run_copy(self._settings.work_dir, ticket, host, port)
+                tls = CheckpointTls.from_dict(ck.get("tls"))  # the job's, as the source serves it with
+                nbytes, seconds, error = await run_copy(self._settings.work_dir, ticket, host, port, tls)
         aid = self.assignment.assignment_id
         if error:
             log.warning("assignment %s: checkpoint fetch failed: %s", aid, error)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from contracts.checkpoint_transfer import MAX_PEM
 from contracts.errors import InvalidArgument
 from contracts.feasibility import BYO_PARALLELISM, byo_problems, shape_problems, stage_sync_problems
 from contracts.model import GPTConfig
@@ -109,6 +110,17 @@ class CheckpointFetch(BaseModel):
     port: int = Field(gt=0, lt=65536)
 
 
+class CheckpointTlsSpec(BaseModel):
+    """The job's credentials for its checkpoint copies (``contracts.checkpoint_transfer.CheckpointTls``):
+    the agent serves this task's checkpoints with them and fetches with them; the worker never sees them."""
+
+    model_config = _STRICT
+
+    ca_pem: str = Field(min_length=1, max_length=MAX_PEM)
+    cert_pem: str = Field(min_length=1, max_length=MAX_PEM)
+    key_pem: str = Field(min_length=1, max_length=MAX_PEM)
+
+
 class CheckpointSpec(BaseModel):
     model_config = _STRICT
 
@@ -125,6 +137,7 @@ class CheckpointSpec(BaseModel):
     resume_at_most: int | None = Field(default=None, ge=0)
     # The node lacks the checkpoint it should resume from: its agent fetches it first.
     fetch: CheckpointFetch | None = None
+    tls: CheckpointTlsSpec | None = None
 
 
 class StageItem(BaseModel):

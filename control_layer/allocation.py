@@ -37,7 +37,7 @@ from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Task
 from orchestration.resource_changes import NOTED, note_changes
 from orchestration.settings import DEFAULT_PLATFORM_FEE
-from orchestration.sync_tls import job_ca_pem, leader_credentials
+from orchestration.sync_tls import checkpoint_credentials, job_ca_pem, leader_credentials
 from resource_layer.link_view import declared_private
 
 
@@ -124,11 +124,8 @@ def allocate(
     )
     _check_private_links(session, process_groups, nodes, clusters)
     sign_fetches(session, job.id, configs)
-    if multi and sync_secret:
-        # the job's leaders speak mutual TLS with certificates of the job's own CA
-        ca = job_ca_pem(sync_secret, job.id)
-        for config in configs.values():
-            config["sync"] |= leader_credentials(sync_secret, job.id, config["region"], ca_pem=ca)
+    if sync_secret:
+        add_job_credentials(configs, job.id, sync_secret)
     prices = current_prices(session, list(clusters))
     egress = _egress_prices(session, {s.region for s in slots})
 
@@ -170,6 +167,19 @@ def allocate(
     except IntegrityError as exc:
         raise AllocationConflict(f"a device was allocated concurrently: {exc.orig}") from exc
     return tasks
+
+
+def add_job_credentials(configs: dict[str, dict[str, Any]], job_id: str, sync_secret: str) -> None:
+    """Give each task's config (node id -> worker config) its TLS material, all of the job's own CA
+    (``orchestration.sync_tls``): the sync leaders' (several groups) and the checkpoint copies' (a
+    task with a checkpoint directory or a fetch)."""
+    ca = job_ca_pem(sync_secret, job_id)
+    for node_id, config in configs.items():
+        if "auth_secret" in (config.get("sync") or {}):  # its leaders meet over mutual TLS
+            config["sync"] |= leader_credentials(sync_secret, job_id, config["region"], ca_pem=ca)
+        ck = config.get("checkpoint") or {}
+        if ck.get("dir") or ck.get("fetch"):  # its copies and fetches, over mutual TLS
+            ck["tls"] = checkpoint_credentials(sync_secret, job_id, node_id, ca_pem=ca)
 
 
 def _check_private_links(

@@ -84,6 +84,7 @@ def register_node(
     node.sync_port_min = reg.sync_port_min
     node.sync_port_max = reg.sync_port_max
     node.probe_port = reg.probe_port
+    node.checkpoint_port = reg.checkpoint_port
     node.probe_key = new_probe_key()  # rotated with the node token: the old agent process is gone
     node.agent_version = reg.agent_version
     node.profile = reg.profile.as_dict() if reg.profile is not None else None

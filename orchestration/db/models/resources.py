@@ -57,6 +57,8 @@ class Node(Base):
     sync_port_min: Mapped[int] = mapped_column(default=0)
     sync_port_max: Mapped[int] = mapped_column(default=0)
     probe_port: Mapped[int] = mapped_column(default=0)  # its LinkProbeService; 0: none
+    # Its CheckpointService (mutual TLS with each job's credentials); 0: it serves no checkpoints.
+    checkpoint_port: Mapped[int] = mapped_column(default=0, server_default="0")
     probe_key: Mapped[str] = mapped_column(String(64), default="")  # signs tickets of probes aimed at it
     # alive | lost | revoked (its credentials refused) | drained (kept for older rows)
     status: Mapped[str] = mapped_column(String(16), default="alive", index=True)
