@@ -10,6 +10,7 @@ snapshot.
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -37,7 +38,7 @@ from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Task
 from orchestration.resource_changes import NOTED, note_changes
 from orchestration.settings import DEFAULT_PLATFORM_FEE
-from orchestration.sync_tls import checkpoint_credentials, job_ca_pem, leader_credentials
+from orchestration.sync_tls import checkpoint_credentials, group_credentials, job_ca_pem, leader_credentials
 from resource_layer.link_view import declared_private
 
 
@@ -171,15 +172,22 @@ def allocate(
 
 def add_job_credentials(configs: dict[str, dict[str, Any]], job_id: str, sync_secret: str) -> None:
     """Give each task's config (node id -> worker config) its TLS material, all of the job's own CA
-    (``orchestration.sync_tls``): the sync leaders' (several groups) and the checkpoint copies' (a
-    task with a checkpoint directory or a fetch)."""
+    (``orchestration.sync_tls``): the sync leaders' (several groups), the checkpoint copies' (a
+    task with a checkpoint directory or a fetch), and the rendezvous of a group spanning nodes
+    (with a store secret shared by the group's nodes)."""
     ca = job_ca_pem(sync_secret, job_id)
+    secrets_by_head: dict[tuple[str, int], str] = {}
     for node_id, config in configs.items():
         if "auth_secret" in (config.get("sync") or {}):  # its leaders meet over mutual TLS
             config["sync"] |= leader_credentials(sync_secret, job_id, config["region"], ca_pem=ca)
         ck = config.get("checkpoint") or {}
         if ck.get("dir") or ck.get("fetch"):  # its copies and fetches, over mutual TLS
             ck["tls"] = checkpoint_credentials(sync_secret, job_id, node_id, ca_pem=ca)
+        group = config.get("group")
+        if group:  # one secret per group: its head's address names it
+            head = (group["master_addr"], group["master_port"])
+            secret = secrets_by_head.setdefault(head, secrets.token_hex(32))
+            group |= group_credentials(sync_secret, job_id, node_id, ca_pem=ca) | {"store_secret": secret}
 
 
 def _check_private_links(

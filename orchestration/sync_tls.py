@@ -1,5 +1,6 @@
 """Per-job TLS credentials: the cross-region sync service (mutual TLS between a job's leaders),
-and the same job CA for the job's checkpoint copies between agents (``checkpoint_credentials``).
+and the same job CA for the job's checkpoint copies between agents (``checkpoint_credentials``)
+and the rendezvous of its torchrun groups that span nodes (``group_credentials``).
 
 Every job has its own CA. Its key is derived from the server secret and the job id, so every
 replica, and every attempt of the job, signs with the same CA without storing it: a region re-placed
@@ -21,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from contracts.checkpoint_transfer import checkpoint_server_name
-from contracts.sync_config import SYNC_TLS_SERVER_NAME
+from contracts.sync_config import GROUP_TLS_SERVER_NAME, SYNC_TLS_SERVER_NAME
 
 SERVER_NAME = SYNC_TLS_SERVER_NAME
 CA_VALID_FROM = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)  # fixed: every issuance of a job's CA agrees
@@ -128,3 +129,12 @@ def checkpoint_credentials(
         server_secret, job_id, holder, ca_pem=ca_pem, names=(checkpoint_server_name(job_id),)
     )
     return {"ca_pem": tls["tls_ca_pem"], "cert_pem": tls["tls_cert_pem"], "key_pem": tls["tls_key_pem"]}
+
+
+def group_credentials(
+    server_secret: str, job_id: str, holder: str, *, ca_pem: str | None = None
+) -> dict[str, str]:
+    """One node's credentials for the rendezvous of the job's torchrun group spanning nodes
+    (``training.rendezvous``, the worker config's ``group`` section): the job's CA and a
+    certificate of it naming ``GROUP_TLS_SERVER_NAME``, for both ends of the relay."""
+    return leader_credentials(server_secret, job_id, holder, ca_pem=ca_pem, names=(GROUP_TLS_SERVER_NAME,))

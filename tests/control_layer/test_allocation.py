@@ -119,8 +119,14 @@ def test_a_replica_across_nodes_is_one_group_whose_leader_holds_its_rendezvous_p
         assert groups[a.id].master_port == groups[b.id].master_port == 25000
         assert {t.sync_port for t in tasks.values()} == {None}  # one participant: no WAN sync
         # The rendezvous port stays taken while the group runs: the next group gets the other one,
-        # and a third finds the range used up.
-        second = allocate(s, _job(s), tiny_spec(), hand_option([(c, a, 1), (c, b, 1)], tp=2), attempt=1)
+        # and a third finds the range used up. With the server's secret, as the placer allocates,
+        # the group's nodes share one store secret and each has its own certificate of the job's CA.
+        second = allocate(
+            s, _job(s), tiny_spec(), hand_option([(c, a, 1), (c, b, 1)], tp=2), attempt=1, sync_secret="s3"
+        )
+        rdzv = [parse_worker_config(t.worker_config).group for t in second]
+        assert all(g is not None and g.secured for g in rdzv)
+        assert len({g.store_secret for g in rdzv}) == 1 and len({g.tls_cert_pem for g in rdzv}) == 2  # type: ignore[union-attr]
         assert {t.worker_config["group"]["master_port"] for t in second} == {25001}
         with pytest.raises(AllocationConflict, match="sync ports 25000-25001 are in use"):
             allocate(s, _job(s), tiny_spec(), hand_option([(c, a, 2), (c, b, 2)], tp=2), attempt=1)
