@@ -71,8 +71,8 @@ def test_a_checkpoint_copy_crosses_the_wire_encrypted(tmp_path: Path) -> None:
     assert error == "" and moved > weights.numel() * 4
     assert (dst / DIR / step_name(40) / "__0_0.distcp").read_bytes() == (step / "__0_0.distcp").read_bytes()
     assert len(captured) > moved  # every byte of the copy went through the tap
-    assert captured[:1] == b"\x16"  # a TLS handshake record opens the connection
     assert pattern not in captured and pattern[:16] not in captured
+    assert captured[:1] == b"\x16"  # a TLS handshake record opens the connection
 
 
 def _free_port() -> int:
@@ -184,6 +184,6 @@ def test_a_groups_rendezvous_across_nodes_is_encrypted_and_refuses_strangers(tmp
         assert code == 0, out[-3000:]
         assert "CPN_TEST_SUM 3 " in out, out[-3000:]  # 1 + 2 over the two nodes
     assert len(strangers) == 2 and all(v.startswith("refused") for v in strangers.values()), strangers
-    assert captured[:1] == b"\x16" and len(captured) > 2000  # the store's traffic, in TLS records
     for plain in (secret.encode(), b"default_pg", b"torchelastic", b"/worker", b"cpn/"):
         assert plain not in captured, plain
+    assert captured[:1] == b"\x16" and len(captured) > 2000  # the store's traffic, in TLS records
