@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import typer
 from pydantic import ValidationError
@@ -22,7 +24,26 @@ def run_agent(settings: AgentSettings) -> int:
     return asyncio.run(Agent(settings).run())
 
 
+def settings_from_options(options: Mapping[str, Any]) -> AgentSettings:
+    """The agent's settings from ``agent_command``'s options by name (AgentSettings refuses a name
+    it does not know); the few whose unit or name differ are converted. Reports what is invalid
+    and exits 2."""
+    values = {k: v for k, v in options.items() if k != "log_level"}
+    values["spot_price_per_device_hour"] = values.pop("spot_price")
+    values["reconnect_min_s"] = min(0.5, values["reconnect_max_s"])
+    values["cache_max_bytes"] = int(values.pop("cache_max_gb") * 1e9)
+    values["pip_args"] = tuple(values.pop("pip_arg"))
+    try:
+        return AgentSettings(**values)
+    except ValidationError as exc:
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "settings"
+            typer.echo(f"cpn agent: {where}: {err['msg']}", err=True)
+        raise typer.Exit(2) from None
+
+
 def agent_command(
+    ctx: typer.Context,
     server: str = typer.Option(
         ...,
         "--server",
@@ -87,6 +108,13 @@ def agent_command(
     measure_profile: bool = typer.Option(
         True, "--measure-profile/--no-measure-profile", help="Run the reference worker step at start-up"
     ),
+    profile_share_s: float = typer.Option(
+        900.0,
+        "--profile-share-s",
+        min=0,
+        max=86400,
+        help="Take the reference figures an alike agent of this host measured this recently (0: measure)",
+    ),
     cache_max_gb: float = typer.Option(
         100.0, "--cache-max-gb", min=0.001, help="Node cache of staged code and data, GB (LRU beyond it)"
     ),
@@ -117,47 +145,4 @@ def agent_command(
 ) -> None:
     """Run the node agent: register this node's devices and run the work the control plane assigns."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = AgentSettings(
-            server=server,
-            tls_ca_file=tls_ca_file,
-            tls_server_name=tls_server_name,
-            enroll_server=enroll_server,
-            token=token,
-            region=region,
-            cluster=cluster,
-            devices=devices,
-            price_per_device_hour=price_per_device_hour,
-            spot_price_per_device_hour=spot_price,
-            provider=provider,
-            jurisdiction=jurisdiction,
-            advertise_host=advertise_host,
-            sync_ports=sync_ports,
-            intra_bandwidth_gbps=intra_bandwidth_gbps,
-            node_fabric_gbps=node_fabric_gbps,
-            node_fabric_latency_ms=node_fabric_latency_ms,
-            cross_cluster_host=cross_cluster_host,
-            probe_port=probe_port,
-            checkpoint_port=checkpoint_port,
-            probe_bind=probe_bind,
-            work_dir=work_dir,
-            state_file=state_file,
-            reconnect_max_s=reconnect_max_s,
-            reconnect_min_s=min(0.5, reconnect_max_s),
-            kill_grace_s=kill_grace_s,
-            measure_profile=measure_profile,
-            cache_max_bytes=int(cache_max_gb * 1e9),
-            pip_args=tuple(pip_arg),
-            pip_timeout_s=pip_timeout_s,
-            checkpoint_retention_h=checkpoint_retention_h,
-            allow_command_override=allow_command_override,
-            allow_unsandboxed=allow_unsandboxed,
-            task_disk_gb=task_disk_gb,
-            task_tmp_gb=task_tmp_gb,
-        )
-    except ValidationError as exc:
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "settings"
-            typer.echo(f"cpn agent: {where}: {err['msg']}", err=True)
-        raise typer.Exit(2) from None
-    raise typer.Exit(run_agent(settings))
+    raise typer.Exit(run_agent(settings_from_options(ctx.params)))  # every option above, by name

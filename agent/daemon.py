@@ -45,8 +45,9 @@ from agent.tls import certificate_request, channel_credentials, load_or_create_k
 from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
 from contracts.checkpoint_transfer import CheckpointTls
 from contracts.errors import InvalidArgument
-from contracts.registration import STEP_RATE_FIELDS, DeviceReport, NodeProfile
+from contracts.registration import DeviceReport, NodeProfile
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from proto.cpn.agent.v1.profile import profile_to_proto
 
 log = logging.getLogger(__name__)
 
@@ -117,23 +118,6 @@ def make_channel(
 def device_to_proto(d: DeviceReport) -> agent_pb2.Device:
     return agent_pb2.Device(
         index=d.index, model=d.model, memory_gb=d.memory_gb, measured_tflops=d.measured_tflops, kind=d.kind
-    )
-
-
-def profile_to_proto(p: NodeProfile) -> agent_pb2.MeasuredProfile:
-    return agent_pb2.MeasuredProfile(
-        startup_s=p.startup_s,
-        teardown_s=p.teardown_s,
-        physical_cores=p.physical_cores,
-        host_load_factor=p.host_load_factor,
-        launcher_s=p.launcher_s,
-        collective_call_s=p.collective_call_s,
-        collective_gbps=p.collective_gbps,
-        collective_wait_s=p.collective_wait_s,
-        rates=[
-            agent_pb2.MeasuredStepRate(precision=r.precision, **{k: getattr(r, k) for k in STEP_RATE_FIELDS})
-            for r in p.rates
-        ],
     )
 
 
@@ -217,6 +201,8 @@ class Agent:
                 self.devices[0].kind,
                 s.work_dir / "reference",
                 then=settle if self._probes_cpu else None,
+                device_model=self.devices[0].model,
+                shared_max_age_s=s.profile_share_s,
             )
             if self.profile is not None:
                 log.info("worker profile: %s", self.profile.as_dict())

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from agent.output import parse_prefixed
+from agent.shared_profile import alike_key, load_shared, shared_path, store_shared
 from contracts.metrics import RESULT_PREFIX
 from contracts.registration import (
     COLLECTIVE_FIELDS,
@@ -36,6 +37,8 @@ from contracts.registration import (
 log = logging.getLogger(__name__)
 
 REFERENCE_TIMEOUT_S = 300.0
+# How long an alike agent's figures stand for another agent of the host (``shared_profile``).
+SHARED_MAX_AGE_S = 900.0
 # Host-wide: every agent on the machine (any user, any work dir) sees the same file.
 HOST_LOCK = Path(tempfile.gettempdir()) / "cpn-reference-step.lock"
 
@@ -118,19 +121,44 @@ def measure_profile(
     timeout_s: float = REFERENCE_TIMEOUT_S,
     then: Callable[[], object] | None = None,
     lock_path: Path = HOST_LOCK,
+    device_model: str = "",
+    shared_max_age_s: float = SHARED_MAX_AGE_S,
 ) -> NodeProfile | None:
     """Run the reference worker once, after any other agent's on this host; None (with a warning)
-    if it fails: the planner then prices this node with its defaults. ``then`` runs after a
-    measurement that succeeded, still in this agent's turn: the host as the agent leaves it
-    (its contention, ``contention.settle``) measured before the next agent's reference step
-    starts. Settled after the turn, it measured that step too: an agent of the benchmark's
-    shared host registered 1.22 runnable threads a core where the host idle read 0.5, and kept
-    it while it ran jobs back to back, so every quote priced an extra thread there."""
+    if it fails: the planner then prices this node with its defaults. An alike agent's figures
+    from less than ``shared_max_age_s`` ago are taken instead of measuring (``shared_profile``;
+    0: always measure). ``then`` runs after a measurement that succeeded (or was shared), still
+    in this agent's turn: the host as the agent leaves it (its contention, ``contention.settle``)
+    measured before the next agent's reference step starts. Settled after the turn, it measured
+    that step too: an agent of the benchmark's shared host registered 1.22 runnable threads a
+    core where the host idle read 0.5, and kept it while it ran jobs back to back, so every
+    quote priced an extra thread there."""
+    shared = shared_path(lock_path)
+    key = alike_key(device_kind, device_model, physical_cores())
     with one_reference_at_a_time(lock_path):
-        profile = _measure_profile(device_kind, work_dir, timeout_s)
+        profile = _shared_profile(shared, key, shared_max_age_s)
+        if profile is None:
+            profile = _measure_profile(device_kind, work_dir, timeout_s)
+            if profile is not None and shared_max_age_s > 0:
+                store_shared(shared, key, profile)
         if profile is not None and then is not None:
             then()
         return profile
+
+
+def _shared_profile(path: Path, key: str, max_age_s: float) -> NodeProfile | None:
+    found = load_shared(path, key, max_age_s)
+    if found is None:
+        return None
+    figures, age = found
+    try:
+        teardown, cores = float(figures["teardown_s"]), int(figures["physical_cores"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    profile = profile_from_result(figures, teardown_s=teardown, cores=cores)
+    if profile is not None:
+        log.info("reference step: taking the figures an alike agent of this host measured %.0f s ago", age)
+    return profile
 
 
 def _measure_profile(device_kind: str, work_dir: Path, timeout_s: float) -> NodeProfile | None:

@@ -128,6 +128,9 @@ class AgentSettings(BaseModel):
     measure_profile: bool = Field(
         True, description="run the reference worker at start-up and register what it measured"
     )
+    profile_share_s: float = Field(
+        900.0, ge=0, le=86400, description="take an alike agent's reference figures this fresh (0: measure)"
+    )
     cache_max_bytes: int = Field(
         100 * 1024**3, gt=0, description="node cache of staged blobs (LRU beyond it, blobs in use kept)"
     )

@@ -38,6 +38,7 @@ from control_layer.planner import plan  # noqa: E402
 from control_layer.planner.candidates import enumerate_degrees  # noqa: E402
 from control_layer.planner.estimate import estimate_planned  # noqa: E402
 from control_layer.planner.fleet import filter_fleet  # noqa: E402
+from control_layer.planner.placement import Placement  # noqa: E402
 from control_layer.planner.plan_types import Estimates, PlannedTask, PlanOption  # noqa: E402
 from control_layer.planner.search import precision_groups, with_precision  # noqa: E402
 from control_layer.planner.snapshot import ResourceSnapshot  # noqa: E402
@@ -174,15 +175,17 @@ def instance_gap(spec: JobSpec, snap: ResourceSnapshot) -> dict:
         )
         try:
             est, runtime = estimate_planned(
-                spec_p,
-                snap,
-                o.tasks,
-                dp=o.dp,
-                tp=o.tp,
-                pp=o.pp,
-                zero=o.zero,
-                pp_schedule=o.pp_schedule,
-                spot=spot,
+                Placement(
+                    spec_p,
+                    snap,
+                    o.tasks,
+                    dp=o.dp,
+                    tp=o.tp,
+                    pp=o.pp,
+                    zero=o.zero,
+                    pp_schedule=o.pp_schedule,
+                    spot=spot,
+                )
             )
         except CpnError:  # does not fit, or no link: not a placement the runtime can run
             continue

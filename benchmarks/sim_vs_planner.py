@@ -49,6 +49,7 @@ def iteration_s(step) -> float:
 from contracts.errors import CpnError  # noqa: E402
 from contracts.job_spec import JobSpec  # noqa: E402
 from control_layer.planner import estimate_option, plan  # noqa: E402
+from control_layer.planner.placement import Placement  # noqa: E402
 from control_layer.planner.plan_types import PlanOption  # noqa: E402
 from control_layer.planner.snapshot import ResourceSnapshot  # noqa: E402
 
@@ -128,15 +129,17 @@ def run(args: argparse.Namespace) -> dict:
                 break
             try:
                 est = estimate_option(
-                    spec,
-                    snap,
-                    tasks,
-                    dp=o.dp,
-                    tp=o.tp,
-                    pp=o.pp,
-                    zero=o.zero,
-                    pp_schedule=o.pp_schedule,
-                    spot=o.spot,
+                    Placement(
+                        spec,
+                        snap,
+                        tasks,
+                        dp=o.dp,
+                        tp=o.tp,
+                        pp=o.pp,
+                        zero=o.zero,
+                        pp_schedule=o.pp_schedule,
+                        spot=o.spot,
+                    )
                 )
                 sim = simulate(spec, o.model_copy(update={"tasks": tasks}), snap, **GOODPUT)
             except CpnError:  # the planner refuses it (memory, mixed models, no link)

@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.sim import simulate  # noqa: E402
 from contracts.job_spec import JobSpec  # noqa: E402
 from control_layer.planner import estimate_option  # noqa: E402
-from control_layer.planner.estimate import replica_walks  # noqa: E402
 from control_layer.planner.fleet import filter_fleet  # noqa: E402
+from control_layer.planner.local_step import replica_walks  # noqa: E402
+from control_layer.planner.placement import Placement  # noqa: E402
 from control_layer.planner.plan_types import PlannedTask, PlanOption  # noqa: E402
 from control_layer.planner.search import precision_groups, with_precision  # noqa: E402
 from control_layer.planner.snapshot import ResourceSnapshot  # noqa: E402
@@ -108,7 +109,9 @@ def _score(
 ) -> tuple[float, float]:
     """(estimated iteration, simulated step) of the option's devices in this order."""
     o = option
-    est = estimate_option(spec, snap, tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero, runtime=o.runtime)
+    est = estimate_option(
+        Placement(spec, snap, tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero), runtime=o.runtime
+    )
     sim = simulate(spec, o.model_copy(update={"tasks": tasks}), snap, **GOODPUT).step_s
     return est.step_s.total - est.step_s.checkpoint, sim
 
@@ -128,7 +131,7 @@ def run(instances: int, seed: int) -> dict:
                 options += 1
                 listed = _listed(o, snap)
                 walks = replica_walks(
-                    spec_p, snap, _tasks(listed, o.tp), dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero
+                    Placement(spec_p, snap, _tasks(listed, o.tp), dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero)
                 )
                 searched = search_orders(listed, o.tp, walks, snap, None)
                 est_l, sim_l = _score(spec_p, snap, o, _tasks(listed, o.tp))

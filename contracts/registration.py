@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from contracts.errors import InvalidArgument
 
@@ -90,14 +90,16 @@ class NodeProfile:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "startup_s": self.startup_s,
-            "teardown_s": self.teardown_s,
-            "physical_cores": self.physical_cores,
-            "host_load_factor": self.host_load_factor,
-            "launcher_s": self.launcher_s,
-            **{k: getattr(self, k) for k in COLLECTIVE_FIELDS},
+            **{k: getattr(self, k) for k in PROFILE_FIELDS},
             "rates": {r.precision: {k: getattr(r, k) for k in STEP_RATE_FIELDS} for r in self.rates},
         }
+
+
+# A profile's figures by name, beside its rates: the wire's MeasuredProfile carries these fields
+# under the same names (``proto.cpn.agent.v1.profile`` converts both ways from this list).
+PROFILE_FIELDS = tuple(f.name for f in fields(NodeProfile) if f.name != "rates")
+# A step rate's fields by name, as the wire's MeasuredStepRate carries them.
+STEP_RATE_WIRE_FIELDS = ("precision", *STEP_RATE_FIELDS)
 
 
 # Whether and how a node runs users' code (an entrypoint): confined by bubblewrap, unconfined

@@ -35,7 +35,7 @@ from control_layer.worker_config import (
     validate_worker_config,
 )
 from orchestration.db.base import utcnow
-from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Task
+from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Price, Task
 from orchestration.resource_changes import NOTED, note_changes
 from orchestration.settings import DEFAULT_PLATFORM_FEE
 from orchestration.sync_tls import checkpoint_credentials, group_credentials, job_ca_pem, leader_credentials
@@ -70,36 +70,55 @@ def allocate(
         if wanted != {node.cluster_id}:
             raise AllocationConflict(f"node {node_id} is in cluster {node.cluster_id}, not {sorted(wanted)}")
     accelerators = _lock_accelerators(session, groups)
-    busy = set(
-        session.scalars(
-            select(Allocation.accelerator_id).where(
-                Allocation.active.is_(True),
-                Allocation.accelerator_id.in_([a.id for a in accelerators.values()]),
-            )
-        )
-    )
+    busy = _busy(session, accelerators)
     if busy:
         taken = sorted(f"{a.node_id}:{a.index}" for a in accelerators.values() if a.id in busy)
         raise AllocationConflict(f"devices already allocated: {', '.join(taken)}")
+    slots = _task_slots(session, spec, option, groups, nodes)
+    configs = build_worker_configs(
+        job.id,
+        spec,
+        option,
+        slots,
+        sync_secret=sync_secret,
+        checkpoints=reachable_checkpoints(session, job.id),
+        stage=stage,
+    )
+    _check_private_links(session, node_groups(option.tasks), slots)
+    sign_fetches(session, job.id, configs)
+    if sync_secret:
+        add_job_credentials(configs, job.id, sync_secret)
+    tasks = _new_tasks(session, job, option, attempt, slots, configs, platform_fee)
+    _reserve(session, job.id, tasks, accelerators)
+    return tasks
 
+
+def _task_slots(
+    session: Session,
+    spec: JobSpec,
+    option: PlanOption,
+    groups: dict[str, list[PlannedTask]],
+    nodes: dict[str, Node],
+) -> list[TaskSlot]:
+    """Each node's share of the option with the ports it listens on: a group's leader listens
+    for the other groups' leaders (when there are any) and, when the group spans nodes, hosts its
+    rendezvous; other nodes of a group need no port. With per-stage sync, every node holding
+    stages' leaders listens once per such stage instead."""
     clusters = {
         c.id: c
         for c in session.scalars(
             select(Cluster).where(Cluster.id.in_({n.cluster_id for n in nodes.values()}))
         )
     }
-    # A group's leader listens for the other groups' leaders (when there are any) and, when the
-    # group spans nodes, hosts its rendezvous; other nodes of a group need no port.
     process_groups = node_groups(option.tasks)
     multi = len(process_groups) > 1
     spanning = {g[0] for g in process_groups if len(g) > 1}
-    # Per-stage sync: every node holding stages' leaders listens once per such stage instead.
     staged = stage_port_counts(option, spec.sync.mode)
     wanted_ports = {g[0]: int(multi) + int(g[0] in spanning) for g in process_groups}
     for node_id, k in staged.items():
         wanted_ports[node_id] = k + int(node_id in spanning)
     ports = _assign_sync_ports(session, [nodes[n] for n, k in wanted_ports.items() if k], wanted_ports)
-    slots = [
+    return [
         TaskSlot(
             node_id=node_id,
             cluster_id=nodes[node_id].cluster_id,
@@ -114,30 +133,22 @@ def allocate(
         )
         for node_id, entries in groups.items()
     ]
-    configs = build_worker_configs(
-        job.id,
-        spec,
-        option,
-        slots,
-        sync_secret=sync_secret,
-        checkpoints=reachable_checkpoints(session, job.id),
-        stage=stage,
-    )
-    _check_private_links(session, process_groups, nodes, clusters)
-    sign_fetches(session, job.id, configs)
-    if sync_secret:
-        add_job_credentials(configs, job.id, sync_secret)
-    prices = current_prices(session, list(clusters))
-    egress = _egress_prices(session, {s.region for s in slots})
 
+
+def _new_tasks(
+    session: Session,
+    job: Job,
+    option: PlanOption,
+    attempt: int,
+    slots: list[TaskSlot],
+    configs: dict[str, dict[str, Any]],
+    platform_fee: float,
+) -> list[Task]:
+    """One pending Task per slot at the prices in force, added to the session."""
+    prices = current_prices(session, sorted({s.cluster_id for s in slots}))
+    egress = _egress_prices(session, {s.region for s in slots})
     tasks: list[Task] = []
     for slot in slots:
-        price = prices.get(slot.cluster_id)
-        if price is None:
-            raise AllocationConflict(f"cluster {slot.cluster_id} has no price in force")
-        unit = price.price_per_device_hour
-        if option.spot and price.spot_price_per_device_hour is not None:
-            unit = price.spot_price_per_device_hour
         task = Task(
             job_id=job.id,
             attempt=attempt,
@@ -149,25 +160,54 @@ def allocate(
             placement=[e.model_dump(mode="json") for e in slot.entries],
             worker_config=validate_worker_config(configs[slot.node_id]),
             sync_port=slot.sync_port,
-            price_per_device_hour=unit,
+            price_per_device_hour=_device_price(prices.get(slot.cluster_id), slot.cluster_id, option.spot),
             egress_price_per_gb=egress(slot.region),
             platform_fee=platform_fee,
         )
         session.add(task)
         tasks.append(task)
+    return tasks
+
+
+def _busy(session: Session, accelerators: dict[tuple[str, int], Accelerator]) -> set[str]:
+    """Which of these accelerators an active allocation holds now."""
+    return set(
+        session.scalars(
+            select(Allocation.accelerator_id).where(
+                Allocation.active.is_(True),
+                Allocation.accelerator_id.in_([a.id for a in accelerators.values()]),
+            )
+        )
+    )
+
+
+def _device_price(price: Price | None, cluster_id: str, spot: bool) -> float:
+    """USD per device-hour of the price row in force: its spot price where the option runs on spot
+    capacity and the cluster offers it."""
+    if price is None:
+        raise AllocationConflict(f"cluster {cluster_id} has no price in force")
+    if spot and price.spot_price_per_device_hour is not None:
+        return price.spot_price_per_device_hour
+    return price.price_per_device_hour
+
+
+def _reserve(
+    session: Session, job_id: str, tasks: list[Task], accelerators: dict[tuple[str, int], Accelerator]
+) -> None:
+    """The tasks' allocation rows; a device another job took meanwhile breaks the unique index on
+    active allocations, raised here as AllocationConflict."""
     session.flush()  # task ids, for the allocation rows
     for task in tasks:
         for index in task.device_indices:
             session.add(
                 Allocation(
-                    job_id=job.id, task_id=task.id, accelerator_id=accelerators[(task.node_id, index)].id
+                    job_id=job_id, task_id=task.id, accelerator_id=accelerators[(task.node_id, index)].id
                 )
             )
     try:
         session.flush()
     except IntegrityError as exc:
         raise AllocationConflict(f"a device was allocated concurrently: {exc.orig}") from exc
-    return tasks
 
 
 def add_job_credentials(configs: dict[str, dict[str, Any]], job_id: str, sync_secret: str) -> None:
@@ -190,23 +230,22 @@ def add_job_credentials(configs: dict[str, dict[str, Any]], job_id: str, sync_se
             group |= group_credentials(sync_secret, job_id, node_id, ca_pem=ca) | {"store_secret": secret}
 
 
-def _check_private_links(
-    session: Session, groups: list[list[str]], nodes: dict[str, Node], clusters: dict[str, Cluster]
-) -> None:
+def _check_private_links(session: Session, groups: list[list[str]], slots: list[TaskSlot]) -> None:
     """A group across clusters sends plaintext gloo/NCCL traffic between them: refuse the option
     where a link it crosses is no longer declared private (the plan may predate the change)."""
-    crossing = [sorted({nodes[n].cluster_id for n in g}) for g in groups if len(g) > 1]
+    where = {s.node_id: (s.cluster_id, s.region) for s in slots}
+    crossing = [sorted({where[n] for n in g}) for g in groups if len(g) > 1]
     crossing = [cs for cs in crossing if len(cs) > 1]
     if not crossing:
         return
     declared = {(ln.src, ln.dst): ln.private for ln in session.scalars(select(Link))}
     public = sorted(
         {
-            tuple(sorted((clusters[a].region, clusters[b].region)))
+            (min(ra, rb), max(ra, rb))
             for cs in crossing
-            for i, a in enumerate(cs)
-            for b in cs[i + 1 :]
-            if not declared_private(declared, clusters[a].region, clusters[b].region)
+            for i, (_, ra) in enumerate(cs)
+            for _, rb in cs[i + 1 :]
+            if not declared_private(declared, ra, rb)
         }
     )
     if public:
@@ -238,15 +277,7 @@ def allocate_replacement(
         for e, d in zip(old, devices, strict=True)
     )
     accelerators = _lock_accelerators(session, {node_id: list(entries)})
-    busy = set(
-        session.scalars(
-            select(Allocation.accelerator_id).where(
-                Allocation.active.is_(True),
-                Allocation.accelerator_id.in_([a.id for a in accelerators.values()]),
-            )
-        )
-    )
-    if busy:
+    if _busy(session, accelerators):
         raise AllocationConflict(f"devices of node {node_id} were allocated meanwhile")
     port = (
         _assign_sync_ports(session, [node], {node_id: 1}).get(node_id, [None])[0]
@@ -264,11 +295,7 @@ def allocate_replacement(
         cross_cluster_host=node.cross_cluster_host,
     )
     price = current_prices(session, [cluster.id]).get(cluster.id)
-    if price is None:
-        raise AllocationConflict(f"cluster {cluster.id} has no price in force")
-    unit = price.price_per_device_hour
-    if (job.option or {}).get("spot") and price.spot_price_per_device_hour is not None:
-        unit = price.spot_price_per_device_hour
+    unit = _device_price(price, cluster.id, bool((job.option or {}).get("spot")))
     task = Task(
         job_id=job.id,
         attempt=lost.attempt,
@@ -285,15 +312,7 @@ def allocate_replacement(
         platform_fee=lost.platform_fee,
     )
     session.add(task)
-    session.flush()
-    for index in task.device_indices:
-        session.add(
-            Allocation(job_id=job.id, task_id=task.id, accelerator_id=accelerators[(node_id, index)].id)
-        )
-    try:
-        session.flush()
-    except IntegrityError as exc:
-        raise AllocationConflict(f"a device was allocated concurrently: {exc.orig}") from exc
+    _reserve(session, job.id, [task], accelerators)
     return task
 
 

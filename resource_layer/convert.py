@@ -10,14 +10,12 @@ from google.protobuf import json_format
 from contracts.errors import InvalidArgument
 from contracts.registration import (
     SANDBOX_NONE,
-    STEP_RATE_FIELDS,
     DeviceReport,
-    NodeProfile,
     NodeRegistration,
-    StepRate,
 )
 from contracts.states import TaskState
 from proto.cpn.agent.v1 import agent_pb2
+from proto.cpn.agent.v1.profile import profile_from_proto
 
 # TaskState -> Task.status as the control layer spells it.
 TASK_STATES: dict[int, str] = {
@@ -77,22 +75,6 @@ def registration_from_proto(r: agent_pb2.RegisterRequest) -> NodeRegistration:
         cpu_contention_probe_ages_s=tuple(r.cpu_contention_probe_ages_s),
         sandbox=r.sandbox or SANDBOX_NONE,  # an agent that does not say runs no users' code
         profile=profile_from_proto(r.measured_profile) if r.HasField("measured_profile") else None,
-    )
-
-
-def profile_from_proto(p: agent_pb2.MeasuredProfile) -> NodeProfile:
-    return NodeProfile(
-        startup_s=p.startup_s,
-        teardown_s=p.teardown_s,
-        physical_cores=p.physical_cores,
-        host_load_factor=p.host_load_factor,
-        launcher_s=p.launcher_s,
-        collective_call_s=p.collective_call_s,
-        collective_gbps=p.collective_gbps,
-        collective_wait_s=p.collective_wait_s,
-        rates=tuple(
-            StepRate(**{k: getattr(r, k) for k in ("precision", *STEP_RATE_FIELDS)}) for r in p.rates
-        ),
     )
 
 

@@ -77,6 +77,36 @@ SERIAL_PATHS = (
     "tests/training/test_sync_engine.py",
 )
 
+# Slow multi-process tests that assert only results (equal losses and parameters), never timing
+# or liveness: they run beside the serial group rather than lengthen it.
+BESIDE_OTHERS = ("tests/training/test_parallel_equivalence.py",)
+
+
+# What ``--quick`` leaves out: whatever needs a service, a browser, root or several processes (the
+# serial group, and these modules, which start workers or servers as processes).
+NOT_QUICK_MARKS = ("slow", "postgres", "redis", "browser")
+PROCESS_PATHS = (
+    "tests/benchmarks/test_plan_executes_groups.py",
+    "tests/control_layer/test_worker_configs_run.py",
+    "tests/service_layer/test_server_process.py",
+    "tests/service_layer/test_server_workers.py",
+    "tests/training/test_reference_startup.py",
+    "tests/training/test_sync_example.py",
+    "tests/training/test_sync_grad_workers.py",
+    "tests/training/test_sync_hierarchical_workers.py",
+    "tests/training/test_sync_workers.py",
+    "tests/training/test_wire_count.py",
+    "tests/training/test_worker.py",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="only the pure and single-process tests: no PostgreSQL, Redis, browser, root or agents",
+    )
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # xdist hands its workers the controller's terminal size as COLUMNS/LINES; the CLI's rich
@@ -87,9 +117,24 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.pop("LINES", None)
 
 
+def quick(item: pytest.Item) -> bool:
+    if item.nodeid.startswith(SERIAL_PATHS + BESIDE_OTHERS + PROCESS_PATHS):
+        return False
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("db_url") == "postgres":
+        return False
+    return not any(item.get_closest_marker(m) for m in NOT_QUICK_MARKS)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--quick"):
+        kept = [i for i in items if quick(i)]
+        config.hook.pytest_deselected(items=[i for i in items if not quick(i)])
+        items[:] = kept
     for item in items:
+        if item.nodeid.startswith(BESIDE_OTHERS):
+            continue
         if item.get_closest_marker("slow") or item.nodeid.startswith(SERIAL_PATHS):
             item.add_marker(pytest.mark.xdist_group("serial"))
 

@@ -18,6 +18,7 @@ from contracts.job_spec import (
 )
 from control_layer.planner.estimate import estimate_option
 from control_layer.planner.fleet import prepare_pools
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import (
     Calibration,
     CostBreakdown,
@@ -53,6 +54,7 @@ __all__ = [
     "NodeInfo",
     "ParallelismSpec",
     "PlanOption",
+    "Placement",
     "PlannedTask",
     "QoSSpec",
     "QosCheck",

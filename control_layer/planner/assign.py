@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pydantic import TypeAdapter
 
 from control_layer.planner import cost_model as cm
-from control_layer.planner.estimate import Replica, device_slots
 from control_layer.planner.fleet import Pool
 from control_layer.planner.plan_types import PlannedTask, SyncTopology
 from control_layer.planner.problem import Problem, Solution
 from control_layer.planner.quality import quality
+from control_layer.planner.replicas import Replica, device_slots
 from control_layer.planner.topology import cluster_gossip, order_ring
 
 Device = tuple[Pool, str, int]  # pool, node id, device index

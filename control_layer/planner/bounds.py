@@ -396,6 +396,116 @@ def sort_spans(rows: Rows) -> tuple[float, float]:
     return key_span(t_all), key_span(t_all * np.concatenate([rows.price, rows.price])[None, :])
 
 
+@dataclass(frozen=True)
+class _ExchangeFloor:
+    """How the exchange floors a step whose local part is t. DiLoCo's runtime overlaps its
+    exchange with the next steps: what does not hide behind ``delay`` steps blocks
+    (``runtime_pricing``: F · max(0, T/F − delay · t) per round, delay at most a round's steps, so
+    F · delay ≤ M, the fragments times their round's steps). With x exchanges per step a step is
+    at least t + x · max(0, T − M·t) ≥ max(t, x·T / max(1, x·M)): below T/M the exposed part
+    outweighs what t lost. Monotone in t, as the fills need."""
+
+    hidden: bool  # DiLoCo: the exchange can hide entirely
+    hide: float  # max(1, x·M)
+    overlapped: bool
+
+    @classmethod
+    def of(cls, f: Fleet) -> _ExchangeFloor:
+        hide = max(1.0, f.xps * f.runtime.fragments * f.runtime.round_steps)
+        return cls(f.runtime.diloco, hide, f.overlapped)
+
+    def step(self, t: np.ndarray, e: np.ndarray, sync: np.ndarray) -> np.ndarray:
+        """t holds checkpoint writes and fixed seconds per step (e, ``Rows.e1``) that no exchange
+        hides behind: the runtime prices the exposed part against the local step alone
+        (``problem.runtime_step``), so an overlapped step is at least max(t − e, sync) + e."""
+        if self.hidden:
+            return np.maximum(t, sync / self.hide + e)
+        return np.maximum(t, sync + e) if self.overlapped else t + sync
+
+    @property
+    def final(self) -> bool:
+        """The last exchange of an overlapped run has no steps to hide behind: the run waits for
+        it once (``runtime_pricing.final_sync_s``), whenever two or more participants sync."""
+        return self.hidden or self.overlapped
+
+
+def _quick_bounds(rows: Rows, steps: int, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """One participant, or every slot of every region with no synchronisation: below both
+    remaining cases."""
+    price = np.concatenate([rows.price, rows.price])[None, :]
+    n = np.concatenate([rows.n_single, rows.n_multi], axis=1)
+    t = np.concatenate([rows.t1, rows.t2], axis=1)
+    t_u = _dp_th(n, t, rows.dp)
+    c_u = _fill(n, t * price, rows.dp) * scale
+    return np.minimum(rows.z_time, t_u) * steps, np.minimum(rows.z_rate * scale, c_u)
+
+
+def _one_region_bounds(
+    rows: Rows, floor: _ExchangeFloor, scale: float, spans: tuple[float | None, float | None]
+) -> tuple[np.ndarray, np.ndarray]:
+    """All in one region r (≥ 2 participants, and at least the fewest of r's members holding
+    dp): slots of r only, and the flat ring over r's fastest hop, or over its local link when
+    that many members outnumber every cluster of r (they span two clusters or more;
+    ``problem.sync_seconds_and_egress``). The ring's time rises with P and falls with the hop's
+    speed; in one region the exchange is never hierarchical."""
+    f, dp = rows.fleet, rows.dp
+    steps, n_reg = f.spec.training.steps, len(f.regions)
+    participants = np.maximum(2.0, np.minimum(rows.p_region, 1e9))
+    hop_bw, hop_lat = in_region_hop(f, participants)
+    fast = hop_bw > 0
+    n_params = float(f.spec.model.n_params)
+    ring_s = cm.ring_sync_s(f.spec.sync, n_params, participants, np.where(fast, hop_bw, 1.0), hop_lat)
+    # (D, R); every exchange pays the leaders' work
+    sync_s = f.xps * (np.where(fast, ring_s, math.inf) + f.wan_param_s)
+    n = np.concatenate([rows.n_single, rows.n_multi], axis=1)
+    price = np.concatenate([rows.price, rows.price])[None, :]
+    t = np.concatenate([rows.t1, rows.t2], axis=1)
+    g_region = np.concatenate([rows.g_region, rows.g_region])
+    e = np.concatenate([rows.e1, rows.e2], axis=1)
+    kth_t, kth_e = _by_region(n, t, g_region, n_reg, dp, "kth", spans[0], paired=e)
+    _, sum_pt = _by_region(n, t * price, g_region, n_reg, dp, "sum", spans[1])
+    _, sum_p = _by_region(n, price, g_region, n_reg, dp, "sum")
+    duration = (floor.step(kth_t, kth_e, sync_s) * steps + (sync_s / f.xps if floor.final else 0.0)).min(
+        axis=1
+    )
+    sync_cost = sync_s * sum_p / (floor.hide if floor.hidden else 1.0)
+    cost = np.maximum(sum_pt, sync_cost) if f.overlapped or floor.hidden else sum_pt + sync_cost
+    return duration, cost.min(axis=1) * scale
+
+
+def _across_regions_bounds(rows: Rows, floor: _ExchangeFloor, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Replicas in two or more regions: the WAN floor (``wan_floor``) and any slots. Either every
+    member holds one replica, or some member holds several and the step is at least the smallest
+    t2 among units that can: each case is a fill of the fastest (or cheapest) slots."""
+    f, dp = rows.fleet, rows.dp
+    steps = f.spec.training.steps
+    t_wan, egress = wan_floor(rows)
+    wan = (f.xps * (t_wan + f.wan_param_s))[:, None]
+    d_final = t_wan + f.wan_param_s if floor.final else 0.0
+    single = floor.step(rows.t1, rows.e1, wan)
+    t_s = _dp_th(rows.n_single, single, dp)
+    c_s = _fill(rows.n_single, single * rows.price[None, :], dp)
+    multi = rows.n_multi > 0
+    # The least t2 among units that can share, with its extras (they rise with t, as t does).
+    shared_t2 = np.where(multi, rows.t2, np.inf)
+    least = np.argmin(shared_t2, axis=1)[:, None]
+    least_t2 = np.take_along_axis(shared_t2, least, axis=1)
+    least_e2 = np.take_along_axis(rows.e2, least, axis=1)
+    t_m_all = floor.step(
+        np.concatenate([np.maximum(rows.t1, least_t2), rows.t2], axis=1),
+        np.concatenate([np.maximum(rows.e1, least_e2), rows.e2], axis=1),
+        wan,
+    )
+    has_multi = multi.any(axis=1)
+    n = np.concatenate([rows.n_single, rows.n_multi], axis=1)
+    price = np.concatenate([rows.price, rows.price])[None, :]
+    t_m = np.where(has_multi, _dp_th(n, t_m_all, dp), math.inf)
+    c_m = np.where(has_multi, _fill(n, t_m_all * price, dp), math.inf)
+    t_w = np.minimum(t_s, t_m)
+    c_w = np.minimum(c_s, c_m) * scale + steps * f.xps * egress
+    return t_w * steps + d_final, c_w
+
+
 def lower_bounds_rows(
     rows: Rows,
     quick: bool = False,
@@ -433,95 +543,17 @@ def lower_bounds_rows(
         rows = rows.select(only)
     elif only is not None:
         rows = rows.select(only)
-    span_t, span_pt = spans if spans is not None else (None, None)
     f = rows.fleet
     steps = f.spec.training.steps
-    dp = rows.dp
-    n_reg = len(f.regions)
     scale = rows.devices_per_replica * steps / 3600.0
-
-    # DiLoCo's runtime overlaps its exchange with the next steps: what does not hide behind
-    # ``delay`` steps blocks (``runtime_pricing``: F · max(0, T/F − delay · t) per round, delay at
-    # most a round's steps, so F · delay ≤ M, the fragments times their round's steps). With x
-    # exchanges per step a step is at least t + x · max(0, T − M·t) ≥ max(t, x·T / max(1, x·M)):
-    # below T/M the exposed part outweighs what t lost. Monotone in t, as the fills need.
-    hidden = f.runtime.diloco
-    hide = max(1.0, f.xps * f.runtime.fragments * f.runtime.round_steps)
-
-    # t holds checkpoint writes and fixed seconds per step (e, ``Rows.e1``) that no exchange
-    # hides behind: the runtime prices the exposed part against the local step alone
-    # (``problem.runtime_step``), so an overlapped step is at least max(t − e, sync) + e.
-    def floor_at(t: np.ndarray, e: np.ndarray, sync: np.ndarray) -> np.ndarray:
-        if hidden:
-            return np.maximum(t, sync / hide + e)
-        return np.maximum(t, sync + e) if f.overlapped else t + sync
-
-    # The last exchange of an overlapped run has no steps to hide behind: the run waits for it
-    # once (``runtime_pricing.final_sync_s``), whenever two or more participants sync.
-    final = hidden or f.overlapped
-
-    # One participant.
-    t_z = rows.z_time
-    c_z = rows.z_rate * scale
-
-    n = np.concatenate([rows.n_single, rows.n_multi], axis=1)
-    price = np.concatenate([rows.price, rows.price])[None, :]
     if quick:
-        # Every slot of every region, no synchronisation: below both remaining cases.
-        t = np.concatenate([rows.t1, rows.t2], axis=1)
-        t_u = _dp_th(n, t, dp)
-        c_u = _fill(n, t * price, dp) * scale
-        return np.minimum(t_z, t_u) * steps, np.minimum(c_z, c_u)
-    else:
-        # All in one region r (≥ 2 participants, and at least the fewest of r's members holding
-        # dp): slots of r only, and the flat ring over r's fastest hop, or over its local link
-        # when that many members outnumber every cluster of r (they span two clusters or more;
-        # ``problem.sync_seconds_and_egress``). The ring's time rises with P and falls with the
-        # hop's speed; in one region the exchange is never hierarchical.
-        p_a = np.maximum(2.0, np.minimum(rows.p_region, 1e9))
-        hop_bw, hop_lat = in_region_hop(f, p_a)
-        fast = hop_bw > 0
-        n_params = float(f.spec.model.n_params)
-        ring_r = cm.ring_sync_s(f.spec.sync, n_params, p_a, np.where(fast, hop_bw, 1.0), hop_lat)
-        # (D, R); every exchange pays the leaders' work
-        sync_r = f.xps * (np.where(fast, ring_r, math.inf) + f.wan_param_s)
-        t = np.concatenate([rows.t1, rows.t2], axis=1)
-        g_region = np.concatenate([rows.g_region, rows.g_region])
-        e = np.concatenate([rows.e1, rows.e2], axis=1)
-        kth_t, kth_e = _by_region(n, t, g_region, n_reg, dp, "kth", span_t, paired=e)
-        _, sum_pt = _by_region(n, t * price, g_region, n_reg, dp, "sum", span_pt)
-        _, sum_p = _by_region(n, price, g_region, n_reg, dp, "sum")
-        d_a = (floor_at(kth_t, kth_e, sync_r) * steps + (sync_r / f.xps if final else 0.0)).min(axis=1)
-        sync_cost = sync_r * sum_p / (hide if hidden else 1.0)
-        c_a = np.maximum(sum_pt, sync_cost) if f.overlapped or hidden else sum_pt + sync_cost
-        c_a = c_a.min(axis=1) * scale
-        # Two or more regions.
-        t_wan, egress = wan_floor(rows)
-        wan = (f.xps * (t_wan + f.wan_param_s))[:, None]
-        d_final = t_wan + f.wan_param_s if final else 0.0
-    n_single = rows.n_single
-    single = floor_at(rows.t1, rows.e1, wan)
-    t_s = _dp_th(n_single, single, dp)
-    c_s = _fill(n_single, single * rows.price[None, :], dp)
-    multi = rows.n_multi > 0
-    # The least t2 among units that can share, with its extras (they rise with t, as t does).
-    shared_t2 = np.where(multi, rows.t2, np.inf)
-    least = np.argmin(shared_t2, axis=1)[:, None]
-    least_t2 = np.take_along_axis(shared_t2, least, axis=1)
-    least_e2 = np.take_along_axis(rows.e2, least, axis=1)
-    t_m_all = floor_at(
-        np.concatenate([np.maximum(rows.t1, least_t2), rows.t2], axis=1),
-        np.concatenate([np.maximum(rows.e1, least_e2), rows.e2], axis=1),
-        wan,
-    )
-    has_multi = multi.any(axis=1)
-    t_m = np.where(has_multi, _dp_th(n, t_m_all, dp), math.inf)
-    c_m = np.where(has_multi, _fill(n, t_m_all * price, dp), math.inf)
-    t_w = np.minimum(t_s, t_m)
-    c_w = np.minimum(c_s, c_m) * scale + steps * f.xps * egress
-
-    duration = np.minimum(np.minimum(t_z * steps, d_a), t_w * steps + d_final)
-    return duration, np.minimum(np.minimum(c_z, c_a), c_w)
+        return _quick_bounds(rows, steps, scale)
+    floor = _ExchangeFloor.of(f)
+    d_a, c_a = _one_region_bounds(rows, floor, scale, spans if spans is not None else (None, None))
+    d_w, c_w = _across_regions_bounds(rows, floor, scale)
+    # One participant.
+    duration = np.minimum(np.minimum(rows.z_time * steps, d_a), d_w)
+    return duration, np.minimum(np.minimum(rows.z_rate * scale, c_a), c_w)
 
 
 def lower_bounds(pr: Problem) -> tuple[float, float]:

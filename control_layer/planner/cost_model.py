@@ -514,65 +514,77 @@ def replica_time(
     walked (``pipeline_comm_s``); None: every boundary at pp_bw/pp_lat, the closed form.
     """
     model, training = spec.model, spec.training
-    b, s, d = training.micro_batch_size, model.seq_len, model.d_model
-    w = activation_bytes(training.precision)
-    lps = layers_per_stage(model, pp)
+    b, s = training.micro_batch_size, model.seq_len
     busiest, summed = stage_flops_per_token(model, training.activation_checkpointing, tp, pp)
     # The busiest stage paces the steady state; filling and draining the pipeline passes every
     # stage once, so the bubble is the other stages' time (sum - max; (pp-1)·t when even).
     t_mb = busiest * b * s / effective_flops + micro_batch_s
     compute = n_micro * t_mb + step_s
     bubble = (summed - busiest) * b * s / effective_flops + (pp - 1) * micro_batch_s
-
-    if tp > 1:
-        per_layer = 6 if training.activation_checkpointing else 4
-        act = b * s * d * w
-        tp_comm = n_micro * lps * per_layer * allreduce_s(tp, act, intra_bw, intra_lat)
-    else:
-        tp_comm = 0.0 * t_mb
-
+    tp_comm = _tp_comm_s(spec, tp, pp, n_micro, intra_bw, intra_lat) if tp > 1 else 0.0 * t_mb
     if pp > 1:
-        # Each stage's own op times (its layers, the head on the last, its share of the tp
-        # all-reduces), so a fast stage's slack can absorb a slow boundary as it does.
-        flops = stage_flops(model, training.activation_checkpointing, tp, pp)
-        base, extra = divmod(model.n_layers, pp)
-        tp_mb = tp_comm / n_micro / max(lps, 1)  # per layer of a micro-batch
-        t_ops = [
-            f * b * s / effective_flops + micro_batch_s + tp_mb * (base + (1 if i < extra else 0))
-            for i, f in enumerate(flops)
-        ]
+        t_ops = _stage_ops_s(spec, tp, pp, n_micro, effective_flops, micro_batch_s, tp_comm)
+        message = b * s * model.d_model * RESIDUAL_BYTES
         if pp_links is None:
-            hop = pp_lat + b * s * d * RESIDUAL_BYTES / pp_bw
-            if schedule == "gpipe":
-                # Sends go out unwaited: fill and drain put every hop on the critical path twice
-                # (activation forward, its gradient back); otherwise a transfer hides behind the
-                # opposite pass (a forward is a third of fwd+bwd) unless it is slower.
-                pp_comm = 2.0 * (pp - 1) * hop + 2.0 * n_micro * np.maximum(0.0, hop - t_mb / 3.0)
-            else:
-                # 1F1B waits for each steady-state exchange with a neighbour (one before each
-                # pass, its bytes leaving once the recv's notice is back: hop + λ), so a stage's
-                # cycle is its op plus one exchange per neighbour, and the slowest cycle paces
-                # the pipeline; fill and drain pay each hop twice (receivers already waiting).
-                exchange = hop + pp_lat
-                cycle = functools.reduce(
-                    np.maximum,
-                    [t + (1.0 if i in (0, pp - 1) else 2.0) * exchange for i, t in enumerate(t_ops)],
-                )
-                busiest_op = functools.reduce(np.maximum, t_ops)
-                pp_comm = 2.0 * (pp - 1) * hop + n_micro * (cycle - busiest_op)
+            pp_comm = _uniform_pp_comm_s(pp, n_micro, t_ops, t_mb, pp_lat + message / pp_bw, pp_lat, schedule)
         else:
             # Boundaries that differ (a replica across nodes): walk the schedule itself.
             fwd_part = 2.0 / (8.0 if training.activation_checkpointing else 6.0)
             fwd = [float(t) * fwd_part for t in t_ops]
             bwd = [float(t) * (1.0 - fwd_part) for t in t_ops]
-            pp_comm = pipeline_comm_s(pp, n_micro, fwd, bwd, pp_links, b * s * d * RESIDUAL_BYTES, schedule)
+            pp_comm = pipeline_comm_s(pp, n_micro, fwd, bwd, pp_links, message, schedule)
     else:
         pp_comm = 0.0 * t_mb
-
     dp_comm = dp_comm_s(spec, tp, pp, zero, replicas_on_node, intra_bw, intra_lat) + 0.0 * t_mb
     if np.ndim(dp_comm) == 0:
         dp_comm = float(dp_comm)
     return ReplicaTime(compute, tp_comm, dp_comm, bubble, pp_comm)
+
+
+def _tp_comm_s(spec: JobSpec, tp: int, pp: int, n_micro: int, intra_bw, intra_lat):
+    """Tensor parallelism's all-reduces of a stage's micro-batches: per layer 4 (6 with
+    recomputation), each of b·s·d·w bytes over the fabric."""
+    model, training = spec.model, spec.training
+    per_layer = 6 if training.activation_checkpointing else 4
+    act = training.micro_batch_size * model.seq_len * model.d_model * activation_bytes(training.precision)
+    return n_micro * layers_per_stage(model, pp) * per_layer * allreduce_s(tp, act, intra_bw, intra_lat)
+
+
+def _stage_ops_s(
+    spec: JobSpec, tp: int, pp: int, n_micro: int, effective_flops, micro_batch_s, tp_comm
+) -> list:
+    """Each stage's own op times for one micro-batch (its layers, the head on the last, its share
+    of the tp all-reduces), so a fast stage's slack can absorb a slow boundary as it does."""
+    model, training = spec.model, spec.training
+    b, s = training.micro_batch_size, model.seq_len
+    flops = stage_flops(model, training.activation_checkpointing, tp, pp)
+    base, extra = divmod(model.n_layers, pp)
+    tp_mb = tp_comm / n_micro / max(layers_per_stage(model, pp), 1)  # per layer of a micro-batch
+    return [
+        f * b * s / effective_flops + micro_batch_s + tp_mb * (base + (1 if i < extra else 0))
+        for i, f in enumerate(flops)
+    ]
+
+
+def _uniform_pp_comm_s(pp: int, n_micro: int, t_ops: list, t_mb, hop, pp_lat, schedule: str):
+    """What stage transfers add to the step where every boundary takes ``hop`` seconds (one
+    latency and a message at pp_bw), in closed form."""
+    if schedule == "gpipe":
+        # Sends go out unwaited: fill and drain put every hop on the critical path twice
+        # (activation forward, its gradient back); otherwise a transfer hides behind the
+        # opposite pass (a forward is a third of fwd+bwd) unless it is slower.
+        return 2.0 * (pp - 1) * hop + 2.0 * n_micro * np.maximum(0.0, hop - t_mb / 3.0)
+    # 1F1B waits for each steady-state exchange with a neighbour (one before each pass, its
+    # bytes leaving once the recv's notice is back: hop + λ), so a stage's cycle is its op plus
+    # one exchange per neighbour, and the slowest cycle paces the pipeline; fill and drain pay
+    # each hop twice (receivers already waiting).
+    exchange = hop + pp_lat
+    cycle = functools.reduce(
+        np.maximum,
+        [t + (1.0 if i in (0, pp - 1) else 2.0) * exchange for i, t in enumerate(t_ops)],
+    )
+    busiest_op = functools.reduce(np.maximum, t_ops)
+    return 2.0 * (pp - 1) * hop + n_micro * (cycle - busiest_op)
 
 
 Step = tuple  # ("op" | "send" | "recv", forward, i) or ("wait", keys)
@@ -665,6 +677,57 @@ def _compiled_programs(schedule: str, pp: int, m: int) -> tuple[tuple[tuple, ...
     return tuple(out)
 
 
+def _ready_at(slots: tuple[int, ...], done_at: list[float | None], now: float) -> float | None:
+    """When every one of ``slots`` has completed, not before ``now``; None while one has not."""
+    t = now
+    for x in slots:
+        got = done_at[x]
+        if got is None:
+            return None
+        if got > t:
+            t = got
+    return t
+
+
+class _Transfers:
+    """The fabric a pipeline's messages cross, and when each pipe is next free: per (sender,
+    direction) the last message's end (messages between two stages go in order), and per stage
+    its fabric port's, to send and to receive. Without links or bytes, transfers take no time."""
+
+    __slots__ = ("free", "nbytes", "links", "pair_free", "tx", "rx")
+
+    def __init__(self, pp: int, links: PipelineLinks | None, nbytes: float) -> None:
+        self.free = nbytes <= 0 or links is None
+        self.nbytes, self.links = nbytes, links
+        self.pair_free = [0.0] * (2 * pp)
+        self.tx, self.rx = [0.0] * pp, [0.0] * pp
+
+    def book(self, src: int, forward: bool, sent_at: float, recv_at: float) -> tuple[float, float]:
+        """(send complete, recv complete) of the message ``src`` posted forward (or back): its
+        bytes leave at the later of the send and the recv's notice (one latency), after the
+        pair's previous message; across the fabric they hold the sender's port for
+        nbytes/port_out, the receiver's for nbytes/port_in, and the boundary's link."""
+        if self.free:
+            done = sent_at if sent_at > recv_at else recv_at
+            return done, done
+        links, nbytes = self.links, self.nbytes
+        assert links is not None
+        to = src + 1 if forward else src - 1
+        k = src if forward else to
+        lane = 2 * src + forward
+        start = max(sent_at, recv_at + links.latency[k], self.pair_free[lane])
+        if links.across[k]:
+            tx, rx = self.tx, self.rx
+            start = max(start, tx[src], rx[to])
+            t_out, t_in = nbytes / links.port_out[src], nbytes / links.port_in[to]
+            tx[src], rx[to] = start + t_out, start + t_in
+            done = start + max(t_out, t_in, nbytes / links.link_bw[k] if links.link_bw else 0.0)
+        else:
+            done = start + nbytes / links.local_bw
+        self.pair_free[lane] = done
+        return done, done + links.latency[k]
+
+
 def _pipeline_makespan(
     m: int,
     fwd: Sequence[float],
@@ -682,64 +745,48 @@ def _pipeline_makespan(
     latency; NCCL's send waits for the receiver's buffer alike): its bytes leave at the later of
     the send and the recv's notice, messages between two stages in order; across the fabric a
     message holds the sender's port for nbytes/port_out and the receiver's for nbytes/port_in,
-    and crosses the boundary's link. The send completes when its last byte has left, the recv
-    one latency later. ``nbytes`` 0 or no links: transfers take no time (the bare schedule).
-    Messages and their completions are numbered (``_compiled_programs``): this walk runs
-    thousands of times on a quote's first pricing of a pipeline."""
+    and crosses the boundary's link (``_Transfers``). The send completes when its last byte has
+    left, the recv one latency later. ``nbytes`` 0 or no links: transfers take no time (the bare
+    schedule). Messages and their completions are numbered (``_compiled_programs``): this walk
+    runs thousands of times on a quote's first pricing of a pipeline."""
     pp = len(fwd)
     progs = _compiled_programs(schedule, pp, m)
     seconds = (tuple(fwd), tuple(bwd))
-    n_slots = 4 * pp * m
+    transfers = _Transfers(pp, links, nbytes)
     pc = [0] * pp
-    posted: list[float | None] = [None] * n_slots  # per message: its send's and its recv's post
-    done_at: list[float | None] = [None] * n_slots  # per slot: when that side completed
+    posted: list[float | None] = [None] * (4 * pp * m)  # per message: its send's and its recv's post
+    done_at: list[float | None] = [None] * (4 * pp * m)  # per slot: when that side completed
     blocked: list[tuple | None] = [None] * pp  # the slots a stage waits on, not all complete yet
-    pair_free = [0.0] * (2 * pp)  # per (sender, direction): when its last message left
-    tx, rx = [0.0] * pp, [0.0] * pp  # when each stage's fabric port is next free to send / receive
     events: list[tuple[float, int, int]] = []  # (t, seq, stage to resume)
-    push, pop = heapq.heappush, heapq.heappop
     seq, now = 0, 0.0
-    free = nbytes <= 0 or links is None
-    if links is not None:
-        latency, across, link_bw = links.latency, links.across, links.link_bw
-        port_out, port_in, local_bw = links.port_out, links.port_in, links.local_bw
     # Every stage starts at 0 in order, then resumes at its events in time order (so every
-    # transfer books the ports after those matched before it). One loop, no calls: this walk
-    # runs thousands of times on a quote's first pricing of pipelines that span nodes.
+    # transfer books the ports after those matched before it).
     first = 0
     while True:
         if first < pp:
             st, first = first, first + 1
         elif events:
-            now, _, st = pop(events)
+            now, _, st = heapq.heappop(events)
         else:
             break
         prog = progs[st]
-        at, end = pc[st], len(prog)
-        while at < end:
+        at = pc[st]
+        while at < len(prog):
             step = prog[at]
             at += 1
             kind = step[0]
             if kind == 0:  # compute an op
                 seq += 1
-                push(events, (now + seconds[step[1]][st], seq, st))
+                heapq.heappush(events, (now + seconds[step[1]][st], seq, st))
                 break
             if kind == 1:  # wait for some transfers
-                slots = step[1]
-                t = now
-                for x in slots:
-                    got = done_at[x]
-                    if got is None:
-                        blocked[st] = slots
-                        t = -1.0
-                        break
-                    if got > t:
-                        t = got
-                if t < 0.0:
+                t = _ready_at(step[1], done_at, now)
+                if t is None:
+                    blocked[st] = step[1]
                     break
                 if t > now:
                     seq += 1
-                    push(events, (t, seq, st))
+                    heapq.heappush(events, (t, seq, st))
                     break
                 continue
             _, ident, side, src, forward = step  # post a send or a recv
@@ -747,40 +794,15 @@ def _pipeline_makespan(
             other = posted[2 * ident + 1 - side]
             if other is None:
                 continue
-            sent_at, recv_at = (now, other) if side == 0 else (other, now)
-            to = src + 1 if forward else src - 1
-            k = src if forward else to
-            if free:
-                done = arrive = sent_at if sent_at > recv_at else recv_at
-            else:
-                lane = 2 * src + forward
-                start = max(sent_at, recv_at + latency[k], pair_free[lane])
-                if across[k]:
-                    start = max(start, tx[src], rx[to])
-                    t_out, t_in = nbytes / port_out[src], nbytes / port_in[to]
-                    tx[src], rx[to] = start + t_out, start + t_in
-                    done = start + max(t_out, t_in, nbytes / link_bw[k] if link_bw else 0.0)
-                else:
-                    done = start + nbytes / local_bw
-                arrive = done + latency[k]
-                pair_free[lane] = done
-            done_at[2 * ident] = done
-            done_at[2 * ident + 1] = arrive
-            for waiter in (src, to):
+            sent_recv = (now, other) if side == 0 else (other, now)
+            done_at[2 * ident], done_at[2 * ident + 1] = transfers.book(src, forward, *sent_recv)
+            for waiter in (src, src + 1 if forward else src - 1):
                 waits = blocked[waiter]
-                if waits is None:
-                    continue
-                t = now
-                for x in waits:
-                    got = done_at[x]
-                    if got is None:
-                        break
-                    if got > t:
-                        t = got
-                else:
+                t = None if waits is None else _ready_at(waits, done_at, now)
+                if t is not None:
                     blocked[waiter] = None
                     seq += 1
-                    push(events, (t, seq, waiter))
+                    heapq.heappush(events, (t, seq, waiter))
         pc[st] = at
     if any(n < len(p) for n, p in zip(pc, progs, strict=True)) or any(b is not None for b in blocked):
         raise ValueError("pipeline schedule deadlocked")  # cannot happen for these programs

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -228,13 +229,19 @@ def _set_links(f: Fleet, sets: list[int]) -> tuple[np.ndarray, np.ndarray, np.nd
     )
 
 
-def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(step seconds, cost) of every fill row with packed members, as evaluate() would score them."""
-    f = pr.fleet
-    spec = f.spec
-    cols = np.flatnonzero(x.any(axis=0))  # only the units some row uses
-    x = x[:, cols]
-    # A row uses a few units out of those: its figures are read per used (row, unit) entry.
+@dataclass(frozen=True)
+class _Entries:
+    """The used (row, unit) entries of a fill matrix, and what scoring reads of each row."""
+
+    rows: np.ndarray  # per entry: its row
+    units: np.ndarray  # per entry: its unit
+    members: np.ndarray  # per entry: the members its replicas take, ceil(x / cap)
+    t_local: np.ndarray  # per row: its slowest replica's local step
+    n_part: np.ndarray  # per row: its sync participants (members)
+
+
+def _entries(pr: Problem, x: np.ndarray, cols: np.ndarray, levels: np.ndarray) -> _Entries:
+    """A row uses a few units out of ``cols``: its figures are read per used (row, unit) entry."""
     rows, at = np.nonzero(x)
     xs = x[rows, at]
     units = cols[at]
@@ -247,31 +254,57 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     members = np.ceil(xs / np.maximum(pr.cap[units], 1)).astype(np.int64)
     n_part = np.zeros(len(x), dtype=np.int64)
     np.add.at(n_part, rows, members)
-    # The regions the used units lie in, ascending, and each entry's index among them.
-    present = np.zeros(len(f.regions), dtype=bool)
+    return _Entries(rows, units, members, t_local, n_part)
+
+
+def _members_by_region(
+    pr: Problem, cols: np.ndarray, e: _Entries, n_rows: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The regions the used units lie in, ascending; each entry's index among them; and per row
+    and such region, its members there (rows × regions, floats)."""
+    present = np.zeros(len(pr.fleet.regions), dtype=bool)
     present[pr.region[cols]] = True
     regs = np.flatnonzero(present)
-    region_of = (np.cumsum(present) - 1)[pr.region[units]]
-    per_region = np.zeros(len(x) * len(regs), dtype=np.int64)  # rows × used regions
-    np.add.at(per_region, rows * len(regs) + region_of, members)
-    per_region = per_region.reshape(len(x), len(regs)).astype(float)
-    used = per_region > 0
-    n_used = used.sum(axis=1)
-    in_bw, in_lat, gather = _in_region_hops(f, rows, units, members, regs, region_of, per_region)
-    # Rows mostly repeat a few sets of used regions, and candidates and quotes meet the same sets:
-    # each set's links are read once and kept with the fleet, then spread back to the rows.
+    region_of = (np.cumsum(present) - 1)[pr.region[e.units]]
+    per_region = np.zeros(n_rows * len(regs), dtype=np.int64)  # rows × used regions
+    np.add.at(per_region, e.rows * len(regs) + region_of, e.members)
+    return regs, region_of, per_region.reshape(n_rows, len(regs)).astype(float)
+
+
+def _used_set_links(
+    f: Fleet, used: np.ndarray, regs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row, the slowest link between two of its used regions, the highest latency and the
+    summed dearest egress of its regions. Rows mostly repeat a few sets of used regions, and
+    candidates and quotes meet the same sets: each set's links are read once and kept with the
+    fleet, then spread back to the rows."""
     if len(f.regions) <= 62:
         sets, row_set = np.unique(used @ (1 << regs.astype(np.int64)), return_inverse=True)
         bw_s, lat_s, dearest = _set_links(f, sets.tolist())
         row_set = row_set.reshape(-1)
-        bw, lat = bw_s[row_set], lat_s[row_set]
-        eg = dearest[:, regs].sum(axis=1)[row_set]
-    else:
-        sub = np.ix_(regs, regs)
-        pair = used[:, :, None] & used[:, None, :] & ~np.eye(len(regs), dtype=bool)[None, :, :]
-        bw = np.where(pair, f.pair_bw[sub][None, :, :], np.inf).min(axis=(1, 2))
-        lat = np.where(pair, f.pair_lat[sub][None, :, :], 0.0).max(axis=(1, 2))
-        eg = np.where(pair, f.egress[sub][None, :, :], 0.0).max(axis=2).sum(axis=1)
+        return bw_s[row_set], lat_s[row_set], dearest[:, regs].sum(axis=1)[row_set]
+    sub = np.ix_(regs, regs)
+    pair = used[:, :, None] & used[:, None, :] & ~np.eye(len(regs), dtype=bool)[None, :, :]
+    bw = np.where(pair, f.pair_bw[sub][None, :, :], np.inf).min(axis=(1, 2))
+    lat = np.where(pair, f.pair_lat[sub][None, :, :], 0.0).max(axis=(1, 2))
+    eg = np.where(pair, f.egress[sub][None, :, :], 0.0).max(axis=2).sum(axis=1)
+    return bw, lat, eg
+
+
+def _exchange_s(
+    pr: Problem,
+    n_part: np.ndarray,
+    per_region: np.ndarray,
+    inside: tuple[np.ndarray, np.ndarray, np.ndarray],
+    between: tuple[np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, one exchange's seconds and whether it is the hierarchical one: the flat ring over
+    the slowest hop inside the regions (``inside``: bytes/s, seconds, the slowest gather) and
+    between them (``between``: bytes/s, seconds), or the hierarchical exchange where it is faster
+    (``problem.sync_seconds_and_egress``); plus the leaders' per-parameter work."""
+    f, spec = pr.fleet, pr.fleet.spec
+    (in_bw, in_lat, gather), (bw, lat) = inside, between
+    n_used = (per_region > 0).sum(axis=1)
     multi = n_used >= 2
     hop_bw = np.minimum(in_bw, np.where(multi, bw, np.inf))
     hop_lat = np.maximum(in_lat, np.where(multi, lat, 0.0))
@@ -280,7 +313,6 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     safe_bw = np.where(ring & (hop_bw > 0) & np.isfinite(hop_bw), hop_bw, 1.0)
     t_sync = np.where(ring, cm.ring_sync_s(spec.sync, n_params, np.maximum(n_part, 2), safe_bw, hop_lat), 0.0)
     t_sync = np.where(ring & (hop_bw <= 0), np.inf, t_sync)
-    # The hierarchical exchange where it is faster (``problem.sync_seconds_and_egress``).
     largest = per_region.max(axis=1)
     can = multi & (largest >= 2) & np.isfinite(in_bw) & (in_bw > 0) & (bw > 0)
     local, wan = cm.hierarchical_parts(
@@ -288,17 +320,33 @@ def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, 
     )
     hier = can & cm.hierarchical_pays(spec.sync, n_used, largest, t_sync, local + wan)
     t_sync = np.where(hier, local + wan, t_sync)
-    t_sync = t_sync + np.where(ring, f.wan_param_s, 0.0)  # the leaders' per-parameter work
-    step, final = runtime_step(pr, t_local, t_sync, n_part)
+    return t_sync + np.where(ring, f.wan_param_s, 0.0), hier  # the leaders' per-parameter work
+
+
+def _score(pr: Problem, x: np.ndarray, levels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(step seconds, cost) of every fill row with packed members, as evaluate() would score them."""
+    f = pr.fleet
+    spec = f.spec
+    cols = np.flatnonzero(x.any(axis=0))  # only the units some row uses
+    x = x[:, cols]
+    e = _entries(pr, x, cols, levels)
+    regs, region_of, per_region = _members_by_region(pr, cols, e, len(x))
+    used = per_region > 0
+    n_used = used.sum(axis=1)
+    inside = _in_region_hops(f, e.rows, e.units, e.members, regs, region_of, per_region)
+    bw, lat, eg = _used_set_links(f, used, regs)
+    t_sync, hier = _exchange_s(pr, e.n_part, per_region, inside, (bw, lat))
+    step, final = runtime_step(pr, e.t_local, t_sync, e.n_part)
+    n_params = float(spec.model.n_params)
     per = np.where(
         hier,
         cm.wan_bytes_per_leader(spec.sync, n_params, n_used),
-        cm.wan_bytes_per_leader(spec.sync, n_params, n_part),
+        cm.wan_bytes_per_leader(spec.sync, n_params, e.n_part),
     )
     steps = spec.training.steps
     rate = (x * pr.price[cols][None, :]).sum(axis=1) * pr.dev  # over cols, as before: float sums
     duration = steps * step + final + f.fixed_s
-    cost = duration * rate / 3600.0 + steps * pr.xps * np.where(multi, per / cm.GB * eg, 0.0)
+    cost = duration * rate / 3600.0 + steps * pr.xps * np.where(n_used >= 2, per / cm.GB * eg, 0.0)
     return duration / steps, cost
 
 
@@ -310,36 +358,40 @@ def _row_weights(n: int) -> np.ndarray:
     return w
 
 
-def candidate_solutions(pr: Problem) -> list[Solution]:
-    """A handful of good solutions over the levels and region sets above (possibly none)."""
-    ok = pr.usable
-    if pr.capacity() < pr.deg.dp:
-        return []
-    t1_ok = ok & (pr.lo <= 1)
-    t2_ok = ok & (pr.cap >= 2)
-    levels = _levels(pr, t1_ok, t2_ok)
+def _eligible(pr: Problem, levels: np.ndarray, t1_ok: np.ndarray, t2_ok: np.ndarray) -> np.ndarray:
+    """Per level τ and unit, the replicas it admits: every slot where its shared step is at most
+    τ, else one per member where its step alone is."""
     tau = levels[:, None]
     full = np.where(t2_ok, pr.count * pr.cap, 0)
     singles = np.where(t1_ok, pr.count, 0)
     elig = np.where(
         pr.t2[None, :] <= tau, full[None, :], np.where(pr.t1[None, :] <= tau, singles[None, :], 0)
     )
-    elig = elig.astype(np.int64, copy=False)
-    # lexsort is stable: ties keep the units' order.
-    order = np.lexsort((pr.t2, pr.price))
-    dp = pr.deg.dp
+    return elig.astype(np.int64, copy=False)
 
-    # Region sets are grown for a few levels: what is compact at a slow level (all device kinds)
-    # differs from what is compact when only the fastest units are admitted.
-    feasible = np.flatnonzero(elig.sum(axis=1) >= dp)
+
+def _grown_sets(pr: Problem, elig: np.ndarray) -> dict[bytes, np.ndarray]:
+    """Region sets grown for a few levels: what is compact at a slow level (all device kinds)
+    differs from what is compact when only the fastest units are admitted."""
+    feasible = np.flatnonzero(elig.sum(axis=1) >= pr.deg.dp)
     sets: dict[bytes, np.ndarray] = {}
     if len(feasible):
         for q in SET_LEVELS:
             li = int(feasible[min(len(feasible) - 1, int(q * (len(feasible) - 1)))])
             for regions in _region_sets(pr, elig[li]):
                 sets.setdefault(regions.tobytes(), regions)
-    # Two fill orders: cheapest first, and largest members first (fewest sync participants,
-    # what per-step synchronisation rewards).
+    return sets
+
+
+def _fills(
+    pr: Problem, elig: np.ndarray, levels: np.ndarray, sets: dict[bytes, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every (set, order, level) fill, one row each (replica counts per unit), and each row's
+    level; None where no set can hold dp at any level. Two fill orders: cheapest first, and
+    largest members first (fewest sync participants, what per-step synchronisation rewards)."""
+    dp = pr.deg.dp
+    # lexsort is stable: ties keep the units' order.
+    order = np.lexsort((pr.t2, pr.price))
     big_first = np.lexsort((pr.price, -pr.cap))
     # Per order, the eligible counts and the units' regions in that order, gathered once.
     by_order = [(ordr, elig[:, ordr], pr.region[ordr]) for ordr in (order, big_first)]
@@ -368,7 +420,7 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
             row_level.append(lv)
         n_rows += len(take)
     if not n_rows:
-        return []
+        return None
     # The fills, one row each (replica counts: 32 bits hold them, and halve what the passes
     # over rows × units below read).
     x = np.zeros((n_rows, pr.n_units), dtype=np.int32)
@@ -376,7 +428,33 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
     for cols, take in pieces:
         x[at : at + len(take), cols] = take
         at += len(take)
-    lv = np.concatenate(row_level)
+    return x, np.concatenate(row_level)
+
+
+def _picks(step: np.ndarray, cost: np.ndarray) -> list[int]:
+    """The best rows for cost, for time and for their balance, ``ROWS_PER_GOAL`` each."""
+    balance = step / step.min() + cost / cost.min()
+    picks: list[int] = []
+    for goal in (cost, step, balance):
+        for i in np.argsort(goal, kind="stable")[:ROWS_PER_GOAL]:
+            if int(i) not in picks:
+                picks.append(int(i))
+    return picks
+
+
+def candidate_solutions(pr: Problem) -> list[Solution]:
+    """A handful of good solutions over the levels and region sets above (possibly none)."""
+    ok = pr.usable
+    if pr.capacity() < pr.deg.dp:
+        return []
+    t1_ok = ok & (pr.lo <= 1)
+    t2_ok = ok & (pr.cap >= 2)
+    levels = _levels(pr, t1_ok, t2_ok)
+    elig = _eligible(pr, levels, t1_ok, t2_ok)
+    filled = _fills(pr, elig, levels, _grown_sets(pr, elig))
+    if filled is None:
+        return []
+    x, lv = filled
     # Many levels and sets give the same fill: score each distinct one once (lowest level kept).
     key = (x * _row_weights(pr.n_units)[None, :]).sum(axis=1)
     _, first = np.unique(np.round(key, 6), return_index=True)
@@ -386,14 +464,8 @@ def candidate_solutions(pr: Problem) -> list[Solution]:
     if not finite.any():
         return []
     x, lv, step, cost = x[finite], lv[finite], step[finite], cost[finite]
-    balance = step / step.min() + cost / cost.min()
-    picks: list[int] = []
-    for goal in (cost, step, balance):
-        for i in np.argsort(goal, kind="stable")[:ROWS_PER_GOAL]:
-            if int(i) not in picks:
-                picks.append(int(i))
     out: dict[Solution, None] = {}
-    for i in picks:
+    for i in _picks(step, cost):
         for sol in _to_solutions(pr, _Row(pr, x[i]), float(lv[i])):
             out[sol] = None
     return list(out)

@@ -53,15 +53,28 @@ def basis(
 ) -> CalibrationBasis:
     """The calibrated factors in force for these tasks' devices, nodes and region pairs, and the
     share of its host's cores each node was priced at (its workers, and its launcher)."""
+    clusters = snapshot.clusters_by_id()
+    regions = sorted({clusters[t.cluster].region for t in tasks if t.cluster in clusters})
+    return CalibrationBasis(
+        **_node_factors(tasks, snapshot, precision, calibration),
+        **_pair_factors(regions, snapshot, calibration),
+        host_share=dict(host_share or {}),
+        launch_share=dict(launch_share or {}),
+    )
+
+
+def _node_factors(
+    tasks: Sequence[PlannedTask], snapshot: ResourceSnapshot, precision: str, calibration: Calibration | None
+) -> dict[str, dict[str, float]]:
+    """Per device model the efficiency, per node the start-up (calibrated only), teardown
+    (likewise), the launcher's part and a checkpoint write's fixed seconds."""
     nodes = snapshot.nodes_by_id()
     used: dict[str, set[int]] = defaultdict(set)
     for t in tasks:
         used[t.node].add(t.device)
-    efficiency: dict[str, float] = {}
-    startup: dict[str, float] = {}
-    teardown: dict[str, float] = {}
-    launcher: dict[str, float] = {}
-    checkpoint_fixed: dict[str, float] = {}
+    out: dict[str, dict[str, float]] = {
+        k: {} for k in ("efficiency", "startup_s", "teardown_s", "launcher_s", "checkpoint_fixed_s")
+    }
     for node_id, indices in used.items():
         node = nodes.get(node_id)
         if node is None:
@@ -70,61 +83,57 @@ def basis(
         profiled = node.profile is not None and precision in node.profile.rates
         default = 1.0 if profiled else cm.DEFAULT_DEVICE_EFFICIENCY
         for model in {d.model for d in node.devices if d.index in indices}:
-            efficiency[f"{model}|{precision}"] = cm.device_efficiency(model, calibration, precision, default)
+            out["efficiency"][f"{model}|{precision}"] = cm.device_efficiency(
+                model, calibration, precision, default
+            )
         if calibration and node_id in calibration.startup_s:
-            startup[node_id] = calibration.startup_s[node_id]
+            out["startup_s"][node_id] = calibration.startup_s[node_id]
         if calibration and node_id in calibration.teardown_s:
-            teardown[node_id] = calibration.teardown_s[node_id]
-        checkpoint_fixed[node_id] = cm.checkpoint_fixed_seconds(node_id, calibration)
+            out["teardown_s"][node_id] = calibration.teardown_s[node_id]
+        out["checkpoint_fixed_s"][node_id] = cm.checkpoint_fixed_seconds(node_id, calibration)
         prof = node.profile
         measured = prof.startup_s if prof else None
-        launcher[node_id] = cm.startup_parts(
+        out["launcher_s"][node_id] = cm.startup_parts(
             node_id, measured, prof.launcher_s if prof else 0.0, calibration
         )[0]
-    clusters = snapshot.clusters_by_id()
-    regions = sorted({clusters[t.cluster].region for t in tasks if t.cluster in clusters})
-    # Keyed as the calibration keeps them: a measured link's factor apart from a declared one's.
+    return out
+
+
+def _pair_factors(
+    regions: list[str], snapshot: ResourceSnapshot, calibration: Calibration | None
+) -> dict[str, dict[str, float]]:
+    """Per pair of the regions: the link's goodput (keyed as the calibration keeps it: a measured
+    link's factor apart from a declared one's), an exchange call's seconds, its per-parameter and
+    fixed seconds, and the drift, with overlapped rounds' drift apart where runs have shown it."""
+    pairs = [(a, b) for i, a in enumerate(regions) for b in regions[i + 1 :]]
     goodput = {
         cm.goodput_key(a, b, _measured(snapshot, a, b)): cm.link_goodput(
             a, b, calibration, measured=_measured(snapshot, a, b)
         )
-        for i, a in enumerate(regions)
-        for b in regions[i + 1 :]
+        for a, b in pairs
     }
     calls = calibration.exchange_s if calibration else {}
     exchange_s = {
-        cm.pair_key(a, b): calls.get(cm.pair_key(a, b), cm.DEFAULT_EXCHANGE_CALL_S)
-        for i, a in enumerate(regions)
-        for b in regions[i + 1 :]
+        cm.pair_key(a, b): calls.get(cm.pair_key(a, b), cm.DEFAULT_EXCHANGE_CALL_S) for a, b in pairs
     }
     per_param = calibration.exchange_param_s if calibration else {}
-    exchange_param_s = {key: per_param.get(key, cm.DEFAULT_EXCHANGE_PARAM_S) for key in exchange_s}
     fixed = calibration.exchange_fixed_s if calibration else {}
-    exchange_fixed_s = {key: fixed.get(key, cm.DEFAULT_EXCHANGE_FIXED_S) for key in exchange_s}
     drifts = calibration.exchange_drift if calibration else {}
-    exchange_drift = {key: drifts.get(key, 0.0) for key in exchange_s}
     lags = calibration.exchange_drift_fixed_s if calibration else {}
+    exchange_drift = {key: drifts.get(key, 0.0) for key in exchange_s}
     exchange_drift_fixed_s = {key: lags.get(key, 0.0) for key in exchange_s}
-    # Overlapped rounds' drift, kept apart, where runs have shown it.
     for key in exchange_s:
         if (apart := key + cm.OVERLAPPED_SUFFIX) in drifts or apart in lags:
             exchange_drift[apart] = drifts.get(apart, 0.0)
             exchange_drift_fixed_s[apart] = lags.get(apart, 0.0)
-    return CalibrationBasis(
-        efficiency=efficiency,
-        startup_s=startup,
-        goodput=goodput,
-        host_share=dict(host_share or {}),
-        launch_share=dict(launch_share or {}),
-        launcher_s=launcher,
-        teardown_s=teardown,
-        exchange_s=exchange_s,
-        exchange_param_s=exchange_param_s,
-        exchange_fixed_s=exchange_fixed_s,
-        exchange_drift=exchange_drift,
-        exchange_drift_fixed_s=exchange_drift_fixed_s,
-        checkpoint_fixed_s=checkpoint_fixed,
-    )
+    return {
+        "goodput": goodput,
+        "exchange_s": exchange_s,
+        "exchange_param_s": {key: per_param.get(key, cm.DEFAULT_EXCHANGE_PARAM_S) for key in exchange_s},
+        "exchange_fixed_s": {key: fixed.get(key, cm.DEFAULT_EXCHANGE_FIXED_S) for key in exchange_s},
+        "exchange_drift": exchange_drift,
+        "exchange_drift_fixed_s": exchange_drift_fixed_s,
+    }
 
 
 def _measured(snapshot: ResourceSnapshot, a: str, b: str) -> bool:

@@ -9,10 +9,12 @@ from contracts.job_spec import JobSpec
 from contracts.registration import runs_user_code
 from control_layer.planner import cost_model as cm
 from control_layer.planner.assign import assign
-from control_layer.planner.estimate import device_slots, estimate_planned
+from control_layer.planner.estimate import estimate_planned
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import Estimates, PlannedTask, PlanOption, QosCheck
 from control_layer.planner.problem import Problem, Solution
 from control_layer.planner.quality import quality
+from control_layer.planner.replicas import device_slots
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.sync_choice import AutoSync
 
@@ -128,7 +130,7 @@ def build_option(pr: Problem, sol: Solution, auto: AutoSync | None = None) -> Pl
         for t in a.tasks
     )
     # Priced once, with the runtime settings its workers get (the search ranked it the same way).
-    est, runtime = estimate_planned(
+    placement = Placement(
         spec,
         snapshot,
         a.tasks,
@@ -139,9 +141,8 @@ def build_option(pr: Problem, sol: Solution, auto: AutoSync | None = None) -> Pl
         pp_schedule=spec.pp_schedule,
         spot=spot,
         calibration=fleet.calibration,
-        replicas=a.replicas,
-        auto=auto or AutoSync(),
     )
+    est, runtime = estimate_planned(placement, replicas=a.replicas, auto=auto or AutoSync())
     # The exchange the estimate priced (flat ring or hierarchical) is the one the workers run.
     topology = a.sync.model_copy(update={"hierarchical": est.basis.exchange.hierarchical})
     if runtime.sync_every is not None:

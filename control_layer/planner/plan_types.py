@@ -178,7 +178,7 @@ class ExchangeBasis(_Plain):
     drift: float = Field(default=0.0, ge=0)
     drift_fixed_s: float = Field(default=0.0, ge=0)
     blocking: bool = True
-    # Rings run at once (per-stage sync, ``estimate.stage_sync_cost``: bytes and bytes_per_s are
+    # Rings run at once (per-stage sync, ``sync_cost.stage_sync_cost``: bytes and bytes_per_s are
     # then the most loaded pipe's, all rings' bytes through it); 1: one ring.
     rings: int = Field(default=1, ge=1)
     # Hierarchical (``cost_model.hierarchical_parts``): local_s is the members' push to their

@@ -26,8 +26,9 @@ import numpy as np
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.candidates import Degrees
-from control_layer.planner.estimate import Links, intra_bytes_per_s, n_micro_batches
 from control_layer.planner.fleet import Pool
+from control_layer.planner.links import Links, intra_bytes_per_s
+from control_layer.planner.local_step import n_micro_batches
 from control_layer.planner.plan_types import Calibration
 from control_layer.planner.runtime_pricing import (
     RuntimeTerms,
@@ -651,7 +652,7 @@ def region_links(f: Fleet, regions: tuple[int, ...]) -> tuple[float, float, floa
 
 def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> tuple[float, float]:
     """Seconds and USD of one exchange given the units in use (ascending) and the members (nodes, one
-    participant each) each uses: the estimator's flat ring (``estimate.sync_cost``) over the hops
+    participant each) each uses: the estimator's flat ring (``sync_cost.sync_cost``) over the hops
     it takes, or its hierarchical exchange where that is faster. Within a region, nodes of one
     unit that fit in its first cluster meet over that cluster's fabric; otherwise the region's
     nodes span clusters and its slowest hop is its local link and the fabric of every cluster
@@ -716,7 +717,7 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
         f.exchange_memo[key] = t
     largest = max(members.values())
     if multi and largest >= 2 and f.spec.sync.mode in cm.HIERARCHICAL_MODES:
-        # The estimator's choice (``estimate.sync_cost``): the hierarchical exchange where it is faster.
+        # The estimator's choice (``sync_cost.sync_cost``): the hierarchical exchange where it is faster.
         groups = len(members)
         local, wan = cm.hierarchical_parts(f.spec.sync, n, groups, gather, pair_bw, pair_lat)
         hier = float(local) + float(wan)

@@ -18,7 +18,7 @@ import numpy as np
 from control_layer.planner import cost_model as cm
 from control_layer.planner.bounds import Rows, lower_bounds_rows, make_rows, sort_spans
 from control_layer.planner.candidates import Degrees
-from control_layer.planner.estimate import n_micro_batches
+from control_layer.planner.local_step import n_micro_batches
 from control_layer.planner.problem import Fleet, fewest_replicas, layout
 
 

@@ -34,9 +34,12 @@ from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.candidates import Degrees, enumerate_degrees
 from control_layer.planner.cross_cluster import cluster_order, reachable_nodes, region_order
-from control_layer.planner.estimate import Links, estimate_planned, n_micro_batches, replica_walks
+from control_layer.planner.estimate import estimate_planned
 from control_layer.planner.fleet import Pool
+from control_layer.planner.links import Links
+from control_layer.planner.local_step import n_micro_batches, replica_walks
 from control_layer.planner.options import plan_id, qos_checks
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import Calibration, PlannedTask, PlanOption, SyncTopology
 from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
@@ -191,36 +194,29 @@ def spans_clusters(pools: list[Pool], snapshot: ResourceSnapshot) -> bool:
     return len({p.cluster.id for p in pools if any(n in reachable for n, _ in p.nodes)}) >= 2
 
 
-def spanning_options(
-    spec: JobSpec,
-    snapshot: ResourceSnapshot,
-    pools: list[Pool],
-    calibration: Calibration | None,
-    competing: bool = False,
-) -> list[PlanOption]:
-    """Priced options with replicas across nodes (possibly none): per degrees, the replicas on the
-    cheapest devices and on the fastest ones. ``competing``: the search found options of its own,
-    and these are weighed against them: only replicas that pool declared nodes across clusters
-    (and regions), for the first ``COMPETING_DEGREES`` layouts."""
+def _wanted_degrees(
+    spec: JobSpec, snapshot: ResourceSnapshot, pools: list[Pool], competing: bool
+) -> list[Degrees]:
+    """The layouts the search could not place: a replica larger than every node, tp within a node.
+    Where declared nodes of several clusters may pool their devices, also a replica larger than
+    the narrowest of them: nodes too narrow alone join others, across clusters and regions.
+
+    And only layouts that fit the roomiest device as the estimate sizes them (its micro-batches;
+    no ZeRO shard group, each replica here being a torchrun group of its own). Most layouts of a
+    job that reaches here fit nowhere: they must not crowd out those that do. Without a shard
+    group a higher ZeRO stage never helps (stages 1-2 change nothing, stage 3 only adds its
+    gathered layers), so only the lowest stage the spec allows is tried: its copies would take
+    the places of distinct layouts."""
     total = sum(p.n_free for p in pools)
     degrees, _, _ = enumerate_degrees(spec, total, total)
     widest = max((len(ix) for p in pools for _, ix in p.nodes), default=0)
     roomiest = max((p.memory_gb for p in pools), default=0.0)
     reachable = reachable_nodes(snapshot)
-    # The layouts the search could not place: a replica larger than every node, tp within a node.
-    # Where declared nodes of several clusters may pool their devices, also a replica larger than
-    # the narrowest of them: nodes too narrow alone join others, across clusters and regions.
     narrowest = widest
     if spans_clusters(pools, snapshot):
         narrowest = min(len(ix) for p in pools for n, ix in p.nodes if n in reachable)
-    # And only layouts that fit the roomiest device as the estimate sizes them (its micro-batches;
-    # no ZeRO shard group, each replica here being a torchrun group of its own). Most layouts of a
-    # job that reaches here fit nowhere: they must not crowd out those that do. Without a shard
-    # group a higher ZeRO stage never helps (stages 1-2 change nothing, stage 3 only adds its
-    # gathered layers), so only the lowest stage the spec allows is tried: its copies would take
-    # the places of distinct layouts.
     lowest = min((d.zero for d in degrees), default=0)
-    wanted = sorted(
+    return sorted(
         (
             d
             for d in degrees
@@ -236,14 +232,19 @@ def spanning_options(
         ),
         key=lambda d: (d.tp * d.pp, d.dp, d.tp, d.zero),
     )[: COMPETING_DEGREES if competing else MAX_DEGREES]
-    clusters = snapshot.clusters_by_id()
-    regions = {c.id: c.region for c in snapshot.clusters}
+
+
+Order = tuple[list[Group], bool]  # (groups in the order replicas take them, whether pooled across clusters)
+
+
+def _orders(
+    snapshot: ResourceSnapshot, pools: list[Pool], groups: list[Group], competing: bool
+) -> list[Order]:
+    """The cheapest clusters first, then the fastest; a stable order, so a cluster's replicas keep
+    theirs. Taking the first dp replicas in that order is the dp best of all of them."""
     price = {p.cluster.id: p.price for p in pools}
     speed = {p.cluster.id: p.tflops for p in pools}
-    groups = _groups(pools, snapshot)
-    # The cheapest clusters first, then the fastest; a stable order, so a cluster's replicas keep
-    # theirs. Taking the first dp replicas in that order is the dp best of all of them.
-    orders = (
+    orders: list[Order] = (
         []
         if competing
         else [
@@ -255,6 +256,7 @@ def spanning_options(
         # Replicas across clusters and regions weighed against one-cluster ones: the cheapest and
         # the fastest declared devices pooled whatever their cluster (equal clusters: the one with
         # more free devices first, so a replica crosses as few boundaries as it can).
+        reachable = reachable_nodes(snapshot)
         free: dict[str, int] = defaultdict(int)
         for p in pools:
             free[p.cluster.id] += p.n_free
@@ -262,27 +264,53 @@ def spanning_options(
             (_pooled(sorted(groups, key=lambda g: (price[g[0]], -free[g[0]], g[0])), reachable), True),
             (_pooled(sorted(groups, key=lambda g: (-speed[g[0]], -free[g[0]], g[0])), reachable), True),
         ]
+    return orders
+
+
+def _chosen(
+    snapshot: ResourceSnapshot, deg: Degrees, ordered: list[Group], pooled: bool, regions: dict[str, str]
+) -> list[list[Slot]] | None:
+    """dp replicas in this order, their stages region by region, cluster by cluster; None where
+    it holds too few. What no cluster holds alone: replicas across clusters of a region, from the
+    nodes left that declared their group endpoint reachable from other clusters; then across
+    regions, from what the regions leave."""
+    reachable = reachable_nodes(snapshot)
+    chosen = _replicas(ordered, deg.tp, deg.pp, deg.dp)
+    if len(chosen) < deg.dp and reachable and not pooled:
+        used = {n for r in chosen for _, n, _ in r}
+        cross = _cross_groups(ordered, used, reachable, regions)
+        chosen += _replicas(cross, deg.tp, deg.pp, deg.dp - len(chosen))
+        if len(chosen) < deg.dp:
+            used = {n for r in chosen for _, n, _ in r}
+            wide = _cross_region_groups(ordered, used, reachable, regions, snapshot)
+            chosen += _replicas(wide, deg.tp, deg.pp, deg.dp - len(chosen))
+    if len(chosen) < deg.dp:
+        return None  # too few replicas this way (another order may pool more)
+    return [_contiguous(r, regions) for r in chosen]
+
+
+def spanning_options(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    pools: list[Pool],
+    calibration: Calibration | None,
+    competing: bool = False,
+) -> list[PlanOption]:
+    """Priced options with replicas across nodes (possibly none): per degrees, the replicas on the
+    cheapest devices and on the fastest ones. ``competing``: the search found options of its own,
+    and these are weighed against them: only replicas that pool declared nodes across clusters
+    (and regions), for the first ``COMPETING_DEGREES`` layouts."""
+    wanted = _wanted_degrees(spec, snapshot, pools, competing)
+    clusters = snapshot.clusters_by_id()
+    regions = {c.id: c.region for c in snapshot.clusters}
+    orders = _orders(snapshot, pools, _groups(pools, snapshot), competing)
     out: dict[str, PlanOption] = {}
     budget = Budget()  # the stage-order searches' share of this quote
     for deg in wanted:
         picked: list[list[list[Slot]]] = []
         for ordered, pooled in orders:
-            chosen = _replicas(ordered, deg.tp, deg.pp, deg.dp)
-            if len(chosen) < deg.dp and reachable and not pooled:
-                # What no cluster holds alone: replicas across clusters of a region, from the
-                # nodes left that declared their group endpoint reachable from other clusters;
-                # then across regions, from what the regions leave.
-                used = {n for r in chosen for _, n, _ in r}
-                cross = _cross_groups(ordered, used, reachable, regions)
-                chosen += _replicas(cross, deg.tp, deg.pp, deg.dp - len(chosen))
-                if len(chosen) < deg.dp:
-                    used = {n for r in chosen for _, n, _ in r}
-                    wide = _cross_region_groups(ordered, used, reachable, regions, snapshot)
-                    chosen += _replicas(wide, deg.tp, deg.pp, deg.dp - len(chosen))
-            if len(chosen) < deg.dp:
-                continue  # too few replicas this way (another order may pool more)
-            chosen = [_contiguous(r, regions) for r in chosen]
-            if chosen in picked:
+            chosen = _chosen(snapshot, deg, ordered, pooled, regions)
+            if chosen is None or chosen in picked:
                 continue  # the cheapest devices are the fastest too: priced once
             placements = [(chosen, _tasks(chosen, deg.tp, regions))]
             # The same devices with each replica's stages in the order that walks fastest
@@ -314,15 +342,17 @@ def _searched(
         return None
     try:
         walks = replica_walks(
-            spec,
-            snapshot,
-            tasks,
-            dp=deg.dp,
-            tp=deg.tp,
-            pp=deg.pp,
-            zero=deg.zero,
-            pp_schedule=spec.pp_schedule,
-            calibration=calibration,
+            Placement(
+                spec,
+                snapshot,
+                tasks,
+                dp=deg.dp,
+                tp=deg.tp,
+                pp=deg.pp,
+                zero=deg.zero,
+                pp_schedule=spec.pp_schedule,
+                calibration=calibration,
+            )
         )
     except InvalidArgument:  # not a placement the estimate accepts: nothing to order
         return None
@@ -345,16 +375,18 @@ def _option(
     )
     try:
         est, runtime = estimate_planned(
-            spec,
-            snapshot,
-            tasks,
-            dp=deg.dp,
-            tp=deg.tp,
-            pp=deg.pp,
-            zero=deg.zero,
-            pp_schedule=spec.pp_schedule,
-            spot=spot,
-            calibration=calibration,
+            Placement(
+                spec,
+                snapshot,
+                tasks,
+                dp=deg.dp,
+                tp=deg.tp,
+                pp=deg.pp,
+                zero=deg.zero,
+                pp_schedule=spec.pp_schedule,
+                spot=spot,
+                calibration=calibration,
+            )
         )
     except InvalidArgument:  # out of memory on these devices: not an option
         return None

@@ -17,7 +17,7 @@ many stages behind the same port are alike: their orders are one. A search walks
 order is priced where they fit, else a local search from the given order (swapping two nodes of a
 cluster, two clusters of a region or two regions, the first swap that walks faster taken each
 time) until the share is spent. A candidate is priced by the estimate's own local step
-(``estimate.ReplicaWalk``) over its stage links (``cross_cluster.pipeline_links``); an order
+(``local_step.ReplicaWalk``) over its stage links (``cross_cluster.pipeline_links``); an order
 replaces the given one only where it walks faster. Where replicas are several groups, each keeps
 its first node (its leader in the job's sync, whose port the walk does not see) first. Where
 every replica lies in one cluster behind one port (the common case) nothing is priced
@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contracts.errors import InvalidArgument
 from control_layer.planner import cost_model as cm
 from control_layer.planner.cross_cluster import Boundaries, node_clusters, pipe_shares, pipeline_links
-from control_layer.planner.estimate import ReplicaWalk
+from control_layer.planner.local_step import ReplicaWalk
 from control_layer.planner.plan_types import Calibration
 from control_layer.planner.snapshot import ResourceSnapshot
 

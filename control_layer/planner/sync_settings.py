@@ -84,7 +84,7 @@ def exchange_delay(round_steps: int, exchange_seconds, step_s) -> np.ndarray:
     ``step_s`` its exchange of ``exchange_seconds`` takes, at most a round; half a round where the
     exchange (not finite) or the step time is unknown. Vectorised over placements; the one rule
     the search and the runtime settings both use, from the exchange time they price (the link's
-    calibrated goodput and fixed seconds per call included, ``planner.estimate.sync_cost``). The
+    calibrated goodput and fixed seconds per call included, ``planner.sync_cost.sync_cost``). The
     fewest steps is Streaming DiLoCo's small tau: the later an outer update lands, the more local
     progress it was computed without (a round applied half a round late cost ~1 % held-out loss at
     H=20; BENCHMARKS.md at dabf7f7, "Sync quality")."""

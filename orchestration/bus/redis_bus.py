@@ -25,7 +25,10 @@ class RedisBus:
             raise ValueError(f"redis prefix {prefix!r} must not contain glob characters")
         self.url = url
         self.prefix = prefix
-        self._client = redis.Redis.from_url(url, decode_responses=True)
+        # Every connection carries the deployment's prefix as its name, so ``CLIENT LIST`` tells
+        # whose connections a shared Redis holds.
+        self.client_name = prefix.rstrip(":").replace(" ", "_") or "cpn"
+        self._client = redis.Redis.from_url(url, decode_responses=True, client_name=self.client_name)
 
     def ping(self) -> bool:
         return bool(self._client.ping())
@@ -50,7 +53,7 @@ class RedisBus:
             validate_channel(c)
         plain = [self.prefix + c for c in channels if "*" not in c]
         patterns = [self.prefix + c for c in channels if "*" in c]
-        client = aioredis.Redis.from_url(self.url, decode_responses=True)
+        client = aioredis.Redis.from_url(self.url, decode_responses=True, client_name=self.client_name)
         pubsub = client.pubsub()
         try:
             if plain:

@@ -379,12 +379,15 @@ def test_an_agent_settles_its_contention_in_its_own_turn(
     monkeypatch.setattr(profile, "_measure_profile", lambda kind, work_dir, timeout_s: measured.pop(0))
     held: list[bool] = []
     got = profile.measure_profile(
-        "cpu", tmp_path, then=lambda: held.append(_host_lock_held(lock)), lock_path=lock
+        "cpu", tmp_path, then=lambda: held.append(_host_lock_held(lock)), lock_path=lock, shared_max_age_s=0
     )
     assert got is not None and held == [True]
     assert not _host_lock_held(lock)  # the next agent's turn
     # A failed measurement registers no profile: nothing to settle after it.
-    assert profile.measure_profile("cpu", tmp_path, then=lambda: held.append(True), lock_path=lock) is None
+    again = profile.measure_profile(
+        "cpu", tmp_path, then=lambda: held.append(True), lock_path=lock, shared_max_age_s=0
+    )
+    assert again is None
     assert held == [True]
 
 

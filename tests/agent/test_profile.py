@@ -9,7 +9,8 @@ from contracts.registration import profile_problems
 
 
 def test_the_reference_worker_measures_start_up_teardown_and_each_precision(tmp_path: Path) -> None:
-    profile = measure_profile("cpu", tmp_path / "reference")
+    lock = tmp_path / "host.lock"  # this test's own host: no other agent's figures to take
+    profile = measure_profile("cpu", tmp_path / "reference", lock_path=lock)
     assert profile is not None, (tmp_path / "reference" / "reference-step.log").read_text()[-2000:]
     assert profile_problems(profile) == []
     # Start-up covers at least `import torch` in a fresh interpreter; the cores are this host's.
@@ -26,3 +27,10 @@ def test_the_reference_worker_measures_start_up_teardown_and_each_precision(tmp_
     # The all-reduce between two of the host's CPU ranks, timed by the reference worker's forks.
     assert 0 < profile.collective_call_s < 1.0 and profile.collective_gbps > 0
     assert profile.collective_wait_s >= 0
+
+    # An alike agent of the same host takes these figures instead of launching the worker again,
+    # and still settles in its own turn; with sharing off it measures.
+    settled: list[bool] = []
+    again = measure_profile("cpu", tmp_path / "second", lock_path=lock, then=lambda: settled.append(True))
+    assert again == profile and settled == [True]
+    assert not (tmp_path / "second" / "reference-step.log").exists()

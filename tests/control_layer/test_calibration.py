@@ -13,6 +13,7 @@ from control_layer import calibration as cal
 from control_layer.planner import cost_model as cm
 from control_layer.planner.estimate import estimate_option, estimate_planned
 from control_layer.planner.intervals import DEFAULT_BAND
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import ExchangeBasis, PlannedTask, PlanOption, SyncTopology
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.staging import DataStaging, StagedBlob, price_staging
@@ -61,7 +62,9 @@ def _option(calibration=None, regions: int = 1, spec: JobSpec | None = None) -> 
         PlannedTask(dp_rank=i, pp_stage=0, tp_rank=0, cluster=c, node=n, device=0)
         for i, (c, n) in enumerate(place)
     ]
-    est = estimate_option(spec, _snap(), tasks, dp=regions, tp=1, pp=1, zero=0, calibration=calibration)
+    est = estimate_option(
+        Placement(spec, _snap(), tasks, dp=regions, tp=1, pp=1, zero=0, calibration=calibration)
+    )
     return PlanOption(
         id="o",
         dp=regions,
@@ -427,7 +430,16 @@ def _profiled_option(calibration=None) -> PlanOption:
     spec = spec.model_copy(update={"training": spec.training.model_copy(update={"checkpoint_every": 10})})
     tasks = [PlannedTask(dp_rank=0, pp_stage=0, tp_rank=0, cluster="a", node="a0", device=0)]
     est, runtime = estimate_planned(
-        spec, ResourceSnapshot.model_validate(snap), tasks, dp=1, tp=1, pp=1, zero=0, calibration=calibration
+        Placement(
+            spec,
+            ResourceSnapshot.model_validate(snap),
+            tasks,
+            dp=1,
+            tp=1,
+            pp=1,
+            zero=0,
+            calibration=calibration,
+        )
     )
     return PlanOption(
         id="c",
@@ -621,7 +633,9 @@ def _overlapped_diloco(calibration=None) -> PlanOption:
         PlannedTask(dp_rank=i, pp_stage=0, tp_rank=0, cluster=c, node=n, device=0)
         for i, (c, n) in enumerate([("a", "a0"), ("b", "b0")])
     ]
-    est, runtime = estimate_planned(spec, _snap(), tasks, dp=2, tp=1, pp=1, zero=0, calibration=calibration)
+    est, runtime = estimate_planned(
+        Placement(spec, _snap(), tasks, dp=2, tp=1, pp=1, zero=0, calibration=calibration)
+    )
     return PlanOption(
         id="d",
         dp=2,

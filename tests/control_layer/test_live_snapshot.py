@@ -1,5 +1,7 @@
-"""The in-memory snapshot equals the database-built one after every kind of change, on SQLite and
-PostgreSQL, including changes another control-plane context (a replica) commits."""
+"""The in-memory snapshot, kept current row by row from the resource change feed, equals the
+fleet read afresh in full (``build_snapshot``: the same builder, every row loaded) after every
+kind of change, on SQLite and PostgreSQL, including changes another control-plane context (a
+replica) commits: a change the feed misses, or one applied to the wrong rows, shows here."""
 
 from __future__ import annotations
 

@@ -564,7 +564,7 @@ def test_a_figure_is_stored_with_the_other_nodes_slots_busy_at_its_probes(
     """Two agents on one host: what one measured beside the other's job is stored with the slots
     that job held at its probes (its own slots and other hosts' are not counted), and the planner
     takes them out once the job is gone."""
-    from control_layer.planner.estimate import host_shares
+    from control_layer.planner.host_shares import host_shares
     from control_layer.planner.plan_types import PlannedTask
     from tests.orchestration.fleet import add_tenant, hold_devices
 

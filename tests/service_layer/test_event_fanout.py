@@ -73,17 +73,22 @@ def test_many_streams_share_one_redis_subscription(db_url: str, tmp_path: Path) 
         max_streams_per_tenant=100,
     )
     server = start_server_in_thread(settings)
-    probe = redis.Redis.from_url(REDIS_URL)
+    probe = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    name = server.ctx.bus.client_name  # this server's connections, not other tests'
+
+    def connections() -> int:
+        return sum(c["name"] == name for c in probe.client_list())
+
     try:
         job_id = _job(server, _admin_id(server))
-        before = len(probe.client_list())
+        before = connections()
         opened = asyncio.Event()
         counted: list[int] = []
 
         async def run() -> list[str]:
             streams = asyncio.create_task(_open_streams(server.http_url, job_id, STREAMS, opened))
             await opened.wait()
-            counted.append(len(probe.client_list()))
+            counted.append(connections())
             with session_scope(server.ctx.session_factory) as session:
                 record_event(session, server.ctx.bus, "job.note", job_id, {"n": 1})
             return await streams

@@ -350,32 +350,64 @@ class DenseReducer:
         groups: list[list[str]],
         deadline: float,
     ) -> Reduced:
+        """One hierarchical round: a member pushes to its group's head and waits for the result; a
+        head gathers its members, rings with the other heads and answers its members."""
         group = next(g for g in groups if self.me in g)
-        head, heads = group[0], [g[0] for g in groups]
+        heads = [g[0] for g in groups]
         members = [p for g in groups for p in g]
-        up, down = f"{self.stream}.up", f"{self.stream}.down"
         origin = _entry(self.me, fingerprint, self.figures)
-        if self.me != head:
-            ef = self._hop(group, "up", 0)
-            enc, _, res = ef.compress(x * weight)
-            push = self._send(
-                head,
-                OutMessage(Meta(self.me, up, r, weight, fingerprint=origin, step=step), [("x", enc)]),
-                max(0.1, deadline - time.monotonic()),
-            )
-            got = self.node.collect(down, r, [head], deadline, mark_missing=False, give_up_on=self.stream)
-            stale, failed = self._acks({head: push}, deadline, r)
-            if head not in got and head not in failed:
-                self.node.probe(head)
-            if failed or head not in got:
-                raise RingBroken(f"hierarchical {self.stream} round {r}: head {head} missing")
-            ef.commit(res)
-            msg = got[head]
-            out = torch.cat([msg.tensors[f"c{k}"] for k in range(len(heads))])
-            fps: dict[str, str] = {}
-            figs: dict[str, tuple[float, float]] = {}
-            _parse_origin(msg.meta.fingerprint, fps, figs)
-            return Reduced(out, fps, ring=True, stale=stale, members=members, figures=figs)
+        if self.me != group[0]:
+            return self._hierarchical_member(r, x, weight, origin, step, group, len(heads), members, deadline)
+        return self._hierarchical_head(r, x, weight, origin, step, group, heads, members, deadline)
+
+    def _hierarchical_member(
+        self,
+        r: int,
+        x: Tensor,
+        weight: float,
+        origin: str,
+        step: int,
+        group: list[str],
+        n_heads: int,
+        members: list[str],
+        deadline: float,
+    ) -> Reduced:
+        head = group[0]
+        up, down = f"{self.stream}.up", f"{self.stream}.down"
+        ef = self._hop(group, "up", 0)
+        enc, _, res = ef.compress(x * weight)
+        push = self._send(
+            head,
+            OutMessage(Meta(self.me, up, r, weight, fingerprint=origin, step=step), [("x", enc)]),
+            max(0.1, deadline - time.monotonic()),
+        )
+        got = self.node.collect(down, r, [head], deadline, mark_missing=False, give_up_on=self.stream)
+        stale, failed = self._acks({head: push}, deadline, r)
+        if head not in got and head not in failed:
+            self.node.probe(head)
+        if failed or head not in got:
+            raise RingBroken(f"hierarchical {self.stream} round {r}: head {head} missing")
+        ef.commit(res)
+        msg = got[head]
+        out = torch.cat([msg.tensors[f"c{k}"] for k in range(n_heads)])
+        fps: dict[str, str] = {}
+        figs: dict[str, tuple[float, float]] = {}
+        _parse_origin(msg.meta.fingerprint, fps, figs)
+        return Reduced(out, fps, ring=True, stale=stale, members=members, figures=figs)
+
+    def _hierarchical_head(
+        self,
+        r: int,
+        x: Tensor,
+        weight: float,
+        origin: str,
+        step: int,
+        group: list[str],
+        heads: list[str],
+        members: list[str],
+        deadline: float,
+    ) -> Reduced:
+        up, down = f"{self.stream}.up", f"{self.stream}.down"
         others = group[1:]
         got = self.node.collect(up, r, others, deadline, mark_missing=False, give_up_on=self.stream)
         missing = [p for p in others if p not in got]

@@ -9,6 +9,7 @@ from contracts.feasibility import resolve_precision
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.estimate import estimate_option
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import PlanOption
 from control_layer.planner.snapshot import ResourceSnapshot
 
@@ -75,15 +76,17 @@ def check_option(spec: JobSpec, snap: ResourceSnapshot, o: PlanOption) -> None:
 
     # The numbers: re-estimated from the tasks, they agree; the breakdowns add up; memory fits.
     again = estimate_option(
-        spec,
-        snap,
-        o.tasks,
-        dp=o.dp,
-        tp=o.tp,
-        pp=o.pp,
-        zero=o.zero,
-        pp_schedule=o.pp_schedule,
-        spot=o.spot,
+        Placement(
+            spec,
+            snap,
+            o.tasks,
+            dp=o.dp,
+            tp=o.tp,
+            pp=o.pp,
+            zero=o.zero,
+            pp_schedule=o.pp_schedule,
+            spot=o.spot,
+        ),
         runtime=o.runtime,
     )
     assert again == e

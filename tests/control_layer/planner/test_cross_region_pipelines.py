@@ -13,6 +13,7 @@ from contracts.errors import InvalidArgument, NoFeasiblePlan
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner import estimate_option, plan
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import PlannedTask
 from control_layer.planner.search import with_precision
 from control_layer.planner.snapshot import ResourceSnapshot
@@ -93,7 +94,7 @@ def _compare(dp, tp, pp, devices, n_a, n_b, link) -> tuple[float, float, float]:
     """(relative step error vs the simulator, planned WAN bytes per step, simulated)."""
     snap = _regions([("a", "eu", n_a, devices, 2.0), ("b", "us", n_b, devices, 2.0)], link)
     tasks = _placed(dp, tp, pp, devices, n_a)
-    est = estimate_option(SPEC, snap, tasks, dp=dp, tp=tp, pp=pp, zero=0)
+    est = estimate_option(Placement(SPEC, snap, tasks, dp=dp, tp=tp, pp=pp, zero=0))
     opt = _option(tasks, dp, tp, pp, est).model_copy(update={"replicas_per_cluster": {"a": dp}})
     sim = simulate(SPEC, opt, snap, **GOODPUT)
     wan = sum(v for k, v in sim.link_bytes.items() if k.startswith("link:"))
@@ -122,8 +123,8 @@ def test_every_message_across_regions_pays_egress_from_its_sender() -> None:
     tasks = _placed(dp, tp, pp, devices, n_a)
     free = _regions([("a", "eu", 1, 2, 2.0), ("b", "us", 1, 2, 2.0)], (10.0, 20.0, 0.0))
     paid = _regions([("a", "eu", 1, 2, 2.0), ("b", "us", 1, 2, 2.0)], (10.0, 20.0, 0.08))
-    base = estimate_option(SPEC, free, tasks, dp=dp, tp=tp, pp=pp, zero=0)
-    est = estimate_option(SPEC, paid, tasks, dp=dp, tp=tp, pp=pp, zero=0)
+    base = estimate_option(Placement(SPEC, free, tasks, dp=dp, tp=tp, pp=pp, zero=0))
+    est = estimate_option(Placement(SPEC, paid, tasks, dp=dp, tp=tp, pp=pp, zero=0))
     assert base.cost.egress == 0.0
     m = SPEC.global_batch_sequences // SPEC.training.micro_batch_size
     message = SPEC.training.micro_batch_size * SPEC.model.seq_len * SPEC.model.d_model * cm.RESIDUAL_BYTES
@@ -136,7 +137,7 @@ def test_every_message_across_regions_pays_egress_from_its_sender() -> None:
 def test_a_replica_across_clusters_pays_each_cluster_for_its_devices_there() -> None:
     tasks = _placed(1, 1, 2, 1, 1)
     snap = _regions([("a", "eu", 1, 1, 1.0), ("b", "us", 1, 1, 3.0)])
-    est = estimate_option(SPEC, snap, tasks, dp=1, tp=1, pp=2, zero=0)
+    est = estimate_option(Placement(SPEC, snap, tasks, dp=1, tp=1, pp=2, zero=0))
     assert est.cost.devices == pytest.approx((1.0 + 3.0) * est.duration_s / 3600.0)
 
 
@@ -146,8 +147,8 @@ def test_a_slower_link_between_the_regions_makes_the_pipeline_slower() -> None:
     slow = _regions([("a", "eu", 2, 1, 2.0), ("b", "us", 2, 1, 2.0)], (1.0, 80.0, 0.0))
     kw = dict(dp=1, tp=1, pp=4, zero=0)
     assert (
-        estimate_option(SPEC, slow, tasks, **kw).step_s.pp_comm
-        > estimate_option(SPEC, fast, tasks, **kw).step_s.pp_comm
+        estimate_option(Placement(SPEC, slow, tasks, **kw)).step_s.pp_comm
+        > estimate_option(Placement(SPEC, fast, tasks, **kw)).step_s.pp_comm
     )
 
 
@@ -244,4 +245,4 @@ def test_no_group_crosses_a_link_not_declared_private_and_the_quote_says_why() -
     tasks = _placed(1, 1, 2, 1, 1)
     snap = _regions([("a", "eu", 1, 1, 1.0), ("b", "us", 1, 1, 3.0)], private=False)
     with pytest.raises(InvalidArgument, match=r"clusters \[\('a', 'b'\)\] over links not declared private"):
-        estimate_option(SPEC, snap, tasks, dp=1, tp=1, pp=2, zero=0)
+        estimate_option(Placement(SPEC, snap, tasks, dp=1, tp=1, pp=2, zero=0))

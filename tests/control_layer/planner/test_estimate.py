@@ -8,6 +8,7 @@ from contracts.errors import InvalidArgument
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.estimate import estimate_option
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import PlannedTask, RuntimeSettings
 from control_layer.planner.snapshot import ResourceSnapshot
 
@@ -75,7 +76,7 @@ def _tasks(placement: list[tuple[str, str, int]]) -> list[PlannedTask]:
 
 def test_single_replica_by_hand() -> None:
     spec = _spec()
-    est = estimate_option(spec, _snap(), _tasks([("a", "a0", 0)]), dp=1, tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(spec, _snap(), _tasks([("a", "a0", 0)]), dp=1, tp=1, pp=1, zero=0))
     t_mb = cm.flops_per_token(spec.model, False) * 512 / (700e12 * cm.DEFAULT_DEVICE_EFFICIENCY)
     assert est.step_s.compute == pytest.approx(8 * t_mb)
     assert est.step_s.total == pytest.approx(est.step_s.compute)
@@ -92,7 +93,7 @@ def test_single_replica_by_hand() -> None:
 def test_two_regions_pay_wan_sync_and_egress() -> None:
     spec = _spec()
     tasks = _tasks([("a", "a0", 0), ("b", "b0", 0)])
-    est = estimate_option(spec, _snap(), tasks, dp=2, tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(spec, _snap(), tasks, dp=2, tp=1, pp=1, zero=0))
     payload = spec.model.n_params * 4.0
     bw = cm.bytes_per_s(8, cm.DEFAULT_WAN_GOODPUT)
     # Two regions: each leader pushes S bytes to the other (one call), 2 latency hops, and works on
@@ -110,14 +111,18 @@ def test_two_regions_pay_wan_sync_and_egress() -> None:
 
 def test_replicas_sharing_a_cluster_all_reduce_there() -> None:
     spec = _spec()
-    est = estimate_option(spec, _snap(), _tasks([("a", "a0", 0), ("a", "a0", 1)]), dp=2, tp=1, pp=1, zero=0)
+    est = estimate_option(
+        Placement(spec, _snap(), _tasks([("a", "a0", 0), ("a", "a0", 1)]), dp=2, tp=1, pp=1, zero=0)
+    )
     assert est.step_s.dp_comm > 0 and est.step_s.wan_sync == 0
 
 
 def test_diloco_overlaps_what_sync_blocks_on() -> None:
     tasks = _tasks([("a", "a0", 0), ("b", "b0", 0)])
-    blocking = estimate_option(_spec(), _snap(), tasks, dp=2, tp=1, pp=1, zero=0)
-    overlapped = estimate_option(_spec(mode="diloco", every=100), _snap(), tasks, dp=2, tp=1, pp=1, zero=0)
+    blocking = estimate_option(Placement(_spec(), _snap(), tasks, dp=2, tp=1, pp=1, zero=0))
+    overlapped = estimate_option(
+        Placement(_spec(mode="diloco", every=100), _snap(), tasks, dp=2, tp=1, pp=1, zero=0)
+    )
     assert overlapped.step_s.wan_sync < blocking.step_s.wan_sync
     assert overlapped.cost.egress == pytest.approx(blocking.cost.egress / 100)
 
@@ -126,7 +131,7 @@ def test_tensor_parallel_replica() -> None:
     tasks = [
         PlannedTask(dp_rank=0, pp_stage=0, tp_rank=r, cluster="a", node="a0", device=r) for r in range(2)
     ]
-    est = estimate_option(_spec(), _snap(), tasks, dp=1, tp=2, pp=1, zero=0)
+    est = estimate_option(Placement(_spec(), _snap(), tasks, dp=1, tp=2, pp=1, zero=0))
     assert est.step_s.tp_comm > 0
 
 
@@ -141,7 +146,7 @@ def test_tensor_parallel_replica() -> None:
 )
 def test_bad_task_lists(tasks: list, dp: int, match: str) -> None:
     with pytest.raises(InvalidArgument, match=match):
-        estimate_option(_spec(), _snap(), _tasks(tasks), dp=dp, tp=1, pp=1, zero=0)
+        estimate_option(Placement(_spec(), _snap(), _tasks(tasks), dp=dp, tp=1, pp=1, zero=0))
 
 
 def test_mixed_models_in_a_replica_are_refused() -> None:
@@ -150,7 +155,7 @@ def test_mixed_models_in_a_replica_are_refused() -> None:
         PlannedTask(dp_rank=0, pp_stage=1, tp_rank=0, cluster="c", node="c0", device=0),
     ]
     with pytest.raises(InvalidArgument, match="mixes device models"):
-        estimate_option(_spec(), _snap(), tasks, dp=1, tp=1, pp=2, zero=0)
+        estimate_option(Placement(_spec(), _snap(), tasks, dp=1, tp=1, pp=2, zero=0))
 
 
 def test_out_of_memory_is_refused() -> None:
@@ -162,18 +167,18 @@ def test_out_of_memory_is_refused() -> None:
         }
     )
     with pytest.raises(InvalidArgument, match="needs .* GB per device"):
-        estimate_option(big, _snap(), _tasks([("c", "c0", 0)]), dp=1, tp=1, pp=1, zero=0)
+        estimate_option(Placement(big, _snap(), _tasks([("c", "c0", 0)]), dp=1, tp=1, pp=1, zero=0))
 
 
 def test_a_measured_link_is_not_discounted_again() -> None:
     """A probe's figure is already what a stream achieved; only a declared figure is nominal."""
     spec = _spec()
     tasks = _tasks([("a", "a0", 0), ("b", "b0", 0)])
-    declared = estimate_option(spec, _snap(), tasks, dp=2, tp=1, pp=1, zero=0)
+    declared = estimate_option(Placement(spec, _snap(), tasks, dp=2, tp=1, pp=1, zero=0))
     data = _snap().model_dump()
     data["links"] = [{**ln, "source": "measured"} for ln in data["links"]]
     measured = ResourceSnapshot.model_validate(data)
-    est = estimate_option(spec, measured, tasks, dp=2, tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(spec, measured, tasks, dp=2, tp=1, pp=1, zero=0))
     payload = spec.model.n_params * 4.0
     assert est.step_s.wan_sync == pytest.approx(
         payload / cm.bytes_per_s(8, 1.0)
@@ -192,10 +197,10 @@ def test_the_runtime_settings_are_priced_as_the_workers_run_them() -> None:
     spec = _spec(mode="diloco", every=10)
     tasks = _tasks([("a", "a0", 0), ("b", "b0", 0)])
     kw = {"dp": 2, "tp": 1, "pp": 1, "zero": 0}
-    blocking = estimate_option(spec, _snap(), tasks, **kw)
+    blocking = estimate_option(Placement(spec, _snap(), tasks, **kw))
     base = {"checkpoint_every": spec.training.steps, "checkpoint_write_s": 0.0, "checkpoint_fraction": 0.0}
     overlap = RuntimeSettings(**base, overlap=True, overlap_steps=5, fragments=1)
-    hidden = estimate_option(spec, _snap(), tasks, **kw, runtime=overlap)
+    hidden = estimate_option(Placement(spec, _snap(), tasks, **kw), runtime=overlap)
     t_local = blocking.step_s.total - blocking.step_s.wan_sync
     t_sync = blocking.step_s.wan_sync * 10  # one blocking exchange every 10 steps
     exposed = max(0.0, t_sync - 5 * t_local)
@@ -203,7 +208,7 @@ def test_the_runtime_settings_are_priced_as_the_workers_run_them() -> None:
     assert hidden.final_sync_s == pytest.approx(t_sync)
     assert blocking.final_sync_s == 0.0
     every_step = RuntimeSettings(**{**base, "checkpoint_every": 1, "checkpoint_write_s": 0.5})
-    often = estimate_option(spec, _snap(), tasks, **kw, runtime=every_step)
+    often = estimate_option(Placement(spec, _snap(), tasks, **kw), runtime=every_step)
     assert often.step_s.checkpoint == pytest.approx(0.5) and blocking.step_s.checkpoint == 0.0
 
 
@@ -254,7 +259,7 @@ def _ring_s(spec: JobSpec, participants: int, gbps: float, one_way_s: float, goo
 def test_two_nodes_of_one_cluster_exchange_over_its_fabric() -> None:
     spec = _spec()
     tasks = _tasks([("f", "f0", 0), ("f", "f1", 0)])
-    est = estimate_option(spec, _fabric_snap(), tasks, dp=2, tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(spec, _fabric_snap(), tasks, dp=2, tp=1, pp=1, zero=0))
     # The exchange's fixed cost and the leaders' per-parameter work are the same whichever link
     # the exchange crosses.
     param_s = spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S + cm.DEFAULT_EXCHANGE_FIXED_S
@@ -267,7 +272,7 @@ def test_nodes_of_two_clusters_ring_over_the_local_link() -> None:
     """Four nodes in one region, two clusters: one flat ring whose slowest hop is the local link."""
     spec = _spec()
     tasks = _tasks([("f", "f0", 0), ("f", "f1", 0), ("f", "f2", 0), ("g", "g0", 0)])
-    est = estimate_option(spec, _fabric_snap(), tasks, dp=4, tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(spec, _fabric_snap(), tasks, dp=4, tp=1, pp=1, zero=0))
     param_s = spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S + cm.DEFAULT_EXCHANGE_FIXED_S
     assert est.step_s.wan_sync == pytest.approx(_ring_s(spec, 4, 10, 1e-3, cm.DEFAULT_LAN_GOODPUT) + param_s)
 
@@ -281,7 +286,7 @@ def test_regions_of_several_nodes_exchange_hierarchically_where_that_pays() -> N
     spec = _spec()
     snap = _fabric_snap()
     tasks = _tasks([("f", "f0", 0), ("f", "f1", 0), ("f", "f2", 0), ("h", "h0", 0)])
-    est = estimate_option(spec, snap, tasks, dp=4, tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(spec, snap, tasks, dp=4, tp=1, pp=1, zero=0))
     param_s = spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S + cm.DEFAULT_EXCHANGE_FIXED_S
     payload = spec.model.n_params * 4.0
     fabric_hop = 0.01e-3 + cm.DEFAULT_EXCHANGE_CALL_S / 2.0
@@ -300,7 +305,7 @@ def test_the_flat_ring_stays_where_hierarchy_does_not_pay() -> None:
     """One node a region: no region has members to gather, the flat ring runs."""
     spec = _spec()
     tasks = _tasks([("f", "f0", 0), ("h", "h0", 0)])
-    est = estimate_option(spec, _fabric_snap(), tasks, dp=2, tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(spec, _fabric_snap(), tasks, dp=2, tp=1, pp=1, zero=0))
     param_s = spec.model.n_params * cm.DEFAULT_EXCHANGE_PARAM_S + cm.DEFAULT_EXCHANGE_FIXED_S
     assert est.step_s.wan_sync == pytest.approx(_ring_s(spec, 2, 8, 50e-3, cm.DEFAULT_WAN_GOODPUT) + param_s)
     assert not est.basis.exchange.hierarchical

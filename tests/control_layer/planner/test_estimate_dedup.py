@@ -7,6 +7,7 @@ import pytest
 
 from contracts.job_spec import JobSpec
 from control_layer.planner.estimate import estimate_planned
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import Estimates, PlannedTask
 from control_layer.planner.snapshot import ResourceSnapshot
 
@@ -52,7 +53,7 @@ TASKS = [
 
 
 def _est(snap: ResourceSnapshot) -> Estimates:
-    return estimate_planned(SPEC, snap, TASKS, dp=2, tp=1, pp=1, zero=0)[0]
+    return estimate_planned(Placement(SPEC, snap, TASKS, dp=2, tp=1, pp=1, zero=0))[0]
 
 
 @pytest.mark.parametrize("field", FIELDS)

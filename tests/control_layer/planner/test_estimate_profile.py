@@ -10,13 +10,10 @@ import pytest
 from contracts.job_spec import JobSpec
 from contracts.model import gpt_param_count, model_config, train_flops_per_token
 from control_layer.planner import cost_model as cm
-from control_layer.planner.estimate import (
-    estimate_option,
-    estimate_planned,
-    host_shares,
-    intra_bytes_per_s,
-    others_now,
-)
+from control_layer.planner.estimate import estimate_option, estimate_planned
+from control_layer.planner.host_shares import host_shares, others_now
+from control_layer.planner.links import intra_bytes_per_s
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import Calibration, Estimates, PlannedTask, RuntimeSettings
 from control_layer.planner.snapshot import ResourceSnapshot
 
@@ -87,7 +84,7 @@ TWO_NODES = _tasks([("a", "a0", 0), ("a", "a0", 1), ("b", "b0", 0), ("b", "b0", 
 
 def test_one_node_by_hand() -> None:
     spec = _spec()
-    est = estimate_option(spec, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(spec, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0))
     cfg = model_config(spec.model)
     # 8 sequences over 2 replicas: 4 micro-batches of one sequence each; 2 slots on 2 cores.
     t_mb = train_flops_per_token(cfg) * 64 / (RATE["tflops"] * 1e12) + RATE["micro_batch_s"]
@@ -104,8 +101,8 @@ def test_one_node_by_hand() -> None:
 def test_slots_beyond_the_cores_are_priced_as_shared() -> None:
     # Four slots on one two-core host: each runs at half speed; the slowest node starts last.
     spec = _spec()
-    alone = estimate_option(spec, _snap(cores=4), TWO_NODES, dp=4, tp=1, pp=1, zero=0)
-    shared = estimate_option(spec, _snap(cores=2), TWO_NODES, dp=4, tp=1, pp=1, zero=0)
+    alone = estimate_option(Placement(spec, _snap(cores=4), TWO_NODES, dp=4, tp=1, pp=1, zero=0))
+    shared = estimate_option(Placement(spec, _snap(cores=2), TWO_NODES, dp=4, tp=1, pp=1, zero=0))
     assert host_shares(_snap(cores=2), TWO_NODES) == {"a0": 2.0, "b0": 2.0}
     assert shared.step_s.compute == pytest.approx(2 * alone.step_s.compute)
     assert shared.step_s.data == pytest.approx(2 * alone.step_s.data)
@@ -126,7 +123,7 @@ def test_the_launchers_part_of_the_start_up_shares_the_host_one_process_per_node
     # runs one launcher, two processes on two cores.
     snap = _snap(cores=2, launcher=2.0)
     assert host_shares(snap, TWO_NODES, one_per_node=True) == {"a0": 1.0, "b0": 1.0}
-    est = estimate_option(_spec(), snap, TWO_NODES, dp=4, tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(_spec(), snap, TWO_NODES, dp=4, tp=1, pp=1, zero=0))
     # b0 starts last: its launcher's 2 s alone, then its workers' 9 - 2 = 7 s at half speed.
     assert est.startup_s == pytest.approx(2.0 * 1.0 + 7.0 * 2.0)
     assert est.basis is not None
@@ -134,10 +131,13 @@ def test_the_launchers_part_of_the_start_up_shares_the_host_one_process_per_node
     assert est.basis.launcher_s == {"a0": 2.0, "b0": 2.0}
     # Calibrated parts replace the measured ones, each at its own share.
     cal = Calibration(launcher_s={"b0": 1.0}, startup_s={"b0": 5.0})
-    again = estimate_option(_spec(), snap, TWO_NODES, dp=4, tp=1, pp=1, zero=0, calibration=cal)
+    again = estimate_option(Placement(_spec(), snap, TWO_NODES, dp=4, tp=1, pp=1, zero=0, calibration=cal))
     assert again.startup_s == pytest.approx(max(2.0 + 4.0 * 2.0, 1.0 + 5.0 * 2.0))
     # Without the launcher measured apart, the whole start-up is the workers' (as before).
-    assert estimate_option(_spec(), _snap(cores=2), TWO_NODES, dp=4, tp=1, pp=1, zero=0).startup_s == 18.0
+    assert (
+        estimate_option(Placement(_spec(), _snap(cores=2), TWO_NODES, dp=4, tp=1, pp=1, zero=0)).startup_s
+        == 18.0
+    )
 
 
 def test_the_hosts_contention_from_heartbeats_counts_what_else_runs_there() -> None:
@@ -146,8 +146,8 @@ def test_the_hosts_contention_from_heartbeats_counts_what_else_runs_there() -> N
         node.cpu_contention = 2.5  # a new thread gets 1/2.5 of a core: 4 others runnable on 2 cores
     # (4 + the plan's 2) on 2 cores; the contention now replaces the figure measured at registration.
     assert host_shares(snap, ONE_NODE) == {"a0": pytest.approx(3.0)}
-    est = estimate_option(_spec(), snap, ONE_NODE, dp=2, tp=1, pp=1, zero=0)
-    idle = estimate_option(_spec(), _snap(cores=4), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(_spec(), snap, ONE_NODE, dp=2, tp=1, pp=1, zero=0))
+    idle = estimate_option(Placement(_spec(), _snap(cores=4), ONE_NODE, dp=2, tp=1, pp=1, zero=0))
     assert est.step_s.compute == pytest.approx(3 * idle.step_s.compute)
     # The start-up the profile holds is per idle core already (the launcher's and the worker's CPU
     # time, whatever the load at registration): 6 s, three times that on this share of the host;
@@ -193,7 +193,7 @@ def test_a_figure_taken_beside_other_jobs_prices_the_host_as_it_is_at_the_quote(
 
 
 def test_diloco_blocks_every_h_steps_as_configured() -> None:
-    est = estimate_option(_spec(), _snap(cores=4), TWO_NODES, dp=4, tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(_spec(), _snap(cores=4), TWO_NODES, dp=4, tp=1, pp=1, zero=0))
     # 4 exchanges in 40 steps, each a blocking ring all-reduce of fp32 parameters over 0.1 Gbps.
     assert est.step_s.wan_sync > 0
     assert est.final_sync_s == 0.0  # a blocking exchange at the last step is already in the steps
@@ -201,11 +201,11 @@ def test_diloco_blocks_every_h_steps_as_configured() -> None:
 
 def test_checkpoint_writes_are_priced_from_checkpoint_every() -> None:
     spec = _spec(steps=40)
-    plain = estimate_option(spec, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
+    plain = estimate_option(Placement(spec, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0))
     assert plain.step_s.checkpoint == 0.0
     every = spec.model_copy(update={"training": spec.training.model_copy()})
     object.__setattr__(every.training, "checkpoint_every", 10)  # the JobSpec field as the jobs API sets it
-    est = estimate_option(every, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(every, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0))
     writes = cm.checkpoint_writes(40, 10)
     assert writes == 4  # steps 10, 20, 30 and the final one
     # Each write: its bytes at the measured rate and a fixed part (files opened and synced), the
@@ -215,19 +215,21 @@ def test_checkpoint_writes_are_priced_from_checkpoint_every() -> None:
     assert est.step_s.checkpoint * 40 == pytest.approx(writes * per_write)
     assert est.basis is not None and est.basis.checkpoint_fixed_s == {"a0": cm.DEFAULT_CHECKPOINT_FIXED_S}
     calibrated = Calibration(checkpoint_fixed_s={"a0": 0.05})
-    again = estimate_option(every, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0, calibration=calibrated)
+    again = estimate_option(
+        Placement(every, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0, calibration=calibrated)
+    )
     assert again.step_s.checkpoint * 40 == pytest.approx(writes * (by_bytes + 0.05))
     shared = estimate_option(
-        every, _snap(cores=1), ONE_NODE, dp=2, tp=1, pp=1, zero=0, calibration=calibrated
+        Placement(every, _snap(cores=1), ONE_NODE, dp=2, tp=1, pp=1, zero=0, calibration=calibrated)
     )
     assert shared.step_s.checkpoint * 40 == pytest.approx(writes * (by_bytes + 0.05 * 2))
 
 
 def test_calibration_replaces_the_measured_startup_and_scales_the_rate() -> None:
     spec = _spec()
-    base = estimate_option(spec, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0)
+    base = estimate_option(Placement(spec, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0))
     cal = Calibration(device_efficiency={"cpu|fp32": 0.5}, startup_s={"a0": 20.0}, teardown_s={"a0": 2.0})
-    est = estimate_option(spec, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0, calibration=cal)
+    est = estimate_option(Placement(spec, _snap(), ONE_NODE, dp=2, tp=1, pp=1, zero=0, calibration=cal))
     assert est.startup_s == 20.0 and est.teardown_s == 2.0
     assert est.step_s.compute == pytest.approx(2 * base.step_s.compute)
     assert est.basis is not None and est.basis.efficiency == {"cpu|fp32": 0.5}
@@ -243,7 +245,8 @@ def _overlapped(snap: ResourceSnapshot, delay: int) -> Estimates:
     )
     slow_exchange = Calibration(exchange_fixed_s={"eu|us": 0.5})  # a fixed cost no one step hides
     return estimate_option(
-        _spec(), snap, TWO_NODES, dp=4, tp=1, pp=1, zero=0, calibration=slow_exchange, runtime=runtime
+        Placement(_spec(), snap, TWO_NODES, dp=4, tp=1, pp=1, zero=0, calibration=slow_exchange),
+        runtime=runtime,
     )
 
 
@@ -269,7 +272,7 @@ def test_the_delay_covers_the_exchange_beside_the_steps() -> None:
     spec = _spec()
     slow_exchange = Calibration(exchange_fixed_s={"eu|us": 0.5})
     est, runtime = estimate_planned(
-        spec, _snap(cores=2), TWO_NODES, dp=4, tp=1, pp=1, zero=0, calibration=slow_exchange
+        Placement(spec, _snap(cores=2), TWO_NODES, dp=4, tp=1, pp=1, zero=0, calibration=slow_exchange)
     )
     b = est.basis.exchange
     assert runtime.overlap and b.share > 1.0
@@ -293,7 +296,7 @@ def test_a_nodes_ranks_all_reduce_at_the_hosts_measured_figures() -> None:
     assert cm.ddp_calls_per_step(grad_bytes) == 3
 
     def dp_comm(snap: ResourceSnapshot, tasks: list[PlannedTask], dp: int) -> float:
-        return estimate_option(spec, snap, tasks, dp=dp, tp=1, pp=1, zero=0).step_s.dp_comm
+        return estimate_option(Placement(spec, snap, tasks, dp=dp, tp=1, pp=1, zero=0)).step_s.dp_comm
 
     fabric = _snap(cores=2)
     measured = _snap(cores=2)

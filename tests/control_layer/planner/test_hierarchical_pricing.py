@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from benchmarks.sim import simulate
 from control_layer.planner import estimate_option
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import Estimates, PlannedTask
 from control_layer.planner.snapshot import ResourceSnapshot
 from tests.control_layer.planner.test_node_group_pricing import GOODPUT, SPEC, _option
@@ -78,7 +79,7 @@ def test_the_hierarchical_exchange_is_priced_within_ten_percent_of_the_simulator
     seed: int, latency_ms: float
 ) -> None:
     snap, tasks = instance(random.Random(seed), latency_ms)
-    est = estimate_option(SPEC, snap, tasks, dp=len(tasks), tp=1, pp=1, zero=0)
+    est = estimate_option(Placement(SPEC, snap, tasks, dp=len(tasks), tp=1, pp=1, zero=0))
     assume(est.basis.exchange.hierarchical)
     sim = simulated(snap, tasks, est, hierarchical=True)
     assert abs(est.step_s.wan_sync - sim) / sim < 0.10, (est.step_s.wan_sync, sim)

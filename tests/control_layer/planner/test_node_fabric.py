@@ -16,6 +16,7 @@ from contracts.errors import InvalidArgument, NoFeasiblePlan
 from contracts.job_spec import JobSpec
 from control_layer.planner import estimate_option, plan
 from control_layer.planner.fleet import filter_fleet
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.planner.search import precision_groups, with_precision
 from control_layer.planner.snapshot import ResourceSnapshot
@@ -71,7 +72,7 @@ def _cases(seed: int, n: int) -> list[tuple]:
 def _error(dp, tp, pp, devices, ports, lat, fabric) -> float:
     snap = _snapshot(ports, devices, fabric, lat)
     tasks = _blocks(dp, tp, pp, devices)
-    est = estimate_option(SPEC, snap, tasks, dp=dp, tp=tp, pp=pp, zero=0)
+    est = estimate_option(Placement(SPEC, snap, tasks, dp=dp, tp=tp, pp=pp, zero=0))
     sim = simulate(SPEC, _option(tasks, dp, tp, pp, est), snap, **GOODPUT).step_s
     return abs(_iteration(est) - sim) / sim
 
@@ -90,8 +91,8 @@ def test_groups_across_nodes_with_their_own_ports_are_priced_within_ten_percent_
 def test_a_node_without_its_own_figures_prices_as_before() -> None:
     """Ports at or above the cluster's change nothing: the cluster's figure caps them."""
     tasks = _blocks(2, 1, 4, 2)
-    plain = estimate_option(SPEC, _snapshot([None] * 4, 2), tasks, dp=2, tp=1, pp=4, zero=0)
-    fast = estimate_option(SPEC, _snapshot([400.0] * 4, 2), tasks, dp=2, tp=1, pp=4, zero=0)
+    plain = estimate_option(Placement(SPEC, _snapshot([None] * 4, 2), tasks, dp=2, tp=1, pp=4, zero=0))
+    fast = estimate_option(Placement(SPEC, _snapshot([400.0] * 4, 2), tasks, dp=2, tp=1, pp=4, zero=0))
     assert fast.step_s == plain.step_s
 
 
@@ -99,10 +100,10 @@ def test_a_node_without_its_own_figures_prices_as_before() -> None:
 @given(ports=st.lists(st.sampled_from(PORTS), min_size=4, max_size=4), slow=st.integers(0, 3))
 def test_a_slower_port_never_makes_a_step_faster(ports: list[float | None], slow: int) -> None:
     tasks = _blocks(1, 1, 4, 1)
-    before = estimate_option(SPEC, _snapshot(ports, 1), tasks, dp=1, tp=1, pp=4, zero=0)
+    before = estimate_option(Placement(SPEC, _snapshot(ports, 1), tasks, dp=1, tp=1, pp=4, zero=0))
     slower = list(ports)
     slower[slow] = 1.0
-    after = estimate_option(SPEC, _snapshot(slower, 1), tasks, dp=1, tp=1, pp=4, zero=0)
+    after = estimate_option(Placement(SPEC, _snapshot(slower, 1), tasks, dp=1, tp=1, pp=4, zero=0))
     assert after.step_s.pp_comm >= before.step_s.pp_comm
     assert after.step_s.total >= before.step_s.total
 
@@ -179,8 +180,10 @@ def test_the_order_of_stages_beats_the_listed_order_when_ports_differ() -> None:
             PlannedTask(**{**t.model_dump(), "node": f"n{int(t.node[1:]) - 1}"}) for t in opt.tasks
         ]  # the same roles one node earlier in the list: onto the slow node first
         spec = with_precision(BIG, opt.precision)
-        est = estimate_option(spec, snap, listed, dp=opt.dp, tp=opt.tp, pp=opt.pp, zero=opt.zero)
-        mine = estimate_option(spec, snap, opt.tasks, dp=opt.dp, tp=opt.tp, pp=opt.pp, zero=opt.zero)
+        est = estimate_option(Placement(spec, snap, listed, dp=opt.dp, tp=opt.tp, pp=opt.pp, zero=opt.zero))
+        mine = estimate_option(
+            Placement(spec, snap, opt.tasks, dp=opt.dp, tp=opt.tp, pp=opt.pp, zero=opt.zero)
+        )
         assert mine.step_s.total < est.step_s.total
 
 
@@ -271,7 +274,7 @@ def _cross_error(dp, tp, pp, devices, n_a, n_b, link_gbps, link_ms) -> float:
         PlannedTask(**{**t.model_dump(), "cluster": "a" if int(t.node[1:]) < n_a else "b"})
         for t in _blocks(dp, tp, pp, devices)
     ]
-    est = estimate_option(SPEC, snap, tasks, dp=dp, tp=tp, pp=pp, zero=0)
+    est = estimate_option(Placement(SPEC, snap, tasks, dp=dp, tp=tp, pp=pp, zero=0))
     opt = _option(tasks, dp, tp, pp, est).model_copy(update={"replicas_per_cluster": {"a": dp}})
     sim = simulate(SPEC, opt, snap, **GOODPUT).step_s
     return abs(_iteration(est) - sim) / sim
@@ -291,7 +294,7 @@ def test_a_group_across_clusters_needs_every_node_reachable() -> None:
         for t in _blocks(1, 1, 2, 1)
     ]
     with pytest.raises(InvalidArgument, match="reachable from other clusters"):
-        estimate_option(SPEC, snap, tasks, dp=1, tp=1, pp=2, zero=0)
+        estimate_option(Placement(SPEC, snap, tasks, dp=1, tp=1, pp=2, zero=0))
 
 
 def _two_big_clusters(n_a: int, n_b: int, reachable: bool, link_gbps: float = 25.0) -> ResourceSnapshot:

@@ -16,6 +16,7 @@ from contracts.errors import CpnError, InvalidArgument, NoFeasiblePlan
 from contracts.job_spec import JobSpec
 from control_layer.planner import estimate_option, plan
 from control_layer.planner.node_groups import node_group_problems, node_groups
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import Estimates, PlannedTask, PlanOption
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.worker_config import TaskSlot, build_worker_configs, group_by_node
@@ -70,7 +71,7 @@ def _blocks(dp: int, tp: int, pp: int, devices: int) -> list[PlannedTask]:
 
 
 def _estimate(tasks: list[PlannedTask], snap: ResourceSnapshot, dp: int, tp: int, pp: int) -> Estimates:
-    return estimate_option(SPEC, snap, tasks, dp=dp, tp=tp, pp=pp, zero=0)
+    return estimate_option(Placement(SPEC, snap, tasks, dp=dp, tp=tp, pp=pp, zero=0))
 
 
 def _option(tasks: list[PlannedTask], dp: int, tp: int, pp: int, est: Estimates) -> PlanOption:
@@ -247,7 +248,7 @@ def test_replicas_too_big_for_any_node_are_placed_across_nodes_as_the_runtime_ru
         for group in node_groups(o.tasks):
             assert len({t.cluster for t in o.tasks if t.node in group}) == 1
         again = estimate_option(
-            spec, snap, o.tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero, runtime=o.runtime
+            Placement(spec, snap, o.tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero), runtime=o.runtime
         )
         assert again.duration_s == pytest.approx(o.estimates.duration_s)
         assert all(c.ok for c in o.qos_checks)

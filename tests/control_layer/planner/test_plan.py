@@ -11,6 +11,7 @@ import pytest
 from contracts.errors import InvalidArgument
 from control_layer.planner import Calibration, JobSpec, ResourceSnapshot, estimate_option, plan
 from control_layer.planner.node_groups import node_group_problems, node_groups
+from control_layer.planner.placement import Placement
 
 from .checks import check_front, check_option
 
@@ -149,7 +150,7 @@ def test_a_pipeline_spans_nodes_only_when_no_node_holds_a_replica() -> None:
         groups = node_groups(o.tasks)
         assert len(groups) == o.dp and all(len(g) == o.pp for g in groups)
         again = estimate_option(
-            spec, snap, o.tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero, runtime=o.runtime
+            Placement(spec, snap, o.tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero), runtime=o.runtime
         )
         assert again.duration_s == pytest.approx(o.estimates.duration_s)
     # The same eight devices on one node carry the pipeline.
@@ -190,7 +191,9 @@ def test_calibration_slows_what_it_measures(example) -> None:
         link_goodput={key: 0.05 for key in base.estimates.basis.goodput},
     )
     again = estimate_option(
-        spec, snap, base.tasks, dp=base.dp, tp=base.tp, pp=base.pp, zero=base.zero, calibration=slow
+        Placement(
+            spec, snap, base.tasks, dp=base.dp, tp=base.tp, pp=base.pp, zero=base.zero, calibration=slow
+        )
     )
     assert again.duration_s > base.estimates.duration_s
 

@@ -17,6 +17,7 @@ from control_layer.planner.checkpoint_policy import (
     checkpoint_write_s,
 )
 from control_layer.planner.exhaustive import exhaustive_best
+from control_layer.planner.placement import Placement
 from control_layer.planner.sync_settings import (
     exchange_delay,
     exchange_s,
@@ -189,8 +190,10 @@ def test_search_ranks_placements_with_their_runtime_settings() -> None:
     assert best.runtime is not None and best.runtime.overlap and best.estimates.step_s.wan_sync == 0.0
     # Priced once: the option's figures are those of its tasks with its own settings.
     again = estimate_option(
-        spec, snap, best.tasks, dp=2, tp=best.tp, pp=best.pp, zero=best.zero, runtime=best.runtime
+        Placement(spec, snap, best.tasks, dp=2, tp=best.tp, pp=best.pp, zero=best.zero), runtime=best.runtime
     )
     assert again.duration_s == pytest.approx(best.estimates.duration_s, rel=1e-12)
-    blocking = estimate_option(spec, snap, best.tasks, dp=2, tp=best.tp, pp=best.pp, zero=best.zero)
+    blocking = estimate_option(
+        Placement(spec, snap, best.tasks, dp=2, tp=best.tp, pp=best.pp, zero=best.zero)
+    )
     assert blocking.duration_s > best.estimates.duration_s * 1.05

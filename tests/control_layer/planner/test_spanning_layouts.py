@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from control_layer.planner import estimate_option
+from control_layer.planner.placement import Placement
 from control_layer.planner.search import with_precision
 from tests.control_layer.planner.test_node_fabric import BIG, _big_snapshot, _spanning
 
@@ -19,9 +20,9 @@ def test_zero_never_improves_a_spanning_placement() -> None:
     for opt in options:
         spec = with_precision(BIG, opt.precision)
         kw = dict(dp=opt.dp, tp=opt.tp, pp=opt.pp)
-        base = estimate_option(spec, snap, opt.tasks, zero=0, **kw)
+        base = estimate_option(Placement(spec, snap, opt.tasks, zero=0, **kw))
         for zero in (1, 2, 3):
-            est = estimate_option(spec, snap, opt.tasks, zero=zero, **kw)
+            est = estimate_option(Placement(spec, snap, opt.tasks, zero=zero, **kw))
             assert est.duration_s == pytest.approx(base.duration_s)
             assert est.cost.total == pytest.approx(base.cost.total)
             if zero < 3:

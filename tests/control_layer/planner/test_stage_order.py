@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from benchmarks.sim import simulate
 from contracts.job_spec import JobSpec
 from control_layer.planner import estimate_option
-from control_layer.planner.estimate import replica_walks
+from control_layer.planner.local_step import replica_walks
 from control_layer.planner.node_groups import node_group_problems, node_groups
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.planner.search import with_precision
 from control_layer.planner.snapshot import ResourceSnapshot
@@ -53,19 +54,19 @@ def _tasks(replica: list[Slot], tp: int, snap: ResourceSnapshot) -> list[Planned
 
 
 def _searched(spec: JobSpec, snap: ResourceSnapshot, replica: list[Slot], tp: int, pp: int) -> list[Slot]:
-    walks = replica_walks(spec, snap, _tasks(replica, tp, snap), dp=1, tp=tp, pp=pp, zero=0)
+    walks = replica_walks(Placement(spec, snap, _tasks(replica, tp, snap), dp=1, tp=tp, pp=pp, zero=0))
     return search_orders([replica], tp, walks, snap, None)[0]
 
 
 def _step(spec: JobSpec, snap: ResourceSnapshot, replica: list[Slot], tp: int, pp: int) -> float:
-    est = estimate_option(spec, snap, _tasks(replica, tp, snap), dp=1, tp=tp, pp=pp, zero=0)
+    est = estimate_option(Placement(spec, snap, _tasks(replica, tp, snap), dp=1, tp=tp, pp=pp, zero=0))
     return _iteration(est)
 
 
 def _sim(spec: JobSpec, snap: ResourceSnapshot, replica: list[Slot], tp: int, pp: int) -> tuple[float, float]:
     """(estimated iteration, simulated step) of the replica in this order."""
     tasks = _tasks(replica, tp, snap)
-    est = estimate_option(spec, snap, tasks, dp=1, tp=tp, pp=pp, zero=0)
+    est = estimate_option(Placement(spec, snap, tasks, dp=1, tp=tp, pp=pp, zero=0))
     option = _option(tasks, 1, tp, pp, est)
     if len({c for c, _, _ in replica}) > 1:
         option = option.model_copy(update={"replicas_per_cluster": {replica[0][0]: 1}})
@@ -229,7 +230,7 @@ def test_replicas_that_meet_through_the_sync_keep_their_fastest_node_first() -> 
         for r, slots in enumerate(replicas)
         for i, (_, n, d) in enumerate(slots)
     ]
-    walks = replica_walks(SPEC, snap, tasks, dp=2, tp=1, pp=4, zero=0)
+    walks = replica_walks(Placement(SPEC, snap, tasks, dp=2, tp=1, pp=4, zero=0))
     searched = search_orders(replicas, 1, walks, snap, None)
     assert [r[0] for r in searched] == [("c", "n0", 0), ("c", "n4", 0)]
     alone = search_orders(replicas[:1], 1, walks[:1], snap, None)[0]

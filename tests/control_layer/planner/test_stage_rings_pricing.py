@@ -15,10 +15,11 @@ from benchmarks.sim import simulate
 from contracts.model import model_config
 from control_layer.planner import cost_model as cm
 from control_layer.planner import estimate_option
-from control_layer.planner.estimate import stage_rings
 from control_layer.planner.node_groups import per_stage_sync
+from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import Estimates, PlannedTask
 from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.sync_cost import stage_rings
 from tests.control_layer.planner.test_node_group_pricing import GOODPUT, SPEC, _iteration, _option
 from training.models.gpt import GPT
 from training.parallel.pipeline import split_stage
@@ -100,7 +101,7 @@ def compare(snap: ResourceSnapshot, tasks: list[PlannedTask], groups: int, pp: i
     """(relative error of the exchange per step, of the whole step) against the simulator. The
     ring keeps a region's clusters together, as the control plane ships it (``assign``)."""
     assert per_stage_sync(tasks, "sync", pp)
-    est: Estimates = estimate_option(SPEC, snap, tasks, dp=groups, tp=1, pp=pp, zero=0)
+    est: Estimates = estimate_option(Placement(SPEC, snap, tasks, dp=groups, tp=1, pp=pp, zero=0))
     ring = [c.id for c in sorted(snap.clusters, key=lambda c: (c.region, c.id))]
     opt = _option(tasks, groups, 1, pp, est)
     opt = opt.model_copy(
@@ -177,7 +178,7 @@ def test_rings_sharing_a_link_share_its_rate(layout: str) -> None:
     leads both stages changes nothing (each stage leader is its own device)."""
     snap, tasks = _two_regions(layout)
     assert [len(r) for r in stage_rings(tasks, snap)] == [2, 2]
-    est = estimate_option(SPEC, snap, tasks, dp=2, tp=1, pp=2, zero=0)
+    est = estimate_option(Placement(SPEC, snap, tasks, dp=2, tp=1, pp=2, zero=0))
     x = est.basis.exchange
     assert x.bytes == pytest.approx(4.0 * SPEC.model.n_params)  # fp32, pushed to the one peer
     assert x.bytes_per_s == pytest.approx(1e9 / 8 * 0.7)  # the declared link at the WAN goodput

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from contracts.errors import InvalidArgument
 from control_layer.planner import JobSpec, ResourceSnapshot, plan
 from control_layer.planner.estimate import estimate_planned
+from control_layer.planner.placement import Placement
 from control_layer.planner.quality import MEASURED
 from control_layer.planner.sync_choice import (
     EVERY_LADDER,
@@ -244,7 +245,7 @@ def test_quotes_carry_the_chosen_settings_priced_as_they_run() -> None:
         assert run.sync.every == o.sync.every and run.sync.compression == "int8"
         # the same plan asked for with the chosen values explicitly prices the option the same
         again = estimate_planned(
-            run, snap, o.tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero, pp_schedule=o.pp_schedule
+            Placement(run, snap, o.tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero, pp_schedule=o.pp_schedule)
         )[0]
         assert again.duration_s == pytest.approx(o.estimates.duration_s, rel=1e-12)
     explicit = _three_way({"mode": "diloco", "every": 100, "compression": "none"})
@@ -259,6 +260,6 @@ def test_the_same_placement_on_faster_links_never_gets_a_larger_h() -> None:
     for gbps in (0.001, 0.01, 0.1, 1.0, 10.0):
         snap = _three_regions(gbps, latency_ms=1.0)
         o = plan(spec, snap)[0]
-        est, rt = estimate_planned(spec, snap, o.tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero)
+        est, rt = estimate_planned(Placement(spec, snap, o.tasks, dp=o.dp, tp=o.tp, pp=o.pp, zero=o.zero))
         chosen.append(rt.sync_every)
     assert chosen == sorted(chosen, reverse=True) and chosen[0] > chosen[-1], chosen
