@@ -88,7 +88,15 @@ def agent_command(
     probe_port: int = typer.Option(
         0, "--probe-port", help="Port peers probe this node's links on (0: any free one, -1: none)"
     ),
-    probe_bind: str = typer.Option("0.0.0.0", "--probe-bind", help="Address the probe server binds"),
+    probe_bind: str = typer.Option(
+        "0.0.0.0", "--probe-bind", help="Address the probe and checkpoint servers bind"
+    ),
+    checkpoint_port: int = typer.Option(
+        0,
+        "--checkpoint-port",
+        help="Port the region's nodes fetch checkpoint copies from, over mutual TLS with each job's"
+        " credentials (0: any free one, -1: none)",
+    ),
     work_dir: Path = typer.Option(Path("./cpn-agent"), "--work-dir", help="Assignment configs and logs"),
     state_file: Path | None = typer.Option(None, "--state-file", help="Default: <work-dir>/agent-state.json"),
     reconnect_max_s: float = typer.Option(

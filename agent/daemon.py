@@ -26,8 +26,13 @@ from typing import Any
 import grpc
 
 from agent import cleanup, contention
-from agent.checkpoint_transfer import MAX_MESSAGE_BYTES as CHECKPOINT_MESSAGE_BYTES
-from agent.checkpoint_transfer import add_checkpoint_service, run_copy, ticket_from_proto
+from agent.checkpoint_transfer import (
+    JobCredentials,
+    build_checkpoint_server,
+    run_copy,
+    ticket_from_proto,
+    tls_from_proto,
+)
 from agent.devices import detect_devices
 from agent.duties import Duty, run_duty
 from agent.outbox import Outbox
@@ -38,6 +43,7 @@ from agent.settings import AgentSettings
 from agent.state import AgentState, Credentials
 from agent.tls import certificate_request, channel_credentials, load_or_create_key, read_pem
 from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
+from contracts.checkpoint_transfer import CheckpointTls
 from contracts.errors import InvalidArgument
 from contracts.registration import DeviceReport, NodeProfile
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -141,6 +147,8 @@ class Agent:
         self._stub: agent_pb2_grpc.AgentServiceStub | None = None
         self._probe_key = ""  # from the latest registration; checks the tickets of probes aimed here
         self._probe_port = 0  # where the probe server listens (0: none)
+        self._checkpoint_port = 0  # where the checkpoint server listens, mutual TLS (0: none)
+        self._job_credentials: JobCredentials | None = None  # the jobs' checkpoint TLS, made at start
         self._probe_tasks: set[asyncio.Task[None]] = set()
         self._probe_lock = asyncio.Lock()  # one probe at a time: two would share the link and halve it
         self._copy_locks: dict[str, asyncio.Lock] = {}  # checkpoint dir -> one copy into it at a time
@@ -212,18 +220,27 @@ class Agent:
         if s.probe_port >= 0:
             try:
                 probe_server, self._probe_port = build_probe_server(
-                    self._probe_identity,
-                    s.probe_bind,
-                    s.probe_port,
-                    # Checkpoint copies between the region's nodes share the port and its tickets' key.
-                    extra=lambda server: add_checkpoint_service(server, self._probe_identity, s.work_dir),
-                    max_send_bytes=CHECKPOINT_MESSAGE_BYTES,
+                    self._probe_identity, s.probe_bind, s.probe_port
                 )
             except (OSError, RuntimeError) as exc:
                 log.error("probe server: %s", exc)
                 return 2
             await probe_server.start()
             log.info("link probes served on %s:%d", s.probe_bind, self._probe_port)
+        self._job_credentials = credentials = await asyncio.to_thread(JobCredentials, s.work_dir)
+        checkpoint_server = None
+        if s.checkpoint_port >= 0:
+            try:
+                # Copies between the region's nodes: tickets signed with the probe key, mutual TLS
+                # with each job's credentials on a port of their own.
+                checkpoint_server, self._checkpoint_port = build_checkpoint_server(
+                    self._probe_identity, s.work_dir, credentials, s.probe_bind, s.checkpoint_port
+                )
+            except (OSError, RuntimeError) as exc:
+                log.error("checkpoint server: %s", exc)
+                return 2
+            await checkpoint_server.start()
+            log.info("checkpoint copies served over TLS on %s:%d", s.probe_bind, self._checkpoint_port)
         if self.profile is not None and self._probes_cpu:
             # What it registers with; a profile given rather than measured settles here.
             if settled is None:
@@ -254,6 +271,8 @@ class Agent:
                 await channel.close(grace=0.5)
             if probe_server is not None:
                 await probe_server.stop(0.5)
+            if checkpoint_server is not None:
+                await checkpoint_server.stop(0.5)
             self._save_state()  # still lists any worker group that would not stop, for the next agent
         return code
 
@@ -380,6 +399,7 @@ class Agent:
             node_id=creds.node_id if creds else "",
             node_token=creds.node_token if creds else "",
             probe_port=self._probe_port,
+            checkpoint_port=self._checkpoint_port,
             cpu_contention=self._contention.value,
             cpu_contention_probe_ages_s=self._contention.kept_ages(),
             sandbox=self.sandbox.capability(s.allow_unsandboxed),
@@ -546,6 +566,10 @@ class Agent:
                     " its provider may allow unsandboxed users' code with --allow-unsandboxed",
                 )
             sandbox = False
+        tls = CheckpointTls.from_dict((a.worker_config.get("checkpoint") or {}).get("tls"))
+        if tls is not None and self._job_credentials is not None:
+            # Its task's checkpoints are served with them (to a copy, or to its re-placement).
+            self._job_credentials.add(a.job_id, tls)
         run = WorkerRun(
             a,
             self.settings.work_dir.resolve() / "assignments" / aid,
@@ -655,11 +679,15 @@ class Agent:
         """Fetch a checkpoint another node of the region completed, in the background (the workers
         that wrote it go on training), and say how it went."""
         ticket = ticket_from_proto(order.ticket)
+        tls = tls_from_proto(order.tls) if order.HasField("tls") else None
         lock = self._copy_locks.setdefault(ticket.dir, asyncio.Lock())
         async with lock:
             nbytes, seconds, error = await run_copy(
-                self.settings.work_dir, ticket, order.source_host, order.source_port
+                self.settings.work_dir, ticket, order.source_host, order.source_port, tls
             )
+        if not error and tls is not None and self._job_credentials is not None:
+            # It serves this copy from now on, to whichever node the job is re-placed on.
+            await asyncio.to_thread(self._job_credentials.add, order.job_id, tls)
         if error:
             log.warning(
                 "checkpoint copy %s (%s step %d) failed: %s",
@@ -751,6 +779,10 @@ class Agent:
         _, trash = cleanup.take_expired(self.settings.work_dir, live, retention_s, time.time())
         trash += [p for p in (self.settings.work_dir / cleanup.TRASH).glob("*") if p not in trash]
         await asyncio.to_thread(cleanup.remove, trash)
+        if self._job_credentials is not None:  # a job's credentials go with the last of its checkpoints
+            held = self.settings.work_dir / "checkpoints"
+            kept = {d.name for d in held.iterdir()} if held.is_dir() else set()
+            await asyncio.to_thread(self._job_credentials.keep_only, kept | live)
 
     def _forget_finished(self) -> None:
         now = time.monotonic()

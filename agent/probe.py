@@ -111,21 +111,16 @@ def build_probe_server(
     identity: Callable[[], tuple[str, str] | None],
     host: str,
     port: int,
-    extra: Callable[[grpc.aio.Server], None] | None = None,
-    max_send_bytes: int = 4096,
 ) -> tuple[grpc.aio.Server, int]:
-    """A bound, not yet started probe server and its port (``port=0`` picks a free one); ``extra``
-    adds services that share the port (the checkpoint service, which sends up to ``max_send_bytes``)."""
+    """A bound, not yet started probe server and its port (``port=0`` picks a free one)."""
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", max_send_bytes),
+            ("grpc.max_send_message_length", 4096),
         ],
         maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS,
     )
     agent_pb2_grpc.add_LinkProbeServiceServicer_to_server(ProbeServicer(identity), server)
-    if extra is not None:
-        extra(server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"probe server could not bind {host}:{port}")

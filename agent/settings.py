@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from contracts.errors import InvalidArgument
 from contracts.registration import MAX_FABRIC_GBPS, MAX_FABRIC_LATENCY_MS, NAME_RE
@@ -100,7 +100,13 @@ class AgentSettings(BaseModel):
         0, ge=-1, le=65535, description="LinkProbeService port (0: any free one, -1: serve no probes)"
     )
     probe_bind: str = Field(
-        "0.0.0.0", min_length=1, max_length=255, description="address the probe server binds"
+        "0.0.0.0", min_length=1, max_length=255, description="address the probe and checkpoint servers bind"
+    )
+    checkpoint_port: int = Field(
+        0,
+        ge=-1,
+        le=65535,
+        description="CheckpointService port, mutual TLS (0: any free one, -1: serve no checkpoint copies)",
     )
     hostname: str = Field(default_factory=socket.gethostname)
     work_dir: Path = Path("./cpn-agent")
@@ -184,11 +190,12 @@ class AgentSettings(BaseModel):
         except InvalidArgument as exc:
             raise ValueError(exc.message) from None
 
-    @field_validator("probe_port")
+    @field_validator("probe_port", "checkpoint_port")
     @classmethod
-    def _probe_port(cls, v: int) -> int:
+    def _port(cls, v: int, info: ValidationInfo) -> int:
         if v not in (-1, 0) and not 1024 <= v <= 65535:
-            raise ValueError(f"--probe-port: -1 (none), 0 (any free port) or 1024..65535, got {v}")
+            flag = "--" + str(info.field_name).replace("_", "-")
+            raise ValueError(f"{flag}: -1 (none), 0 (any free port) or 1024..65535, got {v}")
         return v
 
     @model_validator(mode="after")

@@ -44,11 +44,11 @@ from agent.sandbox import (
 from agent.settings import AgentSettings
 from agent.tls import http_verify
 from contracts.artifacts import CHECKPOINT_OUTPUT
-from contracts.checkpoint_transfer import CheckpointTicket
+from contracts.checkpoint_transfer import CheckpointTicket, CheckpointTls
 from contracts.errors import InvalidArgument
 from contracts.lost_notices import LostNotice, append_notice
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
-from contracts.worker_config import NodeGroupSpec, StageSpec
+from contracts.worker_config import LOOPBACK, NodeGroupSpec, StageSpec
 from proto.cpn.agent.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -107,11 +107,12 @@ def worker_command(
         if not (isinstance(override, list) and override and all(isinstance(x, str) for x in override)):
             raise InvalidArgument("worker_config.command: must be a non-empty list of strings")
         return list(override)
+    launcher, rendezvous = rendezvous_args(a.worker_config.get("group"), a.job_id)
     return [
         python,
         "-m",
-        "torch.distributed.run",
-        *rendezvous_args(a.worker_config.get("group")),
+        launcher,
+        *rendezvous,
         "--nproc-per-node",
         str(a.nproc),
         "-m",
@@ -121,18 +122,40 @@ def worker_command(
     ]
 
 
-def rendezvous_args(group: Any) -> list[str]:
-    """torchrun's rendezvous: standalone for a node's own group; for a group spanning nodes, the
-    static rendezvous on node rank 0's store. Static, not c10d's dynamic one, because dynamic
-    rendezvous numbers nodes by arrival, and the plan put stage s on a chosen node: global ranks
-    must follow the node ranks the control plane gave."""
+def rendezvous_args(group: Any, job_id: str) -> tuple[str, list[str]]:
+    """The launcher module and its rendezvous arguments: torchrun standalone for a node's own
+    group; for a group spanning nodes, node rank 0's store with node ranks as the control plane
+    gave them (not c10d's dynamic rendezvous, which numbers nodes by arrival: the plan put stage s
+    on a chosen node). With the job's credentials, ``training.launch``'s authenticated rendezvous
+    (``training.rendezvous``: TLS between nodes, keys under the job's secret); without, which
+    the config allows on loopback only, torchrun's static one."""
     if group is None:
-        return ["--standalone"]
+        return "torch.distributed.run", ["--standalone"]
     try:
         spec = NodeGroupSpec.model_validate(group)
     except ValidationError as exc:
         raise InvalidArgument(f"worker_config.group: {exc.errors()[0]['msg']}", field="group") from None
-    return [
+    if not spec.secured and spec.master_addr not in LOOPBACK:
+        raise InvalidArgument(
+            f"worker_config.group: a rendezvous at {spec.master_addr} needs the job's credentials"
+            " (tls_ca_pem, tls_cert_pem, tls_key_pem, store_secret); without them, loopback only",
+            field="group",
+        )
+    if spec.secured:
+        host = f"[{spec.master_addr}]" if ":" in spec.master_addr else spec.master_addr
+        return "training.launch", [
+            "--nnodes",
+            str(spec.nnodes),
+            "--rdzv-backend",
+            "cpn-tls",
+            "--rdzv-endpoint",
+            f"{host}:{spec.master_port}",
+            "--rdzv-id",
+            job_id,
+            "--rdzv-conf",
+            f"rank={spec.node_rank}",
+        ]
+    return "torch.distributed.run", [
         "--nnodes",
         str(spec.nnodes),
         "--node-rank",
@@ -295,6 +318,8 @@ class WorkerRun:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             config_path = self.run_dir / "worker_config.json"
             config = {k: v for k, v in a.worker_config.items() if k != COMMAND_KEY}
+            if isinstance(config.get("checkpoint"), dict):  # the agent's, for copies: not the worker's
+                config["checkpoint"] = {k: v for k, v in config["checkpoint"].items() if k != "tls"}
             config = resolve_checkpoint_dir(config, self._settings.work_dir)
             if isinstance(config.get("sync"), dict):  # where the control plane's lost-peer notices land
                 config["sync"] = config["sync"] | {"lost_notices": str(self.lost_notices_path)}
@@ -524,7 +549,8 @@ class WorkerRun:
             if has_checkpoint(self._settings.work_dir, ticket.dir, ticket.step):
                 nbytes, seconds, error = 0, 0.0, ""  # already here (a copy landed before)
             else:
-                nbytes, seconds, error = await run_copy(self._settings.work_dir, ticket, host, port)
+                tls = CheckpointTls.from_dict(ck.get("tls"))  # the job's, as the source serves it with
+                nbytes, seconds, error = await run_copy(self._settings.work_dir, ticket, host, port, tls)
         aid = self.assignment.assignment_id
         if error:
             log.warning("assignment %s: checkpoint fetch failed: %s", aid, error)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from contracts.job_spec import JobSpec
-from control_layer.planner.snapshot import ResourceSnapshot
+from control_layer.planner.snapshot import LOCAL_BANDWIDTH_GBPS, LOCAL_LATENCY_MS, ResourceSnapshot
 
 # (continent, jurisdiction, regions)
 CONTINENTS = [
@@ -177,6 +177,22 @@ def _meshed(
     )
 
 
+def private_links(snap: ResourceSnapshot) -> ResourceSnapshot:
+    """The fleet with every link declared private, each region's own network too (at the
+    snapshot's default local figures, so no price moves): the planner may then span clusters
+    wherever nodes declared it (a group's gloo/NCCL traffic crosses private links only)."""
+    data = snap.model_dump()
+    data["links"] = [{**ln, "private": True} for ln in data["links"]]
+    own = {(ln["src"], ln["dst"]) for ln in data["links"] if ln["src"] == ln["dst"]}
+    for r in sorted({c["region"] for c in data["clusters"]}):
+        if (r, r) not in own:
+            data["links"].append(
+                {"src": r, "dst": r, "bandwidth_gbps": LOCAL_BANDWIDTH_GBPS, "latency_ms": LOCAL_LATENCY_MS}
+                | {"private": True}
+            )
+    return ResourceSnapshot.model_validate(data)
+
+
 def small_instance(seed: int) -> tuple[JobSpec, ResourceSnapshot]:
     """A fleet of at most 6 small clusters and a small job: exhaustive search stays cheap."""
     rng = np.random.default_rng(10_000 + seed)
@@ -234,7 +250,8 @@ def small_instance(seed: int) -> tuple[JobSpec, ResourceSnapshot]:
 
 def spanning_instance(seed: int) -> tuple[JobSpec, ResourceSnapshot]:
     """A fleet of 2 to 4 small clusters in 2 or 3 regions whose nodes (1 or 2 devices each) all
-    declared their group endpoint reachable from other clusters, and a job no node holds a replica
+    declared their group endpoint reachable from other clusters, over links all declared private
+    (``private_links``), and a job no node holds a replica
     of: its pipelines run across clusters, and across regions where one region's nodes are too
     few or dearer (``spanning``)."""
     rng = np.random.default_rng(20_000 + seed)
@@ -263,7 +280,9 @@ def spanning_instance(seed: int) -> tuple[JobSpec, ResourceSnapshot]:
                 "price_per_device_hour": round(price * float(rng.choice([0.5, 1.0, 2.0])), 2),
             }
         )
-    snap = _meshed(chosen, clusters, rng, bandwidths=[1.0, 10.0, 50.0], latencies=[5.0, 30.0, 100.0])
+    snap = private_links(
+        _meshed(chosen, clusters, rng, bandwidths=[1.0, 10.0, 50.0], latencies=[5.0, 30.0, 100.0])
+    )
     seq = 1024
     spec = JobSpec.model_validate(
         {

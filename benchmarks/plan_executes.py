@@ -46,6 +46,7 @@ from contracts.errors import CpnError, NoFeasiblePlan  # noqa: E402
 from contracts.job_spec import JobSpec  # noqa: E402
 from contracts.model import model_config  # noqa: E402
 from contracts.worker_config import WorkerConfig  # noqa: E402
+from control_layer.allocation import add_job_credentials  # noqa: E402
 from control_layer.planner import cost_model as cm  # noqa: E402
 from control_layer.planner import plan  # noqa: E402
 from control_layer.planner.node_groups import node_groups  # noqa: E402
@@ -382,10 +383,10 @@ def run_option(r: Runnable, workdir: Path, timeout_s: float) -> str | None:
     """Launch every task of the option (one torchrun per node, the nodes of a group spanning nodes
     meeting at its first), 2 steps; None when all finish."""
     slots = task_slots(r.option, r.snap, _free_port)
-    # signed sync calls, as the placer configures every real job
-    configs = build_worker_configs(
-        "bench", r.spec, r.option, slots, sync_secret=job_sync_secret("bench-server", "bench")
-    )
+    # signed sync calls over TLS and authenticated group rendezvous, as the placer configures every real job
+    secret = job_sync_secret("bench-server", "bench")
+    configs = build_worker_configs("bench", r.spec, r.option, slots, sync_secret=secret)
+    add_job_credentials(configs, "bench", secret)
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)]),
@@ -400,14 +401,15 @@ def run_option(r: Runnable, workdir: Path, timeout_s: float) -> str | None:
         )
         path.write_text(json.dumps(cfg))
         reporting.append(not cfg.get("group") or cfg["group"]["node_rank"] == 0)
-        cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous_args(cfg.get("group")),
+        launcher, rendezvous = rendezvous_args(cfg.get("group"), "bench")
+        cmd = [sys.executable, "-m", launcher, *rendezvous,
                "--nproc-per-node", str(len(slot.device_indices)),
                "-m", "training.worker", "--config", str(path)]  # fmt: skip
         procs.append(
             subprocess.Popen(
                 cmd,
                 cwd=REPO,
-                env=env,
+                env=env | {"CPN_WORKER_CONFIG": str(path)},  # the group's credentials, as the agent sets it
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

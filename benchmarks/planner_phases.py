@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import MODELS, fleet, job  # noqa: E402
+from _common import MODELS, fleet, job, private_links  # noqa: E402
 
 import control_layer.planner.search as search  # noqa: E402
 from contracts.errors import NoFeasiblePlan  # noqa: E402
@@ -109,12 +109,13 @@ class Meter:
 
 
 def declared(snap: ResourceSnapshot) -> ResourceSnapshot:
-    """The fleet with every node's group endpoint declared reachable from other clusters."""
+    """The fleet with every node's group endpoint declared reachable from other clusters, over
+    links all declared private."""
     data = snap.model_dump()
     for c in data["clusters"]:
         for n in c["nodes"]:
             n["cross_cluster_groups"] = True
-    return ResourceSnapshot.model_validate(data)
+    return private_links(ResourceSnapshot.model_validate(data))
 
 
 def measure(clusters: int, quotes: int, seed: int, all_declared: bool = False) -> list[dict]:

@@ -4,6 +4,10 @@ A ticket lets one node fetch one complete checkpoint (``dir``/step_N) from the n
 ``source_node_id``, moving at most ``max_bytes``, until ``expires_at``. The source checks the MAC
 with its own probe key (issued at registration, known only to it and the control plane), so only
 the control plane can make a node hand a job's checkpoint to another.
+
+The copy itself runs over mutual TLS with the job's credentials (``CheckpointTls``: the job's CA,
+as its cross-region sync has, and a certificate of it naming ``checkpoint_server_name``): the
+weights never cross in plaintext, and only holders of the job's credentials take part.
 """
 
 from __future__ import annotations
@@ -23,6 +27,44 @@ CHUNK_BYTES = 1024 * 1024
 MAX_TICKET_TTL_S = 900.0
 # Where checkpoints live under an agent's work dir (control_layer.worker_config.checkpoint_dir).
 _DIR = re.compile(r"^checkpoints/[A-Za-z0-9._-]{1,128}/[A-Za-z0-9._-]{1,200}$")
+
+
+MAX_PEM = 16 * 1024  # a certificate or key of any usual size, and no more
+
+
+def checkpoint_server_name(job_id: str) -> str:
+    """The name a job's checkpoint certificates carry (SAN DNS) and a fetch asks for (SNI): a source
+    holding several jobs' checkpoints answers each with that job's certificate."""
+    return f"{job_id}.ckpt.cpn"
+
+
+def job_of_dir(dir_: str) -> str:
+    """The job a checkpoint directory (``checkpoints/<job>/<participant>``) belongs to."""
+    check_dir(dir_)
+    return dir_.split("/")[1]
+
+
+@dataclass(frozen=True)
+class CheckpointTls:
+    """One node's TLS material for one job's checkpoint copies (PEM): the job's CA, and a key with
+    a certificate of that CA, which serves both ends of a copy."""
+
+    ca_pem: str
+    cert_pem: str
+    key_pem: str
+
+    @classmethod
+    def from_dict(cls, d: object) -> CheckpointTls | None:
+        """From a config's ``checkpoint.tls`` (or a stored copy); None unless complete and bounded."""
+        if not isinstance(d, dict):
+            return None
+        got = [d.get(k) for k in ("ca_pem", "cert_pem", "key_pem")]
+        if not all(isinstance(v, str) and 0 < len(v) <= MAX_PEM for v in got):
+            return None
+        return cls(*got)  # type: ignore[arg-type]
+
+    def as_dict(self) -> dict[str, str]:
+        return {"ca_pem": self.ca_pem, "cert_pem": self.cert_pem, "key_pem": self.key_pem}
 
 
 @dataclass(frozen=True)

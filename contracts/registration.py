@@ -133,6 +133,7 @@ class NodeRegistration:
     node_id: str = ""
     node_token: str = ""
     probe_port: int = 0  # its LinkProbeService on advertise_host; 0: none
+    checkpoint_port: int = 0  # its CheckpointService (mutual TLS) on advertise_host; 0: none
     profile: NodeProfile | None = None  # None: not measured; the planner uses its defaults
     # The node's own port into the cluster fabric (Gb/s per device, one-way ms); 0: not declared.
     node_fabric_gbps: float = 0.0
@@ -271,6 +272,8 @@ def registration_problems(reg: NodeRegistration) -> list[str]:
         p.append(f"sync_port_min/sync_port_max: need 1024 <= min <= max <= 65535, got {lo}-{hi}")
     if reg.probe_port != 0 and not 1024 <= reg.probe_port <= 65535:
         p.append(f"probe_port: need 0 (none) or 1024..65535, got {reg.probe_port}")
+    if reg.checkpoint_port != 0 and not 1024 <= reg.checkpoint_port <= 65535:
+        p.append(f"checkpoint_port: need 0 (none) or 1024..65535, got {reg.checkpoint_port}")
     c = reg.cpu_contention
     if not (_finite(c) and (c == 0 or MIN_CONTENTION <= c <= MAX_CONTENTION)):
         p.append(

@@ -14,6 +14,9 @@ MAX_PEM = 16 * 1024  # a certificate or key of any usual size, and no more
 # The name every leader's sync certificate carries and every client verifies: certificates name the
 # service, not a host (leaders are reached by address and move between nodes).
 SYNC_TLS_SERVER_NAME = "cpn-sync"
+# The name a job's group certificates carry: the TLS relay of a torchrun group's rendezvous store
+# (``training.rendezvous``), reached at the group's head by address.
+GROUP_TLS_SERVER_NAME = "cpn-group"
 
 Mode = Literal["none", "sync", "local_sgd", "diloco", "gossip", "ssp", "async"]
 Compression = Literal["none", "fp32", "fp16", "bf16", "int8", "topk"]

@@ -15,12 +15,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from contracts.checkpoint_transfer import MAX_PEM
 from contracts.errors import InvalidArgument
 from contracts.feasibility import BYO_PARALLELISM, byo_problems, shape_problems, stage_sync_problems
 from contracts.model import GPTConfig
 from contracts.sync_config import SyncConfig
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")  # where a group may meet without the job's credentials
 
 
 class DataSpec(BaseModel):
@@ -84,12 +86,28 @@ class NodeGroupSpec(BaseModel):
     # Where node rank 0 hosts the group's rendezvous store (torch's TCPStore).
     master_addr: str = Field(min_length=1, max_length=255)
     master_port: int = Field(gt=0, lt=65536)
+    # The job's credentials for the rendezvous (``training.rendezvous``): mutual TLS with the job's
+    # CA between the nodes' store connections, and a secret every key of the store sits under.
+    # Without them an agent launches the group only on loopback (``agent.workers.rendezvous_args``).
+    tls_ca_pem: str | None = Field(default=None, min_length=1, max_length=MAX_PEM)
+    tls_cert_pem: str | None = Field(default=None, min_length=1, max_length=MAX_PEM)
+    tls_key_pem: str | None = Field(default=None, min_length=1, max_length=MAX_PEM)
+    store_secret: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @model_validator(mode="after")
     def _rank_in_group(self) -> NodeGroupSpec:
         if self.node_rank >= self.nnodes:
             raise ValueError(f"group.node_rank ({self.node_rank}) must be < group.nnodes ({self.nnodes})")
+        given = [
+            x is not None for x in (self.tls_ca_pem, self.tls_cert_pem, self.tls_key_pem, self.store_secret)
+        ]
+        if any(given) and not all(given):
+            raise ValueError("group: tls_ca_pem, tls_cert_pem, tls_key_pem and store_secret go together")
         return self
+
+    @property
+    def secured(self) -> bool:
+        return self.store_secret is not None
 
 
 class CheckpointFetch(BaseModel):
@@ -109,6 +127,17 @@ class CheckpointFetch(BaseModel):
     port: int = Field(gt=0, lt=65536)
 
 
+class CheckpointTlsSpec(BaseModel):
+    """The job's credentials for its checkpoint copies (``contracts.checkpoint_transfer.CheckpointTls``):
+    the agent serves this task's checkpoints with them and fetches with them; the worker never sees them."""
+
+    model_config = _STRICT
+
+    ca_pem: str = Field(min_length=1, max_length=MAX_PEM)
+    cert_pem: str = Field(min_length=1, max_length=MAX_PEM)
+    key_pem: str = Field(min_length=1, max_length=MAX_PEM)
+
+
 class CheckpointSpec(BaseModel):
     model_config = _STRICT
 
@@ -125,6 +154,7 @@ class CheckpointSpec(BaseModel):
     resume_at_most: int | None = Field(default=None, ge=0)
     # The node lacks the checkpoint it should resume from: its agent fetches it first.
     fetch: CheckpointFetch | None = None
+    tls: CheckpointTlsSpec | None = None
 
 
 class StageItem(BaseModel):

@@ -10,6 +10,7 @@ snapshot.
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -37,7 +38,8 @@ from orchestration.db.base import utcnow
 from orchestration.db.models import Accelerator, Allocation, Cluster, Job, Link, Node, Price, Task
 from orchestration.resource_changes import NOTED, note_changes
 from orchestration.settings import DEFAULT_PLATFORM_FEE
-from orchestration.sync_tls import job_ca_pem, leader_credentials
+from orchestration.sync_tls import checkpoint_credentials, group_credentials, job_ca_pem, leader_credentials
+from resource_layer.link_view import declared_private
 
 
 class AllocationConflict(Aborted):
@@ -82,12 +84,10 @@ def allocate(
         checkpoints=reachable_checkpoints(session, job.id),
         stage=stage,
     )
+    _check_private_links(session, node_groups(option.tasks), slots)
     sign_fetches(session, job.id, configs)
-    if len(node_groups(option.tasks)) > 1 and sync_secret:
-        # the job's leaders speak mutual TLS with certificates of the job's own CA
-        ca = job_ca_pem(sync_secret, job.id)
-        for config in configs.values():
-            config["sync"] |= leader_credentials(sync_secret, job.id, config["region"], ca_pem=ca)
+    if sync_secret:
+        add_job_credentials(configs, job.id, sync_secret)
     tasks = _new_tasks(session, job, option, attempt, slots, configs, platform_fee)
     _reserve(session, job.id, tasks, accelerators)
     return tasks
@@ -208,6 +208,48 @@ def _reserve(
         session.flush()
     except IntegrityError as exc:
         raise AllocationConflict(f"a device was allocated concurrently: {exc.orig}") from exc
+
+
+def add_job_credentials(configs: dict[str, dict[str, Any]], job_id: str, sync_secret: str) -> None:
+    """Give each task's config (node id -> worker config) its TLS material, all of the job's own CA
+    (``orchestration.sync_tls``): the sync leaders' (several groups), the checkpoint copies' (a
+    task with a checkpoint directory or a fetch), and the rendezvous of a group spanning nodes
+    (with a store secret shared by the group's nodes)."""
+    ca = job_ca_pem(sync_secret, job_id)
+    secrets_by_head: dict[tuple[str, int], str] = {}
+    for node_id, config in configs.items():
+        if "auth_secret" in (config.get("sync") or {}):  # its leaders meet over mutual TLS
+            config["sync"] |= leader_credentials(sync_secret, job_id, config["region"], ca_pem=ca)
+        ck = config.get("checkpoint") or {}
+        if ck.get("dir") or ck.get("fetch"):  # its copies and fetches, over mutual TLS
+            ck["tls"] = checkpoint_credentials(sync_secret, job_id, node_id, ca_pem=ca)
+        group = config.get("group")
+        if group:  # one secret per group: its head's address names it
+            head = (group["master_addr"], group["master_port"])
+            secret = secrets_by_head.setdefault(head, secrets.token_hex(32))
+            group |= group_credentials(sync_secret, job_id, node_id, ca_pem=ca) | {"store_secret": secret}
+
+
+def _check_private_links(session: Session, groups: list[list[str]], slots: list[TaskSlot]) -> None:
+    """A group across clusters sends plaintext gloo/NCCL traffic between them: refuse the option
+    where a link it crosses is no longer declared private (the plan may predate the change)."""
+    where = {s.node_id: (s.cluster_id, s.region) for s in slots}
+    crossing = [sorted({where[n] for n in g}) for g in groups if len(g) > 1]
+    crossing = [cs for cs in crossing if len(cs) > 1]
+    if not crossing:
+        return
+    declared = {(ln.src, ln.dst): ln.private for ln in session.scalars(select(Link))}
+    public = sorted(
+        {
+            (min(ra, rb), max(ra, rb))
+            for cs in crossing
+            for i, (_, ra) in enumerate(cs)
+            for _, rb in cs[i + 1 :]
+            if not declared_private(declared, ra, rb)
+        }
+    )
+    if public:
+        raise AllocationConflict(f"a group across clusters would cross links not declared private: {public}")
 
 
 def allocate_replacement(

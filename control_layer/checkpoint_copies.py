@@ -3,8 +3,10 @@ node is gone resumes from one instead of from the peers' model or from step 0.
 
 After a task reports a newer complete checkpoint (``on_task_metrics``), ``order_copy`` picks
 another live node of its region that serves checkpoints and, after the commit, orders it to fetch
-the checkpoint from the task's node (a ticket signed with the holder's probe key); the copy runs in
-the background on both agents while the task trains on. The receiver reports the result
+the checkpoint from the task's node (a ticket signed with the holder's probe key, and the job's
+checkpoint credentials for the receiver: the copy runs over mutual TLS with the job's CA, as its
+sync does, and the receiver serves it with them later); the copy runs in the background on both
+agents while the task trains on. The receiver reports the result
 (``record_copy_result``), which records where the checkpoint now has a copy. When a task is placed
 on a node lacking the checkpoint it should resume from, ``reachable_checkpoints`` tells the worker
 config builder which live nodes hold which steps, and ``sign_fetches`` turns its choice into a
@@ -34,10 +36,12 @@ from contracts.errors import FailedPrecondition, InvalidArgument, NotFound
 from contracts.model import GPTConfig, gpt_param_count
 from control_layer.checkpoints import job_checkpoints
 from control_layer.snapshot import current_prices
+from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
 from orchestration.db.base import new_id, utcnow
 from orchestration.db.models import CheckpointCopy, Cluster, Node, Task
 from orchestration.events import publish_after_commit, record_event
+from orchestration.sync_tls import checkpoint_credentials
 from resource_layer.liveness import node_alive_key
 
 KEEP_COPIES = 2  # complete steps a receiving agent keeps per directory (agent.checkpoint_transfer)
@@ -76,7 +80,7 @@ def _ticket(
     session: Session, row: CheckpointCopy, max_bytes: int, ttl_s: float
 ) -> tuple[CheckpointTicket, Node]:
     source = session.get(Node, row.source_node_id)
-    if source is None or not source.probe_key or source.probe_port <= 0:
+    if source is None or not source.probe_key or source.checkpoint_port <= 0:
         raise FailedPrecondition(f"node {row.source_node_id} serves no checkpoints")
     ticket = sign(
         source.probe_key,
@@ -108,7 +112,7 @@ def _copy_target(ctx: ServerContext, session: Session, task: Task, key: str) -> 
             Cluster.region == task.region,
             Node.id != task.node_id,
             Node.status == "alive",
-            Node.probe_port > 0,
+            Node.checkpoint_port > 0,
             Node.probe_key != "",
         )
     ).all()
@@ -154,7 +158,7 @@ def order_copy(ctx: ServerContext, session: Session, task: Task) -> CheckpointCo
     if not step or d is None:
         return None
     source = session.get(Node, task.node_id)
-    if source is None or source.probe_port <= 0 or not source.probe_key:
+    if source is None or source.checkpoint_port <= 0 or not source.probe_key:
         return None
     key = participant(task)
     target = _copy_target(ctx, session, task, key)
@@ -173,12 +177,14 @@ def order_copy(ctx: ServerContext, session: Session, task: Task) -> CheckpointCo
     )
     session.add(row)
     ticket, _ = _ticket(session, row, _max_bytes(task.worker_config or {}), COPY_TTL_S)
+    secret = job_sync_secret(ctx.settings.secret_key, task.job_id)
     order = {
         "checkpoint_copy": {
             "ticket": _ticket_dict(ticket),
             "source_host": source.advertise_host,
-            "source_port": source.probe_port,
+            "source_port": source.checkpoint_port,
             "job_id": task.job_id,
+            "tls": checkpoint_credentials(secret, task.job_id, target),
         }
     }
     publish_after_commit(session, ctx.bus, f"node.{target}", order)
@@ -313,4 +319,4 @@ def sign_fetches(session: Session, job_id: str, configs: dict[str, dict[str, Any
             ck["fetch"] = None
             continue
         session.add(row)
-        ck["fetch"] = _ticket_dict(ticket) | {"host": source.advertise_host, "port": source.probe_port}
+        ck["fetch"] = _ticket_dict(ticket) | {"host": source.advertise_host, "port": source.checkpoint_port}

@@ -33,6 +33,7 @@ from orchestration.db.engine import as_utc
 from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Price, Provider, Region
 from orchestration.resource_changes import ResourceChanges
 from resource_layer.link_probes import current_links
+from resource_layer.link_view import EffectiveLink
 
 DEFAULT_LINK_FRESH_S = 1800.0  # Settings.effective_link_fresh_s by default: 3 x the 600 s probe interval
 LINK_RECHECK_S = 10.0  # links are few; re-reading them this often bounds how late a stale probe drops
@@ -62,6 +63,27 @@ def node_profile(raw: dict[str, Any] | None) -> NodeProfileInfo | None:
 
 def busy_accelerator_ids(session: Session) -> set[str]:
     return set(session.scalars(select(Allocation.accelerator_id).where(Allocation.active.is_(True))))
+
+
+def link_info(ln: EffectiveLink) -> LinkInfo:
+    """The planner's view of a link in force (``resource_layer.link_view``)."""
+    return LinkInfo(
+        src=ln.src,
+        dst=ln.dst,
+        bandwidth_gbps=ln.bandwidth_gbps,
+        latency_ms=ln.latency_ms,
+        egress_price_per_gb=ln.egress_price_per_gb,
+        source=ln.source,  # type: ignore[arg-type]
+        private=ln.private,
+    )
+
+
+def region_info(region: Region) -> RegionInfo:
+    """The planner's view of a region: its jurisdiction only where an admin approved it (data
+    residency trusts nothing else); an agent's unapproved claim is carried apart, for the reasons."""
+    if region.jurisdiction_approved:
+        return RegionInfo(name=region.name, jurisdiction=region.jurisdiction)
+    return RegionInfo(name=region.name, jurisdiction_claim=region.jurisdiction)
 
 
 def build_snapshot(
@@ -114,7 +136,7 @@ class FleetRows:
     loaded in full (``load_all``) or row by row as the change feed names them (``apply``), and
     assembled into the planner's snapshot (``snapshot``) the same way either way."""
 
-    regions: dict[str, str] = field(default_factory=dict)
+    regions: dict[str, RegionInfo] = field(default_factory=dict)
     links: list[LinkInfo] = field(default_factory=list)
     providers: dict[str, str] = field(default_factory=dict)
     clusters: dict[str, _ClusterRow] = field(default_factory=dict)
@@ -166,7 +188,7 @@ class FleetRows:
             self._nodes(session, nodes)
 
     def _topology(self, session: Session) -> None:
-        self.regions = {r.name: r.jurisdiction for r in session.scalars(select(Region))}
+        self.regions = {r.name: region_info(r) for r in session.scalars(select(Region))}
         self._links(session)
         self.whole = None
         providers = {p.id: p.name for p in session.scalars(select(Provider))}
@@ -177,18 +199,7 @@ class FleetRows:
     def _links(self, session: Session) -> None:
         # Measured where a fresh probe exists, else as declared (resource_layer.link_probes).
         self.links = sorted(
-            (
-                LinkInfo(
-                    src=ln.src,
-                    dst=ln.dst,
-                    bandwidth_gbps=ln.bandwidth_gbps,
-                    latency_ms=ln.latency_ms,
-                    egress_price_per_gb=ln.egress_price_per_gb,
-                    source=ln.source,
-                )
-                for ln in current_links(session, self.link_fresh_s)
-                if ln.bandwidth_gbps > 0
-            ),
+            (link_info(ln) for ln in current_links(session, self.link_fresh_s) if ln.bandwidth_gbps > 0),
             key=lambda ln: (ln.src, ln.dst),
         )
         self.links_read_at = time.monotonic()
@@ -354,7 +365,7 @@ class FleetRows:
         if exclude_nodes:
             clusters = list(_without(clusters, set(exclude_nodes)))
         snap = ResourceSnapshot.model_construct(
-            regions=[RegionInfo(name=n, jurisdiction=j) for n, j in sorted(self.regions.items())],
+            regions=[info for _, info in sorted(self.regions.items())],
             clusters=list(clusters),
             links=list(self.links),
             taken_at=time.time(),

@@ -17,6 +17,7 @@ from service_layer.cli.jobs import jobs_app, quote
 from service_layer.cli.ledger import invoice, ledger_app, statement
 from service_layer.cli.plan import plan_command
 from service_layer.cli.queue import queue
+from service_layer.cli.regions import regions_app
 from service_layer.cli.server import server_command
 
 app = typer.Typer(
@@ -40,6 +41,7 @@ app.add_typer(tokens_app, name="tokens")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(keys_app, name="keys")
 app.add_typer(nodes_app, name="nodes")
+app.add_typer(regions_app, name="regions")
 app.add_typer(snapshot_app, name="snapshot")
 app.add_typer(db_app, name="db")
 app.add_typer(ledger_app, name="ledger")

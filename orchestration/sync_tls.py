@@ -1,4 +1,6 @@
-"""Per-job TLS credentials for the cross-region sync service (mutual TLS between a job's leaders).
+"""Per-job TLS credentials: the cross-region sync service (mutual TLS between a job's leaders),
+and the same job CA for the job's checkpoint copies between agents (``checkpoint_credentials``)
+and the rendezvous of its torchrun groups that span nodes (``group_credentials``).
 
 Every job has its own CA. Its key is derived from the server secret and the job id, so every
 replica, and every attempt of the job, signs with the same CA without storing it: a region re-placed
@@ -19,7 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from contracts.sync_config import SYNC_TLS_SERVER_NAME
+from contracts.checkpoint_transfer import checkpoint_server_name
+from contracts.sync_config import GROUP_TLS_SERVER_NAME, SYNC_TLS_SERVER_NAME
 
 SERVER_NAME = SYNC_TLS_SERVER_NAME
 CA_VALID_FROM = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)  # fixed: every issuance of a job's CA agrees
@@ -79,11 +82,12 @@ def leader_credentials(
     *,
     ca_pem: str | None = None,
     now: dt.datetime | None = None,
+    names: tuple[str, ...] = (SERVER_NAME,),
 ) -> dict[str, str]:
     """A leader's TLS material as the worker config's ``sync`` section takes it: the job's CA
     (``ca_pem`` when the caller made it once for all the job's leaders), and a fresh key with a
-    certificate of that CA for both ends of a connection. Any issuance of the job's CA verifies
-    any other's certificates: same name, same key."""
+    certificate of that CA for both ends of a connection, naming ``names`` (SAN DNS). Any issuance
+    of the job's CA verifies any other's certificates: same name, same key."""
     now = now or dt.datetime.now(dt.UTC)
     ca_key = _job_ca_key(server_secret, job_id)
     key = ec.generate_private_key(_CURVE)
@@ -96,7 +100,7 @@ def leader_credentials(
         .not_valid_before(now - dt.timedelta(hours=1))  # hosts' clocks differ a little
         .not_valid_after(now + dt.timedelta(days=LEAF_DAYS))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(SERVER_NAME)]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False)
         .add_extension(
             x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
             critical=False,
@@ -113,3 +117,24 @@ def leader_credentials(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         ).decode(),
     }
+
+
+def checkpoint_credentials(
+    server_secret: str, job_id: str, holder: str, *, ca_pem: str | None = None
+) -> dict[str, str]:
+    """One node's credentials for the job's checkpoint copies (``contracts.checkpoint_transfer``'s
+    ``CheckpointTls`` as a dict): the job's CA and a certificate of it naming the job's checkpoint
+    server, with which the node both serves its copies and fetches them."""
+    tls = leader_credentials(
+        server_secret, job_id, holder, ca_pem=ca_pem, names=(checkpoint_server_name(job_id),)
+    )
+    return {"ca_pem": tls["tls_ca_pem"], "cert_pem": tls["tls_cert_pem"], "key_pem": tls["tls_key_pem"]}
+
+
+def group_credentials(
+    server_secret: str, job_id: str, holder: str, *, ca_pem: str | None = None
+) -> dict[str, str]:
+    """One node's credentials for the rendezvous of the job's torchrun group spanning nodes
+    (``training.rendezvous``, the worker config's ``group`` section): the job's CA and a
+    certificate of it naming ``GROUP_TLS_SERVER_NAME``, for both ends of the relay."""
+    return leader_credentials(server_secret, job_id, holder, ca_pem=ca_pem, names=(GROUP_TLS_SERVER_NAME,))

@@ -67,6 +67,7 @@ def registration_from_proto(r: agent_pb2.RegisterRequest) -> NodeRegistration:
         node_id=r.node_id,
         node_token=r.node_token,
         probe_port=r.probe_port,
+        checkpoint_port=r.checkpoint_port,
         node_fabric_gbps=r.node_fabric_gbps,
         node_fabric_latency_ms=r.node_fabric_latency_ms,
         cross_cluster_host=r.cross_cluster_host,

@@ -231,7 +231,13 @@ def current_links(session: Session, fresh_s: float, now: datetime | None = None)
     """The links in force: fresh measurements first, declared links as the fallback."""
     declared = [
         DeclaredLink(
-            ln.src, ln.dst, ln.bandwidth_gbps, ln.latency_ms, ln.egress_price_per_gb, as_utc(ln.measured_at)
+            ln.src,
+            ln.dst,
+            ln.bandwidth_gbps,
+            ln.latency_ms,
+            ln.egress_price_per_gb,
+            as_utc(ln.measured_at),
+            ln.private,
         )
         for ln in session.scalars(select(Link))
     ]

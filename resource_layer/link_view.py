@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -25,6 +25,7 @@ class DeclaredLink:
     latency_ms: float
     egress_price_per_gb: float
     declared_at: datetime
+    private: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class EffectiveLink:
     bandwidth_gbps: float
     latency_ms: float  # one way: half the measured round trip
     egress_price_per_gb: float
+    private: bool  # declared so (no probe can tell): where torchrun groups' traffic may go
     source: str  # "measured" | "declared"
     as_of: datetime  # when it was measured or declared
     basis: str  # from what, in words
@@ -58,6 +60,13 @@ def _egress(declared: dict[tuple[str, str], DeclaredLink], src: str, dst: str) -
     return d.egress_price_per_gb if d is not None else 0.0
 
 
+def declared_private(private: Mapping[tuple[str, str], bool], src: str, dst: str) -> bool:
+    """Private only where declared so (``private``: (src, dst) -> the declared link's flag), in
+    every direction declared (one serves both unless both are): groups' traffic runs both ways."""
+    given = [private[k] for k in ((src, dst), (dst, src)) if k in private]
+    return bool(given) and all(given)
+
+
 def effective_links(
     declared: Sequence[DeclaredLink],
     measurements: Sequence[Measurement],
@@ -65,6 +74,7 @@ def effective_links(
     fresh_s: float,
 ) -> list[EffectiveLink]:
     by_pair = {(d.src, d.dst): d for d in declared}
+    flags = {pair: d.private for pair, d in by_pair.items()}
     fresh: dict[tuple[str, str], list[Measurement]] = defaultdict(list)
     for m in measurements:
         if m.measured_at >= now - timedelta(seconds=fresh_s) and m.bandwidth_gbps > 0:
@@ -79,6 +89,7 @@ def effective_links(
             bandwidth_gbps=statistics.median(m.bandwidth_gbps for m in newest),
             latency_ms=statistics.median(m.rtt_ms for m in newest) / 2,
             egress_price_per_gb=_egress(by_pair, src, dst),
+            private=declared_private(flags, src, dst),
             source="measured",
             as_of=last.measured_at,
             basis=(
@@ -96,6 +107,7 @@ def effective_links(
             bandwidth_gbps=d.bandwidth_gbps,
             latency_ms=d.latency_ms,
             egress_price_per_gb=d.egress_price_per_gb,
+            private=declared_private(flags, d.src, d.dst),
             source="declared",
             as_of=d.declared_at,
             basis="declared by an admin (PUT /v1/links); no fresh measurement",

@@ -66,7 +66,7 @@ def register_node(
             field="provider",
         )
 
-    region = _upsert_region(session, reg.region, reg.jurisdiction)
+    region, claimed = _upsert_region(session, reg.region, reg.jurisdiction)
     cluster = _upsert_cluster(session, region.name, reg.cluster, provider, reg.intra_bandwidth_gbps)
     if node is not None and node.cluster_id != cluster.id:
         raise FailedPrecondition(
@@ -84,6 +84,7 @@ def register_node(
     node.sync_port_min = reg.sync_port_min
     node.sync_port_max = reg.sync_port_max
     node.probe_port = reg.probe_port
+    node.checkpoint_port = reg.checkpoint_port
     node.probe_key = new_probe_key()  # rotated with the node token: the old agent process is gone
     node.agent_version = reg.agent_version
     node.profile = reg.profile.as_dict() if reg.profile is not None else None
@@ -98,6 +99,16 @@ def register_node(
     if node.status == "lost":
         node.status = "alive"
     session.flush()
+    if claimed:  # in the audit log, where an admin reviews what awaits approval
+        record_audit(
+            session,
+            actor_kind="node",
+            actor_id=node.id,
+            action="region.jurisdiction_claimed",
+            target=f"region {region.name}",
+            source=source,
+            details={"jurisdiction": region.jurisdiction, "approved": False},
+        )
     if reg.cpu_contention and reg.cpu_contention_probe_ages_s:
         probed = [now - timedelta(seconds=a) for a in reg.cpu_contention_probe_ages_s]
         node.cpu_contention_busy = busy_at_probes(session, {node.id: probed}).get(node.id)
@@ -331,14 +342,36 @@ def _touch_rows(
         note_changes(session, nodes=moved)
 
 
-def _upsert_region(session: Session, name: str, jurisdiction: str) -> Region:
+def _upsert_region(session: Session, name: str, jurisdiction: str) -> tuple[Region, bool]:
+    """The region, created on its first registration. An agent's jurisdiction is only a claim:
+    the first one is recorded unapproved (data residency does not trust it until an admin sets
+    the region's jurisdiction), and one that contradicts the region's recorded jurisdiction,
+    approved or claimed, is refused; claiming none is always accepted. Also whether this
+    registration recorded a new claim."""
     region = session.get(Region, name)
     if region is None:
-        region = Region(name=name, jurisdiction=jurisdiction)
+        region = Region(name=name, jurisdiction=jurisdiction, jurisdiction_approved=False)
         session.add(region)
-    elif jurisdiction and not region.jurisdiction:
-        region.jurisdiction = jurisdiction  # first declaration wins; later ones cannot move a region
-    return region
+        return region, bool(jurisdiction)
+    if jurisdiction and region.jurisdiction and jurisdiction != region.jurisdiction:
+        how = (
+            "set by an admin"
+            if region.jurisdiction_approved
+            else "claimed by its first agent, not yet approved"
+        )
+        raise FailedPrecondition(
+            f"jurisdiction: region {name!r} is in jurisdiction {region.jurisdiction!r} ({how}); this agent"
+            f" claims {jurisdiction!r}. Only an admin changes a region's jurisdiction"
+            f" (PUT /v1/regions/{name}/jurisdiction)",
+            field="jurisdiction",
+            region=name,
+            jurisdiction=region.jurisdiction,
+            claimed=jurisdiction,
+        )
+    if jurisdiction and not region.jurisdiction:
+        region.jurisdiction, region.jurisdiction_approved = jurisdiction, False
+        return region, True
+    return region, False
 
 
 def _upsert_cluster(

@@ -307,6 +307,11 @@ class CpnClient:
     def put_link(self, **link: Any) -> dict[str, Any]:
         return self._call("PUT", "/v1/links", json=link)
 
+    def set_jurisdiction(self, region: str, jurisdiction: str, reason: str = "") -> dict[str, Any]:
+        return self._call(
+            "PUT", f"/v1/regions/{region}/jurisdiction", json={"jurisdiction": jurisdiction, "reason": reason}
+        )
+
     def link_probes(self, limit: int = 100) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/links/probes", params={"limit": limit})
 

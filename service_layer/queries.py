@@ -85,6 +85,7 @@ def list_regions(session: Session) -> list[RegionRead]:
         RegionRead(
             name=r.name,
             jurisdiction=r.jurisdiction,
+            jurisdiction_approved=r.jurisdiction_approved,
             clusters=clusters.get(r.name, 0),
             alive_nodes=alive.get(r.name, 0),
             devices=devices.get(r.name, 0),

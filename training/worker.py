@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     except CpnError as e:
         print(f"CPN_ERROR {e.message}", file=sys.stderr, flush=True)
         return 2
-    ctx = compute_init(cfg.device)
+    ctx = compute_init(cfg.device, store_secret=cfg.group.store_secret if cfg.group is not None else None)
     ok = False
     try:
         trainer = build_trainer(cfg, ctx)

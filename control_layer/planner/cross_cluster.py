@@ -27,13 +27,67 @@ from control_layer.planner.snapshot import ClusterInfo, NodeInfo, ResourceSnapsh
 Boundaries = tuple[tuple[tuple[str, str], ...], ...]  # per stage boundary, (sending, receiving) nodes
 
 
-def reachable_nodes(snapshot: ResourceSnapshot) -> frozenset[str]:
-    """Node ids that declared their group endpoint reachable from other clusters (kept with the
-    snapshot)."""
+def private_between(snapshot: ResourceSnapshot, a: str, b: str) -> bool:
+    """Whether a torchrun group may span a cluster of region a and one of region b (a == b: two
+    clusters of one region, over its own network): the providers declared the link between them
+    private, both ways. A group's gloo/NCCL traffic is plaintext; undeclared links are public."""
+    there, back = snapshot.link(a, b), snapshot.link(b, a)
+    return there is not None and back is not None and there.private and back.private
+
+
+def _declared_by_region(snapshot: ResourceSnapshot) -> dict[str, dict[str, list[str]]]:
+    """Per region, per cluster, the node ids that declared their group endpoint reachable from
+    other clusters."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for c in snapshot.clusters:
+        ids = [n.id for n in c.nodes if n.cross_cluster_groups]
+        if ids:
+            out.setdefault(c.region, {})[c.id] = ids
+    return out
+
+
+def _reachable(snapshot: ResourceSnapshot) -> frozenset[str]:
+    by_region = _declared_by_region(snapshot)
+    out: set[str] = set()
+    for region, clusters in by_region.items():
+        partners = (len(clusters) >= 2 and private_between(snapshot, region, region)) or any(
+            other != region and private_between(snapshot, region, other) for other in by_region
+        )
+        if partners:
+            out.update(n for ids in clusters.values() for n in ids)
+    return frozenset(out)
+
+
+def declared_nodes(snapshot: ResourceSnapshot) -> frozenset[str]:
+    """Node ids that declared their group endpoint reachable from other clusters, whatever the
+    links (kept with the snapshot)."""
     return snapshot.derived(
-        "cross_cluster_nodes",
+        "cross_cluster_declared",
         lambda s: frozenset(n.id for c in s.clusters for n in c.nodes if n.cross_cluster_groups),
     )
+
+
+def reachable_nodes(snapshot: ResourceSnapshot) -> frozenset[str]:
+    """Node ids that declared their group endpoint reachable from other clusters, where another
+    cluster with such nodes lies behind a private link (``private_between``): only these may share
+    a group across clusters (kept with the snapshot)."""
+    return snapshot.derived("cross_cluster_nodes", _reachable)
+
+
+def public_crossings(
+    snapshot: ResourceSnapshot, regions: Iterable[str] | None = None
+) -> list[tuple[str, str]]:
+    """The region pairs (a <= b; a == b: two clusters of one region) where nodes declared
+    reachable from other clusters could share a group but for a link not declared private:
+    what ``reachable_nodes`` leaves out, for a quote's reasons. ``regions``: only among these."""
+    by_region = _declared_by_region(snapshot)
+    names = sorted(set(by_region) & set(regions) if regions is not None else by_region)
+    out = []
+    for i, a in enumerate(names):
+        if len(by_region[a]) >= 2 and not private_between(snapshot, a, a):
+            out.append((a, a))
+        out += [(a, b) for b in names[i + 1 :] if not private_between(snapshot, a, b)]
+    return out
 
 
 def node_clusters(snapshot: ResourceSnapshot) -> dict[str, ClusterInfo]:

@@ -217,13 +217,13 @@ def filter_fleet(spec: JobSpec, snapshot: ResourceSnapshot) -> Filtered:
         apply("qos.exclude_regions", sorted(excluded), lambda p: p.region not in excluded, "region excluded")
     if qos.data_residency:
         want = qos.data_residency.upper()
-        inside = {r for r in {p.region for p in result.pools} if snapshot.jurisdiction(r).upper() == want}
-        apply(
-            "qos.data_residency",
-            qos.data_residency,
-            lambda p: p.region in inside,
-            f"region outside jurisdiction {qos.data_residency}",
-        )
+        present = {p.region for p in result.pools}
+        inside = {r for r in present if snapshot.jurisdiction(r).upper() == want}
+        why = f"region outside jurisdiction {qos.data_residency}"
+        unapproved = sorted(r for r in present - inside if snapshot.jurisdiction_claim(r).upper() == want)
+        if unapproved:
+            why += f" ({unapproved} only claim it: no admin has approved their jurisdiction yet)"
+        apply("qos.data_residency", qos.data_residency, lambda p: p.region in inside, why)
     if spec.data.region:
         home = spec.data.region
         apply(

@@ -10,7 +10,7 @@ nodes puts its first stages on node rank 0 and the rest on node rank 1. Pure.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from contracts.feasibility import STAGE_SYNC_MODES, syncs_per_stage
 from contracts.worker_config import MAX_GROUP_NODES
@@ -69,12 +69,18 @@ def per_stage_sync(tasks: Sequence[PlannedTask], mode: str, pp: int) -> bool:
     return syncs_per_stage(mode=mode, participants=len(groups), pp=pp, stage_leaders_split=split)
 
 
-def node_group_problems(tasks: Sequence[PlannedTask], reachable: Collection[str] = ()) -> list[str]:
+def node_group_problems(
+    tasks: Sequence[PlannedTask],
+    reachable: Collection[str] = (),
+    private: Callable[[str, str], bool] | None = None,
+) -> list[str]:
     """Why these tasks cannot run as torchrun groups: a device given two roles, a group across
     clusters (of one region or several) whose nodes did not all declare their group endpoint
     reachable from other clusters (``reachable``: those node ids, ``NodeInfo.cross_cluster_groups``;
-    the declaration covers every region's clusters), too many nodes, or a node whose devices are
-    not one contiguous block of the group's rank order."""
+    the declaration covers every region's clusters), or, given ``private`` (clusters a, b -> whether
+    the link between their regions is declared private: ``cross_cluster.private_between``), one whose
+    plaintext gloo/NCCL traffic would cross a link not declared private; too many nodes, or a node
+    whose devices are not one contiguous block of the group's rank order."""
     by_node: dict[str, list[PlannedTask]] = {}
     for t in tasks:
         by_node.setdefault(t.node, []).append(t)
@@ -91,6 +97,14 @@ def node_group_problems(tasks: Sequence[PlannedTask], reachable: Collection[str]
                 f" unless all its nodes are reachable from other clusters (not {closed})"
             )
             continue
+        if len(clusters) > 1 and private is not None:
+            public = [(a, b) for i, a in enumerate(clusters) for b in clusters[i + 1 :] if not private(a, b)]
+            if public:
+                problems.append(
+                    f"nodes {nodes} would send their torchrun group's plaintext gloo/NCCL traffic between"
+                    f" clusters {public} over links not declared private (PUT /v1/links, private: true)"
+                )
+                continue
         if len(nodes) > MAX_GROUP_NODES:
             problems.append(f"a group of {len(nodes)} nodes exceeds {MAX_GROUP_NODES}")
             continue

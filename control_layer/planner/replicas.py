@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from contracts.errors import InvalidArgument
 from contracts.feasibility import resolve_precision
 from contracts.job_spec import JobSpec
-from control_layer.planner.cross_cluster import reachable_nodes
+from control_layer.planner.cross_cluster import declared_nodes, private_between
 from control_layer.planner.node_groups import node_group_problems, node_groups, rank_key
 from control_layer.planner.plan_types import PlannedTask
 from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, ResourceSnapshot
@@ -100,7 +100,11 @@ def replicas_of(
         )
     # Nodes that share a replica run as one torchrun group (node_groups): its replicas average
     # every step over the cluster's fabric, and its first node leads it.
-    group_problems = node_group_problems(tasks, reachable_nodes(snapshot))
+    group_problems = node_group_problems(
+        tasks,
+        declared_nodes(snapshot),
+        lambda a, b: private_between(snapshot, clusters[a].region, clusters[b].region),
+    )
     if group_problems:
         raise InvalidArgument(group_problems[0], field="tasks")
     leader = {n: g[0] for g in node_groups(tasks) for n in g}

@@ -22,6 +22,7 @@ from contracts.errors import NoFeasiblePlan
 from contracts.feasibility import resolve_precision
 from contracts.job_spec import JobSpec
 from control_layer.planner.candidates import Degrees, enumerate_degrees
+from control_layer.planner.cross_cluster import public_crossings
 from control_layer.planner.explain import Trace, explain, too_few
 from control_layer.planner.fleet import Pool, filter_fleet
 from control_layer.planner.heuristic import candidate_solutions
@@ -338,12 +339,32 @@ def search(
         options = _with_data(options, spec, snapshot, calibration, staging)
     if not options:
         if failures:
-            raise failures[0]
+            raise _with_public_crossings(failures[0], snapshot, {p.region for p in filtered.pools})
         # Every point of the front failed a QoS check once priced on its tasks with its own
         # runtime settings (an H chosen per option can move its egress and time).
         detail = "no option met the QoS bounds once priced with its runtime settings"
         raise NoFeasiblePlan(detail, explanation=[*explanation, {"constraint": "qos", "detail": detail}])
     return finish(options, spec.qos.objective, max_options)
+
+
+def _with_public_crossings(
+    exc: NoFeasiblePlan, snapshot: ResourceSnapshot, regions: set[str]
+) -> NoFeasiblePlan:
+    """``exc``, saying too where replicas across clusters were not planned because a link between
+    them is not declared private (``cross_cluster.public_crossings``)."""
+    public = public_crossings(snapshot, regions)
+    if not public:
+        return exc
+    pairs = ", ".join(f"{a}<->{b}" if a != b else f"{a} (between its clusters)" for a, b in public)
+    detail = (
+        f"no torchrun group spans clusters over a link not declared private ({pairs}): its gloo/NCCL"
+        " traffic is plaintext (PUT /v1/links with private: true)"
+    )
+    explanation = [
+        *exc.details.get("explanation", []),
+        {"constraint": "links.private", "value": public, "detail": detail},
+    ]
+    return NoFeasiblePlan(f"{exc.message}; {detail}", **(exc.details | {"explanation": explanation}))
 
 
 def _with_data(

@@ -189,7 +189,10 @@ class ClusterInfo(_Plain):
 
 class RegionInfo(_Plain):
     name: str = Field(min_length=1)
+    # The jurisdiction an admin approved: the only one data residency trusts.
     jurisdiction: str = ""
+    # An agent's claim no admin approved yet: named in the reasons, never trusted.
+    jurisdiction_claim: str = ""
 
 
 class LinkInfo(_Plain):
@@ -202,6 +205,9 @@ class LinkInfo(_Plain):
     egress_price_per_gb: float = Field(default=0.0, ge=0)
     # measured by agents' probes, or declared by an admin
     source: Literal["measured", "declared"] = "declared"
+    # Declared private by the providers: only such links carry a torchrun group's gloo/NCCL
+    # traffic between clusters (``cross_cluster.private_between``). Undeclared: public.
+    private: bool = False
 
 
 class ResourceSnapshot(_Plain):
@@ -253,6 +259,11 @@ class ResourceSnapshot(_Plain):
     def jurisdiction(self, region: str) -> str:
         r = self._regions.get(region)
         return r.jurisdiction if r else ""
+
+    def jurisdiction_claim(self, region: str) -> str:
+        """An agent's claim on the region's jurisdiction that no admin approved ("" if none)."""
+        r = self._regions.get(region)
+        return r.jurisdiction_claim if r else ""
 
     def derived(self, name: str, build: Callable[[ResourceSnapshot], T]) -> T:
         """What ``build`` derives from this snapshot, built on first use and kept with it: a

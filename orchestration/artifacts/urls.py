@@ -19,11 +19,13 @@ def artifact_key(settings: Settings) -> str:
 
 
 def base_url(settings: Settings) -> str:
-    """Where agents reach the REST API: the public URL, else the HTTP listener."""
+    """Where agents reach the REST API: the public URL, else the HTTP listener (https when it
+    serves TLS: an agent that verifies the control plane fetches and uploads over https only)."""
     if settings.public_url:
         return settings.public_url.rstrip("/")
     host = "127.0.0.1" if settings.http_host in ("0.0.0.0", "::", "") else settings.http_host
-    return f"http://{host}:{settings.http_port}"
+    scheme = "https" if settings.tls_cert_file is not None else "http"
+    return f"{scheme}://{host}:{settings.http_port}"
 
 
 def get_url(

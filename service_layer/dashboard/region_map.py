@@ -80,7 +80,11 @@ def region_boxes(
             n[1] += 1
             for d in node.devices:
                 n[3 if d.allocated else 2 if node.alive else 4] += 1
-    known = {r.name: r.jurisdiction for r in regions}
+    # An agent's claim no admin approved is marked: data residency does not trust it.
+    known = {
+        r.name: r.jurisdiction + ("" if r.jurisdiction_approved or not r.jurisdiction else "?")
+        for r in regions
+    }
     for c in clusters:
         known.setdefault(c.region, "")
     return tuple(
@@ -103,6 +107,7 @@ def link_lines(links: Sequence[LinkRead], use: Mapping[Edge, float]) -> tuple[Li
     return tuple(
         LinkLine(ln.src, ln.dst, ln.bandwidth_gbps, ln.latency_ms, ln.source, use.get((ln.src, ln.dst), 0.0))
         for ln in sorted(links, key=lambda ln: (ln.src, ln.dst))
+        if ln.src != ln.dst  # a region's own network between its clusters: no line to draw
     )
 
 

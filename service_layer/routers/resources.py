@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 
+from contracts.registration import NAME_RE
 from orchestration.db.engine import session_scope
+from resource_layer.regions import set_jurisdiction
 from service_layer import queries
 from service_layer.audit import audit_request
-from service_layer.deps import CtxDep, FleetManager, FleetViewer, SessionDep
+from service_layer.deps import AdminPrincipal, CtxDep, FleetManager, FleetViewer, SessionDep
 from service_layer.links import upsert_link
 from service_layer.schemas.common import error_responses
 from service_layer.schemas.resources import (
     ClusterRead,
     DeclaredLinkRead,
+    JurisdictionSet,
     LinkProbeRead,
     LinkRead,
     LinkUpsert,
@@ -28,6 +31,39 @@ router = APIRouter(tags=["resources"])
 def list_regions(session: SessionDep, _: FleetViewer) -> list[RegionRead]:
     """Regions with their cluster, alive-node and device counts."""
     return queries.list_regions(session)
+
+
+RegionName = Annotated[str, Path(pattern=f"^{NAME_RE.pattern}$", max_length=63, description="e.g. eu-west")]
+
+
+@router.put(
+    "/regions/{name}/jurisdiction", response_model=RegionRead, responses=error_responses(401, 403, 422)
+)
+def put_jurisdiction(
+    ctx: CtxDep, who: AdminPrincipal, name: RegionName, body: JurisdictionSet, request: Request
+) -> RegionRead:
+    """Admins: set and approve the region's jurisdiction, the only one data residency trusts (an
+    agent's claim is not). A region no agent registered yet is created with it. From then on an
+    agent claiming another jurisdiction is refused at registration (FAILED_PRECONDITION). Audited
+    as `region.jurisdiction_set`, with the value it replaced."""
+    with session_scope(ctx.session_factory) as session:
+        change = set_jurisdiction(session, name, body.jurisdiction)
+        audit_request(
+            session,
+            request,
+            who,
+            "region.jurisdiction_set",
+            f"region {name}",
+            {
+                "jurisdiction": body.jurisdiction,
+                "before": change.before,
+                "before_approved": change.was_approved,
+                "created": change.created,
+                "reason": body.reason,
+            },
+        )
+        session.flush()
+        return next(r for r in queries.list_regions(session) if r.name == name)
 
 
 @router.get("/clusters", response_model=list[ClusterRead], responses=error_responses(401))

@@ -5,14 +5,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from contracts.registration import JURISDICTION_RE
 from service_layer.schemas.common import ApiModel
 
 
 class RegionRead(BaseModel):
     name: str
-    jurisdiction: str
+    jurisdiction: str = Field(description="Set by an admin, or claimed by the region's first agent")
+    jurisdiction_approved: bool = Field(
+        False,
+        description="An admin set it (PUT /v1/regions/{name}/jurisdiction); data residency trusts"
+        " nothing else",
+    )
     clusters: int = Field(description="Clusters in the region")
     alive_nodes: int
     devices: int = Field(description="Devices on alive nodes")
@@ -55,6 +61,16 @@ class ClusterRead(BaseModel):
     nodes: list[NodeRead]
 
 
+class JurisdictionSet(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"jurisdiction": "EU", "reason": "contract 2026-114"}]},
+    )
+
+    jurisdiction: str = Field(pattern=f"^{JURISDICTION_RE.pattern}$", max_length=16, description="e.g. EU")
+    reason: str = Field("", max_length=500, description="Why, for the audit log")
+
+
 class LinkUpsert(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -66,6 +82,7 @@ class LinkUpsert(BaseModel):
                     "bandwidth_gbps": 0.5,
                     "latency_ms": 80,
                     "egress_price_per_gb": 0.05,
+                    "private": False,
                 }
             ]
         },
@@ -77,6 +94,12 @@ class LinkUpsert(BaseModel):
     bandwidth_gbps: float = Field(gt=0, le=10_000, allow_inf_nan=False)
     latency_ms: float = Field(ge=0, le=60_000, allow_inf_nan=False)
     egress_price_per_gb: float = Field(0.0, ge=0, le=1000, allow_inf_nan=False)
+    private: StrictBool = Field(
+        False,
+        description="The providers' word that the link is private (their own network or a private"
+        " interconnect): torchrun groups spanning clusters may send their plaintext gloo/NCCL traffic"
+        " only over private links. src = dst: the region's own network between its clusters",
+    )
 
 
 class DeclaredLinkRead(ApiModel):
@@ -88,6 +111,7 @@ class DeclaredLinkRead(ApiModel):
     bandwidth_gbps: float
     latency_ms: float
     egress_price_per_gb: float
+    private: bool
     measured_at: datetime = Field(description="When it was declared")
 
 
@@ -99,6 +123,9 @@ class LinkRead(BaseModel):
     bandwidth_gbps: float
     latency_ms: float = Field(description="One way (half the measured round trip when measured)")
     egress_price_per_gb: float = Field(description="From the declared link (either direction); 0 if none")
+    private: bool = Field(
+        description="Declared private (PUT /v1/links); no probe can tell. False where undeclared"
+    )
     source: Literal["measured", "declared"] = Field(
         description="measured: agents' probes within the freshness window; declared: PUT /v1/links"
     )

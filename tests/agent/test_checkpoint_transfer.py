@@ -1,9 +1,11 @@
-"""Checkpoint copies between two nodes: a real CheckpointService on loopback (on the probe server, as
-the agent runs it) and the fetch the receiving agent runs; tickets, bounds and integrity checks."""
+"""Checkpoint copies between two nodes: a real CheckpointService on loopback (on its own mutual-TLS
+port, as the agent runs it) and the fetch the receiving agent runs; tickets, bounds, integrity,
+and the job's credentials on both ends."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
@@ -13,24 +15,34 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.checkpoint_transfer import MAX_MESSAGE_BYTES as CHECKPOINT_MESSAGE_BYTES
 from agent.checkpoint_transfer import (
     CheckpointServicer,
-    add_checkpoint_service,
+    JobCredentials,
+    build_checkpoint_server,
     fetch_checkpoint,
     run_copy,
     step_name,
+    ticket_to_proto,
 )
-from agent.probe import build_probe_server
 from agent.settings import AgentSettings
 from agent.workers import Assignment, WorkerRun
-from contracts.checkpoint_transfer import CheckpointTicket, checkpoint_bytes_bound, sign
-from contracts.errors import InvalidArgument
+from contracts.checkpoint_transfer import CheckpointTicket, CheckpointTls, checkpoint_bytes_bound, sign
+from contracts.errors import FailedPrecondition, InvalidArgument
 from contracts.link_probe import new_probe_key
+from orchestration.sync_tls import checkpoint_credentials
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 
 DIR = "checkpoints/job1/eu-west"
 NODE = "node-src"
+SECRET = "a-job-sync-secret"  # the control plane's, for job1 and job2 here
+
+
+def creds(job: str, holder: str) -> CheckpointTls:
+    """What the control plane gives a node for a job's copies (``control_layer.allocation``)."""
+    return CheckpointTls(**checkpoint_credentials(SECRET, job, holder))
+
+
+SRC_TLS, DST_TLS = creds("job1", NODE), creds("job1", "node-dst")
 
 
 def write_checkpoint(work_dir: Path, step: int, sizes: dict[str, int], complete: bool = True) -> Path:
@@ -50,18 +62,20 @@ def ticket(
     return sign(key, CheckpointTicket(tid, NODE, DIR, step, max_bytes, float(int(time.time() + ttl))))
 
 
-async def _serve(work_dir: Path, key: str, servicer: type[CheckpointServicer] = CheckpointServicer):
-    def extra(server: grpc.aio.Server) -> None:
-        if servicer is CheckpointServicer:
-            add_checkpoint_service(server, lambda: (NODE, key), work_dir)
-        else:
-            agent_pb2_grpc.add_CheckpointServiceServicer_to_server(
-                servicer(lambda: (NODE, key), work_dir), server
-            )
-
-    server, port = build_probe_server(
-        lambda: (NODE, key), "127.0.0.1", 0, extra=extra, max_send_bytes=CHECKPOINT_MESSAGE_BYTES
-    )
+async def _serve(
+    work_dir: Path, key: str, servicer: type[CheckpointServicer] = CheckpointServicer, **held: CheckpointTls
+) -> tuple[grpc.aio.Server, int]:
+    """The source's checkpoint server, holding job1's credentials (and ``held``: job id -> more)."""
+    credentials = JobCredentials(work_dir)
+    for job, tls in {"job1": SRC_TLS, **held}.items():
+        credentials.add(job, tls)
+    server, port = build_checkpoint_server(lambda: (NODE, key), work_dir, credentials, "127.0.0.1", 0)
+    if servicer is not CheckpointServicer:  # the same port and credentials, another servicer
+        server = grpc.aio.server()
+        agent_pb2_grpc.add_CheckpointServiceServicer_to_server(
+            servicer(lambda: (NODE, key), work_dir, credentials), server
+        )
+        port = server.add_secure_port("127.0.0.1:0", credentials.server_credentials())
     await server.start()
     return server, port
 
@@ -76,7 +90,7 @@ def test_a_copy_lands_byte_identical_and_complete(tmp_path: Path) -> None:
         server, port = await _serve(src, key)
         try:
             return [
-                await fetch_checkpoint(dst, ticket(key, s, tid=f"t{s}"), "127.0.0.1", port)
+                await fetch_checkpoint(dst, ticket(key, s, tid=f"t{s}"), "127.0.0.1", port, DST_TLS)
                 for s in (10, 20, 30)
             ]
         finally:
@@ -109,7 +123,7 @@ def test_tickets_are_checked_and_bounds_refused(tmp_path: Path) -> None:
                 "expired": ticket(key, 5, tid="e", ttl=-5),
             }
             for name, t in cases.items():
-                n, _, error = await run_copy(dst, t, "127.0.0.1", port)
+                n, _, error = await run_copy(dst, t, "127.0.0.1", port, DST_TLS)
                 out[name] = (n, error)
         finally:
             await server.stop(0)
@@ -151,7 +165,7 @@ def test_a_copy_that_differs_from_its_manifest_is_never_kept(tmp_path: Path) -> 
     async def go() -> tuple[int, float, str]:
         server, port = await _serve(src, key, Tampering)
         try:
-            return await run_copy(dst, ticket(key, 7), "127.0.0.1", port)
+            return await run_copy(dst, ticket(key, 7), "127.0.0.1", port, DST_TLS)
         finally:
             await server.stop(0)
 
@@ -172,7 +186,8 @@ def test_an_assignment_fetches_its_checkpoint_before_its_workers_start(tmp_path:
     async def go(spec: dict) -> WorkerRun:
         server, port = await _serve(src, key)
         try:
-            config = {"job_id": "job1", "checkpoint": {"dir": DIR, "fetch": spec | {"port": port}}}
+            fetch = spec | {"port": port}
+            config = {"job_id": "job1", "checkpoint": {"dir": DIR, "fetch": fetch, "tls": DST_TLS.as_dict()}}
             config["command"] = [sys.executable, "-c", check]
             a = Assignment("task-1", "job1", 1, (0,), 1, config)
             s = AgentSettings(
@@ -204,3 +219,62 @@ def test_an_assignment_fetches_its_checkpoint_before_its_workers_start(tmp_path:
     assert (result.transfer_id, result.assignment_id, result.error) == ("fetch-1", "task-1", "")
     assert result.bytes == 300_000 + 100 + 2
     assert run.current.task_status.state == agent_pb2.TASK_STATE_SUCCEEDED, run.current.task_status.message
+    written = (dst / "assignments" / "task-1" / "worker_config.json").read_text()
+    assert "tls" not in json.loads(written)["checkpoint"]  # the agent's credentials, not the worker's
+
+
+def test_only_the_jobs_own_credentials_get_a_copy_and_never_in_plaintext(tmp_path: Path) -> None:
+    """The port speaks mutual TLS only: a plaintext client, a client without a certificate, one
+    that trusts another CA, and one holding another job's credentials (which the source also holds,
+    so TLS lets it in) are all refused, each with a valid ticket; a fetch without credentials is
+    never tried in plaintext."""
+    src, dst, key = tmp_path / "src", tmp_path / "dst", new_probe_key()
+    write_checkpoint(src, 5, {"a.distcp": 1000})
+    theirs = creds("job2", "node-dst")  # a node of another job, which knows job1's CA (no secret)
+    job2 = CheckpointTls(SRC_TLS.ca_pem, theirs.cert_pem, theirs.key_pem)
+    no_cert = CheckpointTls(DST_TLS.ca_pem, "", "")
+
+    async def plaintext(port: int) -> str:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = agent_pb2_grpc.CheckpointServiceStub(channel).Fetch(
+                agent_pb2.CheckpointFetchRequest(ticket=ticket_to_proto(ticket(key, 5, tid="p"))), timeout=5
+            )
+            try:
+                async for _ in call:
+                    return "got data"
+            except grpc.aio.AioRpcError as exc:
+                return exc.code().name
+        return "nothing"
+
+    async def go() -> dict[str, str]:
+        server, port = await _serve(src, key, job2=creds("job2", NODE))
+        try:
+            out = {"plaintext": await plaintext(port)}
+            tries = {"no cert": no_cert, "other job": job2, "other CA": creds("job2", "x"), "good": DST_TLS}
+            for name, tls in tries.items():
+                out[name] = (await run_copy(dst, ticket(key, 5, tid=name), "127.0.0.1", port, tls))[2]
+            with pytest.raises(FailedPrecondition):
+                await fetch_checkpoint(dst, ticket(key, 5, tid="none"), "127.0.0.1", port, None)
+            return out
+        finally:
+            await server.stop(0)
+
+    out = asyncio.run(go())
+    assert out["plaintext"] == "UNAVAILABLE"  # no TLS handshake, no call
+    assert "UNAVAILABLE" in out["no cert"]  # the source requires a client certificate
+    assert "UNAUTHENTICATED" in out["other job"] and "not of this checkpoint's job" in out["other job"]
+    assert "UNAVAILABLE" in out["other CA"]  # the source's certificate is not of the CA it trusts
+    assert out["good"] == ""
+
+
+def test_a_nodes_job_credentials_outlive_the_agent_and_leave_with_the_job(tmp_path: Path) -> None:
+    held = JobCredentials(tmp_path)
+    held.add("job1", SRC_TLS)
+    path = tmp_path / "checkpoint-tls" / "job1.json"
+    assert path.stat().st_mode & 0o777 == 0o600
+    again = JobCredentials(tmp_path)  # a restarted agent serves what it held
+    assert again.get("job1") == SRC_TLS and again.ca_name("job1") is not None
+    again.keep_only({"job9"})
+    assert again.get("job1") is None and not path.exists()
+    with pytest.raises(InvalidArgument):
+        held.add("../etc", SRC_TLS)

@@ -14,9 +14,11 @@ import pytest
 from agent.settings import AgentSettings
 from agent.workers import Assignment, WorkerRun, worker_command
 from contracts.errors import FailedPrecondition, InvalidArgument
+from control_layer.allocation import add_job_credentials
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.worker_config import TaskSlot, build_worker_configs, validate_worker_config
 from orchestration.db.models import Cluster, Node
+from orchestration.sync_tls import group_credentials
 from proto.cpn.agent.v1 import agent_pb2
 from tests.orchestration.fleet import hand_option, tiny_spec
 
@@ -97,11 +99,13 @@ def test_a_pipeline_spans_two_nodes_as_one_torchrun_group(
     else:
         slots = slots_for(option, nodes, port)
     configs = build_worker_configs("job-pp", spec, option, slots)
+    add_job_credentials(configs, "job-pp", "a-servers-secret")  # as allocation does: TLS rendezvous
     groups = [validate_worker_config(configs[n.id])["group"] for n in nodes]
     assert [(g["nnodes"], g["node_rank"], g["master_addr"], g["master_port"]) for g in groups] == [
         (2, 0, "127.0.0.1", port),
         (2, 1, "127.0.0.1", port),
     ]
+    assert groups[0]["store_secret"] == groups[1]["store_secret"]  # one secret per group
     assert {(configs[n.id]["parallel"]["pp"], configs[n.id]["parallel"]["dp_local"]) for n in nodes} == {
         (2, dp)
     }
@@ -140,22 +144,33 @@ def test_a_pipeline_spans_two_nodes_as_one_torchrun_group(
 
 
 def test_a_group_command_uses_fixed_node_ranks_and_bad_groups_are_refused(tmp_path: Path) -> None:
+    """Across a network, the authenticated rendezvous with the node rank the plan gave; torchrun's
+    own static one on loopback only, and only there without the job's credentials."""
     group = {"nnodes": 2, "node_rank": 1, "master_addr": "10.0.0.5", "master_port": 29500}
+    secured = group | group_credentials("secret", "j", "n1") | {"store_secret": "ab" * 32}
     cmd = worker_command(
-        Assignment("t", "j", 1, (0, 1), 2, {"group": group}), tmp_path / "c.json", allow_override=False
+        Assignment("t", "j", 1, (0, 1), 2, {"group": secured}), tmp_path / "c.json", allow_override=False
     )
     i = cmd.index("--nnodes")
-    assert cmd[i : i + 8] == [
+    assert cmd[i - 1] == "training.launch" and cmd[i : i + 10] == [
         "--nnodes",
         "2",
-        "--node-rank",
-        "1",
-        "--master-addr",
-        "10.0.0.5",
-        "--master-port",
-        "29500",
+        "--rdzv-backend",
+        "cpn-tls",
+        "--rdzv-endpoint",
+        "10.0.0.5:29500",
+        "--rdzv-id",
+        "j",
+        "--rdzv-conf",
+        "rank=1",
     ]
-    assert "--standalone" not in cmd
+    assert "--standalone" not in cmd and not [a for a in cmd if "PRIVATE" in a]  # secrets stay in the file
+    local = group | {"master_addr": "127.0.0.1"}
+    cmd = worker_command(
+        Assignment("t", "j", 1, (0, 1), 2, {"group": local}), tmp_path / "c.json", allow_override=False
+    )
+    i = cmd.index("--nnodes")
+    assert cmd[i - 1] == "torch.distributed.run" and cmd[i : i + 4] == ["--nnodes", "2", "--node-rank", "1"]
     solo = worker_command(Assignment("t", "j", 1, (0,), 1, {}), tmp_path / "c.json", allow_override=False)
     assert "--standalone" in solo and "--nnodes" not in solo
     for bad in (
@@ -163,6 +178,8 @@ def test_a_group_command_uses_fixed_node_ranks_and_bad_groups_are_refused(tmp_pa
         {**group, "master_port": 0},
         {**group, "nnodes": 1},
         {"nnodes": 2},
+        group,  # a rendezvous across a network without the job's credentials
+        {**secured, "store_secret": None},
     ):
         with pytest.raises(InvalidArgument, match="worker_config.group"):
             worker_command(

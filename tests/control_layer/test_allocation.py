@@ -119,8 +119,14 @@ def test_a_replica_across_nodes_is_one_group_whose_leader_holds_its_rendezvous_p
         assert groups[a.id].master_port == groups[b.id].master_port == 25000
         assert {t.sync_port for t in tasks.values()} == {None}  # one participant: no WAN sync
         # The rendezvous port stays taken while the group runs: the next group gets the other one,
-        # and a third finds the range used up.
-        second = allocate(s, _job(s), tiny_spec(), hand_option([(c, a, 1), (c, b, 1)], tp=2), attempt=1)
+        # and a third finds the range used up. With the server's secret, as the placer allocates,
+        # the group's nodes share one store secret and each has its own certificate of the job's CA.
+        second = allocate(
+            s, _job(s), tiny_spec(), hand_option([(c, a, 1), (c, b, 1)], tp=2), attempt=1, sync_secret="s3"
+        )
+        rdzv = [parse_worker_config(t.worker_config).group for t in second]
+        assert all(g is not None and g.secured for g in rdzv)
+        assert len({g.store_secret for g in rdzv}) == 1 and len({g.tls_cert_pem for g in rdzv}) == 2  # type: ignore[union-attr]
         assert {t.worker_config["group"]["master_port"] for t in second} == {25001}
         with pytest.raises(AllocationConflict, match="sync ports 25000-25001 are in use"):
             allocate(s, _job(s), tiny_spec(), hand_option([(c, a, 2), (c, b, 2)], tp=2), attempt=1)
@@ -152,6 +158,27 @@ def test_a_replica_across_clusters_is_refused(session_factory: sessionmaker[Sess
         c2, (b,) = add_cluster(s, name="c2")
         with pytest.raises(FailedPrecondition, match="across clusters"):
             allocate(s, _job(s), tiny_spec(), hand_option([(c1, a, 0), (c2, b, 0)], tp=2), attempt=1)
+
+
+def test_a_group_across_clusters_is_refused_until_the_link_between_them_is_declared_private(
+    session_factory: sessionmaker[Session],
+) -> None:
+    """The plan may predate the link's change: allocation checks again, and a refusal is a conflict
+    (the placer re-plans on a fresh snapshot, which offers no such group)."""
+    with session_scope(session_factory) as s:
+        c1, (a,) = add_cluster(s, name="c1")
+        c2, (b,) = add_cluster(s, name="c2")
+        a.cross_cluster_host, b.cross_cluster_host = "10.0.0.1", "10.0.0.2"
+        option = hand_option([(c1, a, 0), (c2, b, 0)], tp=2)
+        with pytest.raises(AllocationConflict, match=r"not declared private: \[\('eu-west', 'eu-west'\)\]"):
+            allocate(s, _job(s), tiny_spec(), option, attempt=1)
+        link = add_link(s, "eu-west", "eu-west", bandwidth_gbps=10.0, latency_ms=1.0)
+        with pytest.raises(AllocationConflict, match="not declared private"):
+            allocate(s, _job(s), tiny_spec(), option, attempt=1)
+        link.private = True
+        s.flush()
+        tasks = allocate(s, _job(s), tiny_spec(), option, attempt=1)
+        assert {t.worker_config["group"]["master_addr"] for t in tasks} == {"10.0.0.1"}
 
 
 def test_ports_go_round_the_range_instead_of_reusing_a_just_freed_one(

@@ -39,7 +39,8 @@ from orchestration.db.models import (
 def ensure_region(session: Session, name: str, jurisdiction: str = "") -> Region:
     region = session.get(Region, name)
     if region is None:
-        region = Region(name=name, jurisdiction=jurisdiction)
+        # A fixture's jurisdiction stands for one an admin set (agents' claims are not trusted).
+        region = Region(name=name, jurisdiction=jurisdiction, jurisdiction_approved=bool(jurisdiction))
         session.add(region)
         session.flush()
     return region
@@ -122,6 +123,7 @@ def add_link(
     bandwidth_gbps: float = 1.0,
     latency_ms: float = 50.0,
     egress_price_per_gb: float = 0.05,
+    private: bool = False,
 ) -> Link:
     link = Link(
         src=src,
@@ -129,6 +131,7 @@ def add_link(
         bandwidth_gbps=bandwidth_gbps,
         latency_ms=latency_ms,
         egress_price_per_gb=egress_price_per_gb,
+        private=private,
     )
     session.add(link)
     session.flush()

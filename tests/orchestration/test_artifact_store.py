@@ -136,3 +136,18 @@ def test_the_settings_choose_the_backend(tmp_path: Path, s3: S3Endpoint) -> None
         Settings(artifact_store="s3")
     with pytest.raises(ValueError, match="together"):
         Settings(s3_access_key_id="x")
+
+
+def test_signed_urls_are_https_when_the_server_speaks_tls(tmp_path: Path) -> None:
+    """Without a public URL the agents' URLs name the listener, in the scheme it speaks: an agent
+    that verifies the control plane (``--tls-ca-file``) refuses plain http to it."""
+    from orchestration.artifacts.urls import get_url
+    from orchestration.settings import Settings
+
+    plain = Settings(data_dir=tmp_path, http_port=8080)
+    tls = Settings(
+        data_dir=tmp_path, http_port=8443, tls_cert_file=tmp_path / "c", tls_key_file=tmp_path / "k"
+    )
+    kw = {"job_id": "j1", "digest": "sha256:" + "0" * 64, "max_bytes": 10, "now": 0.0}
+    assert get_url(plain, **kw).startswith("http://127.0.0.1:8080/")
+    assert get_url(tls, **kw).startswith("https://127.0.0.1:8443/")

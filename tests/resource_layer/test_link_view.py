@@ -32,3 +32,22 @@ def test_a_stale_measurement_falls_back_to_the_declared_link_or_to_nothing() -> 
     stale = [m("eu", "us", 0.1, 10.0, 700), m("ap", "eu", 0.2, 90.0, 700)]
     links = effective_links(declared, stale, NOW, fresh_s=600)
     assert [(ln.src, ln.dst, ln.source, ln.bandwidth_gbps) for ln in links] == [("eu", "us", "declared", 0.5)]
+
+
+def test_a_link_is_private_only_where_every_declared_direction_says_so() -> None:
+    """Privacy is a declaration (no probe sees it): a measured link takes it from the declared one
+    (either direction); two declared directions must both say private; an undeclared one is public."""
+    declared = [
+        DeclaredLink("eu", "us", 0.5, 40.0, 0.0, NOW, private=True),
+        DeclaredLink("eu", "ap", 0.5, 40.0, 0.0, NOW, private=True),
+        DeclaredLink("ap", "eu", 0.5, 40.0, 0.0, NOW, private=False),
+    ]
+    probes = [m("us", "eu", 0.2, 10.0, 5), m("us", "ap", 0.2, 10.0, 5)]
+    links = {(ln.src, ln.dst): ln.private for ln in effective_links(declared, probes, NOW, fresh_s=600)}
+    assert links == {
+        ("eu", "us"): True,
+        ("us", "eu"): True,  # measured, private as eu->us was declared
+        ("eu", "ap"): False,  # the way back is declared public
+        ("ap", "eu"): False,
+        ("us", "ap"): False,  # measured, never declared
+    }

@@ -51,7 +51,29 @@ def test_tokens_tenants_links_and_snapshot(server: ServerHandle, admin: CpnClien
         ("eu-west", "eu-north"),
         ("eu-west", "us-east"),
     }
-    assert {r["name"]: r["jurisdiction"] for r in snap["regions"]}["us-east"] == "US"
+    # The agent's jurisdiction is a claim the planner does not trust until an admin sets it.
+    us = {r["name"]: r for r in snap["regions"]}["us-east"]
+    assert (us["jurisdiction"], us["jurisdiction_claim"]) == ("", "US")
+    admin.set_jurisdiction("us-east", "US")
+    us = {r["name"]: r for r in admin.snapshot()["regions"]}["us-east"]
+    assert (us["jurisdiction"], us["jurisdiction_claim"]) == ("US", "")
+
+
+def test_links_are_public_unless_declared_private(server: ServerHandle, admin: CpnClient) -> None:
+    """`private` is the providers' word, for the planner's groups across clusters: false unless
+    given, a region's own network (src = dst) may be declared, and a bad flag is a 422 that
+    changes nothing."""
+    seed_fleet(server, admin)
+    assert admin.put_link(src="eu-west", dst="eu-north", bandwidth_gbps=1, latency_ms=5)["private"] is False
+    own = admin.put_link(src="eu-west", dst="eu-west", bandwidth_gbps=100, latency_ms=0.5, private=True)
+    assert (own["src"], own["dst"], own["private"]) == ("eu-west", "eu-west", True)
+    with pytest.raises(ApiError) as bad:
+        admin.put_link(src="eu-west", dst="eu-north", bandwidth_gbps=1, latency_ms=5, private="yes")
+    assert bad.value.status == 422 and bad.value.details["errors"][0]["field"] == "private"
+    shown = {(ln["src"], ln["dst"]): ln["private"] for ln in admin.links()}
+    assert shown == {("eu-west", "eu-north"): False, ("eu-west", "eu-west"): True}
+    links = {(ln["src"], ln["dst"]): ln["private"] for ln in admin.snapshot()["links"]}
+    assert links == shown
 
 
 def test_openapi_is_complete_with_examples(server: ServerHandle) -> None:

@@ -46,15 +46,22 @@ def test_admin_actions_and_price_changes_are_audited(server: ServerHandle, admin
 
     log = admin._call("GET", "/v1/audit")
     actions = [e["action"] for e in log]
-    assert actions == ["token.created", "price.set", "price.changed", "tenant.created", "key.created"]
+    assert actions == [
+        "token.created",
+        "region.jurisdiction_claimed",  # the first agent's claim, awaiting an admin's approval
+        "price.set",
+        "price.changed",
+        "tenant.created",
+        "key.created",
+    ]
     created = log[0]
     assert created["actor_kind"] == "tenant" and created["source"] == "127.0.0.1"
     assert created["details"]["note"] == "rack 7" and "token" not in created["details"]
-    changed = log[2]
+    changed = log[3]
     assert changed["actor_kind"] == "node" and changed["actor_id"] == node.node_id and changed["source"]
     assert changed["details"]["price_per_device_hour"] == 1.50
     assert changed["details"]["previous"]["price_per_device_hour"] == 1.20
-    assert log[3]["target"] == f"tenant {tenant['id']}"
+    assert log[4]["target"] == f"tenant {tenant['id']}"
     with server.ctx.session_factory() as session:
         rows = session.scalars(select(Price).order_by(Price.effective_from)).all()
         assert [(r.price_per_device_hour, r.set_by_node_id) for r in rows] == [

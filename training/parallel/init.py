@@ -14,6 +14,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from training.rendezvous import worker_store
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -28,7 +30,11 @@ class DistContext:
         return self.rank == 0
 
 
-def compute_init(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
+def compute_init(
+    device: str = "auto", timeout_s: float = 600.0, store_secret: str | None = None
+) -> DistContext:
+    """``store_secret``: the job's, for a group spanning nodes (``training.rendezvous``): the
+    process group's keys go under it, in the node's end of the authenticated rendezvous."""
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -48,7 +54,10 @@ def compute_init(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
         raise RuntimeError(f"WORLD_SIZE={world} but MASTER_ADDR is not set: launch with torchrun")
     if not dist.is_initialized():
         timeout = timedelta(seconds=timeout_s)
-        if "MASTER_ADDR" in os.environ:
+        if "MASTER_ADDR" in os.environ and store_secret is not None:
+            store = worker_store(store_secret, timeout)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        elif "MASTER_ADDR" in os.environ:
             dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ForeignKey, Index, String, UniqueConstraint
+from sqlalchemy import ForeignKey, Index, String, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from orchestration.db.base import Base, new_id, utcnow
@@ -15,7 +15,10 @@ class Region(Base):
     __tablename__ = "regions"
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Claimed by the region's first agent, or set by an admin; data residency trusts it only once
+    # an admin approved it (``jurisdiction_approved``): a claim alone is never trusted.
     jurisdiction: Mapped[str] = mapped_column(String(16), default="")
+    jurisdiction_approved: Mapped[bool] = mapped_column(default=False, server_default=false())
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -54,6 +57,8 @@ class Node(Base):
     sync_port_min: Mapped[int] = mapped_column(default=0)
     sync_port_max: Mapped[int] = mapped_column(default=0)
     probe_port: Mapped[int] = mapped_column(default=0)  # its LinkProbeService; 0: none
+    # Its CheckpointService (mutual TLS with each job's credentials); 0: it serves no checkpoints.
+    checkpoint_port: Mapped[int] = mapped_column(default=0, server_default="0")
     probe_key: Mapped[str] = mapped_column(String(64), default="")  # signs tickets of probes aimed at it
     # alive | lost | revoked (its credentials refused) | drained (kept for older rows)
     status: Mapped[str] = mapped_column(String(16), default="alive", index=True)
@@ -107,7 +112,8 @@ class Accelerator(Base):
 
 
 class Link(Base):
-    """A measured (or declared) link between two regions; symmetric unless both directions exist."""
+    """A measured (or declared) link between two regions; symmetric unless both directions exist.
+    ``src == dst``: the region's own network between its clusters."""
 
     __tablename__ = "links"
     __table_args__ = (UniqueConstraint("src", "dst"),)
@@ -118,6 +124,8 @@ class Link(Base):
     bandwidth_gbps: Mapped[float]
     latency_ms: Mapped[float]
     egress_price_per_gb: Mapped[float] = mapped_column(default=0.0)
+    # Declared private by the providers: a torchrun group's plaintext gloo/NCCL traffic may cross it.
+    private: Mapped[bool] = mapped_column(default=False, server_default=false())
     measured_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from benchmarks.sim import simulate
-from contracts.errors import NoFeasiblePlan
+from contracts.errors import InvalidArgument, NoFeasiblePlan
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner import estimate_option, plan
@@ -27,10 +27,11 @@ def _regions(
     link: tuple[float, float, float] = (10.0, 20.0, 0.0),
     device: tuple[str, float, float] = ("H100", 80, 400),
     reachable: bool = True,
+    private: bool = True,
 ) -> ResourceSnapshot:
     """Clusters (id, region, nodes, devices per node, price per device-hour); node ids are the
     cluster's id and a number. Regions eu (jurisdiction EU) and us (US) joined by ``link``
-    (Gb/s, ms, USD per GB)."""
+    (Gb/s, ms, USD per GB), declared ``private``."""
     model, memory_gb, tflops = device
     gbps, ms, egress = link
 
@@ -48,6 +49,7 @@ def _regions(
                     "bandwidth_gbps": gbps,
                     "latency_ms": ms,
                     "egress_price_per_gb": egress,
+                    "private": private,
                 }
             ],
             "clusters": [
@@ -223,3 +225,24 @@ def test_a_region_holding_later_stages_only_has_no_sync_participant() -> None:
         assert set(opt.sync.gossip) <= set(leaders)
         led += len(ring) < len(opt.regions)
     assert led  # some option has a region with later stages only
+
+
+def test_no_group_crosses_a_link_not_declared_private_and_the_quote_says_why() -> None:
+    """A group's gloo/NCCL traffic is plaintext: over a link its providers did not declare private,
+    the pipeline across regions is not offered (nothing else fits: the reasons name the link), and
+    a cheaper one is not weighed against what one region holds; a hand-made placement is refused."""
+    clusters = [("a", "eu", 2, 2, 1.0), ("b", "us", 2, 2, 1.0)]
+    with pytest.raises(NoFeasiblePlan) as none:
+        plan(BIG, _regions(clusters, (10.0, 20.0, 0.01), device=("A10", 24, 120), private=False))
+    reason = none.value.details["explanation"][-1]
+    assert reason["constraint"] == "links.private" and reason["value"] == [("eu", "us")]
+    assert "eu<->us" in none.value.message and "not declared private" in none.value.message
+
+    cheap = [*clusters, ("c", "eu", 1, 8, 8.0)]
+    public = plan(BIG, _regions(cheap, (10.0, 20.0, 0.01), device=("A10", 24, 120), private=False))
+    assert public and all({t.cluster for t in o.tasks} == {"c"} for o in public)
+
+    tasks = _placed(1, 1, 2, 1, 1)
+    snap = _regions([("a", "eu", 1, 1, 1.0), ("b", "us", 1, 1, 3.0)], private=False)
+    with pytest.raises(InvalidArgument, match=r"clusters \[\('a', 'b'\)\] over links not declared private"):
+        estimate_option(Placement(SPEC, snap, tasks, dp=1, tp=1, pp=2, zero=0))

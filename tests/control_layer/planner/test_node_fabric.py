@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.sim import simulate
-from contracts.errors import InvalidArgument
+from contracts.errors import InvalidArgument, NoFeasiblePlan
 from contracts.job_spec import JobSpec
-from control_layer.planner import estimate_option
+from control_layer.planner import estimate_option, plan
 from control_layer.planner.fleet import filter_fleet
 from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import PlannedTask, PlanOption
@@ -197,9 +197,10 @@ def _two_clusters(
     device: tuple[str, float, float] = ("H100", 80, 400),
     price: float = 2.0,
     fabric_gbps: float = 100.0,
+    private: bool = True,
 ) -> ResourceSnapshot:
     """Nodes n0..n{n_a-1} in cluster a, the next n_b in cluster b, one region; the region's local
-    link joins the two clusters."""
+    link joins the two clusters, declared ``private``."""
     model, memory_gb, tflops = device
     devs = [{"index": k, "model": model, "memory_gb": memory_gb, "tflops": tflops} for k in range(devices)]
 
@@ -212,7 +213,15 @@ def _two_clusters(
     return ResourceSnapshot.model_validate(
         {
             "regions": [{"name": "r"}],
-            "links": [{"src": "r", "dst": "r", "bandwidth_gbps": link_gbps, "latency_ms": link_ms}],
+            "links": [
+                {
+                    "src": "r",
+                    "dst": "r",
+                    "bandwidth_gbps": link_gbps,
+                    "latency_ms": link_ms,
+                    "private": private,
+                }
+            ],
             "clusters": [
                 {
                     "id": cid,
@@ -324,3 +333,11 @@ def test_a_slower_link_between_the_clusters_makes_the_spanning_step_slower() -> 
     assert [o.tasks for o in fast] == [o.tasks for o in slow]
     for f, s in zip(fast, slow, strict=True):
         assert s.estimates.step_s.pp_comm > f.estimates.step_s.pp_comm
+
+
+def test_clusters_of_one_region_share_a_group_only_over_its_network_declared_private() -> None:
+    """The region's own network between its clusters is a link too (``PUT /v1/links`` with src =
+    dst): undeclared private, no replica spans the clusters, and the reasons say why."""
+    assert _spanning(BIG, _two_clusters(2, 2, 2, 25.0, 0.5, device=("A10", 24, 120), private=False)) == []
+    with pytest.raises(NoFeasiblePlan, match=r"r \(between its clusters\)"):
+        plan(BIG, _two_clusters(2, 2, 2, 25.0, 0.5, device=("A10", 24, 120), private=False))

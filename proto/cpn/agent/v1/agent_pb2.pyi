@@ -37,7 +37,7 @@ class Device(_message.Message):
     def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., memory_gb: _Optional[float] = ..., measured_tflops: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port", "measured_profile", "node_fabric_gbps", "node_fabric_latency_ms", "cross_cluster_host", "cpu_contention", "cpu_contention_probe_ages_s", "csr_pem", "sandbox")
+    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port", "checkpoint_port", "measured_profile", "node_fabric_gbps", "node_fabric_latency_ms", "cross_cluster_host", "cpu_contention", "cpu_contention_probe_ages_s", "csr_pem", "sandbox")
     ENROLLMENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class RegisterRequest(_message.Message):
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROBE_PORT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_PORT_FIELD_NUMBER: _ClassVar[int]
     MEASURED_PROFILE_FIELD_NUMBER: _ClassVar[int]
     NODE_FABRIC_GBPS_FIELD_NUMBER: _ClassVar[int]
     NODE_FABRIC_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +81,7 @@ class RegisterRequest(_message.Message):
     node_id: str
     node_token: str
     probe_port: int
+    checkpoint_port: int
     measured_profile: MeasuredProfile
     node_fabric_gbps: float
     node_fabric_latency_ms: float
@@ -88,7 +90,7 @@ class RegisterRequest(_message.Message):
     cpu_contention_probe_ages_s: _containers.RepeatedScalarFieldContainer[float]
     csr_pem: str
     sandbox: str
-    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ..., measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ..., node_fabric_gbps: _Optional[float] = ..., node_fabric_latency_ms: _Optional[float] = ..., cross_cluster_host: _Optional[str] = ..., cpu_contention: _Optional[float] = ..., cpu_contention_probe_ages_s: _Optional[_Iterable[float]] = ..., csr_pem: _Optional[str] = ..., sandbox: _Optional[str] = ...) -> None: ...
+    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ..., checkpoint_port: _Optional[int] = ..., measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ..., node_fabric_gbps: _Optional[float] = ..., node_fabric_latency_ms: _Optional[float] = ..., cross_cluster_host: _Optional[str] = ..., cpu_contention: _Optional[float] = ..., cpu_contention_probe_ages_s: _Optional[_Iterable[float]] = ..., csr_pem: _Optional[str] = ..., sandbox: _Optional[str] = ...) -> None: ...
 
 class MeasuredProfile(_message.Message):
     __slots__ = ("startup_s", "teardown_s", "physical_cores", "rates", "host_load_factor", "launcher_s", "collective_call_s", "collective_gbps", "collective_wait_s")
@@ -457,16 +459,28 @@ class CheckpointChunk(_message.Message):
     def __init__(self, manifest: _Optional[_Iterable[_Union[CheckpointFile, _Mapping]]] = ..., file: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class CheckpointCopyOrder(_message.Message):
-    __slots__ = ("ticket", "source_host", "source_port", "job_id")
+    __slots__ = ("ticket", "source_host", "source_port", "job_id", "tls")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     SOURCE_HOST_FIELD_NUMBER: _ClassVar[int]
     SOURCE_PORT_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
     ticket: CheckpointTicket
     source_host: str
     source_port: int
     job_id: str
-    def __init__(self, ticket: _Optional[_Union[CheckpointTicket, _Mapping]] = ..., source_host: _Optional[str] = ..., source_port: _Optional[int] = ..., job_id: _Optional[str] = ...) -> None: ...
+    tls: CheckpointTls
+    def __init__(self, ticket: _Optional[_Union[CheckpointTicket, _Mapping]] = ..., source_host: _Optional[str] = ..., source_port: _Optional[int] = ..., job_id: _Optional[str] = ..., tls: _Optional[_Union[CheckpointTls, _Mapping]] = ...) -> None: ...
+
+class CheckpointTls(_message.Message):
+    __slots__ = ("ca_pem", "cert_pem", "key_pem")
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    CERT_PEM_FIELD_NUMBER: _ClassVar[int]
+    KEY_PEM_FIELD_NUMBER: _ClassVar[int]
+    ca_pem: str
+    cert_pem: str
+    key_pem: str
+    def __init__(self, ca_pem: _Optional[str] = ..., cert_pem: _Optional[str] = ..., key_pem: _Optional[str] = ...) -> None: ...
 
 class CheckpointCopyResult(_message.Message):
     __slots__ = ("transfer_id", "bytes", "duration_s", "error", "assignment_id")

@@ -279,10 +279,12 @@ class LinkProbeService:
 class CheckpointServiceStub:
     """-- Checkpoint copies: a task's complete checkpoint kept on another node of its region. ---------
 
-    Served next to LinkProbeService (same port). The node holding a checkpoint streams it to a node
-    of its region that presents a ticket the control plane signed with the holder's probe_key.
-    UNAUTHENTICATED on a bad, expired or replayed ticket; NOT_FOUND when the checkpoint is not
-    (or no longer) here; INVALID_ARGUMENT past the ticket's bounds.
+    Served on the node's checkpoint_port, over mutual TLS only: each job's credentials (its CA and
+    a certificate naming the job's checkpoint server, chosen by the client's SNI) on both ends.
+    The node holding a checkpoint streams it to a node of its region that presents a ticket the
+    control plane signed with the holder's probe_key. UNAUTHENTICATED on a bad, expired or replayed
+    ticket, or a client certificate of another job; NOT_FOUND when the checkpoint is not (or no
+    longer) here; INVALID_ARGUMENT past the ticket's bounds.
     """
 
     def __init__(self, channel):
@@ -301,10 +303,12 @@ class CheckpointServiceStub:
 class CheckpointServiceServicer:
     """-- Checkpoint copies: a task's complete checkpoint kept on another node of its region. ---------
 
-    Served next to LinkProbeService (same port). The node holding a checkpoint streams it to a node
-    of its region that presents a ticket the control plane signed with the holder's probe_key.
-    UNAUTHENTICATED on a bad, expired or replayed ticket; NOT_FOUND when the checkpoint is not
-    (or no longer) here; INVALID_ARGUMENT past the ticket's bounds.
+    Served on the node's checkpoint_port, over mutual TLS only: each job's credentials (its CA and
+    a certificate naming the job's checkpoint server, chosen by the client's SNI) on both ends.
+    The node holding a checkpoint streams it to a node of its region that presents a ticket the
+    control plane signed with the holder's probe_key. UNAUTHENTICATED on a bad, expired or replayed
+    ticket, or a client certificate of another job; NOT_FOUND when the checkpoint is not (or no
+    longer) here; INVALID_ARGUMENT past the ticket's bounds.
     """
 
     def Fetch(self, request, context):
@@ -333,10 +337,12 @@ def add_CheckpointServiceServicer_to_server(servicer, server):
 class CheckpointService:
     """-- Checkpoint copies: a task's complete checkpoint kept on another node of its region. ---------
 
-    Served next to LinkProbeService (same port). The node holding a checkpoint streams it to a node
-    of its region that presents a ticket the control plane signed with the holder's probe_key.
-    UNAUTHENTICATED on a bad, expired or replayed ticket; NOT_FOUND when the checkpoint is not
-    (or no longer) here; INVALID_ARGUMENT past the ticket's bounds.
+    Served on the node's checkpoint_port, over mutual TLS only: each job's credentials (its CA and
+    a certificate naming the job's checkpoint server, chosen by the client's SNI) on both ends.
+    The node holding a checkpoint streams it to a node of its region that presents a ticket the
+    control plane signed with the holder's probe_key. UNAUTHENTICATED on a bad, expired or replayed
+    ticket, or a client certificate of another job; NOT_FOUND when the checkpoint is not (or no
+    longer) here; INVALID_ARGUMENT past the ticket's bounds.
     """
 
     @staticmethod
