@@ -13,7 +13,7 @@ import secrets
 import time
 from pathlib import Path
 
-MARK_ENV = "CPN_TEST_RUN"
+MARK_ENV = "TEST_RUN_MARK"  # not CPN_*: benchmarks/control_plane.py keeps those from its replicas
 
 
 def marked_env(base: dict[str, str] | None = None) -> tuple[dict[str, str], str]:
@@ -39,6 +39,12 @@ def alive(mark: str) -> dict[int, str]:
         except (OSError, IndexError):  # gone meanwhile, or not ours to read
             continue
     return found
+
+
+def environ(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` started with."""
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(p.decode(errors="replace").partition("=")[::2] for p in pairs if p)
 
 
 def wait_until_gone(mark: str, timeout_s: float = 60.0) -> dict[int, str]:
