@@ -115,7 +115,8 @@ def stop_when(
 
 def die_with_parent(parent: int | None = None) -> None:
     """Ask for SIGKILL when ``parent`` dies (default: the pid a parent put in ``PARENT_ENV``;
-    without one, do nothing). Exits at once if the parent is already gone."""
+    without one, do nothing). Exits at once if the parent is already gone, or is not this
+    process's parent: a child tied through a wrapper that forks it would die with the wrapper."""
     if parent is None:
         value = os.environ.pop(PARENT_ENV, "")  # not passed on: our own children are not its
         if not value.isdigit():
