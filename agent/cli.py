@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from agent.daemon import Agent
 from agent.settings import AgentSettings
+from contracts.lifetime import die_with_parent
 
 
 def run_agent(settings: AgentSettings) -> int:
@@ -103,7 +104,7 @@ def agent_command(
         2.0, "--reconnect-max-s", help="Longest wait between reconnects (at most the heartbeat interval)"
     ),
     kill_grace_s: float = typer.Option(
-        10.0, "--kill-grace-s", help="SIGTERM to SIGKILL when stopping workers"
+        3.0, "--kill-grace-s", help="SIGTERM to SIGKILL when stopping workers"
     ),
     measure_profile: bool = typer.Option(
         True, "--measure-profile/--no-measure-profile", help="Run the reference worker step at start-up"
@@ -144,5 +145,6 @@ def agent_command(
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
     """Run the node agent: register this node's devices and run the work the control plane assigns."""
+    die_with_parent()  # started by `cpn demo` or a test fleet: not a moment longer than it
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise typer.Exit(run_agent(settings_from_options(ctx.params)))  # every option above, by name

@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 
 from agent.fetch import Cancelled
 from contracts.artifacts import MAX_CODE_BYTES
+from contracts.lifetime import keeper_command, stop_when
 
 MAX_UNPACKED_BYTES = 4 * MAX_CODE_BYTES
 MAX_MEMBERS = 100_000
@@ -241,20 +242,19 @@ def _run(
     tail: deque[str] = deque(maxlen=PIP_TAIL_LINES)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PIP_NO_INPUT": "1"}
     deadline = time.monotonic() + timeout_s
+    # Under a keeper: pip's build processes end with it, when it is stopped and with the agent.
+    kept, fds = keeper_command(cmd, grace_s=0)
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, text=True
+        kept,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        text=True,
+        pass_fds=fds,
     )
     assert proc.stdout is not None
-
-    def stop_when_due() -> None:  # the pipe's reads block: a watcher ends a run over its time
-        while proc.poll() is None:
-            if time.monotonic() > deadline or (cancel is not None and cancel.is_set()):
-                proc.kill()
-                return
-            time.sleep(0.1)
-
-    watcher = threading.Thread(target=stop_when_due, daemon=True)
-    watcher.start()
+    watcher = stop_when(proc, deadline, cancel)  # the pipe's reads block: a watcher ends a run over its time
     for raw in proc.stdout:
         line = raw.rstrip("\n")
         tail.append(line[:500])

@@ -8,7 +8,12 @@ Life of an agent process:
    the server's loss threshold, keeping the workers running (nothing in a worker depends on the
    stream) and naming them in the next Hello, then replaying each task's state and latest metrics;
 5. on SIGTERM/SIGINT stop the workers (reported FAILED, so the control plane re-places them),
-   let the last messages go up, and exit 0.
+   let the last messages go up, and exit 0. A signal during start-up ends it there: a reference
+   step under way is stopped and none is started after it.
+
+An agent that dies by any signal, SIGKILL included, leaves no process behind: its workers, its
+reference step and its pip builds run under keepers (``contracts.lifetime``), the sandbox probe
+under bwrap's ``--die-with-parent``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import math
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
@@ -35,6 +41,7 @@ from agent.checkpoint_transfer import (
 )
 from agent.devices import detect_devices
 from agent.duties import Duty, run_duty
+from agent.fetch import Cancelled
 from agent.outbox import Outbox
 from agent.probe import build_probe_server, run_probe
 from agent.profile import another_measuring, measure_profile
@@ -144,6 +151,7 @@ class Agent:
         self._draining = False
         self._seq = 0
         self._stop: asyncio.Event | None = None
+        self._halt = threading.Event()  # set with ``_stop``, for work in threads
         self._stub: agent_pb2_grpc.AgentServiceStub | None = None
         self._probe_key = ""  # from the latest registration; checks the tickets of probes aimed here
         self._probe_port = 0  # where the probe server listens (0: none)
@@ -165,7 +173,7 @@ class Agent:
         self._stop = stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, self._on_stop_signal)
         s.work_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._state = AgentState.load(s.effective_state_file)
@@ -174,12 +182,18 @@ class Agent:
             return 2
         for aid in await asyncio.to_thread(self._stop_leftovers):
             self._fail(aid, "the node's agent restarted; its workers were stopped")
+        # Start-up steps run in threads that a signal does not interrupt: after each, a stopping
+        # agent goes no further (it has registered nothing and started no worker).
+        if stop.is_set():
+            return 0
         if self.devices is None:
             try:
                 self.devices = await asyncio.to_thread(detect_devices, s.devices)
             except Exception as exc:
                 log.error("device detection failed: %s", exc)
                 return 2
+        if stop.is_set():
+            return 0
         self.sandbox = await asyncio.to_thread(probe_sandbox, s)
         if self.sandbox.ok:
             log.info("sandbox: bubblewrap works; users' code runs confined")
@@ -196,16 +210,24 @@ class Agent:
 
             # The host after this agent's own measurement, not during it nor during the next
             # co-located agent's: settled in this agent's turn (``measure_profile``).
-            self.profile = await asyncio.to_thread(
-                measure_profile,
-                self.devices[0].kind,
-                s.work_dir / "reference",
-                then=settle if self._probes_cpu else None,
-                device_model=self.devices[0].model,
-                shared_max_age_s=s.profile_share_s,
-            )
+            try:
+                self.profile = await asyncio.to_thread(
+                    measure_profile,
+                    self.devices[0].kind,
+                    s.work_dir / "reference",
+                    then=settle if self._probes_cpu else None,
+                    device_model=self.devices[0].model,
+                    shared_max_age_s=s.profile_share_s,
+                    cancel=self._halt,
+                )
+            except Cancelled as exc:
+                log.info("agent stopping: %s", exc)
+                return 0
             if self.profile is not None:
                 log.info("worker profile: %s", self.profile.as_dict())
+        if stop.is_set():
+            log.info("agent stopping before registration")
+            return 0
         for d in self.devices:
             log.info(
                 "device %d: %s %s, %.1f GB, %.4f TFLOPS",
@@ -275,6 +297,11 @@ class Agent:
                 await checkpoint_server.stop(0.5)
             self._save_state()  # still lists any worker group that would not stop, for the next agent
         return code
+
+    def _on_stop_signal(self) -> None:
+        assert self._stop is not None
+        self._stop.set()
+        self._halt.set()  # for the start-up steps that run in threads (the reference step)
 
     async def _shutdown(self, connection: asyncio.Task[None]) -> None:
         self._draining = True

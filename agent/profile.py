@@ -14,7 +14,6 @@ import fcntl
 import logging
 import math
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,8 +22,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from agent.fetch import Cancelled
 from agent.output import parse_prefixed
 from agent.shared_profile import alike_key, load_shared, shared_path, store_shared
+from contracts.lifetime import keeper_command, stop_when
 from contracts.metrics import RESULT_PREFIX
 from contracts.registration import (
     COLLECTIVE_FIELDS,
@@ -69,16 +70,14 @@ def reference_env(base: dict[str, str], device_kind: str) -> dict[str, str]:
     return env
 
 
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 @contextlib.contextmanager
-def one_reference_at_a_time(lock_path: Path = HOST_LOCK) -> Iterator[None]:
+def one_reference_at_a_time(
+    lock_path: Path = HOST_LOCK, cancel: threading.Event | None = None
+) -> Iterator[None]:
     """Agents of one host measure in turn. Measured together on shared cores, the reference's
     small fixed parts (per micro-batch, per step) came out up to 10x apart, and one of the demo's
-    tiny steps is mostly those parts; the throughput figures agreed within 20 %."""
+    tiny steps is mostly those parts; the throughput figures agreed within 20 %. Raises
+    ``Cancelled`` if ``cancel`` is set while waiting: a stopping agent must not start one later."""
     try:
         handle = open(lock_path, "a")  # noqa: SIM115 (closed below)
     except OSError as exc:  # another user's file: measure without taking turns
@@ -86,11 +85,19 @@ def one_reference_at_a_time(lock_path: Path = HOST_LOCK) -> Iterator[None]:
         yield
         return
     with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("another agent on this host is measuring its reference step: waiting for it")
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        waited = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waited:
+                    log.info("another agent on this host is measuring its reference step: waiting for it")
+                    waited = True
+                if cancel is None:
+                    time.sleep(0.1)
+                elif cancel.wait(0.1):
+                    raise Cancelled("stopped while waiting for the host's reference step lock") from None
         try:
             yield
         finally:
@@ -123,6 +130,7 @@ def measure_profile(
     lock_path: Path = HOST_LOCK,
     device_model: str = "",
     shared_max_age_s: float = SHARED_MAX_AGE_S,
+    cancel: threading.Event | None = None,
 ) -> NodeProfile | None:
     """Run the reference worker once, after any other agent's on this host; None (with a warning)
     if it fails: the planner then prices this node with its defaults. An alike agent's figures
@@ -132,13 +140,16 @@ def measure_profile(
     measured before the next agent's reference step starts. Settled after the turn, it measured
     that step too: an agent of the benchmark's shared host registered 1.22 runnable threads a
     core where the host idle read 0.5, and kept it while it ran jobs back to back, so every
-    quote priced an extra thread there."""
+    quote priced an extra thread there. ``cancel`` set (the agent is stopping): ``Cancelled``,
+    with the reference step's whole tree ended."""
     shared = shared_path(lock_path)
     key = alike_key(device_kind, device_model, physical_cores())
-    with one_reference_at_a_time(lock_path):
+    with one_reference_at_a_time(lock_path, cancel):
         profile = _shared_profile(shared, key, shared_max_age_s)
         if profile is None:
-            profile = _measure_profile(device_kind, work_dir, timeout_s)
+            profile = _measure_profile(device_kind, work_dir, timeout_s, cancel)
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("stopped during the reference step")
             if profile is not None and shared_max_age_s > 0:
                 store_shared(shared, key, profile)
         if profile is not None and then is not None:
@@ -161,7 +172,9 @@ def _shared_profile(path: Path, key: str, max_age_s: float) -> NodeProfile | Non
     return profile
 
 
-def _measure_profile(device_kind: str, work_dir: Path, timeout_s: float) -> NodeProfile | None:
+def _measure_profile(
+    device_kind: str, work_dir: Path, timeout_s: float, cancel: threading.Event | None = None
+) -> NodeProfile | None:
     work_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
@@ -177,30 +190,27 @@ def _measure_profile(device_kind: str, work_dir: Path, timeout_s: float) -> Node
     ]
     result, result_at = None, None
     env = reference_env(dict(os.environ), device_kind)
+    # Under a keeper, as a job's workers run: torchrun's rank and the ranks it forks end with the
+    # agent, and when it stops (no grace: a measurement has nothing to save).
+    kept, fds = keeper_command(cmd, grace_s=0)
     with open(work_dir / "reference-step.log", "w") as logfile:
         proc = subprocess.Popen(
-            cmd,
-            cwd=work_dir,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=logfile,
-            text=True,
-            start_new_session=True,
+            kept, cwd=work_dir, env=env, stdout=subprocess.PIPE, stderr=logfile, text=True, pass_fds=fds
         )
         # A reference step that hangs is stopped as a whole after the timeout.
-        timer = threading.Timer(timeout_s, _kill_group, (proc.pid,))
-        timer.start()
+        watcher = stop_when(proc, time.monotonic() + timeout_s, cancel)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
                 logfile.write(line)
                 if (payload := parse_prefixed(line.rstrip("\n"), RESULT_PREFIX)) is not None:
                     result, result_at = payload, time.monotonic()
-            proc.wait()
+            proc.wait()  # the keeper exits once the tree is gone
         finally:
-            timer.cancel()
-            _kill_group(proc.pid)  # whatever the group left behind
+            if proc.poll() is None:  # an error here: stop the tree all the same
+                proc.terminate()
             proc.wait()
+            watcher.join()
     exited = time.monotonic()
     if proc.returncode != 0 or result is None or result_at is None:
         log.warning(

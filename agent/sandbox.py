@@ -40,9 +40,10 @@ NOFILE_PER_DEVICE = 16384  # torch's data loaders and gloo's sockets: generous, 
 MIN_NOFILE = 4096
 # The environment the agent was started with may hold its enrollment token.
 HIDDEN_ENV = ("CPN_AGENT_TOKEN",)
-# The agent stops a task by SIGTERM to its process group, then SIGKILL after a grace period. bwrap
-# would die of the SIGTERM at once and, dying, SIGKILL the sandbox (--die-with-parent): so bwrap
-# runs with SIGTERM ignored, and the task's command with it restored, to end on its own terms.
+# A task is stopped by SIGTERM to its process group (its keeper forwards the agent's), then SIGKILL
+# after a grace period. bwrap would die of the SIGTERM at once and, dying, SIGKILL the sandbox
+# (--die-with-parent): so bwrap runs with SIGTERM ignored, and the task's command with it
+# restored, to end on its own terms.
 IGNORE_TERM = ("sh", "-c", 'trap "" TERM; exec "$0" "$@"')
 DEFAULT_TERM = (
     "import os, signal, sys; signal.signal(signal.SIGTERM, signal.SIG_DFL);"
@@ -189,9 +190,11 @@ def sandbox_command(
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-cgroup-try",
-        # Its workers die with the agent. No --new-session: the agent starts the group in a
-        # session of its own without a terminal (nothing to inject keystrokes into), and keeping
-        # the group's processes in it lets the agent's SIGTERM reach the workers, not only bwrap.
+        # Its workers die with bwrap's parent, the tree's keeper (``contracts.lifetime``), which
+        # dies with the agent. No --new-session: the keeper starts the command in a process group
+        # of its own in a session without a terminal (nothing to inject keystrokes into), and
+        # keeping the sandbox's processes in that group lets the SIGTERM it forwards reach the
+        # workers, not only bwrap.
         "--die-with-parent",
     ]
     if as_root:

@@ -116,7 +116,9 @@ class AgentSettings(BaseModel):
     reconnect_max_s: float = Field(
         2.0, gt=0, description="longest wait between reconnects (at most the server's heartbeat interval)"
     )
-    kill_grace_s: float = Field(10.0, ge=0, description="SIGTERM to SIGKILL when stopping workers")
+    # Short enough that a stopping agent's workers are gone within 5 s of its SIGTERM; workers
+    # keep nothing on SIGTERM (a preemption has its own, longer grace, before this one).
+    kill_grace_s: float = Field(3.0, ge=0, description="SIGTERM to SIGKILL when stopping workers")
     log_lines_per_s: float = Field(50.0, gt=0, description="worker log lines forwarded per second")
     log_burst: int = Field(200, ge=1)
     metrics_min_interval_s: float = Field(

@@ -1,8 +1,10 @@
-"""One assignment's workers, from launch to exit: a torchrun process group the agent supervises.
+"""One assignment's workers, from launch to exit: a torchrun process tree the agent supervises.
 
-The group runs in its own session so it can be stopped as a whole (SIGTERM, then SIGKILL after a
-grace period) and so it outlives an agent that is killed outright; the agent that starts next
-stops it (see ``stop_leftover``).
+The tree runs under a keeper (``contracts.lifetime``): torchrun starts its ranks in sessions of
+their own, out of reach of a signal to its process group, so the keeper, a subreaper, stops the
+tree as a whole (SIGTERM to torchrun's group, then SIGKILL to every process of the tree after the
+grace period) and ends it at once when the agent dies, by any signal. ``stop_leftover`` remains
+for a keeper a previous agent process left (one killed itself, say).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from agent.tls import http_verify
 from contracts.artifacts import CHECKPOINT_OUTPUT
 from contracts.checkpoint_transfer import CheckpointTicket, CheckpointTls
 from contracts.errors import InvalidArgument
+from contracts.lifetime import keeper_command, kill_tree
 from contracts.lost_notices import LostNotice, append_notice
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
 from contracts.worker_config import LOOPBACK, NodeGroupSpec, StageSpec
@@ -56,6 +59,7 @@ log = logging.getLogger(__name__)
 COMMAND_KEY = "command"  # worker_config key naming an argv to run instead of torchrun (tests only)
 MAX_LINE = 4000
 READ_LIMIT = 1 << 20
+KEEPER_SLACK_S = 5.0  # past the kill grace: a keeper still there then has failed to end its tree
 ENDED_MARK = "ended"  # touched in the run dir when the assignment ends here
 AGENT_FILES = ("worker.log", "worker_config.json", ENDED_MARK)  # the agent's own files in a run dir
 
@@ -211,7 +215,8 @@ def _signal_group(pgid: int, sig: int) -> bool:
 
 
 def stop_leftover(pgid: int, run_dir: str, grace_s: float) -> bool:
-    """Stop a worker group a previous agent process left running. The group leader's working
+    """Stop a worker tree's keeper a previous agent process left running (a keeper ends its tree
+    when its agent dies, so this finds one only where the keeper failed). The keeper's working
     directory must still be the assignment's directory, so a recycled pid is never signalled."""
     try:
         if os.readlink(f"/proc/{pgid}/cwd") != str(Path(run_dir).resolve()):
@@ -219,10 +224,10 @@ def stop_leftover(pgid: int, run_dir: str, grace_s: float) -> bool:
     except OSError:
         return False
     _signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
+    deadline = time.monotonic() + grace_s + KEEPER_SLACK_S
     while time.monotonic() < deadline and Path(f"/proc/{pgid}").exists():
         time.sleep(0.05)
-    _signal_group(pgid, signal.SIGKILL)
+    kill_tree(pgid)
     return True
 
 
@@ -350,14 +355,16 @@ class WorkerRun:
                 )
             if self._stop is not None:
                 return self._finish(self._stop[0], self._stop[1], 0)
+            kept, fds = keeper_command(cmd, grace_s=self._settings.kill_grace_s)
             self._spawned_at = time.monotonic()
             self._proc = await asyncio.create_subprocess_exec(
-                *cmd,
+                *kept,
                 cwd=self.run_dir,
                 env=env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
+                pass_fds=fds,
                 start_new_session=True,
                 limit=READ_LIMIT,
             )
@@ -381,7 +388,7 @@ class WorkerRun:
             if stopper is not None:
                 await stopper
             await self._end_disk_guard(guard)
-            _signal_group(self.pgid, signal.SIGKILL)  # whatever the group left behind holds our pipes
+            # The keeper exits only once the whole tree is gone: nothing holds the pipes now.
             _, pending = await asyncio.wait(pumps, timeout=5)
             for task in pending:
                 task.cancel()
@@ -607,7 +614,9 @@ class WorkerRun:
             await self.stop(f"preempted ({reason}); the workers did not stop within {grace_s:g}s")
 
     async def stop(self, reason: str, state: int = CANCELLED) -> None:
-        """SIGTERM the group, SIGKILL it after the grace period; ``run`` reports ``state``."""
+        """SIGTERM the tree, SIGKILL it after the grace period; ``run`` reports ``state``. The
+        keeper does both (it alone reaches ranks that torchrun started in sessions of their own);
+        the agent steps in only if the keeper itself is still there well after the grace."""
         if self.done:
             return
         if self._stop is None:
@@ -618,14 +627,14 @@ class WorkerRun:
             return
         _signal_group(proc.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(asyncio.shield(proc.wait()), self._settings.kill_grace_s)
+            await asyncio.wait_for(asyncio.shield(proc.wait()), self._settings.kill_grace_s + KEEPER_SLACK_S)
         except TimeoutError:
             log.warning(
-                "assignment %s: still running %.0fs after SIGTERM; SIGKILL",
+                "assignment %s: keeper still running %.0fs after SIGTERM; SIGKILL to its tree",
                 self.assignment.assignment_id,
-                self._settings.kill_grace_s,
+                self._settings.kill_grace_s + KEEPER_SLACK_S,
             )
-        _signal_group(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
 
     async def _pump(self, stream: asyncio.StreamReader | None, name: str, logfile: Any) -> None:
         assert stream is not None

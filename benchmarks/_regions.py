@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from contracts.lifetime import tied_env
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX, parse_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ class RegionRun:
 
 def run_regions(configs: dict[str, dict[str, Any]], workdir: Path, timeout: float) -> dict[str, RegionRun]:
     """Start every region's worker, wait for all (killing any still running at ``timeout``)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = tied_env({**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})  # they end with us
     procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
     try:
         for r, cfg in configs.items():

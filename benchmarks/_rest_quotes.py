@@ -25,6 +25,7 @@ import numpy as np
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from contracts.lifetime import tied_env
 from control_layer.planner.snapshot import ClusterInfo, NodeInfo, ResourceSnapshot
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 
@@ -106,7 +107,7 @@ def rest_latency(snap: ResourceSnapshot, specs: list[dict[str, Any]], *, workers
     }
     server = subprocess.Popen(
         [sys.executable, "-m", "cpn", "server", "--port", str(http_port), "--grpc-port", str(grpc_port)],
-        env=env,
+        env=tied_env(env),  # it ends with the benchmark, however that ends
         cwd=ROOT,
     )
     try:

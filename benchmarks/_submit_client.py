@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from contracts.lifetime import die_with_parent
+
 
 @dataclass
 class ClientResult:
@@ -75,6 +77,7 @@ def _client_process(
     targets: list[tuple[str, int]], key: str, body: bytes, connections: int, seconds: float,
     ready: Any, start: Any, results: Any,
 ) -> None:  # fmt: skip
+    die_with_parent(mp.parent_process().pid)  # type: ignore[union-attr]  # a spawned child has one
     ready.release()
     start.wait()
     cpu0 = time.process_time()

@@ -56,6 +56,7 @@ import httpx  # noqa: E402
 from control_plane import Database, Replica, admin_client, free_port, server_env  # noqa: E402
 from netlab import NetLab, netns_available  # noqa: E402
 
+from contracts.lifetime import keeper_command  # noqa: E402
 from service_layer.cli.demo import wait_for_clusters  # noqa: E402
 from service_layer.cli.local_fleet import LocalAgent, enroll, stop_agents  # noqa: E402
 from service_layer.code_archive import pack_code  # noqa: E402
@@ -92,11 +93,15 @@ class MotoS3:
     def __init__(self, host: str, log: Path) -> None:
         self.port = free_port()
         self.url = f"http://{host}:{self.port}"
+        # Under a keeper: moto ends with the benchmark, however the benchmark ends.
+        kept, fds = keeper_command(
+            [sys.executable, "-m", "moto.server", "-H", host, "-p", str(self.port)], grace_s=5
+        )
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", host, "-p", str(self.port)],
+            kept,
             stdout=open(log, "wb"),  # noqa: SIM115 - the child owns it
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            pass_fds=fds,
         )
         deadline = time.monotonic() + 60
         while True:

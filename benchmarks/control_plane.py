@@ -15,9 +15,16 @@
    A job is lost if it does not succeed on its first attempt with every task succeeded,
    duplicated if it got more tasks than its plan or stored a metric step twice, stuck if it is
    not finished in time.
+4. Stranded processes: runs killed with SIGKILL, each with a mark in its environment that every
+   process it starts inherits: a `cpn server --workers 2` (its supervisor) and two `cpn agent`
+   processes training a job (torchrun and its ranks, each rank in a session of its own), then a
+   `cpn demo` while its agents measure their reference steps. ``stranded_processes`` counts the
+   processes of those runs still alive once the killed parents are gone (it waits up to 30 s for
+   the last; target 0).
 
-    python benchmarks/control_plane.py            # full run (about 5 minutes)
+    python benchmarks/control_plane.py            # full run (about 6 minutes)
     python benchmarks/control_plane.py --quick    # shorter load phases, one job per chaos phase
+    python benchmarks/control_plane.py --only-stranded   # phase 4 alone (about a minute)
 
 Prints a table and a final JSON line. Needs PostgreSQL and Redis (CPN_BENCH_POSTGRES_URL,
 CPN_BENCH_REDIS_URL; local defaults).
@@ -52,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _submit_client import run_clients  # noqa: E402
 
+from contracts.lifetime import die_with_parent, tied_env  # noqa: E402
 from orchestration.bus import RedisBus, default_prefix  # noqa: E402
 from orchestration.db.base import utcnow  # noqa: E402
 from orchestration.db.engine import as_utc, make_engine, make_session_factory, normalize_url  # noqa: E402
@@ -127,12 +135,12 @@ class Replica:
         self.starts += 1
         log = self.log_dir / f"{self.name}-{self.starts}.log"
         began = time.monotonic()
-        with open(log, "wb") as out:
+        with open(log, "wb") as out:  # tied: a benchmark killed outright takes its replicas along
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cpn", "server", "--port", str(self.http_port),
                  "--grpc-port", str(self.grpc_port), "--log-level", "WARNING", *self.args],
-                env={**self.env, "CPN_REPLICA_ID": self.name}, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
+                env=tied_env({**self.env, "CPN_REPLICA_ID": self.name}), stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         # --log-level WARNING hides the "up" line: poll the health endpoint instead
         while True:
@@ -258,6 +266,7 @@ async def _simulate(
 def _simulator(
     target: str, token: str, indices: list[int], seconds: float, ready: Any, go: Any, acked: Any
 ) -> None:
+    die_with_parent(mp.parent_process().pid)  # type: ignore[union-attr]  # a spawned child has one
     asyncio.run(_simulate(target, token, indices, seconds, ready, go, acked))
 
 
@@ -502,6 +511,122 @@ def chaos(workdir: Path, jobs: int, steps: int) -> dict[str, Any]:
     return result
 
 
+# ------------------------------------------------------------------ 4. stranded processes
+
+RUN_MARK = "CPN_BENCH_RUN"
+
+
+def run_processes(mark: str) -> dict[int, str]:
+    """Live processes whose environment carries ``mark`` (``RUN_MARK``), with their command lines.
+    ``/proc/<pid>/environ`` is the environment a process started with: every process a run
+    started inherits it, whatever session it runs in and whoever its parent is now."""
+    needle = f"{RUN_MARK}={mark}".encode()
+    found = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # ended; only its exit status waits to be collected
+            found[int(proc.name)] = (
+                (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            )
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def wait_processes(mark: str, needle: str, count: int, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sum(needle in cmd for cmd in run_processes(mark).values()) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not {count} processes running {needle!r} after {timeout_s:.0f}s")
+        time.sleep(0.2)
+
+
+def survivors(
+    mark: str, parents: list[subprocess.Popen[bytes]], ceiling_s: float = 30.0
+) -> tuple[int, float]:
+    """SIGKILL ``parents``; the run's processes still alive once none is left or after the
+    ceiling (the kernel and the keepers act within a second), and when the last went."""
+    killed = time.monotonic()
+    for p in parents:
+        os.kill(p.pid, signal.SIGKILL)
+    for p in parents:
+        p.wait(30)
+    while (left := run_processes(mark)) and time.monotonic() - killed < ceiling_s:
+        time.sleep(0.05)
+    for pid, cmd in left.items():
+        print(f"  stranded: {pid} {cmd[:200]}")
+    return len(left), time.monotonic() - killed
+
+
+def stranded(workdir: Path, steps: int) -> dict[str, Any]:
+    """Phase 4: the processes of killed runs left alive (see the module's docstring)."""
+    db = Database()
+    admin_key = "cpn_admin_" + secrets.token_urlsafe(16)
+    mark = secrets.token_hex(8)
+    env = server_env(db, workdir, admin_key, CPN_HEARTBEAT_INTERVAL_S="1", CPN_HEARTBEAT_MISSES="3")
+    env[RUN_MARK] = mark
+    (workdir / "logs").mkdir(exist_ok=True)
+    server = Replica("stranded", env, workdir / "logs", args=["--workers", "2"])
+    agents: list[subprocess.Popen[bytes]] = []
+    demo: subprocess.Popen[bytes] | None = None
+    result: dict[str, Any] = {}
+    try:
+        server.start()
+        client = admin_client(server, admin_key)
+        specs = [
+            LocalAgent("eu-west", "paris-1", "lumen", 1.0, "EU", measure_profile=False),
+            LocalAgent("us-east", "virginia-1", "atlas", 2.0, "US", measure_profile=False),
+        ]
+        tokens = enroll(client, specs, note="stranded")
+        agent_env = {**os.environ, RUN_MARK: mark, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        agents = start_agents(specs, server.grpc_target, tokens, workdir / "stranded", 34500, agent_env)
+        wait_for_clusters(client, len(specs), timeout_s=120)
+        link = {"src": "eu-west", "dst": "us-east", "bandwidth_gbps": 1.0, "latency_ms": 40.0,
+                "egress_price_per_gb": 0.02}  # fmt: skip
+        client.put("/v1/links", json=link).raise_for_status()
+        job = client.post("/v1/jobs", json={"spec": bench_job(steps, 4), "choice": "cheapest"})
+        job_id = job.raise_for_status().json()["id"]
+        wait_training(client, [job_id])
+        client.close()
+        wait_processes(mark, "-u -m training.worker", 4)  # torchrun starts its ranks as `python -u`
+        running = len(run_processes(mark))
+        left, gone_s = survivors(mark, [server.proc, *agents])  # type: ignore[list-item]
+        result.update(fleet=left, fleet_processes=running, fleet_gone_s=gone_s)
+        print(
+            f"stranded: {left} of {running} processes of a --workers server and two training agents"
+            f" (the last went {gone_s:.2f}s after the kill)"
+        )
+
+        demo_dir, demo_mark = workdir / "demo", secrets.token_hex(8)
+        demo_dir.mkdir()
+        # TMPDIR: the demo's directory and its agents' reference step lock are this run's.
+        demo_env = {**agent_env, RUN_MARK: demo_mark, "TMPDIR": str(demo_dir)}
+        with open(workdir / "logs" / "demo.log", "wb") as out:
+            demo = subprocess.Popen(
+                [sys.executable, "-m", "cpn", "demo"], env=demo_env, stdout=out, stderr=subprocess.STDOUT
+            )
+        wait_processes(demo_mark, "-m agent --server", 3)
+        wait_processes(demo_mark, "-u -m training.reference_step", 1)
+        running = len(run_processes(demo_mark))
+        left, gone_s = survivors(demo_mark, [demo])
+        result.update(demo=left, demo_processes=running, demo_gone_s=gone_s)
+        print(
+            f"stranded: {left} of {running} processes of a demo whose agents were measuring"
+            f" (the last went {gone_s:.2f}s after the kill)"
+        )
+    finally:
+        for p in [*agents, *([demo] if demo is not None else [])]:
+            if p.poll() is None:
+                p.kill()
+        server.stop()
+        db.drop()
+    result["stranded_processes"] = result.get("fleet", 0) + result.get("demo", 0)
+    return result
+
+
 # ------------------------------------------------------------------ main
 
 
@@ -514,35 +639,58 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=2, help="replicas the submissions are spread over")
     ap.add_argument("--submit-procs", type=int, default=1, help="load generator processes")
     ap.add_argument("--no-chaos", action="store_true")
+    ap.add_argument("--no-stranded", action="store_true")
+    ap.add_argument("--only-stranded", action="store_true", help="phase 4 alone")
     args = ap.parse_args()
     seconds = 5.0 if args.quick else 15.0
+    rows: list[tuple[str, str, str]] = []
+    final: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="cpn-bench-cp-") as tmp:
         workdir = Path(tmp)
-        db = Database()
-        admin_key = "cpn_admin_" + secrets.token_urlsafe(16)
-        env = server_env(db, workdir, admin_key)
-        replicas = [Replica(f"load-{i + 1}", env, workdir) for i in range(max(1, args.replicas))]
-        try:
-            replicas[0].start()
-            with admin_client(replicas[0], admin_key) as admin:
-                hb, hb_cpu = bench_heartbeats(replicas[0], admin, args.nodes, args.client_procs, seconds)
-            print(f"heartbeats: {hb:,.0f}/s from {args.nodes} streams ({hb_cpu:,.0f} per server CPU-s)")
-            for replica in replicas[1:]:
-                replica.start()
-            load_at_start = os.getloadavg()[0]
-            sub = bench_submissions(db, replicas, admin_key, seconds, args.concurrency, args.submit_procs)
-            load_at_end = os.getloadavg()[0]
-            print(
-                f"submissions: {sub.per_s:,.0f}/s, p99 {sub.p99_ms:.1f} ms ({args.concurrency} connections "
-                f"over {len(replicas)} replicas; {sub.per_server_cpu_s:,.0f} per server CPU-s; server "
-                f"{sub.server_cores:.2f} cores, client {sub.client_cores:.2f} cores; {sub.stored} jobs "
-                f"stored; load {load_at_start:.1f} -> {load_at_end:.1f})"
-            )
-        finally:
-            for replica in replicas:
-                replica.stop()
-            db.drop()
-        ch = {} if args.no_chaos else chaos(workdir, jobs=1 if args.quick else 2, steps=300)
+        if not args.only_stranded:
+            load_rows, load_final = load_and_chaos(args, workdir, seconds)
+            rows += load_rows
+            final.update(load_final)
+        if not args.no_stranded:
+            st = stranded(workdir, steps=100_000)
+            rows.append(("stranded processes", str(st["stranded_processes"]), "0"))
+            final["stranded_processes"] = st["stranded_processes"]
+    rows.append(("load average (1 min)", f"{os.getloadavg()[0]:.1f}", f"{os.cpu_count()} cores"))
+    print(f"\n{'figure':<26}{'measured':>12}{'target':>14}")
+    for name, value, target in rows:
+        print(f"{name:<26}{value:>12}{target:>14}")
+    print(json.dumps(final))
+
+
+def load_and_chaos(
+    args: argparse.Namespace, workdir: Path, seconds: float
+) -> tuple[list[tuple[str, str, str]], dict[str, Any]]:
+    """Phases 1 to 3: their table rows and their figures."""
+    db = Database()
+    admin_key = "cpn_admin_" + secrets.token_urlsafe(16)
+    env = server_env(db, workdir, admin_key)
+    replicas = [Replica(f"load-{i + 1}", env, workdir) for i in range(max(1, args.replicas))]
+    try:
+        replicas[0].start()
+        with admin_client(replicas[0], admin_key) as admin:
+            hb, hb_cpu = bench_heartbeats(replicas[0], admin, args.nodes, args.client_procs, seconds)
+        print(f"heartbeats: {hb:,.0f}/s from {args.nodes} streams ({hb_cpu:,.0f} per server CPU-s)")
+        for replica in replicas[1:]:
+            replica.start()
+        load_at_start = os.getloadavg()[0]
+        sub = bench_submissions(db, replicas, admin_key, seconds, args.concurrency, args.submit_procs)
+        load_at_end = os.getloadavg()[0]
+        print(
+            f"submissions: {sub.per_s:,.0f}/s, p99 {sub.p99_ms:.1f} ms ({args.concurrency} connections "
+            f"over {len(replicas)} replicas; {sub.per_server_cpu_s:,.0f} per server CPU-s; server "
+            f"{sub.server_cores:.2f} cores, client {sub.client_cores:.2f} cores; {sub.stored} jobs "
+            f"stored; load {load_at_start:.1f} -> {load_at_end:.1f})"
+        )
+    finally:
+        for replica in replicas:
+            replica.stop()
+        db.drop()
+    ch = {} if args.no_chaos else chaos(workdir, jobs=1 if args.quick else 2, steps=300)
     rows = [
         ("heartbeats/s", f"{hb:,.0f}", ">= 5,000"),
         ("submissions/s", f"{sub.per_s:,.0f}", ">= 200"),
@@ -551,7 +699,6 @@ def main() -> None:
         ("submissions/server CPU-s", f"{sub.per_server_cpu_s:,.0f}", ""),
         ("server cores (submitting)", f"{sub.server_cores:.2f}", f"{len(replicas)} replicas"),
         ("client cores (submitting)", f"{sub.client_cores:.2f}", ""),
-        ("load average (1 min)", f"{os.getloadavg()[0]:.1f}", f"{os.cpu_count()} cores"),
     ]
     if ch:
         rows += [
@@ -560,9 +707,6 @@ def main() -> None:
             ("jobs lost on failover", str(ch["failover"]["lost"] + ch["failover"]["stuck"]), "0"),
             ("jobs duplicated", str(ch["restart"]["duplicated"] + ch["failover"]["duplicated"]), "0"),
         ]
-    print(f"\n{'figure':<26}{'measured':>12}{'target':>14}")
-    for name, value, target in rows:
-        print(f"{name:<26}{value:>12}{target:>14}")
     final = {
         "heartbeats_per_s": round(hb, 1),
         "submissions_per_s": round(sub.per_s, 1),
@@ -577,7 +721,7 @@ def main() -> None:
         "jobs_lost_on_failover": ch["failover"]["lost"] + ch["failover"]["stuck"] if ch else None,
         "jobs_duplicated": ch["restart"]["duplicated"] + ch["failover"]["duplicated"] if ch else None,
     }
-    print(json.dumps(final))
+    return rows, final
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contracts.lifetime import tied_env
+
 SUBNET = "10.213.0"  # default /24, inside our own namespaces only
 
 
@@ -158,13 +160,17 @@ class NetLab:
     def popen(
         self, region: str, argv: Sequence[str], log: Path | None = None, **kw: object
     ) -> subprocess.Popen[bytes]:
-        """Start ``argv`` inside ``region``'s namespace (its own session, so it can be killed as a group)."""
+        """Start ``argv`` inside ``region``'s namespace (its own session, so it can be killed as a
+        group), tied to this process: ``ip netns exec`` execs it, so an agent, a server or a worker
+        of ours dies with the benchmark (``contracts.lifetime``)."""
         out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
+        env = tied_env(kw.pop("env", None))  # type: ignore[arg-type]
         return subprocess.Popen(  # type: ignore[call-overload]
             self.regions[region].command(argv),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=env,
             **kw,
         )
 

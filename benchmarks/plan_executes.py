@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from pydantic import ValidationError  # noqa: E402
 from agent.workers import rendezvous_args, resolve_checkpoint_dir  # noqa: E402
 from contracts.errors import CpnError, NoFeasiblePlan  # noqa: E402
 from contracts.job_spec import JobSpec  # noqa: E402
+from contracts.lifetime import keeper_command  # noqa: E402
 from contracts.model import model_config  # noqa: E402
 from contracts.worker_config import WorkerConfig  # noqa: E402
 from control_layer.allocation import add_job_credentials  # noqa: E402
@@ -405,15 +405,16 @@ def run_option(r: Runnable, workdir: Path, timeout_s: float) -> str | None:
         cmd = [sys.executable, "-m", launcher, *rendezvous,
                "--nproc-per-node", str(len(slot.device_indices)),
                "-m", "training.worker", "--config", str(path)]  # fmt: skip
+        kept, fds = keeper_command(cmd, grace_s=0)  # a timeout, or our end, ends its ranks too
         procs.append(
             subprocess.Popen(
-                cmd,
+                kept,
                 cwd=REPO,
                 env=env | {"CPN_WORKER_CONFIG": str(path)},  # the group's credentials, as the agent sets it
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
-                start_new_session=True,  # its own process group: a timeout ends the workers too
+                pass_fds=fds,
             )
         )
     deadline = time.monotonic() + timeout_s
@@ -424,7 +425,7 @@ def run_option(r: Runnable, workdir: Path, timeout_s: float) -> str | None:
         except subprocess.TimeoutExpired:
             for q in procs:
                 if q.poll() is None:
-                    os.killpg(q.pid, signal.SIGKILL)
+                    q.terminate()  # the keeper: SIGKILL to its whole tree
             tails = [q.communicate()[0][-800:] for q in procs]
             return f"timed out after {timeout_s:.0f} s; output tails: {tails}"
     for p, out, reports in zip(procs, outputs, reporting, strict=True):

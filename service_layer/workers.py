@@ -9,7 +9,9 @@ PostgreSQL only: the embedded SQLite file is one process's.
 The supervisor migrates and bootstraps once, holds the ports (bound, never listening, so no
 connection lands on it) so that nothing else takes them, starts the workers, forwards SIGINT and
 SIGTERM, and stops them all when one exits on its own: a control plane missing a worker would
-refuse a share of connections, so it fails whole and its service manager restarts it.
+refuse a share of connections, so it fails whole and its service manager restarts it. Each worker
+is tied to it (``contracts.lifetime``): a supervisor killed outright, even by SIGKILL, takes its
+workers with it, and they free the ports for the restart.
 
 The workers open the REST port together (``wait_for_siblings``, a barrier over two pipes): the
 kernel spreads a connection over the sockets listening when it is opened, and one stays with its
@@ -30,12 +32,16 @@ from collections.abc import Callable
 from types import FrameType
 
 from contracts.errors import InvalidArgument
+from contracts.lifetime import tied_env
 from orchestration.db.engine import is_sqlite
 from orchestration.settings import Settings
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = 30.0  # a worker still running this long after SIGTERM is killed
+# A worker still running this long after SIGTERM is killed, so every worker is gone within 5 s of
+# the supervisor's SIGTERM. It cuts short a worker's own graceful stop where requests are still
+# open (``service_layer.server``: up to 5 s for REST, then 3 s for gRPC).
+STOP_GRACE_S = 4.0
 START_TIMEOUT_S = 300.0  # every worker ready to listen by then, or the start fails
 _SYNC_ENV = "CPN_WORKER_SYNC"  # "<ready fd>,<go fd>": the barrier's ends a worker inherits
 
@@ -81,7 +87,7 @@ def wait_for_siblings() -> None:
 
 def worker_env(settings: Settings, ports: dict[str, int], index: int) -> dict[str, str]:
     """A worker's environment: the supervisor's, with the ports it holds and its own replica id."""
-    env = {k: v for k, v in os.environ.items()}
+    env = tied_env()  # a worker dies with its supervisor, however the supervisor ends
     env.update(
         CPN_HTTP_HOST=settings.http_host,
         CPN_HTTP_PORT=str(ports["http"]),

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from contracts.errors import CpnError
+from contracts.lifetime import die_with_parent
 from contracts.worker_config import load_worker_config
 from training.metrics import JsonLinesSink, emit_result
 from training.outputs import finish_outputs
@@ -44,6 +45,7 @@ def process_started_at() -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # a worker a benchmark starts itself, tied to it (under an agent, its keeper is)
     parser = argparse.ArgumentParser(prog="python -m training.worker", description=__doc__)
     parser.add_argument("--config", help="worker config JSON (default: env CPN_WORKER_CONFIG)")
     args = parser.parse_args(argv)

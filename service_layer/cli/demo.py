@@ -3,11 +3,14 @@
 Starts the control plane (SQLite in a temp dir, in-process bus), three agents in three regions
 with different prices, submits a small GPT job whose placement spans regions, shows progress,
 then prints placement, loss against the entropy floor, and estimated vs. actual time and cost.
+SIGINT or SIGTERM stops the agents and their workers within 5 s; any other end of the process,
+SIGKILL included, takes them with it.
 """
 
 from __future__ import annotations
 
 import secrets
+import signal
 import subprocess
 import tempfile
 import time
@@ -173,6 +176,10 @@ def demo(
 ) -> None:
     """Run one GPT job across three regions on the embedded default (SQLite, in-process bus)."""
     from service_layer.server import start_server_in_thread
+
+    # SIGTERM as Ctrl-C: the agents are stopped on the way out. They die with this process
+    # anyway, by any signal (``local_fleet.start_agent``), but a stop lets them end cleanly.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     console = Console()
     workdir = Path(tempfile.mkdtemp(prefix="cpn-demo-"))

@@ -8,10 +8,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from contracts.lifetime import tied_env
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,17 @@ class LocalAgent:
 
 
 def start_agent(
-    spec: LocalAgent, grpc_target: str, token: str, workdir: Path, sync_ports: tuple[int, int]
+    spec: LocalAgent,
+    grpc_target: str,
+    token: str,
+    workdir: Path,
+    sync_ports: tuple[int, int],
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start `cpn agent` in its own session (so it and its workers can be stopped as one group)."""
+    """Start `cpn agent` in its own session (a terminal's Ctrl-C reaches the caller, which stops
+    it), tied to this process: it dies with it, by any signal, and its workers with it. Call from
+    the thread that stops it, which must live as long as it (``contracts.lifetime``). ``env``:
+    its environment (default: this process's)."""
     agent_dir = workdir / f"agent-{spec.region}-{spec.cluster}"
     agent_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -44,7 +55,7 @@ def start_agent(
     if not spec.measure_profile:
         cmd += ["--no-measure-profile"]
     log = open(agent_dir / "agent.log", "wb")  # noqa: SIM115 - the child owns it for its lifetime
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = tied_env({**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"})
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
@@ -60,25 +71,35 @@ def enroll(client: httpx.Client, specs: list[LocalAgent], note: str) -> dict[str
 
 
 def start_agents(
-    specs: list[LocalAgent], grpc_target: str, tokens: dict[str, str], workdir: Path, first_port: int = 29600
+    specs: list[LocalAgent],
+    grpc_target: str,
+    tokens: dict[str, str],
+    workdir: Path,
+    first_port: int = 29600,
+    env: Mapping[str, str] | None = None,
 ) -> list[subprocess.Popen[bytes]]:
     """One agent per spec, with its provider's token and its own block of 50 sync ports."""
     return [
         start_agent(
-            s, grpc_target, tokens[s.provider], workdir, (first_port + 50 * i, first_port + 50 * i + 49)
+            s, grpc_target, tokens[s.provider], workdir, (first_port + 50 * i, first_port + 50 * i + 49), env
         )
         for i, s in enumerate(specs)
     ]
 
 
 def kill_agent(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-    """Signal the agent's whole session: the daemon and the workers it started die together."""
+    """Signal the agent (its session holds only it): SIGKILL, and its workers die with it."""
     if proc.poll() is None:
         os.killpg(proc.pid, sig)
 
 
-def stop_agents(procs: list[subprocess.Popen[bytes]], grace_s: float = 15.0) -> None:
-    """SIGTERM (the agent stops its workers and exits), then SIGKILL what is left after the grace period."""
+# An agent stops its workers within its kill grace (3 s): all are gone within 5 s of a stop.
+STOP_GRACE_S = 4.0
+
+
+def stop_agents(procs: list[subprocess.Popen[bytes]], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM (the agent stops its workers and exits), then SIGKILL what is left after the grace
+    period (its workers end with it)."""
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)

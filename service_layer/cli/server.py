@@ -10,6 +10,7 @@ import typer
 from pydantic import ValidationError
 
 from contracts.errors import CpnError
+from contracts.lifetime import die_with_parent
 from service_layer.cli.common import fail
 
 
@@ -35,6 +36,7 @@ def server_command(
 ) -> None:
     """Run the control plane until SIGINT/SIGTERM. Everything else comes from CPN_* variables
     (TLS: CPN_TLS_CERT_FILE, CPN_TLS_KEY_FILE, CPN_TLS_CLIENT_CA_FILE, CPN_TLS_CLIENT_CA_KEY_FILE)."""
+    die_with_parent()  # a worker of `cpn server --workers`, or a benchmark's replica
     from orchestration.settings import Settings
     from service_layer.server import serve
 

@@ -94,6 +94,7 @@ class Launcher:
         cluster: str = "paris-1",
         region: str = "eu-west",
         env: dict[str, str] | None = None,
+        measure: bool = False,
         **options: str,
     ) -> AgentProcess:
         work_dir = self.tmp / f"agent-{name}"
@@ -105,8 +106,9 @@ class Launcher:
             "--devices", "cpu:2", "--price-per-device-hour", "1.5", "--sync-ports", "29600-29609",
             "--work-dir", str(work_dir), "--reconnect-max-s", "1", "--kill-grace-s", "2",
             "--allow-command-override", "--log-level", "DEBUG",
-            "--no-measure-profile",  # its life is under test here; test_profile.py measures
         ]  # fmt: skip
+        if not measure:
+            args.append("--no-measure-profile")  # its life is under test here; test_profile.py measures
         for key, value in options.items():  # a flag given "" is a switch
             args += [f"--{key.replace('_', '-')}", value] if value else [f"--{key.replace('_', '-')}"]
         log_path = work_dir / f"agent-{len(self.started)}.log"

@@ -372,7 +372,9 @@ def test_an_agent_settles_its_contention_in_its_own_turn(
     # registered that step's load as the host's.
     lock = tmp_path / "reference.lock"
     measured: list[object] = [object(), None]  # a profile, then a failed measurement
-    monkeypatch.setattr(profile, "_measure_profile", lambda kind, work_dir, timeout_s: measured.pop(0))
+    monkeypatch.setattr(
+        profile, "_measure_profile", lambda kind, work_dir, timeout_s, cancel: measured.pop(0)
+    )
     held: list[bool] = []
     got = profile.measure_profile(
         "cpu", tmp_path, then=lambda: held.append(_host_lock_held(lock)), lock_path=lock, shared_max_age_s=0

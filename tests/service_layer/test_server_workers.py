@@ -1,5 +1,6 @@
 """`cpn server --workers N`: N processes share the REST and gRPC ports, each answers, all stop
-together on a signal or when one dies; SQLite refuses more than one."""
+together on a signal or when one dies, and die with a supervisor killed outright; SQLite refuses
+more than one."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import REDIS_URL, _require, postgres_unreachable, redis_unreachable
 from tests.dbtemplate import create_postgres_database, drop_postgres_database_later
+from tests.processes import marked_env, wait_until_gone
 from tests.service_layer.harness import ADMIN_KEY
 from tests.training.harness import free_port
 
@@ -36,21 +38,23 @@ def _session_pids(leader: int) -> set[int]:
     return pids
 
 
-def _start(tmp_path: Path, url: str, http_port: int, grpc_port: int) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "CPN_DATA_DIR": str(tmp_path),
-        "CPN_DATABASE_URL": url,
-        "CPN_REDIS_URL": REDIS_URL,
-        "CPN_ADMIN_API_KEY": ADMIN_KEY,
-        "CPN_ENVIRONMENT": "development",
-    }
+def _start(tmp_path: Path, url: str, http_port: int, grpc_port: int) -> tuple[subprocess.Popen[bytes], str]:
+    """The supervisor, and the mark in its environment and its workers'."""
+    env, mark = marked_env()
+    env.update(
+        CPN_DATA_DIR=str(tmp_path),
+        CPN_DATABASE_URL=url,
+        CPN_REDIS_URL=REDIS_URL,
+        CPN_ADMIN_API_KEY=ADMIN_KEY,
+        CPN_ENVIRONMENT="development",
+    )
     log = open(tmp_path / "server.log", "wb")  # noqa: SIM115  # closed with the process below
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "cpn", "server", "--port", str(http_port), "--grpc-port", str(grpc_port),
          "--workers", "2"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
+    return proc, mark
 
 
 def _replicas_answering(http_port: int, timeout_s: float = 90.0) -> set[str]:
@@ -72,7 +76,7 @@ def test_workers_share_the_ports_and_stop_together(tmp_path: Path) -> None:
     _require(redis_unreachable())
     url = create_postgres_database(migrated=False)  # the supervisor migrates, once
     http_port, grpc_port = free_port(), free_port()
-    proc = _start(tmp_path, url, http_port, grpc_port)
+    proc, _ = _start(tmp_path, url, http_port, grpc_port)
     try:
         replicas = _replicas_answering(http_port)
         log = (tmp_path / "server.log").read_text(errors="replace")
@@ -101,12 +105,19 @@ def test_workers_share_the_ports_and_stop_together(tmp_path: Path) -> None:
         assert "stopping the others" in log, log
 
         # Started again on the same ports, SIGTERM stops every worker and exits 0.
-        proc = _start(tmp_path, url, http_port, grpc_port)
+        proc, _ = _start(tmp_path, url, http_port, grpc_port)
         assert len(_replicas_answering(http_port)) == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, (tmp_path / "server.log").read_text(errors="replace")
         assert not _session_pids(proc.pid)
         assert "Traceback" not in (tmp_path / "server.log").read_text(errors="replace")
+
+        # Started again, the supervisor killed outright: its workers die with it.
+        proc, mark = _start(tmp_path, url, http_port, grpc_port)
+        assert len(_replicas_answering(http_port)) == 2
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(60)
+        assert wait_until_gone(mark) == {}, "a worker outlived its killed supervisor"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

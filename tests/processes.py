@@ -1,0 +1,67 @@
+"""The processes of one run, wherever they went: found by a mark in their environment.
+
+Every process a test starts inherits its environment, and so does everything those start (torchrun
+passes it to its ranks, the agent to its workers and keepers), in whatever session or process
+group they run and whoever their parent is now. ``/proc/<pid>/environ`` keeps the environment a
+process started with, so a process that removes the mark from its own still carries it there.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+
+MARK_ENV = "TEST_RUN_MARK"  # not CPN_*: benchmarks/control_plane.py keeps those from its replicas
+
+
+def marked_env(base: dict[str, str] | None = None) -> tuple[dict[str, str], str]:
+    """``base`` (default: this process's environment) with a fresh mark; and the mark."""
+    mark = secrets.token_hex(8)
+    return {**(os.environ if base is None else base), MARK_ENV: mark}, mark
+
+
+def alive(mark: str) -> dict[int, str]:
+    """Live processes carrying ``mark`` (zombies are not counted: they are gone but for their
+    exit status, which a parent, or init, has not collected yet), with their command lines."""
+    needle = f"{MARK_ENV}={mark}".encode()
+    found = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            found[int(proc.name)] = (
+                (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            )
+        except (OSError, IndexError):  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def environ(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` started with."""
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(p.decode(errors="replace").partition("=")[::2] for p in pairs if p)
+
+
+def wait_until_gone(mark: str, timeout_s: float = 60.0) -> dict[int, str]:
+    """Wait (up to a generous ceiling) until no process carries ``mark``; return the survivors."""
+    deadline = time.monotonic() + timeout_s
+    while (left := alive(mark)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def wait_for_process(mark: str, needle: str, timeout_s: float = 120.0, count: int = 1) -> list[int]:
+    """Wait until ``count`` processes carrying ``mark`` have ``needle`` in their command line."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pids = [pid for pid, cmd in alive(mark).items() if needle in cmd]
+        if len(pids) >= count:
+            return pids
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count} process(es) running {needle!r}: only {pids}; marked: {alive(mark)}")
+        time.sleep(0.1)
