@@ -165,6 +165,7 @@ class Agent:
         self._client_pair: tuple[bytes, bytes] | None = None  # mTLS: the node's key and certificate
         self._heartbeat_duty = Duty("heartbeat", lambda: self.heartbeat_interval_s, self._heartbeat)
         self.sandbox = SandboxProbe(False, "not probed yet")  # probed when the agent starts
+        self._settled: float | None = None  # the host's contention, settled in this agent's turn
 
     # -- the whole life -------------------------------------------------------------------------
     async def run(self) -> int:
@@ -175,6 +176,54 @@ class Agent:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_stop_signal)
         s.work_dir.mkdir(parents=True, exist_ok=True)
+        early = await self._prepare()
+        if early is not None:
+            return early
+        servers = await self._start_servers()
+        if servers is None:
+            return 2
+        probe_server, checkpoint_server = servers
+        if self.profile is not None and self._probes_cpu:
+            # What it registers with; a profile given rather than measured settles here.
+            if self._settled is None:
+                self._settled = await asyncio.to_thread(contention.settle, self._contention)
+            log.info("host CPU contention after the reference step: %.2f", self._settled)
+        self._use_server(0)
+        # Duties outlive ``stop``: heartbeats go on while the workers are being stopped.
+        duties_stop = asyncio.Event()
+        duties = [asyncio.create_task(run_duty(d, duties_stop)) for d in self._duties()]
+        connection = asyncio.create_task(self._connection_loop())
+        stopping = asyncio.create_task(stop.wait())
+        code = 0
+        try:
+            await asyncio.wait({connection, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if connection.done() and (exc := connection.exception()) is not None:
+                log.error("%s", exc)
+                code = 2
+            log.info("agent stopping")
+            await self._shutdown(connection)
+        finally:
+            stop.set()
+            duties_stop.set()
+            probes = list(self._probe_tasks)  # a probe's result is worth nothing to a stopping agent
+            for task in (*duties, connection, stopping, *probes):
+                task.cancel()
+            await asyncio.gather(*duties, connection, stopping, *probes, return_exceptions=True)
+            for channel in self._channels.values():
+                await channel.close(grace=0.5)
+            if probe_server is not None:
+                await probe_server.stop(0.5)
+            if checkpoint_server is not None:
+                await checkpoint_server.stop(0.5)
+            self._save_state()  # still lists any worker group that would not stop, for the next agent
+        return code
+
+    async def _prepare(self) -> int | None:
+        """Start-up before serving: the state file, a previous agent's leftovers, the devices, the
+        sandbox and the reference step. An exit code to end with, or None to go on."""
+        s = self.settings
+        stop = self._stop
+        assert stop is not None
         try:
             self._state = AgentState.load(s.effective_state_file)
         except ValueError as exc:
@@ -201,12 +250,10 @@ class Agent:
             log.warning("sandbox: %s; users' code runs UNCONFINED (--allow-unsandboxed)", self.sandbox.reason)
         else:
             log.warning("sandbox: %s; this node refuses users' code", self.sandbox.reason)
-        settled: float | None = None
         if s.measure_profile and self.profile is None and self.devices:
 
             def settle() -> None:
-                nonlocal settled
-                settled = contention.settle(self._contention)
+                self._settled = contention.settle(self._contention)
 
             # The host after this agent's own measurement, not during it nor during the next
             # co-located agent's: settled in this agent's turn (``measure_profile``).
@@ -237,7 +284,12 @@ class Agent:
                 d.memory_gb,
                 d.measured_tflops,
             )
+        return None
 
+    async def _start_servers(self) -> tuple[Any, Any] | None:
+        """The probe server and the checkpoint copies' server (each None where its port is -1);
+        None when one cannot start."""
+        s = self.settings
         probe_server = None
         if s.probe_port >= 0:
             try:
@@ -246,7 +298,7 @@ class Agent:
                 )
             except (OSError, RuntimeError) as exc:
                 log.error("probe server: %s", exc)
-                return 2
+                return None
             await probe_server.start()
             log.info("link probes served on %s:%d", s.probe_bind, self._probe_port)
         self._job_credentials = credentials = await asyncio.to_thread(JobCredentials, s.work_dir)
@@ -260,43 +312,10 @@ class Agent:
                 )
             except (OSError, RuntimeError) as exc:
                 log.error("checkpoint server: %s", exc)
-                return 2
+                return None
             await checkpoint_server.start()
             log.info("checkpoint copies served over TLS on %s:%d", s.probe_bind, self._checkpoint_port)
-        if self.profile is not None and self._probes_cpu:
-            # What it registers with; a profile given rather than measured settles here.
-            if settled is None:
-                settled = await asyncio.to_thread(contention.settle, self._contention)
-            log.info("host CPU contention after the reference step: %.2f", settled)
-        self._use_server(0)
-        # Duties outlive ``stop``: heartbeats go on while the workers are being stopped.
-        duties_stop = asyncio.Event()
-        duties = [asyncio.create_task(run_duty(d, duties_stop)) for d in self._duties()]
-        connection = asyncio.create_task(self._connection_loop())
-        stopping = asyncio.create_task(stop.wait())
-        code = 0
-        try:
-            await asyncio.wait({connection, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if connection.done() and (exc := connection.exception()) is not None:
-                log.error("%s", exc)
-                code = 2
-            log.info("agent stopping")
-            await self._shutdown(connection)
-        finally:
-            stop.set()
-            duties_stop.set()
-            probes = list(self._probe_tasks)  # a probe's result is worth nothing to a stopping agent
-            for task in (*duties, connection, stopping, *probes):
-                task.cancel()
-            await asyncio.gather(*duties, connection, stopping, *probes, return_exceptions=True)
-            for channel in self._channels.values():
-                await channel.close(grace=0.5)
-            if probe_server is not None:
-                await probe_server.stop(0.5)
-            if checkpoint_server is not None:
-                await checkpoint_server.stop(0.5)
-            self._save_state()  # still lists any worker group that would not stop, for the next agent
-        return code
+        return probe_server, checkpoint_server
 
     def _on_stop_signal(self) -> None:
         assert self._stop is not None
