@@ -175,8 +175,13 @@ class SyncEngine:
         return self.strategy.plan if isinstance(self.strategy, AnchoredSync) else None
 
     def local_steps(self, planned: int) -> int:
-        """This region's step count: balanced rounds make it follow the region's speed."""
-        return planned if self.plan is None else self.plan.local_steps()
+        """This region's step count: balanced rounds make it follow the region's speed. Once its
+        final round has opened, that step is the count: a re-split that reaches the plan after the
+        final round opened must not move the end past it (``_check_within_plan`` holds the loop
+        to it)."""
+        if self.plan is None:
+            return planned
+        return self.finished_at if self.finished_at is not None else self.plan.local_steps()
 
     def job_step(self, step: int) -> float:
         """Where ``step`` is on the job's fixed step axis (the learning-rate schedule's)."""
