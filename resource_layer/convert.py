@@ -8,6 +8,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from contracts.errors import InvalidArgument
+from contracts.node_staging import StagingProbe
 from contracts.registration import (
     SANDBOX_NONE,
     STEP_RATE_FIELDS,
@@ -92,6 +93,16 @@ def profile_from_proto(p: agent_pb2.MeasuredProfile) -> NodeProfile:
         rates=tuple(
             StepRate(**{k: getattr(r, k) for k in ("precision", *STEP_RATE_FIELDS)}) for r in p.rates
         ),
+    )
+
+
+def staging_probe_from_proto(p: agent_pb2.StagingProbeResult) -> StagingProbe:
+    return StagingProbe(
+        fetch_fixed_s=p.fetch_fixed_s,
+        bytes_per_s=p.bytes_per_s,
+        probe_bytes=p.probe_bytes,
+        venv_s=p.venv_s,
+        error=p.error,
     )
 
 
