@@ -79,6 +79,11 @@ def agent_command(
     measure_profile: bool = typer.Option(
         True, "--measure-profile/--no-measure-profile", help="Run the reference worker step at start-up"
     ),
+    probe_staging: bool = typer.Option(
+        True,
+        "--probe-staging/--no-probe-staging",
+        help="Build a venv at start-up and fetch the store probe after registering: staging's cost here",
+    ),
     cache_max_gb: float = typer.Option(
         100.0, "--cache-max-gb", min=0.001, help="Node cache of staged code and data, GB (LRU beyond it)"
     ),
@@ -137,6 +142,7 @@ def agent_command(
             reconnect_min_s=min(0.5, reconnect_max_s),
             kill_grace_s=kill_grace_s,
             measure_profile=measure_profile,
+            probe_staging=probe_staging,
             cache_max_bytes=int(cache_max_gb * 1e9),
             pip_args=tuple(pip_arg),
             pip_timeout_s=pip_timeout_s,

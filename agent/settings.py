@@ -122,6 +122,13 @@ class AgentSettings(BaseModel):
     measure_profile: bool = Field(
         True, description="run the reference worker at start-up and register what it measured"
     )
+    probe_staging: bool = Field(
+        True,
+        description=(
+            "build a venv at start-up and fetch the control plane's store probe after registering;"
+            " report what staging costs here"
+        ),
+    )
     cache_max_bytes: int = Field(
         100 * 1024**3, gt=0, description="node cache of staged blobs (LRU beyond it, blobs in use kept)"
     )

@@ -106,6 +106,7 @@ class Launcher:
             "--work-dir", str(work_dir), "--reconnect-max-s", "1", "--kill-grace-s", "2",
             "--allow-command-override", "--log-level", "DEBUG",
             "--no-measure-profile",  # its life is under test here; test_profile.py measures
+            "--no-probe-staging",  # likewise; test_staging_probe.py measures
         ]  # fmt: skip
         for key, value in options.items():  # a flag given "" is a switch
             args += [f"--{key.replace('_', '-')}", value] if value else [f"--{key.replace('_', '-')}"]
