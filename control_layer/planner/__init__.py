@@ -37,7 +37,7 @@ from control_layer.planner.snapshot import (
     RegionInfo,
     ResourceSnapshot,
 )
-from control_layer.planner.staging import DataStaging, StagedBlob
+from control_layer.planner.staging import DataStaging, NodeStaging, StagedBlob
 
 __all__ = [
     "Calibration",
@@ -51,6 +51,7 @@ __all__ = [
     "LinkInfo",
     "ModelSpec",
     "NodeInfo",
+    "NodeStaging",
     "ParallelismSpec",
     "PlanOption",
     "PlannedTask",
