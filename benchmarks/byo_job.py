@@ -421,7 +421,9 @@ def staging_table(rec: dict[str, Any], job: dict[str, Any]) -> str:
         q = quoted.get(region, {})
         parts = [i for i in rec["staging_items"] if i.get("region") == region]
         shown = ", ".join(
-            f"{i['kind']} {i['seconds']:.3f}{' (hit)' if i.get('cache_hit') else ''}" for i in parts
+            f"{i['kind']} {i['seconds']:.3f}"
+            + (" (hit)" if i.get("cache_hit") else f" (cpu {i['cpu_s']:.3f})" if "cpu_s" in i else "")
+            for i in parts
         )
         fetches = f"{q.get('fetches', 0)} x {q.get('fetch_fixed_s', 0):.4f}"
         lines.append(
