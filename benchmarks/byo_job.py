@@ -174,14 +174,16 @@ class Fleet:
         return self.client
 
     def wait_links(self, timeout_s: float = 300.0) -> None:
-        """Until the agents have measured every link between the regions (or the timeout: the
-        declared links then stand), so their probes' bytes are not counted in a job's."""
+        """Until the agents have probed every link between the regions in both directions, and no
+        probe is under way (or the timeout: the declared links then stand), so no probe shares a
+        region's link with a job's staging and its bytes are not counted in a job's."""
         assert self.client is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            links = ok(self.client.get("/v1/links"))
-            pairs = {tuple(sorted((ln["src"], ln["dst"]))) for ln in links if ln["source"] == "measured"}
-            if len(pairs) >= len(REGIONS) * (len(REGIONS) - 1) // 2:
+            probes = ok(self.client.get("/v1/links/probes", params={"limit": 500}))
+            done = {(p["src_region"], p["dst_region"]) for p in probes if p["status"] == "ok"}
+            pending = any(p["status"] == "pending" for p in probes)
+            if len(done) >= len(REGIONS) * (len(REGIONS) - 1) and not pending:
                 return
             time.sleep(2)
 
