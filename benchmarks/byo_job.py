@@ -382,6 +382,16 @@ def run_store(args: argparse.Namespace, store: str, lab: NetLab, tmp: Path) -> d
             moved = [i for i in items if i["kind"] in ("code", "data")]
             rec["staging_measured_s"] = max(staging_seconds(done).values(), default=None)
             rec["venv_s"] = max((i["seconds"] for i in items if i["kind"] == "venv"), default=None)
+            # Beside it, the start-up the same host shares priced (workers' spawn to first step).
+            rec["startup_estimate_s"] = option["estimates"].get("startup_s")
+            rec["startup_measured_s"] = max(
+                (
+                    r["startup_s"]
+                    for r in (done.get("result") or {}).get("per_task", {}).values()
+                    if "startup_s" in r
+                ),
+                default=None,
+            )
             rec["cache_hits"] = sum(1 for i in items if i.get("cache_hit"))
             rec["restaged_bytes"] = sum(i.get("bytes", 0) for i in moved if not i.get("cache_hit"))
             per_task = (done.get("result") or {}).get("per_task", {})
