@@ -240,7 +240,9 @@ def observe_staging(result: dict[str, Any], read: StagedRead | None = None) -> d
     was, the seconds beyond the bytes' part are a fixed part; between the two, neither. Without a
     read (staging not priced) an item's bytes over its seconds is a rate. Items served from the
     node's cache or read in place (file://) fetched nothing and teach nothing. A venv built, not
-    found, teaches its CPU seconds (``cpu_s``): per idle core, whatever else ran beside it."""
+    found, teaches its seconds per idle core: its wall time over the host share it was priced at,
+    as a start-up teaches (what that share missed of the host then is learned with it); without
+    a read, its CPU seconds (``cpu_s``)."""
     got = result.get("staging")
     items = got.get("items") if isinstance(got, dict) else got
     out: dict[str, list[float]] = defaultdict(list)
@@ -253,9 +255,11 @@ def observe_staging(result: dict[str, Any], read: StagedRead | None = None) -> d
             continue
         seconds = _num(item.get("seconds"))
         if item.get("kind") == "venv":
-            cpu = _num(item.get("cpu_s"))
-            if cpu is not None and cpu > 0:
-                out[VENV].append(_clamp(cpu, VENV_RANGE))
+            per_core = (
+                seconds / read.share if read is not None and seconds is not None else _num(item.get("cpu_s"))
+            )
+            if per_core is not None and per_core > 0:
+                out[VENV].append(_clamp(per_core, VENV_RANGE))
             continue
         size = _num(item.get("bytes"))
         if item.get("source") == "file" or size is None or seconds is None or size <= 0 or seconds <= 0:

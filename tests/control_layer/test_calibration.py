@@ -797,7 +797,7 @@ def test_staging_figures_are_learned_per_node_from_what_dominated_each_item() ->
     assert got == {
         cal.STAGING_FIXED: [pytest.approx(0.3)],
         cal.STAGING: [pytest.approx(2e6)],
-        cal.VENV: [2.5],
+        cal.VENV: [pytest.approx(6.0 / read.share)],  # its wall over the share priced, as a start-up
     }
     assert cal.observe_staging({"staging": [{"bytes": 5, "seconds": 0}]}, read) == {}
     # Unpriced staging: an item's bytes over its seconds, as before there were fixed parts.
@@ -809,7 +809,9 @@ def test_staging_figures_are_learned_per_node_from_what_dominated_each_item() ->
     learned = cal.to_calibration(state)
     assert learned.staging_bytes_per_s == {node: pytest.approx(2e6)}
     assert learned.staging_fixed_s == {node: pytest.approx(0.3)}
-    assert learned.venv_s == {node: 2.5}
+    assert learned.venv_s == {node: pytest.approx(6.0 / read.share)}
+    # Unpriced staging: a venv teaches its CPU seconds.
+    assert cal.observe_staging({"staging": staged[-1:]}) == {cal.VENV: [2.5]}
     kinds = {(c.kind, c.key) for c in changes}
     assert {(cal.STAGING, node), (cal.STAGING_FIXED, node), (cal.VENV, node)} <= kinds
     # The next quote prices the node at what it learned, not at its probe.
