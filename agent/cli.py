@@ -116,6 +116,11 @@ def agent_command(
         max=86400,
         help="Take the reference figures an alike agent of this host measured this recently (0: measure)",
     ),
+    probe_staging: bool = typer.Option(
+        True,
+        "--probe-staging/--no-probe-staging",
+        help="Build a venv at start-up and fetch the store probe after registering: staging's cost here",
+    ),
     cache_max_gb: float = typer.Option(
         100.0, "--cache-max-gb", min=0.001, help="Node cache of staged code and data, GB (LRU beyond it)"
     ),

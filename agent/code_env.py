@@ -20,6 +20,7 @@ import hashlib
 import os
 import posixpath
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -35,7 +36,7 @@ from pathlib import Path, PurePosixPath
 
 from agent.fetch import Cancelled
 from contracts.artifacts import MAX_CODE_BYTES
-from contracts.lifetime import keeper_command, stop_when
+from contracts.lifetime import keeper_command
 
 MAX_UNPACKED_BYTES = 4 * MAX_CODE_BYTES
 MAX_MEMBERS = 100_000
@@ -145,6 +146,13 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+@dataclass(frozen=True)
+class Venv:
+    path: Path
+    cache_hit: bool  # it was there already
+    cpu_s: float = 0.0  # CPU seconds its build took (0 for a cache hit): the build per idle core
+
+
 def ensure_venv(
     code_dir: Path,
     digest: str,
@@ -154,9 +162,9 @@ def ensure_venv(
     timeout_s: float = 1800.0,
     on_line: Callable[[str], None] | None = None,
     cancel: threading.Event | None = None,
-) -> tuple[Path, bool]:
-    """The venv for the archive's requirements: (its directory, whether it was there already).
-    The archive's requirements.txt must hash to ``digest``. PipFailed holds pip's last lines."""
+) -> Venv:
+    """The venv for the archive's requirements, built where it is not there already. The
+    archive's requirements.txt must hash to ``digest``. PipFailed holds pip's last lines."""
     got = requirements_digest(code_dir)
     if got is None:
         raise CodeError(f"stage.requirements_digest is set but the code archive has no {REQUIREMENTS}")
@@ -169,27 +177,57 @@ def ensure_venv(
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second task with the same requirements waits here
         if (venv / VENV_DONE).exists():
             os.utime(venv)
-            return venv, True
+            return Venv(venv, True)
         shutil.rmtree(venv, ignore_errors=True)  # a build that was interrupted
         try:
-            _build(venv, code_dir / REQUIREMENTS, pip_args, timeout_s, on_line, cancel)
+            cpu_s = build(venv, code_dir / REQUIREMENTS, pip_args, timeout_s, on_line, cancel)
         except BaseException:
             shutil.rmtree(venv, ignore_errors=True)
             raise
         (venv / VENV_DONE).write_text(digest)
-    return venv, False
+    return Venv(venv, False, cpu_s)
 
 
-def _build(
+def measure_build(work_dir: Path, *, pip_args: Sequence[str] = (), timeout_s: float = 300.0) -> float:
+    """CPU seconds of one venv build as a task's (``build``) with nothing to install: python's
+    venv, then pip's start-up and its look at the node's packages, the fixed part of every build
+    (pip read "numpy>=1.24", already on the node, in as much CPU time as nothing on the benchmark
+    host). A build's downloads and installs come on top and are not in it."""
+    root = venvs_root(work_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = root / f".probe-{uuid.uuid4().hex[:8]}"  # never a requirements digest's name
+    try:
+        scratch.mkdir()
+        requirements = scratch / REQUIREMENTS
+        requirements.write_text("# the staging probe: nothing to install\n")
+        return build(scratch / "venv", requirements, pip_args, timeout_s, None, None)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def complete_venvs(work_dir: Path) -> list[tuple[float, str]]:
+    """(last use, sha256:<hex> of its requirements) of every complete venv in the cache."""
+    root = venvs_root(work_dir)
+    out = []
+    for marker in root.glob(f"*/{VENV_DONE}") if root.is_dir() else ():
+        name = marker.parent.name
+        if len(name) == 64 and all(c in "0123456789abcdef" for c in name):
+            out.append((marker.parent.stat().st_mtime, "sha256:" + name))
+    return out
+
+
+def build(
     venv: Path,
     requirements: Path,
     pip_args: Sequence[str],
     timeout_s: float,
     on_line: Callable[[str], None] | None,
     cancel: threading.Event | None,
-) -> None:
+) -> float:
+    """Build ``venv`` with ``requirements`` installed; the CPU seconds it took (both commands and
+    their children)."""
     # No pip of its own: the node's pip (a system site-package) installs into the venv.
-    _run(
+    cpu_s = _run(
         [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
         "python -m venv",
         timeout_s,
@@ -214,7 +252,23 @@ def _build(
         "-r",
         str(requirements),
     ]
-    _run(cmd, "pip install", timeout_s, on_line, cancel)
+    return cpu_s + _run(cmd, "pip install", timeout_s, on_line, cancel)
+
+
+def _reap(proc: subprocess.Popen[str], exited: threading.Event, guard: threading.Lock) -> tuple[int, float]:
+    """(exit code, CPU seconds of the process and the children it waited for), from the kernel's
+    accounting at its reaping (``wait4``); ``exited`` is set while it is still a zombie, so no
+    kill can reach another process that took its pid."""
+    try:
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        with guard:
+            exited.set()
+        _, status, usage = os.wait4(proc.pid, 0)
+    except ChildProcessError:  # reaped elsewhere: neither its status nor its CPU time is known
+        exited.set()
+        return proc.wait(), 0.0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
 
 
 def _see_node_packages(venv: Path) -> None:
@@ -238,7 +292,8 @@ def _run(
     timeout_s: float,
     on_line: Callable[[str], None] | None,
     cancel: threading.Event | None,
-) -> None:
+) -> float:
+    """Run ``cmd``, its output to ``on_line``; the CPU seconds it and its children used."""
     tail: deque[str] = deque(maxlen=PIP_TAIL_LINES)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PIP_NO_INPUT": "1"}
     deadline = time.monotonic() + timeout_s
@@ -254,16 +309,28 @@ def _run(
         pass_fds=fds,
     )
     assert proc.stdout is not None
-    watcher = stop_when(proc, deadline, cancel)  # the pipe's reads block: a watcher ends a run over its time
+    exited, guard = threading.Event(), threading.Lock()
+
+    def stop_when_due() -> None:  # the pipe's reads block: a watcher ends a run over its time
+        while not exited.wait(0.1):
+            if time.monotonic() > deadline or (cancel is not None and cancel.is_set()):
+                with guard:  # never after the keeper is reaped: its pid may be another's then
+                    if not exited.is_set():
+                        os.kill(proc.pid, signal.SIGTERM)  # the keeper ends pip's whole tree
+                return
+
+    # Not ``lifetime.stop_when``: its poll() would reap the keeper before ``_reap`` reads its CPU time.
+    watcher = threading.Thread(target=stop_when_due, daemon=True)
+    watcher.start()
     for raw in proc.stdout:
         line = raw.rstrip("\n")
         tail.append(line[:500])
         if on_line is not None and line.strip():
             on_line(line[:2000])
-    code = proc.wait()
+    code, cpu_s = _reap(proc, exited, guard)
     watcher.join()
     if code == 0:
-        return
+        return cpu_s
     if cancel is not None and cancel.is_set():
         raise Cancelled(f"{what}: stopped")
     if time.monotonic() > deadline:

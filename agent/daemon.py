@@ -31,7 +31,7 @@ from typing import Any
 
 import grpc
 
-from agent import cleanup, contention
+from agent import cleanup, contention, staging_probe
 from agent.checkpoint_transfer import (
     JobCredentials,
     build_checkpoint_server,
@@ -44,7 +44,7 @@ from agent.duties import Duty, run_duty
 from agent.fetch import Cancelled
 from agent.outbox import Outbox
 from agent.probe import build_probe_server, run_probe
-from agent.profile import another_measuring, measure_profile
+from agent.profile import another_measuring, measure_profile, one_reference_at_a_time
 from agent.sandbox import SandboxProbe, needs_sandbox, probe_sandbox
 from agent.settings import AgentSettings
 from agent.state import AgentState, Credentials
@@ -52,6 +52,7 @@ from agent.tls import certificate_request, channel_credentials, load_or_create_k
 from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
 from contracts.checkpoint_transfer import CheckpointTls
 from contracts.errors import InvalidArgument
+from contracts.node_staging import StagingProbe
 from contracts.registration import DeviceReport, NodeProfile
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from proto.cpn.agent.v1.profile import profile_to_proto
@@ -78,6 +79,7 @@ class _Reregister(Exception):
 
 DEFAULT_HEARTBEAT_S = 2.0  # until the server says otherwise (the server's default too)
 MAX_PREEMPT_GRACE_S = 3600.0  # the longest a preemption order may give workers to checkpoint
+CACHE_REPORT_EVERY_S = 10.0  # the cache is looked at this often (and after each staging)
 
 
 def reconnect_cap_s(settings: AgentSettings, heartbeat_interval_s: float) -> float:
@@ -166,6 +168,10 @@ class Agent:
         self._heartbeat_duty = Duty("heartbeat", lambda: self.heartbeat_interval_s, self._heartbeat)
         self.sandbox = SandboxProbe(False, "not probed yet")  # probed when the agent starts
         self._settled: float | None = None  # the host's contention, settled in this agent's turn
+        self.venv_s = 0.0  # one venv build's CPU seconds, measured in the agent's turn (0: not)
+        # The cache as last reported on this stream (None: not yet): reported again when it differs.
+        self._cache_reported: tuple[list[str], list[str]] | None = None
+        self._cache_duty = Duty("report-cache", lambda: CACHE_REPORT_EVERY_S, self._report_cache)
 
     # -- the whole life -------------------------------------------------------------------------
     async def run(self) -> int:
@@ -252,8 +258,10 @@ class Agent:
             log.warning("sandbox: %s; this node refuses users' code", self.sandbox.reason)
         if s.measure_profile and self.profile is None and self.devices:
 
-            def settle() -> None:
-                self._settled = contention.settle(self._contention)
+            def in_turn() -> None:
+                self._measure_venv()
+                if self._probes_cpu:
+                    self._settled = contention.settle(self._contention)
 
             # The host after this agent's own measurement, not during it nor during the next
             # co-located agent's: settled in this agent's turn (``measure_profile``).
@@ -262,7 +270,7 @@ class Agent:
                     measure_profile,
                     self.devices[0].kind,
                     s.work_dir / "reference",
-                    then=settle if self._probes_cpu else None,
+                    then=in_turn,
                     device_model=self.devices[0].model,
                     shared_max_age_s=s.profile_share_s,
                     cancel=self._halt,
@@ -272,6 +280,18 @@ class Agent:
                 return 0
             if self.profile is not None:
                 log.info("worker profile: %s", self.profile.as_dict())
+        if self._builds_venvs and not self.venv_s:  # no reference step's turn measured it
+
+            def own_turn() -> None:
+                with one_reference_at_a_time(cancel=self._halt):
+                    if not self._halt.is_set():
+                        self._measure_venv()
+
+            try:
+                await asyncio.to_thread(own_turn)
+            except Cancelled as exc:
+                log.info("agent stopping: %s", exc)
+                return 0
         if stop.is_set():
             log.info("agent stopping before registration")
             return 0
@@ -342,6 +362,7 @@ class Agent:
             Duty("forget-finished", lambda: 30.0, self._forget_finished),
             Duty("restate-running", lambda: 30.0, self._restate_running),
             Duty("retention", lambda: min(600.0, max(1.0, s.checkpoint_retention_h * 900)), self._retention),
+            self._cache_duty,
         ]
 
     # -- registration and the stream ------------------------------------------------------------
@@ -485,6 +506,49 @@ class Agent:
         self._probe_key = response.probe_key
         self._save_state()
         log.info("registered as node %s in %s/%s", response.node_id, s.region, s.cluster)
+        if s.probe_staging:
+            await self._probe_staging(response.store_probe)
+
+    @property
+    def _builds_venvs(self) -> bool:
+        """Whether this node will build users' venvs: it probes staging and runs users' code."""
+        return self.settings.probe_staging and (self.sandbox.ok or self.settings.allow_unsandboxed)
+
+    def _measure_venv(self) -> None:
+        """One venv build's CPU seconds (blocking). A build is a burst of CPU like the reference
+        step: measured in this agent's turn of the host, beside no co-located agent's step."""
+        if self._builds_venvs:
+            self.venv_s = staging_probe.measure_venv(self.settings.work_dir, self.settings)
+            log.info("venv build: %.2f CPU seconds", self.venv_s)
+
+    async def _probe_staging(self, offered: agent_pb2.StoreProbe) -> None:
+        """Measure the link to the store on the probe the control plane offered, before the stream
+        opens: no link probe then shares this node's link with it. The result (with the venv
+        build's figure) goes up once the stream is acknowledged."""
+        blobs = [staging_probe.ProbeBlob(b.url, b.digest, b.bytes) for b in offered.blobs]
+        if blobs:
+            async with self._probe_lock:
+                got = await asyncio.to_thread(
+                    staging_probe.probe_store, blobs, self.settings.work_dir.resolve(), self.settings
+                )
+            if got.error:
+                log.warning("%s", got.error)
+            else:
+                log.info("store probe: %.4f s per fetch, %.0f bytes/s", got.fetch_fixed_s, got.bytes_per_s)
+        else:
+            got = StagingProbe(error="the control plane offered no store probe")
+        if got.store_measured or self.venv_s:
+            self._outbox.put(
+                agent_pb2.AgentMessage(
+                    staging_probe=agent_pb2.StagingProbeResult(
+                        fetch_fixed_s=got.fetch_fixed_s,
+                        bytes_per_s=got.bytes_per_s,
+                        probe_bytes=got.probe_bytes,
+                        venv_s=self.venv_s,
+                        error=got.error,
+                    )
+                )
+            )
 
     async def _session(self) -> bool:
         """One Connect stream, until it ends. Returns whether the server acknowledged it."""
@@ -550,6 +614,8 @@ class Agent:
         self._connected = True
         session.acked.set()
         self._heartbeat_duty.poke()  # at the server's rate from now, not after the old interval
+        self._cache_reported = None  # the cache as it is now, on this stream
+        self._cache_duty.poke()
         log.info("connected as node %s (heartbeat every %.1fs)", ack.node_id, self.heartbeat_interval_s)
         assert self.devices is not None
         self._outbox.put(
@@ -843,10 +909,22 @@ class Agent:
             if now - at > keep:
                 del self._finals[aid]
 
+    async def _report_cache(self) -> None:
+        """Say what the cache holds where it changed since the last report on this stream."""
+        if not self._connected:
+            return
+        listing = await asyncio.to_thread(staging_probe.cache_listing, self.settings.work_dir.resolve())
+        if listing == self._cache_reported:
+            return
+        self._cache_reported = listing
+        blobs, venvs = listing
+        self._outbox.put(agent_pb2.AgentMessage(cache=agent_pb2.CacheReport(blobs=blobs, venvs=venvs)))
+
     # -- state ----------------------------------------------------------------------------------
     def _remember_worker(self, run: WorkerRun) -> None:
         self._state.workers[run.assignment.assignment_id] = {"pgid": run.pgid, "dir": str(run.run_dir)}
         self._save_state()
+        self._cache_duty.poke()  # its staging is done: the cache may hold more now
 
     def _save_state(self) -> None:
         self._state.save(self.settings.effective_state_file)

@@ -144,10 +144,12 @@ def fetch(
     timeout_s: float = 60.0,
     verify: ssl.SSLContext | bool = True,
     plain_http_hosts: frozenset[str] = frozenset(),
+    attempts: int = MAX_ATTEMPTS,
 ) -> Fetched:
     """The blob at ``url`` on this node, verified against ``digest`` where given, its size bounded
     by ``expected_bytes`` (where known) and ``max_bytes``. A cached blob of that digest is used
-    without touching the network. ``use`` keeps the blob from eviction until released."""
+    without touching the network. ``use`` keeps the blob from eviction until released.
+    ``attempts``: connections tried before giving up."""
     _check_digest(digest)
     limit = min(max_bytes, expected_bytes) if expected_bytes is not None else max_bytes
     try:
@@ -174,7 +176,9 @@ def fetch(
             # A blob cached by its URL is not hashed again (it could be large): no digest to report.
             return Fetched(final, digest, size, time.monotonic() - started, True, "cache")
         partial = root / f"{key}.partial"
-        got = _download(url, partial, limit, expected_bytes, progress, cancel, client, timeout_s, verify)
+        got = _download(
+            url, partial, limit, expected_bytes, progress, cancel, client, timeout_s, verify, attempts
+        )
         if digest is not None and got != digest:
             (root / f"{key}.partial").unlink(missing_ok=True)
             raise FetchError(f"digest mismatch for {_redact(url)}: expected {digest}, got {got}; deleted")
@@ -234,6 +238,7 @@ def _download(
     client: httpx.Client | None,
     timeout_s: float,
     verify: ssl.SSLContext | bool = True,
+    attempts: int = MAX_ATTEMPTS,
 ) -> str:
     """Stream ``url`` into ``partial``, resuming what an earlier try (or an earlier agent) left
     there; return the digest of the whole. Retries dropped connections and 5xx answers with a
@@ -243,7 +248,7 @@ def _download(
     meter = _Meter(progress, expected, cancel)
     backoff, last_error = BACKOFF_MIN_S, ""
     try:
-        for _attempt in range(MAX_ATTEMPTS):
+        for attempt in range(attempts):
             have = partial.stat().st_size if partial.exists() else 0
             if have > limit:
                 partial.unlink()
@@ -291,12 +296,14 @@ def _download(
                     return "sha256:" + h.hexdigest()
             except (httpx.TransportError, httpx.StreamError) as exc:
                 last_error = str(exc) or type(exc).__name__
+            if attempt + 1 == attempts:
+                break
             if cancel is not None and cancel.wait(backoff):
                 raise Cancelled("stopped while staging")
             elif cancel is None:
                 time.sleep(backoff)
             backoff = min(BACKOFF_MAX_S, backoff * 2)
-        raise FetchError(f"GET {_redact(url)}: gave up after {MAX_ATTEMPTS} attempts: {last_error}")
+        raise FetchError(f"GET {_redact(url)}: gave up after {attempts} attempts: {last_error}")
     finally:
         if own:
             http.close()

@@ -133,6 +133,13 @@ class AgentSettings(BaseModel):
     profile_share_s: float = Field(
         900.0, ge=0, le=86400, description="take an alike agent's reference figures this fresh (0: measure)"
     )
+    probe_staging: bool = Field(
+        True,
+        description=(
+            "build a venv at start-up and fetch the control plane's store probe after registering;"
+            " report what staging costs here"
+        ),
+    )
     cache_max_bytes: int = Field(
         100 * 1024**3, gt=0, description="node cache of staged blobs (LRU beyond it, blobs in use kept)"
     )

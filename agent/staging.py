@@ -40,6 +40,7 @@ class Staged:
     venv: Path | None = None
     data_path: Path | None = None
     figures: dict[str, Any] = field(default_factory=dict)  # per item: bytes, seconds, cache hit
+    seconds: float = 0.0  # the whole staging, start to end: what the task's devices waited for
     use: BlobUse = field(default_factory=BlobUse)  # the blobs held while the task runs
 
     @property
@@ -80,6 +81,7 @@ def stage_task(
         raise StagingError(problem)
     work = settings.work_dir.resolve()
     staged = Staged()
+    started = time.monotonic()
     try:
         if stage.code is not None:
             item = stage.code
@@ -109,7 +111,7 @@ def stage_task(
                 raise StagingError("stage.requirements_digest is set without stage.code")
             progress("staging venv: pip install -r requirements.txt")
             t0 = time.monotonic()
-            staged.venv, hit = code_env.ensure_venv(
+            venv = code_env.ensure_venv(
                 staged.code_dir,
                 stage.requirements_digest,
                 work,
@@ -118,7 +120,13 @@ def stage_task(
                 on_line=log_line,
                 cancel=cancel,
             )
-            staged.figures["venv"] = {"seconds": round(time.monotonic() - t0, 6), "cache_hit": hit}
+            staged.venv = venv.path
+            staged.figures["venv"] = {
+                "seconds": round(time.monotonic() - t0, 6),
+                "cache_hit": venv.cache_hit,
+                "cpu_s": round(venv.cpu_s, 6),
+                "digest": stage.requirements_digest,
+            }
         if stage.data is not None:
             item = stage.data
             got = fetch(
@@ -144,6 +152,7 @@ def stage_task(
     except BaseException:
         staged.use.release()
         raise
+    staged.seconds = time.monotonic() - started
     return staged
 
 

@@ -461,7 +461,10 @@ class WorkerRun:
             self._finish(FAILED, f"staging failed: {exc.message}", 0)
             return False
         # one item per staged part (code, venv, data), as calibration and the benchmarks read it
-        self._extra["staging"] = {"items": [f | {"kind": k} for k, f in self._staged.figures.items()]}
+        self._extra["staging"] = {
+            "items": [f | {"kind": k} for k, f in self._staged.figures.items()],
+            "seconds": round(self._staged.seconds, 6),
+        }
         if self._stop is not None:
             self._finish(*self._stop, 0)
             return False

@@ -22,8 +22,9 @@ made with (``Estimates.basis``) they give an observed value per factor:
   (``drift_fit``), overlapped rounds apart from blocking ones (``cm.OVERLAPPED_SUFFIX``);
 - a checkpoint write's fixed seconds per node (per idle core): the worker's mean write less the
   part priced by its bytes (``_observe_checkpoint``);
-- staging throughput per cluster: the bytes its agents fetched before launch over the seconds
-  that took (``observe_staging``), what the planner prices staging at for that cluster.
+- staging per node (``observe_staging``): each item its agent fetched before launch teaches the
+  part of its time that dominated it as priced, the store's rate or a fetch's fixed seconds, and
+  a venv it built teaches the build's CPU seconds.
 
 Per-step parts are the worker's totals over the run divided by its steps when its result has them
 (the agent forwards per-step metrics at a bounded rate, so the stored ones are a sample).
@@ -47,7 +48,13 @@ from typing import Any
 from control_layer import drift_fit as df
 from control_layer import exchange_fit as xf
 from control_layer.planner import cost_model as cm
-from control_layer.planner.plan_types import Calibration, CalibrationBasis, ErrorBand, PlanOption
+from control_layer.planner.plan_types import (
+    Calibration,
+    CalibrationBasis,
+    ErrorBand,
+    PlanOption,
+    StagedRead,
+)
 from control_layer.planner.runtime_pricing import overlapped_exchange_s
 
 ALPHA = 0.5  # weight of the newest run
@@ -69,8 +76,16 @@ DRIFT_FIT = "drift_fit"
 DRIFT_RANGE = df.DRIFT_RANGE  # the wait for the slowest region, in the local steps between exchanges
 CHECKPOINT_FIXED = "checkpoint_fixed_s"
 CHECKPOINT_FIXED_RANGE = (0.0, 60.0)  # one write's fixed seconds per idle core
-STAGING = "staging_bps"  # per cluster: bytes/s its nodes staged code and data at
+STAGING = "staging_bps"  # per node: bytes/s the store's bytes reach it at, beyond a fetch's fixed part
 STAGING_RANGE = (1e3, 1e12)  # 1 kB/s to 1 TB/s
+STAGING_FIXED = "staging_fixed_s"  # per node: seconds one fetch takes beyond its bytes
+STAGING_FIXED_RANGE = (0.0, 600.0)
+VENV = "venv_s"  # per node: CPU seconds of one venv build (per idle core)
+VENV_RANGE = (0.0, 86_400.0)
+# A fetched item teaches the rate, or the fixed part, only where that part is at least this share
+# of its time as priced: a 160 kB shard on a 20 Mbit/s link is half each, and either read from
+# it took the other's error whole.
+DOMINANT = 0.8
 TIME, COST = "time", "cost"
 
 
@@ -175,7 +190,7 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
     basis = est.basis
     obs: dict[tuple[str, str], list[float]] = defaultdict(list)
     est_opt = getattr(est.step_s, "optimizer", 0.0)
-    cluster_of = {t.node: t.cluster for t in option.tasks}
+    reads = {r.node: r for r in est.staging.reads} if est.staging is not None else {}
     for task in run.tasks:
         med = run_means(task)
         key = f"{task.device_model}|{option.precision}"
@@ -200,8 +215,8 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
             obs[(TEARDOWN, task.node_id)].append(teardown / share)
         if (write_fixed := _observe_checkpoint(run, task, share)) is not None:
             obs[(CHECKPOINT_FIXED, task.node_id)].append(write_fixed)
-        if (rate := observe_staging(task.result)) is not None and task.node_id in cluster_of:
-            obs[(STAGING, cluster_of[task.node_id])].append(rate)
+        for kind, values in observe_staging(task.result, reads.get(task.node_id)).items():
+            obs[(kind, task.node_id)] += values
     if _exchanged(run) and basis is not None:
         goodput, _ = observe_exchange(basis, [t.result for t in run.tasks], _beside_steps(run))
         for key, value in goodput.items():
@@ -216,23 +231,49 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
     return {k: statistics.median(v) for k, v in obs.items()}
 
 
-def observe_staging(result: dict[str, Any]) -> float | None:
-    """Bytes/s the task's agent staged at: the items it fetched (``result["staging"]["items"]``,
-    each ``{"kind", "bytes", "seconds", "cache_hit", ...}`` as the agent reports them, or a bare
-    list of those) over the seconds they took;
-    items served from the node's cache and file:// items (nothing fetched) say nothing of the link."""
+def observe_staging(result: dict[str, Any], read: StagedRead | None = None) -> dict[str, list[float]]:
+    """What the task's staging implies of its node's figures, per kind: the items its agent
+    reported (``result["staging"]["items"]``, each ``{"kind", "bytes", "seconds", "cache_hit",
+    "source", ...}``, or a bare list of those). Against the figures it was priced at (``read``), a
+    fetched item's time is fixed + bytes / rate: where the bytes' part was priced at least
+    ``DOMINANT`` of it, bytes over the seconds beyond the fixed part is a rate; where the fixed part
+    was, the seconds beyond the bytes' part are a fixed part; between the two, neither. Without a
+    read (staging not priced) an item's bytes over its seconds is a rate. Items served from the
+    node's cache or read in place (file://) fetched nothing and teach nothing. A venv built, not
+    found, teaches its seconds per idle core: its wall time over the host share it was priced at,
+    as a start-up teaches (what that share missed of the host then is learned with it); without
+    a read, its CPU seconds (``cpu_s``)."""
     got = result.get("staging")
     items = got.get("items") if isinstance(got, dict) else got
+    out: dict[str, list[float]] = defaultdict(list)
     if not isinstance(items, list):
-        return None
-    moved = spent = 0.0
+        return {}
+    fixed = read.fetch_fixed_s if read is not None else 0.0
+    rate = read.bytes_per_s if read is not None else None
     for item in items:
         if not isinstance(item, dict) or item.get("cache_hit"):
             continue
-        size, seconds = _num(item.get("bytes")), _num(item.get("seconds"))
-        if size is not None and seconds is not None and size > 0 and seconds > 0:
-            moved, spent = moved + size, spent + seconds
-    return _clamp(moved / spent, STAGING_RANGE) if moved > 0 and spent > 0 else None
+        seconds = _num(item.get("seconds"))
+        if item.get("kind") == "venv":
+            per_core = (
+                seconds / read.share if read is not None and seconds is not None else _num(item.get("cpu_s"))
+            )
+            if per_core is not None and per_core > 0:
+                out[VENV].append(_clamp(per_core, VENV_RANGE))
+            continue
+        size = _num(item.get("bytes"))
+        if item.get("source") == "file" or size is None or seconds is None or size <= 0 or seconds <= 0:
+            continue
+        if rate is None:
+            out[STAGING].append(_clamp(size / seconds, STAGING_RANGE))
+            continue
+        by_bytes = size / rate
+        if by_bytes >= DOMINANT * (fixed + by_bytes):
+            if seconds > fixed:
+                out[STAGING].append(_clamp(size / (seconds - fixed), STAGING_RANGE))
+        elif fixed >= DOMINANT * (fixed + by_bytes):
+            out[STAGING_FIXED].append(_clamp(seconds - by_bytes, STAGING_FIXED_RANGE))
+    return dict(out)
 
 
 def _observe_checkpoint(run: FinishedRun, task: TaskRun, share: float) -> float | None:
@@ -587,6 +628,8 @@ def to_calibration(state: State) -> Calibration:
         EXCHANGE_DRIFT_FIXED: {},
         CHECKPOINT_FIXED: {},
         STAGING: {},
+        STAGING_FIXED: {},
+        VENV: {},
     }
     for (kind, key), factor in state.factors.items():
         if kind in tables:
@@ -604,6 +647,8 @@ def to_calibration(state: State) -> Calibration:
         exchange_drift_fixed_s=tables[EXCHANGE_DRIFT_FIXED],
         checkpoint_fixed_s=tables[CHECKPOINT_FIXED],
         staging_bytes_per_s=tables[STAGING],
+        staging_fixed_s=tables[STAGING_FIXED],
+        venv_s=tables[VENV],
         time_error=error_band(r for k, r in state.errors if k == TIME),
         cost_error=error_band(r for k, r in state.errors if k == COST),
     )

@@ -31,7 +31,7 @@ from control_layer.allocation import AllocationConflict, allocate
 from control_layer.calibration_store import load_calibration
 from control_layer.capacity import with_devices_free
 from control_layer.dispatch import dispatch
-from control_layer.job_refs import fleet_regions, resolve_job_refs
+from control_layer.job_refs import fleet_regions, node_staging_facts, resolve_job_refs
 from control_layer.lifecycle import transition
 from control_layer.live_snapshot import current_snapshot
 from control_layer.option_choice import CHOICES, choose_option
@@ -86,7 +86,9 @@ def plan_now(
     if tenant_id is not None and needs_resolution(spec):
         refs = resolve_job_refs(ctx, tenant_id, spec, fleet_regions(snapshot), strict=strict)
         if spec.code or spec.data.source or spec.data.shards:
-            staging = refs.staging(ctx.settings.artifact_store_region, calibration.staging_bytes_per_s)
+            with session_scope(ctx.session_factory) as session:
+                facts = node_staging_facts(session, refs, spec)
+            staging = refs.staging(spec, ctx.settings.artifact_store_region, facts)
     return plan(spec, snapshot, calibration, staging=staging)
 
 

@@ -28,6 +28,7 @@ from sqlalchemy import select
 
 from control_layer.preemption import expire_preemptions
 from control_layer.reactions import on_node_lost
+from orchestration.artifacts import probe as store_probe
 from orchestration.artifacts import records as artifact_records
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
@@ -103,8 +104,10 @@ def prune_logs_once(ctx: ServerContext) -> int:
 
 
 def sweep_artifacts_once(ctx: ServerContext) -> artifact_records.Swept:
-    """Retention of the artifact store: expired rows, blobs no row names, unfinished uploads."""
-    return artifact_records.sweep(ctx.session_factory, ctx.artifacts, utcnow())
+    """Retention of the artifact store: expired rows, blobs no row names (the store probe's
+    kept), unfinished uploads."""
+    keep = store_probe.digests(ctx.settings.link_probe_bytes)
+    return artifact_records.sweep(ctx.session_factory, ctx.artifacts, utcnow(), keep=keep)
 
 
 async def run_reaper(ctx: ServerContext, stop: asyncio.Event) -> None:

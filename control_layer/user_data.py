@@ -18,7 +18,7 @@ from typing import Protocol
 from contracts.artifacts import DataUri, parse_uri
 from contracts.errors import InvalidArgument
 from contracts.job_spec import JobSpec
-from control_layer.planner.staging import DataStaging, StagedBlob
+from control_layer.planner.staging import DataStaging, NodeStaging, StagedBlob
 
 HEAD_TIMEOUT_S = 5.0  # a quote waits at most this long for an https source's size
 
@@ -103,19 +103,55 @@ class ResolvedRefs:
     source: ResolvedRef | None = None
     shards: dict[str, ResolvedRef] = field(default_factory=dict)
 
-    def staging(self, store_region: str | None, rates: dict[str, float] | None = None) -> DataStaging:
-        """The planner's input for pricing staging (``control_layer.planner.staging``)."""
+    def staging(
+        self, spec: JobSpec, store_region: str | None, nodes: NodeStagingFacts | None = None
+    ) -> DataStaging:
+        """The planner's input for pricing staging (``control_layer.planner.staging``); ``nodes``:
+        what the nodes measured and hold (``staging_inputs.node_facts``)."""
 
-        def blob(ref: ResolvedRef | None) -> StagedBlob | None:
-            return None if ref is None else StagedBlob(bytes=None if ref.uri.scheme == "file" else ref.bytes)
+        def blob(ref: ResolvedRef | None, digest: str | None) -> StagedBlob | None:
+            if ref is None:
+                return None
+            size = None if ref.uri.scheme == "file" else ref.bytes
+            return StagedBlob(bytes=size, digest=digest or ref.uri.digest)
 
+        shards = spec.data.shards or {}
+        facts = nodes or NodeStagingFacts()
         return DataStaging(
-            code=blob(self.code),
-            source=blob(self.source),
-            shards={r: b for r, ref in self.shards.items() if (b := blob(ref)) is not None},
+            code=blob(self.code, None),
+            source=blob(self.source, spec.data.sha256),
+            shards={
+                r: b
+                for r, ref in self.shards.items()
+                if (b := blob(ref, shards[r].sha256 if r in shards else None)) is not None
+            },
             store_region=store_region,
-            rates=rates or {},
+            requirements_digest=spec.code.requirements_digest if spec.code else None,
+            nodes=facts.measured,
+            cached=facts.cached,
+            venvs=facts.venvs,
         )
+
+    def digests(self, spec: JobSpec) -> tuple[list[str], list[str]]:
+        """(blob digests, requirements digests) the job stages: what a node's cache may hold."""
+        shards = spec.data.shards or {}
+        blobs = [spec.code.digest] if spec.code else []
+        if self.source is not None:
+            blobs.append(spec.data.sha256 or self.source.uri.digest or "")
+        for region, ref in self.shards.items():
+            blobs.append((shards[region].sha256 if region in shards else None) or ref.uri.digest or "")
+        reqs = [spec.code.requirements_digest] if spec.code and spec.code.requirements_digest else []
+        return sorted({b for b in blobs if b}), reqs
+
+
+@dataclass(frozen=True)
+class NodeStagingFacts:
+    """Per node id: what its agent measured of staging, and which of a job's blobs and venvs its
+    cache holds (``control_layer.staging_inputs``)."""
+
+    measured: dict[str, NodeStaging] = field(default_factory=dict)
+    cached: dict[str, list[str]] = field(default_factory=dict)
+    venvs: dict[str, list[str]] = field(default_factory=dict)
 
 
 def needs_resolution(spec: JobSpec) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from contracts.errors import InvalidArgument
+from contracts.node_staging import StagingProbe
 from contracts.registration import (
     SANDBOX_NONE,
     DeviceReport,
@@ -75,6 +76,16 @@ def registration_from_proto(r: agent_pb2.RegisterRequest) -> NodeRegistration:
         cpu_contention_probe_ages_s=tuple(r.cpu_contention_probe_ages_s),
         sandbox=r.sandbox or SANDBOX_NONE,  # an agent that does not say runs no users' code
         profile=profile_from_proto(r.measured_profile) if r.HasField("measured_profile") else None,
+    )
+
+
+def staging_probe_from_proto(p: agent_pb2.StagingProbeResult) -> StagingProbe:
+    return StagingProbe(
+        fetch_fixed_s=p.fetch_fixed_s,
+        bytes_per_s=p.bytes_per_s,
+        probe_bytes=p.probe_bytes,
+        venv_s=p.venv_s,
+        error=p.error,
     )
 
 

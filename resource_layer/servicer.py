@@ -20,18 +20,20 @@ from cryptography import x509
 from sqlalchemy.exc import IntegrityError
 
 from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, PermissionDenied
+from contracts.node_staging import StagingProbe
 from contracts.registration import NodeRegistration, probe_ages_problem
 from contracts.states import TASK_TERMINAL
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
-from resource_layer import link_probes, registry
+from resource_layer import link_probes, node_staging, registry
 from resource_layer.convert import (
     device_from_proto,
     metrics_to_dict,
     registration_from_proto,
     result_from_json,
     server_message_from_dict,
+    staging_probe_from_proto,
     task_state_name,
 )
 from resource_layer.grpc_errors import abort_with
@@ -125,6 +127,19 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             heartbeat_interval_s=self._ctx.settings.heartbeat_interval_s,
             probe_key=probe_key,
             node_certificate_pem=certificate.decode(),
+            store_probe=await asyncio.to_thread(self._store_probe),
+        )
+
+    def _store_probe(self) -> agent_pb2.StoreProbe | None:
+        """The store probe's signed URLs; None (and the node measures nothing) where the store
+        cannot keep its blobs now: the registration does not fail for it."""
+        try:
+            urls = node_staging.probe_urls(self._ctx.artifacts, self._ctx.settings, time.time())
+        except Exception:
+            log.warning("no store probe offered: the artifact store refused its blobs", exc_info=True)
+            return None
+        return agent_pb2.StoreProbe(
+            blobs=[agent_pb2.StoreProbeBlob(url=u, digest=d, bytes=n) for u, d, n in urls]
         )
 
     def _check_csr(
@@ -366,6 +381,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 "assignment_id": c.assignment_id,
             }
             await asyncio.to_thread(self._handlers.on_checkpoint_copy_result, ctx, node_id, result)
+        elif kind == "staging_probe":
+            await asyncio.to_thread(
+                self._record_staging_probe, node_id, staging_probe_from_proto(message.staging_probe)
+            )
+        elif kind == "cache":
+            c = message.cache
+            await asyncio.to_thread(self._replace_cache, node_id, list(c.blobs), list(c.venvs))
         elif kind == "hello":
             raise InvalidArgument("hello: only the first message of a stream may be a Hello")
         else:
@@ -375,6 +397,15 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         with self._ctx.session_factory() as session, session.begin():
             row = link_probes.record_result(session, node_id, result)
         log.info("link probe %s %s->%s: %s", row.id, row.src_region, row.dst_region, row.error or "ok")
+
+    def _record_staging_probe(self, node_id: str, probe: StagingProbe) -> None:
+        with self._ctx.session_factory() as session, session.begin():
+            node_staging.record_probe(session, node_id, probe)
+        log.info("node %s staging probe: %s", node_id, probe.as_dict())
+
+    def _replace_cache(self, node_id: str, blobs: list[str], venvs: list[str]) -> None:
+        with self._ctx.session_factory() as session, session.begin():
+            node_staging.replace_cache(session, node_id, blobs, venvs)
 
     def _update_inventory(self, node_id: str, devices: list[Any]) -> None:
         with self._ctx.session_factory() as session, session.begin():

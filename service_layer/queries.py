@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -50,6 +51,7 @@ from service_layer.schemas.resources import (
     LinkProbeRead,
     LinkRead,
     NodeRead,
+    NodeStagingRead,
     RegionRead,
 )
 
@@ -94,6 +96,16 @@ def list_regions(session: Session) -> list[RegionRead]:
     ]
 
 
+def _staging_read(probe: dict[str, Any] | None) -> NodeStagingRead | None:
+    """A node's stored staging figures as the API shows them (a row it cannot read: none)."""
+    if not isinstance(probe, dict):
+        return None
+    try:
+        return NodeStagingRead.model_validate(probe, strict=False)
+    except ValidationError:
+        return None
+
+
 def list_clusters(session: Session, bus: Bus, now: datetime | None = None) -> list[ClusterRead]:
     now = now or utcnow()
     clusters = list(session.scalars(select(Cluster).order_by(Cluster.region, Cluster.name)))
@@ -120,6 +132,7 @@ def list_clusters(session: Session, bus: Bus, now: datetime | None = None) -> li
             advertise_host=node.advertise_host,
             agent_version=node.agent_version,
             sandbox=node.sandbox,
+            staging=_staging_read(node.staging_probe),
             devices=[
                 DeviceRead.model_validate(a).model_copy(update={"allocated": a.id in busy})
                 for a in devices_by_node.get(node.id, [])

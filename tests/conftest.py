@@ -208,9 +208,10 @@ def settings_for(db_url: str, **overrides: object) -> Settings:
 
 
 @pytest.fixture
-def ctx(db_url: str, session_factory: sessionmaker[Session]) -> Iterator[ServerContext]:
-    """SQLite runs with the in-process bus, PostgreSQL with Redis: the two deployments cpn supports."""
-    settings = settings_for(db_url)
+def ctx(db_url: str, session_factory: sessionmaker[Session], tmp_path: Path) -> Iterator[ServerContext]:
+    """SQLite runs with the in-process bus, PostgreSQL with Redis: the two deployments cpn supports.
+    Files (the embedded artifact store's) go under the test's own directory."""
+    settings = settings_for(db_url, data_dir=tmp_path / "data")
     if settings.redis_url:
         _require(redis_unreachable())
         bus: Bus = make_redis_bus()

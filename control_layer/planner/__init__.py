@@ -38,7 +38,7 @@ from control_layer.planner.snapshot import (
     RegionInfo,
     ResourceSnapshot,
 )
-from control_layer.planner.staging import DataStaging, StagedBlob
+from control_layer.planner.staging import DataStaging, NodeStaging, StagedBlob
 
 __all__ = [
     "Calibration",
@@ -52,6 +52,7 @@ __all__ = [
     "LinkInfo",
     "ModelSpec",
     "NodeInfo",
+    "NodeStaging",
     "ParallelismSpec",
     "PlanOption",
     "Placement",

@@ -107,14 +107,28 @@ class CostBreakdown(_Plain):
 
 
 class StagedRead(_Plain):
-    """One node's staging as priced: what it reads, from where, and how long that takes."""
+    """One node's staging as priced: what it reads, from where, and how long that takes:
+    ``fetches`` × ``fetch_fixed_s`` + ``bytes`` / ``bytes_per_s`` + ``venv_s``."""
 
     node: str
     region: str
     items: list[str] = Field(description="Spec fields staged: 'code', 'data.source', 'data.shards.<region>'.")
-    bytes: int = Field(ge=0)
+    cached: list[str] = Field(
+        default_factory=list, description="Items (and 'venv') the node's cache holds: nothing to stage."
+    )
+    bytes: int = Field(ge=0, description="Bytes fetched (what the cache holds left out).")
     bytes_per_s: float = Field(gt=0)
-    rate_basis: str = Field(description="'learned' (the cluster's staging figures) or the link guessed from")
+    rate_basis: str = Field(
+        description="'learned' (its staging), 'measured' (its agent's store probe) or the link guessed from"
+    )
+    fetches: int = Field(default=0, ge=0)
+    fetch_fixed_s: float = Field(default=0.0, ge=0, description="Seconds one fetch takes beyond its bytes.")
+    fixed_basis: str = Field(default="", description="'learned', 'measured' or 'default'.")
+    venv_s: float = Field(
+        default=0.0, ge=0, description="The venv build: its CPU seconds at the host share (× share)."
+    )
+    venv_basis: str = Field(default="", description="'learned', 'measured' or 'default'; '' without a build.")
+    share: float = Field(default=1.0, ge=1, description="The host share the node's CPU work was priced at.")
     seconds: float = Field(ge=0)
     crossing_bytes: int = Field(default=0, ge=0, description="Bytes that cross a region boundary.")
     egress_usd: float = Field(default=0.0, ge=0)
@@ -122,9 +136,8 @@ class StagedRead(_Plain):
 
 class StagingEstimate(_Plain):
     """Staging before training starts (``control_layer.planner.staging``): the nodes stage in
-    parallel, so the slowest sets ``seconds``; each node's time is its bytes over the measured
-    bandwidth from the source. ``unknown`` lists items whose size is not known (file:// on the
-    node: nothing to fetch)."""
+    parallel, so the slowest sets ``seconds`` (each node's, ``StagedRead``). ``unknown`` lists
+    items whose size is not known (file:// on the node: nothing to fetch)."""
 
     seconds: float = Field(ge=0)
     bytes: int = Field(ge=0, description="Over all nodes.")
@@ -371,9 +384,12 @@ class Calibration(_Plain):
     exchange_drift: dict[str, float] = Field(default_factory=dict)
     exchange_drift_fixed_s: dict[str, float] = Field(default_factory=dict)
     checkpoint_fixed_s: dict[str, float] = Field(default_factory=dict)
-    # Per cluster id: bytes/s its nodes staged code and data at, from the agents' reports
-    # (``control_layer.planner.staging``; the first guess is the link to the store's region).
+    # Per node id, learned from its tasks' staging (``control_layer.planner.staging``; before any,
+    # its agent's store probe): the store's bytes/s to it beyond a fetch's fixed seconds, those
+    # seconds, and a venv build's CPU seconds (per idle core).
     staging_bytes_per_s: dict[str, float] = Field(default_factory=dict)
+    staging_fixed_s: dict[str, float] = Field(default_factory=dict)
+    venv_s: dict[str, float] = Field(default_factory=dict)
     time_error: ErrorBand | None = None
     cost_error: ErrorBand | None = None
 
@@ -396,6 +412,8 @@ class Calibration(_Plain):
             ("exchange_drift", self.exchange_drift),
             ("exchange_drift_fixed_s", self.exchange_drift_fixed_s),
             ("checkpoint_fixed_s", self.checkpoint_fixed_s),
+            ("staging_fixed_s", self.staging_fixed_s),
+            ("venv_s", self.venv_s),
         ):
             for key, value in seconds.items():
                 if not (math.isfinite(value) and value >= 0):

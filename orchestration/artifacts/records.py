@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -164,13 +165,19 @@ class Swept:
     uploads: int
 
 
-def sweep(session_factory: sessionmaker[Session], store: ArtifactStore, now: datetime) -> Swept:
+def sweep(
+    session_factory: sessionmaker[Session],
+    store: ArtifactStore,
+    now: datetime,
+    keep: Iterable[str] = (),
+) -> Swept:
     """Retention: delete expired rows, then blobs no row names (past ``policy.ORPHAN_GRACE``) and
-    unfinished uploads. Idempotent, so it needs no fencing."""
+    unfinished uploads. ``keep``: blobs the control plane itself keeps (the store probe's).
+    Idempotent, so it needs no fencing."""
     with session_scope(session_factory) as session:
         rows = session.execute(delete(Artifact).where(Artifact.expires_at < now)).rowcount or 0
     with session_factory() as session:
-        names = set(session.scalars(select(Artifact.digest).distinct()))
+        names = set(session.scalars(select(Artifact.digest).distinct())) | set(keep)
     blobs = 0
     for digest in policy.orphans(store.blobs(), names, now):
         with session_factory() as session:

@@ -26,6 +26,9 @@ class LocalAgent:
     jurisdiction: str = ""
     devices: str = "cpu:2"
     measure_profile: bool = True  # run the reference worker step before registering
+    # Build a venv and fetch the store probe (what staging users' code costs there): off, as the
+    # demo and most tests run the built-in model, which stages nothing.
+    probe_staging: bool = False
 
 
 def start_agent(
@@ -54,6 +57,8 @@ def start_agent(
         cmd += ["--jurisdiction", spec.jurisdiction]
     if not spec.measure_profile:
         cmd += ["--no-measure-profile"]
+    if not spec.probe_staging:
+        cmd += ["--no-probe-staging"]
     log = open(agent_dir / "agent.log", "wb")  # noqa: SIM115 - the child owns it for its lifetime
     env = tied_env({**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"})
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -33,6 +33,16 @@ class DeviceRead(ApiModel):
     allocated: bool = Field(False, description="Held by an active allocation")
 
 
+class NodeStagingRead(BaseModel):
+    """What the node's agent measured of staging after it registered (0: not measured)."""
+
+    fetch_fixed_s: float = Field(0.0, description="Seconds one fetch from the store takes beyond its bytes")
+    bytes_per_s: float = Field(0.0, description="The store's bytes per second to the node beyond that")
+    venv_s: float = Field(0.0, description="CPU seconds of one venv build with nothing to install")
+    error: str = Field("", description="Why the store was not measured")
+    measured_at: datetime | None = None
+
+
 class NodeRead(BaseModel):
     id: str
     hostname: str
@@ -47,6 +57,7 @@ class NodeRead(BaseModel):
         "none",
         description="Whether it runs users' code: bubblewrap (sandboxed) | unsandboxed-allowed | none",
     )
+    staging: NodeStagingRead | None = Field(None, description="Its staging figures; null: not reported")
     devices: list[DeviceRead]
 
 

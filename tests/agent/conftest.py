@@ -106,6 +106,7 @@ class Launcher:
             "--devices", "cpu:2", "--price-per-device-hour", "1.5", "--sync-ports", "29600-29609",
             "--work-dir", str(work_dir), "--reconnect-max-s", "1", "--kill-grace-s", "2",
             "--allow-command-override", "--log-level", "DEBUG",
+            "--no-probe-staging",  # its life is under test here; test_staging_probe.py measures
         ]  # fmt: skip
         if not measure:
             args.append("--no-measure-profile")  # its life is under test here; test_profile.py measures

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import tarfile
 import threading
 import time
@@ -200,7 +201,7 @@ def test_two_tasks_with_the_same_requirements_build_one_venv(tmp_path: Path) -> 
     (code / "requirements.txt").write_text("# nothing beyond the node's packages\n")
     req = digest((code / "requirements.txt").read_bytes())
     work = tmp_path / "work"
-    results: list[tuple[Path, bool]] = []
+    results: list[code_env.Venv] = []
     args = ("--no-index", "--find-links", str(tmp_path / "empty"))
     threads = [
         threading.Thread(target=lambda: results.append(code_env.ensure_venv(code, req, work, pip_args=args)))
@@ -210,9 +211,13 @@ def test_two_tasks_with_the_same_requirements_build_one_venv(tmp_path: Path) -> 
         t.start()
     for t in threads:
         t.join()
-    assert sorted(hit for _, hit in results) == [False, True]
-    venv = results[0][0]
-    assert results[1][0] == venv and (venv / code_env.VENV_DONE).exists()
+    assert sorted(v.cache_hit for v in results) == [False, True]
+    venv = results[0].path
+    assert results[1].path == venv and (venv / code_env.VENV_DONE).exists()
+    # The build's CPU seconds (python's venv and pip), from the kernel's accounting; none for the
+    # task that found it built.
+    assert sorted(v.cpu_s > 0 for v in results) == [False, True]
+    assert code_env.complete_venvs(work) == [(pytest.approx(venv.stat().st_mtime), req)]
     # The venv runs over the node's packages: the node's torch, pinned against replacement.
     import subprocess
 
@@ -244,3 +249,19 @@ def test_plain_http_reaches_only_a_control_plane_the_agent_itself_speaks_plainte
     url = "http://10.0.0.1:8080/v1/artifacts/content/sha256:" + "a" * 64
     with pytest.raises(FetchError, match="plain http only to loopback"):
         fetch(url, work_dir=tmp_path, plain_http_hosts=plain_http_hosts("10.0.0.2:50051", None))
+
+
+def test_a_build_step_over_its_time_or_cancelled_is_killed_and_said_so() -> None:
+    from agent.fetch import Cancelled
+
+    started = time.monotonic()
+    with pytest.raises(code_env.PipFailed, match="still running after 0.3s"):
+        code_env._run(["sleep", "30"], "pip install", 0.3, None, None)
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    with pytest.raises(Cancelled):
+        code_env._run(["sleep", "30"], "pip install", 60.0, None, cancel)
+    assert time.monotonic() - started < 10  # killed, not waited for
+    # A run that ends reports the CPU seconds it used (a busy loop's, here).
+    spin = "import time; t = time.process_time()\nwhile time.process_time() - t < 0.2: pass"
+    assert code_env._run([sys.executable, "-c", spin], "python", 60.0, None, None) >= 0.2

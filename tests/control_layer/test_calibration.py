@@ -16,7 +16,7 @@ from control_layer.planner.intervals import DEFAULT_BAND
 from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import ExchangeBasis, PlannedTask, PlanOption, SyncTopology
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.staging import DataStaging, StagedBlob, price_staging
+from control_layer.planner.staging import DataStaging, NodeStaging, StagedBlob, price_staging
 
 AT = datetime(2026, 11, 23, tzinfo=UTC)
 REGION_OF = {"a": "eu", "b": "us", "c": "ap"}
@@ -792,28 +792,44 @@ def test_a_hierarchical_exchange_teaches_no_goodput_and_its_gathers_are_read_as_
     assert sample.seconds == pytest.approx(wait - ex.local_s - ex.bytes / ex.bytes_per_s - ex.latency_s)
 
 
-def test_staging_throughput_is_learned_per_cluster_and_prices_the_next_staging() -> None:
-    option = _option(regions=1)
-    cluster, node = option.tasks[0].cluster, option.tasks[0].node
-    # Two fetched items (8 MB in 2 s) and one from the node's cache, which says nothing of the link.
+def test_staging_figures_are_learned_per_node_from_what_dominated_each_item() -> None:
+    node = "a0"
+    # Priced at 0.1 s per fetch and 4 MB/s: a 2 MB item is mostly bytes, a 4 kB one mostly fixed.
+    probe = NodeStaging(fetch_fixed_s=0.1, bytes_per_s=4e6, venv_s=1.0)
+    staging = DataStaging(code=StagedBlob(bytes=4_000), nodes={node: probe})
+    option = price_staging(_option(), _spec(), _snap(), staging)
+    (read,) = option.estimates.staging.reads
     staged = [
-        {"kind": "code", "bytes": 2_000_000, "seconds": 0.5},
-        {"kind": "data", "bytes": 6_000_000, "seconds": 1.5},
-        {"kind": "data", "bytes": 9_000_000_000, "seconds": 0.01, "cache_hit": True},
+        {"kind": "code", "bytes": 4_000, "seconds": 0.301, "source": "http"},  # fixed 0.3 s
+        {"kind": "data", "bytes": 8_000_000, "seconds": 4.1, "source": "http"},  # 2 MB/s
+        {"kind": "data", "bytes": 400_000, "seconds": 0.3, "source": "http"},  # half each: neither
+        {"kind": "data", "bytes": 9_000_000_000, "seconds": 0.01, "cache_hit": True, "source": "cache"},
+        {"kind": "data", "bytes": 5_000_000, "seconds": 0.05, "source": "file"},  # read in place
+        {"kind": "venv", "seconds": 6.0, "cpu_s": 2.5, "cache_hit": False},
     ]
-    assert cal.observe_staging({"staging": staged}) == pytest.approx(4e6)
-    assert cal.observe_staging({"staging": {"items": staged}}) == pytest.approx(4e6)
-    assert cal.observe_staging({"staging": [{"bytes": 5, "seconds": 0}]}) is None
+    got = cal.observe_staging({"staging": {"items": staged, "seconds": 11.0}}, read)
+    assert got == {
+        cal.STAGING_FIXED: [pytest.approx(0.3)],
+        cal.STAGING: [pytest.approx(2e6)],
+        cal.VENV: [pytest.approx(6.0 / read.share)],  # its wall over the share priced, as a start-up
+    }
+    assert cal.observe_staging({"staging": [{"bytes": 5, "seconds": 0}]}, read) == {}
+    # Unpriced staging: an item's bytes over its seconds, as before there were fixed parts.
+    assert cal.observe_staging({"staging": staged[1:2]}) == {cal.STAGING: [pytest.approx(8e6 / 4.1)]}
     run = cal.FinishedRun(
-        "s", AT, True, option, [cal.TaskRun(node, "eu", "cpu", [], {"staging": staged})], 10.0, 1.0
+        "s", AT, True, option, [cal.TaskRun(node, "eu", "cpu", [], {"staging": {"items": staged}})], 10.0, 1.0
     )
     state, changes = cal.update(cal.State(), run)
-    assert state.factors[(cal.STAGING, cluster)].value == pytest.approx(4e6)
-    assert [(c.kind, c.key) for c in changes if c.kind == cal.STAGING] == [(cal.STAGING, cluster)]
     learned = cal.to_calibration(state)
-    assert learned.staging_bytes_per_s == {cluster: pytest.approx(4e6)}
-    # The planner prices a node of that cluster at the learned rate, not the link's guess.
-    staging = DataStaging(code=StagedBlob(bytes=8_000_000))  # the code archive: every node stages it
-    priced = price_staging(option, _spec(), _snap(), staging, learned)
-    assert priced.estimates.staging_s == pytest.approx(2.0)
-    assert priced.estimates.staging.reads[0].rate_basis == "learned"
+    assert learned.staging_bytes_per_s == {node: pytest.approx(2e6)}
+    assert learned.staging_fixed_s == {node: pytest.approx(0.3)}
+    assert learned.venv_s == {node: pytest.approx(6.0 / read.share)}
+    # Unpriced staging: a venv teaches its CPU seconds.
+    assert cal.observe_staging({"staging": staged[-1:]}) == {cal.VENV: [2.5]}
+    kinds = {(c.kind, c.key) for c in changes}
+    assert {(cal.STAGING, node), (cal.STAGING_FIXED, node), (cal.VENV, node)} <= kinds
+    # The next quote prices the node at what it learned, not at its probe.
+    again = price_staging(_option(), _spec(), _snap(), staging, learned)
+    (read,) = again.estimates.staging.reads
+    assert (read.rate_basis, read.fixed_basis) == ("learned", "learned")
+    assert again.estimates.staging_s == pytest.approx(0.3 + 4_000 / 2e6)

@@ -62,16 +62,18 @@ def test_outputs_only_under_the_tenants_prefix_or_the_allow_list() -> None:
 
 def test_sizes_come_from_the_store_the_head_or_are_unknown() -> None:
     store = BucketStore({("data-bucket", "tokens.bin"): 77})
-    s3 = _resolve(tiny_spec(data={"kind": "tokens", "source": "s3://data-bucket/tokens.bin"}), s3=store)
-    assert s3.source.bytes == 77 and s3.staging("eu-west").source.bytes == 77
+    s3_spec = tiny_spec(data={"kind": "tokens", "source": "s3://data-bucket/tokens.bin"})
+    s3 = _resolve(s3_spec, s3=store)
+    assert s3.source.bytes == 77 and s3.staging(s3_spec, "eu-west").source.bytes == 77
     missing = tiny_spec(data={"kind": "tokens", "source": "s3://data-bucket/nope.bin"})
     assert _field(lambda: _resolve(missing, s3=store)) == "data.source"
     web = _resolve(
         tiny_spec(data={"kind": "tokens", "source": "https://d.example.org/t.bin"}), head=lambda u, t: 5
     )
     assert web.source.bytes == 5
-    local = _resolve(tiny_spec(data={"kind": "tokens", "source": "file:///data/t.bin"}))
-    assert local.source.bytes is None and local.staging(None).source.bytes is None
+    local_spec = tiny_spec(data={"kind": "tokens", "source": "file:///data/t.bin"})
+    local = _resolve(local_spec)
+    assert local.source.bytes is None and local.staging(local_spec, None).source.bytes is None
 
 
 def test_code_needs_an_artifact_store_and_the_tenants_own_upload() -> None:

@@ -1,7 +1,8 @@
 """A user's own job on real parts: ``examples/byo`` packed and uploaded with its three regions'
 shards (each resident), placed over REST on three real agents (sandboxed workers), trained with
 DiLoCo; the model downloaded, loaded into the example's own class and evaluated here to the loss
-the worker reported; then the same job again, which stages nothing."""
+the worker reported; then the same job again, which stages nothing and is quoted so: the agents'
+staging probes priced the first quote, their cache reports the second."""
 
 from __future__ import annotations
 
@@ -49,7 +50,12 @@ def fleet(tmp_path: Path) -> Iterator[tuple[ServerHandle, CpnClient]]:
     )  # fmt: skip
     handle = start_server_in_thread(settings)
     client = CpnClient(handle.http_url, admin_key)
-    specs = [LocalAgent(r, f"{r}-c0", f"p-{r}", 1.0 + i / 10, devices="cpu:1") for i, r in enumerate(REGIONS)]
+    specs = [
+        LocalAgent(
+            r, f"{r}-c0", f"p-{r}", 1.0 + i / 10, devices="cpu:1", measure_profile=False, probe_staging=True
+        )
+        for i, r in enumerate(REGIONS)
+    ]
     procs: list[Any] = []
     try:
         tokens = enroll(client._http, specs, note="byo")
@@ -57,12 +63,26 @@ def fleet(tmp_path: Path) -> Iterator[tuple[ServerHandle, CpnClient]]:
         wait_for_clusters(client._http, len(specs))
         declare_links(client._http, list(REGIONS), latency_ms=0.1)
         wait_links_measured(client._http, list(REGIONS))
+        wait_staging_measured(client)
         yield handle, client
     finally:
         stop_agents(procs)
         client.close()
         handle.stop()
         drop_postgres_database(url)
+
+
+def wait_staging_measured(client: CpnClient, timeout_s: float = 120) -> None:
+    """Until every agent reported its staging probe (it fetches it right after registering)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(n["staging"] for c in client.clusters() for n in c["nodes"]):
+        assert time.monotonic() < deadline, "the agents' staging probes never arrived"
+        time.sleep(0.5)
+
+
+def staging_reads(client: CpnClient, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    option = min(client.quote(spec)["options"], key=lambda o: o["estimates"]["cost"]["total"])
+    return option["estimates"]["staging"]["reads"]
 
 
 def example() -> tuple[Any, Any, Any]:
@@ -114,11 +134,20 @@ def test_users_code_and_resident_shards_train_and_the_model_comes_home(
     spec["code"] = {"digest": code["digest"], "requirements_digest": packed.requirements_digest}
     spec["data"] = {"shards": {r: {"uri": f"artifact:{d}", "resident": True} for r, d in digests.items()}}
 
-    runs = []
+    runs, quoted = [], []
     for _ in range(2):
+        quoted.append(staging_reads(client, spec))
         job = wait(client, client.submit(spec=spec, choice="cheapest")["id"])
         assert job["status"] == "succeeded", job["reason"]
         runs.append(job)
+    # Before any staging, each node is priced at what its agent measured: two fetches and a venv.
+    for read in quoted[0]:
+        assert (read["rate_basis"], read["fixed_basis"], read["venv_basis"]) == ("measured",) * 3
+        assert read["fetches"] == 2 and read["cached"] == [] and read["seconds"] > 0
+    # After it, the nodes' caches hold the code, their shards and the venv: nothing to stage.
+    for read in quoted[1]:
+        assert read["cached"] == ["code", f"data.shards.{read['region']}", "venv"], read
+        assert (read["fetches"], read["bytes"], read["seconds"]) == (0, 0, 0.0)
 
     first, second = runs
     assert {t["region"] for t in first["tasks"]} == set(REGIONS)  # a replica where each shard lives
@@ -129,6 +158,7 @@ def test_users_code_and_resident_shards_train_and_the_model_comes_home(
         data = [i for i in (result.get("staging") or {}).get("items", []) if i["kind"] == "data"]
         assert [i["digest"] for i in data] == [digests[region]], result.get("staging")
     assert staged and not any(i["cache_hit"] for i in staged if i["kind"] == "data")
+    assert all(r["staging"]["seconds"] > 0 for r in per_task.values())  # the whole staging, timed
     again = [i for r in second["result"]["per_task"].values() for i in r["staging"]["items"]]
     assert {i["kind"] for i in again} >= {"code", "data"} and all(i["cache_hit"] for i in again), again
 

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from contracts.errors import QuotaExceeded
 from control_layer.reaper import sweep_artifacts_once
 from orchestration.artifacts import policy, records
+from orchestration.artifacts import probe as store_probe
 from orchestration.artifacts.local import LocalStore
 from orchestration.artifacts.store import BlobInfo, put
 from orchestration.context import ServerContext
@@ -70,6 +71,10 @@ def test_the_sweep_deletes_expired_rows_and_the_blobs_no_row_names(
             session.add(
                 Artifact(tenant_id="t1", digest=stored.digest, bytes=100, kind="data", expires_at=expires)
             )
+    # The store probe's blobs (orchestration.artifacts.probe): no row names them, the sweep keeps them.
+    probe_blobs = store_probe.ensure(store, ctx.settings.link_probe_bytes)
+    for b in probe_blobs:
+        _age(store, b.digest, timedelta(days=40))
     stale = store.tmp / "up-crashed"
     stale.write_bytes(b"half")
     t = (now - timedelta(days=1)).timestamp()
@@ -82,6 +87,7 @@ def test_the_sweep_deletes_expired_rows_and_the_blobs_no_row_names(
         assert records.usage(session, "t1") == 200
     assert left == sorted([kept.digest, shared.digest])
     on_disk = {b.digest for b in store.blobs()}
-    assert on_disk == {kept.digest, shared.digest, young.digest}  # young: an upload may be naming it now
+    # young: an upload may be naming it now
+    assert on_disk == {kept.digest, shared.digest, young.digest, *(b.digest for b in probe_blobs)}
     assert not stale.exists()
     assert sweep_artifacts_once(ctx) == records.Swept(0, 0, 0)  # idempotent

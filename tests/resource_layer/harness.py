@@ -88,7 +88,12 @@ class GrpcServerThread:
 def sqlite_context(tmp_path: Path, **settings: Any) -> ServerContext:
     """A fresh migrated SQLite database and an in-process bus: the embedded deployment."""
     url = migrated_sqlite_url(tmp_path / "cpn.sqlite")
-    values: dict[str, Any] = {"database_url": url, "heartbeat_interval_s": 0.3, "heartbeat_misses": 3}
+    values: dict[str, Any] = {
+        "database_url": url,
+        "data_dir": tmp_path / "data",  # the embedded artifact store's files
+        "heartbeat_interval_s": 0.3,
+        "heartbeat_misses": 3,
+    }
     values.update(settings)
     return ServerContext(Settings(**values), make_session_factory(make_engine(url)), InProcessBus())
 

@@ -74,6 +74,7 @@ def _start_agent(
         "--provider", "lumen", "--devices", "cpu:1", "--price-per-device-hour", "1",
         "--work-dir", str(work), "--reconnect-max-s", "1",
         "--no-measure-profile",  # TLS is under test here; tests/agent/test_profile.py measures
+        "--no-probe-staging",
         *flags,
     ]  # fmt: skip
     with open(work / "agent.log", "ab") as out:

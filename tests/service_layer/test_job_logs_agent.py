@@ -51,7 +51,7 @@ def agent(server: ServerHandle, admin: CpnClient, tmp_path: Path) -> Iterator[su
         sys.executable, "-m", "agent", "--server", server.grpc_target, "--token", token,
         "--region", "eu-west", "--cluster", "paris-1", "--provider", "lumen", "--jurisdiction", "EU",
         "--devices", "cpu:1", "--price-per-device-hour", "1.0", "--sync-ports", "29750-29759",
-        "--work-dir", str(work), "--no-measure-profile",
+        "--work-dir", str(work), "--no-measure-profile", "--no-probe-staging",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     with open(work / "agent.log", "wb") as out:

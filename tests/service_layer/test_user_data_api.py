@@ -148,7 +148,12 @@ def test_good_references_are_quoted_with_staging_and_submitted(
         assert {r["node"] for r in staging["reads"]} == nodes
         for read in staging["reads"]:
             assert read["items"] == ["code", "data.source"] and read["bytes"] == 4096 + DATA_BYTES
-            assert read["seconds"] == pytest.approx(read["bytes"] / read["bytes_per_s"])
+            # No agent measured staging here: two fetches at the default fixed seconds, the link's rate.
+            assert read["fetches"] == 2 and read["fixed_basis"] == "default"
+            fixed = read["fetches"] * read["fetch_fixed_s"]
+            assert read["seconds"] == pytest.approx(
+                fixed + read["bytes"] / read["bytes_per_s"] + read["venv_s"]
+            )
         assert "staging_egress" in est["cost"]
     shards = _user_spec(shards={"eu-west": {"uri": f"artifact:{SHARD}", "resident": True}})
     resident = alice.quote(shards)

@@ -91,9 +91,24 @@ class Node(Base):
     # Whether and how it runs users' code (contracts.registration.SANDBOX_KINDS), as its agent
     # registered: the planner places jobs with an entrypoint only where it may.
     sandbox: Mapped[str] = mapped_column(String(32), default="none", server_default="none")
+    # What staging costs there, as its agent measured it after registering
+    # (contracts.node_staging.StagingProbe.as_dict, with measured_at); None: not reported.
+    staging_probe: Mapped[dict[str, Any] | None] = mapped_column(default=None)
 
     cluster: Mapped[Cluster] = relationship(back_populates="nodes", lazy="raise")
     accelerators: Mapped[list[Accelerator]] = relationship(back_populates="node", lazy="raise")
+
+
+class NodeCacheEntry(Base):
+    """One thing a node's cache holds, as its agent last reported it: a blob by its digest, or a
+    venv by its requirements' digest. Quotes price what a node holds as nothing to stage."""
+
+    __tablename__ = "node_cache"
+    __table_args__ = (Index("ix_node_cache_digest", "digest"),)
+
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)  # blob | venv
+    digest: Mapped[str] = mapped_column(String(71), primary_key=True)  # sha256:<64 hex>
 
 
 class Accelerator(Base):

@@ -133,23 +133,41 @@ class MeasuredStepRate(_message.Message):
     def __init__(self, precision: _Optional[str] = ..., tflops: _Optional[float] = ..., micro_batch_s: _Optional[float] = ..., step_s: _Optional[float] = ..., optimizer_s_per_mparam: _Optional[float] = ..., data_s_per_mtoken: _Optional[float] = ..., checkpoint_s_per_mparam: _Optional[float] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("node_id", "node_token", "cluster_id", "heartbeat_interval_s", "probe_key", "node_certificate_pem")
+    __slots__ = ("node_id", "node_token", "cluster_id", "heartbeat_interval_s", "probe_key", "node_certificate_pem", "store_probe")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     PROBE_KEY_FIELD_NUMBER: _ClassVar[int]
     NODE_CERTIFICATE_PEM_FIELD_NUMBER: _ClassVar[int]
+    STORE_PROBE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_token: str
     cluster_id: str
     heartbeat_interval_s: float
     probe_key: str
     node_certificate_pem: str
-    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cluster_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., probe_key: _Optional[str] = ..., node_certificate_pem: _Optional[str] = ...) -> None: ...
+    store_probe: StoreProbe
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cluster_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., probe_key: _Optional[str] = ..., node_certificate_pem: _Optional[str] = ..., store_probe: _Optional[_Union[StoreProbe, _Mapping]] = ...) -> None: ...
+
+class StoreProbe(_message.Message):
+    __slots__ = ("blobs",)
+    BLOBS_FIELD_NUMBER: _ClassVar[int]
+    blobs: _containers.RepeatedCompositeFieldContainer[StoreProbeBlob]
+    def __init__(self, blobs: _Optional[_Iterable[_Union[StoreProbeBlob, _Mapping]]] = ...) -> None: ...
+
+class StoreProbeBlob(_message.Message):
+    __slots__ = ("url", "digest", "bytes")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    digest: str
+    bytes: int
+    def __init__(self, url: _Optional[str] = ..., digest: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log", "probe_result", "checkpoint_copy_result")
+    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log", "probe_result", "checkpoint_copy_result", "staging_probe", "cache")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +176,8 @@ class AgentMessage(_message.Message):
     LOG_FIELD_NUMBER: _ClassVar[int]
     PROBE_RESULT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_COPY_RESULT_FIELD_NUMBER: _ClassVar[int]
+    STAGING_PROBE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     inventory: Inventory
@@ -166,7 +186,31 @@ class AgentMessage(_message.Message):
     log: TaskLog
     probe_result: LinkProbeResult
     checkpoint_copy_result: CheckpointCopyResult
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ..., probe_result: _Optional[_Union[LinkProbeResult, _Mapping]] = ..., checkpoint_copy_result: _Optional[_Union[CheckpointCopyResult, _Mapping]] = ...) -> None: ...
+    staging_probe: StagingProbeResult
+    cache: CacheReport
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ..., probe_result: _Optional[_Union[LinkProbeResult, _Mapping]] = ..., checkpoint_copy_result: _Optional[_Union[CheckpointCopyResult, _Mapping]] = ..., staging_probe: _Optional[_Union[StagingProbeResult, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ...) -> None: ...
+
+class StagingProbeResult(_message.Message):
+    __slots__ = ("fetch_fixed_s", "bytes_per_s", "probe_bytes", "venv_s", "error")
+    FETCH_FIXED_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PROBE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VENV_S_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    fetch_fixed_s: float
+    bytes_per_s: float
+    probe_bytes: int
+    venv_s: float
+    error: str
+    def __init__(self, fetch_fixed_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., probe_bytes: _Optional[int] = ..., venv_s: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+
+class CacheReport(_message.Message):
+    __slots__ = ("blobs", "venvs")
+    BLOBS_FIELD_NUMBER: _ClassVar[int]
+    VENVS_FIELD_NUMBER: _ClassVar[int]
+    blobs: _containers.RepeatedScalarFieldContainer[str]
+    venvs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, blobs: _Optional[_Iterable[str]] = ..., venvs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_id", "node_token", "running_assignments")
