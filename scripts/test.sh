@@ -25,6 +25,10 @@ if ! command -v bwrap >/dev/null 2>&1; then
   echo "installing Debian's bubblewrap for the sandbox tests" >&2
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
 fi
+if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+  echo "installing Debian's slurm-wlm and munge for the Slurm backend tests" >&2
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+fi
 pg_isready -q -h 127.0.0.1 -p 5432 || pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
 redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 || redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 \
   --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log

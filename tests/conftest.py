@@ -71,6 +71,7 @@ SERIAL_PATHS = (
     "tests/benchmarks/test_link_probe.py",
     "tests/benchmarks/test_netlab.py",
     "tests/resource_layer/test_tls.py",
+    "tests/slurm/",
     "tests/service_layer/test_job_logs_agent.py",
     "tests/training/test_lost_notices.py",
     "tests/training/test_outputs.py",
