@@ -922,6 +922,8 @@ class Agent:
 
     # -- state ----------------------------------------------------------------------------------
     def _remember_worker(self, run: WorkerRun) -> None:
+        if run.pgid is None:  # not a process of this node (a scheduler's job)
+            return
         self._state.workers[run.assignment.assignment_id] = {"pgid": run.pgid, "dir": str(run.run_dir)}
         self._save_state()
         self._cache_duty.poke()  # its staging is done: the cache may hold more now

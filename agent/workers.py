@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from agent import staging, uploads
 from agent.checkpoint_transfer import has_checkpoint, run_copy
 from agent.fetch import Cancelled
+from agent.launchers import READ_LIMIT, Launched, Launcher, LocalLauncher, TaskShape
 from agent.output import (
     ERROR_PREFIX,
     LineBudget,
@@ -48,7 +49,7 @@ from agent.tls import http_verify
 from contracts.artifacts import CHECKPOINT_OUTPUT
 from contracts.checkpoint_transfer import CheckpointTicket, CheckpointTls
 from contracts.errors import InvalidArgument
-from contracts.lifetime import keeper_command, kill_tree
+from contracts.lifetime import kill_tree
 from contracts.lost_notices import LostNotice, append_notice
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
 from contracts.worker_config import LOOPBACK, NodeGroupSpec, StageSpec
@@ -58,7 +59,7 @@ log = logging.getLogger(__name__)
 
 COMMAND_KEY = "command"  # worker_config key naming an argv to run instead of torchrun (tests only)
 MAX_LINE = 4000
-READ_LIMIT = 1 << 20
+DEFAULT_TIME_LIMIT_S = 24 * 3600.0  # a scheduler's time limit for a task whose config names none
 KEEPER_SLACK_S = 5.0  # past the kill grace: a keeper still there then has failed to end its tree
 ENDED_MARK = "ended"  # touched in the run dir when the assignment ends here
 AGENT_FILES = ("worker.log", "worker_config.json", ENDED_MARK)  # the agent's own files in a run dir
@@ -258,8 +259,10 @@ class WorkerRun:
         send: Callable[[agent_pb2.AgentMessage], None],
         on_spawn: Callable[[WorkerRun], None] = lambda run: None,
         sandbox: bool = False,
+        launcher: Launcher | None = None,
     ) -> None:
         self.assignment = assignment
+        self._launcher: Launcher = launcher or LocalLauncher()
         self.run_dir = run_dir
         self._settings = settings
         self._device_kind = device_kind
@@ -268,7 +271,7 @@ class WorkerRun:
         self.pgid: int | None = None
         self.current: agent_pb2.AgentMessage = _status(assignment, agent_pb2.TASK_STATE_STARTING)
         self.finished_at: float | None = None  # monotonic
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: Launched | None = None
         self._stop: tuple[int, str] | None = None  # (final state, reason) once asked to stop
         self._preempt: str | None = None  # the reason, once asked to checkpoint and stop
         self._metrics = MetricsTracker(total_steps=assignment.total_steps)
@@ -355,26 +358,17 @@ class WorkerRun:
                 )
             if self._stop is not None:
                 return self._finish(self._stop[0], self._stop[1], 0)
-            kept, fds = keeper_command(cmd, grace_s=self._settings.kill_grace_s)
             self._spawned_at = time.monotonic()
-            self._proc = await asyncio.create_subprocess_exec(
-                *kept,
-                cwd=self.run_dir,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=fds,
-                start_new_session=True,
-                limit=READ_LIMIT,
+            self._proc = await self._launcher.launch(
+                cmd, cwd=self.run_dir, env=env, grace_s=self._settings.kill_grace_s, shape=self._shape()
             )
         except (InvalidArgument, OSError) as exc:
             message = exc.message if isinstance(exc, InvalidArgument) else f"could not launch workers: {exc}"
             return self._finish(FAILED, message, 0)
-        self.pgid = self._proc.pid
+        self.pgid = self._proc.pgid
         self._on_spawn(self)
-        log.info("assignment %s: started pid %d: %s", a.assignment_id, self.pgid, " ".join(cmd))
-        self._report(agent_pb2.TASK_STATE_RUNNING, f"pid {self.pgid}")
+        log.info("assignment %s: started %s: %s", a.assignment_id, self._proc.label, " ".join(cmd))
+        await self._await_start(self._proc)
         with open(self.run_dir / "worker.log", "a", buffering=1) as logfile:
             pumps = [
                 asyncio.create_task(self._pump(self._proc.stdout, "stdout", logfile)),
@@ -397,6 +391,8 @@ class WorkerRun:
         self.flush_metrics(force=True)
         if self._stop is not None:
             state, message = self._stop
+        elif self._proc.end_cause is not None:  # the scheduler ended it, not the workers
+            state, message = FAILED, self._proc.end_cause
         elif code == 0 and self._preempt is not None and (self._result or {}).get("preempted"):
             step = (self._result or {}).get("checkpoint_step")
             where = f"checkpoint of step {step}" if step else "no checkpoint"
@@ -409,6 +405,29 @@ class WorkerRun:
             state, message = FAILED, f"workers exited with code {code}{suffix}: {why}".rstrip(": ")
         state, message = await self._upload(state, message, config)
         self._finish(state, message, code)
+
+    def _shape(self) -> TaskShape:
+        a = self.assignment
+        limit = a.worker_config.get("time_limit_s")
+        return TaskShape(
+            name=a.assignment_id,
+            nproc=a.nproc,
+            gpus=len(a.device_indices) if self._device_kind == "cuda" else 0,
+            time_limit_s=float(limit)
+            if isinstance(limit, int | float) and limit > 0
+            else DEFAULT_TIME_LIMIT_S,
+        )
+
+    async def _await_start(self, proc: Launched) -> None:
+        """Report RUNNING once the workers run: at once on this node; under a scheduler, once it
+        starts the job (until then the task stays STARTING, queued). Training time, and the
+        worker's start-up figures, count from there."""
+        if self._launcher.name != "local":
+            self._report(agent_pb2.TASK_STATE_STARTING, f"queued as {proc.label}")
+            if not await proc.started():
+                return
+            self._spawned_at = time.monotonic()
+        self._report(agent_pb2.TASK_STATE_RUNNING, proc.label)
 
     def _http_verify(self) -> ssl.SSLContext | bool:
         return http_verify(self._settings.tls_ca_file)
@@ -628,16 +647,17 @@ class WorkerRun:
         proc = self._proc
         if proc is None or proc.returncode is not None:
             return
-        _signal_group(proc.pid, signal.SIGTERM)
+        proc.terminate()
         try:
             await asyncio.wait_for(asyncio.shield(proc.wait()), self._settings.kill_grace_s + KEEPER_SLACK_S)
         except TimeoutError:
             log.warning(
-                "assignment %s: keeper still running %.0fs after SIGTERM; SIGKILL to its tree",
+                "assignment %s: %s still running %.0fs after SIGTERM; killing it",
                 self.assignment.assignment_id,
+                proc.label,
                 self._settings.kill_grace_s + KEEPER_SLACK_S,
             )
-            kill_tree(proc.pid)
+            proc.kill()
 
     async def _pump(self, stream: asyncio.StreamReader | None, name: str, logfile: Any) -> None:
         assert stream is not None

@@ -1,0 +1,210 @@
+"""The ``slurm`` backend: each cpn task is one Slurm batch job.
+
+The agent runs on a login or service node and never starts workers itself: ``sbatch`` submits
+the worker command with the task's processes, CPUs or GPUs (GRES) and time limit, in the
+provider's partition and account. Slurm starts it when the cluster's own users leave room; until
+then the task stays STARTING. The job writes its output to files in the task's run directory
+(which must be on a filesystem the compute nodes share with the agent); the agent follows them,
+asks ``squeue`` whether the job still lives and, once it has left the queue, ``scontrol show job``
+(or ``sacct``) how it ended. ``scancel`` stops it: SIGTERM, then SIGKILL after Slurm's ``KillWait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import shlex
+from pathlib import Path
+
+from agent.launchers import READ_LIMIT, Launched, TaskShape
+from agent.slurm_cli import LIVE_STATES, LOST_STATES, JobEnd, SlurmError, job_end, job_state, slurm
+
+log = logging.getLogger(__name__)
+
+SCRIPT = "slurm_job.sh"
+STDOUT, STDERR = "slurm_stdout.log", "slurm_stderr.log"
+RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"})
+
+
+def sbatch_args(shape: TaskShape, *, cwd: Path, partition: str, account: str) -> list[str]:
+    """``sbatch`` options for one task on one node: a process per device (or CPU slot)."""
+    minutes = max(1, math.ceil(shape.time_limit_s / 60))
+    args = [
+        "--parsable",
+        f"--job-name=cpn-{shape.name}",
+        f"--chdir={cwd}",
+        f"--output={cwd / STDOUT}",
+        f"--error={cwd / STDERR}",
+        "--open-mode=append",
+        "--nodes=1",
+        "--ntasks=1",  # torchrun is the one task: it starts the ranks itself
+        f"--time={minutes}",
+        "--export=ALL",  # the worker environment the agent prepared (sbatch runs with it)
+    ]
+    if shape.gpus:
+        args.append(f"--gres=gpu:{shape.gpus}")
+    else:
+        args.append(f"--cpus-per-task={shape.nproc}")
+    if partition:
+        args.append(f"--partition={partition}")
+    if account:
+        args.append(f"--account={account}")
+    return args
+
+
+def end_of(job_id: str, end: JobEnd | None, cancelled_here: bool) -> tuple[int, str | None, bool]:
+    """(exit code, why the scheduler ended it or None, whether the task was lost rather than
+    failed) for a job that ended as ``end`` says."""
+    if end is None:
+        return 1, f"Slurm no longer knows job {job_id} (not in squeue, scontrol or sacct)", True
+    code = end.exit_code or (128 + end.signal if end.signal else 0)
+    if end.state == "COMPLETED":
+        return code, None, False
+    code = code or 1
+    if end.state == "OUT_OF_MEMORY":
+        return code, f"out of memory: Slurm killed job {job_id} at its memory limit", False
+    if end.state in LOST_STATES:
+        return code, f"Slurm ended job {job_id} as {end.state}", True
+    if end.state == "CANCELLED" and not cancelled_here:
+        return code, f"Slurm job {job_id} was cancelled outside cpn (scancel)", True
+    if end.state == "FAILED":
+        return code, None, False  # the workers' own failure: their error says why
+    return code, f"Slurm ended job {job_id} as {end.state}", False
+
+
+class SlurmJob:
+    """One submitted job, followed until it has left Slurm's queue."""
+
+    pgid: int | None = None
+
+    def __init__(self, job_id: str, cwd: Path, poll_s: float) -> None:
+        self.job_id = job_id
+        self.label = f"slurm job {job_id}"
+        self.stdout = asyncio.StreamReader(limit=READ_LIMIT)
+        self.stderr = asyncio.StreamReader(limit=READ_LIMIT)
+        self.end_cause: str | None = None
+        self.lost = False
+        self.state = "PENDING"
+        self._cwd = cwd
+        self._poll_s = poll_s
+        self._offsets = {STDOUT: 0, STDERR: 0}
+        self._returncode: int | None = None
+        self._running = asyncio.Event()
+        self._done = asyncio.Event()
+        self._cancelled_here = False
+        self._orders: set[asyncio.Task[None]] = set()
+        self._follow = asyncio.create_task(self._follow_job())
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    async def started(self) -> bool:
+        await asyncio.wait(
+            [asyncio.create_task(self._running.wait()), asyncio.create_task(self._done.wait())],
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        return self._running.is_set()
+
+    async def wait(self) -> int:
+        await self._done.wait()
+        assert self._returncode is not None
+        return self._returncode
+
+    def terminate(self) -> None:
+        self._cancelled_here = True
+        self._order("scancel", self.job_id)
+
+    def kill(self) -> None:
+        self._cancelled_here = True
+        self._order("scancel", "--signal=KILL", "--full", self.job_id)
+
+    def _order(self, *argv: str) -> None:
+        async def send() -> None:
+            try:
+                await slurm(*argv)
+            except SlurmError as exc:
+                log.warning("%s: %s", self.label, exc)
+
+        task = asyncio.create_task(send())
+        self._orders.add(task)
+        task.add_done_callback(self._orders.discard)
+
+    def _read_new(self) -> None:
+        """Feed what the job has written since the last look to the two streams."""
+        for name, stream in ((STDOUT, self.stdout), (STDERR, self.stderr)):
+            try:
+                with open(self._cwd / name, "rb") as f:
+                    f.seek(self._offsets[name])
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            self._offsets[name] += len(data)
+            if data:
+                stream.feed_data(data)
+
+    async def _follow_job(self) -> None:
+        try:
+            while True:
+                try:
+                    state = await job_state(self.job_id)
+                except SlurmError as exc:  # the controller is away for a moment: ask again
+                    log.warning("%s: %s", self.label, exc)
+                    state = self.state
+                self._read_new()
+                if state is not None and state in RUNNING_STATES:
+                    self._running.set()
+                if state is None or state not in LIVE_STATES:
+                    break
+                self.state = state
+                await asyncio.sleep(self._poll_s)
+            end = await job_end(self.job_id)
+            self.state = end.state if end is not None else "UNKNOWN"
+            code, self.end_cause, self.lost = end_of(self.job_id, end, self._cancelled_here)
+            self._read_new()
+            if end is not None and (end.state != "CANCELLED" or any(self._offsets.values())):
+                self._running.set()  # it ran, between two looks: it was not withdrawn from the queue
+            self._returncode = code
+        finally:
+            for stream in (self.stdout, self.stderr):
+                stream.feed_eof()
+            if self._returncode is None:
+                self._returncode = 1
+            self._done.set()
+
+
+class SlurmLauncher:
+    """Submits each task as a batch job in ``partition`` under ``account`` ('' : Slurm's default)."""
+
+    name = "slurm"
+
+    def __init__(self, *, partition: str = "", account: str = "", poll_s: float = 1.0) -> None:
+        self.partition, self.account, self.poll_s = partition, account, poll_s
+
+    async def launch(
+        self, cmd: list[str], *, cwd: Path, env: dict[str, str], grace_s: float, shape: TaskShape
+    ) -> Launched:
+        script = cwd / SCRIPT
+        # exec: the batch step is the worker command itself, so Slurm's signals reach it.
+        script.write_text(f"#!/bin/sh\nexec {shlex.join(cmd)}\n")
+        script.chmod(0o755)
+        argv = ["sbatch", *sbatch_args(shape, cwd=cwd, partition=self.partition, account=self.account)]
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            str(script),
+            cwd=cwd,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise OSError(f"sbatch refused the task: {err.decode(errors='replace').strip()}")
+        job_id = out.decode().strip().split(";")[0]  # "ID" or "ID;CLUSTER"
+        log.info("task %s: submitted as Slurm job %s", shape.name, job_id)
+        with contextlib.suppress(OSError):
+            (cwd / "slurm_job_id").write_text(job_id)
+        return SlurmJob(job_id, cwd, self.poll_s)
