@@ -19,6 +19,8 @@ from agent.daemon import Agent
 from agent.settings import AgentSettings
 from contracts.lifetime import die_with_parent
 
+SLURM_KEYS = ("partition", "account", "poll_s", "gpu_memory_gb", "gpu_tflops")  # --slurm KEY=VALUE
+
 
 def run_agent(settings: AgentSettings) -> int:
     """Run the agent until SIGTERM/SIGINT; returns the process exit code (0 clean, 2 fatal)."""
@@ -34,6 +36,15 @@ def settings_from_options(options: Mapping[str, Any]) -> AgentSettings:
     values["reconnect_min_s"] = min(0.5, values["reconnect_max_s"])
     values["cache_max_bytes"] = int(values.pop("cache_max_gb") * 1e9)
     values["pip_args"] = tuple(values.pop("pip_arg"))
+    for item in values.pop("slurm", []):
+        key, sep, value = item.partition("=")
+        if not sep or key not in SLURM_KEYS:
+            typer.echo(
+                f"cpn agent: --slurm: expected KEY=VALUE, KEY one of {', '.join(SLURM_KEYS)}; got {item!r}",
+                err=True,
+            )
+            raise typer.Exit(2)
+        values[f"slurm_{key}"] = value
     try:
         return AgentSettings(**values)
     except ValidationError as exc:
@@ -146,6 +157,18 @@ def agent_command(
     ),
     task_tmp_gb: float = typer.Option(
         4.0, "--task-tmp-gb", help="GiB of a sandboxed task's private /tmp and of its /dev/shm (memory)"
+    ),
+    backend: str = typer.Option(
+        "local",
+        "--backend",
+        help="'local': run tasks on this node (torchrun); 'slurm': represent this node's Slurm cluster"
+        " and submit each task as a batch job (sbatch)",
+    ),
+    slurm: list[str] = typer.Option(
+        [],
+        "--slurm",
+        help="With --backend slurm: KEY=VALUE, repeatable; keys partition, account, poll_s (how often"
+        " a job's state is read), gpu_memory_gb and gpu_tflops (the cluster's GPUs, declared)",
     ),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:

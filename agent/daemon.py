@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 
 from agent import cleanup, contention, staging_probe
+from agent.backends import find_devices, make_launcher
 from agent.checkpoint_transfer import (
     JobCredentials,
     build_checkpoint_server,
@@ -39,7 +40,6 @@ from agent.checkpoint_transfer import (
     ticket_from_proto,
     tls_from_proto,
 )
-from agent.devices import detect_devices
 from agent.duties import Duty, run_duty
 from agent.fetch import Cancelled
 from agent.outbox import Outbox
@@ -140,6 +140,7 @@ class Agent:
     def __init__(self, settings: AgentSettings, devices: list[DeviceReport] | None = None) -> None:
         self.settings = settings
         self.devices = devices
+        self._launcher = make_launcher(settings)  # where tasks run: this node, or its cluster's Slurm
         self.profile: NodeProfile | None = None
         self._contention = contention.Contention()
         self._own_exited_at = -math.inf  # monotonic: when the last forgotten run's workers exited
@@ -243,7 +244,7 @@ class Agent:
             return 0
         if self.devices is None:
             try:
-                self.devices = await asyncio.to_thread(detect_devices, s.devices)
+                self.devices = await find_devices(s)
             except Exception as exc:
                 log.error("device detection failed: %s", exc)
                 return 2
@@ -690,6 +691,7 @@ class Agent:
             send=self._outbox.put,
             on_spawn=self._remember_worker,
             sandbox=sandbox,
+            launcher=self._launcher,
         )
         self._runs[aid] = run
         task = asyncio.create_task(self._supervise(run))

@@ -162,6 +162,18 @@ class AgentSettings(BaseModel):
     task_tmp_gb: float = Field(
         4.0, gt=0, le=1024, description="GiB each of a sandboxed task's private /tmp and /dev/shm may hold"
     )
+    backend: Literal["local", "slurm"] = Field(
+        "local", description="where tasks run: this node (torchrun) or its cluster's Slurm (sbatch)"
+    )
+    slurm_partition: str = Field(
+        "", max_length=200, description="Slurm partition for cpn's jobs ('': default)"
+    )
+    slurm_account: str = Field(
+        "", max_length=200, description="Slurm account charged ('': the user's default)"
+    )
+    slurm_poll_s: float = Field(1.0, gt=0, le=300, description="how often a Slurm job's state is read")
+    slurm_gpu_memory_gb: float = Field(80.0, gt=0, le=4096, description="declared memory of a Slurm GPU")
+    slurm_gpu_tflops: float = Field(100.0, gt=0, le=1e6, description="declared dense TFLOPS of a Slurm GPU")
     disk_check_interval_s: float = Field(
         2.0, gt=0, le=3600, description="how often a sandboxed task's disk use is checked"
     )

@@ -76,7 +76,7 @@ JobCompType=jobcomp/filetxt
 JobCompLoc={root}/jobcomp.txt
 MinJobAge=600
 KillWait=5
-NodeName=localhost NodeAddr=127.0.0.1 CPUs={NODE_CPUS} State=UNKNOWN
+NodeName=localhost NodeAddr=127.0.0.1 CPUs={NODE_CPUS} RealMemory={NODE_CPUS * 1024} State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 """
 

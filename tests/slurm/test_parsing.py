@@ -1,0 +1,42 @@
+"""Reading Slurm's parsable output: ``scontrol -o`` records, GRES strings, job ends."""
+
+from __future__ import annotations
+
+from agent.slurm import end_of
+from agent.slurm_cli import JobEnd, job_end_from_sacct, parse_record
+from agent.slurm_nodes import free_devices, gres_gpus, node_from_record
+
+GPU_NODE = (
+    "NodeName=gpu01 Arch=x86_64 CoresPerSocket=16 CPUAlloc=8 CPUTot=64 CPULoad=1.00 "
+    "Gres=gpu:a100:4(S:0-1) GresUsed=gpu:a100:1(IDX:0) NodeAddr=gpu01 RealMemory=512000 "
+    "State=MIXED+DRAIN Reason=bad fan [root@2026-11-29T10:00:00]"
+)
+
+
+def test_records_keep_values_with_spaces_and_gres_counts_gpus() -> None:
+    record = parse_record(GPU_NODE)
+    assert record["Reason"] == "bad fan [root@2026-11-29T10:00:00]" and record["CPUTot"] == "64"
+    assert gres_gpus("gpu:a100:4(S:0-1)") == ("a100", 4)
+    assert gres_gpus("gpu:2,shard:8") == ("", 2) and gres_gpus("(null)") == ("", 0)
+    node = node_from_record(record)
+    assert (node.gpus, node.gpus_used, node.gpu_model) == (4, 1, "a100")
+    assert not node.usable and node.free_gpus == 0  # draining: it takes no new job
+
+
+def test_free_devices_are_the_free_gpus_of_nodes_taking_jobs() -> None:
+    up = node_from_record(parse_record(GPU_NODE.replace("State=MIXED+DRAIN", "State=MIXED")))
+    devices = free_devices([up], cpu_tflops=0.1, gpu_memory_gb=80.0, gpu_tflops=300.0)
+    assert [(d.index, d.kind, d.model) for d in devices] == [(i, "cuda", "a100") for i in range(3)]
+
+
+def test_slurm_ends_map_to_a_reason_and_whether_the_task_was_lost() -> None:
+    assert end_of("7", JobEnd("COMPLETED", 0, 0), False) == (0, None, False)
+    assert end_of("7", JobEnd("FAILED", 3, 0), False) == (3, None, False)
+    assert end_of("7", JobEnd("PREEMPTED", 0, 15), False) == (143, "Slurm ended job 7 as PREEMPTED", True)
+    assert end_of("7", JobEnd("TIMEOUT", 0, 0), False)[1:] == ("Slurm ended job 7 as TIMEOUT", True)
+    assert end_of("7", JobEnd("NODE_FAIL", 0, 0), False)[2] is True
+    oom = end_of("7", JobEnd("OUT_OF_MEMORY", 0, 9), False)
+    assert oom[1] == "out of memory: Slurm killed job 7 at its memory limit" and oom[2] is False
+    assert end_of("7", JobEnd("CANCELLED", 0, 15), True)[1:] == ("Slurm ended job 7 as CANCELLED", False)
+    assert end_of("7", JobEnd("CANCELLED", 0, 15), False)[2] is True
+    assert job_end_from_sacct("CANCELLED by 0|0:15") == JobEnd("CANCELLED", 0, 15)
