@@ -59,3 +59,23 @@ def test_an_invalid_setting_is_named_and_exits_2(monkeypatch: pytest.MonkeyPatch
     code, settings, output = _settings(monkeypatch, "--price-per-device-hour", "1", "--devices", "gpu:2")
     assert code == 2 and settings is None
     assert "cpn agent: devices:" in output
+
+
+def test_the_slurm_backend_takes_its_settings_as_key_value_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, settings, output = _settings(
+        monkeypatch,
+        "--price-per-device-hour", "1",
+        "--backend", "slurm",
+        "--slurm", "partition=gpu", "--slurm", "account=proj42", "--slurm", "poll_s=0.5",
+        "--slurm", "gpu_memory_gb=40", "--slurm", "gpu_tflops=150",
+    )  # fmt: skip
+    assert code == 0, output
+    assert settings is not None and settings.backend == "slurm"
+    assert (settings.slurm_partition, settings.slurm_account, settings.slurm_poll_s) == ("gpu", "proj42", 0.5)
+    assert (settings.slurm_gpu_memory_gb, settings.slurm_gpu_tflops) == (40.0, 150.0)
+    _, default, _ = _settings(monkeypatch, "--price-per-device-hour", "1")
+    assert default is not None and default.backend == "local"
+    code, settings, output = _settings(monkeypatch, "--price-per-device-hour", "1", "--slurm", "queue=gpu")
+    assert code == 2 and settings is None and "--slurm: expected KEY=VALUE" in output
+    code, settings, output = _settings(monkeypatch, "--price-per-device-hour", "1", "--backend", "k8s")
+    assert code == 2 and settings is None and "cpn agent: backend:" in output

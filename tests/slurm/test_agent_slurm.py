@@ -1,6 +1,7 @@
 """``cpn agent --backend slurm`` as a process against a real control plane and a real Slurm: it
 registers the cluster's free CPUs as its devices, runs a dispatched task as a batch job to
-success with its metrics and result back, and sees its job cancelled outside cpn."""
+success with its metrics and result back (a stand-in worker, and torchrun over the training
+worker), sees its job cancelled outside cpn, and waits behind another user's job."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from orchestration.db.models import Accelerator
+from control_layer.dispatch import assignment_message
+from orchestration.db.models import Accelerator, Task
 from resource_layer.liveness import node_alive_key
 from tests.agent.conftest import REPO, AgentProcess, Launcher, Plane, close_plane, make_plane, node_of
 from tests.agent.test_agent_process import FINISHING, dispatch, task_row, wait_status
-from tests.resource_layer.harness import wait_for
+from tests.resource_layer.harness import add_task, wait_for
 from tests.slurm.cluster import NODE_CPUS, SlurmCluster
 
 HOLDING = """
@@ -75,3 +77,54 @@ def test_a_task_whose_job_is_cancelled_outside_cpn_fails_with_the_reason(
     task = wait_status(plane, task_id, "failed", "cancelled", "succeeded", timeout=60)
     assert task.status == "failed"
     assert task.message == f"Slurm job {job} was cancelled outside cpn (scancel)", task_row(plane, task_id)
+
+
+def test_the_normal_path_runs_torchrun_over_the_training_worker_in_the_job(
+    slurm: SlurmCluster, slurm_agent: tuple[Plane, AgentProcess]
+) -> None:
+    """No command override: the batch job is ``torchrun -m training.worker`` on a tiny GPT."""
+    plane, agent = slurm_agent
+    node = node_of(plane)
+    cfg = {"job_id": "j", "region": "eu-west", "cluster": "paris-1", "device": "cpu",
+           "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab": 16, "seq_len": 8},
+           "training": {"steps": 4, "local_batch": 2}}  # fmt: skip
+    _, task_id = add_task(
+        plane.ctx.session_factory, node.id, node.cluster_id, "eu-west", cfg, device_indices=[0]
+    )
+    with plane.ctx.session_factory() as s:
+        task = s.get(Task, task_id)
+        assert task is not None
+        plane.ctx.bus.publish(f"node.{node.id}", assignment_message(task))
+    task = wait_status(plane, task_id, "succeeded", "failed", timeout=180)
+    assert task.status == "succeeded", task.message
+    assert task.result is not None and task.result["steps"] == 4
+    assert task.last_metrics is not None and task.last_metrics["step"] == 4
+    script = (agent.work_dir / "assignments" / task_id / "slurm_job.sh").read_text()
+    assert "torch.distributed.run --standalone --nproc-per-node 1 -m training.worker" in script
+
+
+def test_another_users_job_keeps_the_task_starting_until_it_ends(
+    slurm: SlurmCluster, slurm_agent: tuple[Plane, AgentProcess]
+) -> None:
+    """cpn waits behind a job it did not submit, and never touches it."""
+    plane, agent = slurm_agent
+    node = node_of(plane)
+    other = slurm.run(
+        "sbatch", "--parsable", "--output=/dev/null", f"--cpus-per-task={NODE_CPUS}", "--wrap=sleep 600"
+    ).strip()
+    task_id = dispatch(plane, node, FINISHING)
+    job_file = agent.work_dir / "assignments" / task_id / "slurm_job_id"
+    wait_for(job_file.exists, what="the Slurm job id")
+    job = job_file.read_text().strip()
+    wait_for(
+        lambda: "Reason=Resources" in slurm.run("scontrol", "show", "job", "-o", job),
+        what="cpn's job to wait for resources",
+    )
+    wait_for(
+        lambda: task_row(plane, task_id).message == f"queued as slurm job {job}", what="the queued status"
+    )
+    assert task_row(plane, task_id).status == "starting"
+    assert "JobState=RUNNING" in slurm.run("scontrol", "show", "job", "-o", other)
+    slurm.run("scancel", other)  # its owner ends it
+    task = wait_status(plane, task_id, "succeeded", "failed", timeout=120)
+    assert task.status == "succeeded", task.message
