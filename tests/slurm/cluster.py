@@ -172,6 +172,20 @@ class SlurmCluster:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         self.procs.clear()
+        self._end_job_leftovers()
+
+    def _end_job_leftovers(self) -> None:
+        """SIGKILL any process a job of this cluster left (``proctrack/linuxproc`` follows parent
+        links, so a child whose parent died first escapes it): every process whose environment
+        names this cluster's configuration, which Slurm passes to each job it runs."""
+        mark = f"SLURM_CONF={self.env.get('SLURM_CONF', '')}".encode()
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            pid = int(environ.parent.name)
+            if pid == os.getpid():
+                continue
+            with contextlib.suppress(OSError):
+                if mark in environ.read_bytes().split(b"\0"):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager

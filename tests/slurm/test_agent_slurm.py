@@ -110,7 +110,7 @@ def test_another_users_job_keeps_the_task_starting_until_it_ends(
     plane, agent = slurm_agent
     node = node_of(plane)
     other = slurm.run(
-        "sbatch", "--parsable", "--output=/dev/null", f"--cpus-per-task={NODE_CPUS}", "--wrap=sleep 600"
+        "sbatch", "--parsable", "--output=/dev/null", f"--cpus-per-task={NODE_CPUS}", "--wrap=exec sleep 600"
     ).strip()
     task_id = dispatch(plane, node, FINISHING)
     job_file = agent.work_dir / "assignments" / task_id / "slurm_job_id"

@@ -111,7 +111,7 @@ def test_another_users_job_keeps_the_task_queued(slurm_env: SlurmCluster, tmp_pa
     """Every CPU held by a job cpn did not submit: cpn's task waits in Slurm's queue (STARTING),
     runs once that job ends, and the other job runs undisturbed until its owner ends it."""
     other = slurm_env.run(
-        "sbatch", "--parsable", "--output=/dev/null", f"--cpus-per-task={NODE_CPUS}", "--wrap=sleep 600"
+        "sbatch", "--parsable", "--output=/dev/null", f"--cpus-per-task={NODE_CPUS}", "--wrap=exec sleep 600"
     ).strip()
     sent: list[agent_pb2.AgentMessage] = []
     run = _run(tmp_path, "done", 2, sent)
@@ -133,7 +133,7 @@ def test_another_users_job_keeps_the_task_queued(slurm_env: SlurmCluster, tmp_pa
 
 def test_a_cancel_while_queued_withdraws_the_job(slurm_env: SlurmCluster, tmp_path: Path) -> None:
     other = slurm_env.run(
-        "sbatch", "--parsable", "--output=/dev/null", f"--cpus-per-task={NODE_CPUS}", "--wrap=sleep 600"
+        "sbatch", "--parsable", "--output=/dev/null", f"--cpus-per-task={NODE_CPUS}", "--wrap=exec sleep 600"
     ).strip()
     sent: list[agent_pb2.AgentMessage] = []
     run = _run(tmp_path, "done", 2, sent)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -20,11 +22,22 @@ def test_runs_a_batch_job(slurm: SlurmCluster, tmp_path: Path) -> None:
     assert out.read_text().strip() == "hello from slurm"
 
 
-def test_stop_leaves_no_daemon() -> None:
+def test_stop_leaves_no_daemon_and_no_job_process() -> None:
+    """Stopped with a job running whose script has a child of its own: nothing is left."""
     if (reason := missing_reason()) is not None:
         pytest.skip(reason)
     with running_slurm() as cluster:
         procs = list(cluster.procs)
+        job = cluster.run("sbatch", "--parsable", "--output=/dev/null", "--wrap=sleep 600 & wait").strip()
+        while "JobState=RUNNING" not in cluster.run("scontrol", "show", "job", "-o", job):
+            time.sleep(0.1)
+        mark = f"SLURM_CONF={cluster.env['SLURM_CONF']}".encode()
     assert all(p.poll() is not None for p in procs)
     for p in procs:
         assert not Path(f"/proc/{p.pid}").exists()
+    left = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if int(environ.parent.name) != os.getpid() and mark in environ.read_bytes().split(b"\0"):
+                left.append(environ.parent.name)
+    assert left == []
