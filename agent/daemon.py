@@ -47,6 +47,7 @@ from agent.probe import build_probe_server, run_probe
 from agent.profile import another_measuring, measure_profile, one_reference_at_a_time
 from agent.sandbox import SandboxProbe, needs_sandbox, probe_sandbox
 from agent.settings import AgentSettings
+from agent.slurm import cancel_leftover_job
 from agent.state import AgentState, Credentials
 from agent.tls import certificate_request, channel_credentials, load_or_create_key, read_pem
 from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
@@ -924,9 +925,7 @@ class Agent:
 
     # -- state ----------------------------------------------------------------------------------
     def _remember_worker(self, run: WorkerRun) -> None:
-        if run.pgid is None:  # not a process of this node (a scheduler's job)
-            return
-        self._state.workers[run.assignment.assignment_id] = {"pgid": run.pgid, "dir": str(run.run_dir)}
+        self._state.workers[run.assignment.assignment_id] = {**run.record, "dir": str(run.run_dir)}
         self._save_state()
         self._cache_duty.poke()  # its staging is done: the cache may hold more now
 
@@ -938,7 +937,13 @@ class Agent:
         (to be reported failed: their output went with the process that read it)."""
         ids = list(self._state.workers)
         for aid, info in self._state.workers.items():
-            if stop_leftover(int(info.get("pgid", 0)), str(info.get("dir", "")), self.settings.kill_grace_s):
+            if "slurm_job" in info:
+                stopped = cancel_leftover_job(str(info["slurm_job"]), aid)
+            else:
+                stopped = stop_leftover(
+                    int(info.get("pgid", 0)), str(info.get("dir", "")), self.settings.kill_grace_s
+                )
+            if stopped:
                 log.warning("stopped assignment %s left running by a previous agent process", aid)
         self._state.workers.clear()
         self._save_state()

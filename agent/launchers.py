@@ -35,7 +35,8 @@ class Launched(Protocol):
     """One launched task's workers."""
 
     label: str  # how logs and status messages name it: "pid 123", "slurm job 45"
-    pgid: int | None  # a local process group the agent's state file remembers; None elsewhere
+    pgid: int | None  # its local process group; None elsewhere
+    record: dict[str, str | int]  # what the agent's state file keeps, to stop it after a crash
     stdout: asyncio.StreamReader
     stderr: asyncio.StreamReader
     end_cause: str | None  # set once ended where the scheduler (not the workers) ended the task
@@ -77,6 +78,7 @@ class LocalProcess:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self._proc = proc
         self.pgid: int | None = proc.pid
+        self.record: dict[str, str | int] = {"pgid": proc.pid}
         self.label = f"pid {proc.pid}"
         assert proc.stdout is not None and proc.stderr is not None
         self.stdout, self.stderr = proc.stdout, proc.stderr

@@ -16,10 +16,20 @@ import contextlib
 import logging
 import math
 import shlex
+import subprocess
 from pathlib import Path
 
 from agent.launchers import READ_LIMIT, Launched, TaskShape
-from agent.slurm_cli import LIVE_STATES, LOST_STATES, JobEnd, SlurmError, job_end, job_state, slurm
+from agent.slurm_cli import (
+    CLI_TIMEOUT_S,
+    LIVE_STATES,
+    LOST_STATES,
+    JobEnd,
+    SlurmError,
+    job_end,
+    job_state,
+    slurm,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +92,7 @@ class SlurmJob:
     def __init__(self, job_id: str, cwd: Path, poll_s: float) -> None:
         self.job_id = job_id
         self.label = f"slurm job {job_id}"
+        self.record: dict[str, str | int] = {"slurm_job": job_id}
         self.stdout = asyncio.StreamReader(limit=READ_LIMIT)
         self.stderr = asyncio.StreamReader(limit=READ_LIMIT)
         self.end_cause: str | None = None
@@ -102,10 +113,11 @@ class SlurmJob:
         return self._returncode
 
     async def started(self) -> bool:
-        await asyncio.wait(
-            [asyncio.create_task(self._running.wait()), asyncio.create_task(self._done.wait())],
-            return_when=asyncio.FIRST_COMPLETED,
-        )
+        waits = [asyncio.create_task(self._running.wait()), asyncio.create_task(self._done.wait())]
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         return self._running.is_set()
 
     async def wait(self) -> int:
@@ -173,6 +185,23 @@ class SlurmJob:
             if self._returncode is None:
                 self._returncode = 1
             self._done.set()
+
+
+def cancel_leftover_job(job_id: str, assignment_id: str) -> bool:
+    """``scancel`` a job a previous agent process submitted and left queued or running (one
+    killed itself, say), if Slurm still holds it under the name cpn gave it: an id Slurm has
+    since given another user's job is never cancelled."""
+    try:
+        name = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%j"], capture_output=True, text=True, timeout=CLI_TIMEOUT_S
+        ).stdout.strip()
+        if name != f"cpn-{assignment_id}":
+            return False
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=CLI_TIMEOUT_S, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("could not cancel Slurm job %s left by a previous agent: %s", job_id, exc)
+        return False
+    return True
 
 
 class SlurmLauncher:

@@ -269,6 +269,7 @@ class WorkerRun:
         self._send = send
         self._on_spawn = on_spawn
         self.pgid: int | None = None
+        self.record: dict[str, str | int] = {}  # how the state file names its workers, once launched
         self.current: agent_pb2.AgentMessage = _status(assignment, agent_pb2.TASK_STATE_STARTING)
         self.finished_at: float | None = None  # monotonic
         self._proc: Launched | None = None
@@ -365,7 +366,7 @@ class WorkerRun:
         except (InvalidArgument, OSError) as exc:
             message = exc.message if isinstance(exc, InvalidArgument) else f"could not launch workers: {exc}"
             return self._finish(FAILED, message, 0)
-        self.pgid = self._proc.pgid
+        self.pgid, self.record = self._proc.pgid, self._proc.record
         self._on_spawn(self)
         log.info("assignment %s: started %s: %s", a.assignment_id, self._proc.label, " ".join(cmd))
         await self._await_start(self._proc)

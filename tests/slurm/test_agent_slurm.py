@@ -128,3 +128,31 @@ def test_another_users_job_keeps_the_task_starting_until_it_ends(
     slurm.run("scancel", other)  # its owner ends it
     task = wait_status(plane, task_id, "succeeded", "failed", timeout=120)
     assert task.status == "succeeded", task.message
+
+
+def test_a_restarted_agent_cancels_the_job_its_killed_predecessor_left(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """An agent killed outright cannot cancel its jobs; the next one on its work dir does (from
+    the state file), and reports the task failed."""
+    plane = make_plane(tmp_path)
+    start = Launcher(plane, tmp_path)
+    env = slurm.env | {"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        first = start(env=env, backend="slurm")
+        node = node_of(plane)
+        task_id = dispatch(plane, node, HOLDING)
+        wait_status(plane, task_id, "running", timeout=120)
+        job = (first.work_dir / "assignments" / task_id / "slurm_job_id").read_text().strip()
+        first.kill()  # SIGKILL: its Slurm job, not a process of its group, runs on
+        assert "JobState=RUNNING" in slurm.run("scontrol", "show", "job", "-o", job)
+        start(env=env, backend="slurm", token="")
+        task = wait_status(plane, task_id, "failed", timeout=60)
+        assert "agent restarted" in task.message
+        wait_for(
+            lambda: "JobState=CANCELLED" in slurm.run("scontrol", "show", "job", "-o", job),
+            what="the left job to be cancelled",
+        )
+    finally:
+        start.stop_all()
+        close_plane(plane)
