@@ -159,10 +159,7 @@ def agent_command(
         4.0, "--task-tmp-gb", help="GiB of a sandboxed task's private /tmp and of its /dev/shm (memory)"
     ),
     backend: str = typer.Option(
-        "local",
-        "--backend",
-        help="'local': run tasks on this node (torchrun); 'slurm': represent this node's Slurm cluster"
-        " and submit each task as a batch job (sbatch)",
+        "local", "--backend", help="Tasks run on: local (this node), slurm (its cluster)"
     ),
     slurm: list[str] = typer.Option(
         [],
