@@ -25,6 +25,7 @@
     python benchmarks/control_plane.py            # full run (about 6 minutes)
     python benchmarks/control_plane.py --quick    # shorter load phases, one job per chaos phase
     python benchmarks/control_plane.py --only-stranded   # phase 4 alone (about a minute)
+    python benchmarks/control_plane.py --busy 2   # every phase beside 2 CPU-bound loops
 
 Prints a table and a final JSON line. Needs PostgreSQL and Redis (CPN_BENCH_POSTGRES_URL,
 CPN_BENCH_REDIS_URL; local defaults).
@@ -641,7 +642,28 @@ def main() -> None:
     ap.add_argument("--no-chaos", action="store_true")
     ap.add_argument("--no-stranded", action="store_true")
     ap.add_argument("--only-stranded", action="store_true", help="phase 4 alone")
+    ap.add_argument(
+        "--busy", type=int, default=0, help="CPU-bound loops beside the benchmark for its whole run"
+    )
     args = ap.parse_args()
+    if not 0 <= args.busy <= 64:
+        ap.error("--busy: 0 to 64 loops")
+    busy = start_busy_loops(args.busy)
+    try:
+        run(args)
+    finally:
+        for loop in busy:
+            loop.kill()
+            loop.wait()
+
+
+def start_busy_loops(n: int) -> list[subprocess.Popen[bytes]]:
+    """Other tenants' work: ``n`` CPU-bound loops, each ending with this process however it ends."""
+    code = "from contracts.lifetime import die_with_parent; die_with_parent()\nwhile True: pass"
+    return [subprocess.Popen([sys.executable, "-c", code], env=tied_env()) for _ in range(n)]
+
+
+def run(args: argparse.Namespace) -> None:
     seconds = 5.0 if args.quick else 15.0
     rows: list[tuple[str, str, str]] = []
     final: dict[str, Any] = {}
@@ -656,6 +678,8 @@ def main() -> None:
             rows.append(("stranded processes", str(st["stranded_processes"]), "0"))
             final["stranded_processes"] = st["stranded_processes"]
     rows.append(("load average (1 min)", f"{os.getloadavg()[0]:.1f}", f"{os.cpu_count()} cores"))
+    rows.append(("busy loops beside it", str(args.busy), "--busy"))
+    final["busy_loops"] = args.busy
     print(f"\n{'figure':<26}{'measured':>12}{'target':>14}")
     for name, value, target in rows:
         print(f"{name:<26}{value:>12}{target:>14}")
