@@ -12,6 +12,7 @@ from contracts.errors import InvalidArgument
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.cross_cluster import node_clusters, pipe_shares, pipeline_links
+from control_layer.planner.group_rings import StageRing, group_dp_comm_s, group_rings
 from control_layer.planner.host_shares import shares_of
 from control_layer.planner.links import intra_bytes_per_s
 from control_layer.planner.placement import Placement
@@ -213,6 +214,9 @@ class ReplicaFigures:
     stage_links: cm.PipelineLinks | None  # a replica across nodes: its boundaries
     write_fixed_s: float  # a checkpoint write's fixed part at the host share
     host_collective: tuple[float, float, float] | None
+    # A group whose stage rings cross nodes (``group_rings``): per stage its slowest hop, None
+    # where it stays on a node; None where every ring of the group stays on a node.
+    dp_rings: tuple[StageRing | None, ...] | None = None
 
     def key(self) -> tuple[object, ...]:
         slots = [s for _, s in self.replica.devices]
@@ -230,6 +234,7 @@ class ReplicaFigures:
             self.stage_links,
             self.write_fixed_s,
             self.host_collective,
+            self.dp_rings,
         )
 
 
@@ -248,6 +253,7 @@ def replica_figures(
     spanning = [rep.boundaries for rep in replicas if rep.boundaries]
     cluster_of = node_clusters(snapshot) if spanning else {}
     cluster_pipes = pipe_shares(spanning, cluster_of)
+    rings = group_rings(placement, replicas, group_size)
     for rep in replicas:
         r = group_size[rep.participant]
         on = rep.all_nodes
@@ -271,7 +277,7 @@ def replica_figures(
         )
         # A checkpoint write's fixed part at the host share, its bytes at the measured rate.
         write_fixed = max(cm.checkpoint_fixed_seconds(n, calibration) for n in on) * basis.share
-        yield ReplicaFigures(rep, basis, r, stage_links, write_fixed, collective)
+        yield ReplicaFigures(rep, basis, r, stage_links, write_fixed, collective, rings.get(rep.participant))
 
 
 def _local_step(
@@ -281,6 +287,10 @@ def _local_step(
     rate, share = figures.basis.rate, figures.basis.share
     step_pace = pace(figures.replica, figures.basis, precision, placement.calibration)
     parts = replica_time(placement, n_micro, r, step_pace, figures.stage_links)
+    if figures.dp_rings is not None:
+        # The group's stage rings cross nodes: each at its slowest port (``group_rings``).
+        fabric = (figures.basis.fabric_bw, figures.basis.fabric_lat)
+        parts = replace(parts, dp_comm=group_dp_comm_s(placement, r, figures.dp_rings, fabric))
     if rate is None:
         return LocalStep(parts, 0.0, 0.0, default_write_s)
     if figures.host_collective is not None:
