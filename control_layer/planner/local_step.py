@@ -17,7 +17,14 @@ from control_layer.planner.host_shares import shares_of
 from control_layer.planner.links import intra_bytes_per_s
 from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import Calibration
-from control_layer.planner.replicas import Participant, Replica, group_sizes, replicas_of, spec_at_precision
+from control_layer.planner.replicas import (
+    Participant,
+    Replica,
+    device_slots,
+    group_sizes,
+    replicas_of,
+    spec_at_precision,
+)
 from control_layer.planner.snapshot import ClusterInfo, NodeInfo, StepRateInfo
 
 
@@ -181,6 +188,12 @@ class ReplicaWalk:
         parts = replica_time(self.placement, self.n_micro, self.group_size, self.pace, links)
         return float(parts.pp_comm)
 
+    def floor_s(self) -> float:
+        """The replica's step from its compute to its stage transfers (``cm.replica_time``'s
+        total) were the transfers free: no order of its stages walks faster."""
+        parts = replica_time(self.placement, self.n_micro, self.group_size, self.pace, None)
+        return float(parts.total - parts.pp_comm)
+
 
 def replica_walks(placement: Placement) -> list[ReplicaWalk]:
     """Per dp rank of the placement's tasks, what ``estimate_planned`` prices its local step
@@ -200,6 +213,25 @@ def replica_walks(placement: Placement) -> list[ReplicaWalk]:
         walk_pace = pace(rep, basis, precision, placement.calibration)
         out.append(ReplicaWalk(rep.rank, placement, n_micro, group_size[rep.participant], walk_pace))
     return out
+
+
+def composition_walk(
+    placement: Placement, slots: Sequence[tuple[str, str, int]], shares: dict[str, float]
+) -> ReplicaWalk:
+    """What one replica on these slots (cluster, node, device; in (stage, tp rank) order) would
+    be priced from as a torchrun group of its own: its rate, host share (``shares``, 1 where a
+    node has none) and fabric. ``placement`` gives the spec, at the precision the slots run,
+    and the degrees; its tasks are not read."""
+    snapshot, calibration = placement.snapshot, placement.calibration
+    precision = placement.spec.training.precision
+    clusters, nodes = snapshot.clusters_by_id(), snapshot.nodes_by_id()
+    index = device_slots(snapshot)
+    devices = [(clusters[c], index[(c, n)][d]) for c, n, d in slots]
+    on = tuple(dict.fromkeys(n for _, n, _ in slots))
+    rep = Replica(0, devices, (slots[0][0], on[0], devices[0][1].model), on if len(on) > 1 else ())
+    basis = step_basis(rep, clusters, nodes, shares, precision, calibration)
+    n_micro = n_micro_batches(placement.spec, placement.dp)
+    return ReplicaWalk(0, placement, n_micro, 1, pace(rep, basis, precision, calibration))
 
 
 @dataclass(frozen=True)

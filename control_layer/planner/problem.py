@@ -28,6 +28,7 @@ from control_layer.planner import cost_model as cm
 from control_layer.planner.candidates import Degrees
 from control_layer.planner.fleet import Pool
 from control_layer.planner.links import Links, intra_bytes_per_s, port_bytes_per_s
+from control_layer.planner.listing import natural
 from control_layer.planner.local_step import n_micro_batches
 from control_layer.planner.plan_types import Calibration
 from control_layer.planner.runtime_pricing import (
@@ -190,12 +191,13 @@ def _classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> _Classes:
     groups: dict[tuple, list[Pool]] = defaultdict(list)
     for p in pools:
         groups[p.class_key].append(p)
-    classes = [
-        PoolClass(tuple(sorted(g, key=_member_order(g))))
-        for _, g in sorted(
-            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[1][0].cluster.id, kv[1][0].nodes[0][0])
-        )
-    ]
+
+    # Classes by their lowest cluster id and its lowest node id (numbers in ids compared as
+    # numbers): never by the order the fleet happens to list its nodes in.
+    def first(g: list[Pool]) -> tuple:
+        return (g[0].region, g[0].model, min((p.cluster.id, natural(p.nodes[0][0])) for p in g))
+
+    classes = [PoolClass(tuple(sorted(g, key=_member_order(g)))) for g in sorted(groups.values(), key=first)]
     firsts = [c.first for c in classes]
     got = _Classes(
         pools=tuple(pools),
