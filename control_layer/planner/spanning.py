@@ -283,15 +283,16 @@ def _wanted_degrees(
             key=lambda d: (d.tp * d.pp, d.dp, d.tp, d.zero),
         )
 
-    if not competing:
-        return wider_than(widest)[:MAX_DEGREES]
     out: list[Degrees] = []
-    if spans_clusters(pools, snapshot):
+    if not competing:
+        out = wider_than(widest)[:MAX_DEGREES]
+    elif spans_clusters(pools, snapshot):
         declared = min(len(ix) for p in pools for n, ix in p.nodes if n in reachable)
         out = wider_than(declared)[:COMPETING_DEGREES]
     if behind_own_ports(pools):
         # Per replica shape, the most replicas that fit (the fewest stages per device), smallest
-        # shapes first: a replica larger than the narrowest node joins nodes of the cluster.
+        # shapes first: a replica larger than the narrowest node joins nodes of the cluster
+        # (also where the search found nothing: a layout it could not place may span nodes).
         most: dict[tuple[int, int], Degrees] = {}
         for d in wider_than(min(len(ix) for p in pools for _, ix in p.nodes)):
             most[(d.tp, d.pp)] = d  # ascending dp within a shape: the last is the largest

@@ -174,3 +174,14 @@ def test_the_reference_fleet_plans_alike_whatever_order_it_lists_its_nodes_in() 
         assert all(sum(n.startswith("q") for n in r) == 1 and len(r) == 5 for r in replicas.values())
         assert best.grouping is not None and best.grouping.exact and best.grouping.gap == 0.0
     assert max(steps.values()) == pytest.approx(min(steps.values()), rel=1e-9)
+
+
+def test_a_pinned_layout_whose_replica_fits_one_node_may_span_nodes_behind_their_own_ports() -> None:
+    """dp 16 × pp 4 on the reference fleet: eight replicas fit the instances, the other eight
+    only across single GPUs; the search alone places eight, so spanning places all sixteen."""
+    pinned = REFERENCE_JOB.model_copy(
+        update={"parallelism": REFERENCE_JOB.parallelism.model_copy(update={"dp": 16, "pp": 4})}
+    )
+    best = plan(pinned, _reference("quads-first"))[0]
+    assert (best.dp, best.pp) == (16, 4)
+    assert best.grouping is not None and best.grouping.exact
