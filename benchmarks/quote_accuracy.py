@@ -1,6 +1,6 @@
 """Do quotes come true? Estimated vs actual time and cost on a real local fleet, before and after calibration.
 
-    python benchmarks/quote_accuracy.py [--steps-scale 1.0] [--job-timeout 150]
+    python benchmarks/quote_accuracy.py [--steps-scale 1.0] [--job-timeout 150] [--busy 0]
 
 Starts a control plane (SQLite, in-process bus) and the three `cpn demo` agents (three regions,
 two CPU slots each, declared links), waits for the link probes that registration orders (every
@@ -9,7 +9,10 @@ sync modes sync / diloco / gossip, different step counts. The first six are all 
 on a fresh control plane, so they are priced with nothing but what the agents measured at
 registration; each of the last six is quoted just before it runs, with the calibration the
 finished jobs before it produced. Per job: estimate, actual (the billed span and the ledger) and
-relative error, for time and cost. Prints a table, then one final JSON line.
+relative error, for time and cost. Prints a table, then one final JSON line with the host's speed
+(``_host.host_loop_s``, measured before the fleet starts). ``--busy N``: N CPU-bound loops run
+beside the fleet from before the agents register until the last job ends, as other tenants' work on
+a shared host: the agents' measurements, the calibration and the quotes all meet it.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
 
 import httpx  # noqa: E402
+from _host import busy_loops, host_loop_s  # noqa: E402
 
 from contracts.states import JOB_TERMINAL  # noqa: E402
 from control_layer.calibration import quantile  # noqa: E402
@@ -156,7 +161,16 @@ def main() -> None:
     ap.add_argument("--steps-scale", type=float, default=1.0, help="Multiply every job's steps")
     ap.add_argument("--job-timeout", type=float, default=150.0)
     ap.add_argument("--records", type=Path, help="Write every job's estimate-vs-actual record (JSON) here")
+    ap.add_argument("--busy", type=int, default=0, help="CPU-bound loops beside the fleet for the whole run")
     args = ap.parse_args()
+    loop_s = host_loop_s()
+    with busy_loops(args.busy):
+        rows = _run_jobs(args)
+    _report(rows, args.busy, loop_s)
+
+
+def _run_jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The control plane, the agents and the twelve jobs; per job its row."""
 
     from service_layer.server import start_server_in_thread
 
@@ -203,7 +217,14 @@ def main() -> None:
     finally:
         stop_agents(agents)
         handle.stop()
+    print("calibration:", json.dumps(table["calibration"]))
+    if args.records:
+        args.records.write_text(json.dumps({"jobs": records, "calibration": table, "links": links}, indent=1))
 
+    return rows
+
+
+def _report(rows: list[dict[str, Any]], busy: int, loop_s: float) -> None:
     header = f"{'#':>2} {'phase':<10} {'size':<4} {'reg':>3} {'mode':<6} {'steps':>5} {'status':<9} "
     header += f"{'est s':>8} {'act s':>8} {'t err':>7} {'est $':>9} {'act $':>9} {'$ err':>7}"
     print(header)
@@ -214,9 +235,6 @@ def main() -> None:
             f"{_fmt(r['time_err'], '+7.2f')} {_fmt(r['est_cost'], '9.6f')} {_fmt(r['actual_cost'], '9.6f')} "
             f"{_fmt(r['cost_err'], '+7.2f')}"
         )
-    print("calibration:", json.dumps(table["calibration"]))
-    if args.records:
-        args.records.write_text(json.dumps({"jobs": records, "calibration": table, "links": links}, indent=1))
     first_rows = [r for r in rows if r["phase"] == "first"]
     cal_rows = [r for r in rows if r["phase"] == "calibrated"]
 
@@ -237,6 +255,8 @@ def main() -> None:
                 "calibrated_cost_err_p90": stat(cal_rows, "cost_err", 0.9),
                 "jobs": len(rows),
                 "succeeded": sum(r["status"] == "succeeded" for r in rows),
+                "busy_loops": busy,
+                "host_loop_s": round(loop_s, 3),
             }
         )
     )

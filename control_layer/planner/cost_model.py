@@ -869,6 +869,15 @@ def dp_comm_s(spec: JobSpec, tp: int, pp: int, zero: int, replicas_on_node, intr
     return volume * (2.0 * (r - 1) / r * grad_bytes / bw + 2.0 * (r - 1) * lat)
 
 
+def grad_ring_s(replicas: int, grad_bytes: float, bw: float, lat: float, zero: int) -> float:
+    """``dp_comm_s`` of one ring of ``replicas`` devices moving ``grad_bytes`` over a hop of
+    ``bw`` bytes/s and ``lat`` seconds (a scalar: one stage's ring of a group across nodes)."""
+    if replicas <= 1:
+        return 0.0
+    volume = 1.5 if zero == 3 else 1.0
+    return volume * (2.0 * (replicas - 1) / replicas * grad_bytes / bw + 2.0 * (replicas - 1) * lat)
+
+
 # DDP's buckets at its defaults (torch.nn.parallel.DistributedDataParallel): the first holds
 # 1 MiB of gradients, each later one 25 MiB; each bucket is one all-reduce.
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from contracts.errors import InvalidArgument
+from contracts.feasibility import STAGE_SYNC_MODES
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.cross_cluster import wan_messages
@@ -23,6 +24,7 @@ from control_layer.planner.host_shares import shares_of
 from control_layer.planner.intervals import basis, interval
 from control_layer.planner.links import Links
 from control_layer.planner.local_step import LocalStep, local_steps, n_micro_batches
+from control_layer.planner.node_groups import node_groups
 from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import (
     Calibration,
@@ -106,6 +108,13 @@ class _Resolved:
     shares: dict[str, float]
     launch_shares: dict[str, float]
     links: Links
+    known_groups: list[list[str]] | None = None  # ``node_groups`` of the tasks, where already read
+
+    @cached_property
+    def groups(self) -> list[list[str]]:
+        """The tasks' torchrun groups' nodes (``node_groups``), read once per estimate."""
+        known = self.known_groups
+        return node_groups(self.placement.tasks) if known is None else known
 
     @cached_property
     def node_ids(self) -> list[str]:
@@ -131,8 +140,10 @@ def _check_batch_split(spec: JobSpec, dp: int) -> None:
 def _resolved(placement: Placement, replicas: list[Replica] | None) -> _Resolved:
     _check_batch_split(placement.spec, placement.dp)
     snapshot, tasks = placement.snapshot, placement.tasks
+    groups = None
     if replicas is None:
-        replicas = replicas_of(snapshot, tasks, placement.dp, placement.tp, placement.pp)
+        groups = node_groups(tasks)
+        replicas = replicas_of(snapshot, tasks, placement.dp, placement.tp, placement.pp, groups)
     spec, precision = spec_at_precision(placement.spec, replicas)
     group_size = group_sizes(replicas)
     shares = shares_of(snapshot, tasks, replicas)
@@ -141,7 +152,9 @@ def _resolved(placement: Placement, replicas: list[Replica] | None) -> _Resolved
     links = Links(
         snapshot, placement.calibration, max(shares.get(leader, 1.0) for _, leader, _ in group_size)
     )
-    return _Resolved(placement.with_spec(spec), precision, replicas, group_size, shares, launch_shares, links)
+    return _Resolved(
+        placement.with_spec(spec), precision, replicas, group_size, shares, launch_shares, links, groups
+    )
 
 
 def _estimate(
@@ -162,7 +175,13 @@ def _estimate(
     steps, peak_bytes = local_steps(
         plan.placement, plan.replicas, plan.group_size, plan.shares, plan.precision, default_write_s
     )
-    exchange = exchange_cost(plan.placement, list(plan.group_size), plan.shares, plan.links)
+    # Only a pipeline across nodes in a dense mode may sync per stage: only then are its groups read.
+    spans = (
+        plan.placement.pp > 1 and spec.sync.mode in STAGE_SYNC_MODES and any(r.nodes for r in plan.replicas)
+    )
+    exchange = exchange_cost(
+        plan.placement, list(plan.group_size), plan.shares, plan.links, plan.groups if spans else None, spans
+    )
     beside_s = _beside_steps_s(exchange)
     if derive:
         spec, runtime = _planned_runtime(plan, steps, exchange, beside_s, auto)

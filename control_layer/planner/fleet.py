@@ -37,6 +37,16 @@ class Pool:
     # Per node: start-up and teardown per idle core as measured at registration (None: not
     # measured); derived here once, as pools are kept across quotes.
     measured_fixed: tuple[tuple[str, float | None, float | None], ...] = ()
+    # Its node's port into the cluster fabric (``ClusterInfo.port``: Gb/s, one-way ms), where its
+    # node declared its own; None: the cluster's figures. Exchanges between nodes cross it.
+    port: tuple[float, float] | None = None
+
+    @property
+    def port_figures(self) -> tuple[float, float]:
+        """(Gb/s, one-way ms) of a device's port into the fabric on this pool's node."""
+        if self.port is not None:
+            return self.port
+        return self.cluster.intra_bandwidth_gbps, self.cluster.intra_latency_ms
 
     def __post_init__(self) -> None:
         counts = tuple(len(ix) for _, ix in self.nodes)
@@ -62,6 +72,7 @@ class Pool:
             c.intra_bandwidth_gbps,
             c.intra_latency_ms,
             tuple(sorted(self.free_per_node, reverse=True)),
+            self.port_figures,
         )
 
 
@@ -142,7 +153,9 @@ def _fleet_pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
 def _repriced(p: Pool, price: float) -> Pool:
     # As dataclasses.replace, without its per-field introspection (thousands of pools per fleet).
     fixed = p.measured_fixed
-    return Pool(p.cluster, p.model, p.nodes, p.tflops, p.memory_gb, price, p.kind, measured_fixed=fixed)
+    return Pool(
+        p.cluster, p.model, p.nodes, p.tflops, p.memory_gb, price, p.kind, measured_fixed=fixed, port=p.port
+    )
 
 
 def _cluster_pools(cluster: ClusterInfo, spot: bool) -> list[Pool]:
@@ -158,13 +171,25 @@ def _cluster_pools(cluster: ClusterInfo, spot: bool) -> list[Pool]:
             continue
         models = {(d.model, d.kind) for d in free}
         fixed = (_measured_fixed(node),)  # not a walk over the cluster's nodes per pool
+        declared = node.fabric_bandwidth_gbps is not None or node.fabric_latency_ms is not None
+        port = cluster.port(node) if declared else None
         for m in sorted(models):
             mine = free if len(models) == 1 else [d for d in free if (d.model, d.kind) == m]
             ix = tuple(sorted([d.index for d in mine]))
             tflops = min([d.tflops for d in mine])
             memory = min([d.memory_gb for d in mine])
             out.append(
-                Pool(cluster, m[0], ((node.id, ix),), tflops, memory, price, m[1], measured_fixed=fixed)
+                Pool(
+                    cluster,
+                    m[0],
+                    ((node.id, ix),),
+                    tflops,
+                    memory,
+                    price,
+                    m[1],
+                    measured_fixed=fixed,
+                    port=port,
+                )
             )
     return out
 

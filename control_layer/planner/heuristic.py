@@ -168,13 +168,13 @@ def _in_region_hops(
     misfits = np.zeros(n_rows * n_reg, dtype=bool)
     misfits[cell[members > f.cls_first_cluster[units]]] = True
     alone = ((least == most) & ~misfits).reshape(n_rows, n_reg)
-    # Where a region's units all lie in one cluster they share its fabric: a class carries its
-    # first cluster's bandwidth and hop latency, so one read per cluster index gives them.
-    by_cid = np.zeros((2, int(f.cls_first_cid.max()) + 1 if len(f.cls_first_cid) else 1))
-    by_cid[0, f.cls_first_cid] = f.cls_intra_bw
-    by_cid[1, f.cls_first_cid] = f.cls_hop_lat
-    cid = np.where(alone, least.reshape(n_rows, n_reg), 0)
-    fit_bw, fit_lat = by_cid[0, cid], by_cid[1, cid]
+    # Where a region's units all lie in one cluster they meet over its fabric, each node through
+    # its own port: the slowest of the units' ports and their highest hop latency.
+    fit_bw = np.full(n_rows * n_reg, np.inf)
+    fit_lat = np.zeros(n_rows * n_reg)
+    np.minimum.at(fit_bw, cell, f.cls_port_bw[units])
+    np.maximum.at(fit_lat, cell, f.cls_hop_lat[units])
+    fit_bw, fit_lat = fit_bw.reshape(n_rows, n_reg), fit_lat.reshape(n_rows, n_reg)
     many = (members >= 2) & (f.cls_first_cluster[units] >= 2)
     if np.unique(f.cls_first_cid).size < f.cls_first_cid.size:  # some classes share a first cluster
         pair = cell * (int(f.cls_first_cid.max()) + 1) + cids
@@ -182,7 +182,7 @@ def _in_region_hops(
         many |= seen[at.reshape(-1)] >= 2
     many_bw = np.full(n_rows * n_reg, np.inf)
     many_lat = np.zeros(n_rows * n_reg)
-    np.minimum.at(many_bw, cell[many], f.cls_intra_bw[units[many]])
+    np.minimum.at(many_bw, cell[many], f.cls_port_bw[units[many]])
     np.maximum.at(many_lat, cell[many], f.cls_hop_lat[units[many]])
     span_bw = np.minimum(f.local_bw[regs][None, :], many_bw.reshape(n_rows, n_reg))
     span_lat = np.maximum(f.local_lat[regs][None, :], many_lat.reshape(n_rows, n_reg))

@@ -12,11 +12,19 @@ from contracts.errors import InvalidArgument
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.cross_cluster import node_clusters, pipe_shares, pipeline_links
+from control_layer.planner.group_rings import StageRing, group_dp_comm_s, group_rings
 from control_layer.planner.host_shares import shares_of
 from control_layer.planner.links import intra_bytes_per_s
 from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import Calibration
-from control_layer.planner.replicas import Participant, Replica, group_sizes, replicas_of, spec_at_precision
+from control_layer.planner.replicas import (
+    Participant,
+    Replica,
+    device_slots,
+    group_sizes,
+    replicas_of,
+    spec_at_precision,
+)
 from control_layer.planner.snapshot import ClusterInfo, NodeInfo, StepRateInfo
 
 
@@ -180,6 +188,12 @@ class ReplicaWalk:
         parts = replica_time(self.placement, self.n_micro, self.group_size, self.pace, links)
         return float(parts.pp_comm)
 
+    def floor_s(self) -> float:
+        """The replica's step from its compute to its stage transfers (``cm.replica_time``'s
+        total) were the transfers free: no order of its stages walks faster."""
+        parts = replica_time(self.placement, self.n_micro, self.group_size, self.pace, None)
+        return float(parts.total - parts.pp_comm)
+
 
 def replica_walks(placement: Placement) -> list[ReplicaWalk]:
     """Per dp rank of the placement's tasks, what ``estimate_planned`` prices its local step
@@ -201,6 +215,25 @@ def replica_walks(placement: Placement) -> list[ReplicaWalk]:
     return out
 
 
+def composition_walk(
+    placement: Placement, slots: Sequence[tuple[str, str, int]], shares: dict[str, float]
+) -> ReplicaWalk:
+    """What one replica on these slots (cluster, node, device; in (stage, tp rank) order) would
+    be priced from as a torchrun group of its own: its rate, host share (``shares``, 1 where a
+    node has none) and fabric. ``placement`` gives the spec, at the precision the slots run,
+    and the degrees; its tasks are not read."""
+    snapshot, calibration = placement.snapshot, placement.calibration
+    precision = placement.spec.training.precision
+    clusters, nodes = snapshot.clusters_by_id(), snapshot.nodes_by_id()
+    index = device_slots(snapshot)
+    devices = [(clusters[c], index[(c, n)][d]) for c, n, d in slots]
+    on = tuple(dict.fromkeys(n for _, n, _ in slots))
+    rep = Replica(0, devices, (slots[0][0], on[0], devices[0][1].model), on if len(on) > 1 else ())
+    basis = step_basis(rep, clusters, nodes, shares, precision, calibration)
+    n_micro = n_micro_batches(placement.spec, placement.dp)
+    return ReplicaWalk(0, placement, n_micro, 1, pace(rep, basis, precision, calibration))
+
+
 @dataclass(frozen=True)
 class ReplicaFigures:
     """Everything one replica's local step is priced from. Only the slowest local step counts, so
@@ -213,6 +246,9 @@ class ReplicaFigures:
     stage_links: cm.PipelineLinks | None  # a replica across nodes: its boundaries
     write_fixed_s: float  # a checkpoint write's fixed part at the host share
     host_collective: tuple[float, float, float] | None
+    # A group whose stage rings cross nodes (``group_rings``): per stage its slowest hop, None
+    # where it stays on a node; None where every ring of the group stays on a node.
+    dp_rings: tuple[StageRing | None, ...] | None = None
 
     def key(self) -> tuple[object, ...]:
         slots = [s for _, s in self.replica.devices]
@@ -230,6 +266,7 @@ class ReplicaFigures:
             self.stage_links,
             self.write_fixed_s,
             self.host_collective,
+            self.dp_rings,
         )
 
 
@@ -248,6 +285,7 @@ def replica_figures(
     spanning = [rep.boundaries for rep in replicas if rep.boundaries]
     cluster_of = node_clusters(snapshot) if spanning else {}
     cluster_pipes = pipe_shares(spanning, cluster_of)
+    rings = group_rings(placement, replicas, group_size)
     for rep in replicas:
         r = group_size[rep.participant]
         on = rep.all_nodes
@@ -271,7 +309,7 @@ def replica_figures(
         )
         # A checkpoint write's fixed part at the host share, its bytes at the measured rate.
         write_fixed = max(cm.checkpoint_fixed_seconds(n, calibration) for n in on) * basis.share
-        yield ReplicaFigures(rep, basis, r, stage_links, write_fixed, collective)
+        yield ReplicaFigures(rep, basis, r, stage_links, write_fixed, collective, rings.get(rep.participant))
 
 
 def _local_step(
@@ -281,6 +319,10 @@ def _local_step(
     rate, share = figures.basis.rate, figures.basis.share
     step_pace = pace(figures.replica, figures.basis, precision, placement.calibration)
     parts = replica_time(placement, n_micro, r, step_pace, figures.stage_links)
+    if figures.dp_rings is not None:
+        # The group's stage rings cross nodes: each at its slowest port (``group_rings``).
+        fabric = (figures.basis.fabric_bw, figures.basis.fabric_lat)
+        parts = replace(parts, dp_comm=group_dp_comm_s(placement, r, figures.dp_rings, fabric))
     if rate is None:
         return LocalStep(parts, 0.0, 0.0, default_write_s)
     if figures.host_collective is not None:

@@ -224,7 +224,7 @@ def _add_unit_hops(
         if pr.count[u] >= 2 and fleet.cls_first_cluster[u] >= 2:
             two_here = model.var(0, 1, True)
             model.row([(two_here, count), (columns.y1[u], -1.0), (columns.y2[u], -1.0)], -1.0, math.inf)
-            ring.hop(model, two_here, float(fleet.cls_intra_bw[u]), float(fleet.cls_hop_lat[u]))
+            ring.hop(model, two_here, float(fleet.cls_port_bw[u]), float(fleet.cls_hop_lat[u]))
     return used
 
 
@@ -252,7 +252,7 @@ def _add_region_hops(
                 # (beyond it, the row below makes them span clusters).
                 both = model.var(0, 1, True)
                 model.row([(both, 1.0), (used[u], -1.0), (used[other], -1.0)], -1.0, math.inf)
-                bw = min(float(fleet.cls_intra_bw[u]), float(fleet.cls_intra_bw[other]))
+                bw = min(float(fleet.cls_port_bw[u]), float(fleet.cls_port_bw[other]))
                 ring.hop(model, both, bw, max(float(fleet.cls_hop_lat[u]), float(fleet.cls_hop_lat[other])))
             first = int(fleet.cls_first_cluster[u])
             if first < pr.count[u]:

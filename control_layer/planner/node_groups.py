@@ -59,13 +59,34 @@ def stage_leader_nodes(tasks: Iterable[PlannedTask], nodes: Collection[str]) -> 
     return [first[s].node for s in sorted(first)]
 
 
-def per_stage_sync(tasks: Sequence[PlannedTask], mode: str, pp: int) -> bool:
+def stage_leaders(tasks: Iterable[PlannedTask], groups: Sequence[Sequence[str]]) -> list[list[str]]:
+    """``stage_leader_nodes`` of every group at once (one pass over the tasks), groups in order."""
+    group_of = {n: i for i, g in enumerate(groups) for n in g}
+    first: dict[tuple[int, int], PlannedTask] = {}
+    for t in tasks:
+        key = (group_of[t.node], t.pp_stage)
+        was = first.get(key)
+        if was is None or rank_key(t) < rank_key(was):
+            first[key] = t
+    out: list[list[str]] = [[] for _ in groups]
+    for (g, _), t in sorted(first.items()):
+        out[g].append(t.node)
+    return out
+
+
+def per_stage_sync(
+    tasks: Sequence[PlannedTask], mode: str, pp: int, groups: Sequence[Sequence[str]] | None = None
+) -> bool:
     """Whether the job's groups sync stage by stage (``contracts.feasibility.syncs_per_stage``): a
-    dense mode, several groups, and a group whose stages' leaders are on different nodes."""
+    dense mode, several groups, and a group whose stages' leaders are on different nodes.
+    ``groups``: ``node_groups(tasks)``, where the caller has them."""
     if pp < 2 or mode not in STAGE_SYNC_MODES:  # nothing to split: skip grouping every quote's tasks
         return False
-    groups = node_groups(tasks)
-    split = any(len(set(stage_leader_nodes(tasks, set(g)))) > 1 for g in groups if len(g) > 1)
+    groups = node_groups(tasks) if groups is None else groups
+    split = any(
+        len(g) > 1 and len(set(leaders)) > 1
+        for g, leaders in zip(groups, stage_leaders(tasks, groups), strict=True)
+    )
     return syncs_per_stage(mode=mode, participants=len(groups), pp=pp, stage_leaders_split=split)
 
 
@@ -73,6 +94,7 @@ def node_group_problems(
     tasks: Sequence[PlannedTask],
     reachable: Collection[str] = (),
     private: Callable[[str, str], bool] | None = None,
+    groups: Sequence[Sequence[str]] | None = None,
 ) -> list[str]:
     """Why these tasks cannot run as torchrun groups: a device given two roles, a group across
     clusters (of one region or several) whose nodes did not all declare their group endpoint
@@ -80,13 +102,14 @@ def node_group_problems(
     the declaration covers every region's clusters), or, given ``private`` (clusters a, b -> whether
     the link between their regions is declared private: ``cross_cluster.private_between``), one whose
     plaintext gloo/NCCL traffic would cross a link not declared private; too many nodes, or a node
-    whose devices are not one contiguous block of the group's rank order."""
+    whose devices are not one contiguous block of the group's rank order. ``groups``:
+    ``node_groups(tasks)``, where the caller has them."""
     by_node: dict[str, list[PlannedTask]] = {}
     for t in tasks:
         by_node.setdefault(t.node, []).append(t)
     roles = Counter((t.cluster, t.node, t.device) for t in tasks)
     problems = [f"device {c}/{n}/{d} is given {k} roles" for (c, n, d), k in sorted(roles.items()) if k > 1]
-    for nodes in node_groups(tasks):
+    for nodes in node_groups(tasks) if groups is None else groups:
         if len(nodes) == 1:
             continue
         clusters = sorted({e.cluster for n in nodes for e in by_node[n]})

@@ -26,8 +26,8 @@ def _fill_and_check_total(data: Any, parts: tuple[str, ...], what: str) -> Any:
 
 
 def _without_unset_staging(handler: Any, model: BaseModel, names: tuple[str, ...]) -> Any:
-    """Dump ``model`` leaving out the staging fields that are None: an option of a job without
-    staged data reads exactly as before staging was priced (quotes, digests, stored options)."""
+    """Dump ``model`` leaving out the named fields that are None (staging, a grouping's bound): an
+    option without them reads exactly as before they were priced (quotes, digests, stored options)."""
     out = handler(model)
     if isinstance(out, dict):
         for name in names:
@@ -309,6 +309,20 @@ class QosCheck(_Plain):
     detail: str = ""
 
 
+class GroupingBound(_Plain):
+    """How far a spanning option's grouping of nodes into replicas can be from the best one
+    (``control_layer.planner.grouping``): no grouping of the same nodes, each node one replica's,
+    has a slowest replica faster than ``lower_bound_s``."""
+
+    slowest_replica_s: float = Field(
+        ge=0, description="The slowest replica's step from compute to stage transfers, as priced."
+    )
+    lower_bound_s: float = Field(ge=0, description="No grouping of these nodes does better.")
+    gap: float = Field(ge=0, description="slowest_replica_s / lower_bound_s - 1: how far from optimal.")
+    exact: bool = Field(description="Every composition was priced in every stage order: the bound is tight.")
+    compositions: int = Field(ge=0, description="Replica compositions the search priced.")
+
+
 class PlanOption(_Plain):
     id: str
     label: Literal["cheapest", "fastest", "balanced"] | None = None
@@ -332,6 +346,13 @@ class PlanOption(_Plain):
     qos_checks: list[QosCheck] = Field(default_factory=list)
     regions: list[str] = Field(default_factory=list)
     runtime: RuntimeSettings | None = None
+    # Replicas across nodes only (``spanning``): the grouping's bound; None (and left out of the
+    # dump) elsewhere, so other options read as before.
+    grouping: GroupingBound | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> Any:
+        return _without_unset_staging(handler, self, ("grouping",))
 
     @property
     def n_devices(self) -> int:

@@ -27,7 +27,8 @@ from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.candidates import Degrees
 from control_layer.planner.fleet import Pool
-from control_layer.planner.links import Links, intra_bytes_per_s
+from control_layer.planner.links import Links, intra_bytes_per_s, port_bytes_per_s
+from control_layer.planner.listing import natural
 from control_layer.planner.local_step import n_micro_batches
 from control_layer.planner.plan_types import Calibration
 from control_layer.planner.runtime_pricing import (
@@ -68,8 +69,11 @@ class Fleet:
     regions: list[str]
     cls_region: np.ndarray  # class -> region index
     cls_flops: np.ndarray  # effective FLOP/s
-    cls_intra_bw: np.ndarray
+    cls_intra_bw: np.ndarray  # inside a node: the cluster's fabric (tp, pp, the node's gradient ring)
     cls_intra_lat: np.ndarray
+    # Between two nodes: the slower of their ports (``ClusterInfo.port``; the cluster's fabric
+    # where a node declared none), bytes/s, so a class's nodes share one port figure.
+    cls_port_bw: np.ndarray
     cls_memory: np.ndarray  # GB
     cls_price: np.ndarray
     cls_node_free: np.ndarray  # class × node: free devices per node (zero-padded)
@@ -78,7 +82,7 @@ class Fleet:
     local_sync: np.ndarray  # per region: two payloads over its local link (heuristic and MILP)
     local_bw: np.ndarray  # per region: bytes/s between two of its clusters (local link)
     local_lat: np.ndarray  # per region: one hop's seconds on the local link (with half a call)
-    cls_hop_lat: np.ndarray  # per class: one hop's seconds on its cluster's fabric (with half a call)
+    cls_hop_lat: np.ndarray  # per class: one hop's seconds through its nodes' port (with half a call)
     cls_first_cluster: np.ndarray  # per class: members in its first cluster (filled first)
     cls_first_cid: np.ndarray  # per class: an index of its first cluster (equal: the same cluster)
     # Per region, the fastest hop between two of its nodes (its local link or a cluster fabric
@@ -166,6 +170,7 @@ class _Classes:
     cls_count: np.ndarray
     cls_group: np.ndarray
     cls_intra_lat: np.ndarray
+    cls_port: list[tuple[float, float]]  # its nodes' port: Gb/s, one-way ms
     cls_first_cluster: np.ndarray  # members in the class's first cluster
     max_node_devices: int
     n_devices: int
@@ -186,12 +191,13 @@ def _classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> _Classes:
     groups: dict[tuple, list[Pool]] = defaultdict(list)
     for p in pools:
         groups[p.class_key].append(p)
-    classes = [
-        PoolClass(tuple(sorted(g, key=_member_order(g))))
-        for _, g in sorted(
-            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[1][0].cluster.id, kv[1][0].nodes[0][0])
-        )
-    ]
+
+    # Classes by their lowest cluster id and its lowest node id (numbers in ids compared as
+    # numbers): never by the order the fleet happens to list its nodes in.
+    def first(g: list[Pool]) -> tuple:
+        return (g[0].region, g[0].model, min((p.cluster.id, natural(p.nodes[0][0])) for p in g))
+
+    classes = [PoolClass(tuple(sorted(g, key=_member_order(g)))) for g in sorted(groups.values(), key=first)]
     firsts = [c.first for c in classes]
     got = _Classes(
         pools=tuple(pools),
@@ -210,11 +216,13 @@ def _classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> _Classes:
                     p.price,
                     p.cluster.intra_bandwidth_gbps,
                     p.cluster.intra_latency_ms,
+                    p.port_figures,
                 )
                 for p in firsts
             ]
         ),
         cls_intra_lat=np.array([p.cluster.intra_latency_ms / 1000.0 for p in firsts], dtype=float),
+        cls_port=[p.port_figures for p in firsts],
         cls_first_cluster=np.array(
             [sum(p.cluster.id == c.first.cluster.id for p in c.pools) for c in classes], dtype=np.int64
         ),
@@ -225,6 +233,23 @@ def _classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> _Classes:
         cache.pop(next(iter(list(cache))), None)  # list(): atomic under concurrent quotes
     cache[key] = got
     return got
+
+
+def _port_hops(
+    grouped: _Classes, calibration: Calibration | None, links: Links
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per class, a hop between two nodes through their ports: bytes/s, and one-way seconds with
+    half an exchange call's fixed cost (as ``Links.lat``)."""
+    firsts = [c.first for c in grouped.classes]
+    port_bw = [
+        port_bytes_per_s(p.cluster, gbps, calibration)
+        for p, (gbps, _) in zip(firsts, grouped.cls_port, strict=True)
+    ]
+    hop_lat = [
+        lat_ms / 1000.0 + links.call_s(p.region, p.region) / 2.0
+        for p, (_, lat_ms) in zip(firsts, grouped.cls_port, strict=True)
+    ]
+    return np.array(port_bw, dtype=float), np.array(hop_lat, dtype=float)
 
 
 def build_fleet(
@@ -244,14 +269,14 @@ def build_fleet(
     local_lat = np.array([links.lat(a, a) for a in regions], dtype=float)
     firsts = [c.first for c in classes]
     cls_intra_bw = np.array([intra_bytes_per_s(p.cluster, calibration) for p in firsts], dtype=float)
+    cls_port_bw, cls_hop_lat = _port_hops(grouped, calibration, links)
     cls_region = np.array([ridx[p.region] for p in firsts], dtype=int)
-    cls_hop_lat = grouped.cls_intra_lat + np.array([links.call_s(p.region, p.region) / 2.0 for p in firsts])
     cls_first_cluster = grouped.cls_first_cluster
     # Two nodes of a region meet over its fastest hop at best: the local link or a fabric there.
     best_bw, best_lat = local_bw.copy(), local_lat.copy()
     for u in range(len(classes)):
         r = cls_region[u]
-        best_bw[r] = max(best_bw[r], cls_intra_bw[u])
+        best_bw[r] = max(best_bw[r], cls_port_bw[u])
         best_lat[r] = min(best_lat[r], cls_hop_lat[u])
     # Keyed by the pools' identities; the entry holds the pools, so no other list can take their ids.
     pool_ids = tuple(id(p) for p in pools)
@@ -288,6 +313,7 @@ def build_fleet(
         ),
         cls_intra_bw=cls_intra_bw,
         cls_intra_lat=grouped.cls_intra_lat,
+        cls_port_bw=cls_port_bw,
         cls_memory=grouped.cls_memory,
         cls_price=grouped.cls_price,
         cls_node_free=grouped.cls_node_free,
@@ -474,7 +500,7 @@ class Problem:
             t2=self.t2.tolist(),
             region=self.region.tolist(),
             first_cluster=f.cls_first_cluster.tolist(),
-            intra_bw=f.cls_intra_bw.tolist(),
+            port_bw=f.cls_port_bw.tolist(),
             hop_lat=f.cls_hop_lat.tolist(),
             local_bw=f.local_bw.tolist(),
             local_lat=f.local_lat.tolist(),
@@ -493,7 +519,7 @@ class UnitLists:
     t2: list[float]
     region: list[int]
     first_cluster: list[int]
-    intra_bw: list[float]
+    port_bw: list[float]
     hop_lat: list[float]
     local_bw: list[float]
     local_lat: list[float]
@@ -684,7 +710,7 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
         if len({f.cls_first_cid[u] for u in here}) == 1 and all(
             of[u] <= lists.first_cluster[u] for u in here
         ):
-            r_bw, r_lat = min(lists.intra_bw[u] for u in here), max(lists.hop_lat[u] for u in here)
+            r_bw, r_lat = min(lists.port_bw[u] for u in here), max(lists.hop_lat[u] for u in here)
         else:
             r_bw, r_lat = lists.local_bw[r], lists.local_lat[r]
             firsts: set[int] = set()
@@ -692,7 +718,7 @@ def sync_seconds_and_egress(pr: Problem, units: list[int], used: list[int]) -> t
                 # Two of its nodes in its first cluster, or a node there beside another unit's first.
                 cid = int(f.cls_first_cid[u])
                 if (of[u] >= 2 and lists.first_cluster[u] >= 2) or cid in firsts:
-                    r_bw, r_lat = min(r_bw, lists.intra_bw[u]), max(r_lat, lists.hop_lat[u])
+                    r_bw, r_lat = min(r_bw, lists.port_bw[u]), max(r_lat, lists.hop_lat[u])
                 firsts.add(cid)
         bw_min, lat_max = min(bw_min, r_bw), max(lat_max, r_lat)
         gather = max(gather, float(cm.region_gather_s(f.spec.sync, n, members[r], r_bw, r_lat)))

@@ -47,11 +47,17 @@ def device_slots(snapshot: ResourceSnapshot) -> dict[tuple[str, str], dict[int, 
 
 
 def replicas_of(
-    snapshot: ResourceSnapshot, tasks: Sequence[PlannedTask], dp: int, tp: int, pp: int
+    snapshot: ResourceSnapshot,
+    tasks: Sequence[PlannedTask],
+    dp: int,
+    tp: int,
+    pp: int,
+    groups: Sequence[Sequence[str]] | None = None,
 ) -> list[Replica]:
     """One replica per dp rank of ``tasks``. Raises InvalidArgument where the tasks are not a
     complete dp × pp × tp grid of known devices, a replica mixes device models, or nodes that
-    share a replica cannot run as one torchrun group (``node_groups.node_group_problems``)."""
+    share a replica cannot run as one torchrun group (``node_groups.node_group_problems``).
+    ``groups``: ``node_groups(tasks)``, where the caller has them."""
     clusters = snapshot.clusters_by_id()
     index = device_slots(snapshot)
 
@@ -100,14 +106,16 @@ def replicas_of(
         )
     # Nodes that share a replica run as one torchrun group (node_groups): its replicas average
     # every step over the cluster's fabric, and its first node leads it.
+    groups = node_groups(tasks) if groups is None else groups
     group_problems = node_group_problems(
         tasks,
         declared_nodes(snapshot),
         lambda a, b: private_between(snapshot, clusters[a].region, clusters[b].region),
+        groups,
     )
     if group_problems:
         raise InvalidArgument(group_problems[0], field="tasks")
-    leader = {n: g[0] for g in node_groups(tasks) for n in g}
+    leader = {n: g[0] for g in groups for n in g}
     return [
         replace(r, participant=(r.participant[0], leader[r.participant[1]], r.participant[2])) for r in out
     ]

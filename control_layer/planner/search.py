@@ -42,7 +42,7 @@ from control_layer.planner.problem import (
 from control_layer.planner.residency import cover, needed_indices, resident_check
 from control_layer.planner.screen import Bounds, screen
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.spanning import spanning_options, spans_clusters
+from control_layer.planner.spanning import spanning_competes, spanning_options
 from control_layer.planner.staging import DataStaging, price_staging
 from control_layer.planner.sync_choice import AutoSync, provisional
 
@@ -326,11 +326,12 @@ def search(
         except NoFeasiblePlan as exc:
             failures.append(exc)
     competing = bool(options)
-    if not competing or spans_clusters(filtered.pools, snapshot):
+    if not competing or spanning_competes(filtered.pools, snapshot):
         # Replicas across nodes (priced at the provisional H, which their workers then run:
         # ``sync_choice.pinned``): where nothing has every replica on one node, and wherever
         # nodes of two clusters or more may share a replica (a pipeline across clusters or
-        # regions), there weighed on the front with the search's own options.
+        # regions) or nodes sit behind their own slower ports (replicas on one node would meet
+        # over them), there weighed on the front with the search's own options.
         for precision, pools in precision_groups(spec, filtered.pools):
             options += spanning_options(
                 with_precision(spec, precision), snapshot, pools, calibration, competing=competing

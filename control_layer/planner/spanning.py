@@ -4,13 +4,12 @@ The search keeps a replica on one node. When that leaves nothing (a model that n
 per replica than any node has free), this places each replica on whole nodes of one cluster: a
 stage's tensor group on one node, consecutive stages on one node or the next, a node given to one
 replica only, so every replica is its own torchrun group with one block of ranks per node
-(``node_groups``). A cluster's nodes are taken fastest port first (``ClusterInfo.port``: a node's
-declared fabric figures narrow the cluster's), so the first replicas get the fast nodes and each
-replica's stages run down its nodes in falling port speed: a boundary between two nodes runs at the
-slower port, so this order makes every boundary as fast as any order can (the fastest node is
-never the slower end of a boundary) and keeps slow nodes out of the fast replicas. Ties keep the
-order the pools list. (A replica that must take slow nodes can walk faster with them at the
-pipeline's ends; that order is not searched.) Where the clusters hold fewer replicas than a
+(``node_groups``). A cluster's nodes are listed fastest port first (``ClusterInfo.port``: a node's
+declared fabric figures narrow the cluster's; ties: more free devices, then the node's id, never
+the order the fleet lists them in), and the first replicas taken in that order are priced beside
+the replicas the grouping search forms from the cluster's nodes (``grouping``: which nodes form
+each replica, with a bound on how far from the best grouping it can be), each replica's stages in
+the order that walks fastest (``stage_order``). Where the clusters hold fewer replicas than a
 layout needs, the nodes left whose agents declared their group endpoint reachable from other
 clusters (``NodeInfo.cross_cluster_groups``) form replicas across clusters of one region (a
 cluster's nodes together, clusters with the most free devices first: ``cross_cluster``), then
@@ -29,6 +28,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from pydantic import TypeAdapter
+
 from contracts.errors import InvalidArgument
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
@@ -36,14 +37,18 @@ from control_layer.planner.candidates import Degrees, enumerate_degrees
 from control_layer.planner.cross_cluster import cluster_order, reachable_nodes, region_order
 from control_layer.planner.estimate import estimate_planned
 from control_layer.planner.fleet import Pool
+from control_layer.planner.grouping import Entry as _Entry
+from control_layer.planner.grouping import Grouping, Kind, Priced
+from control_layer.planner.grouping import group as group_replicas
 from control_layer.planner.links import Links
-from control_layer.planner.local_step import n_micro_batches, replica_walks
+from control_layer.planner.listing import natural
+from control_layer.planner.local_step import composition_walk, n_micro_batches, rate_key, replica_walks
 from control_layer.planner.options import plan_id, qos_checks
 from control_layer.planner.placement import Placement
-from control_layer.planner.plan_types import Calibration, PlannedTask, PlanOption, SyncTopology
+from control_layer.planner.plan_types import Calibration, GroupingBound, PlannedTask, PlanOption, SyncTopology
 from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.stage_order import Budget, Slot, search_orders, searchable
+from control_layer.planner.stage_order import Budget, Slot, best_order, search_orders, searchable
 from control_layer.planner.topology import cluster_gossip, order_ring
 
 # Layouts (dp, tp, pp at the lowest ZeRO stage) tried, smallest replicas first: each costs up to
@@ -55,13 +60,34 @@ MAX_DEGREES = 12
 # each estimate (BENCHMARKS.md at dabf7f7, "Pipelines across regions").
 COMPETING_DEGREES = 6
 
-Entry = tuple[str, str, tuple[int, ...]]  # cluster id, node id, its free devices
+Entry = _Entry  # cluster id, node id, its free devices
 Group = tuple[str, str, list[Entry]]  # cluster id, device model, its nodes in the order replicas take them
 
 
+# Pool lists whose groups are kept per snapshot (QoS filters make a few distinct lists).
+GROUPS_KEPT = 32
+
+
 def _groups(pools: list[Pool], snapshot: ResourceSnapshot) -> list[Group]:
-    """Each (cluster, device model)'s nodes, fastest fabric port first (then lowest latency),
-    sorted by cluster id and model: built once per quote."""
+    """``_node_groups`` of the pools, kept with the snapshot per pool list: the snapshot keeps its
+    pools across quotes, so the same filter yields the same Pool objects (checked by identity)."""
+    cache: dict[tuple[int, ...], tuple[list[Pool], list[Group]]] = snapshot.derived(
+        "spanning_groups", lambda _: {}
+    )
+    key = tuple(id(p) for p in pools)
+    got = cache.get(key)
+    if got is not None and all(a is b for a, b in zip(got[0], pools, strict=True)):
+        return got[1]
+    groups = _node_groups(pools, snapshot)
+    if len(cache) >= GROUPS_KEPT:
+        cache.pop(next(iter(list(cache))), None)  # list(): atomic under concurrent quotes
+    cache[key] = (list(pools), groups)
+    return groups
+
+
+def _node_groups(pools: list[Pool], snapshot: ResourceSnapshot) -> list[Group]:
+    """Each (cluster, device model)'s nodes, fastest fabric port first (then lowest latency, most
+    free devices, id), sorted by cluster id and model."""
     by_cluster: dict[tuple[str, str], list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
     for p in pools:
         by_cluster[(p.cluster.id, p.model)] += list(p.nodes)
@@ -69,7 +95,9 @@ def _groups(pools: list[Pool], snapshot: ResourceSnapshot) -> list[Group]:
     out: list[Group] = []
     for (cid, model), nodes in sorted(by_cluster.items()):
         ports = {n: clusters[cid].port(nodes_by_id[n]) for n, _ in nodes}
-        ordered = sorted(nodes, key=lambda e: (-ports[e[0]][0], ports[e[0]][1]))
+        # Ties: the most free devices first (a node holding more stages keeps more boundaries
+        # inside it), then by id: never the order the fleet happens to list its nodes in.
+        ordered = sorted(nodes, key=lambda e: (-ports[e[0]][0], ports[e[0]][1], -len(e[1]), natural(e[0])))
         out.append((cid, model, [(cid, n, free) for n, free in ordered]))
     return out
 
@@ -173,15 +201,25 @@ def _replicas(groups: list[Group], tp: int, pp: int, need: int) -> list[list[Slo
     return out
 
 
+_TASKS = TypeAdapter(list[PlannedTask])
+
+
 def _tasks(replicas: list[list[Slot]], tp: int, regions: dict[str, str]) -> list[PlannedTask]:
-    # Built from the snapshot's own ids and indices, validated when it was: constructed directly.
-    return [
-        PlannedTask.model_construct(
-            dp_rank=r, pp_stage=i // tp, tp_rank=i % tp, cluster=c, node=n, device=d, region=regions[c]
-        )
+    # One batched validation (as ``assign``): faster than constructing each task on its own.
+    rows = [
+        {
+            "dp_rank": r,
+            "pp_stage": i // tp,
+            "tp_rank": i % tp,
+            "cluster": c,
+            "node": n,
+            "device": d,
+            "region": regions[c],
+        }
         for r, devices in enumerate(replicas)
         for i, (c, n, d) in enumerate(devices)
     ]
+    return _TASKS.validate_python(rows, strict=True)
 
 
 def spans_clusters(pools: list[Pool], snapshot: ResourceSnapshot) -> bool:
@@ -192,6 +230,19 @@ def spans_clusters(pools: list[Pool], snapshot: ResourceSnapshot) -> bool:
     if not reachable:
         return False
     return len({p.cluster.id for p in pools if any(n in reachable for n, _ in p.nodes)}) >= 2
+
+
+def behind_own_ports(pools: list[Pool]) -> bool:
+    """Whether some node declared a port into its cluster's fabric slower than the fabric (its own
+    NIC): replicas on one node each then meet through the job's sync over those ports, and a
+    replica across nodes (fewer of them, stage transfers inside fast nodes) may do better."""
+    return any(p.port is not None and p.port[0] < p.cluster.intra_bandwidth_gbps for p in pools)
+
+
+def spanning_competes(pools: list[Pool], snapshot: ResourceSnapshot) -> bool:
+    """Whether spanning options are weighed on the front beside the search's own: where nodes of
+    two clusters or more may share a replica, or nodes sit behind their own slower ports."""
+    return spans_clusters(pools, snapshot) or behind_own_ports(pools)
 
 
 def _wanted_degrees(
@@ -212,26 +263,41 @@ def _wanted_degrees(
     widest = max((len(ix) for p in pools for _, ix in p.nodes), default=0)
     roomiest = max((p.memory_gb for p in pools), default=0.0)
     reachable = reachable_nodes(snapshot)
-    narrowest = widest
-    if spans_clusters(pools, snapshot):
-        narrowest = min(len(ix) for p in pools for n, ix in p.nodes if n in reachable)
     lowest = min((d.zero for d in degrees), default=0)
-    return sorted(
-        (
-            d
-            for d in degrees
-            if d.zero == lowest
-            and d.tp <= widest
-            and narrowest < d.tp * d.pp
-            and cm.fits(
-                cm.memory_per_device(
-                    spec, d.tp, d.pp, d.zero, 1, n_micro_batches(spec, d.dp), spec.pp_schedule
-                ).total,
-                roomiest,
-            )
-        ),
-        key=lambda d: (d.tp * d.pp, d.dp, d.tp, d.zero),
-    )[: COMPETING_DEGREES if competing else MAX_DEGREES]
+
+    def wider_than(narrowest: int) -> list[Degrees]:
+        return sorted(
+            (
+                d
+                for d in degrees
+                if d.zero == lowest
+                and d.tp <= widest
+                and narrowest < d.tp * d.pp
+                and cm.fits(
+                    cm.memory_per_device(
+                        spec, d.tp, d.pp, d.zero, 1, n_micro_batches(spec, d.dp), spec.pp_schedule
+                    ).total,
+                    roomiest,
+                )
+            ),
+            key=lambda d: (d.tp * d.pp, d.dp, d.tp, d.zero),
+        )
+
+    out: list[Degrees] = []
+    if not competing:
+        out = wider_than(widest)[:MAX_DEGREES]
+    elif spans_clusters(pools, snapshot):
+        declared = min(len(ix) for p in pools for n, ix in p.nodes if n in reachable)
+        out = wider_than(declared)[:COMPETING_DEGREES]
+    if behind_own_ports(pools):
+        # Per replica shape, the most replicas that fit (the fewest stages per device), smallest
+        # shapes first: a replica larger than the narrowest node joins nodes of the cluster
+        # (also where the search found nothing: a layout it could not place may span nodes).
+        most: dict[tuple[int, int], Degrees] = {}
+        for d in wider_than(min(len(ix) for p in pools for _, ix in p.nodes)):
+            most[(d.tp, d.pp)] = d  # ascending dp within a shape: the last is the largest
+        out += [d for d in most.values() if d not in out][:MAX_DEGREES]
+    return out
 
 
 Order = tuple[list[Group], bool]  # (groups in the order replicas take them, whether pooled across clusters)
@@ -246,7 +312,7 @@ def _orders(
     speed = {p.cluster.id: p.tflops for p in pools}
     orders: list[Order] = (
         []
-        if competing
+        if competing and not behind_own_ports(pools)
         else [
             (sorted(groups, key=lambda g: (price[g[0]], g[0])), False),
             (sorted(groups, key=lambda g: (-speed[g[0]], g[0])), False),
@@ -297,9 +363,12 @@ def spanning_options(
     competing: bool = False,
 ) -> list[PlanOption]:
     """Priced options with replicas across nodes (possibly none): per degrees, the replicas on the
-    cheapest devices and on the fastest ones. ``competing``: the search found options of its own,
-    and these are weighed against them: only replicas that pool declared nodes across clusters
-    (and regions), for the first ``COMPETING_DEGREES`` layouts."""
+    cheapest devices and on the fastest ones, as listed (each cluster's nodes fastest port first)
+    and as grouped by the search (``grouping``), each with its stages in the order that walks
+    fastest. ``competing``: the search found options of its own, and these are weighed against
+    them: replicas that pool declared nodes across clusters (and regions), for the first
+    ``COMPETING_DEGREES`` layouts, and where nodes sit behind their own slower ports, the most
+    replicas of each shape (``_wanted_degrees``)."""
     wanted = _wanted_degrees(spec, snapshot, pools, competing)
     clusters = snapshot.clusters_by_id()
     regions = {c.id: c.region for c in snapshot.clusters}
@@ -308,23 +377,129 @@ def spanning_options(
     budget = Budget()  # the stage-order searches' share of this quote
     for deg in wanted:
         picked: list[list[list[Slot]]] = []
+        grouped: dict[str, Grouping | None] = {}  # per cluster: one search serves both orders
         for ordered, pooled in orders:
-            chosen = _chosen(snapshot, deg, ordered, pooled, regions)
-            if chosen is None or chosen in picked:
-                continue  # the cheapest devices are the fastest too: priced once
-            placements = [(chosen, _tasks(chosen, deg.tp, regions))]
-            # The same devices with each replica's stages in the order that walks fastest
-            # (``stage_order``), priced beside the listed order (whose leaders may sit behind
-            # faster ports, or its boundaries on cheaper links): the front keeps what is better.
-            searched = _searched(spec, snapshot, deg, chosen, placements[0][1], calibration, budget)
-            if searched is not None and searched not in picked:
-                placements.append((searched, _tasks(searched, deg.tp, regions)))
-            picked += [placed for placed, _ in placements]
-            for _, tasks in placements:
+            placements = _placements(spec, snapshot, deg, ordered, pooled, calibration, budget, grouped)
+            for placed, tasks, bound in placements:
+                if placed in picked:
+                    continue  # the cheapest devices are the fastest too: priced once
+                picked.append(placed)
+                tasks = tasks or _tasks(placed, deg.tp, regions)
                 option = _option(spec, snapshot, deg, tasks, calibration, clusters)
                 if option is not None:
-                    out[option.id] = option
+                    out[option.id] = _bounded(option, bound)
     return list(out.values())
+
+
+def _placements(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    deg: Degrees,
+    ordered: list[Group],
+    pooled: bool,
+    calibration: Calibration | None,
+    budget: Budget,
+    grouped: dict[str, Grouping | None],
+) -> list[tuple[list[list[Slot]], list[PlannedTask] | None, Grouping | None]]:
+    """The replicas of one order of clusters: as listed, with each replica's stages in the order
+    that walks fastest (where that differs, priced beside the listed order, whose leaders may sit
+    behind faster ports, or its boundaries on cheaper links: the front keeps what is better), and
+    as the grouping search forms them from the first cluster alone, where it holds them all; each
+    with the grouping's bound where its replicas lie in that one cluster."""
+    regions = {c.id: c.region for c in snapshot.clusters}
+    out: list[tuple[list[list[Slot]], list[PlannedTask] | None, Grouping | None]] = []
+    chosen = _chosen(snapshot, deg, ordered, pooled, regions)
+    first = ordered[0] if ordered and not pooled and ordered[0][0] in regions else None
+    search = None
+    if first is not None:
+        if first[0] not in grouped:
+            grouped[first[0]] = _grouping(spec, snapshot, deg, first, calibration, budget)
+        search = grouped[first[0]]
+    if search is not None and len(search.replicas) < deg.dp:
+        search = None  # the first cluster alone holds too few: no bound over one cluster's nodes
+    if chosen is not None:
+        tasks = _tasks(chosen, deg.tp, regions)
+        listed_bound = search if _within(chosen, first) else None
+        out.append((chosen, tasks, listed_bound))
+        searched = _searched(spec, snapshot, deg, chosen, tasks, calibration, budget)
+        if searched is not None:
+            out.append((searched, None, listed_bound))
+    if search is not None:
+        out.append((search.replicas, None, search))
+    return out
+
+
+def _within(replicas: list[list[Slot]], group: Group | None) -> bool:
+    return group is not None and all(cid == group[0] for r in replicas for cid, _, _ in r)
+
+
+def _grouping(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    deg: Degrees,
+    group: Group,
+    calibration: Calibration | None,
+    budget: Budget,
+) -> Grouping | None:
+    """The grouping search (``grouping.group``) over one cluster's nodes: a node's kind is what
+    the walk reads of it (its port, the stages it holds, its measured rate), and a composition
+    is priced by its own walk at the order that walks fastest (``stage_order.best_order``)."""
+    cid, _, entries = group
+    cluster, nodes = snapshot.clusters_by_id()[cid], snapshot.nodes_by_id()
+    precision = spec.training.precision
+    base = Placement(
+        spec, snapshot, [], dp=deg.dp, tp=deg.tp, pp=deg.pp, zero=deg.zero,
+        pp_schedule=spec.pp_schedule, calibration=calibration,
+    )  # fmt: skip
+
+    def kind_of(entry: Entry) -> Kind:
+        node = nodes[entry[1]]
+        gbps, lat_ms = cluster.port(node)
+        rate = node.profile.rates.get(precision) if node.profile else None
+        return (-gbps, lat_ms, -(len(entry[2]) // deg.tp), rate_key(rate) or ())
+
+    def price(slots: list[Slot]) -> Priced:
+        walk = composition_walk(base, slots, {})
+        ordered = best_order(slots, deg.tp, walk, snapshot, calibration, budget, keep_head=deg.dp > 1)
+        transfers = ordered.pp_comm_s
+        if transfers is None:
+            transfers = budget.pp_comm(walk, ordered.links) if ordered.links is not None else 0.0
+        floor = walk.floor_s()
+        return Priced(ordered.slots, floor + transfers, floor, ordered.exhaustive)
+
+    # No replica here computes faster than on the fastest node's devices alone, transfers free.
+    kinds = {kind_of(e): e for e in entries if len(e[2]) >= deg.tp}
+    floor = min(
+        (
+            composition_walk(base, [(cid, n, free[0])] * (deg.tp * deg.pp), {}).floor_s()
+            for _, n, free in kinds.values()
+        ),
+        default=0.0,
+    )
+    return group_replicas(entries, kind_of, deg.tp, deg.pp, deg.dp, price, floor)
+
+
+def _bounded(option: PlanOption, search: Grouping | None) -> PlanOption:
+    """The option with its grouping's bound: its slowest replica's step from compute to stage
+    transfers as estimated, against the least any grouping of the same nodes can have."""
+    if search is None:
+        return option
+    step = option.estimates.step_s
+    slowest = step.compute + step.tp_comm + step.dp_comm + step.pp_bubble + step.pp_comm
+    bound = min(search.lower_bound_s, slowest)
+    gap = slowest / bound - 1.0 if bound > 0 else 0.0
+    exact = search.exact and gap <= 1e-9
+    return option.model_copy(
+        update={
+            "grouping": GroupingBound(
+                slowest_replica_s=slowest,
+                lower_bound_s=bound,
+                gap=max(0.0, gap),
+                exact=exact,
+                compositions=search.compositions,
+            )
+        }
+    )
 
 
 def _searched(

@@ -30,6 +30,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 from contracts.errors import InvalidArgument
 from control_layer.planner import cost_model as cm
@@ -51,10 +52,23 @@ MIN_GAIN = 1e-9
 
 
 class Budget:
-    """Stage operations a quote's searches may still walk."""
+    """Stage operations a quote's searches may still walk, and the walks they made: a replica
+    priced again (the grouping search's composition, then the same nodes as listed) reads its
+    walks back instead of spending the budget twice."""
 
     def __init__(self, ops: int = QUOTE_OPS) -> None:
         self.ops = ops
+        self.walked: dict[tuple, float] = {}
+
+    def pp_comm(self, walk: ReplicaWalk, links: cm.PipelineLinks) -> float:
+        """``walk.pp_comm(links)``, walked once per quote (and charged once)."""
+        p = walk.placement
+        key = (p.tp, p.pp, p.zero, p.pp_schedule, walk.n_micro, walk.group_size, walk.pace, links)
+        got = self.walked.get(key)
+        if got is None:
+            self.ops -= walk_ops(walk.pp, walk.n_micro)
+            got = self.walked[key] = walk.pp_comm(links)
+        return got
 
 
 def walk_ops(pp: int, m: int) -> int:
@@ -172,10 +186,10 @@ def _best(
     price: Callable[[tuple[int, ...]], float],
     walks: int,
     keep_head: bool,
-) -> tuple[int, ...]:
+) -> tuple[tuple[int, ...], bool]:
     """The order that walks fastest of at most ``walks`` priced: all of them where they are as
-    few, else a local search from the given order. ``keep_head``: only orders that keep the given
-    first node first."""
+    few, else a local search from the given order; and whether every order was priced.
+    ``keep_head``: only orders that keep the given first node first."""
     given = _flat(layout)
     best, best_s = given, price(given)
 
@@ -187,7 +201,7 @@ def _best(
             t = price(order)
             if t < best_s * (1.0 - MIN_GAIN):
                 best, best_s = order, t
-        return best
+        return best, True
     walked, improved = 1, True
     while improved and walked < walks:
         improved = False
@@ -202,7 +216,7 @@ def _best(
                 break
             if walked >= walks:
                 break
-    return best
+    return best, False
 
 
 def _boundaries(order: Sequence[Block], tp: int) -> Boundaries:
@@ -224,6 +238,84 @@ def searchable(replicas: Sequence[Sequence[Slot]], tp: int, snapshot: ResourceSn
     return False
 
 
+@dataclass(frozen=True)
+class Ordered:
+    """A replica's slots in the order that walks fastest of those priced, the stage links of that
+    order, the seconds its transfers add as walked (None: not walked, there was nothing to
+    choose or no budget), and whether every order was priced."""
+
+    slots: list[Slot]
+    links: cm.PipelineLinks | None
+    pp_comm_s: float | None
+    exhaustive: bool
+
+
+def best_order(
+    replica: Sequence[Slot],
+    tp: int,
+    walk: ReplicaWalk,
+    snapshot: ResourceSnapshot,
+    calibration: Calibration | None,
+    budget: Budget,
+    keep_head: bool,
+    others: Counter[str] | None = None,
+) -> Ordered:
+    """One replica's node blocks in the order that walks fastest (``walk`` prices it), within
+    what is left of ``budget``; ``others``: the other replicas' crossings of shared pipes
+    (``cross_cluster.pipe_shares``), none by default. ``keep_head``: its first node stays first."""
+    region_of = {c.id: c.region for c in snapshot.clusters}
+    cluster_of = node_clusters(snapshot)
+    nodes = snapshot.nodes_by_id()
+    bs = blocks(replica)
+    sigs = _signatures(bs, tp, snapshot)
+    layout = _layout(sigs, region_of)
+    others = others if others is not None else Counter()
+    links_of: dict[tuple[int, ...], cm.PipelineLinks | None] = {}
+    seconds: dict[cm.PipelineLinks, float] = {}
+
+    def links(order: tuple[int, ...]) -> cm.PipelineLinks | None:
+        if order not in links_of:
+            bounds = _boundaries([bs[i] for i in order], tp)
+            try:
+                links_of[order] = pipeline_links(
+                    bounds,
+                    cluster_of,
+                    nodes,
+                    snapshot,
+                    walk.pace.intra_bw,
+                    walk.pace.intra_lat,
+                    others + pipe_shares([bounds], cluster_of),
+                    tp,
+                    calibration,
+                )
+            except InvalidArgument:  # two regions without a link: this order cannot run
+                links_of[order] = None
+        return links_of[order]
+
+    def price(order: tuple[int, ...]) -> float:
+        got = links(order)
+        if got is None:
+            return math.inf
+        if got not in seconds:
+            seconds[got] = budget.pp_comm(walk, got)
+        return seconds[got]
+
+    n_walks = min(REPLICA_OPS, budget.ops) // walk_ops(walk.pp, walk.n_micro)
+    given = _flat(layout)
+    if len(bs) < 2 or order_count(layout, sigs) <= 1 or n_walks < 2:
+        return Ordered(
+            [s for i in given for s in bs[i]],
+            links(given) if len(bs) > 1 else None,
+            None,
+            len(bs) < 2 or order_count(layout, sigs) <= 1,
+        )
+    order, exhaustive = _best(layout, sigs, price, n_walks, keep_head)
+    chosen = links(order)
+    return Ordered(
+        [s for i in order for s in bs[i]], chosen, seconds.get(chosen) if chosen else None, exhaustive
+    )
+
+
 def search_orders(
     replicas: Sequence[Sequence[Slot]],
     tp: int,
@@ -240,49 +332,19 @@ def search_orders(
     see, so the given first node (the replica's fastest port) stays first."""
     keep_head = len(replicas) > 1
     budget = budget or Budget()
-    region_of = {c.id: c.region for c in snapshot.clusters}
     cluster_of = node_clusters(snapshot)
-    nodes = snapshot.nodes_by_id()
     split = [blocks(r) for r in replicas]
     current = [_boundaries(bs, tp) for bs in split]
     shares = pipe_shares(current, cluster_of)
-    found: dict[tuple, tuple[int, ...]] = {}
+    found: dict[tuple, list[int]] = {}
     out: list[list[Slot]] = []
     for r, bs in enumerate(split):
-        sigs = _signatures(bs, tp, snapshot)
-        layout = _layout(sigs, region_of)
-        key = tuple(sigs)
+        key = tuple(_signatures(bs, tp, snapshot))
         if key not in found:
-            walk = walks[r]
-            n_walks = min(REPLICA_OPS, budget.ops) // walk_ops(walk.pp, walk.n_micro)
-            if len(bs) < 2 or order_count(layout, sigs) <= 1 or n_walks < 2:
-                found[key] = _flat(layout)
-            else:
-                # The other replicas' crossings as they are, this one's as the candidate has them.
-                others = shares - pipe_shares([current[r]], cluster_of)
-                priced: dict[cm.PipelineLinks, float] = {}
-
-                def price(order: tuple[int, ...], bs=bs, others=others, walk=walk, priced=priced) -> float:
-                    bounds = _boundaries([bs[i] for i in order], tp)
-                    try:
-                        links = pipeline_links(
-                            bounds,
-                            cluster_of,
-                            nodes,
-                            snapshot,
-                            walk.pace.intra_bw,
-                            walk.pace.intra_lat,
-                            others + pipe_shares([bounds], cluster_of),
-                            tp,
-                            calibration,
-                        )
-                    except InvalidArgument:  # two regions without a link: this order cannot run
-                        return math.inf
-                    if links not in priced:
-                        budget.ops -= walk_ops(walk.pp, walk.n_micro)
-                        priced[links] = walk.pp_comm(links)
-                    return priced[links]
-
-                found[key] = _best(layout, sigs, price, n_walks, keep_head)
+            # The other replicas' crossings as they are, this one's as the candidate has them.
+            others = shares - pipe_shares([current[r]], cluster_of)
+            ordered = best_order(replicas[r], tp, walks[r], snapshot, calibration, budget, keep_head, others)
+            position = {b[0][1]: i for i, b in enumerate(bs)}
+            found[key] = [position[b[0][1]] for b in blocks(ordered.slots)]
         out.append([s for i in found[key] for s in bs[i]])
     return out

@@ -13,7 +13,7 @@ from contracts.errors import InvalidArgument
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
 from control_layer.planner.links import Links, port_bytes_per_s
-from control_layer.planner.node_groups import node_groups, per_stage_sync, stage_leader_nodes
+from control_layer.planner.node_groups import node_groups, per_stage_sync, stage_leaders
 from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import ExchangeBasis, PlannedTask
 from control_layer.planner.replicas import Participant
@@ -361,11 +361,14 @@ def stage_sync_cost(
     return SyncCost(t_max + work.seconds, egress, crossing, basis)
 
 
-def stage_rings(tasks: Sequence[PlannedTask], snapshot: ResourceSnapshot) -> list[list[StageLeader]]:
-    """Per stage, every group's leader of it (``node_groups.stage_leader_nodes``), groups in order."""
+def stage_rings(
+    tasks: Sequence[PlannedTask], snapshot: ResourceSnapshot, groups: Sequence[Sequence[str]] | None = None
+) -> list[list[StageLeader]]:
+    """Per stage, every group's leader of it (``node_groups.stage_leader_nodes``), groups in order.
+    ``groups``: ``node_groups(tasks)``, where the caller has them."""
     cluster_of = {t.node: t.cluster for t in tasks}
     clusters = snapshot.clusters_by_id()
-    per_group = [stage_leader_nodes(tasks, set(g)) for g in node_groups(tasks)]
+    per_group = stage_leaders(tasks, node_groups(tasks) if groups is None else groups)
     return [
         [(clusters[cluster_of[n]].region, cluster_of[n], n) for n in (leaders[s] for leaders in per_group)]
         for s in range(len(per_group[0]))
@@ -393,19 +396,23 @@ def exchange_cost(
     participants: Sequence[Participant],
     shares: dict[str, float],
     links: Links,
+    groups: Sequence[Sequence[str]] | None = None,
+    may_split: bool = True,
 ) -> SyncCost:
     """The option's exchange: per-stage rings where the job's groups sync per stage
     (``node_groups.per_stage_sync``), else one ring (or hierarchy) over the participants.
-    ``placement.spec`` is at the precision the option runs."""
+    ``placement.spec`` is at the precision the option runs; ``groups``: the tasks' node groups,
+    where the caller has them; ``may_split``: False where no replica spans nodes, so no group's
+    stages sit on two nodes and nothing syncs per stage."""
     spec, snapshot, calibration = placement.spec, placement.snapshot, placement.calibration
     clusters = snapshot.clusters_by_id()
-    if not per_stage_sync(placement.tasks, spec.sync.mode, placement.pp):
+    if not may_split or not per_stage_sync(placement.tasks, spec.sync.mode, placement.pp, groups):
         regions_of = [(clusters[cluster_id].region, cluster_id) for cluster_id, _, _ in participants]
         return sync_cost(spec, links, regions_of, participant_fabric(placement, participants))
     # Each stage's leaders ring on their own (``training.sync.stages``); the calls run on every
     # stage leader's host, so the slowest of those hosts slows them.
     nodes = snapshot.nodes_by_id()
-    rings = stage_rings(placement.tasks, snapshot)
+    rings = stage_rings(placement.tasks, snapshot, groups)
     leaders = {node for ring in rings for _, _, node in ring}
     stage_links = Links(snapshot, calibration, max(shares.get(node, 1.0) for node in leaders))
     ports = {

@@ -11,8 +11,14 @@ DEVICES = [("H100", 80.0, 700.0), ("A100", 40.0, 300.0), ("L4", 24.0, 120.0), ("
 REGIONS = [("r0", "EU"), ("r1", "EU"), ("r2", "US"), ("r3", "US")]
 
 
+# A node's own port into its cluster's fabric (Gb/s; None: the cluster's), where ``ports`` asks.
+PORTS = [None, None, 1.25, 10.0, 400.0]
+
+
 @st.composite
-def snapshots(draw: st.DrawFn, max_clusters: int = 6) -> ResourceSnapshot:
+def snapshots(draw: st.DrawFn, max_clusters: int = 6, ports: bool = False) -> ResourceSnapshot:
+    """``ports``: some nodes declare their own port (``NodeInfo.fabric_bandwidth_gbps``), slower
+    or faster than the cluster's fabric."""
     n_regions = draw(st.integers(1, 4))
     regions = REGIONS[:n_regions]
     clusters = []
@@ -30,6 +36,7 @@ def snapshots(draw: st.DrawFn, max_clusters: int = 6) -> ResourceSnapshot:
                         for k in range(per)
                     ],
                     "alive": draw(st.booleans()) or j == 0,
+                    "fabric_bandwidth_gbps": draw(st.sampled_from(PORTS)) if ports else None,
                 }
             )
         price = draw(st.sampled_from([0.5, 1.0, 2.0, 3.5]))
