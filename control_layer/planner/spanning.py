@@ -447,10 +447,7 @@ def _grouping(
     cid, _, entries = group
     cluster, nodes = snapshot.clusters_by_id()[cid], snapshot.nodes_by_id()
     precision = spec.training.precision
-    base = Placement(
-        spec, snapshot, [], dp=deg.dp, tp=deg.tp, pp=deg.pp, zero=deg.zero,
-        pp_schedule=spec.pp_schedule, calibration=calibration,
-    )  # fmt: skip
+    base = _placement(spec, snapshot, deg, [], calibration)
 
     def kind_of(entry: Entry) -> Kind:
         node = nodes[entry[1]]
@@ -516,23 +513,26 @@ def _searched(
     if not searchable(chosen, deg.tp, snapshot):
         return None
     try:
-        walks = replica_walks(
-            Placement(
-                spec,
-                snapshot,
-                tasks,
-                dp=deg.dp,
-                tp=deg.tp,
-                pp=deg.pp,
-                zero=deg.zero,
-                pp_schedule=spec.pp_schedule,
-                calibration=calibration,
-            )
-        )
+        walks = replica_walks(_placement(spec, snapshot, deg, tasks, calibration))
     except InvalidArgument:  # not a placement the estimate accepts: nothing to order
         return None
     searched = search_orders(chosen, deg.tp, walks, snapshot, calibration, budget)
     return None if searched == chosen else searched
+
+
+def _placement(
+    spec: JobSpec,
+    snapshot: ResourceSnapshot,
+    deg: Degrees,
+    tasks: list[PlannedTask],
+    calibration: Calibration | None,
+    spot: bool = False,
+) -> Placement:
+    """What the estimate prices: these tasks at the candidate's degrees."""
+    return Placement(
+        spec, snapshot, tasks, dp=deg.dp, tp=deg.tp, pp=deg.pp, zero=deg.zero,
+        pp_schedule=spec.pp_schedule, spot=spot, calibration=calibration,
+    )  # fmt: skip
 
 
 def _option(
@@ -549,20 +549,7 @@ def _option(
         for t in tasks
     )
     try:
-        est, runtime = estimate_planned(
-            Placement(
-                spec,
-                snapshot,
-                tasks,
-                dp=deg.dp,
-                tp=deg.tp,
-                pp=deg.pp,
-                zero=deg.zero,
-                pp_schedule=spec.pp_schedule,
-                spot=spot,
-                calibration=calibration,
-            )
-        )
+        est, runtime = estimate_planned(_placement(spec, snapshot, deg, tasks, calibration, spot=spot))
     except InvalidArgument:  # out of memory on these devices: not an option
         return None
     checks = qos_checks(spec, snapshot, tasks, est, spot)
