@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -46,13 +47,34 @@ def _chunks(path: Path) -> Iterator[bytes]:
             yield chunk
 
 
+def check_target(name: str, url: str, plain_http_hosts: frozenset[str]) -> None:
+    """An output goes over https, or over plain http only to a control plane the agent already
+    speaks to in plaintext (``agent.tls.plain_http_hosts``): a signed URL in the clear would hand
+    its ticket and the model's bytes to anyone on the path."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return
+    if parts.scheme == "http" and parts.hostname in plain_http_hosts:
+        return
+    raise UploadError(
+        f"output {name}: refusing to upload to {parts.scheme}://{parts.hostname}: outputs go over https "
+        "(or plain http only to a control plane this agent reaches without TLS); check CPN_PUBLIC_URL"
+    )
+
+
 def upload_file(
-    path: Path, target: OutputTarget, *, timeout_s: float = 120.0, verify: ssl.SSLContext | bool = True
+    path: Path,
+    target: OutputTarget,
+    *,
+    timeout_s: float = 120.0,
+    verify: ssl.SSLContext | bool = True,
+    plain_http_hosts: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """PUT one file (streamed); retries dropped connections and 5xx answers, not 4xx ones.
     Returns {bytes, digest, seconds}."""
     size = path.stat().st_size
     name = path.name
+    check_target(name, target.url, plain_http_hosts)
     if size > target.max_bytes:
         raise UploadError(f"output {name}: {size} bytes, over its bound of {target.max_bytes}")
     digest = sha256_file(path)
@@ -80,7 +102,10 @@ def upload_file(
 
 
 def upload_outputs(
-    outputs_dir: Path, targets: dict[str, OutputTarget], verify: ssl.SSLContext | bool = True
+    outputs_dir: Path,
+    targets: dict[str, OutputTarget],
+    verify: ssl.SSLContext | bool = True,
+    plain_http_hosts: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """Every file of ``outputs_dir`` that has a target; a target whose file the workers did not
     write is listed under ``missing``. UploadError on the first that fails."""
@@ -93,7 +118,7 @@ def upload_outputs(
         if not path.is_file():
             missing.append(name)
             continue
-        uploaded[name] = upload_file(path, target, verify=verify)
+        uploaded[name] = upload_file(path, target, verify=verify, plain_http_hosts=plain_http_hosts)
     return {"uploaded": uploaded, "missing": missing}
 
 
@@ -119,7 +144,11 @@ def pack_checkpoint(step_dir: Path, out: Path) -> Path:
 
 
 def upload_checkpoint(
-    checkpoint_dir: Path, target: OutputTarget, scratch: Path, verify: ssl.SSLContext | bool = True
+    checkpoint_dir: Path,
+    target: OutputTarget,
+    scratch: Path,
+    verify: ssl.SSLContext | bool = True,
+    plain_http_hosts: frozenset[str] = frozenset(),
 ) -> dict[str, Any] | None:
     """The newest complete checkpoint as ``checkpoint.tar`` (None: there is none)."""
     newest = newest_checkpoint(checkpoint_dir)
@@ -127,6 +156,7 @@ def upload_checkpoint(
         return None
     tar = pack_checkpoint(newest, scratch / CHECKPOINT_OUTPUT)
     try:
-        return upload_file(tar, target, verify=verify) | {"step_dir": newest.name}
+        sent = upload_file(tar, target, verify=verify, plain_http_hosts=plain_http_hosts)
+        return sent | {"step_dir": newest.name}
     finally:
         tar.unlink(missing_ok=True)

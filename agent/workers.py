@@ -45,7 +45,7 @@ from agent.sandbox import (
     tree_bytes,
 )
 from agent.settings import AgentSettings
-from agent.tls import http_verify
+from agent.tls import http_verify, plain_http_hosts
 from contracts.artifacts import CHECKPOINT_OUTPUT
 from contracts.checkpoint_transfer import CheckpointTicket, CheckpointTls
 from contracts.errors import InvalidArgument
@@ -433,6 +433,9 @@ class WorkerRun:
     def _http_verify(self) -> ssl.SSLContext | bool:
         return http_verify(self._settings.tls_ca_file)
 
+    def _plain_hosts(self) -> frozenset[str]:
+        return plain_http_hosts(self._settings.server, self._settings.tls_ca_file)
+
     def _stage_spec(self) -> StageSpec | None:
         raw = self.assignment.worker_config.get("stage")
         if raw is None:
@@ -507,7 +510,11 @@ class WorkerRun:
         try:
             if state == SUCCEEDED and isinstance(outputs_dir, str):
                 done = await asyncio.to_thread(
-                    uploads.upload_outputs, Path(outputs_dir), stage.outputs, self._http_verify()
+                    uploads.upload_outputs,
+                    Path(outputs_dir),
+                    stage.outputs,
+                    self._http_verify(),
+                    self._plain_hosts(),
                 )
                 self._extra["outputs"] = done
             elif (
@@ -521,6 +528,7 @@ class WorkerRun:
                     stage.outputs[CHECKPOINT_OUTPUT],
                     self.run_dir,
                     self._http_verify(),
+                    self._plain_hosts(),
                 )
                 if done is not None:
                     self._extra["outputs"] = {"uploaded": {CHECKPOINT_OUTPUT: done}, "missing": []}

@@ -39,16 +39,16 @@ def store() -> Iterator[FakeStore]:
 
 
 def agent_settings(tmp: Path, **kw: Any) -> AgentSettings:
-    return AgentSettings(
-        server="127.0.0.1:1",
-        region="eu-west",
-        cluster="c0",
-        price_per_device_hour=1.0,
-        work_dir=tmp / "work",
-        allow_command_override=True,
-        pip_args=("--no-index", "--find-links", str(tmp / "no-wheels")),
-        **kw,
-    )
+    defaults: dict[str, Any] = {
+        "server": "127.0.0.1:1",
+        "region": "eu-west",
+        "cluster": "c0",
+        "price_per_device_hour": 1.0,
+        "work_dir": tmp / "work",
+        "allow_command_override": True,
+        "pip_args": ("--no-index", "--find-links", str(tmp / "no-wheels")),
+    }
+    return AgentSettings(**(defaults | kw))
 
 
 def run_task(
@@ -149,6 +149,18 @@ def test_a_refused_upload_fails_the_task(store: FakeStore, tmp_path: Path) -> No
     status, _ = final(sent)
     assert status.state == FAILED
     assert "workers exited cleanly, but output config.json: upload failed: HTTP 403" in status.message
+
+
+def test_an_output_url_in_the_clear_to_another_host_is_refused_before_any_byte(
+    store: FakeStore, tmp_path: Path
+) -> None:
+    # The agent speaks to its control plane at 10.0.0.1: a plain-http output URL elsewhere (a wrong
+    # CPN_PUBLIC_URL) would carry the ticket and the model's bytes in the clear.
+    _, sent = run_task(writer_config(store, 0), agent_settings(tmp_path, server="10.0.0.1:1"))
+    status, _ = final(sent)
+    assert status.state == FAILED
+    assert "refusing to upload to http://127.0.0.1" in status.message
+    assert not store.uploads and not [r for r in store.requests if r.method == "PUT"]
 
 
 def test_a_failed_task_leaves_its_newest_complete_checkpoint_downloadable(
