@@ -95,11 +95,9 @@ class _Vars:
 
 @dataclass
 class _Regions:
-    """Per region r: z_r (used), whether two or more of its members take part (its rows bound it;
-    nothing else reads it), and its egress price per byte sent when it is used with another."""
+    """Per region r: z_r (used) and its egress price per byte sent when it is used with another."""
 
     used: dict[int, int]
-    several: dict[int, int]
     egress: dict[int, int]
 
 
@@ -173,10 +171,9 @@ def _add_regions(
     model: _Model, pr: Problem, units: list[int], regions: list[int], columns: _Vars
 ) -> _Regions:
     """z_r is 1 exactly when some unit of region r is used."""
-    out = _Regions({}, {}, {})
+    out = _Regions({}, {})
     for r in regions:
         used = out.used[r] = model.var(0, 1, True)
-        several = out.several[r] = model.var(0, 1, True)
         out.egress[r] = model.var(0, math.inf, False)
         mine = [u for u in units if pr.region[u] == r]
         for u in mine:
@@ -187,9 +184,6 @@ def _add_regions(
             -math.inf,
             0.0,
         )
-        members = float(sum(int(pr.count[u]) for u in mine))
-        taking_part = [(columns.y1[u], 1.0) for u in mine] + [(columns.y2[u], 1.0) for u in mine]
-        model.row(taking_part + [(several, -members)], -math.inf, 1.0)
     return out
 
 
