@@ -20,7 +20,6 @@ import hashlib
 import os
 import posixpath
 import shutil
-import signal
 import site
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from pathlib import Path, PurePosixPath
 
 from agent.fetch import Cancelled
 from contracts.artifacts import MAX_CODE_BYTES
-from contracts.lifetime import keeper_command
+from contracts.lifetime import Watched, keeper_command
 
 MAX_UNPACKED_BYTES = 4 * MAX_CODE_BYTES
 MAX_MEMBERS = 100_000
@@ -255,22 +254,6 @@ def build(
     return cpu_s + _run(cmd, "pip install", timeout_s, on_line, cancel)
 
 
-def _reap(proc: subprocess.Popen[str], exited: threading.Event, guard: threading.Lock) -> tuple[int, float]:
-    """(exit code, CPU seconds of the process and the children it waited for), from the kernel's
-    accounting at its reaping (``wait4``); ``exited`` is set while it is still a zombie, so no
-    kill can reach another process that took its pid."""
-    try:
-        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-        with guard:
-            exited.set()
-        _, status, usage = os.wait4(proc.pid, 0)
-    except ChildProcessError:  # reaped elsewhere: neither its status nor its CPU time is known
-        exited.set()
-        return proc.wait(), 0.0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_utime + usage.ru_stime
-
-
 def _see_node_packages(venv: Path) -> None:
     """Where the agent itself runs in a venv, ``--system-site-packages`` reaches only the base
     interpreter's packages: a .pth file adds the agent's own site dirs (torch, cpn) after the
@@ -309,26 +292,19 @@ def _run(
         pass_fds=fds,
     )
     assert proc.stdout is not None
-    exited, guard = threading.Event(), threading.Lock()
-
-    def stop_when_due() -> None:  # the pipe's reads block: a watcher ends a run over its time
-        while not exited.wait(0.1):
-            if time.monotonic() > deadline or (cancel is not None and cancel.is_set()):
-                with guard:  # never after the keeper is reaped: its pid may be another's then
-                    if not exited.is_set():
-                        os.kill(proc.pid, signal.SIGTERM)  # the keeper ends pip's whole tree
-                return
-
-    # Not ``lifetime.stop_when``: its poll() would reap the keeper before ``_reap`` reads its CPU time.
-    watcher = threading.Thread(target=stop_when_due, daemon=True)
-    watcher.start()
-    for raw in proc.stdout:
-        line = raw.rstrip("\n")
-        tail.append(line[:500])
-        if on_line is not None and line.strip():
-            on_line(line[:2000])
-    code, cpu_s = _reap(proc, exited, guard)
-    watcher.join()
+    # The keeper ends pip's whole tree when stopped; its CPU time is read at its reaping.
+    watched = Watched(proc, deadline, cancel)
+    try:
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            tail.append(line[:500])
+            if on_line is not None and line.strip():
+                on_line(line[:2000])
+    except BaseException:  # an error here ends the build all the same
+        watched.stop()
+        watched.reap()
+        raise
+    code, cpu_s = watched.reap()
     if code == 0:
         return cpu_s
     if cancel is not None and cancel.is_set():

@@ -25,7 +25,7 @@ from pathlib import Path
 from agent.fetch import Cancelled
 from agent.output import parse_prefixed
 from agent.shared_profile import alike_key, load_shared, shared_path, store_shared
-from contracts.lifetime import keeper_command, stop_when
+from contracts.lifetime import Watched, keeper_command
 from contracts.metrics import RESULT_PREFIX
 from contracts.registration import (
     COLLECTIVE_FIELDS,
@@ -198,19 +198,18 @@ def _measure_profile(
             kept, cwd=work_dir, env=env, stdout=subprocess.PIPE, stderr=logfile, text=True, pass_fds=fds
         )
         # A reference step that hangs is stopped as a whole after the timeout.
-        watcher = stop_when(proc, time.monotonic() + timeout_s, cancel)
+        watched = Watched(proc, time.monotonic() + timeout_s, cancel)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
                 logfile.write(line)
                 if (payload := parse_prefixed(line.rstrip("\n"), RESULT_PREFIX)) is not None:
                     result, result_at = payload, time.monotonic()
-            proc.wait()  # the keeper exits once the tree is gone
+        except BaseException:  # an error here: stop the tree all the same
+            watched.stop()
+            raise
         finally:
-            if proc.poll() is None:  # an error here: stop the tree all the same
-                proc.terminate()
-            proc.wait()
-            watcher.join()
+            watched.reap()  # the keeper exits once the tree is gone
     exited = time.monotonic()
     if proc.returncode != 0 or result is None or result_at is None:
         log.warning(

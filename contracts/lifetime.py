@@ -88,26 +88,51 @@ def keeper_command(cmd: Sequence[str], *, grace_s: float) -> tuple[list[str], tu
     return [*argv, "--", *cmd], (fd,)
 
 
-def stop_when(
-    proc: subprocess.Popen[Any], deadline: float, cancel: threading.Event | None = None
-) -> threading.Thread:
-    """A thread that SIGTERMs ``proc`` (a keeper: it ends its tree) once ``deadline`` (monotonic)
-    has passed or ``cancel`` is set: reading the child's output blocks its parent's thread."""
+class Watched:
+    """A keeper (``keeper_command``) whose reads block the thread that started it: a watcher
+    thread SIGTERMs it (the keeper ends its tree) once ``deadline`` (monotonic) has passed or
+    ``cancel`` is set, and ``reap`` gives its exit code and the CPU seconds of it and the children
+    it waited for. The watcher never reaps: an exited keeper stays a zombie until ``reap``, so no
+    signal can reach another process that took its pid, and its CPU time is still there to read."""
 
-    def watch() -> None:
-        while proc.poll() is None:
-            if time.monotonic() > deadline or (cancel is not None and cancel.is_set()):
-                with contextlib.suppress(ProcessLookupError):
-                    proc.terminate()
+    def __init__(
+        self, proc: subprocess.Popen[Any], deadline: float, cancel: threading.Event | None = None
+    ) -> None:
+        self.proc, self._deadline, self._cancel = proc, deadline, cancel
+        self._exited, self._guard = threading.Event(), threading.Lock()
+        self._reaped: tuple[int, float] | None = None
+        self._thread = threading.Thread(target=self._watch, name="cpn-watched", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._exited.wait(0.1):
+            if time.monotonic() > self._deadline or (self._cancel is not None and self._cancel.is_set()):
+                self.stop()
                 return
-            if cancel is None:
-                time.sleep(0.1)
-            else:
-                cancel.wait(0.1)
 
-    watcher = threading.Thread(target=watch, name="cpn-stop-when", daemon=True)
-    watcher.start()
-    return watcher
+    def stop(self) -> None:
+        """SIGTERM the keeper, unless it has exited (it then ends its tree, with its grace)."""
+        with self._guard:
+            if not self._exited.is_set():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.proc.pid, signal.SIGTERM)
+
+    def reap(self) -> tuple[int, float]:
+        """Wait for the keeper's exit: (exit code, CPU seconds from the kernel's accounting)."""
+        if self._reaped is None:
+            try:
+                os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+                with self._guard:
+                    self._exited.set()
+                _, status, usage = os.wait4(self.proc.pid, 0)
+            except ChildProcessError:  # reaped elsewhere: its status is Popen's, its CPU time unknown
+                self._exited.set()
+                self._reaped = (self.proc.wait(), 0.0)
+            else:
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                self._reaped = (self.proc.returncode, usage.ru_utime + usage.ru_stime)
+            self._thread.join()
+        return self._reaped
 
 
 # -- the child's side -------------------------------------------------------------------------

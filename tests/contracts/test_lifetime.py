@@ -7,11 +7,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from contracts.lifetime import keeper_command, tied_env
+from contracts.lifetime import Watched, keeper_command, tied_env
 from tests.processes import marked_env, wait_for_process, wait_until_gone
 
 pytestmark = pytest.mark.slow
@@ -93,3 +95,33 @@ def test_a_tied_child_whose_parent_is_already_gone_exits_at_once() -> None:
     code = "from contracts.lifetime import die_with_parent; die_with_parent(); print('alive')"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 1 and "alive" not in out.stdout
+
+
+def test_a_watched_keeper_gives_its_code_and_cpu_time_and_is_stopped_when_due_or_cancelled() -> None:
+    # Ends on its own: its exit code, and the CPU time it spent (read at the reaping, not lost
+    # to a watcher that reaped it first).
+    spin = "import sys, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nsys.exit(3)"
+    argv, fds = keeper_command([sys.executable, "-c", spin], grace_s=0)
+    watched = Watched(subprocess.Popen(argv, pass_fds=fds), time.monotonic() + 300)
+    code, cpu_s = watched.reap()
+    assert code == 3 and cpu_s >= 0.3
+
+    # Past its deadline: the keeper is stopped and ends the whole tree (grandchild included).
+    env, mark = marked_env()
+    argv, fds = keeper_command([sys.executable, "-c", STUBBORN], grace_s=0)
+    proc = subprocess.Popen(argv, pass_fds=fds, env=env, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    code, _ = Watched(proc, time.monotonic()).reap()
+    assert code == -signal.SIGKILL
+    assert wait_until_gone(mark) == {}
+
+    # Cancelled: the same, at the event.
+    env, mark = marked_env()
+    cancel = threading.Event()
+    argv, fds = keeper_command([sys.executable, "-c", STUBBORN], grace_s=0)
+    proc = subprocess.Popen(argv, pass_fds=fds, env=env, stdout=subprocess.PIPE)
+    watched = Watched(proc, time.monotonic() + 300, cancel)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    cancel.set()
+    assert watched.reap()[0] == -signal.SIGKILL
+    assert wait_until_gone(mark) == {}
