@@ -171,7 +171,11 @@ def agent_command(
 ) -> None:
     """Run the node agent: register this node's devices and run the work the control plane assigns."""
     die_with_parent()  # started by `cpn demo` or a test fleet: not a moment longer than it
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _configure_logging(log_level)
+    raise typer.Exit(run_agent(settings_from_options(ctx.params)))  # every option above, by name
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs each request's full URL at INFO: artifact URLs carry their tickets.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    raise typer.Exit(run_agent(settings_from_options(ctx.params)))  # every option above, by name
