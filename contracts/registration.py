@@ -144,6 +144,8 @@ class NodeRegistration:
     # Seconds before the request each probe the figure kept was taken (see MAX_CONTENTION_PROBES).
     cpu_contention_probe_ages_s: tuple[float, ...] = ()
     sandbox: str = SANDBOX_NONE  # whether and how it runs users' code (SANDBOX_KINDS)
+    # Its profile is being measured and follows on the stream: until then it is not placed.
+    profile_follows: bool = False
 
 
 def probe_ages_problem(ages: Sequence[float]) -> str | None:

@@ -76,6 +76,7 @@ def registration_from_proto(r: agent_pb2.RegisterRequest) -> NodeRegistration:
         cpu_contention_probe_ages_s=tuple(r.cpu_contention_probe_ages_s),
         sandbox=r.sandbox or SANDBOX_NONE,  # an agent that does not say runs no users' code
         profile=profile_from_proto(r.measured_profile) if r.HasField("measured_profile") else None,
+        profile_follows=r.profile_follows,
     )
 
 

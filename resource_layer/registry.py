@@ -6,6 +6,7 @@ also need the bus. All are synchronous; the gRPC edge runs them with ``asyncio.t
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -25,8 +26,10 @@ from contracts.registration import (
     MAX_CONTENTION,
     MIN_CONTENTION,
     DeviceReport,
+    NodeProfile,
     NodeRegistration,
     device_problems,
+    profile_problems,
     validate_registration,
 )
 from orchestration.audit import record_audit
@@ -37,6 +40,8 @@ from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Pric
 from orchestration.resource_changes import NOTED, note_changes
 from resource_layer.liveness import node_alive_key
 from resource_layer.tokens import consume_enrollment_token, new_node_token, token_matches
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PROVIDER = "independent"
 
@@ -88,6 +93,8 @@ def register_node(
     node.probe_key = new_probe_key()  # rotated with the node token: the old agent process is gone
     node.agent_version = reg.agent_version
     node.profile = reg.profile.as_dict() if reg.profile is not None else None
+    # Registered before its measurement: not placed until the profile follows (record_profile).
+    node.measuring = reg.profile_follows and reg.profile is None
     # Declared with every registration: a node that stops declaring goes back to the cluster's.
     node.fabric_bandwidth_gbps = reg.node_fabric_gbps or None
     node.fabric_latency_ms = reg.node_fabric_latency_ms or None
@@ -281,6 +288,25 @@ def _store_contention(
 
 def _chunks(ids: Sequence[str]) -> list[Sequence[str]]:
     return [ids[i : i + ROWS_PER_STATEMENT] for i in range(0, len(ids), ROWS_PER_STATEMENT)]
+
+
+def record_profile(session: Session, node_id: str, profile: NodeProfile | None, error: str = "") -> Node:
+    """The profile a node registered without: kept, and the node is placeable from now on. None
+    (its measurement failed, ``error`` says why): it is placed on its declared figures, as a node
+    that measures none. A repeat (the agent sends it on each new stream) changes nothing more."""
+    if profile is not None:
+        problems = profile_problems(profile, where="profile.measured_profile")
+        if problems:
+            raise InvalidArgument("invalid profile: " + "; ".join(problems), problems=problems)
+    node = session.get(Node, node_id)
+    if node is None:
+        raise NotFound(f"node {node_id} not found", field="node_id")
+    if profile is not None:
+        node.profile = profile.as_dict()
+    elif error:
+        log.warning("node %s measured no profile: %s", node_id, error)
+    node.measuring = False
+    return node
 
 
 def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceReport]) -> None:
