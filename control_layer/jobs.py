@@ -45,8 +45,8 @@ from control_layer.queue import (
     month_label,
     month_spend,
 )
-from control_layer.stage_sections import JobStage, job_stage
 from control_layer.snapshot import measuring_nodes
+from control_layer.stage_sections import JobStage, job_stage
 from control_layer.submissions import submit_job as submit_job  # the submit step of the service
 from control_layer.task_states import clip_message
 from control_layer.user_data import needs_resolution

@@ -63,11 +63,14 @@ def node_profile(raw: dict[str, Any] | None) -> NodeProfileInfo | None:
 
 def measuring_nodes(session: Session) -> int:
     """Nodes alive and uncordoned that wait only for their profile: capacity about to be offered."""
-    return session.scalar(
-        select(func.count())
-        .select_from(Node)
-        .where(Node.measuring.is_(True), Node.status == "alive", Node.cordon == "")
-    ) or 0
+    return (
+        session.scalar(
+            select(func.count())
+            .select_from(Node)
+            .where(Node.measuring.is_(True), Node.status == "alive", Node.cordon == "")
+        )
+        or 0
+    )
 
 
 def busy_accelerator_ids(session: Session) -> set[str]:
