@@ -136,9 +136,11 @@ def test_a_node_measuring_is_listed_at_once_not_placed_and_runs_the_queued_job_o
             client.post("/v1/jobs", json={"spec": job_spec(), "choice": "cheapest"}).raise_for_status().json()
         )
         queued = wait_for(
-            lambda: (j := client.get(f"/v1/jobs/{job['id']}").json())["deferred"] and j,
+            lambda: (
+                "measuring" in ((j := client.get(f"/v1/jobs/{job['id']}").json())["deferred"] or "") and j
+            ),
             timeout=60,
-            what="the job's reason to wait",
+            what="the job's reason to wait: the node measuring",
         )
         assert queued["status"] == "queued" and not queued["tasks"]
         assert "waiting for 1 node(s) measuring their profile" in queued["deferred"]
