@@ -41,6 +41,7 @@ from sqlalchemy import func, select
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _host import patience  # noqa: E402
 from _submit_client import _read_answer, _request  # noqa: E402
 from control_plane import Database, Replica, admin_client, server_env  # noqa: E402
 
@@ -183,7 +184,7 @@ def main() -> None:
         replica.start()
         admin = admin_client(replica, admin_key)
         agents = start_agents(AGENTS, replica.grpc_target, enroll(admin, AGENTS, "admission"), workdir, 33500)
-        wait_for_clusters(admin, len(AGENTS), timeout_s=300)
+        wait_for_clusters(admin, len(AGENTS), timeout_s=patience(300.0))
         keys, tenant_names = [], {}
         for name in ("alice", "bob"):
             tenant = admin.post("/v1/tenants", json={"name": name}).raise_for_status().json()
