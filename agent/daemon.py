@@ -338,6 +338,9 @@ class Agent:
         except Exception as exc:  # the node still serves on its declared figures
             log.exception("measuring the profile failed")
             report.error = f"measuring the profile failed: {exc}"
+        if self._settled is not None:  # the host once measuring is over, for the first quotes
+            report.cpu_contention = self._contention.value
+            report.cpu_contention_probe_ages_s.extend(self._contention.kept_ages())
         if self.profile is not None:
             log.info("worker profile: %s", self.profile.as_dict())
             report.measured_profile.CopyFrom(profile_to_proto(self.profile))

@@ -26,10 +26,9 @@ from contracts.registration import (
     MAX_CONTENTION,
     MIN_CONTENTION,
     DeviceReport,
-    NodeProfile,
     NodeRegistration,
+    ProfileReport,
     device_problems,
-    profile_problems,
     validate_registration,
 )
 from orchestration.audit import record_audit
@@ -290,22 +289,30 @@ def _chunks(ids: Sequence[str]) -> list[Sequence[str]]:
     return [ids[i : i + ROWS_PER_STATEMENT] for i in range(0, len(ids), ROWS_PER_STATEMENT)]
 
 
-def record_profile(session: Session, node_id: str, profile: NodeProfile | None, error: str = "") -> Node:
-    """The profile a node registered without: kept, and the node is placeable from now on. None
-    (its measurement failed, ``error`` says why): it is placed on its declared figures, as a node
-    that measures none. A repeat (the agent sends it on each new stream) changes nothing more."""
-    if profile is not None:
-        problems = profile_problems(profile, where="profile.measured_profile")
-        if problems:
-            raise InvalidArgument("invalid profile: " + "; ".join(problems), problems=problems)
+def record_profile(
+    session: Session, node_id: str, report: ProfileReport, now: datetime | None = None
+) -> Node:
+    """The profile a node registered without: kept, and the node is placeable from now on. No
+    profile (its measurement failed, ``report.error`` says why): it is placed on its declared
+    figures, as a node that measures none. The contention settled after the measurement is
+    stored as a registration's is. A repeat (the agent sends it on each new stream) changes
+    nothing more."""
+    problems = report.problems()
+    if problems:
+        raise InvalidArgument("invalid profile report: " + "; ".join(problems), problems=problems)
     node = session.get(Node, node_id)
     if node is None:
         raise NotFound(f"node {node_id} not found", field="node_id")
-    if profile is not None:
-        node.profile = profile.as_dict()
-    elif error:
-        log.warning("node %s measured no profile: %s", node_id, error)
+    if report.profile is not None:
+        node.profile = report.profile.as_dict()
+    elif report.error:
+        log.warning("node %s measured no profile: %s", node_id, report.error)
     node.measuring = False
+    if report.cpu_contention:
+        now = now or utcnow()
+        probed = [now - timedelta(seconds=a) for a in report.cpu_contention_probe_ages_s]
+        node.cpu_contention = report.cpu_contention
+        node.cpu_contention_busy = busy_at_probes(session, {node.id: probed}).get(node.id) if probed else None
     return node
 
 

@@ -21,16 +21,16 @@ from sqlalchemy.exc import IntegrityError
 
 from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, PermissionDenied
 from contracts.node_staging import StagingProbe
-from contracts.registration import NodeProfile, NodeRegistration, probe_ages_problem
+from contracts.registration import NodeRegistration, ProfileReport, probe_ages_problem
 from contracts.states import TASK_TERMINAL
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
-from proto.cpn.agent.v1.profile import profile_from_proto
 from resource_layer import link_probes, node_staging, registry
 from resource_layer.convert import (
     device_from_proto,
     metrics_to_dict,
+    profile_report_from_proto,
     registration_from_proto,
     result_from_json,
     server_message_from_dict,
@@ -387,9 +387,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 self._record_staging_probe, node_id, staging_probe_from_proto(message.staging_probe)
             )
         elif kind == "profile":
-            r = message.profile
-            profile = profile_from_proto(r.measured_profile) if r.HasField("measured_profile") else None
-            await asyncio.to_thread(self._record_profile, node_id, profile, r.error)
+            await asyncio.to_thread(self._record_profile, node_id, profile_report_from_proto(message.profile))
         elif kind == "cache":
             c = message.cache
             await asyncio.to_thread(self._replace_cache, node_id, list(c.blobs), list(c.venvs))
@@ -408,9 +406,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             node_staging.record_probe(session, node_id, probe)
         log.info("node %s staging probe: %s", node_id, probe.as_dict())
 
-    def _record_profile(self, node_id: str, profile: NodeProfile | None, error: str) -> None:
+    def _record_profile(self, node_id: str, report: ProfileReport) -> None:
         with self._ctx.session_factory() as session, session.begin():
-            registry.record_profile(session, node_id, profile, error[:500])  # only logged
+            registry.record_profile(session, node_id, report)
         log.info("node %s profile arrived: placeable from now on", node_id)
 
     def _replace_cache(self, node_id: str, blobs: list[str], venvs: list[str]) -> None:

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from contracts.errors import InvalidArgument
+from contracts.registration import ProfileReport
 from control_layer.snapshot import build_snapshot
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
@@ -673,15 +674,25 @@ def test_a_node_whose_profile_follows_is_measuring_and_unplaced_until_the_profil
     bad = _measured_profile()
     bad.startup_s = float("nan")
     with ctx.session_factory() as s, s.begin(), pytest.raises(InvalidArgument, match="startup_s"):
-        registry.record_profile(s, measuring.node_id, profile_from_proto(bad))
+        registry.record_profile(s, measuring.node_id, ProfileReport(profile_from_proto(bad)))
+    noisy = ProfileReport(profile_from_proto(_measured_profile()), cpu_contention=float("inf"))
+    with (
+        ctx.session_factory() as s,
+        s.begin(),
+        pytest.raises(InvalidArgument, match="profile.cpu_contention"),
+    ):
+        registry.record_profile(s, measuring.node_id, noisy)
     with ctx.session_factory() as s:
         assert s.get(Node, measuring.node_id).measuring  # type: ignore[union-attr]
 
     with ctx.session_factory() as s, s.begin():
-        registry.record_profile(s, measuring.node_id, profile_from_proto(_measured_profile()))
+        registry.record_profile(
+            s, measuring.node_id, ProfileReport(profile_from_proto(_measured_profile()), cpu_contention=0.75)
+        )
     with ctx.session_factory() as s:
         node = s.get(Node, measuring.node_id)
         assert node is not None and not node.measuring and node.profile["startup_s"] == 6.5
+        assert node.cpu_contention == 0.75  # settled after the measurement: the first quotes price it
     assert _placeable(ctx) == {declared.node_id, measuring.node_id}
 
 
@@ -692,7 +703,7 @@ def test_a_failed_measurement_leaves_the_node_placeable_on_its_declared_figures(
     resp = stub.Register(request(enrollment_token(ctx), profile_follows=True), timeout=10)
     assert _placeable(ctx) == set()
     with ctx.session_factory() as s, s.begin():
-        registry.record_profile(s, resp.node_id, None, "the reference step gave no profile")
+        registry.record_profile(s, resp.node_id, ProfileReport(None, "the reference step gave no profile"))
     with ctx.session_factory() as s:
         node = s.get(Node, resp.node_id)
         assert node is not None and not node.measuring and node.profile is None

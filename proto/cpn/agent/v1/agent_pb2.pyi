@@ -195,12 +195,16 @@ class AgentMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ..., probe_result: _Optional[_Union[LinkProbeResult, _Mapping]] = ..., checkpoint_copy_result: _Optional[_Union[CheckpointCopyResult, _Mapping]] = ..., staging_probe: _Optional[_Union[StagingProbeResult, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ..., profile: _Optional[_Union[ProfileReport, _Mapping]] = ...) -> None: ...
 
 class ProfileReport(_message.Message):
-    __slots__ = ("measured_profile", "error")
+    __slots__ = ("measured_profile", "error", "cpu_contention", "cpu_contention_probe_ages_s")
     MEASURED_PROFILE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CPU_CONTENTION_FIELD_NUMBER: _ClassVar[int]
+    CPU_CONTENTION_PROBE_AGES_S_FIELD_NUMBER: _ClassVar[int]
     measured_profile: MeasuredProfile
     error: str
-    def __init__(self, measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    cpu_contention: float
+    cpu_contention_probe_ages_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ..., error: _Optional[str] = ..., cpu_contention: _Optional[float] = ..., cpu_contention_probe_ages_s: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StagingProbeResult(_message.Message):
     __slots__ = ("fetch_fixed_s", "bytes_per_s", "probe_bytes", "venv_s", "error")
