@@ -262,7 +262,9 @@ def _not_now(
     if key not in state.never:
         state.never[key] = never_fits(ctx, spec, avoid, calibration)
     never = state.never[key]
-    if never is not None and (measuring := _measuring(ctx)):
+    if never is not None and state.measuring is None:
+        state.measuring = _measuring(ctx)
+    if never is not None and (measuring := state.measuring):
         # Nodes still measuring are not in the fleet yet: the job waits for them, not fails.
         reason = f"waiting for {measuring} node(s) measuring their profile: {never}"
         return keep_waiting(ctx, job_id, reason, "waiting")
