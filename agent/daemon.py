@@ -303,6 +303,8 @@ class Agent:
         except Cancelled as exc:
             log.info("agent stopping: %s", exc)
             return
+        except Exception:  # a venv build or a settle that failed: the node serves without it
+            log.exception("measuring the node failed")
         if self._settled is not None:
             log.info("host CPU contention after the reference step: %.2f", self._settled)
         self._measured = True
