@@ -17,11 +17,12 @@ shows in every probe, a burst shorter than a quarter of the window is trimmed aw
 prices CPU slots by it.
 
 The agent's own work is kept out: it probes only while it runs no workers of its own (a quote adds
-the new job's workers itself), and after measuring its reference step it probes for ``SETTLE_S``
-before it registers, still in its turn of the host (``profile.measure_profile``), so the figure
-it registers with is the host after its own start-up, not during it nor during the next
-co-located agent's reference step. Where several agents share a host, the last to register has
-seen none of the others' measurements, and the planner takes the host's quietest figure.
+the new job's workers itself), and after measuring its reference step it probes for ``SETTLE_S``,
+still in its turn of the host (``profile.measure_profile``), so the figure it sends with its
+profile (``ProfileReport``: the node is registered, "measuring", by then) is the host after its
+own start-up, not during it nor during the next co-located agent's reference step. Where several
+agents share a host, the last to measure has seen none of the others' measurements, and the
+planner takes the host's quietest figure.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ SPIN_S = 0.02  # CPU seconds per probe: 2 % of a core at one probe a second
 MAX_WALL_S = 0.5  # a probe that cannot get its CPU time within this reports what it saw
 WINDOW_S = 20.0  # the figure covers the probes of this many seconds before the newest
 QUIET_AFTER_S = 5.0  # no probe until this long after the node's own workers exited
-SETTLE_S = 3.0  # probing after the reference step, before registering
+SETTLE_S = 3.0  # probing after the reference step, before the profile goes up
 SETTLE_EVERY_S = 0.2  # 15 probes in the settle window: 10 % of a core for 3 s
 # A spin whose wall clock ran at most this much ahead of its CPU clock did not wait its turn (a
 # timer tick or a short kernel thread costs a few per cent on an idle core).

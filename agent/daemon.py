@@ -2,8 +2,11 @@
 
 Life of an agent process:
 1. stop worker groups a previous agent process left behind (from the state file);
-2. find and measure the devices;
-3. register (with stored node credentials when they fit, else with the enrollment token);
+2. find the devices and probe the sandbox;
+3. register (with stored node credentials when they fit, else with the enrollment token) at once,
+   saying that the profile follows: the node is listed "measuring" and not placed, while its
+   reference step (and the venv build timed in the same turn of the host) runs beside the stream;
+   the profile goes up when it is measured (again on each new stream), then the store probe;
 4. hold one ``Connect`` stream; when it breaks, reconnect with exponential backoff capped below
    the server's loss threshold, keeping the workers running (nothing in a worker depends on the
    stream) and naming them in the next Hello, then replaying each task's state and latest metrics;
@@ -174,6 +177,10 @@ class Agent:
         # The cache as last reported on this stream (None: not yet): reported again when it differs.
         self._cache_reported: tuple[list[str], list[str]] | None = None
         self._cache_duty = Duty("report-cache", lambda: CACHE_REPORT_EVERY_S, self._report_cache)
+        self._profile_follows = False  # it registers before measuring its profile, which follows
+        self._profile_report: agent_pb2.AgentMessage | None = None  # sent on each new stream
+        self._measured = False  # the profile and the venv build are measured (or not to be)
+        self._store_offer: agent_pb2.StoreProbe | None = None  # from the latest registration
 
     # -- the whole life -------------------------------------------------------------------------
     async def run(self) -> int:
@@ -191,15 +198,12 @@ class Agent:
         if servers is None:
             return 2
         probe_server, checkpoint_server = servers
-        if self.profile is not None and self._probes_cpu:
-            # What it registers with; a profile given rather than measured settles here.
-            if self._settled is None:
-                self._settled = await asyncio.to_thread(contention.settle, self._contention)
-            log.info("host CPU contention after the reference step: %.2f", self._settled)
         self._use_server(0)
         # Duties outlive ``stop``: heartbeats go on while the workers are being stopped.
         duties_stop = asyncio.Event()
         duties = [asyncio.create_task(run_duty(d, duties_stop)) for d in self._duties()]
+        # Measuring runs beside the connection: the node registers and heartbeats meanwhile.
+        duties.append(asyncio.create_task(self._measure()))
         connection = asyncio.create_task(self._connection_loop())
         stopping = asyncio.create_task(stop.wait())
         code = 0
@@ -212,6 +216,7 @@ class Agent:
             await self._shutdown(connection)
         finally:
             stop.set()
+            self._halt.set()  # a reference step still measuring ends with the agent
             duties_stop.set()
             probes = list(self._probe_tasks)  # a probe's result is worth nothing to a stopping agent
             for task in (*duties, connection, stopping, *probes):
@@ -227,8 +232,9 @@ class Agent:
         return code
 
     async def _prepare(self) -> int | None:
-        """Start-up before serving: the state file, a previous agent's leftovers, the devices, the
-        sandbox and the reference step. An exit code to end with, or None to go on."""
+        """Start-up before serving: the state file, a previous agent's leftovers, the devices and
+        the sandbox (the profile is measured once registered). An exit code to end with, or None
+        to go on."""
         s = self.settings
         stop = self._stop
         assert stop is not None
@@ -258,42 +264,8 @@ class Agent:
             log.warning("sandbox: %s; users' code runs UNCONFINED (--allow-unsandboxed)", self.sandbox.reason)
         else:
             log.warning("sandbox: %s; this node refuses users' code", self.sandbox.reason)
-        if s.measure_profile and self.profile is None and self.devices:
-
-            def in_turn() -> None:
-                self._measure_venv()
-                if self._probes_cpu:
-                    self._settled = contention.settle(self._contention)
-
-            # The host after this agent's own measurement, not during it nor during the next
-            # co-located agent's: settled in this agent's turn (``measure_profile``).
-            try:
-                self.profile = await asyncio.to_thread(
-                    measure_profile,
-                    self.devices[0].kind,
-                    s.work_dir / "reference",
-                    then=in_turn,
-                    device_model=self.devices[0].model,
-                    shared_max_age_s=s.profile_share_s,
-                    cancel=self._halt,
-                )
-            except Cancelled as exc:
-                log.info("agent stopping: %s", exc)
-                return 0
-            if self.profile is not None:
-                log.info("worker profile: %s", self.profile.as_dict())
-        if self._builds_venvs and not self.venv_s:  # no reference step's turn measured it
-
-            def own_turn() -> None:
-                with one_reference_at_a_time(cancel=self._halt):
-                    if not self._halt.is_set():
-                        self._measure_venv()
-
-            try:
-                await asyncio.to_thread(own_turn)
-            except Cancelled as exc:
-                log.info("agent stopping: %s", exc)
-                return 0
+        # Registered before it is measured: the node is listed "measuring" until the profile follows.
+        self._profile_follows = s.measure_profile and self.profile is None and bool(self.devices)
         if stop.is_set():
             log.info("agent stopping before registration")
             return 0
@@ -307,6 +279,78 @@ class Agent:
                 d.measured_tflops,
             )
         return None
+
+    async def _measure(self) -> None:
+        """The node's profile (the reference step; in the same turn of the host, one venv build
+        and the contention settling after it), measured while the node is registered: sent up
+        when done (again on each new stream), then the store probe the registration offered."""
+        s = self.settings
+        assert self.devices is not None
+        try:
+            if self._profile_follows:
+                await self._measure_profile()
+            if self._builds_venvs and not self.venv_s:  # no reference step's turn measured it
+
+                def own_turn() -> None:
+                    with one_reference_at_a_time(cancel=self._halt):
+                        if not self._halt.is_set():
+                            self._measure_venv()
+
+                await asyncio.to_thread(own_turn)
+            if self.profile is not None and self._probes_cpu and self._settled is None:
+                # A profile given rather than measured settles here.
+                self._settled = await asyncio.to_thread(contention.settle, self._contention)
+        except Cancelled as exc:
+            log.info("agent stopping: %s", exc)
+            return
+        except Exception:  # a venv build or a settle that failed: the node serves without it
+            log.exception("measuring the node failed")
+        if self._settled is not None:
+            log.info("host CPU contention after the reference step: %.2f", self._settled)
+        self._measured = True
+        if s.probe_staging and self._store_offer is not None:
+            await self._probe_staging(self._store_offer)
+
+    async def _measure_profile(self) -> None:
+        """Measure the profile and send it up (a failed measurement is sent as its error: the node
+        is then placed on its declared figures rather than left measuring)."""
+        s = self.settings
+        assert self.devices is not None
+
+        def in_turn() -> None:
+            self._measure_venv()
+            if self._probes_cpu:
+                self._settled = contention.settle(self._contention)
+
+        report = agent_pb2.ProfileReport()
+        # The host after this agent's own measurement, not during it nor during the next
+        # co-located agent's: settled in this agent's turn (``measure_profile``).
+        try:
+            self.profile = await asyncio.to_thread(
+                measure_profile,
+                self.devices[0].kind,
+                s.work_dir / "reference",
+                then=in_turn,
+                device_model=self.devices[0].model,
+                shared_max_age_s=s.profile_share_s,
+                cancel=self._halt,
+            )
+        except Cancelled:
+            raise
+        except Exception as exc:  # the node still serves on its declared figures
+            log.exception("measuring the profile failed")
+            report.error = f"measuring the profile failed: {exc}"
+        if self._settled is not None:  # the host once measuring is over, for the first quotes
+            report.cpu_contention = self._contention.value
+            report.cpu_contention_probe_ages_s.extend(self._contention.kept_ages())
+        if self.profile is not None:
+            log.info("worker profile: %s", self.profile.as_dict())
+            report.measured_profile.CopyFrom(profile_to_proto(self.profile))
+        elif not report.error:
+            report.error = "the reference step gave no profile"
+        self._profile_report = agent_pb2.AgentMessage(profile=report)
+        if self._connected:  # else the next stream's acknowledgement sends it
+            self._outbox.put(self._profile_report)
 
     async def _start_servers(self) -> tuple[Any, Any] | None:
         """The probe server and the checkpoint copies' server (each None where its port is -1);
@@ -475,6 +519,8 @@ class Agent:
         )
         if self.profile is not None:
             request.measured_profile.CopyFrom(profile_to_proto(self.profile))
+        else:
+            request.profile_follows = self._profile_follows
         if s.enroll_servers:
             key = await asyncio.to_thread(load_or_create_key, s.node_key_file)
             self._client_pair = (key, self._client_pair[1] if self._client_pair else b"")
@@ -508,7 +554,10 @@ class Agent:
         self._probe_key = response.probe_key
         self._save_state()
         log.info("registered as node %s in %s/%s", response.node_id, s.region, s.cluster)
-        if s.probe_staging:
+        # Probed once measuring is over (no reference step then shares the host with it): here
+        # if it is, else where it ends (``_measure``).
+        self._store_offer = response.store_probe
+        if s.probe_staging and self._measured:
             await self._probe_staging(response.store_probe)
 
     @property
@@ -524,9 +573,9 @@ class Agent:
             log.info("venv build: %.2f CPU seconds", self.venv_s)
 
     async def _probe_staging(self, offered: agent_pb2.StoreProbe) -> None:
-        """Measure the link to the store on the probe the control plane offered, before the stream
-        opens: no link probe then shares this node's link with it. The result (with the venv
-        build's figure) goes up once the stream is acknowledged."""
+        """Measure the link to the store on the probe the control plane offered, holding the probe
+        lock: no link probe shares this node's link with it. The result (with the venv build's
+        figure) goes up the stream."""
         blobs = [staging_probe.ProbeBlob(b.url, b.digest, b.bytes) for b in offered.blobs]
         if blobs:
             async with self._probe_lock:
@@ -634,6 +683,8 @@ class Agent:
             self._outbox.put(run.current)
         for message, _ in self._finals.values():
             self._outbox.put(message)
+        if self._profile_report is not None:  # repeats change nothing; a lost one would strand it
+            self._outbox.put(self._profile_report)
 
     # -- orders from the control plane ----------------------------------------------------------
     def _fail(self, assignment_id: str, message: str) -> None:

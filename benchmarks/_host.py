@@ -1,5 +1,5 @@
 """The host a benchmark ran on: its speed, a figure scaled to the slower hosts of its kind, and
-other tenants' work beside it.
+other tenants' work beside it, and how long a benchmark waits for its own parts on it.
 
 A figure measured on one host is a figure of that host: hosts of the same kind have differed by
 1.8x from one day to the next (BENCHMARKS.md). The host loop is the time of a fixed Python loop,
@@ -12,6 +12,7 @@ host's loop), so a figure taken on a faster host is not mistaken for one that ho
 from __future__ import annotations
 
 import contextlib
+import functools
 import subprocess
 import sys
 import time
@@ -35,6 +36,21 @@ def host_loop_s(runs: int = 3) -> float:
 def at_slow_host(figure: float, loop_s: float) -> float:
     """``figure`` (a latency) as it would read on the slower hosts of this kind."""
     return figure * max(1.0, SLOW_HOST_LOOP_S / loop_s)
+
+
+@functools.cache
+def pace() -> float:
+    """How much slower than the slower hosts of this kind this host runs now (at least 1): the
+    fixed loop once, measured the first time a wait asks (busy loops already running count)."""
+    return max(1.0, host_loop_s(runs=1) / SLOW_HOST_LOOP_S)
+
+
+def patience(base_s: float) -> float:
+    """The ceiling of a wait for the benchmark's own parts (agents measuring their profile, a
+    replica starting, a job finishing): ``base_s`` is what the slower hosts of this kind need
+    with room to spare, scaled by this host's ``pace``. A ceiling: a wait ends at its event, and
+    the error at the ceiling says what it waited for."""
+    return base_s * pace()
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 import httpx
 import numpy as np
+from _host import patience
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -116,7 +117,8 @@ def rest_latency(snap: ResourceSnapshot, specs: list[dict[str, Any]], *, workers
             headers={"Authorization": f"Bearer {admin_key}"},
             timeout=120,
         )
-        deadline = time.monotonic() + 120
+        ceiling = patience(120.0)
+        deadline = time.monotonic() + ceiling
         while True:
             try:
                 if http.get("/healthz").status_code == 200:
@@ -124,7 +126,7 @@ def rest_latency(snap: ResourceSnapshot, specs: list[dict[str, Any]], *, workers
             except httpx.TransportError:
                 pass
             if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the control plane did not come up")
+                raise RuntimeError(f"the control plane did not answer /healthz within {ceiling:.0f} s")
             time.sleep(0.2)
 
         jurisdictions = {r.name: r.jurisdiction for r in snap.regions}

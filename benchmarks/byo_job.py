@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO))
 
 
 import httpx  # noqa: E402
+from _host import patience  # noqa: E402
 from control_plane import Database, Replica, admin_client, free_port, server_env  # noqa: E402
 from netlab import NetLab, netns_available  # noqa: E402
 
@@ -107,7 +108,7 @@ class MotoS3:
             stderr=subprocess.STDOUT,
             pass_fds=fds,
         )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + patience(60.0)
         while True:
             try:
                 httpx.get(self.url, timeout=2)
@@ -169,7 +170,7 @@ class Fleet:
         tokens = enroll(self.client, specs, note="byo-job")
         for s in specs:
             self.agents[s.region] = self._agent(s, tokens[s.provider])
-        wait_for_clusters(self.client, len(REGIONS), timeout_s=600)
+        wait_for_clusters(self.client, len(REGIONS), timeout_s=patience(600.0))
         self.wait_staging_probes()
         for i, a in enumerate(REGIONS):  # the egress price; bandwidth and latency the agents measure
             for b in REGIONS[i + 1 :]:
@@ -178,11 +179,13 @@ class Fleet:
         self.wait_links()
         return self.client
 
-    def wait_links(self, timeout_s: float = 300.0) -> None:
+    def wait_links(self, timeout_s: float | None = None) -> None:
         """Until the agents have probed every link between the regions in both directions, and no
-        probe is under way (or the timeout: the declared links then stand), so no probe shares a
-        region's link with a job's staging and its bytes are not counted in a job's."""
+        probe is under way (or the ceiling, ``patience(300)``: the declared links then stand, and
+        it says so), so no probe shares a region's link with a job's staging and its bytes are not
+        counted in a job's."""
         assert self.client is not None
+        timeout_s = timeout_s if timeout_s is not None else patience(300.0)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             probes = ok(self.client.get("/v1/links/probes", params={"limit": 500}))
@@ -191,17 +194,26 @@ class Fleet:
             if len(done) >= len(REGIONS) * (len(REGIONS) - 1) and not pending:
                 return
             time.sleep(2)
+        print(
+            f"links: not every pair probed within {timeout_s:.0f} s; the declared links stand",
+            file=sys.stderr,
+        )
 
-    def wait_staging_probes(self, timeout_s: float = 300.0) -> None:
-        """Until every agent reported what staging costs on its node (it measures right after
-        registering), so the first quote is priced from it."""
+    def wait_staging_probes(self, timeout_s: float | None = None) -> None:
+        """Until every agent reported what staging costs on its node (it measures once its profile
+        is in), so the first quote is priced from it; at the ceiling (``patience(300)``) it says
+        which nodes had not."""
         assert self.client is not None
+        timeout_s = timeout_s if timeout_s is not None else patience(300.0)
         deadline = time.monotonic() + timeout_s
+        nodes: list[dict[str, Any]] = []
         while time.monotonic() < deadline:
             nodes = [n for c in ok(self.client.get("/v1/clusters")) for n in c["nodes"]]
             if len(nodes) >= len(REGIONS) and all(n["staging"] for n in nodes):
                 return
             time.sleep(1)
+        missing = [n["hostname"] or n["id"] for n in nodes if not n["staging"]]
+        print(f"staging probes: {missing} not reported within {timeout_s:.0f} s", file=sys.stderr)
 
     def work_dir(self, region: str) -> Path:
         return self.root / f"agent-{region}"
@@ -369,7 +381,7 @@ def run_store(args: argparse.Namespace, store: str, lab: NetLab, tmp: Path) -> d
         for run in (1, 2):
             before = rx_from_hub(lab)
             option, job = submit(client, byo_spec(f"byo-{store}-{run}", code, shards, args.steps))
-            done = wait_job(client, job["id"], 3600)
+            done = wait_job(client, job["id"], patience(3600.0))
             after = rx_from_hub(lab)
             rec: dict[str, Any] = {
                 "run": run,
@@ -518,7 +530,7 @@ def run_hostile(fleet: Fleet, client: httpx.Client, root: Path) -> dict[str, Any
             "qos": {"regions": [region]},
         }
         job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
-        done = wait_job(client, job["id"], 600)
+        done = wait_job(client, job["id"], patience(600.0))
         secrets_ = node_secrets(fleet, region, job["id"])
         logs = client.get(f"/v1/jobs/{job['id']}/logs", params={"limit": 5000}).raise_for_status().json()
         lines = [ln["line"] for ln in logs.get("lines", [])]

@@ -58,6 +58,7 @@ from sqlalchemy.engine import make_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _host import patience  # noqa: E402
 from _submit_client import run_clients  # noqa: E402
 
 from contracts.lifetime import die_with_parent, tied_env  # noqa: E402
@@ -132,7 +133,8 @@ class Replica:
     def grpc_target(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
-    def start(self, timeout_s: float = 120.0) -> float:
+    def start(self, timeout_s: float | None = None) -> float:
+        timeout_s = timeout_s if timeout_s is not None else patience(120.0)
         self.starts += 1
         log = self.log_dir / f"{self.name}-{self.starts}.log"
         began = time.monotonic()
@@ -281,7 +283,7 @@ def bench_heartbeats(
 
     ctx = mp.get_context("spawn")
     ready, go, acked = ctx.Semaphore(0), ctx.Event(), ctx.Value("i", 0)
-    window = seconds + 125  # nodes register and connect first (slow on a loaded machine); then the count
+    window = seconds + patience(120.0) + 5  # nodes register and connect first (slow on a loaded machine)
     indices = list(range(nodes))
     workers = [
         ctx.Process(
@@ -294,10 +296,11 @@ def bench_heartbeats(
     for _ in workers:
         ready.acquire()
     go.set()
-    deadline = time.monotonic() + 120
+    ceiling = patience(120.0)
+    deadline = time.monotonic() + ceiling
     while acked.value < nodes:  # every node registered and its stream accepted: not what is measured
         if time.monotonic() > deadline:
-            raise RuntimeError(f"only {acked.value} of {nodes} streams were accepted in 120 s")
+            raise RuntimeError(f"only {acked.value} of {nodes} streams were accepted in {ceiling:.0f} s")
         time.sleep(0.1)
     time.sleep(1)  # and streaming
     before, t0, cpu0 = replica.heartbeats(), time.monotonic(), replica.cpu_s()
@@ -409,7 +412,9 @@ def judge(
     return out
 
 
-def wait_training(client: httpx.Client, job_ids: list[str], timeout_s: float = 300) -> None:
+def wait_training(client: httpx.Client, job_ids: list[str], timeout_s: float | None = None) -> None:
+    """Until every job runs and each of its stages reported step 2 (ceiling: ``patience(300)``)."""
+    timeout_s = timeout_s if timeout_s is not None else patience(300.0)
     deadline = time.monotonic() + timeout_s
     for job_id in job_ids:
         while True:
@@ -422,7 +427,10 @@ def wait_training(client: httpx.Client, job_ids: list[str], timeout_s: float = 3
             ):
                 break
             if job["status"] in TERMINAL or time.monotonic() > deadline:
-                raise RuntimeError(f"job {job_id} is {job['status']} before the chaos: {job.get('reason')}")
+                raise RuntimeError(
+                    f"job {job_id} is {job['status']} before the chaos (waited {timeout_s:.0f} s for it"
+                    f" to train to step 2): {job.get('reason') or job.get('deferred')}"
+                )
             time.sleep(0.3)
 
 
@@ -458,7 +466,7 @@ def chaos(workdir: Path, jobs: int, steps: int) -> dict[str, Any]:
         tokens = enroll(client, specs, note="chaos")
         # Every agent knows both replicas from the start; r2 joins for the failover phase.
         agents = start_agents(specs, f"{r1.grpc_target},{r2.grpc_target}", tokens, workdir, first_port=32500)
-        wait_for_clusters(client, len(specs), timeout_s=120)
+        wait_for_clusters(client, len(specs), timeout_s=patience(300.0))
         link = {"src": "eu-west", "dst": "us-east", "bandwidth_gbps": 1.0, "latency_ms": 40.0,
                 "egress_price_per_gb": 0.02}  # fmt: skip
         client.put("/v1/links", json=link).raise_for_status()
@@ -473,7 +481,7 @@ def chaos(workdir: Path, jobs: int, steps: int) -> dict[str, Any]:
         r1.kill()
         time.sleep(3 + 1)  # away longer than the loss threshold: every liveness key expires
         restart_s = r1.start()
-        restarted = judge(db, client, ids, expected_tasks=2, timeout_s=600)
+        restarted = judge(db, client, ids, expected_tasks=2, timeout_s=patience(600.0))
         result.update(restart_s=restart_s, restart=restarted.__dict__)
         print(f"restart: replica back in {restart_s:.1f}s; {restarted}")
 
@@ -497,7 +505,7 @@ def chaos(workdir: Path, jobs: int, steps: int) -> dict[str, Any]:
             time.sleep(0.05)
         client.close()
         client = admin_client(survivor, admin_key)
-        failed_over = judge(db, client, ids, expected_tasks=2, timeout_s=600)
+        failed_over = judge(db, client, ids, expected_tasks=2, timeout_s=patience(600.0))
         failover_s = max(led_s or float("inf"), back_s or float("inf"))
         result.update(
             failover_s=failover_s, leader_s=led_s, agents_back_s=back_s, failover=failed_over.__dict__
@@ -537,7 +545,8 @@ def run_processes(mark: str) -> dict[int, str]:
     return found
 
 
-def wait_processes(mark: str, needle: str, count: int, timeout_s: float = 300) -> None:
+def wait_processes(mark: str, needle: str, count: int, timeout_s: float | None = None) -> None:
+    timeout_s = timeout_s if timeout_s is not None else patience(300.0)
     deadline = time.monotonic() + timeout_s
     while sum(needle in cmd for cmd in run_processes(mark).values()) < count:
         if time.monotonic() > deadline:
@@ -584,7 +593,7 @@ def stranded(workdir: Path, steps: int) -> dict[str, Any]:
         tokens = enroll(client, specs, note="stranded")
         agent_env = {**os.environ, RUN_MARK: mark, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
         agents = start_agents(specs, server.grpc_target, tokens, workdir / "stranded", 34500, agent_env)
-        wait_for_clusters(client, len(specs), timeout_s=120)
+        wait_for_clusters(client, len(specs), timeout_s=patience(300.0))
         link = {"src": "eu-west", "dst": "us-east", "bandwidth_gbps": 1.0, "latency_ms": 40.0,
                 "egress_price_per_gb": 0.02}  # fmt: skip
         client.put("/v1/links", json=link).raise_for_status()

@@ -30,6 +30,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._host import patience  # noqa: E402
 from benchmarks.netlab import NetLab, netns_available  # noqa: E402
 from orchestration.settings import Settings  # noqa: E402
 
@@ -117,7 +118,9 @@ def measure(rate_mbit: float, index: int, timeout_s: float, measure_profile: boo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="25,50,100,200", help="tbf rates in Mbit/s, comma-separated")
-    ap.add_argument("--timeout", type=float, default=120.0, help="Seconds to wait for a rate's probes")
+    ap.add_argument(
+        "--timeout", type=float, default=120.0, help="Seconds to wait for a rate's probes (× the host's pace)"
+    )
     args = ap.parse_args()
     why = netns_available()
     if why:
@@ -129,7 +132,7 @@ def main() -> None:
         f"{'probe s':>7} {'link source':<11}"
     )
     for i, rate in enumerate(rates):
-        result = measure(rate, i, args.timeout)
+        result = measure(rate, i, patience(args.timeout))
         shown = {(ln["src"], ln["dst"]): ln for ln in result["links"]}
         for p in sorted(result["probes"], key=lambda p: p["src_region"]):
             mbit = p["bandwidth_gbps"] * 1000

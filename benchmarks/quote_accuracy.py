@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 import httpx  # noqa: E402
-from _host import busy_loops, host_loop_s  # noqa: E402
+from _host import busy_loops, host_loop_s, patience  # noqa: E402
 
 from contracts.states import JOB_TERMINAL  # noqa: E402
 from control_layer.calibration import quantile  # noqa: E402
@@ -91,11 +91,13 @@ def job_spec(i: int, size: str, regions: int, mode: str, steps: int) -> dict[str
     }
 
 
-def wait_for_measured_links(client: httpx.Client, n_regions: int, timeout_s: float = 120.0) -> int:
+def wait_for_measured_links(client: httpx.Client, n_regions: int, timeout_s: float | None = None) -> int:
     """Until the probes the control plane orders at registration have measured every ordered
-    region pair (they run one pair at a time): a first-pass quote rests on everything that
-    registration measures, the links included. Returns the measured links found."""
+    region pair (they run one pair at a time), or the ceiling, ``patience(120)``: a first-pass
+    quote rests on everything that registration measures, the links included. Returns the
+    measured links found (the caller prints them)."""
     want = n_regions * (n_regions - 1)
+    timeout_s = timeout_s if timeout_s is not None else patience(120.0)
     deadline = time.monotonic() + timeout_s
     while True:
         links = client.get("/v1/links").raise_for_status().json()
@@ -190,7 +192,7 @@ def _run_jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
             base_url=handle.http_url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60
         )
         agents = start_agents(DEMO_AGENTS, handle.grpc_target, enroll(client, DEMO_AGENTS, "bench"), workdir)
-        wait_for_clusters(client, len(DEMO_AGENTS))
+        wait_for_clusters(client, len(DEMO_AGENTS), timeout_s=patience(300.0))
         for link in DEMO_LINKS:
             client.put("/v1/links", json=link).raise_for_status()
         measured = wait_for_measured_links(client, len(DEMO_AGENTS))

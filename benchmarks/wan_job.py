@@ -53,6 +53,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
+from _host import patience  # noqa: E402
 from _wan_workload import (  # noqa: E402
     BATCH,
     DATA,
@@ -141,7 +142,7 @@ class Fleet:
         for s in specs:
             self.agents[s.region] = self._agent(s, tokens[s.provider], PORTS)
         self.agents["standby"] = self._agent(STANDBY, tokens[STANDBY.provider], STANDBY_PORTS)
-        wait_for_clusters(self.client, len(REGIONS) + 1, timeout_s=300)
+        wait_for_clusters(self.client, len(REGIONS) + 1, timeout_s=patience(300.0))
         for i, a in enumerate(REGIONS):  # the egress price; bandwidth and latency the agents measure
             for b in REGIONS[i + 1 :]:
                 link = {"src": a, "dst": b, "bandwidth_gbps": LINK_MBIT / 1e3, "latency_ms": 0.1}
@@ -164,11 +165,12 @@ class Fleet:
     def work_dir(self, node_cluster: str) -> Path:
         return self.root / f"agent-{node_cluster}"
 
-    def wait_links(self, timeout_s: float = 240.0, quiet_s: float = 20.0) -> list[dict[str, Any]]:
+    def wait_links(self, timeout_s: float | None = None, quiet_s: float = 20.0) -> list[dict[str, Any]]:
         """Until the agents have measured every link and no probe has been ordered for ``quiet_s``
         (every node probes its peers once: 4 MiB each, which must not land in a job's bytes), or
-        the timeout (the declared links then stand)."""
+        the ceiling, ``patience(240)`` (the declared links then stand)."""
         assert self.client is not None
+        timeout_s = timeout_s if timeout_s is not None else patience(240.0)
         deadline, seen, since = time.monotonic() + timeout_s, -1, time.monotonic()
         while True:
             links = self.client.get("/v1/links").raise_for_status().json()
@@ -382,11 +384,13 @@ def main() -> int:
                 spec = job_spec(
                     name.replace(" ", "-").replace("=", "").lower(), model, batch, args.steps, sync
                 )
-                rows[name] = r = run_job(fleet, name, spec, 3600)
+                rows[name] = r = run_job(fleet, name, spec, patience(3600.0))
                 print(json.dumps(r), flush=True)
             if not args.no_fault:
                 spec = job_spec("fault-diloco-h20", model, batch, args.steps, FAULT_SYNC)
-                rows["fault: diloco H=20"] = r = run_job(fleet, "fault: diloco H=20", spec, 3600, fault=True)
+                rows["fault: diloco H=20"] = r = run_job(
+                    fleet, "fault: diloco H=20", spec, patience(3600.0), fault=True
+                )
                 print(json.dumps(r), flush=True)
         finally:
             fleet.stop()

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _host import patience  # noqa: E402
 from _regions import region_configs, run_regions  # noqa: E402
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa: E402
 
@@ -120,7 +121,7 @@ def run_mode(name: str, sync: dict[str, Any], mbps: float, steps: int, root: Pat
     for r, c in cfgs.items():
         c["checkpoint"] = {"dir": str(wd / r / "ckpt"), "resume": False}
     t0 = time.monotonic()
-    procs = run_regions(cfgs, wd, timeout=900)
+    procs = run_regions(cfgs, wd, timeout=patience(900.0))
     elapsed = time.monotonic() - t0
     rows, transfers = [], []
     for r, p in procs.items():

@@ -144,6 +144,25 @@ class NodeRegistration:
     # Seconds before the request each probe the figure kept was taken (see MAX_CONTENTION_PROBES).
     cpu_contention_probe_ages_s: tuple[float, ...] = ()
     sandbox: str = SANDBOX_NONE  # whether and how it runs users' code (SANDBOX_KINDS)
+    # Its profile is being measured and follows on the stream: until then it is not placed.
+    profile_follows: bool = False
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """The profile a node registered without (``NodeRegistration.profile_follows``), as its agent
+    sends it once measured, with the host's contention settled after it."""
+
+    profile: NodeProfile | None  # None: the measurement failed (``error``); declared figures stand
+    error: str = ""
+    cpu_contention: float = 0.0  # 0: not measured
+    cpu_contention_probe_ages_s: tuple[float, ...] = ()
+
+    def problems(self) -> list[str]:
+        p = contention_problems(self.cpu_contention, self.cpu_contention_probe_ages_s, "profile.")
+        if self.profile is not None:
+            p.extend(profile_problems(self.profile, where="profile.measured_profile"))
+        return p
 
 
 def probe_ages_problem(ages: Sequence[float]) -> str | None:
@@ -154,6 +173,20 @@ def probe_ages_problem(ages: Sequence[float]) -> str | None:
     if bad:
         return f"probe ages must be finite seconds in [0, {MAX_PROBE_AGE_S:g}], got {bad[0]}"
     return None
+
+
+def contention_problems(c: float, ages: Sequence[float], where: str = "") -> list[str]:
+    """What is wrong with a settled contention figure and its probes' ages (``where``: the
+    fields' prefix), as a registration or a profile report sends them."""
+    p: list[str] = []
+    if not (_finite(c) and (c == 0 or MIN_CONTENTION <= c <= MAX_CONTENTION)):
+        p.append(
+            f"{where}cpu_contention: must be 0 (not measured) or a finite number in"
+            f" [{MIN_CONTENTION:g}, {MAX_CONTENTION:g}], got {c}"
+        )
+    if (why := probe_ages_problem(ages)) is not None:
+        p.append(f"{where}cpu_contention_probe_ages_s: {why}")
+    return p
 
 
 def _finite(x: float) -> bool:
@@ -274,17 +307,9 @@ def registration_problems(reg: NodeRegistration) -> list[str]:
         p.append(f"probe_port: need 0 (none) or 1024..65535, got {reg.probe_port}")
     if reg.checkpoint_port != 0 and not 1024 <= reg.checkpoint_port <= 65535:
         p.append(f"checkpoint_port: need 0 (none) or 1024..65535, got {reg.checkpoint_port}")
-    c = reg.cpu_contention
-    if not (_finite(c) and (c == 0 or MIN_CONTENTION <= c <= MAX_CONTENTION)):
-        p.append(
-            "cpu_contention: must be 0 (not measured) or a finite number in"
-            f" [{MIN_CONTENTION:g}, {MAX_CONTENTION:g}],"
-            f" got {reg.cpu_contention}"
-        )
+    p.extend(contention_problems(reg.cpu_contention, reg.cpu_contention_probe_ages_s))
     if reg.sandbox not in SANDBOX_KINDS:
         p.append(f"sandbox: must be one of {', '.join(SANDBOX_KINDS)}, got {reg.sandbox[:64]!r}")
-    if (why := probe_ages_problem(reg.cpu_contention_probe_ages_s)) is not None:
-        p.append(f"cpu_contention_probe_ages_s: {why}")
     if reg.profile is not None:
         p.extend(profile_problems(reg.profile))
     if bool(reg.node_id) != bool(reg.node_token):

@@ -45,6 +45,7 @@ from control_layer.queue import (
     month_label,
     month_spend,
 )
+from control_layer.snapshot import measuring_nodes
 from control_layer.stage_sections import JobStage, job_stage
 from control_layer.submissions import submit_job as submit_job  # the submit step of the service
 from control_layer.task_states import clip_message
@@ -104,7 +105,10 @@ def quote_with_options(
     ctx: ServerContext, tenant_id: str, spec: JobSpec, *, ttl_s: float = QUOTE_TTL_S
 ) -> tuple[Quote, list[PlanOption]]:
     """create_quote, also returning the options as planned (no need to re-read them from JSON)."""
-    options = plan_now(ctx, spec, tenant_id=tenant_id)
+    try:
+        options = plan_now(ctx, spec, tenant_id=tenant_id)
+    except NoFeasiblePlan as exc:
+        raise measuring_note(ctx, exc) from None
     with session_scope(ctx.session_factory) as session:
         _tenant(session, tenant_id)
         quote = Quote(
@@ -258,6 +262,12 @@ def _not_now(
     if key not in state.never:
         state.never[key] = never_fits(ctx, spec, avoid, calibration)
     never = state.never[key]
+    if never is not None and state.measuring is None:
+        state.measuring = _measuring(ctx)
+    if never is not None and (measuring := state.measuring):
+        # Nodes still measuring are not in the fleet yet: the job waits for them, not fails.
+        reason = f"waiting for {measuring} node(s) measuring their profile: {never}"
+        return keep_waiting(ctx, job_id, reason, "waiting")
     if never is not None:
         _fail_queued(ctx, job_id, f"{context}no feasible placement: {NEVER_FITS}: {never}", exc.details)
         return "failed"
@@ -270,6 +280,24 @@ def _not_now(
             reason = f"{reason}; {note}"
     state.not_now.setdefault(key, reason)
     return keep_waiting(ctx, job_id, reason, "waiting")
+
+
+def _measuring(ctx: ServerContext) -> int:
+    with session_scope(ctx.session_factory) as session:
+        return measuring_nodes(session)
+
+
+def measuring_note(ctx: ServerContext, exc: NoFeasiblePlan) -> NoFeasiblePlan:
+    """``exc``, saying so where nodes still measuring their profile may yet offer a plan."""
+    measuring = _measuring(ctx)
+    if not measuring:
+        return exc
+    return NoFeasiblePlan(
+        f"{exc.message}; {measuring} node(s) are still measuring their profile and not offered"
+        " yet: quote again once they are ready, or submit the spec (it queues until then)",
+        **exc.details,
+        measuring_nodes=measuring,
+    )
 
 
 def never_fits(

@@ -30,6 +30,7 @@ class PassState:
     free_devices: int | None = None  # free in the snapshot at the start, less what the pass took
     not_now: dict[str, str] = field(default_factory=dict)  # spec key -> why it waits
     never: dict[str, str | None] = field(default_factory=dict)  # spec key -> why it never fits, or None
+    measuring: int | None = None  # nodes alive but still measuring their profile (once read)
     # the lowest priority of active jobs, and of those allowing preemption (when the pass read them)
     lowest_active: int | None = None
     lowest_preemptible: int | None = None

@@ -61,6 +61,18 @@ def node_profile(raw: dict[str, Any] | None) -> NodeProfileInfo | None:
         return None
 
 
+def measuring_nodes(session: Session) -> int:
+    """Nodes alive and uncordoned that wait only for their profile: capacity about to be offered."""
+    return (
+        session.scalar(
+            select(func.count())
+            .select_from(Node)
+            .where(Node.measuring.is_(True), Node.status == "alive", Node.cordon == "")
+        )
+        or 0
+    )
+
+
 def busy_accelerator_ids(session: Session) -> set[str]:
     return set(session.scalars(select(Allocation.accelerator_id).where(Allocation.active.is_(True))))
 
@@ -110,7 +122,7 @@ class _ClusterRow:
 class _NodeRow:
     cluster_id: str
     hostname: str
-    alive: bool  # and placeable: not cordoned
+    alive: bool  # and placeable: not cordoned, not measuring its profile
     profile: NodeProfileInfo | None
     cpu_contention: float | None
     fabric_bandwidth_gbps: float | None = None
@@ -255,6 +267,7 @@ class FleetRows:
             Node.hostname,
             Node.status,
             Node.cordon,
+            Node.measuring,
             Node.profile,
             Node.cpu_contention,
             Node.cpu_contention_busy,
@@ -301,6 +314,7 @@ class FleetRows:
             hostname,
             status,
             cordon,
+            measuring,
             profile,
             contention,
             contention_busy,
@@ -312,7 +326,9 @@ class FleetRows:
             self.nodes[node_id] = _NodeRow(
                 cluster_id,
                 hostname,
-                status == "alive" and not cordon,  # placeable: an operator's cordon removes it
+                # placeable: an operator's cordon removes it, and so does a profile still to come
+                # (the planner would price the node on defaults it was about to replace)
+                status == "alive" and not cordon and not measuring,
                 node_profile(profile),
                 contention,
                 fabric_gbps,
@@ -375,9 +391,9 @@ class FleetRows:
         return snap
 
     def _build_cluster(self, cid: str) -> ClusterInfo | None:
-        """Alive nodes without an operator's cordon, their measured devices (free iff no active
-        allocation holds them), and a price in force; None without a price or such a node (nothing
-        could be planned on it)."""
+        """Alive nodes without an operator's cordon or a profile still being measured, their
+        measured devices (free iff no active allocation holds them), and a price in force; None
+        without a price or such a node (nothing could be planned on it)."""
         row, price = self.clusters.get(cid), self.prices.get(cid)
         alive = sorted(n for n in self.cluster_nodes.get(cid, ()) if self.nodes[n].alive)
         if row is None or price is None or not alive:

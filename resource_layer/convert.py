@@ -13,6 +13,7 @@ from contracts.registration import (
     SANDBOX_NONE,
     DeviceReport,
     NodeRegistration,
+    ProfileReport,
 )
 from contracts.states import TaskState
 from proto.cpn.agent.v1 import agent_pb2
@@ -76,6 +77,16 @@ def registration_from_proto(r: agent_pb2.RegisterRequest) -> NodeRegistration:
         cpu_contention_probe_ages_s=tuple(r.cpu_contention_probe_ages_s),
         sandbox=r.sandbox or SANDBOX_NONE,  # an agent that does not say runs no users' code
         profile=profile_from_proto(r.measured_profile) if r.HasField("measured_profile") else None,
+        profile_follows=r.profile_follows,
+    )
+
+
+def profile_report_from_proto(r: agent_pb2.ProfileReport) -> ProfileReport:
+    return ProfileReport(
+        profile=profile_from_proto(r.measured_profile) if r.HasField("measured_profile") else None,
+        error=r.error[:500],  # only logged
+        cpu_contention=r.cpu_contention,
+        cpu_contention_probe_ages_s=tuple(r.cpu_contention_probe_ages_s),
     )
 
 

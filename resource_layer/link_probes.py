@@ -49,7 +49,8 @@ def _endpoints(ctx: ServerContext, session: Session) -> list[ProbeEndpoint]:
     rows = session.execute(
         select(Node.id, Node.advertise_host, Node.probe_port, Node.registered_at, Cluster.region)
         .join(Cluster, Cluster.id == Node.cluster_id)
-        .where(Node.status == "alive", Node.probe_port > 0, Node.probe_key != "")
+        # Not a node still measuring its profile: a probe's burst would land in its reference step.
+        .where(Node.status == "alive", Node.measuring.is_(False), Node.probe_port > 0, Node.probe_key != "")
     ).all()
     return [
         ProbeEndpoint(r.id, r.region, r.advertise_host, r.probe_port, as_utc(r.registered_at).timestamp())

@@ -6,6 +6,7 @@ also need the bus. All are synchronous; the gRPC edge runs them with ``asyncio.t
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -26,6 +27,7 @@ from contracts.registration import (
     MIN_CONTENTION,
     DeviceReport,
     NodeRegistration,
+    ProfileReport,
     device_problems,
     validate_registration,
 )
@@ -37,6 +39,8 @@ from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Pric
 from orchestration.resource_changes import NOTED, note_changes
 from resource_layer.liveness import node_alive_key
 from resource_layer.tokens import consume_enrollment_token, new_node_token, token_matches
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PROVIDER = "independent"
 
@@ -88,6 +92,8 @@ def register_node(
     node.probe_key = new_probe_key()  # rotated with the node token: the old agent process is gone
     node.agent_version = reg.agent_version
     node.profile = reg.profile.as_dict() if reg.profile is not None else None
+    # Registered before its measurement: not placed until the profile follows (record_profile).
+    node.measuring = reg.profile_follows and reg.profile is None
     # Declared with every registration: a node that stops declaring goes back to the cluster's.
     node.fabric_bandwidth_gbps = reg.node_fabric_gbps or None
     node.fabric_latency_ms = reg.node_fabric_latency_ms or None
@@ -281,6 +287,33 @@ def _store_contention(
 
 def _chunks(ids: Sequence[str]) -> list[Sequence[str]]:
     return [ids[i : i + ROWS_PER_STATEMENT] for i in range(0, len(ids), ROWS_PER_STATEMENT)]
+
+
+def record_profile(
+    session: Session, node_id: str, report: ProfileReport, now: datetime | None = None
+) -> Node:
+    """The profile a node registered without: kept, and the node is placeable from now on. No
+    profile (its measurement failed, ``report.error`` says why): it is placed on its declared
+    figures, as a node that measures none. The contention settled after the measurement is
+    stored as a registration's is. A repeat (the agent sends it on each new stream) changes
+    nothing more."""
+    problems = report.problems()
+    if problems:
+        raise InvalidArgument("invalid profile report: " + "; ".join(problems), problems=problems)
+    node = session.get(Node, node_id)
+    if node is None:
+        raise NotFound(f"node {node_id} not found", field="node_id")
+    if report.profile is not None:
+        node.profile = report.profile.as_dict()
+    elif report.error:
+        log.warning("node %s measured no profile: %s", node_id, report.error)
+    node.measuring = False
+    if report.cpu_contention:
+        now = now or utcnow()
+        probed = [now - timedelta(seconds=a) for a in report.cpu_contention_probe_ages_s]
+        node.cpu_contention = report.cpu_contention
+        node.cpu_contention_busy = busy_at_probes(session, {node.id: probed}).get(node.id) if probed else None
+    return node
 
 
 def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceReport]) -> None:

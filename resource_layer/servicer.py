@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 
 from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, PermissionDenied
 from contracts.node_staging import StagingProbe
-from contracts.registration import NodeRegistration, probe_ages_problem
+from contracts.registration import NodeRegistration, ProfileReport, probe_ages_problem
 from contracts.states import TASK_TERMINAL
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
@@ -30,6 +30,7 @@ from resource_layer import link_probes, node_staging, registry
 from resource_layer.convert import (
     device_from_proto,
     metrics_to_dict,
+    profile_report_from_proto,
     registration_from_proto,
     result_from_json,
     server_message_from_dict,
@@ -385,6 +386,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await asyncio.to_thread(
                 self._record_staging_probe, node_id, staging_probe_from_proto(message.staging_probe)
             )
+        elif kind == "profile":
+            await asyncio.to_thread(self._record_profile, node_id, profile_report_from_proto(message.profile))
         elif kind == "cache":
             c = message.cache
             await asyncio.to_thread(self._replace_cache, node_id, list(c.blobs), list(c.venvs))
@@ -402,6 +405,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         with self._ctx.session_factory() as session, session.begin():
             node_staging.record_probe(session, node_id, probe)
         log.info("node %s staging probe: %s", node_id, probe.as_dict())
+
+    def _record_profile(self, node_id: str, report: ProfileReport) -> None:
+        with self._ctx.session_factory() as session, session.begin():
+            registry.record_profile(session, node_id, report)
+        log.info("node %s profile arrived: placeable from now on", node_id)
 
     def _replace_cache(self, node_id: str, blobs: list[str], venvs: list[str]) -> None:
         with self._ctx.session_factory() as session, session.begin():

@@ -124,7 +124,8 @@ def list_clusters(session: Session, bus: Bus, now: datetime | None = None) -> li
         return NodeRead(
             id=node.id,
             hostname=node.hostname,
-            status=node.status,
+            # A live node whose profile has not arrived is not placed yet: "alive" means placeable.
+            status="measuring" if node.status == "alive" and node.measuring else node.status,
             cordon=node.cordon,
             alive=node.status == "alive" and bus.alive(node_alive_key(node.id)),
             last_heartbeat_at=last,

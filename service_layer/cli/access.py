@@ -9,7 +9,9 @@ import typer
 from service_layer.cli.common import DEFAULT_SERVER, ApiKeyOpt, JsonOpt, ServerOpt, api, console, print_json
 
 keys_app = typer.Typer(help="API keys and their roles.", no_args_is_help=True)
-nodes_app = typer.Typer(help="Cordon, drain and revoke nodes (operator or admin).", no_args_is_help=True)
+nodes_app = typer.Typer(
+    help="List, cordon, drain and revoke nodes (operator or admin).", no_args_is_help=True
+)
 
 ReasonOpt = Annotated[str, typer.Option(help="Why, for the audit log (and the agent, on a drain)")]
 
@@ -85,6 +87,29 @@ def _node_action(
         console.print(f"still running there: {', '.join(out['running_jobs'])}")
     if out["note"]:
         console.print(out["note"], markup=False)
+
+
+@nodes_app.command("list")
+def list_nodes(
+    server: ServerOpt = DEFAULT_SERVER, api_key: ApiKeyOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Every node by region and cluster: alive (placeable), measuring (registered, its profile not
+    in yet: not placed), lost, revoked or drained; its hold and its devices."""
+    with api(server, api_key) as client:
+        clusters = client.clusters()
+    rows = [(c, n) for c in clusters for n in c["nodes"]]
+    if as_json:
+        print_json([{"region": c["region"], "cluster": c["name"], **n} for c, n in rows])
+        return
+    if not rows:
+        console.print("no nodes")
+    for c, n in rows:
+        devices = ", ".join(f"{d['kind']}:{d['index']}{'*' if d['allocated'] else ''}" for d in n["devices"])
+        console.print(
+            f"{n['id']}  {c['region']}/{c['name']}  {n['hostname'] or '-'}  {n['status']:<9}"
+            f"  {n['cordon'] or 'open':<9}  {devices or 'no devices'}",
+            markup=False,
+        )
 
 
 @nodes_app.command("cordon")

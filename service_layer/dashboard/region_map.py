@@ -69,7 +69,7 @@ def region_boxes(
     regions: Sequence[RegionRead], clusters: Sequence[ClusterRead], sent: Mapping[str, float]
 ) -> tuple[RegionBox, ...]:
     """Per region, from the API's cluster view: devices held (used), free on alive nodes, and
-    idle on nodes that are not alive (down)."""
+    idle on nodes that are not alive or not offered yet, their profile still measuring (down)."""
     names: dict[str, list[str]] = defaultdict(list)
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])  # alive, nodes, free, used, down
     for c in clusters:
@@ -78,8 +78,9 @@ def region_boxes(
         for node in c.nodes:
             n[0] += node.alive
             n[1] += 1
+            offered = node.alive and node.status != "measuring"
             for d in node.devices:
-                n[3 if d.allocated else 2 if node.alive else 4] += 1
+                n[3 if d.allocated else 2 if offered else 4] += 1
     # An agent's claim no admin approved is marked: data residency does not trust it.
     known = {
         r.name: r.jurisdiction + ("" if r.jurisdiction_approved or not r.jurisdiction else "?")

@@ -46,7 +46,10 @@ class NodeStagingRead(BaseModel):
 class NodeRead(BaseModel):
     id: str
     hostname: str
-    status: str = Field(description="alive | lost | revoked | drained (as the control plane last concluded)")
+    status: str = Field(
+        description="alive (placeable) | measuring (registered and live, its profile not in yet: not"
+        " placed) | lost | revoked | drained (as the control plane last concluded)"
+    )
     cordon: str = Field("", description='An operator\'s hold: "" (open) | cordoned | draining')
     alive: bool = Field(description="Heartbeat liveness key fresh right now")
     last_heartbeat_at: datetime | None

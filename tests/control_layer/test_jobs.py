@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import event, select, update
 
-from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, NotFound
+from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
 from contracts.roles import Principal, Role
 from contracts.states import JobState
 from contracts.worker_config import parse_worker_config
@@ -19,7 +19,7 @@ from control_layer.placer import place_pending
 from control_layer.submissions import JobDraft, draft_job, store_jobs
 from orchestration.context import ServerContext
 from orchestration.db.engine import is_sqlite, session_scope
-from orchestration.db.models import Allocation, Event, Job, Quote, Tenant
+from orchestration.db.models import Allocation, Event, Job, Node, Quote, Tenant
 from tests.orchestration.fleet import add_cluster, add_link, add_tenant, submit_and_place, tiny_spec
 
 
@@ -234,3 +234,37 @@ def test_a_batch_of_submissions_is_one_transaction_of_four_statements(ctx: Serve
         assert s.scalar(select(Event.kind).where(Event.job_id == job.id)) == "job.submitted"
     with pytest.raises(NotFound):
         submit_job(ctx, "no-such-tenant", spec=tiny_spec())
+
+
+def test_a_job_only_a_measuring_node_could_run_waits_for_it_and_runs_once_it_is_ready(
+    ctx: ServerContext,
+) -> None:
+    """A node registered before its profile is not in the fleet yet: a quote that finds no plan
+    says it is measuring, a job that fits nowhere else waits for it rather than failing, and is
+    placed there once the profile lands; with no node measuring, such a job fails."""
+    with session_scope(ctx.session_factory) as s:
+        alice = add_tenant(s, "alice").id
+        _, (node,) = add_cluster(s, region="eu-west", name="c1", nodes=1, devices_per_node=2, price=1.0)
+        s.execute(update(Node).where(Node.id == node.id).values(measuring=True))
+        node_id = node.id
+    with pytest.raises(NoFeasiblePlan) as refused:
+        create_quote(ctx, alice, tiny_spec())
+    assert "1 node(s) are still measuring their profile" in refused.value.message
+    assert refused.value.details["measuring_nodes"] == 1
+    job = submit_job(ctx, alice, spec=tiny_spec())
+    place_pending(ctx)
+    with session_scope(ctx.session_factory) as s:
+        waiting = get_job(s, alice, job.id)
+        assert waiting.status == JobState.QUEUED
+        assert "waiting for 1 node(s) measuring their profile" in (waiting.deferred or "")
+
+    with session_scope(ctx.session_factory) as s:
+        s.execute(update(Node).where(Node.id == node_id).values(measuring=False))
+    place_pending(ctx)
+    with session_scope(ctx.session_factory) as s:
+        placed = get_job(s, alice, job.id)
+        assert placed.status != JobState.QUEUED and {t.node_id for t in job_tasks(s, job.id)} == {node_id}
+    never = submit_job(ctx, alice, spec=tiny_spec(qos={"regions": ["mars"]}))
+    place_pending(ctx)
+    with session_scope(ctx.session_factory) as s:
+        assert get_job(s, alice, never.id).status == JobState.FAILED  # nothing measuring: it fails

@@ -15,7 +15,7 @@ from orchestration.bus import InProcessBus
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import make_engine, make_session_factory
-from orchestration.db.models import LinkProbe
+from orchestration.db.models import LinkProbe, Node
 from orchestration.settings import Settings
 from resource_layer.link_probes import record_result, schedule_once
 from resource_layer.liveness import node_alive_key
@@ -108,5 +108,23 @@ def test_rounds_order_signed_probes_one_per_node(db_url: str) -> None:
         for node_id in ids:
             ctx.bus.touch(node_alive_key(node_id), 60)
         assert len(rounds_with_orders(ctx, ids, rounds=1)) == 1
+    finally:
+        ctx.bus.close()
+
+
+def test_a_node_measuring_its_profile_is_probed_only_once_the_profile_lands(db_url: str) -> None:
+    ctx = ServerContext(
+        Settings(database_url=db_url), make_session_factory(make_engine(db_url)), InProcessBus()
+    )
+    try:
+        nodes = fleet(ctx, ["eu-west", "us-east"])
+        ids = [n for n, _ in nodes.values()]
+        with ctx.session_factory() as s, s.begin():
+            s.execute(update(Node).where(Node.id == ids[0]).values(measuring=True))
+        assert rounds_with_orders(ctx, ids, rounds=1) == []  # its partner has no one to probe
+        with ctx.session_factory() as s, s.begin():
+            s.execute(update(Node).where(Node.id == ids[0]).values(measuring=False))
+        (order,) = rounds_with_orders(ctx, ids, rounds=1)
+        assert {order["to"], order["ticket"]["target_node_id"]} == set(ids)
     finally:
         ctx.bus.close()

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from contracts.errors import InvalidArgument
+from contracts.registration import ProfileReport
 from control_layer.snapshot import build_snapshot
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
@@ -26,6 +27,7 @@ from orchestration.db.models import (
     Region,
 )
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from proto.cpn.agent.v1.profile import profile_from_proto
 from resource_layer import registry
 from resource_layer.tokens import hash_token
 from tests.resource_layer.harness import GrpcServerThread, enrollment_token, sqlite_context
@@ -637,3 +639,85 @@ def test_a_registration_counts_the_slots_busy_at_its_settle_probes(
     with ctx.session_factory() as s:
         node = s.get_one(Node, second)
         assert (node.cpu_contention, node.cpu_contention_busy) == (1.5, 2.0)
+
+
+def _measured_profile() -> agent_pb2.MeasuredProfile:
+    rate = agent_pb2.MeasuredStepRate(
+        precision="fp32", tflops=0.04, micro_batch_s=0.004, step_s=0.001, optimizer_s_per_mparam=0.005,
+        data_s_per_mtoken=9.0, checkpoint_s_per_mparam=0.1,
+    )  # fmt: skip
+    return agent_pb2.MeasuredProfile(startup_s=6.5, teardown_s=0.8, physical_cores=2, rates=[rate])
+
+
+def _placeable(ctx: ServerContext) -> set[str]:
+    """Node ids the planner sees, in the snapshot rebuilt from the database and the live one."""
+    from control_layer.live_snapshot import LiveSnapshot
+
+    with ctx.session_factory() as s:
+        built = {n.id for c in build_snapshot(s).clusters for n in c.nodes}
+    live = {n.id for c in LiveSnapshot(ctx).snapshot().clusters for n in c.nodes}
+    assert built == live
+    return built
+
+
+@SQLITE_ONLY
+def test_a_node_whose_profile_follows_is_measuring_and_unplaced_until_the_profile_lands(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    measuring = stub.Register(request(enrollment_token(ctx), profile_follows=True), timeout=10)
+    declared = stub.Register(request(enrollment_token(ctx), hostname="node-b"), timeout=10)
+    with ctx.session_factory() as s:
+        node = s.get(Node, measuring.node_id)
+        assert node is not None and node.measuring and node.profile is None
+    assert _placeable(ctx) == {declared.node_id}  # a node that measures nothing is placed at once
+
+    bad = _measured_profile()
+    bad.startup_s = float("nan")
+    with ctx.session_factory() as s, s.begin(), pytest.raises(InvalidArgument, match="startup_s"):
+        registry.record_profile(s, measuring.node_id, ProfileReport(profile_from_proto(bad)))
+    noisy = ProfileReport(profile_from_proto(_measured_profile()), cpu_contention=float("inf"))
+    with (
+        ctx.session_factory() as s,
+        s.begin(),
+        pytest.raises(InvalidArgument, match="profile.cpu_contention"),
+    ):
+        registry.record_profile(s, measuring.node_id, noisy)
+    with ctx.session_factory() as s:
+        assert s.get(Node, measuring.node_id).measuring  # type: ignore[union-attr]
+
+    with ctx.session_factory() as s, s.begin():
+        registry.record_profile(
+            s, measuring.node_id, ProfileReport(profile_from_proto(_measured_profile()), cpu_contention=0.75)
+        )
+    with ctx.session_factory() as s:
+        node = s.get(Node, measuring.node_id)
+        assert node is not None and not node.measuring and node.profile["startup_s"] == 6.5
+        assert node.cpu_contention == 0.75  # settled after the measurement: the first quotes price it
+    assert _placeable(ctx) == {declared.node_id, measuring.node_id}
+
+
+@SQLITE_ONLY
+def test_a_failed_measurement_leaves_the_node_placeable_on_its_declared_figures(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    resp = stub.Register(request(enrollment_token(ctx), profile_follows=True), timeout=10)
+    assert _placeable(ctx) == set()
+    with ctx.session_factory() as s, s.begin():
+        registry.record_profile(s, resp.node_id, ProfileReport(None, "the reference step gave no profile"))
+    with ctx.session_factory() as s:
+        node = s.get(Node, resp.node_id)
+        assert node is not None and not node.measuring and node.profile is None
+    assert _placeable(ctx) == {resp.node_id}
+
+
+@SQLITE_ONLY
+def test_a_reregistration_with_the_profile_ends_measuring(
+    ctx: ServerContext, stub: agent_pb2_grpc.AgentServiceStub
+) -> None:
+    first = stub.Register(request(enrollment_token(ctx), profile_follows=True), timeout=10)
+    again = stub.Register(
+        request("", node_id=first.node_id, node_token=first.node_token, measured_profile=_measured_profile()),
+        timeout=10,
+    )
+    assert again.node_id == first.node_id
+    assert _placeable(ctx) == {first.node_id}

@@ -263,3 +263,57 @@ def test_a_lost_node_that_connects_again_is_alive(
     with ctx.session_factory() as session:
         assert session.get(Node, node.node_id).status == "alive"  # type: ignore[union-attr]
     s.close()
+
+
+@SQLITE_ONLY
+def test_a_profile_sent_on_the_stream_makes_a_measuring_node_placeable(
+    ctx: ServerContext, stub: Stub
+) -> None:
+    """Registered with its profile to follow: heartbeats keep it alive while it measures; the
+    ProfileReport that lands (sent again on a later stream, which changes nothing) ends measuring."""
+    from control_layer.snapshot import build_snapshot
+
+    device = agent_pb2.Device(index=0, model="cpu", memory_gb=1.0, measured_tflops=0.01, kind="cpu")
+    node = stub.Register(
+        agent_pb2.RegisterRequest(
+            enrollment_token=enrollment_token(ctx), region="eu-west", cluster="paris-1", devices=[device],
+            price_per_device_hour=1.0, advertise_host="127.0.0.1", sync_port_min=29600, sync_port_max=29610,
+            profile_follows=True,
+        ),
+        timeout=10,
+    )  # fmt: skip
+
+    def row() -> Node:
+        with ctx.session_factory() as session:
+            got = session.get(Node, node.node_id)
+            assert got is not None
+            session.expunge(got)
+            return got
+
+    def placed() -> bool:
+        with ctx.session_factory() as session:
+            return any(n.id == node.node_id for c in build_snapshot(session).clusters for n in c.nodes)
+
+    s = Stream(stub)
+    s.send(hello=hello(node))
+    assert s.recv().WhichOneof("kind") == "ack"
+    s.send(heartbeat=agent_pb2.Heartbeat(seq=1))
+    wait_for(lambda: row().last_heartbeat_at is not None, what="the heartbeat stored")
+    assert ctx.bus.alive(node_alive_key(node.node_id)) and row().measuring and not placed()
+
+    rate = agent_pb2.MeasuredStepRate(precision="fp32", tflops=0.04, micro_batch_s=0.004, step_s=0.001)
+    profile = agent_pb2.MeasuredProfile(startup_s=5.0, teardown_s=0.5, physical_cores=2, rates=[rate])
+    report = agent_pb2.ProfileReport(measured_profile=profile)
+    bad = agent_pb2.ProfileReport()
+    bad.CopyFrom(report)
+    bad.measured_profile.teardown_s = -1.0
+    s.send(profile=bad)  # refused: the node stays measuring, and the stream goes on
+    s.send(profile=report)
+    wait_for(lambda: not row().measuring, what="the profile recorded")
+    assert row().profile["startup_s"] == 5.0 and placed()  # type: ignore[index]
+    s.send(profile=report)
+    s.send(heartbeat=agent_pb2.Heartbeat(seq=2))
+    s.send(profile=bad)
+    wait_for(lambda: row().last_heartbeat_at is not None, what="the stream still read")
+    assert not row().measuring and row().profile["startup_s"] == 5.0  # type: ignore[index]
+    s.close()

@@ -49,6 +49,7 @@ def register_node(
     devices: int = 2,
     jurisdiction: str = "EU",
     provider: str = "acme",
+    profile_follows: bool = False,
 ) -> Registered:
     """Register a node over the real gRPC API (as `cpn agent` does), then mark it alive on the bus."""
     request = agent_pb2.RegisterRequest(
@@ -68,6 +69,7 @@ def register_node(
         jurisdiction=jurisdiction,
         agent_version="test",
         sandbox="bubblewrap",  # as an agent where bubblewrap works: it may run users' code
+        profile_follows=profile_follows,  # True: listed "measuring", not placed, until a profile lands
     )
     with grpc.insecure_channel(server.grpc_target) as channel:
         reply = agent_pb2_grpc.AgentServiceStub(channel).Register(request, timeout=10)

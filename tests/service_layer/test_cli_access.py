@@ -38,10 +38,23 @@ def test_keys_tokens_and_nodes_from_the_cli(server: ServerHandle, admin: CpnClie
     assert code == 0 and "revoked" in out, out
     assert _cpn(server, ana["key"], "jobs", "list")[0] != 0
 
-    token = admin.create_token("acme", max_uses=2)
+    token = admin.create_token("acme", max_uses=3)
     node = register_node(server, token["token"], region="eu-west", cluster="paris-1", price=1.0)
+    measuring = register_node(
+        server, token["token"], region="us-east", cluster="virginia-1", price=1.0, profile_follows=True
+    )
     code, out = _cpn(server, ADMIN_KEY, "tokens", "list")
-    assert code == 0 and token["id"] in out and "1/2 used" in out, out
+    assert code == 0 and token["id"] in out and "2/3 used" in out, out
+    code, out = _cpn(server, ADMIN_KEY, "nodes", "list")
+    assert code == 0, out
+    lines = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    assert lines[node.node_id][1:2] + lines[node.node_id][3:5] == ["eu-west/paris-1", "alive", "open"], out
+    assert lines[measuring.node_id][3] == "measuring", out
+    code, out = _cpn(server, ADMIN_KEY, "nodes", "list", "--json")
+    assert {n["id"]: n["status"] for n in json.loads(out)} == {
+        node.node_id: "alive",
+        measuring.node_id: "measuring",
+    }
     code, out = _cpn(server, ADMIN_KEY, "tokens", "revoke", token["id"])
     assert code == 0 and "revoked" in out, out
 

@@ -22,7 +22,7 @@ from service_layer.auth import revoke_api_key
 from service_layer.client import CpnClient
 from service_layer.dashboard.link_use import Sample, Sender, link_use, task_rates
 from service_layer.dashboard.map_svg import region_map_svg
-from service_layer.dashboard.region_map import JobOverlay, LinkLine, RegionBox
+from service_layer.dashboard.region_map import JobOverlay, LinkLine, RegionBox, region_boxes
 from service_layer.dashboard.sync_edges import SyncEdges, job_sync_edges
 from service_layer.server import ServerHandle, start_server_in_thread
 from tests.conftest import postgres_unreachable, redis_unreachable, settings_for
@@ -117,6 +117,29 @@ def test_region_map_svg_marks_measured_declared_and_use() -> None:
     assert "measured link" in svg and "declared link" in svg  # the legend
     assert 'data-region="us-east" data-free="0" data-used="0" data-down="2"' in svg
     assert "sync-edge" not in svg and "dimmed" not in svg
+
+
+def test_a_measuring_nodes_devices_are_not_counted_free() -> None:
+    """Alive but not offered yet (its profile still measuring): its idle devices are down, not free."""
+    from service_layer.schemas.resources import ClusterRead, DeviceRead, NodeRead
+
+    def node(status: str, allocated: tuple[bool, ...]) -> NodeRead:
+        devices = [
+            DeviceRead(index=i, model="cpu", kind="cpu", memory_gb=1.0, measured_tflops=0.1, allocated=a)
+            for i, a in enumerate(allocated)
+        ]
+        return NodeRead(
+            id=status, hostname=status, status=status, alive=True, last_heartbeat_at=None,
+            heartbeat_age_s=None, advertise_host="127.0.0.1", agent_version="test", devices=devices,
+        )  # fmt: skip
+
+    nodes = [node("alive", (True, False)), node("measuring", (False, False))]
+    cluster = ClusterRead(
+        id="c", name="paris-1", region="eu-west", provider="lumen", intra_bandwidth_gbps=10.0,
+        price_per_device_hour=1.0, spot_price_per_device_hour=None, nodes=nodes,
+    )  # fmt: skip
+    (box,) = region_boxes([], [cluster], {})
+    assert (box.nodes_alive, box.devices_used, box.devices_free, box.devices_down) == (2, 1, 1, 2)
 
 
 def test_region_map_svg_draws_a_job_and_escapes_names() -> None:

@@ -73,6 +73,9 @@ class Node(Base):
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     # What the node measured at registration (contracts.registration.NodeProfile.as_dict); None: not measured.
     profile: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    # Its agent registered before measuring that profile and has not sent it yet: listed
+    # "measuring" and not placed until it arrives (resource_layer.registry.record_profile).
+    measuring: Mapped[bool] = mapped_column(default=False, server_default=false())
     # Runnable threads per core on the host now, a new CPU worker included (agent/contention.py:
     # above 1 it runs that many times slower than on an idle core, below 1 cores are left), as the
     # last stored heartbeat reported it; None: not reported.

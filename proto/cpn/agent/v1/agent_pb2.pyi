@@ -37,7 +37,7 @@ class Device(_message.Message):
     def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., memory_gb: _Optional[float] = ..., measured_tflops: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port", "checkpoint_port", "measured_profile", "node_fabric_gbps", "node_fabric_latency_ms", "cross_cluster_host", "cpu_contention", "cpu_contention_probe_ages_s", "csr_pem", "sandbox")
+    __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port", "checkpoint_port", "measured_profile", "node_fabric_gbps", "node_fabric_latency_ms", "cross_cluster_host", "cpu_contention", "cpu_contention_probe_ages_s", "csr_pem", "sandbox", "profile_follows")
     ENROLLMENT_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class RegisterRequest(_message.Message):
     CPU_CONTENTION_PROBE_AGES_S_FIELD_NUMBER: _ClassVar[int]
     CSR_PEM_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
     enrollment_token: str
     region: str
     cluster: str
@@ -90,7 +91,8 @@ class RegisterRequest(_message.Message):
     cpu_contention_probe_ages_s: _containers.RepeatedScalarFieldContainer[float]
     csr_pem: str
     sandbox: str
-    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ..., checkpoint_port: _Optional[int] = ..., measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ..., node_fabric_gbps: _Optional[float] = ..., node_fabric_latency_ms: _Optional[float] = ..., cross_cluster_host: _Optional[str] = ..., cpu_contention: _Optional[float] = ..., cpu_contention_probe_ages_s: _Optional[_Iterable[float]] = ..., csr_pem: _Optional[str] = ..., sandbox: _Optional[str] = ...) -> None: ...
+    profile_follows: bool
+    def __init__(self, enrollment_token: _Optional[str] = ..., region: _Optional[str] = ..., cluster: _Optional[str] = ..., provider: _Optional[str] = ..., hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., price_per_device_hour: _Optional[float] = ..., spot_price_per_device_hour: _Optional[float] = ..., agent_version: _Optional[str] = ..., advertise_host: _Optional[str] = ..., sync_port_min: _Optional[int] = ..., sync_port_max: _Optional[int] = ..., intra_bandwidth_gbps: _Optional[float] = ..., jurisdiction: _Optional[str] = ..., node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., probe_port: _Optional[int] = ..., checkpoint_port: _Optional[int] = ..., measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ..., node_fabric_gbps: _Optional[float] = ..., node_fabric_latency_ms: _Optional[float] = ..., cross_cluster_host: _Optional[str] = ..., cpu_contention: _Optional[float] = ..., cpu_contention_probe_ages_s: _Optional[_Iterable[float]] = ..., csr_pem: _Optional[str] = ..., sandbox: _Optional[str] = ..., profile_follows: _Optional[bool] = ...) -> None: ...
 
 class MeasuredProfile(_message.Message):
     __slots__ = ("startup_s", "teardown_s", "physical_cores", "rates", "host_load_factor", "launcher_s", "collective_call_s", "collective_gbps", "collective_wait_s")
@@ -167,7 +169,7 @@ class StoreProbeBlob(_message.Message):
     def __init__(self, url: _Optional[str] = ..., digest: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log", "probe_result", "checkpoint_copy_result", "staging_probe", "cache")
+    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log", "probe_result", "checkpoint_copy_result", "staging_probe", "cache", "profile")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +180,7 @@ class AgentMessage(_message.Message):
     CHECKPOINT_COPY_RESULT_FIELD_NUMBER: _ClassVar[int]
     STAGING_PROBE_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     inventory: Inventory
@@ -188,7 +191,20 @@ class AgentMessage(_message.Message):
     checkpoint_copy_result: CheckpointCopyResult
     staging_probe: StagingProbeResult
     cache: CacheReport
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ..., probe_result: _Optional[_Union[LinkProbeResult, _Mapping]] = ..., checkpoint_copy_result: _Optional[_Union[CheckpointCopyResult, _Mapping]] = ..., staging_probe: _Optional[_Union[StagingProbeResult, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ...) -> None: ...
+    profile: ProfileReport
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ..., probe_result: _Optional[_Union[LinkProbeResult, _Mapping]] = ..., checkpoint_copy_result: _Optional[_Union[CheckpointCopyResult, _Mapping]] = ..., staging_probe: _Optional[_Union[StagingProbeResult, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ..., profile: _Optional[_Union[ProfileReport, _Mapping]] = ...) -> None: ...
+
+class ProfileReport(_message.Message):
+    __slots__ = ("measured_profile", "error", "cpu_contention", "cpu_contention_probe_ages_s")
+    MEASURED_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CPU_CONTENTION_FIELD_NUMBER: _ClassVar[int]
+    CPU_CONTENTION_PROBE_AGES_S_FIELD_NUMBER: _ClassVar[int]
+    measured_profile: MeasuredProfile
+    error: str
+    cpu_contention: float
+    cpu_contention_probe_ages_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, measured_profile: _Optional[_Union[MeasuredProfile, _Mapping]] = ..., error: _Optional[str] = ..., cpu_contention: _Optional[float] = ..., cpu_contention_probe_ages_s: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class StagingProbeResult(_message.Message):
     __slots__ = ("fetch_fixed_s", "bytes_per_s", "probe_bytes", "venv_s", "error")
