@@ -260,10 +260,12 @@ def _not_now(
     """No plan on the fleet as it is: fail the job if none exists with every device free either,
     else have lower-priority work preempted where that lets it fit, and keep it queued."""
     if key not in state.never:
+        if state.measuring is None:
+            # Read before the fleet it qualifies: a profile landing between the two reads would
+            # otherwise fail a job that fits the node it just made placeable.
+            state.measuring = _measuring(ctx)
         state.never[key] = never_fits(ctx, spec, avoid, calibration)
     never = state.never[key]
-    if never is not None and state.measuring is None:
-        state.measuring = _measuring(ctx)
     if never is not None and (measuring := state.measuring):
         # Nodes still measuring are not in the fleet yet: the job waits for them, not fails.
         reason = f"waiting for {measuring} node(s) measuring their profile: {never}"

@@ -66,20 +66,15 @@ def list_regions(session: Session) -> list[RegionRead]:
     clusters = dict(
         session.execute(select(Cluster.region, func.count(Cluster.id)).group_by(Cluster.region)).all()
     )
-    alive = dict(
-        session.execute(
-            select(Cluster.region, func.count(Node.id))
-            .join(Node, Node.cluster_id == Cluster.id)
-            .where(Node.status == "alive")
-            .group_by(Cluster.region)
-        ).all()
-    )
+    alive = Node.status == "alive"
+    placeable = _per_region(session, func.count(Node.id), alive, Node.measuring.is_(False))
+    measuring = _per_region(session, func.count(Node.id), alive, Node.measuring.is_(True))
     devices = dict(
         session.execute(
             select(Cluster.region, func.count(Accelerator.id))
             .join(Node, Node.cluster_id == Cluster.id)
             .join(Accelerator, Accelerator.node_id == Node.id)
-            .where(Node.status == "alive")
+            .where(alive, Node.measuring.is_(False))
             .group_by(Cluster.region)
         ).all()
     )
@@ -89,11 +84,23 @@ def list_regions(session: Session) -> list[RegionRead]:
             jurisdiction=r.jurisdiction,
             jurisdiction_approved=r.jurisdiction_approved,
             clusters=clusters.get(r.name, 0),
-            alive_nodes=alive.get(r.name, 0),
+            alive_nodes=placeable.get(r.name, 0),
+            measuring_nodes=measuring.get(r.name, 0),
             devices=devices.get(r.name, 0),
         )
         for r in session.scalars(select(Region).order_by(Region.name))
     ]
+
+
+def _per_region(session: Session, what: Any, *where: Any) -> dict[str, int]:
+    """``what`` over the nodes matching ``where``, per region."""
+    rows = session.execute(
+        select(Cluster.region, what)
+        .join(Node, Node.cluster_id == Cluster.id)
+        .where(*where)
+        .group_by(Cluster.region)
+    )
+    return dict(rows.all())
 
 
 def _staging_read(probe: dict[str, Any] | None) -> NodeStagingRead | None:

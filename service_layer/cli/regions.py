@@ -31,7 +31,8 @@ def list_regions(
     for r in rows:
         console.print(
             f"{r['name']:<20} {_status(r):<32} clusters {r['clusters']}, nodes {r['alive_nodes']},"
-            f" devices {r['devices']}",
+            f" devices {r['devices']}"
+            + (f", {r['measuring_nodes']} measuring" if r.get("measuring_nodes") else ""),
             markup=False,
         )
 

@@ -20,8 +20,11 @@ class RegionRead(BaseModel):
         " nothing else",
     )
     clusters: int = Field(description="Clusters in the region")
-    alive_nodes: int
-    devices: int = Field(description="Devices on alive nodes")
+    alive_nodes: int = Field(description="Nodes alive and placeable (measured)")
+    measuring_nodes: int = Field(
+        0, description="Nodes alive but still measuring their profile: not placed yet"
+    )
+    devices: int = Field(description="Devices on alive, placeable nodes")
 
 
 class DeviceRead(ApiModel):

@@ -30,6 +30,7 @@ from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from proto.cpn.agent.v1.profile import profile_from_proto
 from resource_layer import registry
 from resource_layer.tokens import hash_token
+from service_layer.queries import list_regions
 from tests.resource_layer.harness import GrpcServerThread, enrollment_token, sqlite_context
 
 Stub = agent_pb2_grpc.AgentServiceStub
@@ -670,6 +671,9 @@ def test_a_node_whose_profile_follows_is_measuring_and_unplaced_until_the_profil
         node = s.get(Node, measuring.node_id)
         assert node is not None and node.measuring and node.profile is None
     assert _placeable(ctx) == {declared.node_id}  # a node that measures nothing is placed at once
+    with ctx.session_factory() as s:  # what GET /v1/regions shows: one placeable, one measuring
+        (region,) = list_regions(s)
+        assert (region.alive_nodes, region.measuring_nodes) == (1, 1)
 
     bad = _measured_profile()
     bad.startup_s = float("nan")
@@ -694,6 +698,9 @@ def test_a_node_whose_profile_follows_is_measuring_and_unplaced_until_the_profil
         assert node is not None and not node.measuring and node.profile["startup_s"] == 6.5
         assert node.cpu_contention == 0.75  # settled after the measurement: the first quotes price it
     assert _placeable(ctx) == {declared.node_id, measuring.node_id}
+    with ctx.session_factory() as s:
+        (region,) = list_regions(s)
+        assert (region.alive_nodes, region.measuring_nodes) == (2, 0)
 
 
 @SQLITE_ONLY
