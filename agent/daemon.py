@@ -127,7 +127,13 @@ def make_channel(
 
 def device_to_proto(d: DeviceReport) -> agent_pb2.Device:
     return agent_pb2.Device(
-        index=d.index, model=d.model, memory_gb=d.memory_gb, measured_tflops=d.measured_tflops, kind=d.kind
+        index=d.index,
+        model=d.model,
+        memory_gb=d.memory_gb,
+        measured_tflops=d.measured_tflops,
+        kind=d.kind,
+        uuid=d.uuid,
+        nvlink_island=d.link_group + 1,
     )
 
 
@@ -276,6 +282,7 @@ class Agent:
                     device_model=self.devices[0].model,
                     shared_max_age_s=s.profile_share_s,
                     cancel=self._halt,
+                    cuda_devices=[d.uuid for d in self.devices if d.kind == "cuda" and d.uuid],
                 )
             except Cancelled as exc:
                 log.info("agent stopping: %s", exc)
@@ -662,6 +669,7 @@ class Agent:
         if self._draining:
             return self._fail(aid, "node is draining")
         assert self.devices is not None
+        by_index = {d.index: d for d in self.devices}
         kinds = {d.index: d.kind for d in self.devices}
         unknown = [i for i in a.device_indices if i not in kinds]
         if unknown:
@@ -693,6 +701,7 @@ class Agent:
             on_spawn=self._remember_worker,
             sandbox=sandbox,
             launcher=self._launcher,
+            devices=[by_index[i] for i in a.device_indices],
         )
         self._runs[aid] = run
         task = asyncio.create_task(self._supervise(run))

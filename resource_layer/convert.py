@@ -45,7 +45,13 @@ METRIC_SOMETIMES = ("gossip_spread", "wan_wire_bytes_sent", "job_step")
 
 def device_from_proto(d: agent_pb2.Device) -> DeviceReport:
     return DeviceReport(
-        index=d.index, model=d.model, memory_gb=d.memory_gb, measured_tflops=d.measured_tflops, kind=d.kind
+        index=d.index,
+        model=d.model,
+        memory_gb=d.memory_gb,
+        measured_tflops=d.measured_tflops,
+        kind=d.kind,
+        uuid=d.uuid,
+        link_group=d.nvlink_island - 1,
     )
 
 

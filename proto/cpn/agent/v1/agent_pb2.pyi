@@ -23,18 +23,22 @@ TASK_STATE_FAILED: TaskState
 TASK_STATE_CANCELLED: TaskState
 
 class Device(_message.Message):
-    __slots__ = ("index", "model", "memory_gb", "measured_tflops", "kind")
+    __slots__ = ("index", "model", "memory_gb", "measured_tflops", "kind", "uuid", "nvlink_island")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MEMORY_GB_FIELD_NUMBER: _ClassVar[int]
     MEASURED_TFLOPS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_ISLAND_FIELD_NUMBER: _ClassVar[int]
     index: int
     model: str
     memory_gb: float
     measured_tflops: float
     kind: str
-    def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., memory_gb: _Optional[float] = ..., measured_tflops: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
+    uuid: str
+    nvlink_island: int
+    def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., memory_gb: _Optional[float] = ..., measured_tflops: _Optional[float] = ..., kind: _Optional[str] = ..., uuid: _Optional[str] = ..., nvlink_island: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port", "checkpoint_port", "measured_profile", "node_fabric_gbps", "node_fabric_latency_ms", "cross_cluster_host", "cpu_contention", "cpu_contention_probe_ages_s", "csr_pem", "sandbox")
