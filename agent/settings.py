@@ -220,7 +220,7 @@ class AgentSettings(BaseModel):
     def _nccl_list(cls, v: str, info: ValidationInfo) -> str:
         pattern = IFNAME_RE if info.field_name == "nccl_socket_ifname" else IB_HCA_RE
         if v and not pattern.fullmatch(v):
-            flag = "--" + str(info.field_name).replace("_", "-")
+            flag = "--nccl " + str(info.field_name).removeprefix("nccl_")
             raise ValueError(f"{flag}: expected NCCL's list syntax ([^=]name[,name...]), got {v!r}")
         return v
 
