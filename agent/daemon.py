@@ -42,6 +42,8 @@ from agent.checkpoint_transfer import (
 )
 from agent.duties import Duty, run_duty
 from agent.fetch import Cancelled
+from agent.gpu_telemetry import Sample
+from agent.gpu_watch import GpuWatch
 from agent.outbox import Outbox
 from agent.probe import build_probe_server, run_probe
 from agent.profile import another_measuring, measure_profile, one_reference_at_a_time
@@ -125,6 +127,17 @@ def make_channel(
     return grpc.aio.secure_channel(target, credentials, options=[*options, *extra])
 
 
+def sample_to_proto(x: Sample) -> agent_pb2.DeviceSample:
+    return agent_pb2.DeviceSample(
+        index=x.index,
+        utilization=x.utilization,
+        memory_used_gb=x.memory_used_gb,
+        power_w=x.power_w,
+        temperature_c=x.temperature_c,
+        health=x.health,
+    )
+
+
 def device_to_proto(d: DeviceReport) -> agent_pb2.Device:
     return agent_pb2.Device(
         index=d.index,
@@ -180,6 +193,7 @@ class Agent:
         # The cache as last reported on this stream (None: not yet): reported again when it differs.
         self._cache_reported: tuple[list[str], list[str]] | None = None
         self._cache_duty = Duty("report-cache", lambda: CACHE_REPORT_EVERY_S, self._report_cache)
+        self._gpu_watch: GpuWatch | None = None  # NVML samples and health, on a GPU node
 
     # -- the whole life -------------------------------------------------------------------------
     async def run(self) -> int:
@@ -203,6 +217,8 @@ class Agent:
                 self._settled = await asyncio.to_thread(contention.settle, self._contention)
             log.info("host CPU contention after the reference step: %.2f", self._settled)
         self._use_server(0)
+        if self.devices and any(d.uuid for d in self.devices):
+            self._gpu_watch = GpuWatch(self.devices).start()
         # Duties outlive ``stop``: heartbeats go on while the workers are being stopped.
         duties_stop = asyncio.Event()
         duties = [asyncio.create_task(run_duty(d, duties_stop)) for d in self._duties()]
@@ -223,6 +239,8 @@ class Agent:
             for task in (*duties, connection, stopping, *probes):
                 task.cancel()
             await asyncio.gather(*duties, connection, stopping, *probes, return_exceptions=True)
+            if self._gpu_watch is not None:
+                await asyncio.to_thread(self._gpu_watch.stop)
             for channel in self._channels.values():
                 await channel.close(grace=0.5)
             if probe_server is not None:
@@ -848,6 +866,7 @@ class Agent:
         if not self._connected:
             return
         self._seq += 1
+        gpus = self._gpu_watch.latest() if self._gpu_watch is not None else None
         self._outbox.put(
             agent_pb2.AgentMessage(
                 heartbeat=agent_pb2.Heartbeat(
@@ -856,7 +875,27 @@ class Agent:
                     load=os.getloadavg()[0],
                     cpu_contention=self._contention.value,
                     cpu_contention_probe_ages_s=self._contention.kept_ages(),
+                    devices=[sample_to_proto(x) for x in gpus.samples] if gpus else [],
+                    node_health=gpus.node_health if gpus else "",
                 )
+            )
+        )
+        if gpus is not None and gpus.cordoned:
+            self._withdraw(gpus.cordoned)
+
+    def _withdraw(self, uuids: frozenset[str]) -> None:
+        """Devices a health rule cordoned leave the inventory: no new work is placed on them
+        (their running tasks go on, or fail on their own). The heartbeat says why."""
+        assert self.devices is not None
+        gone = [d for d in self.devices if d.uuid in uuids]
+        if not gone:
+            return
+        self.devices = [d for d in self.devices if d.uuid not in uuids]
+        for d in gone:
+            log.error("GPU health: device %d (%s) leaves the inventory", d.index, d.uuid)
+        self._outbox.put(
+            agent_pb2.AgentMessage(
+                inventory=agent_pb2.Inventory(devices=[device_to_proto(d) for d in self.devices])
             )
         )
 

@@ -15,6 +15,7 @@ import pytest
 from agent.gpu_health import node_reason, verdicts
 from agent.gpu_offer import offer
 from agent.gpu_reading import parse_reading
+from agent.gpu_telemetry import gpu_state, with_past_events
 from agent.gpu_topology import nvlink_gbytes_s, nvlink_islands, pcie_gbytes_s, peer_gbytes_s
 from agent.gpu_visible import torch_ordinals, visible_units
 from agent.profile import reference_env, slowest
@@ -197,3 +198,32 @@ def test_the_node_registers_its_slowest_devices_reference_step() -> None:
     env = reference_env({"PATH": "/bin"}, "cuda", "GPU-0f6e2b1c-8c3a-4d59-9a43-1b2c3d4e5f60")
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0f6e2b1c-8c3a-4d59-9a43-1b2c3d4e5f60"
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_heartbeat_samples_and_health_from_a_reading() -> None:
+    r = raw("a100_sxm_2_mig")
+    reading = parse_reading(r)
+    units = visible_units(reading, None)
+    devices = [DeviceReport(i, u.name, u.memory_gb, 200.0, "cuda", uuid=u.uuid) for i, u in enumerate(units)]
+    state = gpu_state(reading, devices)
+    # A MIG instance reads as its GPU; GPU 1 runs a job at 88 %.
+    assert [(x.index, x.utilization, x.power_w, x.temperature_c) for x in state.samples] == [
+        (0, 0.0, 52.0, 30.0), (1, 0.0, 52.0, 30.0), (2, 0.0, 52.0, 30.0), (3, 0.88, 301.0, 61.0)
+    ]  # fmt: skip
+    assert state.samples[3].memory_used_gb == 0.004 and state.node_health == "" and not state.cordoned
+    # An uncorrectable ECC error on the MIG GPU: its three instances leave, the reason on each.
+    r["gpus"][0]["ecc"]["volatile_uncorrected"] = 1
+    bad = gpu_state(parse_reading(r), devices)
+    assert bad.cordoned == {u.uuid for u in units[:3]}
+    assert [bool(x.health) for x in bad.samples] == [True, True, True, False]
+    assert "1 uncorrectable ECC error(s)" in bad.samples[0].health
+
+
+def test_an_xid_stays_with_the_node_after_its_reading() -> None:
+    r = raw("h100_sxm_8_xid79_ecc")
+    first = parse_reading(r)
+    r["xid_events"] = []
+    later = with_past_events(parse_reading(r), first.xid_events)
+    devices = [DeviceReport(i, g.name, 79.65, 900.0, "cuda", uuid=g.uuid) for i, g in enumerate(later.gpus)]
+    assert "XID 79" in gpu_state(later, devices).node_health
+    assert gpu_state(parse_reading(r), devices).node_health == ""  # without the past: it would be lost
