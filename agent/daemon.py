@@ -880,24 +880,6 @@ class Agent:
                 )
             )
         )
-        if gpus is not None and gpus.cordoned:
-            self._withdraw(gpus.cordoned)
-
-    def _withdraw(self, uuids: frozenset[str]) -> None:
-        """Devices a health rule cordoned leave the inventory: no new work is placed on them
-        (their running tasks go on, or fail on their own). The heartbeat says why."""
-        assert self.devices is not None
-        gone = [d for d in self.devices if d.uuid in uuids]
-        if not gone:
-            return
-        self.devices = [d for d in self.devices if d.uuid not in uuids]
-        for d in gone:
-            log.error("GPU health: device %d (%s) leaves the inventory", d.index, d.uuid)
-        self._outbox.put(
-            agent_pb2.AgentMessage(
-                inventory=agent_pb2.Inventory(devices=[device_to_proto(d) for d in self.devices])
-            )
-        )
 
     @property
     def _probes_cpu(self) -> bool:

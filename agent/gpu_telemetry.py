@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from agent.gpu_health import Verdict, cordoned_uuids, node_reason, verdicts
+from agent.gpu_health import Verdict, node_reason, verdicts
 from agent.gpu_reading import Gpu, NodeReading, XidEvent
 from contracts.registration import DeviceReport
 
@@ -30,7 +30,6 @@ class GpuState:
 
     samples: tuple[Sample, ...]
     node_health: str  # "": healthy; else why the node is to be cordoned
-    cordoned: frozenset[str]  # UUIDs of devices the node stops offering
 
 
 def _gpu_of(reading: NodeReading, uuid: str) -> Gpu | None:
@@ -46,16 +45,15 @@ def with_past_events(reading: NodeReading, past: Sequence[XidEvent]) -> NodeRead
 
 def gpu_state(reading: NodeReading, devices: Sequence[DeviceReport]) -> GpuState:
     """Samples for the node's CUDA devices (by UUID; a MIG instance reads as its GPU, which NVML
-    samples as a whole) and the health rules' verdicts over every GPU of the node."""
+    samples as a whole) and the health rules' verdicts over every GPU of the node. A device fault
+    found while the agent runs cordons the node, naming the device (the control plane keeps a
+    device with allocation history in the node's inventory, so it cannot be withdrawn alone)."""
     found: list[Verdict] = verdicts(reading)
-    cordoned = cordoned_uuids(found)
-    out, gone = [], set()
+    out = []
     for d in devices:
         gpu = _gpu_of(reading, d.uuid) if d.uuid else None
         if gpu is None:
             continue
-        if gpu.uuid in cordoned:
-            gone.add(d.uuid)
         reasons = [v.reason for v in found if v.scope == "device" and v.uuid == gpu.uuid]
         out.append(
             Sample(
@@ -67,7 +65,4 @@ def gpu_state(reading: NodeReading, devices: Sequence[DeviceReport]) -> GpuState
                 health="; ".join(reasons)[:500],
             )
         )
-    gone = frozenset(
-        d.uuid for d in devices if (g := _gpu_of(reading, d.uuid)) is not None and g.uuid in cordoned
-    )
-    return GpuState(tuple(out), node_reason(found), gone)
+    return GpuState(tuple(out), node_reason(found))
