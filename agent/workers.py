@@ -200,9 +200,8 @@ def worker_env(
         uuids = [d.uuid for d in devices]
         named = len(uuids) == len(a.device_indices) and all(uuids)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids) if named else ",".join(str(i) for i in a.device_indices)
-        env["CUDA_DEVICE_ORDER"] = (
-            "PCI_BUS_ID"  # indices (Slurm's, a node without NVML) in nvidia-smi's order
-        )
+        # Indices (a node without NVML figures) count in nvidia-smi's order, as Slurm's do.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     else:
         env["OMP_NUM_THREADS"] = "1"  # one thread per CPU slot: slots do not oversubscribe cores
         env["CUDA_VISIBLE_DEVICES"] = ""
