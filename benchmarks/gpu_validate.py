@@ -123,8 +123,6 @@ def worker(args: argparse.Namespace) -> int:
     cuda = args.device == "cuda"
     ctx = compute_init(args.device)
     busbw = _allreduce_busbw(ctx.world_size, args.device, ALLREDUCE_BYTES if cuda else 1 << 20)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
     cfg = WorkerConfig(
         job_id="gpu-validate",
         region="local",
@@ -141,6 +139,8 @@ def worker(args: argparse.Namespace) -> int:
         device=args.device,
     )
     trainer = build_trainer(cfg, ctx)
+    if cuda:  # the training peak from here: the model built (held since), not its unsharded copy
+        torch.cuda.reset_peak_memory_stats()
     ok = False
     try:
         for _ in range(args.warmup):
@@ -191,14 +191,28 @@ def node_links() -> dict[str, Any]:
     return {"uuids": [u.uuid for u in units], "link_gbytes_s": peer_gbytes_s(units, islands), "link": link}
 
 
+def run_kept(
+    cmd: list[str], env: dict[str, str], timeout_s: float, capture: bool
+) -> subprocess.CompletedProcess[str]:
+    """``cmd`` under a keeper (``contracts.lifetime``): torchrun's ranks end with this script,
+    however it ends, and the whole tree is stopped after ``timeout_s``."""
+    from contracts.lifetime import keeper_command, stop_when
+
+    kept, fds = keeper_command(cmd, grace_s=5)
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.Popen(kept, env=env, cwd=REPO, pass_fds=fds, stdout=pipe, stderr=pipe, text=True)
+    watcher = stop_when(proc, time.monotonic() + timeout_s)
+    out, err = proc.communicate()
+    watcher.join()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def reference_step(device: str, timeout_s: float) -> dict[str, float]:
     """The node's reference step on one device, as the agent runs it at registration (bf16)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=device, CUDA_DEVICE_ORDER="PCI_BUS_ID", PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
            "-m", "training.reference_step", "--device", "cuda", "--precisions", "bf16"]  # fmt: skip
-    out = subprocess.run(
-        cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout_s, check=False
-    )
+    out = run_kept(cmd, env, timeout_s, capture=True)
     for line in out.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX) :])["rates"]["bf16"]
@@ -214,7 +228,7 @@ def train(args: argparse.Namespace, n_gpus: int, out: Path) -> list[dict[str, An
            "--micro-batch", str(args.micro_batch), "--device", args.device,
            "--model-json", args.model_json]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_DEVICE_ORDER="PCI_BUS_ID")
-    done = subprocess.run(cmd, env=env, cwd=REPO, timeout=args.timeout_s, check=False)
+    done = run_kept(cmd, env, args.timeout_s, capture=False)
     if done.returncode != 0:
         raise RuntimeError(f"training ranks failed (exit {done.returncode})")
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n_gpus)]

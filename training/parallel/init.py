@@ -34,7 +34,7 @@ class DistContext:
 
 
 def pg_timeout_s(env: Mapping[str, str], default: float = 600.0) -> float:
-    """The process group's timeout: the node's (the agent's ``--nccl-timeout-s``, in
+    """The process group's timeout: the node's (the agent's ``--nccl timeout_s=``, in
     ``CPN_PG_TIMEOUT_S``), else ``default``. A collective waiting longer for a peer fails its rank
     (NCCL's watchdog aborts it; gloo raises), so a dead peer ends the task instead of hanging it."""
     raw = env.get(PG_TIMEOUT_ENV, "")
