@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from agent.gpu_reading import parse_reading
 from agent.gpu_telemetry import gpu_state, with_past_events
 from agent.gpu_topology import nvlink_gbytes_s, nvlink_islands, pcie_gbytes_s, peer_gbytes_s
 from agent.gpu_visible import torch_ordinals, visible_units
+from agent.gpu_watch import GpuWatch
 from agent.profile import reference_env, slowest
 from agent.workers import Assignment, bus_indices, worker_env
 from contracts.errors import FailedPrecondition, InvalidArgument
@@ -227,3 +229,35 @@ def test_an_xid_stays_with_the_node_after_its_reading() -> None:
     devices = [DeviceReport(i, g.name, 79.65, 900.0, "cuda", uuid=g.uuid) for i, g in enumerate(later.gpus)]
     assert "XID 79" in gpu_state(later, devices).node_health
     assert gpu_state(parse_reading(r), devices).node_health == ""  # without the past: it would be lost
+
+
+class Replay:
+    """NVML's readings as recorded, one per read (NVML itself runs only on a GPU node)."""
+
+    def __init__(self, readings: list[dict[str, Any]], done: threading.Event) -> None:
+        self._readings, self._done, self.closed = readings, done, False
+
+    def read(self) -> dict[str, Any]:
+        if len(self._readings) == 1:
+            self._done.set()
+        return self._readings.pop(0) if len(self._readings) > 1 else self._readings[0]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_watch_keeps_an_xid_past_its_reading_and_skips_a_bad_one() -> None:
+    faulty = raw("h100_sxm_8_xid79_ecc")
+    broken = copy.deepcopy(faulty) | {"schema": 99}
+    quiet = copy.deepcopy(faulty) | {"xid_events": []}
+    devices = [
+        DeviceReport(i, g["name"], 79.65, 900.0, "cuda", uuid=g["uuid"]) for i, g in enumerate(faulty["gpus"])
+    ]
+    done = threading.Event()
+    session = Replay([faulty, broken, quiet], done)
+    watch = GpuWatch(devices, interval_s=0.01, nvml=lambda: session).start()
+    assert done.wait(30)
+    watch.stop()
+    state = watch.latest()
+    assert state is not None and "XID 79" in state.node_health and session.closed
+    assert [x.index for x in state.samples] == list(range(8)) and "ECC" in state.samples[2].health
