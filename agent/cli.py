@@ -20,6 +20,7 @@ from agent.settings import AgentSettings
 from contracts.lifetime import die_with_parent
 
 SLURM_KEYS = ("partition", "account", "poll_s", "gpu_memory_gb", "gpu_tflops")  # --slurm KEY=VALUE
+NCCL_KEYS = ("socket_ifname", "ib_hca", "timeout_s", "debug")  # --nccl KEY=VALUE
 
 
 def run_agent(settings: AgentSettings) -> int:
@@ -36,15 +37,16 @@ def settings_from_options(options: Mapping[str, Any]) -> AgentSettings:
     values["reconnect_min_s"] = min(0.5, values["reconnect_max_s"])
     values["cache_max_bytes"] = int(values.pop("cache_max_gb") * 1e9)
     values["pip_args"] = tuple(values.pop("pip_arg"))
-    for item in values.pop("slurm", []):
-        key, sep, value = item.partition("=")
-        if not sep or key not in SLURM_KEYS:
-            typer.echo(
-                f"cpn agent: --slurm: expected KEY=VALUE, KEY one of {', '.join(SLURM_KEYS)}; got {item!r}",
-                err=True,
-            )
-            raise typer.Exit(2)
-        values[f"slurm_{key}"] = value
+    for flag, keys in (("slurm", SLURM_KEYS), ("nccl", NCCL_KEYS)):
+        for item in values.pop(flag, []):
+            key, sep, value = item.partition("=")
+            if not sep or key not in keys:
+                typer.echo(
+                    f"cpn agent: --{flag}: expected KEY=VALUE, KEY one of {', '.join(keys)}; got {item!r}",
+                    err=True,
+                )
+                raise typer.Exit(2)
+            values[f"{flag}_{key}"] = value
     try:
         return AgentSettings(**values)
     except ValidationError as exc:
@@ -55,7 +57,6 @@ def settings_from_options(options: Mapping[str, Any]) -> AgentSettings:
 
 
 def agent_command(
-    ctx: typer.Context,
     server: str = typer.Option(
         ...,
         "--server",
@@ -167,12 +168,19 @@ def agent_command(
         help="With --backend slurm: KEY=VALUE, repeatable; keys partition, account, poll_s (how often"
         " a job's state is read), gpu_memory_gb and gpu_tflops (the cluster's GPUs, declared)",
     ),
+    nccl: list[str] = typer.Option(
+        [], "--nccl", help="KEY=VALUE, repeatable: socket_ifname, ib_hca, timeout_s, debug"
+    ),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
     """Run the node agent: register this node's devices and run the work the control plane assigns."""
+    _start(log_level)
+    raise typer.Exit(run_agent(settings_from_options(locals())))  # every option above, by name
+
+
+def _start(log_level: str) -> None:
     die_with_parent()  # started by `cpn demo` or a test fleet: not a moment longer than it
     _configure_logging(log_level)
-    raise typer.Exit(run_agent(settings_from_options(ctx.params)))  # every option above, by name
 
 
 def _configure_logging(level: str) -> None:

@@ -45,6 +45,8 @@ from agent.checkpoint_transfer import (
 )
 from agent.duties import Duty, run_duty
 from agent.fetch import Cancelled
+from agent.gpu_telemetry import Sample
+from agent.gpu_watch import GpuWatch
 from agent.outbox import Outbox
 from agent.probe import build_probe_server, run_probe
 from agent.profile import another_measuring, measure_profile, one_reference_at_a_time
@@ -128,9 +130,26 @@ def make_channel(
     return grpc.aio.secure_channel(target, credentials, options=[*options, *extra])
 
 
+def sample_to_proto(x: Sample) -> agent_pb2.DeviceSample:
+    return agent_pb2.DeviceSample(
+        index=x.index,
+        utilization=x.utilization,
+        memory_used_gb=x.memory_used_gb,
+        power_w=x.power_w,
+        temperature_c=x.temperature_c,
+        health=x.health,
+    )
+
+
 def device_to_proto(d: DeviceReport) -> agent_pb2.Device:
     return agent_pb2.Device(
-        index=d.index, model=d.model, memory_gb=d.memory_gb, measured_tflops=d.measured_tflops, kind=d.kind
+        index=d.index,
+        model=d.model,
+        memory_gb=d.memory_gb,
+        measured_tflops=d.measured_tflops,
+        kind=d.kind,
+        uuid=d.uuid,
+        nvlink_island=d.link_group + 1,
     )
 
 
@@ -181,6 +200,7 @@ class Agent:
         self._profile_report: agent_pb2.AgentMessage | None = None  # sent on each new stream
         self._measured = False  # the profile and the venv build are measured (or not to be)
         self._store_offer: agent_pb2.StoreProbe | None = None  # from the latest registration
+        self._gpu_watch: GpuWatch | None = None  # NVML samples and health, on a GPU node
 
     # -- the whole life -------------------------------------------------------------------------
     async def run(self) -> int:
@@ -199,6 +219,8 @@ class Agent:
             return 2
         probe_server, checkpoint_server = servers
         self._use_server(0)
+        if self.devices and any(d.uuid for d in self.devices):
+            self._gpu_watch = GpuWatch(self.devices).start()
         # Duties outlive ``stop``: heartbeats go on while the workers are being stopped.
         duties_stop = asyncio.Event()
         duties = [asyncio.create_task(run_duty(d, duties_stop)) for d in self._duties()]
@@ -222,6 +244,8 @@ class Agent:
             for task in (*duties, connection, stopping, *probes):
                 task.cancel()
             await asyncio.gather(*duties, connection, stopping, *probes, return_exceptions=True)
+            if self._gpu_watch is not None:
+                await asyncio.to_thread(self._gpu_watch.stop)
             for channel in self._channels.values():
                 await channel.close(grace=0.5)
             if probe_server is not None:
@@ -334,6 +358,7 @@ class Agent:
                 device_model=self.devices[0].model,
                 shared_max_age_s=s.profile_share_s,
                 cancel=self._halt,
+                cuda_devices=[d.uuid for d in self.devices if d.kind == "cuda" and d.uuid],
             )
         except Cancelled:
             raise
@@ -713,6 +738,7 @@ class Agent:
         if self._draining:
             return self._fail(aid, "node is draining")
         assert self.devices is not None
+        by_index = {d.index: d for d in self.devices}
         kinds = {d.index: d.kind for d in self.devices}
         unknown = [i for i in a.device_indices if i not in kinds]
         if unknown:
@@ -744,6 +770,7 @@ class Agent:
             on_spawn=self._remember_worker,
             sandbox=sandbox,
             launcher=self._launcher,
+            devices=[by_index[i] for i in a.device_indices],
         )
         self._runs[aid] = run
         task = asyncio.create_task(self._supervise(run))
@@ -890,6 +917,7 @@ class Agent:
         if not self._connected:
             return
         self._seq += 1
+        gpus = self._gpu_watch.latest() if self._gpu_watch is not None else None
         self._outbox.put(
             agent_pb2.AgentMessage(
                 heartbeat=agent_pb2.Heartbeat(
@@ -898,6 +926,8 @@ class Agent:
                     load=os.getloadavg()[0],
                     cpu_contention=self._contention.value,
                     cpu_contention_probe_ages_s=self._contention.kept_ages(),
+                    devices=[sample_to_proto(x) for x in gpus.samples] if gpus else [],
+                    node_health=gpus.node_health if gpus else "",
                 )
             )
         )

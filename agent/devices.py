@@ -1,8 +1,9 @@
 """Finding a node's devices and measuring what each can compute.
 
-The measured figure is dense matmul throughput (TFLOPS), the number the planner's cost model
-divides work by. CUDA devices run a bf16 (or fp16/fp32) matmul; CPU slots run a small fp32
-matmul on one thread, since each slot's worker runs with OMP_NUM_THREADS=1.
+CUDA devices are found through NVML (``agent.nvml``) and named by UUID. The measured figure is
+dense matmul throughput (TFLOPS), the number the planner's cost model divides work by. CUDA
+devices run a bf16 (or fp16/fp32) matmul; CPU slots run a small fp32 matmul on one thread, since
+each slot's worker runs with OMP_NUM_THREADS=1.
 """
 
 from __future__ import annotations
@@ -10,8 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from agent.gpu_offer import offer
+from agent.gpu_reading import parse_reading
+from agent.gpu_visible import torch_ordinals
+from agent.nvml import Nvml
 from agent.settings import DeviceRequest
 from contracts.errors import FailedPrecondition
 from contracts.registration import DeviceReport
@@ -31,25 +37,51 @@ def detect_devices(request: DeviceRequest) -> list[DeviceReport]:
             DeviceReport(index=i, model="cpu", memory_gb=round(memory, 2), measured_tflops=tflops, kind="cpu")
             for i in range(request.count)
         ]
+    return detect_cuda_devices(Nvml, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def detect_cuda_devices(nvml: Callable[[], Nvml], cuda_visible: str | None) -> list[DeviceReport]:
+    """The node's CUDA devices as NVML finds them, restricted to the inherited
+    ``CUDA_VISIBLE_DEVICES``, each named by UUID with its NVLink island; a device a health rule
+    cordons is not offered (the operator reads why in the log and in the node's health)."""
     import torch
 
-    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+    try:
+        session = nvml()
+    except FailedPrecondition as exc:
         raise FailedPrecondition(
-            "--devices auto found no CUDA device; declare CPU slots with --devices cpu:N"
+            f"--devices auto: {exc.message}; declare CPU slots with --devices cpu:N"
+        ) from exc
+    try:
+        reading = parse_reading(session.read())
+    finally:
+        session.close()
+    found = offer(reading, cuda_visible)
+    for v in found.verdicts:
+        log.warning("GPU health: %s", v.reason)
+    if found.node_reason:
+        raise FailedPrecondition(f"GPU health cordons this node: {found.node_reason}")
+    units = list(found.units)
+    if not units:
+        raise FailedPrecondition(
+            "--devices auto found no healthy CUDA device; declare CPU slots with --devices cpu:N"
         )
-    out = []
-    for i in range(torch.cuda.device_count()):
-        props = torch.cuda.get_device_properties(i)
-        out.append(
-            DeviceReport(
-                index=i,
-                model=props.name,
-                memory_gb=round(props.total_memory / GIB, 2),
-                measured_tflops=measure_cuda_tflops(i),
-                kind="cuda",
-            )
+    torch_uuids = [str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
+    ordinals = torch_ordinals(units, torch_uuids)
+    islands = found.islands
+    return [
+        DeviceReport(
+            index=i,
+            model=u.name,
+            memory_gb=u.memory_gb,
+            measured_tflops=measure_cuda_tflops(ordinal),
+            kind="cuda",
+            uuid=u.uuid,
+            link_group=island,
+            bus_index=u.gpu.index,
         )
-    return out
+        for i, (u, ordinal, island) in enumerate(zip(units, ordinals, islands, strict=True))
+    ]
 
 
 def system_memory_bytes() -> int:

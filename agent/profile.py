@@ -5,6 +5,8 @@ worker (torchrun, the worker environment, one process), so the figures are what 
 spawn to first step (interpreter, imports, rendezvous), the result to the process group gone, and
 per precision the step split into FLOP rate and fixed costs. The host's real parallelism is
 counted too: declared CPU slots beyond it share cores, and the planner prices them as shared.
+On a GPU node the step runs on every device in turn, named by UUID, and the node registers the
+slowest device's figures.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from agent.fetch import Cancelled
@@ -59,11 +61,13 @@ def physical_cores() -> int:
     return cores
 
 
-def reference_env(base: dict[str, str], device_kind: str) -> dict[str, str]:
-    """The worker's environment (``agent.workers.worker_env``) for one device of this kind."""
+def reference_env(base: dict[str, str], device_kind: str, device: str = "0") -> dict[str, str]:
+    """The worker's environment (``agent.workers.worker_env``) for one device of this kind:
+    ``device`` names the CUDA one (its UUID, as workers get theirs)."""
     env = dict(base, PYTHONUNBUFFERED="1", CPN_SPAWNED_AT=repr(time.time()))
     if device_kind == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = "0"
+        env["CUDA_VISIBLE_DEVICES"] = device
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     else:
         env["OMP_NUM_THREADS"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -131,6 +135,7 @@ def measure_profile(
     device_model: str = "",
     shared_max_age_s: float = SHARED_MAX_AGE_S,
     cancel: threading.Event | None = None,
+    cuda_devices: Sequence[str] = (),
 ) -> NodeProfile | None:
     """Run the reference worker once, after any other agent's on this host; None (with a warning)
     if it fails: the planner then prices this node with its defaults. An alike agent's figures
@@ -147,7 +152,7 @@ def measure_profile(
     with one_reference_at_a_time(lock_path, cancel):
         profile = _shared_profile(shared, key, shared_max_age_s)
         if profile is None:
-            profile = _measure_profile(device_kind, work_dir, timeout_s, cancel)
+            profile = _measure_each(device_kind, work_dir, timeout_s, cancel, cuda_devices)
             if cancel is not None and cancel.is_set():
                 raise Cancelled("stopped during the reference step")
             if profile is not None and shared_max_age_s > 0:
@@ -155,6 +160,35 @@ def measure_profile(
         if profile is not None and then is not None:
             then()
         return profile
+
+
+def slowest(profiles: Sequence[NodeProfile]) -> NodeProfile:
+    """The node's profile from one per device: the slowest device's (lowest FLOP rate in its
+    fastest precision). A quote prices every device of a group at one rate, and the group steps
+    at its slowest member's pace."""
+    return min(profiles, key=lambda p: max((r.tflops for r in p.rates), default=0.0))
+
+
+def _measure_each(
+    device_kind: str,
+    work_dir: Path,
+    timeout_s: float,
+    cancel: threading.Event | None,
+    cuda_devices: Sequence[str],
+) -> NodeProfile | None:
+    """The reference step on every CUDA device (``cuda_devices``, by UUID) one after another, not
+    on whichever one CUDA numbers 0; one run for CPU slots. None when any device's run fails."""
+    if device_kind != "cuda" or not cuda_devices:
+        return _measure_profile(device_kind, work_dir, timeout_s, cancel)
+    found = []
+    for k, uuid in enumerate(cuda_devices):
+        one = _measure_profile(device_kind, work_dir / f"device-{k}", timeout_s, cancel, device=uuid)
+        if one is None or (cancel is not None and cancel.is_set()):
+            return None
+        rate = max((r.tflops for r in one.rates), default=0.0)
+        log.info("reference step on device %d (%s): %.1f TFLOPS", k, uuid, rate)
+        found.append(one)
+    return slowest(found)
 
 
 def _shared_profile(path: Path, key: str, max_age_s: float) -> NodeProfile | None:
@@ -173,7 +207,11 @@ def _shared_profile(path: Path, key: str, max_age_s: float) -> NodeProfile | Non
 
 
 def _measure_profile(
-    device_kind: str, work_dir: Path, timeout_s: float, cancel: threading.Event | None = None
+    device_kind: str,
+    work_dir: Path,
+    timeout_s: float,
+    cancel: threading.Event | None = None,
+    device: str = "0",
 ) -> NodeProfile | None:
     work_dir.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -189,7 +227,7 @@ def _measure_profile(
         device_kind,
     ]
     result, result_at = None, None
-    env = reference_env(dict(os.environ), device_kind)
+    env = reference_env(dict(os.environ), device_kind, device)
     # Under a keeper, as a job's workers run: torchrun's rank and the ranks it forks end with the
     # agent, and when it stops (no grace: a measurement has nothing to save).
     kept, fds = keeper_command(cmd, grace_s=0)

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from agent.nccl_env import IB_HCA_RE, IFNAME_RE
 from contracts.errors import InvalidArgument
 from contracts.registration import MAX_FABRIC_GBPS, MAX_FABRIC_LATENCY_MS, NAME_RE
 
@@ -174,6 +175,17 @@ class AgentSettings(BaseModel):
     slurm_poll_s: float = Field(1.0, gt=0, le=300, description="how often a Slurm job's state is read")
     slurm_gpu_memory_gb: float = Field(80.0, gt=0, le=4096, description="declared memory of a Slurm GPU")
     slurm_gpu_tflops: float = Field(100.0, gt=0, le=1e6, description="declared dense TFLOPS of a Slurm GPU")
+    nccl_socket_ifname: str = Field(
+        "", max_length=255, description="NCCL_SOCKET_IFNAME (and gloo's) for workers ('': NCCL's own choice)"
+    )
+    nccl_ib_hca: str = Field("", max_length=255, description="NCCL_IB_HCA for workers ('': every HCA)")
+    nccl_timeout_s: float = Field(
+        600.0, ge=10, le=86400, description="a collective waiting longer for a peer fails its task"
+    )
+    nccl_debug: Literal["", "WARN", "INFO"] = Field(
+        "WARN",
+        description="NCCL_DEBUG level, logged to files added to the task's log when a collective fails",
+    )
     disk_check_interval_s: float = Field(
         2.0, gt=0, le=3600, description="how often a sandboxed task's disk use is checked"
     )
@@ -202,6 +214,20 @@ class AgentSettings(BaseModel):
             return DeviceRequest.parse(v) if isinstance(v, str) else v
         except InvalidArgument as exc:
             raise ValueError(exc.message) from None
+
+    @field_validator("nccl_socket_ifname", "nccl_ib_hca")
+    @classmethod
+    def _nccl_list(cls, v: str, info: ValidationInfo) -> str:
+        pattern = IFNAME_RE if info.field_name == "nccl_socket_ifname" else IB_HCA_RE
+        if v and not pattern.fullmatch(v):
+            flag = "--nccl " + str(info.field_name).removeprefix("nccl_")
+            raise ValueError(f"{flag}: expected NCCL's list syntax ([^=]name[,name...]), got {v!r}")
+        return v
+
+    @field_validator("nccl_debug", mode="before")
+    @classmethod
+    def _nccl_debug(cls, v: object) -> object:
+        return v.upper() if isinstance(v, str) else v
 
     @field_validator("sync_ports", mode="before")
     @classmethod

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from agent import staging, uploads
 from agent.checkpoint_transfer import has_checkpoint, run_copy
 from agent.fetch import Cancelled
 from agent.launchers import READ_LIMIT, Launched, Launcher, LocalLauncher, TaskShape
+from agent.nccl_env import collective_failure, debug_tail, is_collective_line, nccl_env
 from agent.output import (
     ERROR_PREFIX,
     LineBudget,
@@ -52,6 +53,7 @@ from contracts.errors import InvalidArgument
 from contracts.lifetime import kill_tree
 from contracts.lost_notices import LostNotice, append_notice
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
+from contracts.registration import DeviceReport
 from contracts.worker_config import LOOPBACK, NodeGroupSpec, StageSpec
 from proto.cpn.agent.v1 import agent_pb2
 
@@ -173,8 +175,18 @@ def rendezvous_args(group: Any, job_id: str) -> tuple[str, list[str]]:
 
 
 def worker_env(
-    base: Mapping[str, str], a: Assignment, *, device_kind: str, config_path: Path
+    base: Mapping[str, str],
+    a: Assignment,
+    *,
+    device_kind: str,
+    config_path: Path,
+    devices: Sequence[DeviceReport] = (),
+    nccl: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
+    """The worker's environment. CUDA workers see their devices by UUID (``devices``, the
+    assignment's in its order): an agent that inherited a restricted CUDA_VISIBLE_DEVICES numbers
+    its devices 0.. over its share, which are not the node's ordinals, while a UUID names the same
+    GPU in every process. ``nccl``: the node's NCCL settings (``agent.nccl_env``)."""
     env = dict(base)
     env.update(
         CPN_WORKER_CONFIG=str(config_path),
@@ -185,11 +197,23 @@ def worker_env(
         CPN_SPAWNED_AT=repr(time.time()),
     )
     if device_kind == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in a.device_indices)
+        uuids = [d.uuid for d in devices]
+        named = len(uuids) == len(a.device_indices) and all(uuids)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids) if named else ",".join(str(i) for i in a.device_indices)
+        # Indices (a node without NVML figures) count in nvidia-smi's order, as Slurm's do.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     else:
         env["OMP_NUM_THREADS"] = "1"  # one thread per CPU slot: slots do not oversubscribe cores
         env["CUDA_VISIBLE_DEVICES"] = ""
+    env.update(nccl or {})  # the process group's timeout and socket interface hold for gloo too
     return env
+
+
+def bus_indices(a: Assignment, devices: Sequence[DeviceReport]) -> tuple[int, ...]:
+    """The assignment's GPUs in the node's PCI bus order (what the sandbox's /dev nodes follow);
+    its own indices where the node numbered none (no NVML: they are the bus order already)."""
+    found = tuple(d.bus_index for d in devices)
+    return found if len(found) == len(a.device_indices) and all(i >= 0 for i in found) else a.device_indices
 
 
 def resolve_checkpoint_dir(config: dict[str, Any], work_dir: Path) -> dict[str, Any]:
@@ -260,6 +284,7 @@ class WorkerRun:
         on_spawn: Callable[[WorkerRun], None] = lambda run: None,
         sandbox: bool = False,
         launcher: Launcher | None = None,
+        devices: Sequence[DeviceReport] = (),
     ) -> None:
         self.assignment = assignment
         self._launcher: Launcher = launcher or LocalLauncher()
@@ -284,6 +309,8 @@ class WorkerRun:
         self._result_at: float | None = None  # monotonic, when its result line arrived
         self._error: str | None = None
         self._stderr_tail: deque[str] = deque(maxlen=8)
+        self._collective_lines: deque[str] = deque(maxlen=8)  # how a collective failed, if one did
+        self._devices = tuple(devices)  # the assignment's, in its order (their UUIDs, bus indices)
         self._sandbox = sandbox  # users' code: run confined (agent.sandbox)
         self._quota_dirs: list[Path] = []  # what the task's disk quota covers, when sandboxed
         self._over_quota = False
@@ -344,7 +371,14 @@ class WorkerRun:
             cmd = worker_command(
                 a, config_path, allow_override=self._settings.allow_command_override, python=python
             )
-            env = worker_env(os.environ, a, device_kind=self._device_kind, config_path=config_path)
+            env = worker_env(
+                os.environ,
+                a,
+                device_kind=self._device_kind,
+                config_path=config_path,
+                devices=self._devices,
+                nccl=self._nccl(),
+            )
             if (path := staging.code_pythonpath(staged, env.get("PYTHONPATH"))) is not None:
                 env["PYTHONPATH"] = path
             if self._sandbox:
@@ -354,7 +388,7 @@ class WorkerRun:
                     self.run_dir,
                     env,
                     device_kind=self._device_kind,
-                    device_indices=a.device_indices,
+                    device_indices=bus_indices(a, self._devices),
                     settings=self._settings,
                 )
             if self._stop is not None:
@@ -401,11 +435,30 @@ class WorkerRun:
         elif code == 0:  # a preempted run that finished its last step first has succeeded
             state, message = SUCCEEDED, "workers exited cleanly"
         else:
-            why = self._error or (self._stderr_tail[-1] if self._stderr_tail else "")
-            suffix = " after reporting a result" if self._result is not None else ""
-            state, message = FAILED, f"workers exited with code {code}{suffix}: {why}".rstrip(": ")
+            state, message = FAILED, self._failure(code)
         state, message = await self._upload(state, message, config)
         self._finish(state, message, code)
+
+    def _failure(self, code: int) -> str:
+        """Why the workers failed. A failed collective (a timeout, an NCCL error) is named as such,
+        whatever rank's traceback came last, and NCCL's own log joins the task's log."""
+        collective = collective_failure(self._collective_lines)
+        if collective:
+            for line in debug_tail(self.run_dir):
+                self._forward("agent", line)
+        why = collective or self._error or (self._stderr_tail[-1] if self._stderr_tail else "")
+        suffix = " after reporting a result" if self._result is not None else ""
+        return f"workers exited with code {code}{suffix}: {why}".rstrip(": ")
+
+    def _nccl(self) -> dict[str, str]:
+        s = self._settings
+        return nccl_env(
+            self.run_dir,
+            socket_ifname=s.nccl_socket_ifname,
+            ib_hca=s.nccl_ib_hca,
+            timeout_s=s.nccl_timeout_s,
+            debug=s.nccl_debug,
+        )
 
     def _shape(self) -> TaskShape:
         a = self.assignment
@@ -696,6 +749,8 @@ class WorkerRun:
             self._error = line[len(ERROR_PREFIX) :]
         if stream == "stderr" and line.strip():
             self._stderr_tail.append(line[:500])
+            if is_collective_line(line):
+                self._collective_lines.append(line[:1000])
         self._forward(stream, line)
 
     def _forward(self, stream: str, line: str) -> None:

@@ -18,6 +18,10 @@ PROVIDER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,127}")
 JURISDICTION_RE = re.compile(r"[A-Z0-9][A-Z0-9-]{0,15}")
 HOST_RE = re.compile(r"[A-Za-z0-9.:\[\]_-]{1,255}")
 DEVICE_KINDS = ("cuda", "cpu")
+DEVICE_UUID_RE = re.compile(
+    r"(GPU|MIG)-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+)
+MAX_DEVICES_PER_NODE = 1024  # as --devices cpu:N allows
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,12 @@ class DeviceReport:
     memory_gb: float
     measured_tflops: float
     kind: str
+    uuid: str = ""  # a CUDA device's GPU-/MIG- UUID, what its workers' CUDA_VISIBLE_DEVICES names
+    # Its NVLink island on the node (agent.gpu_topology): devices of one island reach each other
+    # over NVLink, and a tensor-parallel group is kept inside one. -1: not known (CPU slots, Slurm).
+    link_group: int = -1
+    # The node's own: its GPU's index in PCI bus order (NVML's), for the sandbox's /dev nodes.
+    bus_index: int = -1
 
 
 STEP_RATE_FIELDS = (
@@ -215,6 +225,10 @@ def device_problems(
             problems.append(f"{at}.measured_tflops: must be a finite number > 0, got {d.measured_tflops}")
         if d.kind not in DEVICE_KINDS:
             problems.append(f"{at}.kind: must be one of {', '.join(DEVICE_KINDS)}, got {d.kind!r}")
+        if d.uuid and not DEVICE_UUID_RE.fullmatch(d.uuid):
+            problems.append(f"{at}.uuid: expected a GPU-/MIG- UUID or empty, got {d.uuid[:80]!r}")
+        if not -1 <= d.link_group < MAX_DEVICES_PER_NODE:
+            problems.append(f"{at}.link_group: must be -1..{MAX_DEVICES_PER_NODE - 1}, got {d.link_group}")
     return problems
 
 

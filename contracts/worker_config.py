@@ -22,6 +22,8 @@ from contracts.model import GPTConfig
 from contracts.sync_config import SyncConfig
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+# The process group's timeout in seconds, as the node's agent sets it (agent.nccl_env).
+PG_TIMEOUT_ENV = "CPN_PG_TIMEOUT_S"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # where a group may meet without the job's credentials
 
 

@@ -140,6 +140,7 @@ class _DeviceRow:
     kind: str
     memory_gb: float
     tflops: float
+    link_group: int = -1
 
 
 @dataclass
@@ -284,6 +285,7 @@ class FleetRows:
             Accelerator.kind,
             Accelerator.memory_gb,
             Accelerator.measured_tflops,
+            Accelerator.link_group,
         )
         active = select(Allocation.accelerator_id).where(Allocation.active.is_(True))
         if ids is None:
@@ -340,11 +342,11 @@ class FleetRows:
             self.cluster_nodes.setdefault(cluster_id, set()).add(node_id)
             self.stale.add(cluster_id)
         touched: set[str] = set()
-        for acc_id, node_id, index, model, kind, memory_gb, tflops in acc_rows:
+        for acc_id, node_id, index, model, kind, memory_gb, tflops, link_group in acc_rows:
             if node_id not in self.nodes:
                 continue
             self.devices.setdefault(node_id, []).append(
-                _DeviceRow(acc_id, index, model, kind, memory_gb, tflops)
+                _DeviceRow(acc_id, index, model, kind, memory_gb, tflops, link_group)
             )
             self.device_node[acc_id] = node_id
             touched.add(node_id)
@@ -417,6 +419,7 @@ class FleetRows:
                         tflops=d.tflops,
                         free=d.id not in self.busy,
                         kind=d.kind,  # type: ignore[arg-type]
+                        link_group=d.link_group,
                     )
                     for d in self.devices.get(nid, [])
                     if d.memory_gb > 0 and d.tflops > 0

@@ -7,6 +7,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from contracts.device_samples import DeviceSample, GpuReport, checked_report
 from contracts.errors import InvalidArgument
 from contracts.node_staging import StagingProbe
 from contracts.registration import (
@@ -44,9 +45,27 @@ METRIC_PARTS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", 
 METRIC_SOMETIMES = ("gossip_spread", "wan_wire_bytes_sent", "job_step")
 
 
+def gpu_report_from_heartbeat(hb: agent_pb2.Heartbeat) -> tuple[GpuReport | None, list[str]]:
+    """A GPU node's device samples and health (None from a node that sends none), and the
+    samples left out as out of bounds."""
+    if not hb.devices and not hb.node_health:
+        return None, []
+    samples = [
+        DeviceSample(d.index, d.utilization, d.memory_used_gb, d.power_w, d.temperature_c, d.health)
+        for d in hb.devices
+    ]
+    return checked_report(samples, hb.node_health)
+
+
 def device_from_proto(d: agent_pb2.Device) -> DeviceReport:
     return DeviceReport(
-        index=d.index, model=d.model, memory_gb=d.memory_gb, measured_tflops=d.measured_tflops, kind=d.kind
+        index=d.index,
+        model=d.model,
+        memory_gb=d.memory_gb,
+        measured_tflops=d.measured_tflops,
+        kind=d.kind,
+        uuid=d.uuid,
+        link_group=d.nvlink_island - 1,
     )
 
 

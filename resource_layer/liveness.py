@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from contracts.device_samples import GpuReport
 from orchestration.bus.base import Bus
 
 log = logging.getLogger(__name__)
@@ -78,18 +79,29 @@ class HeartbeatRows:
 
     def __init__(
         self,
-        persist: Callable[[dict[str, float | None], dict[str, tuple[datetime, ...]]], None],
+        persist: Callable[
+            [dict[str, float | None], dict[str, tuple[datetime, ...]], dict[str, GpuReport]], None
+        ],
         flush_every_s: float = ROWS_FLUSH_EVERY_S,
     ) -> None:
         self._persist, self._every = persist, flush_every_s
         self._pending: dict[str, float | None] = {}
         self._probed: dict[str, tuple[datetime, ...]] = {}  # when the probes behind each figure ran
+        self._gpus: dict[str, GpuReport] = {}  # a GPU node's newest device samples and health
         self._task: asyncio.Task[None] | None = None
 
-    def note(self, node_id: str, contention: float | None, probed_at: Sequence[datetime] = ()) -> None:
+    def note(
+        self,
+        node_id: str,
+        contention: float | None,
+        probed_at: Sequence[datetime] = (),
+        gpus: GpuReport | None = None,
+    ) -> None:
         """Record the node's heartbeat at the next flush (on the event loop)."""
         self._pending[node_id] = contention
         self._probed[node_id] = tuple(probed_at)
+        if gpus is not None:
+            self._gpus[node_id] = gpus
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="heartbeat-rows")
 
@@ -98,12 +110,14 @@ class HeartbeatRows:
             await asyncio.sleep(self._every)
             batch, self._pending = self._pending, {}
             probed, self._probed = self._probed, {}
+            gpus, self._gpus = self._gpus, {}
             try:
-                await asyncio.to_thread(self._persist, batch, probed)
+                await asyncio.to_thread(self._persist, batch, probed, gpus)
             except Exception:
                 log.exception("recording %d heartbeats failed; retrying with the next batch", len(batch))
                 self._pending = batch | self._pending
                 self._probed = probed | self._probed
+                self._gpus = gpus | self._gpus
 
     async def close(self) -> None:
         if self._task is not None:

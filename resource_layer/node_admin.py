@@ -55,7 +55,7 @@ def uncordon(session: Session, node_id: str) -> tuple[Node, str]:
     """
     node = _lock(session, node_id)
     _not_revoked(node)
-    previous, node.cordon = node.cordon, OPEN
+    previous, node.cordon, node.cordon_reason = node.cordon, OPEN, ""
     return node, previous
 
 

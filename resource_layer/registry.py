@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import case, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from contracts.device_samples import GpuReport
 from contracts.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -38,6 +39,7 @@ from orchestration.db.engine import as_utc
 from orchestration.db.models import Accelerator, Allocation, Cluster, Node, Price, Provider, Region
 from orchestration.resource_changes import NOTED, note_changes
 from resource_layer.liveness import node_alive_key
+from resource_layer.node_admin import CORDONED, OPEN, REVOKED
 from resource_layer.tokens import consume_enrollment_token, new_node_token, token_matches
 
 log = logging.getLogger(__name__)
@@ -196,16 +198,51 @@ def persist_heartbeats(
     ctx: ServerContext,
     heard: Mapping[str, float | None],
     probed_at: Mapping[str, Sequence[datetime]] | None = None,
+    gpus: Mapping[str, GpuReport] | None = None,
 ) -> None:
     """Record ``last_heartbeat_at`` (and contention, where measured) for every node heard, in one
     transaction of a few statements however many nodes there are (the gRPC edge batches them; the
     liveness keys are refreshed separately). ``probed_at``: per node, when the probes its figure
     kept were taken (server time); with them the figure is stored with the host's other CPU
-    slots busy then (``busy_at_probes``)."""
+    slots busy then (``busy_at_probes``). ``gpus``: GPU nodes' device samples and health
+    (``store_gpu_reports``)."""
     if not heard:
         return
     with ctx.session_factory() as session, session.begin():
-        _touch_rows(session, heard, utcnow(), probed_at or {})
+        now = utcnow()
+        _touch_rows(session, heard, now, probed_at or {})
+        if gpus:
+            store_gpu_reports(session, gpus, now)
+
+
+def store_gpu_reports(session: Session, gpus: Mapping[str, GpuReport], now: datetime) -> list[str]:
+    """Store each node's device samples; cordon, with the reason, an open node whose agent's GPU
+    health rules found a fault (a fallen GPU, uncorrectable ECC errors). What runs there keeps
+    running; an operator's uncordon opens it again, until the next report of the fault. Returns
+    the nodes cordoned now."""
+    cordoned = []
+    for node_id in sorted(gpus):  # one lock order for every writer of these rows
+        report = gpus[node_id]
+        session.execute(
+            update(Node)
+            .where(Node.id == node_id)
+            .values(device_samples=report.as_dict(now))
+            .execution_options(synchronize_session=False, **NOTED)
+        )
+        if not (reason := report.cordon_reason):
+            continue
+        hit = session.scalars(
+            update(Node)
+            .where(Node.id == node_id, Node.cordon == OPEN, Node.status != REVOKED)
+            .values(cordon=CORDONED, cordon_reason=reason)
+            .returning(Node.id)
+            .execution_options(synchronize_session=False, **NOTED)
+        ).all()
+        if hit:
+            log.warning("node %s cordoned by its GPU health: %s", node_id, reason)
+            cordoned += hit
+    note_changes(session, nodes=cordoned)
+    return cordoned
 
 
 def busy_at_probes(session: Session, probed_at: Mapping[str, Sequence[datetime]]) -> dict[str, float]:
@@ -494,6 +531,7 @@ def _upsert_accelerators(session: Session, node_id: str, devices: tuple[DeviceRe
             session.add(row)
         row.model, row.kind = d.model, d.kind
         row.memory_gb, row.measured_tflops = d.memory_gb, d.measured_tflops
+        row.uuid, row.link_group = d.uuid, d.link_group
     if existing:
         # Allocation rows keep their accelerator for the job's history, so a device that has
         # ever been used cannot disappear from its node.

@@ -29,6 +29,7 @@ from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 from resource_layer import link_probes, node_staging, registry
 from resource_layer.convert import (
     device_from_proto,
+    gpu_report_from_heartbeat,
     metrics_to_dict,
     profile_report_from_proto,
     registration_from_proto,
@@ -99,7 +100,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self._liveness = LivenessBatcher(
             ctx.bus, settings.node_lost_after_s, on_flushed=ctx.metrics.heartbeats.inc
         )
-        self._rows = HeartbeatRows(lambda heard, probed: registry.persist_heartbeats(ctx, heard, probed))
+        self._rows = HeartbeatRows(
+            lambda heard, probed, gpus: registry.persist_heartbeats(ctx, heard, probed, gpus)
+        )
         self.logs = TaskLogBatcher(ctx)
 
     # -- Register -------------------------------------------------------------------------------
@@ -308,8 +311,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     self._liveness.touch(node_id)
                     if last_persist is None or time.monotonic() - last_persist >= self._heartbeat_db_every_s:
                         hb = message.heartbeat
+                        gpus, problems = gpu_report_from_heartbeat(hb)
+                        if problems:
+                            log.warning("node %s heartbeat: left out %s", node_id, "; ".join(problems[:4]))
                         # 0: not measured
-                        self._rows.note(node_id, hb.cpu_contention or None, probe_instants(hb))
+                        self._rows.note(node_id, hb.cpu_contention or None, probe_instants(hb), gpus)
                         last_persist = time.monotonic()
                     continue
                 try:

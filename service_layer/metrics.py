@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from statistics import median
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -91,6 +92,12 @@ class DatabaseCollector(Collector):
                 .limit(ESTIMATE_WINDOW)
             ).all()
             wan = wan_bytes_by_region(session)
+            gpu_nodes = session.execute(
+                select(Node.id, Node.device_samples).where(
+                    Node.status == "alive", Node.device_samples.is_not(None)
+                )
+            ).all()
+        yield from device_gauges(gpu_nodes)
         jobs = GaugeMetricFamily("cpn_jobs", "Jobs by state", labels=["state"])
         for state in JobState:
             jobs.add_metric([state.value], by_state.get(state.value, 0))
@@ -130,6 +137,36 @@ class DatabaseCollector(Collector):
             err.add_metric(["0.5"], median(ordered))
             err.add_metric(["0.9"], ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))])
         yield err
+
+
+# (family, help, sample field, scale): a GPU node's devices as its last stored heartbeat sampled them
+DEVICE_GAUGES = (
+    ("cpn_device_utilization_ratio", "GPU busy share of the last sample period", "utilization", 1.0),
+    ("cpn_device_memory_used_bytes", "GPU memory in use", "memory_used_gb", float(1 << 30)),
+    ("cpn_device_power_watts", "GPU power draw", "power_w", 1.0),
+    ("cpn_device_temperature_celsius", "GPU temperature", "temperature_c", 1.0),
+)
+
+
+def device_gauges(nodes: Sequence[Any]) -> Iterator[GaugeMetricFamily]:
+    """Per device of every alive GPU node (labels node, device): its samples, and whether its
+    health rules found a fault (cpn_device_healthy 0, the reason on the node's dashboard page)."""
+    families = [
+        GaugeMetricFamily(name, text, labels=["node", "device"]) for name, text, _, _ in DEVICE_GAUGES
+    ]
+    healthy = GaugeMetricFamily(
+        "cpn_device_healthy",
+        "1 unless the node's GPU health rules found a fault on the device",
+        labels=["node", "device"],
+    )
+    for node_id, samples in nodes:
+        for d in (samples or {}).get("devices", []):
+            labels = [node_id, str(d.get("index"))]
+            for family, (_, _, field, scale) in zip(families, DEVICE_GAUGES, strict=True):
+                family.add_metric(labels, float(d.get(field, 0.0)) * scale)
+            healthy.add_metric(labels, 0.0 if d.get("health") else 1.0)
+    yield from families
+    yield healthy
 
 
 @router.get("/metrics", include_in_schema=False)

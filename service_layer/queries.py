@@ -141,6 +141,8 @@ def list_clusters(session: Session, bus: Bus, now: datetime | None = None) -> li
             agent_version=node.agent_version,
             sandbox=node.sandbox,
             staging=_staging_read(node.staging_probe),
+            cordon_reason=node.cordon_reason,
+            device_samples=node.device_samples,
             devices=[
                 DeviceRead.model_validate(a).model_copy(update={"allocated": a.id in busy})
                 for a in devices_by_node.get(node.id, [])

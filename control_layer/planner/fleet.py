@@ -11,7 +11,7 @@ from typing import Any
 from contracts.job_spec import JobSpec
 from contracts.registration import runs_user_code
 from control_layer.planner.estimate import device_price
-from control_layer.planner.snapshot import ClusterInfo, NodeInfo, ResourceSnapshot
+from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, NodeInfo, ResourceSnapshot
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,6 +158,15 @@ def _repriced(p: Pool, price: float) -> Pool:
     )
 
 
+def island_order(devices: list[DeviceSlot]) -> tuple[int, ...]:
+    """A node's free device indices with each NVLink island's together, in index order inside it.
+    A replica takes its tp·pp devices as consecutive ones (``assign._pool_replicas``), TP ranks
+    innermost, so its TP groups stay inside an island wherever the islands' sizes allow: TP
+    all-reduces every layer, over PCIe an order of magnitude slower than over NVLink. Devices of
+    no known island (-1: CPU slots, GPU nodes without NVML) keep plain index order."""
+    return tuple(d.index for d in sorted(devices, key=lambda d: (d.link_group, d.index)))
+
+
 def _cluster_pools(cluster: ClusterInfo, spot: bool) -> list[Pool]:
     out = []
     price = device_price(cluster, spot)
@@ -175,7 +184,7 @@ def _cluster_pools(cluster: ClusterInfo, spot: bool) -> list[Pool]:
         port = cluster.port(node) if declared else None
         for m in sorted(models):
             mine = free if len(models) == 1 else [d for d in free if (d.model, d.kind) == m]
-            ix = tuple(sorted([d.index for d in mine]))
+            ix = island_order(mine)
             tflops = min([d.tflops for d in mine])
             memory = min([d.memory_gb for d in mine])
             out.append(

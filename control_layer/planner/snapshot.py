@@ -29,6 +29,11 @@ class DeviceSlot(_Plain):
         gt=0, description="Measured dense TFLOPS at the device's native precision: bf16 on CUDA, fp32 on CPU."
     )
     free: bool = True
+    link_group: int = Field(
+        default=-1,
+        ge=-1,
+        description="Its NVLink island on its node (its devices reach each other over NVLink); -1: unknown",
+    )
     kind: Literal["cuda", "cpu"] = Field(
         default=None,  # type: ignore[assignment]
         description="Device kind; when left out, 'cpu' for a device whose model is 'cpu', else 'cuda'.",

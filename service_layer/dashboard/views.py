@@ -215,6 +215,31 @@ def job_logs_fragment(request: Request, ctx: CtxDep, job_id: str) -> Response:
         return templates.TemplateResponse(request, "_job_logs.html", _logs_context(session, job))
 
 
+def _node_context(session: Session, ctx: CtxDep, node_id: str) -> dict[str, Any] | None:
+    """One node as the overview lists it, its devices beside their latest samples (GPU nodes)."""
+    for cluster in queries.list_clusters(session, ctx.bus):
+        for node in cluster.nodes:
+            if node.id == node_id:
+                samples = {d.get("index"): d for d in (node.device_samples or {}).get("devices", [])}
+                rows = [(d, samples.get(d.index)) for d in node.devices]
+                return {"node": node, "cluster": cluster, "rows": rows, "refresh_ms": REFRESH_MS}
+    return None
+
+
+@router.get("/nodes/{node_id}", response_class=HTMLResponse)
+def node_page(request: Request, ctx: CtxDep, node_id: str) -> Response:
+    with ctx.session_factory() as session:
+        denied = guard(session, ctx, request)
+        if denied is not None:
+            return denied
+        context = _node_context(session, ctx, node_id)
+        if context is None:
+            return templates.TemplateResponse(
+                request, "missing.html", {"what": "node", "job_id": node_id}, status_code=404
+            )
+        return templates.TemplateResponse(request, "node.html", context)
+
+
 @router.post("/login", response_class=HTMLResponse)
 async def log_in(request: Request, ctx: CtxDep) -> Response:
     """The sign-in form posts the key here (never in a URL, so it stays out of history and logs);

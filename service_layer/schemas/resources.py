@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
@@ -34,6 +34,8 @@ class DeviceRead(ApiModel):
     memory_gb: float
     measured_tflops: float
     allocated: bool = Field(False, description="Held by an active allocation")
+    uuid: str = Field("", description="A CUDA device's GPU-/MIG- UUID (NVML); empty for CPU slots")
+    link_group: int = Field(-1, description="Its NVLink island on the node; -1: not known")
 
 
 class NodeStagingRead(BaseModel):
@@ -65,6 +67,12 @@ class NodeRead(BaseModel):
     )
     staging: NodeStagingRead | None = Field(None, description="Its staging figures; null: not reported")
     devices: list[DeviceRead]
+    cordon_reason: str = Field("", description="Why its GPU health rules cordoned it; empty: not so cordoned")
+    device_samples: dict[str, Any] | None = Field(
+        None,
+        description="Its GPUs as the last stored heartbeat sampled them: at, and per device index,"
+        " utilization (0..1), memory_used_gb, power_w, temperature_c, health (empty: healthy)",
+    )
 
 
 class ClusterRead(BaseModel):

@@ -79,3 +79,20 @@ def test_the_slurm_backend_takes_its_settings_as_key_value_pairs(monkeypatch: py
     assert code == 2 and settings is None and "--slurm: expected KEY=VALUE" in output
     code, settings, output = _settings(monkeypatch, "--price-per-device-hour", "1", "--backend", "k8s")
     assert code == 2 and settings is None and "cpn agent: backend:" in output
+
+
+def test_the_nccl_environment_takes_its_settings_as_key_value_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, settings, output = _settings(
+        monkeypatch,
+        "--price-per-device-hour", "1",
+        "--nccl", "socket_ifname=^docker,lo", "--nccl", "ib_hca=mlx5_0:1,mlx5_1:1",
+        "--nccl", "timeout_s=300", "--nccl", "debug=info",
+    )  # fmt: skip
+    assert code == 0, output
+    assert settings is not None
+    assert (settings.nccl_socket_ifname, settings.nccl_ib_hca) == ("^docker,lo", "mlx5_0:1,mlx5_1:1")
+    assert (settings.nccl_timeout_s, settings.nccl_debug) == (300.0, "INFO")
+    code, settings, output = _settings(monkeypatch, "--price-per-device-hour", "1", "--nccl", "ifname=eth0")
+    assert code == 2 and settings is None and "--nccl: expected KEY=VALUE" in output
+    code, settings, output = _settings(monkeypatch, "--price-per-device-hour", "1", "--nccl", "ib_hca=mlx5 0")
+    assert code == 2 and settings is None and "cpn agent: nccl_ib_hca: Value error, --nccl ib_hca:" in output

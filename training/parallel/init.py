@@ -7,13 +7,16 @@ the same code path runs everywhere.
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from contracts.worker_config import PG_TIMEOUT_ENV
 from training.rendezvous import worker_store
 
 
@@ -30,11 +33,26 @@ class DistContext:
         return self.rank == 0
 
 
+def pg_timeout_s(env: Mapping[str, str], default: float = 600.0) -> float:
+    """The process group's timeout: the node's (the agent's ``--nccl timeout_s=``, in
+    ``CPN_PG_TIMEOUT_S``), else ``default``. A collective waiting longer for a peer fails its rank
+    (NCCL's watchdog aborts it; gloo raises), so a dead peer ends the task instead of hanging it."""
+    raw = env.get(PG_TIMEOUT_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return default
+    return value if math.isfinite(value) and 1.0 <= value <= 86400.0 else default
+
+
 def compute_init(
-    device: str = "auto", timeout_s: float = 600.0, store_secret: str | None = None
+    device: str = "auto", timeout_s: float | None = None, store_secret: str | None = None
 ) -> DistContext:
     """``store_secret``: the job's, for a group spanning nodes (``training.rendezvous``): the
-    process group's keys go under it, in the node's end of the authenticated rendezvous."""
+    process group's keys go under it, in the node's end of the authenticated rendezvous.
+    ``timeout_s``: None, the node's (``pg_timeout_s``)."""
+    if timeout_s is None:
+        timeout_s = pg_timeout_s(os.environ)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -65,6 +65,12 @@ class Node(Base):
     # An operator's hold, apart from liveness: "" open | cordoned (no new placements) | draining
     # (cordoned, its agent told to drain and its jobs moved off). It survives loss and revival.
     cordon: Mapped[str] = mapped_column(String(16), default="")
+    # Why it is cordoned when its agent's GPU health rules did it (agent/gpu_health.py): the
+    # device and its fault; "": open, or cordoned by an operator.
+    cordon_reason: Mapped[str] = mapped_column(String(500), default="", server_default="")
+    # Its GPUs as the last stored heartbeat sampled them: {"at": ISO time, "devices": [{index,
+    # utilization, memory_used_gb, power_w, temperature_c, health}]}; None: not a GPU node.
+    device_samples: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     # The enrollment token it first registered with (None: registered before this was kept). An
     # agent whose node credentials are refused enrolls again with it, as a new node.
     enrollment_token_id: Mapped[str | None] = mapped_column(String(32), default=None)
@@ -125,6 +131,9 @@ class Accelerator(Base):
     kind: Mapped[str] = mapped_column(String(16), default="cpu")
     memory_gb: Mapped[float]
     measured_tflops: Mapped[float]
+    uuid: Mapped[str] = mapped_column(String(64), default="", server_default="")  # GPU-/MIG-; "": none
+    # Its NVLink island on the node (devices of one island reach each other over NVLink); -1: not known.
+    link_group: Mapped[int] = mapped_column(default=-1, server_default="-1")
 
     node: Mapped[Node] = relationship(back_populates="accelerators", lazy="raise")
 

@@ -23,18 +23,22 @@ TASK_STATE_FAILED: TaskState
 TASK_STATE_CANCELLED: TaskState
 
 class Device(_message.Message):
-    __slots__ = ("index", "model", "memory_gb", "measured_tflops", "kind")
+    __slots__ = ("index", "model", "memory_gb", "measured_tflops", "kind", "uuid", "nvlink_island")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MEMORY_GB_FIELD_NUMBER: _ClassVar[int]
     MEASURED_TFLOPS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NVLINK_ISLAND_FIELD_NUMBER: _ClassVar[int]
     index: int
     model: str
     memory_gb: float
     measured_tflops: float
     kind: str
-    def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., memory_gb: _Optional[float] = ..., measured_tflops: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
+    uuid: str
+    nvlink_island: int
+    def __init__(self, index: _Optional[int] = ..., model: _Optional[str] = ..., memory_gb: _Optional[float] = ..., measured_tflops: _Optional[float] = ..., kind: _Optional[str] = ..., uuid: _Optional[str] = ..., nvlink_island: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("enrollment_token", "region", "cluster", "provider", "hostname", "devices", "price_per_device_hour", "spot_price_per_device_hour", "agent_version", "advertise_host", "sync_port_min", "sync_port_max", "intra_bandwidth_gbps", "jurisdiction", "node_id", "node_token", "probe_port", "checkpoint_port", "measured_profile", "node_fabric_gbps", "node_fabric_latency_ms", "cross_cluster_host", "cpu_contention", "cpu_contention_probe_ages_s", "csr_pem", "sandbox", "profile_follows")
@@ -239,18 +243,38 @@ class Hello(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., running_assignments: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("seq", "sent_at", "load", "cpu_contention", "cpu_contention_probe_ages_s")
+    __slots__ = ("seq", "sent_at", "load", "cpu_contention", "cpu_contention_probe_ages_s", "devices", "node_health")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     CPU_CONTENTION_FIELD_NUMBER: _ClassVar[int]
     CPU_CONTENTION_PROBE_AGES_S_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    NODE_HEALTH_FIELD_NUMBER: _ClassVar[int]
     seq: int
     sent_at: float
     load: float
     cpu_contention: float
     cpu_contention_probe_ages_s: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., load: _Optional[float] = ..., cpu_contention: _Optional[float] = ..., cpu_contention_probe_ages_s: _Optional[_Iterable[float]] = ...) -> None: ...
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceSample]
+    node_health: str
+    def __init__(self, seq: _Optional[int] = ..., sent_at: _Optional[float] = ..., load: _Optional[float] = ..., cpu_contention: _Optional[float] = ..., cpu_contention_probe_ages_s: _Optional[_Iterable[float]] = ..., devices: _Optional[_Iterable[_Union[DeviceSample, _Mapping]]] = ..., node_health: _Optional[str] = ...) -> None: ...
+
+class DeviceSample(_message.Message):
+    __slots__ = ("index", "utilization", "memory_used_gb", "power_w", "temperature_c", "health")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_GB_FIELD_NUMBER: _ClassVar[int]
+    POWER_W_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    utilization: float
+    memory_used_gb: float
+    power_w: float
+    temperature_c: float
+    health: str
+    def __init__(self, index: _Optional[int] = ..., utilization: _Optional[float] = ..., memory_used_gb: _Optional[float] = ..., power_w: _Optional[float] = ..., temperature_c: _Optional[float] = ..., health: _Optional[str] = ...) -> None: ...
 
 class Inventory(_message.Message):
     __slots__ = ("devices",)
