@@ -34,7 +34,7 @@ from contracts.checkpoint_transfer import (
 )
 from contracts.errors import FailedPrecondition, InvalidArgument, NotFound
 from contracts.model import GPTConfig, gpt_param_count
-from control_layer.checkpoints import job_checkpoints
+from control_layer.checkpoints import checkpoint_records, job_checkpoints
 from control_layer.snapshot import current_prices
 from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
@@ -267,9 +267,10 @@ def reachable_checkpoints(session: Session, job_id: str) -> dict[str, dict[str, 
     recorded = job_checkpoints(session, job_id)
     alive = set(session.scalars(select(Node.id).where(Node.status == "alive")))
     holders: dict[str, set[tuple[int, str]]] = {}
-    for key, rec in recorded.items():
-        if rec["node_id"] in alive:
-            holders.setdefault(key, set()).add((int(rec["step"]), rec["node_id"]))
+    # Every task's record, not only the newest: the nodes of a group spanning nodes each hold it.
+    for rec in checkpoint_records(session, job_id):
+        if rec.node_id in alive:
+            holders.setdefault(rec.participant, set()).add((rec.step, rec.node_id))
     copies = session.execute(
         select(CheckpointCopy.participant, CheckpointCopy.step, CheckpointCopy.node_id).where(
             CheckpointCopy.job_id == job_id, CheckpointCopy.status == "ok"
