@@ -23,12 +23,16 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.staging import BlockingAsyncStager
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
 from training.checkpoint_mirror import mirror, node_layout
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+# The optimizer's state and param groups keyed by parameter name: a pipeline's stages hold
+# different parameters, and nested per-group lists would collide between them in the checkpoint
+# (every stage's first param group at one key, one stage's names loaded into another's).
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 _DONE = "COMPLETE"
 
 
@@ -76,7 +80,7 @@ def save_checkpoint(
 ) -> Path:
     """Collective. ``extra`` (step, scheduler, sync state...) is written by the leader only."""
     path = step_dir(root, step)
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = get_state_dict(model, optimizer, options=_OPTIONS)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(path))
     if dist.get_rank() == 0:
         torch.save({"step": step, **extra}, path / "meta.pt")
@@ -111,7 +115,7 @@ class BackgroundSaver:
         over a copy (``CrossRegionSync.state_dict`` returns one) and keeps no reference to it."""
         self.wait()
         path = step_dir(root, step)
-        msd, osd = get_state_dict(model, optimizer)
+        msd, osd = get_state_dict(model, optimizer, options=_OPTIONS)
         # The state of this step, whatever the next steps do while the thread writes it. On the
         # CPU a plain copy (DCP's default staging, a generic deep copy, took several times as
         # long); a device's tensors go to the CPU through DCP's stager, which keeps shards' layout.
@@ -180,8 +184,10 @@ def snapshot(value: Any) -> Any:
 def load_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Collective. Loads model and optimizer in place; returns the leader's ``meta.pt`` dict."""
     path = Path(path)
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = get_state_dict(model, optimizer, options=_OPTIONS)
     state = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=_OPTIONS
+    )
     return torch.load(path / "meta.pt", weights_only=False)
