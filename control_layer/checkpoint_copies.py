@@ -104,13 +104,18 @@ def _ticket_dict(ticket: CheckpointTicket) -> dict[str, Any]:
 def _copy_target(ctx: ServerContext, session: Session, task: Task, key: str) -> str | None:
     """Another live node of the task's region that serves checkpoints: the one already holding
     this participant's copies (its older copies are pruned there), else the cheapest (the one a
-    re-placement most likely takes, so it finds the copy where it runs), then by id."""
+    re-placement most likely takes, so it finds the copy where it runs), then by id. Not a node of
+    the task's own group spanning nodes: each of those holds the whole checkpoint already."""
+    attempt = session.scalars(select(Task).where(Task.job_id == task.job_id, Task.attempt == task.attempt))
+    holding = {task.node_id} | {
+        t.node_id for t in attempt if participant(t) == key and (t.worker_config or {}).get("group")
+    }
     rows = session.execute(
         select(Node.id, Node.cluster_id)
         .join(Cluster, Cluster.id == Node.cluster_id)
         .where(
             Cluster.region == task.region,
-            Node.id != task.node_id,
+            Node.id.not_in(holding),
             Node.status == "alive",
             Node.checkpoint_port > 0,
             Node.probe_key != "",

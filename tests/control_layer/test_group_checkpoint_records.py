@@ -1,7 +1,7 @@
 """A torchrun group spanning nodes, as the control plane records it: the checkpoint its leader
-reports is every node's (each holds the whole of it), a re-placement may fetch it from any of
-them, and the failure of a node's share is held against its node only until a group-mate's node
-is found lost (then it was that loss)."""
+reports is every node's (each holds the whole of it), a copy of it goes to a node outside the
+group, a re-placement may fetch it from any of its nodes, and the failure of a node's share is
+held against its node only until a group-mate's node is found lost (then it was that loss)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from control_layer.failed_nodes import nodes_to_avoid
 from control_layer.reactions import on_task_metrics, on_task_status
 from orchestration.context import ServerContext
 from orchestration.db.engine import session_scope
-from orchestration.db.models import Node, Task
+from orchestration.db.models import CheckpointCopy, Node, Task
 from resource_layer.liveness import node_alive_key
 from tests.orchestration.fleet import add_cluster, add_tenant, submit_and_place, tiny_spec
 
@@ -57,6 +57,9 @@ def test_the_leaders_checkpoint_is_every_nodes_and_either_can_serve_it(ctx: Serv
             [{"step": 10, "node_id": lead.node_id}, {"step": 10, "node_id": other.node_id}],
             key=lambda h: (h["step"], h["node_id"]),
         )
+        # Its copy goes to the region's third node: the group's other node holds it already.
+        (order,) = s.scalars(select(CheckpointCopy).where(CheckpointCopy.job_id == job_id)).all()
+        assert order.source_node_id == lead.node_id and order.node_id not in (lead.node_id, other.node_id)
         # The leader's node is lost: the survivor still serves it.
         s.get(Node, lead.node_id).status = "lost"
     with session_scope(ctx.session_factory) as s:

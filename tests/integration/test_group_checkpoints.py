@@ -3,8 +3,8 @@
 clusters of a region whose own network is declared private; a two-stage pipeline must span two of
 them. Each node holds the whole of every checkpoint in its own work dir (no shared disk). The group's
 leader node is killed (kill -9 of its agent and workers) mid-run: the group is re-placed on the
-survivor and the third node, which fetches the checkpoint from the survivor before it starts, and
-the job resumes from the newest checkpoint completed before the kill, losing at most
+survivor and the third node, which got the checkpoint as a copy or fetches it from the survivor
+before it starts, and the job resumes from the newest checkpoint completed before the kill, losing at most
 ``checkpoint_every`` steps."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tests.integration.test_checkpoint_resume import job_events
 from tests.integration.test_end_to_end import (  # noqa: F401 - control_plane is a fixture
     TERMINAL,
     control_plane,
+    job_event_kinds,
     launch,
     wait_job,
 )
@@ -112,12 +113,18 @@ def test_a_group_spanning_nodes_resumes_from_its_checkpoint_after_losing_a_node(
         # one interval of work lost.
         assert resumed_from >= ckpt_at_kill >= 2 * EVERY and resumed_from % EVERY == 0
         assert 0 <= step_at_kill - resumed_from <= EVERY, (step_at_kill, resumed_from)
-        # The new node fetched the checkpoint from the survivor before it started.
+        # The new node got that checkpoint before it started: a copy of the leader's ordered while it
+        # ran (the group's nodes hold it already, so the region's third node gets it), or fetched
+        # from the survivor at the re-placement. (Without it no rank would have resumed: they
+        # resume only from a step every rank holds.)
         (new_node,) = set(final) - {survivor}
-        fetched = [
-            e for e in job_events(handle, job["id"], "job.checkpoint_fetched") if e["node_id"] == new_node
+        arrived = [
+            e
+            for kind in ("job.checkpoint_copied", "job.checkpoint_fetched")
+            for e in job_events(handle, job["id"], kind)
+            if e["node_id"] == new_node and e["step"] == resumed_from
         ]
-        assert fetched and fetched[-1]["source_node_id"] == survivor and fetched[-1]["step"] == resumed_from
+        assert arrived, job_event_kinds(handle, job["id"])
         with handle.ctx.session_factory() as session:
             firsts = [
                 session.scalar(select(func.min(TaskMetric.step)).where(TaskMetric.task_id == t["id"]))
