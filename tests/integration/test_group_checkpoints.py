@@ -4,8 +4,8 @@ clusters of a region whose own network is declared private; a two-stage pipeline
 them. Each node holds the whole of every checkpoint in its own work dir (no shared disk). The group's
 leader node is killed (kill -9 of its agent and workers) mid-run: the group is re-placed on the
 survivor and the third node, which got the checkpoint as a copy or fetches it from the survivor
-before it starts, and the job resumes from the newest checkpoint completed before the kill, losing at most
-``checkpoint_every`` steps."""
+before it starts, and the job resumes from the newest checkpoint completed before the kill,
+losing at most ``checkpoint_every`` steps."""
 
 from __future__ import annotations
 
