@@ -34,7 +34,7 @@ from contracts.checkpoint_transfer import (
 )
 from contracts.errors import FailedPrecondition, InvalidArgument, NotFound
 from contracts.model import GPTConfig, gpt_param_count
-from control_layer.checkpoints import job_checkpoints
+from control_layer.checkpoints import checkpoint_records, job_checkpoints
 from control_layer.snapshot import current_prices
 from control_layer.worker_config import job_sync_secret
 from orchestration.context import ServerContext
@@ -104,13 +104,18 @@ def _ticket_dict(ticket: CheckpointTicket) -> dict[str, Any]:
 def _copy_target(ctx: ServerContext, session: Session, task: Task, key: str) -> str | None:
     """Another live node of the task's region that serves checkpoints: the one already holding
     this participant's copies (its older copies are pruned there), else the cheapest (the one a
-    re-placement most likely takes, so it finds the copy where it runs), then by id."""
+    re-placement most likely takes, so it finds the copy where it runs), then by id. Not a node of
+    the task's own group spanning nodes: each of those holds the whole checkpoint already."""
+    attempt = session.scalars(select(Task).where(Task.job_id == task.job_id, Task.attempt == task.attempt))
+    holding = {task.node_id} | {
+        t.node_id for t in attempt if participant(t) == key and (t.worker_config or {}).get("group")
+    }
     rows = session.execute(
         select(Node.id, Node.cluster_id)
         .join(Cluster, Cluster.id == Node.cluster_id)
         .where(
             Cluster.region == task.region,
-            Node.id != task.node_id,
+            Node.id.not_in(holding),
             Node.status == "alive",
             Node.checkpoint_port > 0,
             Node.probe_key != "",
@@ -267,9 +272,10 @@ def reachable_checkpoints(session: Session, job_id: str) -> dict[str, dict[str, 
     recorded = job_checkpoints(session, job_id)
     alive = set(session.scalars(select(Node.id).where(Node.status == "alive")))
     holders: dict[str, set[tuple[int, str]]] = {}
-    for key, rec in recorded.items():
-        if rec["node_id"] in alive:
-            holders.setdefault(key, set()).add((int(rec["step"]), rec["node_id"]))
+    # Every task's record, not only the newest: the nodes of a group spanning nodes each hold it.
+    for rec in checkpoint_records(session, job_id):
+        if rec.node_id in alive:
+            holders.setdefault(rec.participant, set()).add((rec.step, rec.node_id))
     copies = session.execute(
         select(CheckpointCopy.participant, CheckpointCopy.step, CheckpointCopy.node_id).where(
             CheckpointCopy.job_id == job_id, CheckpointCopy.status == "ok"

@@ -2,7 +2,8 @@
 
 A task's agent reports the step of the newest checkpoint its workers completed (``checkpoint_step``
 in the task's metrics, kept on the task row). A participant keeps its name (``worker_config.region``)
-across attempts, so a re-placed task finds its predecessor's record under its own name.
+across attempts, so a re-placed task finds its predecessor's record under its own name. The nodes
+of a torchrun group spanning nodes are one participant, each holding the whole checkpoint.
 """
 
 from __future__ import annotations
@@ -37,12 +38,16 @@ def latest_by_participant(records: Iterable[CheckpointRecord]) -> dict[str, Chec
     return best
 
 
-def job_checkpoints(session: Session, job_id: str) -> dict[str, dict[str, Any]]:
-    """participant -> its latest complete checkpoint as plain data, over all of the job's attempts."""
+def _participant(task: Task) -> str:
+    return str((task.worker_config or {}).get("region") or task.region)
+
+
+def checkpoint_records(session: Session, job_id: str) -> list[CheckpointRecord]:
+    """Every task's newest complete checkpoint, over all of the job's attempts."""
     rows = session.scalars(select(Task).where(Task.job_id == job_id, Task.checkpoint_step.is_not(None)))
-    records = [
+    return [
         CheckpointRecord(
-            participant=str((t.worker_config or {}).get("region") or t.region),
+            participant=_participant(t),
             step=int(t.checkpoint_step or 0),
             node_id=t.node_id,
             task_id=t.id,
@@ -52,4 +57,29 @@ def job_checkpoints(session: Session, job_id: str) -> dict[str, dict[str, Any]]:
         for t in rows
         if t.checkpoint_step
     ]
+
+
+def job_checkpoints(session: Session, job_id: str) -> dict[str, dict[str, Any]]:
+    """participant -> its latest complete checkpoint as plain data, over all of the job's attempts."""
+    records = checkpoint_records(session, job_id)
     return {k: asdict(v) for k, v in sorted(latest_by_participant(records).items())}
+
+
+def share_with_group(session: Session, task: Task) -> list[Task]:
+    """A torchrun group spanning nodes reports through its leader only (node rank 0), and its save
+    completes only once every node holds the whole checkpoint (``training.checkpoint_mirror``): the
+    group's other tasks hold the step its leader reported. Records it on them; returns those."""
+    step = task.checkpoint_step
+    if not step or not (task.worker_config or {}).get("group"):
+        return []
+    key = _participant(task)
+    peers = session.scalars(
+        select(Task).where(Task.job_id == task.job_id, Task.attempt == task.attempt, Task.id != task.id)
+    )
+    shared = []
+    for t in peers:
+        same_group = (t.worker_config or {}).get("group") and _participant(t) == key
+        if same_group and (t.checkpoint_step or 0) < step:
+            t.checkpoint_step = step
+            shared.append(t)
+    return shared

@@ -48,7 +48,7 @@ def elastic_refusal(mode: str, tasks: list[Task], lost: Task, max_drops: int) ->
         return f"mode {mode} exchanges every step in lockstep"
     if (lost.worker_config or {}).get("group"):
         # Its group's other nodes lose their ranks with it, and a group only starts as a whole.
-        return "it ran part of a torchrun group spanning nodes, which restarts only as a whole"
+        return "it ran part of a torchrun group spanning nodes, which resumes as a whole from its checkpoint"
     others = [t for t in tasks if t.id != lost.id]
     # Others that finished hold the job's model: it ends without the lost task (``_replace`` drops it).
     if not any(t.status in TASK_ACTIVE or t.status == TaskState.SUCCEEDED for t in others):

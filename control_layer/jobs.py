@@ -25,12 +25,13 @@ from sqlalchemy.orm import Session
 from contracts.errors import FailedPrecondition, InvalidArgument, NoFeasiblePlan, NotFound
 from contracts.job_spec import JobSpec
 from contracts.roles import Principal
-from contracts.states import JOB_TERMINAL, JobState, TaskState
+from contracts.states import JOB_TERMINAL, JobState
 from control_layer.admission import device_quota_wait, spend_refusal
 from control_layer.allocation import AllocationConflict, allocate
 from control_layer.calibration_store import load_calibration
 from control_layer.capacity import with_devices_free
 from control_layer.dispatch import dispatch
+from control_layer.failed_nodes import nodes_to_avoid
 from control_layer.job_refs import fleet_regions, node_staging_facts, resolve_job_refs
 from control_layer.lifecycle import transition
 from control_layer.live_snapshot import current_snapshot
@@ -154,15 +155,8 @@ def place_job(
         # The accepted option is tried first only on the first placement; a re-placement plans anew
         # and stays off the nodes where this job's tasks failed.
         option = PlanOption.model_validate(job.option) if job.option and job.attempt == 0 else None
-        avoid = (
-            frozenset(
-                session.scalars(
-                    select(Task.node_id).where(Task.job_id == job_id, Task.status == TaskState.FAILED)
-                )
-            )
-            if job.attempt > 0
-            else frozenset()  # never placed: no task of it ever failed
-        )
+        # (never placed: no task of it ever failed)
+        avoid = nodes_to_avoid(session, job_id) if job.attempt > 0 else frozenset()
         choice = job.choice if job.choice in CHOICES else "cheapest"
         # On a re-placement the reason why is kept in front of whatever happens next.
         context = f"{job.reason}; " if job.attempt > 0 and job.reason else ""

@@ -28,6 +28,7 @@ from contracts.states import (
 from control_layer import preemption
 from control_layer.calibration import TIMING_KEYS
 from control_layer.checkpoint_copies import order_copy, record_copy_result
+from control_layer.checkpoints import share_with_group
 from control_layer.dispatch import assignment_message, send_cancel
 from control_layer.elastic import drop_stranded_replacements, handle_lost_task
 from control_layer.lifecycle import transition
@@ -83,7 +84,7 @@ def on_task_status(
                 send_cancel(session, ctx.bus, task, f"task is already {task.status}")
             return
         move_task(task, to, message=message, exit_code=exit_code, result=_finite(result))
-        _note_checkpoint(task, (result or {}).get("checkpoint_step"))
+        _note_checkpoint(session, task, (result or {}).get("checkpoint_step"))
         if to in TASK_TERMINAL and job.status not in JOB_TERMINAL:
             meter_tasks(session, job, [task])  # metering closes at the task's end
         record_event(
@@ -266,7 +267,7 @@ def on_task_metrics(ctx: ServerContext, node_id: str, assignment_id: str, metric
         )
         task.last_metrics = clean
         before = task.checkpoint_step
-        _note_checkpoint(task, clean.get("checkpoint_step"))
+        _note_checkpoint(session, task, clean.get("checkpoint_step"))
         if task.checkpoint_step != before and task.status in TASK_ACTIVE:
             # A newer complete checkpoint: keep a copy on another node of the region, off the
             # task's critical path (the agents copy in the background).
@@ -318,10 +319,12 @@ def pending_assignments(ctx: ServerContext, node_id: str) -> list[dict[str, Any]
         return [assignment_message(t) for t in rows]
 
 
-def _note_checkpoint(task: Task, step: Any) -> None:
-    """Keep the newest complete checkpoint a task reported (0 or nothing: none yet)."""
+def _note_checkpoint(session: Session, task: Task, step: Any) -> None:
+    """Keep the newest complete checkpoint a task reported (0 or nothing: none yet), on the other
+    nodes of its group too where it spans nodes."""
     if isinstance(step, int) and not isinstance(step, bool) and step > 0:
         task.checkpoint_step = max(step, task.checkpoint_step or 0)
+        share_with_group(session, task)
 
 
 def _lock_job(session: Session, job_id: str) -> Job:

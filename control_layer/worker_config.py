@@ -236,13 +236,14 @@ def build_worker_configs(
             "metrics_interval_s": METRICS_INTERVAL_S,
         }
         for node_rank, slot in enumerate(group):
+            # A group spanning nodes resumes as one: every node from the participant's checkpoint
+            # (each holds the whole of it, ``training.checkpoint_mirror``; a node without it
+            # fetches it), all from one start step where none can be had.
+            here = None if len(group) > 1 else slot.node_id
             ck = _checkpoint(
-                job_id, key, slot, runtime, checkpoints or {}, multi, spec.training.steps, spec.sync.mode
+                job_id, key, here, runtime, checkpoints or {}, multi, spec.training.steps, spec.sync.mode
             )
-            if len(group) > 1:
-                # Each node would write its ranks' shards to its own disk and only the first node the
-                # metadata, so no node could resume from them: such a group keeps none (yet).
-                ck |= {"dir": None, "fetch": None}
+            ck["fetch"] = _fetch_choice((checkpoints or {}).get(key), slot.node_id, ck["resume_at_most"])
             configs[slot.node_id] = copy.deepcopy(shared) | {
                 "checkpoint": ck,
                 "group": _group(group, node_rank),
@@ -415,13 +416,16 @@ def checkpoint_dir(job_id: str, key: str) -> str:
 def _checkpoint(
     job_id: str,
     key: str,
-    slot: TaskSlot,
+    node_id: str | None,
     runtime: RuntimeSettings,
     checkpoints: dict[str, dict[str, Any]],
     multi: bool,
     steps: int,
     mode: str,
 ) -> dict[str, Any]:
+    """contracts.worker_config.CheckpointSpec of participant ``key`` on node ``node_id`` (None: a
+    group spanning nodes, whose start step must not depend on which node holds what); its
+    ``fetch`` is the caller's (``_fetch_choice``)."""
     own = checkpoints.get(key)
     start_step = resume_at_most = None
     done = [int(c["step"]) for c in checkpoints.values() if isinstance(c.get("step"), int)]
@@ -430,7 +434,7 @@ def _checkpoint(
         # may have finished a later one before the job paused). One without a checkpoint there
         # takes the others' model at that step.
         start_step = resume_at_most = min(done)
-    elif multi and not (own and own.get("node_id") == slot.node_id):
+    elif multi and not (own and node_id is not None and own.get("node_id") == node_id):
         # No checkpoint of its own here: begin where the job's checkpoints are and take the
         # survivors' model at the first exchange (the engine catches a late joiner up).
         if own and isinstance(own.get("step"), int):
@@ -444,7 +448,7 @@ def _checkpoint(
         "every": runtime.checkpoint_every,
         "start_step": start_step,
         "resume_at_most": resume_at_most,
-        "fetch": _fetch_choice(own, slot.node_id, resume_at_most),
+        "fetch": None,
     }
 
 

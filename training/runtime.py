@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 from contracts.errors import InvalidArgument
 from contracts.worker_config import WorkerConfig
 from training.byo import DatasetStream, build_byo
-from training.checkpoint import BackgroundSaver, latest_checkpoint, load_checkpoint
+from training.checkpoint import BackgroundSaver, agreed_checkpoint, load_checkpoint
 from training.checkpoint_schedule import PeriodicCheckpoints
 from training.data.markov import MarkovSource
 from training.data.streams import BatchStream, build_stream, derive_seed
@@ -349,7 +349,7 @@ class Trainer:
             "sync": self._sync_state(),
         }
         if self.saver is None:
-            self.saver = BackgroundSaver(ck.keep_last)
+            self.saver = BackgroundSaver(ck.keep_last, spans_nodes=self.cfg.group is not None)
         self.saver.save(ck.dir, self.step, self.model, self.optimizer, extra)
         if wait:
             self.checkpoint_step = self.saver.wait()
@@ -376,11 +376,11 @@ class Trainer:
             self.checkpoint_step = done
 
     def maybe_resume(self) -> bool:
-        """From the latest complete checkpoint in the dir; else, with ``start_step``, begin at that
-        step (fresh optimizer state, the LR schedule where it would be) and take the model from
-        the peers at the first exchange. True when the run does not start at step 0."""
+        """From the latest complete checkpoint every rank's dir holds; else, with ``start_step``,
+        begin at that step (fresh optimizer state, the LR schedule where it would be) and take the
+        model from the peers at the first exchange. True when the run does not start at step 0."""
         ck = self.cfg.checkpoint
-        path = latest_checkpoint(ck.dir, ck.resume_at_most) if ck.dir is not None and ck.resume else None
+        path = agreed_checkpoint(ck.dir, ck.resume_at_most) if ck.dir is not None and ck.resume else None
         if path is not None:
             meta = load_checkpoint(path, self.model, self.optimizer)
             self.scheduler.load_state_dict(meta["scheduler"])

@@ -29,6 +29,9 @@ class LocalAgent:
     # Build a venv and fetch the store probe (what staging users' code costs there): off, as the
     # demo and most tests run the built-in model, which stages nothing.
     probe_staging: bool = False
+    # Where other clusters reach its torchrun endpoint (``--cross-cluster-host``): it may then share
+    # a group spanning nodes with other clusters' nodes, behind a link declared private.
+    cross_cluster_host: str = ""
 
 
 def start_agent(
@@ -59,6 +62,8 @@ def start_agent(
         cmd += ["--no-measure-profile"]
     if not spec.probe_staging:
         cmd += ["--no-probe-staging"]
+    if spec.cross_cluster_host:
+        cmd += ["--cross-cluster-host", spec.cross_cluster_host]
     log = open(agent_dir / "agent.log", "wb")  # noqa: SIM115 - the child owns it for its lifetime
     env = tied_env({**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"})
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

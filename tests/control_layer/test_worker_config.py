@@ -120,9 +120,25 @@ def test_a_replica_spanning_nodes_of_one_cluster_is_one_group_with_its_rendezvou
     # One participant: nobody to sync with, one replica of tp=2 over the two nodes' devices.
     assert lead["sync"]["mode"] == other["sync"]["mode"] == "none"
     assert lead["parallel"] == other["parallel"] and lead["parallel"]["dp_local"] == 1
-    assert lead["checkpoint"]["dir"] is None and other["checkpoint"]["dir"] is None  # no node could resume
+    # Both nodes checkpoint to the participant's directory (each node ends with the whole of it).
+    assert lead["checkpoint"]["dir"] == other["checkpoint"]["dir"] == f"checkpoints/job/{lead['region']}"
     for cfg in configs.values():
         validate_worker_config(cfg)
+    # Re-placed after a node of the group died holding step 20, and eu2 holds it too: eu2 resumes
+    # from its own copy, eu fetches it from eu2 first; neither gets a start step of its own.
+    key = lead["region"]
+    held = {
+        key: {
+            "participant": key,
+            "step": 20,
+            "node_id": "gone",
+            "holders": [{"step": 20, "node_id": n["eu2"].id}],
+        }
+    }
+    configs = build_worker_configs("job", tiny_spec(), option, slots, checkpoints=held)
+    lead, other = configs[n["eu"].id]["checkpoint"], configs[n["eu2"].id]["checkpoint"]
+    assert lead["fetch"] == {"step": 20, "source_node_id": n["eu2"].id} and other["fetch"] is None
+    assert lead["start_step"] is other["start_step"] is None
 
 
 def test_groups_across_clusters_or_with_interleaved_ranks_are_refused() -> None:

@@ -15,6 +15,13 @@ def declare_links(client: httpx.Client, regions: list[str], latency_ms: float = 
             client.put("/v1/links", json=link | {"egress_price_per_gb": 0.02}).raise_for_status()
 
 
+def declare_private_region(client: httpx.Client, region: str) -> None:
+    """The region's own network between its clusters, declared private: torchrun groups may span
+    its clusters' nodes that declared a cross-cluster host."""
+    link = {"src": region, "dst": region, "bandwidth_gbps": 10.0, "latency_ms": 0.5, "private": True}
+    client.put("/v1/links", json=link).raise_for_status()
+
+
 def wait_links_measured(client: httpx.Client, regions: list[str], timeout_s: float = 90) -> None:
     """Until the agents' probes have measured every pair of regions. Placement must not hang on
     which probe happened to land first: a pair still on its declared 40 ms looks far slower than

@@ -154,6 +154,29 @@ def test_resume_from_checkpoint_under_another_layout(tmp_path: Path) -> None:
         torch.testing.assert_close(final["model"][name], want, atol=5e-5, rtol=0, msg=name)
 
 
+def test_a_pipeline_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """Each stage saves its own parameters and optimizer state: resumed from step 2, a two-stage
+    pipeline trains steps 3 and 4 as the uninterrupted run did (each stage's optimizer state is
+    its own, under its parameters' names, not another stage's)."""
+    raw = tiny_config(
+        tmp_path,
+        parallel={"pp": 2, "pp_schedule": "gpipe", "microbatches": 2},
+        training={"steps": 4},
+        checkpoint={"every": 2, "keep_last": 3},
+    )
+    first = launch(raw, 2, tmp_path)
+    assert_succeeded(first, 4)
+    ckpt = Path(raw["checkpoint"]["dir"])
+    shutil.rmtree(step_dir(ckpt, 4))
+    second = launch(raw, 2, tmp_path)
+    assert_succeeded(second, 4)
+    assert second.result["resumed_from"] == 2  # type: ignore[index]
+    assert [m["step"] for m in second.metrics] == [3, 4]
+    assert [m["loss"] for m in second.metrics] == pytest.approx(
+        [m["loss"] for m in first.metrics][2:], rel=1e-5
+    )
+
+
 @pytest.mark.slow
 def test_bring_your_own_entrypoint_with_data_parallelism(tmp_path: Path) -> None:
     raw = tiny_config(
