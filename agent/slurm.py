@@ -28,6 +28,7 @@ from agent.slurm_cli import (
     SlurmError,
     job_end,
     job_state,
+    jobcomp_file,
     slurm,
 )
 
@@ -89,8 +90,9 @@ class SlurmJob:
 
     pgid: int | None = None
 
-    def __init__(self, job_id: str, cwd: Path, poll_s: float) -> None:
+    def __init__(self, job_id: str, cwd: Path, poll_s: float, jobcomp: str = "") -> None:
         self.job_id = job_id
+        self._jobcomp = jobcomp
         self.label = f"slurm job {job_id}"
         self.record: dict[str, str | int] = {"slurm_job": job_id}
         self.stdout = asyncio.StreamReader(limit=READ_LIMIT)
@@ -172,7 +174,7 @@ class SlurmJob:
                     break
                 self.state = state
                 await asyncio.sleep(self._poll_s)
-            end = await job_end(self.job_id)
+            end = await job_end(self.job_id, self._jobcomp)
             self.state = end.state if end is not None else "UNKNOWN"
             code, self.end_cause, self.lost = end_of(self.job_id, end, self._cancelled_here)
             self._read_new()
@@ -205,12 +207,16 @@ def cancel_leftover_job(job_id: str, assignment_id: str) -> bool:
 
 
 class SlurmLauncher:
-    """Submits each task as a batch job in ``partition`` under ``account`` ('' : Slurm's default)."""
+    """Submits each task as a batch job in ``partition`` under ``account`` ('' : Slurm's default).
+    ``jobcomp``: the controller's job completion file; None: asked of Slurm at the first launch."""
 
     name = "slurm"
 
-    def __init__(self, *, partition: str = "", account: str = "", poll_s: float = 1.0) -> None:
+    def __init__(
+        self, *, partition: str = "", account: str = "", poll_s: float = 1.0, jobcomp: str | None = None
+    ) -> None:
         self.partition, self.account, self.poll_s = partition, account, poll_s
+        self.jobcomp = jobcomp
 
     async def launch(
         self, cmd: list[str], *, cwd: Path, env: dict[str, str], grace_s: float, shape: TaskShape
@@ -233,7 +239,9 @@ class SlurmLauncher:
         if proc.returncode != 0:
             raise OSError(f"sbatch refused the task: {err.decode(errors='replace').strip()}")
         job_id = out.decode().strip().split(";")[0]  # "ID" or "ID;CLUSTER"
+        if self.jobcomp is None:
+            self.jobcomp = await jobcomp_file()
         log.info("task %s: submitted as Slurm job %s", shape.name, job_id)
         with contextlib.suppress(OSError):
             (cwd / "slurm_job_id").write_text(job_id)
-        return SlurmJob(job_id, cwd, self.poll_s)
+        return SlurmJob(job_id, cwd, self.poll_s, self.jobcomp)

@@ -14,6 +14,7 @@ import pytest
 
 from agent.settings import AgentSettings
 from agent.slurm import SlurmLauncher
+from agent.slurm_cli import JobEnd, job_end_from_jobcomp, jobcomp_file, read_tail
 from agent.workers import CANCELLED, FAILED, SUCCEEDED, Assignment, WorkerRun
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
 from proto.cpn.agent.v1 import agent_pb2
@@ -151,3 +152,19 @@ def test_a_cancel_while_queued_withdraws_the_job(slurm_env: SlurmCluster, tmp_pa
     assert _statuses(sent)[-1] == (CANCELLED, "cancelled by its user")
     assert RUNNING not in [s for s, _ in _statuses(sent)]
     assert "JobState=CANCELLED" in slurm_env.run("scontrol", "show", "job", "-o", _job_id(run))
+
+
+def test_where_accounting_is_off_a_jobs_end_is_read_from_the_jobcomp_file(slurm_env: SlurmCluster) -> None:
+    """The test cluster keeps no accounting (``sacct`` refuses) and writes ``jobcomp/filetxt``:
+    the launcher finds the file through ``scontrol show config``, and a job's end is read there."""
+    job = slurm_env.run("sbatch", "--parsable", "--output=/dev/null", "--wrap=exit 3").strip()
+
+    async def ended() -> JobEnd | None:
+        path = await jobcomp_file()
+        assert path == str(slurm_env.root / "jobcomp.txt")
+        while (end := job_end_from_jobcomp(read_tail(path), job)) is None:
+            await asyncio.sleep(0.1)
+        return end
+
+    assert asyncio.run(asyncio.wait_for(ended(), 60)) == JobEnd("FAILED", 3, 0)
+    assert slurm_env.run("sacct", "-j", job, check=False) == ""  # no accounting to ask
