@@ -52,7 +52,7 @@ from contracts.errors import InvalidArgument
 from contracts.lifetime import kill_tree
 from contracts.lost_notices import LostNotice, append_notice
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
-from contracts.worker_config import LOOPBACK, NodeGroupSpec, StageSpec
+from contracts.worker_config import LOOPBACK, MAX_TIME_LIMIT_S, NodeGroupSpec, StageSpec
 from proto.cpn.agent.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -414,8 +414,9 @@ class WorkerRun:
             name=a.assignment_id,
             nproc=a.nproc,
             gpus=len(a.device_indices) if self._device_kind == "cuda" else 0,
+            # The quote's (``time_limit_s``); NaN and infinity fail both bounds.
             time_limit_s=float(limit)
-            if isinstance(limit, int | float) and limit > 0
+            if isinstance(limit, int | float) and 0 < limit <= MAX_TIME_LIMIT_S
             else DEFAULT_TIME_LIMIT_S,
         )
 

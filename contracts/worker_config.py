@@ -22,6 +22,7 @@ from contracts.model import GPTConfig
 from contracts.sync_config import SyncConfig
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+MAX_TIME_LIMIT_S = 30 * 24 * 3600.0  # a task's time limit (a month) at most
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # where a group may meet without the job's credentials
 
 
@@ -209,6 +210,9 @@ class WorkerConfig(BaseModel):
     metrics_path: str | None = None
     # At most one metrics line this often (0: every step); each line carries the run's byte totals.
     metrics_interval_s: float = Field(default=0.0, ge=0.0, le=60.0)
+    # From the quote (``control_layer.worker_config.quoted_time_limit_s``): the longest a
+    # scheduler-backed node lets the task run (Slurm's ``--time``); None: the agent's default.
+    time_limit_s: float | None = Field(default=None, gt=0.0, le=MAX_TIME_LIMIT_S)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     entrypoint: str | None = None  # bring your own: "package.module:function"
     group: NodeGroupSpec | None = None  # None: the group is this node's alone

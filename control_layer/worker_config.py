@@ -31,6 +31,7 @@ from contracts.feasibility import (
 )
 from contracts.job_spec import JobSpec
 from contracts.sync_config import OVERLAPPED_MODES
+from contracts.worker_config import MAX_TIME_LIMIT_S
 from control_layer.planner.node_groups import (
     node_group_problems,
     node_groups,
@@ -47,6 +48,20 @@ from control_layer.stage_sections import JobStage
 # workers' own cores ~4 times a second (0.7-1 s of a 130 s, 500-step run on a 2-core host), and the
 # control plane keeps only the latest each agent forwards anyway.
 METRICS_INTERVAL_S = 1.0
+# A scheduler's time limit for a task (``time_limit_s``, Slurm's ``--time``): the quote's
+# pessimistic run (its interval's high end, without the staging that precedes the launch) times
+# this margin, and never below the floor. A task past it is ended as TIMEOUT and resumes from its
+# checkpoint elsewhere; the margin keeps that for runs the quote badly missed.
+TIME_LIMIT_MARGIN = 2.0
+MIN_TIME_LIMIT_S = 600.0
+
+
+def quoted_time_limit_s(option: PlanOption) -> float:
+    """The time limit a scheduler-backed node gives the option's tasks, from its quote."""
+    est = option.estimates
+    high = est.interval.duration_s_high if est.interval is not None else est.duration_s
+    run_s = max(0.0, high - (est.staging_s or 0.0))
+    return round(min(MAX_TIME_LIMIT_S, max(MIN_TIME_LIMIT_S, TIME_LIMIT_MARGIN * run_s)), 1)
 
 
 @dataclass(frozen=True)
@@ -234,6 +249,7 @@ def build_worker_configs(
             ),
             "entrypoint": spec.entrypoint,
             "metrics_interval_s": METRICS_INTERVAL_S,
+            "time_limit_s": quoted_time_limit_s(option),
         }
         for node_rank, slot in enumerate(group):
             ck = _checkpoint(

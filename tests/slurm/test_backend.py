@@ -46,7 +46,12 @@ def _run(tmp_path: Path, mode: str, nproc: int, sent: list[agent_pb2.AgentMessag
         work_dir=tmp_path / "agent", metrics_min_interval_s=0.0, allow_command_override=True,
         kill_grace_s=1.0,
     )  # fmt: skip
-    config = {"command": [sys.executable, "-c", WORKER, mode], "training": {"steps": 2}}
+    # The quote's time limit, as the control plane puts it in every task's config.
+    config = {
+        "command": [sys.executable, "-c", WORKER, mode],
+        "training": {"steps": 2},
+        "time_limit_s": 850.0,
+    }
     a = Assignment(f"task-{mode}", "job-slurm", 1, (), nproc, config)
     launcher = SlurmLauncher(poll_s=0.2)
     return WorkerRun(
@@ -90,6 +95,7 @@ def test_a_task_runs_as_a_batch_job(slurm_env: SlurmCluster, tmp_path: Path) -> 
     assert json.loads(status.result_json)["job"] == "job-slurm"  # the agent's worker environment
     record = slurm_env.run("scontrol", "show", "job", "-o", job)
     assert "JobState=COMPLETED" in record and "NumCPUs=2" in record and "Name=cpn-task-done" in record
+    assert "TimeLimit=00:15:00" in record  # the quote's 850 s, in whole minutes up
 
 
 def test_a_job_cancelled_outside_cpn_is_seen_and_mapped(slurm_env: SlurmCluster, tmp_path: Path) -> None:
