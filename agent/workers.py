@@ -233,7 +233,12 @@ def stop_leftover(pgid: int, run_dir: str, grace_s: float) -> bool:
 
 
 def _status(
-    a: Assignment, state: int, message: str = "", exit_code: int = 0, result_json: str = ""
+    a: Assignment,
+    state: int,
+    message: str = "",
+    exit_code: int = 0,
+    result_json: str = "",
+    lost: bool = False,
 ) -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(
         task_status=agent_pb2.TaskStatus(
@@ -242,6 +247,7 @@ def _status(
             message=message[:2000],
             exit_code=exit_code,
             result_json=result_json,
+            lost=lost and state == agent_pb2.TASK_STATE_FAILED,
         )
     )
 
@@ -311,8 +317,10 @@ class WorkerRun:
             return
         append_notice(self.lost_notices_path, LostNotice(participant, address, reason))
 
-    def _report(self, state: int, message: str = "", exit_code: int = 0, result_json: str = "") -> None:
-        self.current = _status(self.assignment, state, message, exit_code, result_json)
+    def _report(
+        self, state: int, message: str = "", exit_code: int = 0, result_json: str = "", lost: bool = False
+    ) -> None:
+        self.current = _status(self.assignment, state, message, exit_code, result_json, lost)
         self._send(self.current)
 
     async def run(self) -> None:
@@ -611,7 +619,9 @@ class WorkerRun:
             self._staged.use.release()  # its blobs may be evicted from now on
         if self.run_dir.is_dir():  # the provider's retention counts from here (``agent.cleanup``)
             (self.run_dir / ENDED_MARK).touch()
-        self._report(state, message, code, result)
+        # The scheduler took it away (preempted, node failed, out of time): lost, not failed.
+        lost = self._proc is not None and self._proc.lost and self._stop is None
+        self._report(state, message, code, result, lost)
         self.finished_at = time.monotonic()
         log.info(
             "assignment %s: %s (%s)", self.assignment.assignment_id, agent_pb2.TaskState.Name(state), message

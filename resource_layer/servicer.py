@@ -348,6 +348,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 s.message,
                 s.exit_code,
                 result_from_json(s.result_json),
+                s.lost,
             )
         elif kind == "metrics":
             m = message.metrics

@@ -112,6 +112,7 @@ def test_a_job_cancelled_outside_cpn_is_seen_and_mapped(slurm_env: SlurmCluster,
     status = run.current.task_status
     assert status.state == FAILED  # as a lost node's task: the control plane re-places it
     assert status.message == f"Slurm job {_job_id(run)} was cancelled outside cpn (scancel)"
+    assert status.lost  # taken away, not failed by its workers: the control plane is told so
 
 
 def test_another_users_job_keeps_the_task_queued(slurm_env: SlurmCluster, tmp_path: Path) -> None:
@@ -155,7 +156,7 @@ def test_a_cancel_while_queued_withdraws_the_job(slurm_env: SlurmCluster, tmp_pa
         asyncio.run(asyncio.wait_for(scenario(), 120))
     finally:
         slurm_env.run("scancel", other)
-    assert _statuses(sent)[-1] == (CANCELLED, "cancelled by its user")
+    assert _statuses(sent)[-1] == (CANCELLED, "cancelled by its user") and not run.current.task_status.lost
     assert RUNNING not in [s for s, _ in _statuses(sent)]
     assert "JobState=CANCELLED" in slurm_env.run("scontrol", "show", "job", "-o", _job_id(run))
 
