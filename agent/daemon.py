@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 
 from agent import cleanup, contention, staging_probe
-from agent.backends import find_devices, make_launcher
+from agent.backends import devices_unavailable, find_devices, make_launcher
 from agent.checkpoint_transfer import (
     JobCredentials,
     build_checkpoint_server,
@@ -174,6 +174,11 @@ class Agent:
         # The cache as last reported on this stream (None: not yet): reported again when it differs.
         self._cache_reported: tuple[list[str], list[str]] | None = None
         self._cache_duty = Duty("report-cache", lambda: CACHE_REPORT_EVERY_S, self._report_cache)
+        # A Slurm cluster's unavailable devices as last reported on this stream (None: not yet).
+        self._capacity_reported: int | None = None
+        self._capacity_duty = Duty(
+            "report-capacity", lambda: self.heartbeat_interval_s, self._report_capacity
+        )
 
     # -- the whole life -------------------------------------------------------------------------
     async def run(self) -> int:
@@ -365,6 +370,7 @@ class Agent:
             Duty("restate-running", lambda: 30.0, self._restate_running),
             Duty("retention", lambda: min(600.0, max(1.0, s.checkpoint_retention_h * 900)), self._retention),
             self._cache_duty,
+            self._capacity_duty,
         ]
 
     # -- registration and the stream ------------------------------------------------------------
@@ -618,6 +624,8 @@ class Agent:
         self._heartbeat_duty.poke()  # at the server's rate from now, not after the old interval
         self._cache_reported = None  # the cache as it is now, on this stream
         self._cache_duty.poke()
+        self._capacity_reported = None  # likewise the cluster's capacity
+        self._capacity_duty.poke()
         log.info("connected as node %s (heartbeat every %.1fs)", ack.node_id, self.heartbeat_interval_s)
         assert self.devices is not None
         self._outbox.put(
@@ -922,6 +930,23 @@ class Agent:
         self._cache_reported = listing
         blobs, venvs = listing
         self._outbox.put(agent_pb2.AgentMessage(cache=agent_pb2.CacheReport(blobs=blobs, venvs=venvs)))
+
+    async def _report_capacity(self) -> None:
+        """On a Slurm cluster, how many registered devices are not cpn's to use now (re-read at
+        the heartbeat's rate), said where it changed since the last report on this stream."""
+        if not self._connected or self.devices is None:
+            return
+        running = agent_pb2.TASK_STATE_RUNNING
+        held = sum(
+            r.scheduler_slots
+            for r in self._runs.values()
+            if not r.done and r.current.task_status.state == running
+        )
+        unavailable = await devices_unavailable(self.settings, registered=len(self.devices), held=held)
+        if unavailable is None or unavailable == self._capacity_reported:
+            return
+        self._capacity_reported = unavailable
+        self._outbox.put(agent_pb2.AgentMessage(capacity=agent_pb2.Capacity(devices_unavailable=unavailable)))
 
     # -- state ----------------------------------------------------------------------------------
     def _remember_worker(self, run: WorkerRun) -> None:

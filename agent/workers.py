@@ -303,6 +303,11 @@ class WorkerRun:
         return self.finished_at is not None
 
     @property
+    def scheduler_slots(self) -> int:
+        """The slots its workers hold once started: its GPUs, or a CPU per process."""
+        return len(self.assignment.device_indices) if self._device_kind == "cuda" else self.assignment.nproc
+
+    @property
     def lost_notices_path(self) -> Path:
         return self.run_dir / "peers_lost.jsonl"
 

@@ -291,6 +291,24 @@ def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceRep
     _upsert_accelerators(session, node_id, tuple(devices))
 
 
+MAX_DEVICES_UNAVAILABLE = 1_000_000
+
+
+def update_capacity(session: Session, node_id: str, devices_unavailable: int) -> None:
+    """Record how many of a scheduler-backed node's devices are not cpn's to use now (the row's
+    change reaches the planner's snapshot through the change feed)."""
+    if not 0 <= devices_unavailable <= MAX_DEVICES_UNAVAILABLE:
+        raise InvalidArgument(
+            f"capacity.devices_unavailable: {devices_unavailable} is outside [0, {MAX_DEVICES_UNAVAILABLE}]",
+            field="capacity.devices_unavailable",
+        )
+    node = session.get(Node, node_id)
+    if node is None:
+        raise NotFound(f"node {node_id} not found", node_id=node_id)
+    if node.devices_unavailable != devices_unavailable:
+        node.devices_unavailable = devices_unavailable
+
+
 def _touch_row(session: Session, node_id: str, now: datetime, contention: float | None = None) -> None:
     _touch_rows(session, {node_id: contention}, now, {})
 

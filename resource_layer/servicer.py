@@ -361,6 +361,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         elif kind == "inventory":
             devices = [device_from_proto(d) for d in message.inventory.devices]
             await asyncio.to_thread(self._update_inventory, node_id, devices)
+        elif kind == "capacity":
+            await asyncio.to_thread(self._update_capacity, node_id, message.capacity.devices_unavailable)
         elif kind == "probe_result":
             r = message.probe_result
             result = {
@@ -407,6 +409,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def _replace_cache(self, node_id: str, blobs: list[str], venvs: list[str]) -> None:
         with self._ctx.session_factory() as session, session.begin():
             node_staging.replace_cache(session, node_id, blobs, venvs)
+
+    def _update_capacity(self, node_id: str, devices_unavailable: int) -> None:
+        with self._ctx.session_factory() as session, session.begin():
+            registry.update_capacity(session, node_id, devices_unavailable)
 
     def _update_inventory(self, node_id: str, devices: list[Any]) -> None:
         with self._ctx.session_factory() as session, session.begin():

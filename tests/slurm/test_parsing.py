@@ -6,7 +6,7 @@ from pathlib import Path
 
 from agent.slurm import end_of
 from agent.slurm_cli import JobEnd, job_end_from_jobcomp, job_end_from_sacct, parse_record, read_tail
-from agent.slurm_nodes import free_devices, gres_gpus, node_from_record
+from agent.slurm_nodes import gres_gpus, node_from_record, slot_devices, unavailable_slots
 
 # jobcomp/filetxt as Slurm 23/24 writes it: one record per ended job, a requeued job more than once.
 JOBCOMP = (
@@ -36,10 +36,18 @@ def test_records_keep_values_with_spaces_and_gres_counts_gpus() -> None:
     assert not node.usable and node.free_gpus == 0  # draining: it takes no new job
 
 
-def test_free_devices_are_the_free_gpus_of_nodes_taking_jobs() -> None:
+def test_the_registered_slots_are_the_gpus_of_nodes_taking_jobs_and_the_unavailable_the_rest() -> None:
     up = node_from_record(parse_record(GPU_NODE.replace("State=MIXED+DRAIN", "State=MIXED")))
-    devices = free_devices([up], cpu_tflops=0.1, gpu_memory_gb=80.0, gpu_tflops=300.0)
-    assert [(d.index, d.kind, d.model) for d in devices] == [(i, "cuda", "a100") for i in range(3)]
+    drained = node_from_record(parse_record(GPU_NODE.replace("gpu01", "gpu02")))
+    devices = slot_devices([up, drained], cpu_tflops=0.1, gpu_memory_gb=80.0, gpu_tflops=300.0)
+    assert [(d.index, d.kind, d.model) for d in devices] == [(i, "cuda", "a100") for i in range(4)]
+    # One GPU held by another user's job: unavailable, unless it is cpn's own started job.
+    assert unavailable_slots([up, drained], registered=4, held=0) == 1
+    assert unavailable_slots([up, drained], registered=4, held=1) == 0
+    # Drained since the agent registered: every slot is unavailable.
+    assert unavailable_slots([drained], registered=4, held=0) == 4
+    # Nothing takes jobs: the whole cluster is registered, and Slurm queues cpn's tasks.
+    assert len(slot_devices([drained], cpu_tflops=0.1, gpu_memory_gb=80.0, gpu_tflops=300.0)) == 4
 
 
 def test_slurm_ends_map_to_a_reason_and_whether_the_task_was_lost() -> None:

@@ -167,7 +167,7 @@ class StoreProbeBlob(_message.Message):
     def __init__(self, url: _Optional[str] = ..., digest: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log", "probe_result", "checkpoint_copy_result", "staging_probe", "cache")
+    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log", "probe_result", "checkpoint_copy_result", "staging_probe", "cache", "capacity")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,7 @@ class AgentMessage(_message.Message):
     CHECKPOINT_COPY_RESULT_FIELD_NUMBER: _ClassVar[int]
     STAGING_PROBE_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     inventory: Inventory
@@ -188,7 +189,8 @@ class AgentMessage(_message.Message):
     checkpoint_copy_result: CheckpointCopyResult
     staging_probe: StagingProbeResult
     cache: CacheReport
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ..., probe_result: _Optional[_Union[LinkProbeResult, _Mapping]] = ..., checkpoint_copy_result: _Optional[_Union[CheckpointCopyResult, _Mapping]] = ..., staging_probe: _Optional[_Union[StagingProbeResult, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ...) -> None: ...
+    capacity: Capacity
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ..., probe_result: _Optional[_Union[LinkProbeResult, _Mapping]] = ..., checkpoint_copy_result: _Optional[_Union[CheckpointCopyResult, _Mapping]] = ..., staging_probe: _Optional[_Union[StagingProbeResult, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ..., capacity: _Optional[_Union[Capacity, _Mapping]] = ...) -> None: ...
 
 class StagingProbeResult(_message.Message):
     __slots__ = ("fetch_fixed_s", "bytes_per_s", "probe_bytes", "venv_s", "error")
@@ -211,6 +213,12 @@ class CacheReport(_message.Message):
     blobs: _containers.RepeatedScalarFieldContainer[str]
     venvs: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, blobs: _Optional[_Iterable[str]] = ..., venvs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Capacity(_message.Message):
+    __slots__ = ("devices_unavailable",)
+    DEVICES_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    devices_unavailable: int
+    def __init__(self, devices_unavailable: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_id", "node_token", "running_assignments")
