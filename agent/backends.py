@@ -21,7 +21,10 @@ log = logging.getLogger(__name__)
 def make_launcher(settings: AgentSettings) -> Launcher:
     if settings.backend == "slurm":
         return SlurmLauncher(
-            partition=settings.slurm_partition, account=settings.slurm_account, poll_s=settings.slurm_poll_s
+            partition=settings.slurm_partition,
+            account=settings.slurm_account,
+            poll_s=settings.slurm_poll_s,
+            srun=settings.slurm_srun,
         )
     return LocalLauncher()
 

@@ -31,6 +31,8 @@ from agent.slurm_cli import (
     jobcomp_file,
     slurm,
 )
+from agent.slurm_nodes import cluster_nodes
+from agent.slurm_srun import NodeSplit, split_over_nodes, srun_script
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +41,12 @@ STDOUT, STDERR = "slurm_stdout.log", "slurm_stderr.log"
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"})
 
 
-def sbatch_args(shape: TaskShape, *, cwd: Path, partition: str, account: str) -> list[str]:
-    """``sbatch`` options for one task on one node: a process per device (or CPU slot)."""
+def sbatch_args(
+    shape: TaskShape, *, cwd: Path, partition: str, account: str, split: NodeSplit | None = None
+) -> list[str]:
+    """``sbatch`` options for one task: a process per device (or CPU slot), on one node or spread
+    as ``split`` says (one torchrun task per node, each with its share of the devices)."""
+    split = split or NodeSplit(1, shape.gpus or shape.nproc)
     minutes = max(1, math.ceil(shape.time_limit_s / 60))
     args = [
         "--parsable",
@@ -49,15 +55,16 @@ def sbatch_args(shape: TaskShape, *, cwd: Path, partition: str, account: str) ->
         f"--output={cwd / STDOUT}",
         f"--error={cwd / STDERR}",
         "--open-mode=append",
-        "--nodes=1",
-        "--ntasks=1",  # torchrun is the one task: it starts the ranks itself
+        f"--nodes={split.nodes}",
+        f"--ntasks={split.nodes}",  # a torchrun per node: it starts the node's ranks itself
+        "--ntasks-per-node=1",
         f"--time={minutes}",
         "--export=ALL",  # the worker environment the agent prepared (sbatch runs with it)
     ]
     if shape.gpus:
-        args.append(f"--gres=gpu:{shape.gpus}")
+        args.append(f"--gres=gpu:{split.per_node}")
     else:
-        args.append(f"--cpus-per-task={shape.nproc}")
+        args.append(f"--cpus-per-task={split.per_node}")
     if partition:
         args.append(f"--partition={partition}")
     if account:
@@ -208,24 +215,60 @@ def cancel_leftover_job(job_id: str, assignment_id: str) -> bool:
 
 class SlurmLauncher:
     """Submits each task as a batch job in ``partition`` under ``account`` ('' : Slurm's default).
-    ``jobcomp``: the controller's job completion file; None: asked of Slurm at the first launch."""
+    ``jobcomp``: the controller's job completion file; None: asked of Slurm at the first launch.
+    A task larger than the partition's biggest node runs over several (``agent.slurm_srun``);
+    ``srun``: every task runs as an srun step, on one node too (for clusters that account steps)."""
 
     name = "slurm"
 
     def __init__(
-        self, *, partition: str = "", account: str = "", poll_s: float = 1.0, jobcomp: str | None = None
+        self,
+        *,
+        partition: str = "",
+        account: str = "",
+        poll_s: float = 1.0,
+        jobcomp: str | None = None,
+        srun: bool = False,
     ) -> None:
         self.partition, self.account, self.poll_s = partition, account, poll_s
         self.jobcomp = jobcomp
+        self.srun = srun
+        self._node_slots: tuple[int, int] | None = None  # the biggest node's (GPUs, CPUs)
+
+    async def split(self, shape: TaskShape) -> NodeSplit:
+        """Over how many nodes the task runs: as few as hold its slots, its processes in equal
+        shares (one node where they would not divide)."""
+        if self._node_slots is None:
+            nodes = await cluster_nodes(self.partition)
+            self._node_slots = (
+                max((n.gpus for n in nodes), default=0),
+                max((n.cpus for n in nodes), default=0),
+            )
+        per_node = self._node_slots[0] if shape.gpus else self._node_slots[1]
+        split = split_over_nodes(shape.gpus or shape.nproc, per_node)
+        if split.nodes > 1 and shape.nproc % split.nodes:
+            return NodeSplit(1, shape.gpus or shape.nproc)
+        return split
 
     async def launch(
         self, cmd: list[str], *, cwd: Path, env: dict[str, str], grace_s: float, shape: TaskShape
     ) -> Launched:
+        try:
+            split = await self.split(shape)
+        except SlurmError as exc:
+            raise OSError(f"could not read the partition's nodes: {exc}") from None
         script = cwd / SCRIPT
-        # exec: the batch step is the worker command itself, so Slurm's signals reach it.
-        script.write_text(f"#!/bin/sh\nexec {shlex.join(cmd)}\n")
+        if split.nodes > 1 or self.srun:
+            try:
+                script.write_text(srun_script(cmd, split))
+            except ValueError as exc:
+                raise OSError(f"task over {split.nodes} Slurm node(s): {exc}") from None
+        else:
+            # exec: the batch step is the worker command itself, so Slurm's signals reach it.
+            script.write_text(f"#!/bin/sh\nexec {shlex.join(cmd)}\n")
         script.chmod(0o755)
-        argv = ["sbatch", *sbatch_args(shape, cwd=cwd, partition=self.partition, account=self.account)]
+        args = sbatch_args(shape, cwd=cwd, partition=self.partition, account=self.account, split=split)
+        argv = ["sbatch", *args]
         proc = await asyncio.create_subprocess_exec(
             *argv,
             str(script),
