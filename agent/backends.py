@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from agent.devices import detect_devices, measure_cpu_tflops
 from agent.launchers import Launcher, LocalLauncher
 from agent.settings import AgentSettings
 from agent.slurm import SlurmLauncher
 from agent.slurm_nodes import cluster_nodes, free_slots, slot_devices, unavailable_slots
+from agent.slurm_queue import queue_wait_estimate, read_queue
 from contracts.registration import DeviceReport
 
 log = logging.getLogger(__name__)
@@ -56,10 +58,22 @@ async def find_devices(settings: AgentSettings) -> list[DeviceReport]:
     return devices
 
 
-async def devices_unavailable(settings: AgentSettings, *, registered: int, held: int) -> int | None:
-    """How many of the ``registered`` devices are not cpn's to use now (``agent.slurm_nodes``);
-    None on the local backend, whose devices are its own."""
-    if settings.backend != "slurm":
+async def cluster_capacity(
+    settings: AgentSettings, launcher: Launcher, *, registered: int, held: int
+) -> tuple[int, float] | None:
+    """How many of the ``registered`` devices are not cpn's to use now (``agent.slurm_nodes``)
+    and how long a task submitted now would queue (``agent.slurm_queue``, for one slot), which
+    the launcher keeps for the tasks it submits; None on the local backend, whose devices are its
+    own and whose tasks start at once."""
+    if settings.backend != "slurm" or not isinstance(launcher, SlurmLauncher):
         return None
     nodes = await cluster_nodes(settings.slurm_partition)
-    return unavailable_slots(nodes, registered=registered, held=held)
+    gpus = any(n.gpus for n in nodes)
+    jobs = await read_queue(settings.slurm_partition, gpus=gpus)
+    free = free_slots(nodes)
+    wait = queue_wait_estimate(jobs, free=free, need=1, history=list(launcher.waits), now=time.time())
+    launcher.queue_wait_s, launcher.room_now = (
+        wait,
+        free >= 1 + sum(j.slots for j in jobs if j.state == "PENDING"),
+    )
+    return unavailable_slots(nodes, registered=registered, held=held), wait

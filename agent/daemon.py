@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 
 from agent import cleanup, contention, staging_probe
-from agent.backends import devices_unavailable, find_devices, make_launcher
+from agent.backends import cluster_capacity, find_devices, make_launcher
 from agent.checkpoint_transfer import (
     JobCredentials,
     build_checkpoint_server,
@@ -48,6 +48,7 @@ from agent.profile import another_measuring, measure_profile, one_reference_at_a
 from agent.sandbox import SandboxProbe, needs_sandbox, probe_sandbox
 from agent.settings import AgentSettings
 from agent.slurm import cancel_leftover_job
+from agent.slurm_queue import coarse_wait_s
 from agent.state import AgentState, Credentials
 from agent.tls import certificate_request, channel_credentials, load_or_create_key, read_pem
 from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
@@ -174,8 +175,8 @@ class Agent:
         # The cache as last reported on this stream (None: not yet): reported again when it differs.
         self._cache_reported: tuple[list[str], list[str]] | None = None
         self._cache_duty = Duty("report-cache", lambda: CACHE_REPORT_EVERY_S, self._report_cache)
-        # A Slurm cluster's unavailable devices as last reported on this stream (None: not yet).
-        self._capacity_reported: int | None = None
+        # A Slurm cluster's capacity as last reported on this stream (None: not yet).
+        self._capacity_reported: tuple[int, float] | None = None
         self._capacity_duty = Duty(
             "report-capacity", lambda: self.heartbeat_interval_s, self._report_capacity
         )
@@ -932,8 +933,9 @@ class Agent:
         self._outbox.put(agent_pb2.AgentMessage(cache=agent_pb2.CacheReport(blobs=blobs, venvs=venvs)))
 
     async def _report_capacity(self) -> None:
-        """On a Slurm cluster, how many registered devices are not cpn's to use now (re-read at
-        the heartbeat's rate), said where it changed since the last report on this stream."""
+        """On a Slurm cluster, how many registered devices are not cpn's to use now and the queue
+        wait (re-read at the heartbeat's rate), said where it changed since the last report on
+        this stream (the wait on a coarse grid: a second's drift is no news)."""
         if not self._connected or self.devices is None:
             return
         running = agent_pb2.TASK_STATE_RUNNING
@@ -942,11 +944,16 @@ class Agent:
             for r in self._runs.values()
             if not r.done and r.current.task_status.state == running
         )
-        unavailable = await devices_unavailable(self.settings, registered=len(self.devices), held=held)
-        if unavailable is None or unavailable == self._capacity_reported:
+        registered = len(self.devices)
+        capacity = await cluster_capacity(self.settings, self._launcher, registered=registered, held=held)
+        if capacity is None:
             return
-        self._capacity_reported = unavailable
-        self._outbox.put(agent_pb2.AgentMessage(capacity=agent_pb2.Capacity(devices_unavailable=unavailable)))
+        reported = (capacity[0], coarse_wait_s(capacity[1]))
+        if reported == self._capacity_reported:
+            return
+        self._capacity_reported = reported
+        message = agent_pb2.Capacity(devices_unavailable=reported[0], queue_wait_s=reported[1])
+        self._outbox.put(agent_pb2.AgentMessage(capacity=message))
 
     # -- state ----------------------------------------------------------------------------------
     def _remember_worker(self, run: WorkerRun) -> None:

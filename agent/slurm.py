@@ -17,6 +17,9 @@ import logging
 import math
 import shlex
 import subprocess
+import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.launchers import READ_LIMIT, Launched, TaskShape
@@ -32,6 +35,7 @@ from agent.slurm_cli import (
     slurm,
 )
 from agent.slurm_nodes import cluster_nodes
+from agent.slurm_queue import HISTORY
 from agent.slurm_srun import NodeSplit, split_over_nodes, srun_script
 
 log = logging.getLogger(__name__)
@@ -97,9 +101,18 @@ class SlurmJob:
 
     pgid: int | None = None
 
-    def __init__(self, job_id: str, cwd: Path, poll_s: float, jobcomp: str = "") -> None:
+    def __init__(
+        self,
+        job_id: str,
+        cwd: Path,
+        poll_s: float,
+        jobcomp: str = "",
+        on_start: Callable[[float], None] | None = None,
+    ) -> None:
         self.job_id = job_id
         self._jobcomp = jobcomp
+        self._on_start = on_start  # told the submit-to-start seconds once it runs
+        self._submitted = time.monotonic()
         self.label = f"slurm job {job_id}"
         self.record: dict[str, str | int] = {"slurm_job": job_id}
         self.stdout = asyncio.StreamReader(limit=READ_LIMIT)
@@ -175,8 +188,10 @@ class SlurmJob:
                     log.warning("%s: %s", self.label, exc)
                     state = self.state
                 self._read_new()
-                if state is not None and state in RUNNING_STATES:
+                if state is not None and state in RUNNING_STATES and not self._running.is_set():
                     self._running.set()
+                    if self._on_start is not None:
+                        self._on_start(time.monotonic() - self._submitted)
                 if state is None or state not in LIVE_STATES:
                     break
                 self.state = state
@@ -234,6 +249,19 @@ class SlurmLauncher:
         self.jobcomp = jobcomp
         self.srun = srun
         self._node_slots: tuple[int, int] | None = None  # the biggest node's (GPUs, CPUs)
+        # The queue wait a task launched now is expected to see (``agent.slurm_queue``, re-read
+        # with the cluster's capacity), and the submit-to-start waits of recent jobs that found
+        # room at once: the scheduler's own latency.
+        self.queue_wait_s = 0.0
+        self.room_now = True
+        self.waits: deque[float] = deque(maxlen=HISTORY)
+
+    def _started_after(self, room: bool) -> Callable[[float], None]:
+        def note(seconds: float) -> None:
+            if room:
+                self.waits.append(seconds)
+
+        return note
 
     async def split(self, shape: TaskShape) -> NodeSplit:
         """Over how many nodes the task runs: as few as hold its slots, its processes in equal

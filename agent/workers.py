@@ -438,10 +438,16 @@ class WorkerRun:
         starts the job (until then the task stays STARTING, queued). Training time, and the
         worker's start-up figures, count from there."""
         if self._launcher.name != "local":
+            expected = self._launcher.queue_wait_s  # as the quote saw it, near enough
             self._report(agent_pb2.TASK_STATE_STARTING, f"queued as {proc.label}")
             if not await proc.started():
                 return
-            self._spawned_at = time.monotonic()
+            now = time.monotonic()
+            # Submit to start, against what was expected: calibration learns the cluster's wait.
+            if self._spawned_at is not None:
+                self._extra["queue_wait_s"] = round(now - self._spawned_at, 3)
+                self._extra["queue_wait_estimate_s"] = round(expected, 3)
+            self._spawned_at = now
         self._report(agent_pb2.TASK_STATE_RUNNING, proc.label)
 
     def _http_verify(self) -> ssl.SSLContext | bool:

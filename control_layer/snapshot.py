@@ -119,6 +119,7 @@ class _NodeRow:
     cpu_contention_busy: float | None = None
     sandbox: str = "none"
     devices_unavailable: int = 0  # a scheduler-backed node's devices its cluster's users hold now
+    queue_wait_s: float = 0.0  # and the wait in its cluster's queue for a task submitted now
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,7 @@ class FleetRows:
             Node.cross_cluster_host,
             Node.sandbox,
             Node.devices_unavailable,
+            Node.queue_wait_s,
         )
         acc_cols = select(
             Accelerator.id,
@@ -311,6 +313,7 @@ class FleetRows:
             cross,
             sandbox,
             unavailable,
+            queue_wait,
         ) in node_rows:
             self.nodes[node_id] = _NodeRow(
                 cluster_id,
@@ -324,6 +327,7 @@ class FleetRows:
                 contention_busy,
                 sandbox,
                 unavailable or 0,
+                queue_wait or 0.0,
             )
             self.cluster_nodes.setdefault(cluster_id, set()).add(node_id)
             self.stale.add(cluster_id)
@@ -398,6 +402,7 @@ class FleetRows:
                 cross_cluster_groups=self.nodes[nid].cross_cluster_groups,
                 sandbox=self.nodes[nid].sandbox,  # type: ignore[arg-type]
                 devices=self._device_slots(nid),
+                queue_wait_s=self.nodes[nid].queue_wait_s,
             )
             for nid in alive
         ]

@@ -49,7 +49,7 @@ from control_layer.stage_sections import JobStage
 # control plane keeps only the latest each agent forwards anyway.
 METRICS_INTERVAL_S = 1.0
 # A scheduler's time limit for a task (``time_limit_s``, Slurm's ``--time``): the quote's
-# pessimistic run (its interval's high end, without the staging that precedes the launch) times
+# pessimistic run (its interval's high end, without the staging and queue wait before it runs) times
 # this margin, and never below the floor. A task past it is ended as TIMEOUT and resumes from its
 # checkpoint elsewhere; the margin keeps that for runs the quote badly missed.
 TIME_LIMIT_MARGIN = 2.0
@@ -60,7 +60,7 @@ def quoted_time_limit_s(option: PlanOption) -> float:
     """The time limit a scheduler-backed node gives the option's tasks, from its quote."""
     est = option.estimates
     high = est.interval.duration_s_high if est.interval is not None else est.duration_s
-    run_s = max(0.0, high - (est.staging_s or 0.0))
+    run_s = max(0.0, high - (est.staging_s or 0.0) - (est.queue_wait_s or 0.0))
     return round(min(MAX_TIME_LIMIT_S, max(MIN_TIME_LIMIT_S, TIME_LIMIT_MARGIN * run_s)), 1)
 
 

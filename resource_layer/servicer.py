@@ -362,7 +362,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             devices = [device_from_proto(d) for d in message.inventory.devices]
             await asyncio.to_thread(self._update_inventory, node_id, devices)
         elif kind == "capacity":
-            await asyncio.to_thread(self._update_capacity, node_id, message.capacity.devices_unavailable)
+            c = message.capacity
+            await asyncio.to_thread(self._update_capacity, node_id, c.devices_unavailable, c.queue_wait_s)
         elif kind == "probe_result":
             r = message.probe_result
             result = {
@@ -410,9 +411,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         with self._ctx.session_factory() as session, session.begin():
             node_staging.replace_cache(session, node_id, blobs, venvs)
 
-    def _update_capacity(self, node_id: str, devices_unavailable: int) -> None:
+    def _update_capacity(self, node_id: str, devices_unavailable: int, queue_wait_s: float) -> None:
         with self._ctx.session_factory() as session, session.begin():
-            registry.update_capacity(session, node_id, devices_unavailable)
+            registry.update_capacity(session, node_id, devices_unavailable, queue_wait_s)
 
     def _update_inventory(self, node_id: str, devices: list[Any]) -> None:
         with self._ctx.session_factory() as session, session.begin():

@@ -249,6 +249,21 @@ def test_a_scheduler_backed_nodes_unavailable_devices_leave_its_free_ones_out(
     ):
         update_capacity(s, node_id, -1)
     assert _free_indices(live, node_id) == []
+    # The queue wait it reports reaches the planner's node the same way; NaN is refused.
+    with session_scope(ctx.session_factory) as s:
+        update_capacity(s, node_id, 9, 240.0)
+    assert _node(live, node_id).queue_wait_s == 240.0
+    assert_same(ctx, live)
+    with (
+        pytest.raises(InvalidArgument, match=r"capacity.queue_wait_s: nan is not a number of seconds"),
+        session_scope(ctx.session_factory) as s,
+    ):
+        update_capacity(s, node_id, 0, float("nan"))
+    assert _node(live, node_id).queue_wait_s == 240.0 and _free_indices(live, node_id) == []
+
+
+def _node(live: LiveSnapshot, node_id: str) -> Any:
+    return next(n for c in live.snapshot().clusters for n in c.nodes if n.id == node_id)
 
 
 def test_a_change_committed_by_another_replica_reaches_the_live_snapshot(

@@ -215,10 +215,12 @@ class CacheReport(_message.Message):
     def __init__(self, blobs: _Optional[_Iterable[str]] = ..., venvs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Capacity(_message.Message):
-    __slots__ = ("devices_unavailable",)
+    __slots__ = ("devices_unavailable", "queue_wait_s")
     DEVICES_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     devices_unavailable: int
-    def __init__(self, devices_unavailable: _Optional[int] = ...) -> None: ...
+    queue_wait_s: float
+    def __init__(self, devices_unavailable: _Optional[int] = ..., queue_wait_s: _Optional[float] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_id", "node_token", "running_assignments")

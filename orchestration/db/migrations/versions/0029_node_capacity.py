@@ -1,4 +1,5 @@
-"""A scheduler-backed node's devices unavailable now (its cluster's own users hold them).
+"""A scheduler-backed node's devices unavailable now (its cluster's own users hold them) and
+the queue wait its agent expects for a task submitted now.
 
 Revision ID: 0029
 Revises: 0026
@@ -21,7 +22,9 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     # Plain ADD/DROP COLUMN, as 0022: a batch copy of ``nodes`` fails on SQLite with rows there.
     op.add_column("nodes", sa.Column("devices_unavailable", sa.Integer(), nullable=False, server_default="0"))
+    op.add_column("nodes", sa.Column("queue_wait_s", sa.Float(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
+    op.drop_column("nodes", "queue_wait_s")
     op.drop_column("nodes", "devices_unavailable")

@@ -1,5 +1,5 @@
-"""Migration 0029 adds a scheduler-backed node's unavailable devices (0 for the nodes already
-there), and its downgrade removes the column leaving the nodes as they were."""
+"""Migration 0029 adds a scheduler-backed node's unavailable devices and queue wait (0 for the
+nodes already there), and its downgrade removes the columns leaving the nodes as they were."""
 
 from __future__ import annotations
 
@@ -36,12 +36,16 @@ def test_existing_nodes_start_with_none_unavailable_and_keep_their_rows_back_dow
             )
         upgrade(db_url, "0029")
         with engine.begin() as conn:
-            assert conn.execute(text("SELECT devices_unavailable FROM nodes WHERE id = 'n'")).scalar() == 0
-            conn.execute(text("UPDATE nodes SET devices_unavailable = 5 WHERE id = 'n'"))
+            row = conn.execute(
+                text("SELECT devices_unavailable, queue_wait_s FROM nodes WHERE id = 'n'")
+            ).one()
+            assert tuple(row) == (0, 0.0)
+            conn.execute(text("UPDATE nodes SET devices_unavailable = 5, queue_wait_s = 120 WHERE id = 'n'"))
         downgrade(db_url, "0026")
         with engine.connect() as conn:
             assert conn.execute(text("SELECT id, hostname FROM nodes")).all() == [("n", "h")]
-            assert "devices_unavailable" not in {c["name"] for c in inspect(conn).get_columns("nodes")}
+            columns = {c["name"] for c in inspect(conn).get_columns("nodes")}
+            assert not columns & {"devices_unavailable", "queue_wait_s"}
     finally:
         engine.dispose()
     upgrade(db_url)
