@@ -136,10 +136,12 @@ class SlurmJob:
 
     async def started(self) -> bool:
         waits = [asyncio.create_task(self._running.wait()), asyncio.create_task(self._done.wait())]
-        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when the caller gives up waiting (a start deadline)
+            for task in waits:
+                task.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
         return self._running.is_set()
 
     async def wait(self) -> int:

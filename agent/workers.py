@@ -297,6 +297,7 @@ class WorkerRun:
         self._stage_cancel = threading.Event()  # set to stop staging (a cancel before launch)
         self._extra: dict[str, Any] = {}  # the agent's own figures, merged into the worker's result
         self._checkpoint_dir: Path | None = None
+        self._not_started: str | None = None  # why, once its scheduler kept it queued too long
 
     @property
     def done(self) -> bool:
@@ -405,6 +406,8 @@ class WorkerRun:
         self.flush_metrics(force=True)
         if self._stop is not None:
             state, message = self._stop
+        elif self._not_started is not None:
+            state, message = FAILED, self._not_started
         elif self._proc.end_cause is not None:  # the scheduler ended it, not the workers
             state, message = FAILED, self._proc.end_cause
         elif code == 0 and self._preempt is not None and (self._result or {}).get("preempted"):
@@ -419,6 +422,13 @@ class WorkerRun:
             state, message = FAILED, f"workers exited with code {code}{suffix}: {why}".rstrip(": ")
         state, message = await self._upload(state, message, config)
         self._finish(state, message, code)
+
+    def _start_within(self) -> float | None:
+        """The quote's limit on the task's queue wait (``start_within_s``); None: no limit."""
+        limit = self.assignment.worker_config.get("start_within_s")
+        if isinstance(limit, int | float) and 0 < limit <= MAX_TIME_LIMIT_S:
+            return float(limit)
+        return None
 
     def _shape(self) -> TaskShape:
         a = self.assignment
@@ -440,7 +450,16 @@ class WorkerRun:
         if self._launcher.name != "local":
             expected = self._launcher.queue_wait_s  # as the quote saw it, near enough
             self._report(agent_pb2.TASK_STATE_STARTING, f"queued as {proc.label}")
-            if not await proc.started():
+            within = self._start_within()
+            try:
+                if not await asyncio.wait_for(proc.started(), within):
+                    return
+            except TimeoutError:
+                # Past the quote's wait and its tolerance: lost here, re-placed elsewhere.
+                self._not_started = (
+                    f"{proc.label} did not start within {within:g}s (the quoted queue wait's tolerance)"
+                )
+                proc.terminate()
                 return
             now = time.monotonic()
             # Submit to start, against what was expected: calibration learns the cluster's wait.
@@ -631,7 +650,9 @@ class WorkerRun:
         if self.run_dir.is_dir():  # the provider's retention counts from here (``agent.cleanup``)
             (self.run_dir / ENDED_MARK).touch()
         # The scheduler took it away (preempted, node failed, out of time): lost, not failed.
-        lost = self._proc is not None and self._proc.lost and self._stop is None
+        lost = self._stop is None and (
+            self._not_started is not None or (self._proc is not None and self._proc.lost)
+        )
         self._report(state, message, code, result, lost)
         self.finished_at = time.monotonic()
         log.info(

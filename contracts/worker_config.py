@@ -213,6 +213,9 @@ class WorkerConfig(BaseModel):
     # From the quote (``control_layer.worker_config.quoted_time_limit_s``): the longest a
     # scheduler-backed node lets the task run (Slurm's ``--time``); None: the agent's default.
     time_limit_s: float | None = Field(default=None, gt=0.0, le=MAX_TIME_LIMIT_S)
+    # From the quote (``control_layer.worker_config.start_within_s``): a scheduler-backed node
+    # gives up on a task its scheduler has not started by then (re-placed elsewhere); None: waits.
+    start_within_s: float | None = Field(default=None, gt=0.0, le=MAX_TIME_LIMIT_S)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     entrypoint: str | None = None  # bring your own: "package.module:function"
     group: NodeGroupSpec | None = None  # None: the group is this node's alone

@@ -56,6 +56,19 @@ TIME_LIMIT_MARGIN = 2.0
 MIN_TIME_LIMIT_S = 600.0
 
 
+# A scheduler-backed node gives up on a task its queue has not started within the quote's wait
+# plus this share of it plus the slack (a scheduler's cycle, a job ahead ending late), and the
+# control plane re-places it elsewhere.
+QUEUE_TOLERANCE = 0.5
+QUEUE_SLACK_S = 120.0
+
+
+def start_within_s(option: PlanOption) -> float:
+    """How long a task of the option may wait in a scheduler's queue before it is re-placed."""
+    wait = option.estimates.queue_wait_s or 0.0
+    return round(min(MAX_TIME_LIMIT_S, wait * (1 + QUEUE_TOLERANCE) + QUEUE_SLACK_S), 1)
+
+
 def quoted_time_limit_s(option: PlanOption) -> float:
     """The time limit a scheduler-backed node gives the option's tasks, from its quote."""
     est = option.estimates
@@ -250,6 +263,7 @@ def build_worker_configs(
             "entrypoint": spec.entrypoint,
             "metrics_interval_s": METRICS_INTERVAL_S,
             "time_limit_s": quoted_time_limit_s(option),
+            "start_within_s": start_within_s(option),
         }
         for node_rank, slot in enumerate(group):
             ck = _checkpoint(

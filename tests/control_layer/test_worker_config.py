@@ -11,11 +11,14 @@ from control_layer.planner.plan_types import EstimateInterval, PlanOption
 from control_layer.planner.runtime_settings import runtime_settings
 from control_layer.worker_config import (
     MIN_TIME_LIMIT_S,
+    QUEUE_SLACK_S,
+    QUEUE_TOLERANCE,
     TaskSlot,
     build_worker_configs,
     group_by_node,
     job_sync_secret,
     quoted_time_limit_s,
+    start_within_s,
     validate_worker_config,
 )
 from orchestration.db.models import Cluster, Node
@@ -350,5 +353,9 @@ def test_the_quotes_time_limit_reaches_every_task_with_its_margin_and_floor() ->
     configs = build_worker_configs("job", tiny_spec(), banded, _slots(banded, c))
     for cfg in configs.values():
         assert validate_worker_config(cfg)["time_limit_s"] == 9000.0
+        assert cfg["start_within_s"] == QUEUE_SLACK_S  # no queue quoted: the slack alone
+    queued = banded.model_copy(update={"estimates": est.model_copy(update={"queue_wait_s": 200.0})})
+    assert start_within_s(queued) == 200.0 * (1 + QUEUE_TOLERANCE) + QUEUE_SLACK_S
+    assert quoted_time_limit_s(queued) == 2 * (5000 - 500 - 200)
     with pytest.raises(FailedPrecondition, match="time_limit_s"):
         validate_worker_config({**configs[n["eu"].id], "time_limit_s": float("inf")})

@@ -175,3 +175,29 @@ def test_where_accounting_is_off_a_jobs_end_is_read_from_the_jobcomp_file(slurm_
 
     assert asyncio.run(asyncio.wait_for(ended(), 60)) == JobEnd("FAILED", 3, 0)
     assert slurm_env.run("sacct", "-j", job, check=False) == ""  # no accounting to ask
+
+
+def test_a_task_not_started_within_the_quotes_tolerance_is_given_up_as_lost(
+    slurm_env: SlurmCluster, tmp_path: Path
+) -> None:
+    """Its config's ``start_within_s`` passes while another user's job holds every CPU: cpn
+    cancels its own queued job (never the other) and reports the task lost, to be re-placed."""
+    other = slurm_env.run(
+        "sbatch", "--parsable", "--output=/dev/null", f"--cpus-per-task={NODE_CPUS}", "--wrap=exec sleep 600"
+    ).strip()
+    sent: list[agent_pb2.AgentMessage] = []
+    run = _run(tmp_path, "done", 2, sent)
+    run.assignment.worker_config["start_within_s"] = 2.0
+    try:
+        asyncio.run(asyncio.wait_for(run.run(), 120))
+        status = run.current.task_status
+        job = _job_id(run)
+        assert (status.state, status.lost) == (FAILED, True)
+        assert (
+            status.message == f"slurm job {job} did not start within 2s (the quoted queue wait's tolerance)"
+        )
+        assert RUNNING not in [s for s, _ in _statuses(sent)]
+        assert "JobState=CANCELLED" in slurm_env.run("scontrol", "show", "job", "-o", job)
+        assert "JobState=RUNNING" in slurm_env.run("scontrol", "show", "job", "-o", other)
+    finally:
+        slurm_env.run("scancel", other)
