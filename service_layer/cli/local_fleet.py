@@ -29,6 +29,7 @@ class LocalAgent:
     # Build a venv and fetch the store probe (what staging users' code costs there): off, as the
     # demo and most tests run the built-in model, which stages nothing.
     probe_staging: bool = False
+    extra_args: tuple[str, ...] = ()  # further `cpn agent` options (``--backend slurm``, say)
 
 
 def start_agent(
@@ -59,6 +60,7 @@ def start_agent(
         cmd += ["--no-measure-profile"]
     if not spec.probe_staging:
         cmd += ["--no-probe-staging"]
+    cmd += list(spec.extra_args)
     log = open(agent_dir / "agent.log", "wb")  # noqa: SIM115 - the child owns it for its lifetime
     env = tied_env({**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"})
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
