@@ -3,7 +3,8 @@
 torchrun workers training. The Slurm job of a running task is cancelled with ``scancel`` (as a
 preemption by the cluster): the task is lost, not failed, and the job resumes from its
 checkpoint on the other cluster, without spending a retry and losing at most ``checkpoint_every``
-steps; the other users' jobs on the cluster are never touched."""
+steps; the other users' jobs on the cluster are never touched. A drained node, or other users'
+jobs holding every CPU, send cpn's jobs to the other cluster, and those jobs run on untouched."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
-from orchestration.db.models import Event, TaskMetric
+from orchestration.db.models import Accelerator, Cluster, Event, Node, TaskMetric
 from service_layer.cli.demo import wait_for_clusters
 from service_layer.cli.local_fleet import LocalAgent, enroll, start_agents, stop_agents
 from tests.agent.conftest import REPO
@@ -24,7 +25,7 @@ from tests.integration.test_end_to_end import (  # noqa: F401 - control_plane is
     control_plane,
     wait_job,
 )
-from tests.slurm.cluster import SlurmCluster
+from tests.slurm.cluster import NODE_CPUS, SlurmCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(600)]
 
@@ -111,3 +112,81 @@ def test_a_job_whose_slurm_job_is_cancelled_mid_run_resumes_from_its_checkpoint(
     finally:
         stop_agents(procs)
         slurm.run("scancel", other.strip(), check=False)
+
+
+def _node_capacity(handle: Any, cluster: str) -> tuple[int, int]:
+    """(devices registered, devices unavailable now) of the cluster's node."""
+    with handle.ctx.session_factory() as session:
+        node = session.scalars(
+            select(Node).join(Cluster, Cluster.id == Node.cluster_id).where(Cluster.name == cluster)
+        ).one()
+        count = session.scalar(
+            select(func.count()).select_from(Accelerator).where(Accelerator.node_id == node.id)
+        )
+        return int(count or 0), node.devices_unavailable
+
+
+def _wait(check: Any, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_drained_node_or_other_users_jobs_send_cpn_elsewhere_and_are_never_touched(
+    slurm: SlurmCluster,
+    control_plane: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The cheaper Slurm cluster drained (``scontrol update``): its agent reports every device
+    unavailable and the job goes to the dearer cluster. Resumed, but with other users' jobs
+    holding every CPU: the same, and their jobs run on undisturbed; once they end, a job lands on
+    the Slurm cluster again."""
+    handle, client = control_plane
+    specs = [
+        LocalAgent("eu-west", "hpc-1", "lumen", 0.5, "EU", measure_profile=False, extra_args=SLURM_AGENT),
+        LocalAgent("eu-west", "paris-1", "atlas", 2.0, "EU", measure_profile=False),
+    ]
+    env = slurm.env | {"PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    procs = start_agents(specs, handle.grpc_target, enroll(client, specs, note="slurm"), tmp_path, 31500, env)
+    others: list[str] = []
+    short = job_spec() | {"training": job_spec()["training"] | {"steps": 20}}
+    try:
+        wait_for_clusters(client, len(specs))
+        registered, _ = _node_capacity(handle, "hpc-1")
+        assert registered == NODE_CPUS
+        slurm.run("scontrol", "update", "NodeName=localhost", "State=DRAIN", "Reason=maintenance")
+        _wait(lambda: _node_capacity(handle, "hpc-1")[1] == NODE_CPUS, "the drain reported")
+        drained = (
+            client.post("/v1/jobs", json={"spec": short, "choice": "cheapest"}).raise_for_status().json()
+        )
+        done = wait_job(client, drained["id"], TERMINAL, timeout_s=240)
+        assert done["status"] == "succeeded", done["reason"]
+        assert not list(tmp_path.glob("agent-eu-west-hpc-1/assignments/*"))  # nothing went to Slurm
+        slurm.run("scontrol", "update", "NodeName=localhost", "State=RESUME")
+
+        others = [
+            slurm.run(
+                "sbatch", "--parsable", "--output=/dev/null", "--cpus-per-task=4", "--wrap=exec sleep 600"
+            ).strip()
+            for _ in range(2)
+        ]
+        _wait(lambda: _node_capacity(handle, "hpc-1")[1] == NODE_CPUS, "the other users' jobs reported")
+        busy = client.post("/v1/jobs", json={"spec": short, "choice": "cheapest"}).raise_for_status().json()
+        done = wait_job(client, busy["id"], TERMINAL, timeout_s=240)
+        assert done["status"] == "succeeded", done["reason"]
+        assert not list(tmp_path.glob("agent-eu-west-hpc-1/assignments/*"))
+        for other in others:  # never cancelled, never held back
+            assert "JobState=RUNNING" in slurm.run("scontrol", "show", "job", "-o", other)
+        slurm.run("scancel", *others)
+        _wait(lambda: _node_capacity(handle, "hpc-1")[1] == 0, "the CPUs back")
+        free = client.post("/v1/jobs", json={"spec": short, "choice": "cheapest"}).raise_for_status().json()
+        done = wait_job(client, free["id"], TERMINAL, timeout_s=240)
+        assert done["status"] == "succeeded", done["reason"]
+        (task,) = done["tasks"]
+        assert slurm_job_of(tmp_path, task["id"])  # the cheaper cluster again, through sbatch
+    finally:
+        stop_agents(procs)
+        slurm.run("scontrol", "update", "NodeName=localhost", "State=RESUME", check=False)
+        if others:
+            slurm.run("scancel", *others, check=False)
