@@ -11,6 +11,7 @@ node's. The wait comes before everything else in the option's duration; its cost
 
 from __future__ import annotations
 
+from contracts.job_spec import JobSpec
 from control_layer.planner.intervals import interval
 from control_layer.planner.plan_types import Calibration, PlanOption
 from control_layer.planner.snapshot import ResourceSnapshot
@@ -20,6 +21,34 @@ def node_queue_wait_s(reported: float, node: str, calibration: Calibration | Non
     """A node's wait as quoted: its report, corrected by what its measured waits taught."""
     learned = calibration.queue_wait_s.get(node, 0.0) if calibration is not None else 0.0
     return max(0.0, reported + learned)
+
+
+def without_queues_past_bound(
+    spec: JobSpec, snapshot: ResourceSnapshot, calibration: Calibration | None
+) -> ResourceSnapshot:
+    """The fleet less the nodes whose queue wait alone passes the job's time bound
+    (``qos.max_hours``): no option on them could meet it, and a search that kept them could fill
+    its front with options the wait then rules out, leaving none on the nodes that could run it."""
+    if spec.qos.max_hours is None:
+        return snapshot
+    limit = spec.qos.max_hours * 3600.0
+    late = {
+        n.id
+        for c in snapshot.clusters
+        for n in c.nodes
+        if node_queue_wait_s(n.queue_wait_s, n.id, calibration) > limit
+    }
+    if not late:
+        return snapshot
+    kept = [
+        c.model_copy(update={"nodes": [n for n in c.nodes if n.id not in late]}) for c in snapshot.clusters
+    ]
+    return ResourceSnapshot.model_construct(
+        regions=list(snapshot.regions),
+        clusters=[c for c in kept if c.nodes],
+        links=list(snapshot.links),
+        taken_at=snapshot.taken_at,
+    )
 
 
 def queued(snapshot: ResourceSnapshot, calibration: Calibration | None) -> bool:

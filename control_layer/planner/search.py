@@ -39,7 +39,7 @@ from control_layer.planner.problem import (
     build_problem,
     evaluate_many,
 )
-from control_layer.planner.queue_wait import price_queue_wait, queued
+from control_layer.planner.queue_wait import price_queue_wait, queued, without_queues_past_bound
 from control_layer.planner.residency import cover, needed_indices, resident_check
 from control_layer.planner.screen import Bounds, screen
 from control_layer.planner.snapshot import ResourceSnapshot
@@ -297,6 +297,7 @@ def search(
     # Sync settings left to the planner: the codec now, H per option (``sync_choice``); the
     # search ranks placements at the provisional H, and each option is priced at its own.
     spec, auto = provisional(spec)
+    snapshot = without_queues_past_bound(spec, snapshot, calibration)
     filtered = filter_fleet(spec, snapshot)
     explanation: list[dict[str, Any]] = list(filtered.steps)
     if not filtered.pools:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from agent.slurm_queue import QueuedJob, coarse_wait_s, parse_squeue, queue_wait_estimate
+from agent.slurm_queue import QueuedJob, coarse_wait_s, limit_seconds, parse_squeue, queue_wait_estimate
 
 NOW = datetime(2026, 11, 29, 12, 0, 0).timestamp()
 
@@ -30,18 +30,29 @@ def test_without_room_the_task_waits_for_the_jobs_ahead_and_the_limits_that_free
     )
 
 
+def test_jobs_ahead_start_in_turn_and_free_their_slots_at_their_limits() -> None:
+    """8 slots held until +60 s; three pending 4-slot jobs of a minute: two start at +60 s, the
+    third when those end at +120 s, beside it room for the task then."""
+    running = [QueuedJob("RUNNING", 4, NOW + 60), QueuedJob("RUNNING", 4, NOW + 60)]
+    ahead = [QueuedJob("PENDING", 4, None, 60.0) for _ in range(3)]
+    assert queue_wait_estimate(running + ahead, free=0, need=1, history=[], now=NOW) == 120.0
+    too_big = [*running, QueuedJob("PENDING", 16, None, 60.0)]  # more than the cluster ever frees
+    assert queue_wait_estimate(too_big, free=0, need=1, history=[], now=NOW) == 86400.0
+
+
 def test_squeue_lines_give_states_slots_and_times() -> None:
     out = (
-        "PENDING|N/A|N/A|4|N/A\n"
-        "RUNNING|2026-11-29T12:00:00|2026-11-29T12:05:00|8|N/A\n"
-        "RUNNING|2026-11-29T11:00:00|UNLIMITED|2|gres/gpu:2\n"
-        "COMPLETING|x|y|1|N/A\n"
+        "PENDING|N/A|N/A|4|N/A|1:00\n"
+        "RUNNING|2026-11-29T12:00:00|2026-11-29T12:05:00|8|N/A|5:00\n"
+        "RUNNING|2026-11-29T11:00:00|UNLIMITED|2|gres/gpu:2|UNLIMITED\n"
+        "COMPLETING|x|y|1|N/A|1\n"
     )
     assert parse_squeue(out, gpus=False) == [
-        QueuedJob("PENDING", 4, None),
-        QueuedJob("RUNNING", 8, NOW + 300),
-        QueuedJob("RUNNING", 2, None),
+        QueuedJob("PENDING", 4, None, 60.0),
+        QueuedJob("RUNNING", 8, NOW + 300, 300.0),
+        QueuedJob("RUNNING", 2, None, None),
     ]
+    assert [limit_seconds(t) for t in ("1-02:00:00", "30", "10:00", "N/A")] == [93600.0, 1800.0, 600.0, None]
     assert [j.slots for j in parse_squeue(out, gpus=True)] == [0, 0, 2]
 
 

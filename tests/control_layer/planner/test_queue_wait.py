@@ -4,6 +4,7 @@ holds every option whose tasks use that node."""
 
 from __future__ import annotations
 
+from control_layer.capacity import with_devices_free
 from control_layer.planner import Calibration, JobSpec, ResourceSnapshot, plan
 from control_layer.planner.queue_wait import node_queue_wait_s, price_queue_wait
 
@@ -74,3 +75,13 @@ def test_every_option_on_the_queued_node_waits_for_it_and_only_those() -> None:
     assert any("slurm" in clusters_of(o) for o in options)
     for o in options:
         assert o.estimates.queue_wait_s == (3600.0 if "slurm" in clusters_of(o) else None)
+
+
+def test_a_node_whose_wait_alone_passes_the_time_bound_is_left_out_of_the_search() -> None:
+    """A day's queue (a drained cluster, say) against a one-hour bound: the job goes to the
+    cluster without a queue rather than failing on options the wait rules out; with every device
+    free and no queue (whether it could ever run), the queued cluster is back."""
+    spec = job().model_copy(update={"qos": job().qos.model_copy(update={"max_hours": 1.0})})
+    options = plan(spec, snap(86400.0))
+    assert options and all(clusters_of(o) == {"local"} for o in options)
+    assert any("slurm" in clusters_of(o) for o in plan(spec, with_devices_free(snap(86400.0))))
