@@ -19,7 +19,7 @@ from agent.daemon import Agent
 from agent.settings import AgentSettings
 from contracts.lifetime import die_with_parent
 
-SLURM_KEYS = ("partition", "account", "poll_s", "gpu_memory_gb", "gpu_tflops")  # --slurm KEY=VALUE
+SLURM_KEYS = ("partition", "account", "poll_s", "gpu_memory_gb", "gpu_tflops", "srun")  # --slurm KEY=VALUE
 NCCL_KEYS = ("socket_ifname", "ib_hca", "timeout_s", "debug")  # --nccl KEY=VALUE
 
 
@@ -166,7 +166,8 @@ def agent_command(
         [],
         "--slurm",
         help="With --backend slurm: KEY=VALUE, repeatable; keys partition, account, poll_s (how often"
-        " a job's state is read), gpu_memory_gb and gpu_tflops (the cluster's GPUs, declared)",
+        " a job's state is read), gpu_memory_gb and gpu_tflops (the cluster's GPUs, declared), srun"
+        " (1: every task as an srun step, one node too)",
     ),
     nccl: list[str] = typer.Option(
         [], "--nccl", help="KEY=VALUE, repeatable: socket_ifname, ib_hca, timeout_s, debug"

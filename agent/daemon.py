@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 
 from agent import cleanup, contention, staging_probe
-from agent.backends import find_devices, make_launcher
+from agent.backends import cluster_capacity, find_devices, make_launcher
 from agent.checkpoint_transfer import (
     JobCredentials,
     build_checkpoint_server,
@@ -53,6 +53,7 @@ from agent.profile import another_measuring, measure_profile, one_reference_at_a
 from agent.sandbox import SandboxProbe, needs_sandbox, probe_sandbox
 from agent.settings import AgentSettings
 from agent.slurm import cancel_leftover_job
+from agent.slurm_queue import coarse_wait_s
 from agent.state import AgentState, Credentials
 from agent.tls import certificate_request, channel_credentials, load_or_create_key, read_pem
 from agent.workers import FAILED, Assignment, WorkerRun, stop_leftover
@@ -201,6 +202,11 @@ class Agent:
         self._measured = False  # the profile and the venv build are measured (or not to be)
         self._store_offer: agent_pb2.StoreProbe | None = None  # from the latest registration
         self._gpu_watch: GpuWatch | None = None  # NVML samples and health, on a GPU node
+        # A Slurm cluster's capacity as last reported on this stream (None: not yet).
+        self._capacity_reported: tuple[int, float] | None = None
+        self._capacity_duty = Duty(
+            "report-capacity", lambda: self.heartbeat_interval_s, self._report_capacity
+        )
 
     # -- the whole life -------------------------------------------------------------------------
     async def run(self) -> int:
@@ -434,6 +440,7 @@ class Agent:
             Duty("restate-running", lambda: 30.0, self._restate_running),
             Duty("retention", lambda: min(600.0, max(1.0, s.checkpoint_retention_h * 900)), self._retention),
             self._cache_duty,
+            self._capacity_duty,
         ]
 
     # -- registration and the stream ------------------------------------------------------------
@@ -692,6 +699,8 @@ class Agent:
         self._heartbeat_duty.poke()  # at the server's rate from now, not after the old interval
         self._cache_reported = None  # the cache as it is now, on this stream
         self._cache_duty.poke()
+        self._capacity_reported = None  # likewise the cluster's capacity
+        self._capacity_duty.poke()
         log.info("connected as node %s (heartbeat every %.1fs)", ack.node_id, self.heartbeat_interval_s)
         assert self.devices is not None
         self._outbox.put(
@@ -1003,6 +1012,29 @@ class Agent:
         self._cache_reported = listing
         blobs, venvs = listing
         self._outbox.put(agent_pb2.AgentMessage(cache=agent_pb2.CacheReport(blobs=blobs, venvs=venvs)))
+
+    async def _report_capacity(self) -> None:
+        """On a Slurm cluster, how many registered devices are not cpn's to use now and the queue
+        wait (re-read at the heartbeat's rate), said where it changed since the last report on
+        this stream (the wait on a coarse grid: a second's drift is no news)."""
+        if not self._connected or self.devices is None:
+            return
+        running = agent_pb2.TASK_STATE_RUNNING
+        held = sum(
+            r.scheduler_slots
+            for r in self._runs.values()
+            if not r.done and r.current.task_status.state == running
+        )
+        registered = len(self.devices)
+        capacity = await cluster_capacity(self.settings, self._launcher, registered=registered, held=held)
+        if capacity is None:
+            return
+        reported = (capacity[0], coarse_wait_s(capacity[1]))
+        if reported == self._capacity_reported:
+            return
+        self._capacity_reported = reported
+        message = agent_pb2.Capacity(devices_unavailable=reported[0], queue_wait_s=reported[1])
+        self._outbox.put(agent_pb2.AgentMessage(capacity=message))
 
     # -- state ----------------------------------------------------------------------------------
     def _remember_worker(self, run: WorkerRun) -> None:

@@ -62,6 +62,7 @@ class Launched(Protocol):
 
 class Launcher(Protocol):
     name: str
+    queue_wait_s: float  # how long a task launched now is expected to wait to start
 
     async def launch(
         self, cmd: list[str], *, cwd: Path, env: dict[str, str], grace_s: float, shape: TaskShape
@@ -105,6 +106,7 @@ class LocalLauncher:
     """torchrun subprocesses on this node, under a keeper (the agent's default)."""
 
     name = "local"
+    queue_wait_s = 0.0  # its workers start at once
 
     async def launch(
         self, cmd: list[str], *, cwd: Path, env: dict[str, str], grace_s: float, shape: TaskShape

@@ -173,6 +173,7 @@ class AgentSettings(BaseModel):
         "", max_length=200, description="Slurm account charged ('': the user's default)"
     )
     slurm_poll_s: float = Field(1.0, gt=0, le=300, description="how often a Slurm job's state is read")
+    slurm_srun: bool = Field(False, description="run every task as an srun step, on one node too")
     slurm_gpu_memory_gb: float = Field(80.0, gt=0, le=4096, description="declared memory of a Slurm GPU")
     slurm_gpu_tflops: float = Field(100.0, gt=0, le=1e6, description="declared dense TFLOPS of a Slurm GPU")
     nccl_socket_ifname: str = Field(

@@ -17,6 +17,9 @@ import logging
 import math
 import shlex
 import subprocess
+import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.launchers import READ_LIMIT, Launched, TaskShape
@@ -28,8 +31,12 @@ from agent.slurm_cli import (
     SlurmError,
     job_end,
     job_state,
+    jobcomp_file,
     slurm,
 )
+from agent.slurm_nodes import cluster_nodes
+from agent.slurm_queue import HISTORY
+from agent.slurm_srun import NodeSplit, split_over_nodes, srun_script
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +45,12 @@ STDOUT, STDERR = "slurm_stdout.log", "slurm_stderr.log"
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"})
 
 
-def sbatch_args(shape: TaskShape, *, cwd: Path, partition: str, account: str) -> list[str]:
-    """``sbatch`` options for one task on one node: a process per device (or CPU slot)."""
+def sbatch_args(
+    shape: TaskShape, *, cwd: Path, partition: str, account: str, split: NodeSplit | None = None
+) -> list[str]:
+    """``sbatch`` options for one task: a process per device (or CPU slot), on one node or spread
+    as ``split`` says (one torchrun task per node, each with its share of the devices)."""
+    split = split or NodeSplit(1, shape.gpus or shape.nproc)
     minutes = max(1, math.ceil(shape.time_limit_s / 60))
     args = [
         "--parsable",
@@ -48,15 +59,16 @@ def sbatch_args(shape: TaskShape, *, cwd: Path, partition: str, account: str) ->
         f"--output={cwd / STDOUT}",
         f"--error={cwd / STDERR}",
         "--open-mode=append",
-        "--nodes=1",
-        "--ntasks=1",  # torchrun is the one task: it starts the ranks itself
+        f"--nodes={split.nodes}",
+        f"--ntasks={split.nodes}",  # a torchrun per node: it starts the node's ranks itself
+        "--ntasks-per-node=1",
         f"--time={minutes}",
         "--export=ALL",  # the worker environment the agent prepared (sbatch runs with it)
     ]
     if shape.gpus:
-        args.append(f"--gres=gpu:{shape.gpus}")
+        args.append(f"--gres=gpu:{split.per_node}")
     else:
-        args.append(f"--cpus-per-task={shape.nproc}")
+        args.append(f"--cpus-per-task={split.per_node}")
     if partition:
         args.append(f"--partition={partition}")
     if account:
@@ -89,8 +101,18 @@ class SlurmJob:
 
     pgid: int | None = None
 
-    def __init__(self, job_id: str, cwd: Path, poll_s: float) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        cwd: Path,
+        poll_s: float,
+        jobcomp: str = "",
+        on_start: Callable[[float], None] | None = None,
+    ) -> None:
         self.job_id = job_id
+        self._jobcomp = jobcomp
+        self._on_start = on_start  # told the submit-to-start seconds once it runs
+        self._submitted = time.monotonic()
         self.label = f"slurm job {job_id}"
         self.record: dict[str, str | int] = {"slurm_job": job_id}
         self.stdout = asyncio.StreamReader(limit=READ_LIMIT)
@@ -114,10 +136,12 @@ class SlurmJob:
 
     async def started(self) -> bool:
         waits = [asyncio.create_task(self._running.wait()), asyncio.create_task(self._done.wait())]
-        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when the caller gives up waiting (a start deadline)
+            for task in waits:
+                task.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
         return self._running.is_set()
 
     async def wait(self) -> int:
@@ -166,13 +190,15 @@ class SlurmJob:
                     log.warning("%s: %s", self.label, exc)
                     state = self.state
                 self._read_new()
-                if state is not None and state in RUNNING_STATES:
+                if state is not None and state in RUNNING_STATES and not self._running.is_set():
                     self._running.set()
+                    if self._on_start is not None:
+                        self._on_start(time.monotonic() - self._submitted)
                 if state is None or state not in LIVE_STATES:
                     break
                 self.state = state
                 await asyncio.sleep(self._poll_s)
-            end = await job_end(self.job_id)
+            end = await job_end(self.job_id, self._jobcomp)
             self.state = end.state if end is not None else "UNKNOWN"
             code, self.end_cause, self.lost = end_of(self.job_id, end, self._cancelled_here)
             self._read_new()
@@ -205,21 +231,74 @@ def cancel_leftover_job(job_id: str, assignment_id: str) -> bool:
 
 
 class SlurmLauncher:
-    """Submits each task as a batch job in ``partition`` under ``account`` ('' : Slurm's default)."""
+    """Submits each task as a batch job in ``partition`` under ``account`` ('' : Slurm's default).
+    ``jobcomp``: the controller's job completion file; None: asked of Slurm at the first launch.
+    A task larger than the partition's biggest node runs over several (``agent.slurm_srun``);
+    ``srun``: every task runs as an srun step, on one node too (for clusters that account steps)."""
 
     name = "slurm"
 
-    def __init__(self, *, partition: str = "", account: str = "", poll_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        *,
+        partition: str = "",
+        account: str = "",
+        poll_s: float = 1.0,
+        jobcomp: str | None = None,
+        srun: bool = False,
+    ) -> None:
         self.partition, self.account, self.poll_s = partition, account, poll_s
+        self.jobcomp = jobcomp
+        self.srun = srun
+        self._node_slots: tuple[int, int] | None = None  # the biggest node's (GPUs, CPUs)
+        # The queue wait a task launched now is expected to see (``agent.slurm_queue``, re-read
+        # with the cluster's capacity), and the submit-to-start waits of recent jobs that found
+        # room at once: the scheduler's own latency.
+        self.queue_wait_s = 0.0
+        self.room_now = True
+        self.waits: deque[float] = deque(maxlen=HISTORY)
+
+    def _started_after(self, room: bool) -> Callable[[float], None]:
+        def note(seconds: float) -> None:
+            if room:
+                self.waits.append(seconds)
+
+        return note
+
+    async def split(self, shape: TaskShape) -> NodeSplit:
+        """Over how many nodes the task runs: as few as hold its slots, its processes in equal
+        shares (one node where they would not divide)."""
+        if self._node_slots is None:
+            nodes = await cluster_nodes(self.partition)
+            self._node_slots = (
+                max((n.gpus for n in nodes), default=0),
+                max((n.cpus for n in nodes), default=0),
+            )
+        per_node = self._node_slots[0] if shape.gpus else self._node_slots[1]
+        split = split_over_nodes(shape.gpus or shape.nproc, per_node)
+        if split.nodes > 1 and shape.nproc % split.nodes:
+            return NodeSplit(1, shape.gpus or shape.nproc)
+        return split
 
     async def launch(
         self, cmd: list[str], *, cwd: Path, env: dict[str, str], grace_s: float, shape: TaskShape
     ) -> Launched:
+        try:
+            split = await self.split(shape)
+        except SlurmError as exc:
+            raise OSError(f"could not read the partition's nodes: {exc}") from None
         script = cwd / SCRIPT
-        # exec: the batch step is the worker command itself, so Slurm's signals reach it.
-        script.write_text(f"#!/bin/sh\nexec {shlex.join(cmd)}\n")
+        if split.nodes > 1 or self.srun:
+            try:
+                script.write_text(srun_script(cmd, split))
+            except ValueError as exc:
+                raise OSError(f"task over {split.nodes} Slurm node(s): {exc}") from None
+        else:
+            # exec: the batch step is the worker command itself, so Slurm's signals reach it.
+            script.write_text(f"#!/bin/sh\nexec {shlex.join(cmd)}\n")
         script.chmod(0o755)
-        argv = ["sbatch", *sbatch_args(shape, cwd=cwd, partition=self.partition, account=self.account)]
+        args = sbatch_args(shape, cwd=cwd, partition=self.partition, account=self.account, split=split)
+        argv = ["sbatch", *args]
         proc = await asyncio.create_subprocess_exec(
             *argv,
             str(script),
@@ -233,7 +312,9 @@ class SlurmLauncher:
         if proc.returncode != 0:
             raise OSError(f"sbatch refused the task: {err.decode(errors='replace').strip()}")
         job_id = out.decode().strip().split(";")[0]  # "ID" or "ID;CLUSTER"
+        if self.jobcomp is None:
+            self.jobcomp = await jobcomp_file()
         log.info("task %s: submitted as Slurm job %s", shape.name, job_id)
         with contextlib.suppress(OSError):
             (cwd / "slurm_job_id").write_text(job_id)
-        return SlurmJob(job_id, cwd, self.poll_s)
+        return SlurmJob(job_id, cwd, self.poll_s, self.jobcomp)

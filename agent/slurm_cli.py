@@ -11,6 +11,9 @@ import shlex
 from dataclasses import dataclass
 
 CLI_TIMEOUT_S = 30.0
+# How much of the end of a jobcomp file is read for a job's end: a job that left the queue has
+# just ended, so its record is among the last ones (some thousand jobs' worth).
+JOBCOMP_TAIL_BYTES = 4 << 20
 # Slurm states in which a job may still run (or is about to).
 LIVE_STATES = frozenset(
     {
@@ -114,9 +117,50 @@ async def job_state(job_id: str) -> str | None:
     return state or None
 
 
-async def job_end(job_id: str) -> JobEnd | None:
+def job_end_from_jobcomp(text: str, job_id: str) -> JobEnd | None:
+    """The job's end in a ``jobcomp/filetxt`` file: one ``Key=Value`` record per ended job, the
+    last one counting (a requeued job ends more than once)."""
+    end = None
+    for line in text.splitlines():
+        record = parse_record(line)
+        if record.get("JobId") == job_id:
+            end = job_end_from_scontrol(record)
+    return end
+
+
+def read_tail(path: str, limit: int = JOBCOMP_TAIL_BYTES) -> str:
+    """The last ``limit`` bytes of a file ('' if it cannot be read), from a line's start."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            data = f.read()
+    except OSError:
+        return ""
+    if size > limit:
+        data = data.partition(b"\n")[2]  # the first line was cut
+    return data.decode(errors="replace")
+
+
+async def jobcomp_file() -> str:
+    """Where the controller writes each ended job when its completion plugin is ``jobcomp/filetxt``
+    ('' otherwise): how a job's end is still known once ``scontrol`` has forgotten it and there is
+    no accounting (``sacct``)."""
+    try:
+        out = await slurm("scontrol", "show", "config")
+    except SlurmError:
+        return ""
+    config = {k.strip(): v.strip() for k, _, v in (line.partition("=") for line in out.splitlines())}
+    if config.get("JobCompType") != "jobcomp/filetxt":
+        return ""
+    return config.get("JobCompLoc", "")
+
+
+async def job_end(job_id: str, jobcomp: str = "") -> JobEnd | None:
     """How a job that left the queue ended: ``scontrol show job`` while the controller remembers
-    it (``MinJobAge``), else ``sacct`` where accounting is on; None if neither knows."""
+    it (``MinJobAge``), else ``sacct`` where accounting is on, else the ``jobcomp`` file where
+    one is kept; None if none knows."""
     out = await slurm("scontrol", "show", "job", "-o", job_id, check=False)
     for line in out.splitlines():
         record = parse_record(line)
@@ -125,8 +169,10 @@ async def job_end(job_id: str) -> JobEnd | None:
     try:
         out = await slurm("sacct", "-P", "-n", "-X", "-j", job_id, "-o", "State,ExitCode")
     except SlurmError:
-        return None
+        out = ""  # accounting is off (or away): the completion file may know
     for line in out.splitlines():
         if (end := job_end_from_sacct(line)) is not None:
             return end
+    if jobcomp:
+        return job_end_from_jobcomp(await asyncio.to_thread(read_tail, jobcomp), job_id)
     return None

@@ -1,9 +1,13 @@
 """A Slurm cluster's nodes and what is free on them now, from ``sinfo`` and
-``scontrol show node -o``: the devices a Slurm-backed agent registers for its cluster.
+``scontrol show node -o``: the devices a Slurm-backed agent registers for its cluster, and how
+many of them are not cpn's to use at the moment.
 
-The cluster's own users keep submitting, so what cpn may use is what is free, not what exists:
-idle CPUs (or GRES GPUs) of nodes that take jobs. A device here is a slot Slurm hands out, not a
-particular GPU: Slurm binds the job to devices of its choice when it starts it.
+The agent registers the slots of the nodes that take jobs (CPUs, or GRES GPUs where the cluster
+has any). The cluster's own users keep submitting, so what cpn may use is what is free, not what
+exists: on each heartbeat the agent re-reads the nodes and reports how many registered slots are
+unavailable now (held by other users' jobs, or on nodes drained or down since). A device here is
+a slot Slurm hands out, not a particular GPU: Slurm binds the job to devices of its choice when it
+starts it.
 """
 
 from __future__ import annotations
@@ -81,18 +85,42 @@ async def cluster_nodes(partition: str = "") -> list[SlurmNode]:
     return sorted((n for n in nodes if n.name in names), key=lambda n: n.name)
 
 
-def free_devices(
-    nodes: list[SlurmNode], *, cpu_tflops: float, gpu_memory_gb: float, gpu_tflops: float, held: int = 0
+def _gpu_slots(nodes: list[SlurmNode]) -> bool:
+    return any(n.gpus for n in nodes)
+
+
+def slot_count(nodes: list[SlurmNode]) -> int:
+    """The slots of the nodes that take jobs (GPUs where the cluster has any, else CPUs); with
+    none taking jobs, every node's: Slurm queues cpn's tasks until one does."""
+    if _gpu_slots(nodes):
+        return sum(n.gpus for n in nodes if n.usable) or sum(n.gpus for n in nodes)
+    return sum(n.cpus for n in nodes if n.usable) or sum(n.cpus for n in nodes)
+
+
+def free_slots(nodes: list[SlurmNode]) -> int:
+    """The slots free now: idle GPUs (or CPUs) of nodes that take jobs."""
+    if _gpu_slots(nodes):
+        return sum(n.free_gpus for n in nodes)
+    return sum(n.free_cpus for n in nodes)
+
+
+def unavailable_slots(nodes: list[SlurmNode], *, registered: int, held: int) -> int:
+    """How many of the ``registered`` slots are not cpn's to use now: all but those free and the
+    ``held`` ones cpn's own started jobs occupy (Slurm counts those as allocated; cpn already
+    counts them busy). A pending cpn job holds nothing in Slurm and is busy in cpn already."""
+    return max(0, registered - free_slots(nodes) - held)
+
+
+def slot_devices(
+    nodes: list[SlurmNode], *, cpu_tflops: float, gpu_memory_gb: float, gpu_tflops: float
 ) -> list[DeviceReport]:
-    """The slots cpn may use now: the free GPUs where the cluster has any, else its free CPUs,
-    plus ``held`` (slots cpn's own jobs hold: they are cpn's to reuse). When nothing is free, the
-    whole cluster: Slurm queues cpn's tasks behind its users' jobs."""
-    if any(n.gpus for n in nodes):
-        free = sum(n.free_gpus for n in nodes) + held or sum(n.gpus for n in nodes)
+    """The slots the agent registers (``slot_count``): GPUs where the cluster has any, of the
+    declared figures, else CPU slots."""
+    if _gpu_slots(nodes):
         model = next((n.gpu_model for n in nodes if n.gpu_model), "") or "gpu"
-        return [DeviceReport(i, model, gpu_memory_gb, gpu_tflops, "cuda") for i in range(free)]
-    free = sum(n.free_cpus for n in nodes) + held or sum(n.cpus for n in nodes)
+        return [DeviceReport(i, model, gpu_memory_gb, gpu_tflops, "cuda") for i in range(slot_count(nodes))]
+    count = slot_count(nodes)
     # Slurm's RealMemory defaults to 1 (MB): such a node declared none.
     per_cpu_gb = [n.memory_mb / 1024 / n.cpus for n in nodes if n.cpus and n.memory_mb > 1]
     memory = max(0.01, round(min(per_cpu_gb), 2)) if per_cpu_gb else UNDECLARED_CPU_MEMORY_GB
-    return [DeviceReport(i, "cpu", memory, cpu_tflops, "cpu") for i in range(free)]
+    return [DeviceReport(i, "cpu", memory, cpu_tflops, "cpu") for i in range(count)]

@@ -54,7 +54,7 @@ from contracts.lifetime import kill_tree
 from contracts.lost_notices import LostNotice, append_notice
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
 from contracts.registration import DeviceReport
-from contracts.worker_config import LOOPBACK, NodeGroupSpec, StageSpec
+from contracts.worker_config import LOOPBACK, MAX_TIME_LIMIT_S, NodeGroupSpec, StageSpec
 from proto.cpn.agent.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,12 @@ def stop_leftover(pgid: int, run_dir: str, grace_s: float) -> bool:
 
 
 def _status(
-    a: Assignment, state: int, message: str = "", exit_code: int = 0, result_json: str = ""
+    a: Assignment,
+    state: int,
+    message: str = "",
+    exit_code: int = 0,
+    result_json: str = "",
+    lost: bool = False,
 ) -> agent_pb2.AgentMessage:
     return agent_pb2.AgentMessage(
         task_status=agent_pb2.TaskStatus(
@@ -266,6 +271,7 @@ def _status(
             message=message[:2000],
             exit_code=exit_code,
             result_json=result_json,
+            lost=lost and state == agent_pb2.TASK_STATE_FAILED,
         )
     )
 
@@ -318,10 +324,16 @@ class WorkerRun:
         self._stage_cancel = threading.Event()  # set to stop staging (a cancel before launch)
         self._extra: dict[str, Any] = {}  # the agent's own figures, merged into the worker's result
         self._checkpoint_dir: Path | None = None
+        self._not_started: str | None = None  # why, once its scheduler kept it queued too long
 
     @property
     def done(self) -> bool:
         return self.finished_at is not None
+
+    @property
+    def scheduler_slots(self) -> int:
+        """The slots its workers hold once started: its GPUs, or a CPU per process."""
+        return len(self.assignment.device_indices) if self._device_kind == "cuda" else self.assignment.nproc
 
     @property
     def lost_notices_path(self) -> Path:
@@ -338,8 +350,10 @@ class WorkerRun:
             return
         append_notice(self.lost_notices_path, LostNotice(participant, address, reason))
 
-    def _report(self, state: int, message: str = "", exit_code: int = 0, result_json: str = "") -> None:
-        self.current = _status(self.assignment, state, message, exit_code, result_json)
+    def _report(
+        self, state: int, message: str = "", exit_code: int = 0, result_json: str = "", lost: bool = False
+    ) -> None:
+        self.current = _status(self.assignment, state, message, exit_code, result_json, lost)
         self._send(self.current)
 
     async def run(self) -> None:
@@ -426,6 +440,8 @@ class WorkerRun:
         self.flush_metrics(force=True)
         if self._stop is not None:
             state, message = self._stop
+        elif self._not_started is not None:
+            state, message = FAILED, self._not_started
         elif self._proc.end_cause is not None:  # the scheduler ended it, not the workers
             state, message = FAILED, self._proc.end_cause
         elif code == 0 and self._preempt is not None and (self._result or {}).get("preempted"):
@@ -460,6 +476,13 @@ class WorkerRun:
             debug=s.nccl_debug,
         )
 
+    def _start_within(self) -> float | None:
+        """The quote's limit on the task's queue wait (``start_within_s``); None: no limit."""
+        limit = self.assignment.worker_config.get("start_within_s")
+        if isinstance(limit, int | float) and 0 < limit <= MAX_TIME_LIMIT_S:
+            return float(limit)
+        return None
+
     def _shape(self) -> TaskShape:
         a = self.assignment
         limit = a.worker_config.get("time_limit_s")
@@ -467,8 +490,9 @@ class WorkerRun:
             name=a.assignment_id,
             nproc=a.nproc,
             gpus=len(a.device_indices) if self._device_kind == "cuda" else 0,
+            # The quote's (``time_limit_s``); NaN and infinity fail both bounds.
             time_limit_s=float(limit)
-            if isinstance(limit, int | float) and limit > 0
+            if isinstance(limit, int | float) and 0 < limit <= MAX_TIME_LIMIT_S
             else DEFAULT_TIME_LIMIT_S,
         )
 
@@ -477,10 +501,25 @@ class WorkerRun:
         starts the job (until then the task stays STARTING, queued). Training time, and the
         worker's start-up figures, count from there."""
         if self._launcher.name != "local":
+            expected = self._launcher.queue_wait_s  # as the quote saw it, near enough
             self._report(agent_pb2.TASK_STATE_STARTING, f"queued as {proc.label}")
-            if not await proc.started():
+            within = self._start_within()
+            try:
+                if not await asyncio.wait_for(proc.started(), within):
+                    return
+            except TimeoutError:
+                # Past the quote's wait and its tolerance: lost here, re-placed elsewhere.
+                self._not_started = (
+                    f"{proc.label} did not start within {within:g}s (the quoted queue wait's tolerance)"
+                )
+                proc.terminate()
                 return
-            self._spawned_at = time.monotonic()
+            now = time.monotonic()
+            # Submit to start, against what was expected: calibration learns the cluster's wait.
+            if self._spawned_at is not None:
+                self._extra["queue_wait_s"] = round(now - self._spawned_at, 3)
+                self._extra["queue_wait_estimate_s"] = round(expected, 3)
+            self._spawned_at = now
         self._report(agent_pb2.TASK_STATE_RUNNING, proc.label)
 
     def _http_verify(self) -> ssl.SSLContext | bool:
@@ -671,7 +710,11 @@ class WorkerRun:
             self._staged.use.release()  # its blobs may be evicted from now on
         if self.run_dir.is_dir():  # the provider's retention counts from here (``agent.cleanup``)
             (self.run_dir / ENDED_MARK).touch()
-        self._report(state, message, code, result)
+        # The scheduler took it away (preempted, node failed, out of time): lost, not failed.
+        lost = self._stop is None and (
+            self._not_started is not None or (self._proc is not None and self._proc.lost)
+        )
+        self._report(state, message, code, result, lost)
         self.finished_at = time.monotonic()
         log.info(
             "assignment %s: %s (%s)", self.assignment.assignment_id, agent_pb2.TaskState.Name(state), message

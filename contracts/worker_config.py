@@ -24,6 +24,7 @@ from contracts.sync_config import SyncConfig
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 # The process group's timeout in seconds, as the node's agent sets it (agent.nccl_env).
 PG_TIMEOUT_ENV = "CPN_PG_TIMEOUT_S"
+MAX_TIME_LIMIT_S = 30 * 24 * 3600.0  # a task's time limit (a month) at most
 LOOPBACK = ("127.0.0.1", "localhost", "::1")  # where a group may meet without the job's credentials
 
 
@@ -211,6 +212,12 @@ class WorkerConfig(BaseModel):
     metrics_path: str | None = None
     # At most one metrics line this often (0: every step); each line carries the run's byte totals.
     metrics_interval_s: float = Field(default=0.0, ge=0.0, le=60.0)
+    # From the quote (``control_layer.worker_config.quoted_time_limit_s``): the longest a
+    # scheduler-backed node lets the task run (Slurm's ``--time``); None: the agent's default.
+    time_limit_s: float | None = Field(default=None, gt=0.0, le=MAX_TIME_LIMIT_S)
+    # From the quote (``control_layer.worker_config.start_within_s``): a scheduler-backed node
+    # gives up on a task its scheduler has not started by then (re-placed elsewhere); None: waits.
+    start_within_s: float | None = Field(default=None, gt=0.0, le=MAX_TIME_LIMIT_S)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     entrypoint: str | None = None  # bring your own: "package.module:function"
     group: NodeGroupSpec | None = None  # None: the group is this node's alone

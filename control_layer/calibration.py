@@ -22,6 +22,8 @@ made with (``Estimates.basis``) they give an observed value per factor:
   (``drift_fit``), overlapped rounds apart from blocking ones (``cm.OVERLAPPED_SUFFIX``);
 - a checkpoint write's fixed seconds per node (per idle core): the worker's mean write less the
   part priced by its bytes (``_observe_checkpoint``);
+- the queue wait per scheduler-backed node (``observe_queue_wait``): the submit-to-start
+  seconds its agent measured less what it expected at submission;
 - staging per node (``observe_staging``): each item its agent fetched before launch teaches the
   part of its time that dominated it as priced, the store's rate or a fetch's fixed seconds, and
   a venv it built teaches the build's CPU seconds.
@@ -82,6 +84,8 @@ STAGING_FIXED = "staging_fixed_s"  # per node: seconds one fetch takes beyond it
 STAGING_FIXED_RANGE = (0.0, 600.0)
 VENV = "venv_s"  # per node: CPU seconds of one venv build (per idle core)
 VENV_RANGE = (0.0, 86_400.0)
+QUEUE_WAIT = "queue_wait_s"  # per node: measured queue wait less its agent's estimate at submission
+QUEUE_WAIT_RANGE = (-86_400.0, 86_400.0)
 # A fetched item teaches the rate, or the fixed part, only where that part is at least this share
 # of its time as priced: a 160 kB shard on a 20 Mbit/s link is half each, and either read from
 # it took the other's error whole.
@@ -217,6 +221,8 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
             obs[(CHECKPOINT_FIXED, task.node_id)].append(write_fixed)
         for kind, values in observe_staging(task.result, reads.get(task.node_id)).items():
             obs[(kind, task.node_id)] += values
+        if (missed := observe_queue_wait(task.result)) is not None:
+            obs[(QUEUE_WAIT, task.node_id)].append(missed)
     if _exchanged(run) and basis is not None:
         goodput, _ = observe_exchange(basis, [t.result for t in run.tasks], _beside_steps(run))
         for key, value in goodput.items():
@@ -229,6 +235,15 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
                 obs[(EXCHANGE_DRIFT, key + _drift_suffix(basis))].append(implied)
     # Several tasks on one key (replicas of one model, one node's tasks): their median.
     return {k: statistics.median(v) for k, v in obs.items()}
+
+
+def observe_queue_wait(result: dict[str, Any]) -> float | None:
+    """How far a scheduler-backed task's queue wait (its agent's submit-to-start seconds) landed
+    from what its agent expected at submission; None where it did not queue (or says nothing)."""
+    measured, expected = _num(result.get("queue_wait_s")), _num(result.get("queue_wait_estimate_s"))
+    if measured is None or expected is None or measured < 0 or expected < 0:
+        return None
+    return _clamp(measured - expected, QUEUE_WAIT_RANGE)
 
 
 def observe_staging(result: dict[str, Any], read: StagedRead | None = None) -> dict[str, list[float]]:
@@ -630,6 +645,7 @@ def to_calibration(state: State) -> Calibration:
         STAGING: {},
         STAGING_FIXED: {},
         VENV: {},
+        QUEUE_WAIT: {},
     }
     for (kind, key), factor in state.factors.items():
         if kind in tables:
@@ -649,6 +665,7 @@ def to_calibration(state: State) -> Calibration:
         staging_bytes_per_s=tables[STAGING],
         staging_fixed_s=tables[STAGING_FIXED],
         venv_s=tables[VENV],
+        queue_wait_s=tables[QUEUE_WAIT],
         time_error=error_band(r for k, r in state.errors if k == TIME),
         cost_error=error_band(r for k, r in state.errors if k == COST),
     )

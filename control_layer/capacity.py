@@ -16,8 +16,8 @@ DeviceKey = tuple[str, int]  # (node id, device index)
 def with_devices_free(
     snapshot: ResourceSnapshot, devices: Collection[DeviceKey] | None = None
 ) -> ResourceSnapshot:
-    """``snapshot`` with ``devices`` free as well (every device when None): the fleet as registered,
-    or as it would be once the named devices are released."""
+    """``snapshot`` with ``devices`` free as well (every device, and no scheduler's queue, when
+    None): the fleet as registered, or as it would be once the named devices are released."""
     clusters: list[ClusterInfo] = []
     for cluster in snapshot.clusters:
         nodes = [_freed(node, devices) for node in cluster.nodes]
@@ -34,6 +34,9 @@ def with_devices_free(
 
 
 def _freed(node: NodeInfo, devices: Collection[DeviceKey] | None) -> NodeInfo:
+    if devices is None and node.queue_wait_s > 0:
+        # The fleet as registered: a scheduler's queue passes, as other users' jobs end.
+        node = node.model_copy(update={"queue_wait_s": 0.0})
     if all(d.free or (devices is not None and (node.id, d.index) not in devices) for d in node.devices):
         return node
     return node.model_copy(

@@ -51,9 +51,10 @@ def on_task_status(
     message: str = "",
     exit_code: int | None = None,
     result: dict[str, Any] | None = None,
+    lost: bool = False,
 ) -> None:
     """Apply a task's reported state and move the job along (back to the queue after a failure,
-    where the placer picks it up)."""
+    where the placer picks it up). ``lost``: a FAILED task its node's scheduler took away."""
     to = normalize_task_state(state)
     with session_scope(ctx.session_factory) as session:
         job_id = session.scalar(select(Task.job_id).where(Task.id == assignment_id))
@@ -99,7 +100,8 @@ def on_task_status(
                 "attempt": task.attempt,
                 "message": task.message,
                 "exit_code": exit_code,
-            },
+            }
+            | ({"lost": True} if lost and to is TaskState.FAILED else {}),
         )
         if task.attempt != job.attempt or job.status not in JOB_ACTIVE:
             if to in _LIVE:
@@ -114,7 +116,7 @@ def on_task_status(
             if job.preemption:  # stopped while the job is preempted: it requeues as a whole
                 preemption.on_task_ended(ctx, session, job)
             else:
-                _task_failed(ctx, session, job, task)
+                _task_failed(ctx, session, job, task, lost=lost and to is TaskState.FAILED)
 
 
 _LIVE = (TaskState.STARTING, TaskState.RUNNING)
@@ -150,16 +152,33 @@ def _maybe_succeeded(ctx: ServerContext, session: Session, job: Job) -> None:
     transition(session, ctx.bus, job, JobState.SUCCEEDED, reason="")
 
 
-def _task_failed(ctx: ServerContext, session: Session, job: Job, task: Task) -> None:
+def lost_with_progress(task: Task) -> bool:
+    """Whether a lost task (its scheduler preempted it, its node failed, its time ran out) wrote a
+    checkpoint past the step it started from: its re-placement resumes further on."""
+    start = ((task.worker_config or {}).get("checkpoint") or {}).get("start_step") or 0
+    return isinstance(start, int) and (task.checkpoint_step or 0) > start
+
+
+def _task_failed(ctx: ServerContext, session: Session, job: Job, task: Task, *, lost: bool = False) -> None:
     """An elastic job goes on without the task (``control_layer.elastic``); otherwise stop the
-    attempt: back to the queue for the placer while retries remain, else failed."""
-    what = f"task {task.id} on node {task.node_id} ({task.region}) {task.status}"
+    attempt: back to the queue for the placer while retries remain, else failed. A ``lost`` task
+    that checkpointed past its start re-places the attempt without spending a retry (counted with
+    the job's preemptions): the cluster took it away, and each such re-placement moves the job on,
+    so they end."""
+    what = f"task {task.id} on node {task.node_id} ({task.region}) {'lost' if lost else task.status}"
     if task.message:
         what += f": {task.message}"
     if task.exit_code is not None:
         what += f" (exit code {task.exit_code})"
     if handle_lost_task(ctx, session, job, task, what):
         _maybe_succeeded(ctx, session, job)  # the others may all have finished already
+        return
+    if lost and lost_with_progress(task):
+        job.preemptions = (job.preemptions or 0) + 1
+        reason = f"{what}; re-placing from its checkpoint of step {task.checkpoint_step} (no retry spent)"
+        transition(
+            session, ctx.bus, job, JobState.QUEUED, reason=reason, tasks_note=f"stopped because {what}"
+        )
         return
     retries_used = job.attempt - 1 - job.preemptions  # a re-placement after a preemption is no retry
     limit = ctx.settings.max_job_retries

@@ -130,6 +130,8 @@ class _NodeRow:
     cross_cluster_groups: bool = False
     cpu_contention_busy: float | None = None
     sandbox: str = "none"
+    devices_unavailable: int = 0  # a scheduler-backed node's devices its cluster's users hold now
+    queue_wait_s: float = 0.0  # and the wait in its cluster's queue for a task submitted now
 
 
 @dataclass(frozen=True)
@@ -276,6 +278,8 @@ class FleetRows:
             Node.fabric_latency_ms,
             Node.cross_cluster_host,
             Node.sandbox,
+            Node.devices_unavailable,
+            Node.queue_wait_s,
         )
         acc_cols = select(
             Accelerator.id,
@@ -324,6 +328,8 @@ class FleetRows:
             fabric_ms,
             cross,
             sandbox,
+            unavailable,
+            queue_wait,
         ) in node_rows:
             self.nodes[node_id] = _NodeRow(
                 cluster_id,
@@ -338,6 +344,8 @@ class FleetRows:
                 bool(cross),
                 contention_busy,
                 sandbox,
+                unavailable or 0,
+                queue_wait or 0.0,
             )
             self.cluster_nodes.setdefault(cluster_id, set()).add(node_id)
             self.stale.add(cluster_id)
@@ -411,19 +419,8 @@ class FleetRows:
                 fabric_latency_ms=self.nodes[nid].fabric_latency_ms,
                 cross_cluster_groups=self.nodes[nid].cross_cluster_groups,
                 sandbox=self.nodes[nid].sandbox,  # type: ignore[arg-type]
-                devices=[
-                    DeviceSlot(
-                        index=d.index,
-                        model=d.model,
-                        memory_gb=d.memory_gb,
-                        tflops=d.tflops,
-                        free=d.id not in self.busy,
-                        kind=d.kind,  # type: ignore[arg-type]
-                        link_group=d.link_group,
-                    )
-                    for d in self.devices.get(nid, [])
-                    if d.memory_gb > 0 and d.tflops > 0
-                ],
+                devices=self._device_slots(nid),
+                queue_wait_s=self.nodes[nid].queue_wait_s,
             )
             for nid in alive
         ]
@@ -438,6 +435,27 @@ class FleetRows:
             price_per_device_hour=price[0],
             spot_price_per_device_hour=price[1],
         )
+
+    def _device_slots(self, nid: str) -> list[DeviceSlot]:
+        """A node's measured devices, free iff no active allocation holds them and they are not
+        among the ``devices_unavailable`` its scheduler's other users hold (the highest free
+        indices: which ones is the scheduler's choice, only their number matters)."""
+        devices = [d for d in self.devices.get(nid, []) if d.memory_gb > 0 and d.tflops > 0]
+        free = [d.id for d in devices if d.id not in self.busy]
+        taken = self.nodes[nid].devices_unavailable
+        usable = set(free[: max(0, len(free) - taken)])
+        return [
+            DeviceSlot(
+                index=d.index,
+                model=d.model,
+                memory_gb=d.memory_gb,
+                tflops=d.tflops,
+                free=d.id in usable,
+                kind=d.kind,  # type: ignore[arg-type]
+                link_group=d.link_group,
+            )
+            for d in devices
+        ]
 
 
 def _without(clusters: Iterable[ClusterInfo], excluded: set[str]) -> Iterator[ClusterInfo]:

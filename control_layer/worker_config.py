@@ -31,6 +31,7 @@ from contracts.feasibility import (
 )
 from contracts.job_spec import JobSpec
 from contracts.sync_config import OVERLAPPED_MODES
+from contracts.worker_config import MAX_TIME_LIMIT_S
 from control_layer.planner.node_groups import (
     node_group_problems,
     node_groups,
@@ -47,6 +48,33 @@ from control_layer.stage_sections import JobStage
 # workers' own cores ~4 times a second (0.7-1 s of a 130 s, 500-step run on a 2-core host), and the
 # control plane keeps only the latest each agent forwards anyway.
 METRICS_INTERVAL_S = 1.0
+# A scheduler's time limit for a task (``time_limit_s``, Slurm's ``--time``): the quote's
+# pessimistic run (its interval's high end, without the staging and queue wait before it runs) times
+# this margin, and never below the floor. A task past it is ended as TIMEOUT and resumes from its
+# checkpoint elsewhere; the margin keeps that for runs the quote badly missed.
+TIME_LIMIT_MARGIN = 2.0
+MIN_TIME_LIMIT_S = 600.0
+
+
+# A scheduler-backed node gives up on a task its queue has not started within the quote's wait
+# plus this share of it plus the slack (a scheduler's cycle, a job ahead ending late), and the
+# control plane re-places it elsewhere.
+QUEUE_TOLERANCE = 0.5
+QUEUE_SLACK_S = 120.0
+
+
+def start_within_s(option: PlanOption) -> float:
+    """How long a task of the option may wait in a scheduler's queue before it is re-placed."""
+    wait = option.estimates.queue_wait_s or 0.0
+    return round(min(MAX_TIME_LIMIT_S, wait * (1 + QUEUE_TOLERANCE) + QUEUE_SLACK_S), 1)
+
+
+def quoted_time_limit_s(option: PlanOption) -> float:
+    """The time limit a scheduler-backed node gives the option's tasks, from its quote."""
+    est = option.estimates
+    high = est.interval.duration_s_high if est.interval is not None else est.duration_s
+    run_s = max(0.0, high - (est.staging_s or 0.0) - (est.queue_wait_s or 0.0))
+    return round(min(MAX_TIME_LIMIT_S, max(MIN_TIME_LIMIT_S, TIME_LIMIT_MARGIN * run_s)), 1)
 
 
 @dataclass(frozen=True)
@@ -234,6 +262,8 @@ def build_worker_configs(
             ),
             "entrypoint": spec.entrypoint,
             "metrics_interval_s": METRICS_INTERVAL_S,
+            "time_limit_s": quoted_time_limit_s(option),
+            "start_within_s": start_within_s(option),
         }
         for node_rank, slot in enumerate(group):
             # A group spanning nodes resumes as one: every node from the participant's checkpoint

@@ -23,6 +23,7 @@ class OnTaskStatus(Protocol):
         message: str = "",
         exit_code: int | None = None,
         result: dict[str, Any] | None = None,
+        lost: bool = False,
     ) -> None: ...
 
 

@@ -361,6 +361,35 @@ def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceRep
     _upsert_accelerators(session, node_id, tuple(devices))
 
 
+MAX_DEVICES_UNAVAILABLE = 1_000_000
+MAX_QUEUE_WAIT_S = 30 * 24 * 3600.0
+
+
+def update_capacity(
+    session: Session, node_id: str, devices_unavailable: int, queue_wait_s: float = 0.0
+) -> None:
+    """Record how many of a scheduler-backed node's devices are not cpn's to use now and the
+    queue wait its agent expects (the row's change reaches the planner's snapshot through the
+    change feed). Either out of bounds is refused, changing nothing."""
+    if not 0 <= devices_unavailable <= MAX_DEVICES_UNAVAILABLE:
+        raise InvalidArgument(
+            f"capacity.devices_unavailable: {devices_unavailable} is outside [0, {MAX_DEVICES_UNAVAILABLE}]",
+            field="capacity.devices_unavailable",
+        )
+    if not (math.isfinite(queue_wait_s) and 0 <= queue_wait_s <= MAX_QUEUE_WAIT_S):
+        raise InvalidArgument(
+            f"capacity.queue_wait_s: {queue_wait_s} is not a number of seconds in [0, {MAX_QUEUE_WAIT_S:g}]",
+            field="capacity.queue_wait_s",
+        )
+    node = session.get(Node, node_id)
+    if node is None:
+        raise NotFound(f"node {node_id} not found", node_id=node_id)
+    if node.devices_unavailable != devices_unavailable:
+        node.devices_unavailable = devices_unavailable
+    if node.queue_wait_s != queue_wait_s:
+        node.queue_wait_s = queue_wait_s
+
+
 def _touch_row(session: Session, node_id: str, now: datetime, contention: float | None = None) -> None:
     _touch_rows(session, {node_id: contention}, now, {})
 

@@ -355,6 +355,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 s.message,
                 s.exit_code,
                 result_from_json(s.result_json),
+                s.lost,
             )
         elif kind == "metrics":
             m = message.metrics
@@ -367,6 +368,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         elif kind == "inventory":
             devices = [device_from_proto(d) for d in message.inventory.devices]
             await asyncio.to_thread(self._update_inventory, node_id, devices)
+        elif kind == "capacity":
+            c = message.capacity
+            await asyncio.to_thread(self._update_capacity, node_id, c.devices_unavailable, c.queue_wait_s)
         elif kind == "probe_result":
             r = message.probe_result
             result = {
@@ -420,6 +424,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def _replace_cache(self, node_id: str, blobs: list[str], venvs: list[str]) -> None:
         with self._ctx.session_factory() as session, session.begin():
             node_staging.replace_cache(session, node_id, blobs, venvs)
+
+    def _update_capacity(self, node_id: str, devices_unavailable: int, queue_wait_s: float) -> None:
+        with self._ctx.session_factory() as session, session.begin():
+            registry.update_capacity(session, node_id, devices_unavailable, queue_wait_s)
 
     def _update_inventory(self, node_id: str, devices: list[Any]) -> None:
         with self._ctx.session_factory() as session, session.begin():

@@ -48,6 +48,7 @@ class PlannedTask(_Plain):
     region: str = ""
 
 
+MAX_QUEUE_WAIT_S = 30 * 24 * 3600.0  # a learned queue-wait correction, at most a month either way
 STEP_PARTS = (
     "data",
     "compute",
@@ -232,7 +233,8 @@ class CalibrationBasis(_Plain):
 class Estimates(_Plain):
     """What a run of the option takes and costs.
 
-    duration_s is the span the ledger bills: staging_s (the slowest node bringing its code and
+    duration_s is queue_wait_s (a scheduler-backed node's queue, where the option has one; not
+    billed) + the span the ledger bills: staging_s (the slowest node bringing its code and
     data, where the job stages any) + startup_s (the slowest node's spawn to first step) +
     steps × step_s.total + final_sync_s (the exchange that produces the final model and leaving the
     peers, where not already in the steps) + teardown_s (the result to the processes gone).
@@ -253,10 +255,13 @@ class Estimates(_Plain):
     # None (and left out of the dump): the job stages no data (``control_layer.planner.staging``).
     staging_s: float | None = Field(default=None, ge=0)
     staging: StagingEstimate | None = None
+    # None (and left out of the dump): no node of the option has a queue
+    # (``control_layer.planner.queue_wait``).
+    queue_wait_s: float | None = Field(default=None, ge=0)
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> Any:
-        return _without_unset_staging(handler, self, ("staging_s", "staging"))
+        return _without_unset_staging(handler, self, ("staging_s", "staging", "queue_wait_s"))
 
     @property
     def hours(self) -> float:
@@ -411,6 +416,10 @@ class Calibration(_Plain):
     staging_bytes_per_s: dict[str, float] = Field(default_factory=dict)
     staging_fixed_s: dict[str, float] = Field(default_factory=dict)
     venv_s: dict[str, float] = Field(default_factory=dict)
+    # Per node id (a Slurm cluster is one node to cpn): how far the queue waits its tasks measured
+    # landed from what its agent reported at submission (seconds, either sign), added to its
+    # reports in quotes (``control_layer.planner.queue_wait``).
+    queue_wait_s: dict[str, float] = Field(default_factory=dict)
     time_error: ErrorBand | None = None
     cost_error: ErrorBand | None = None
 
@@ -439,6 +448,9 @@ class Calibration(_Plain):
             for key, value in seconds.items():
                 if not (math.isfinite(value) and value >= 0):
                     raise ValueError(f"{name}[{key!r}] = {value} is not a non-negative number of seconds")
+        for key, value in self.queue_wait_s.items():
+            if not (math.isfinite(value) and abs(value) <= MAX_QUEUE_WAIT_S):
+                raise ValueError(f"queue_wait_s[{key!r}] = {value} is not a number of seconds within a month")
         for key, value in self.staging_bytes_per_s.items():
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"staging_bytes_per_s[{key!r}] = {value} is not a positive rate")

@@ -39,6 +39,7 @@ from control_layer.planner.problem import (
     build_problem,
     evaluate_many,
 )
+from control_layer.planner.queue_wait import price_queue_wait, queued, without_queues_past_bound
 from control_layer.planner.residency import cover, needed_indices, resident_check
 from control_layer.planner.screen import Bounds, screen
 from control_layer.planner.snapshot import ResourceSnapshot
@@ -296,6 +297,7 @@ def search(
     # Sync settings left to the planner: the codec now, H per option (``sync_choice``); the
     # search ranks placements at the provisional H, and each option is priced at its own.
     spec, auto = provisional(spec)
+    snapshot = without_queues_past_bound(spec, snapshot, calibration)
     filtered = filter_fleet(spec, snapshot)
     explanation: list[dict[str, Any]] = list(filtered.steps)
     if not filtered.pools:
@@ -336,7 +338,7 @@ def search(
             options += spanning_options(
                 with_precision(spec, precision), snapshot, pools, calibration, competing=competing
             )
-    if spec.data.shards or staging is not None:
+    if spec.data.shards or staging is not None or queued(snapshot, calibration):
         options = _with_data(options, spec, snapshot, calibration, staging)
     if not options:
         if failures:
@@ -375,12 +377,14 @@ def _with_data(
     calibration: Calibration | None,
     staging: DataStaging | None,
 ) -> list[PlanOption]:
-    """Options priced with their staging, checked again on their QoS bounds (staging adds time
-    and cost) and on the resident shards' regions; those that fail any check are dropped."""
+    """Options priced with their staging and queue wait, checked again on their QoS bounds
+    (staging adds time and cost, a queue time) and on the resident shards' regions; those that
+    fail any check are dropped."""
     out = []
     for o in options:
         if staging is not None:
             o = price_staging(o, spec, snapshot, staging, calibration)
+        o = price_queue_wait(o, snapshot, calibration)
         checks = qos_checks(spec, snapshot, o.tasks, o.estimates, o.spot)
         resident = resident_check(spec, o.regions)
         if resident is not None:

@@ -123,6 +123,13 @@ class NodeInfo(_Plain):
             " cpu_contention were taken (a mean over them); None: not known, the figure is the host."
         ),
     )
+    queue_wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=30 * 24 * 3600.0,
+        allow_inf_nan=False,
+        description="A scheduler-backed node: how long a task submitted now waits in its cluster's queue.",
+    )
     # The node's own place in its cluster's fabric, where the agent declared it: a node with a
     # slower NIC (or behind an oversubscribed switch) than the cluster's figure. None: the cluster's.
     fabric_bandwidth_gbps: float | None = Field(

@@ -32,6 +32,7 @@ class LocalAgent:
     # Where other clusters reach its torchrun endpoint (``--cross-cluster-host``): it may then share
     # a group spanning nodes with other clusters' nodes, behind a link declared private.
     cross_cluster_host: str = ""
+    extra_args: tuple[str, ...] = ()  # further `cpn agent` options (``--backend slurm``, say)
 
 
 def start_agent(
@@ -64,6 +65,7 @@ def start_agent(
         cmd += ["--no-probe-staging"]
     if spec.cross_cluster_host:
         cmd += ["--cross-cluster-host", spec.cross_cluster_host]
+    cmd += list(spec.extra_args)
     log = open(agent_dir / "agent.log", "wb")  # noqa: SIM115 - the child owns it for its lifetime
     env = tied_env({**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"})
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import update
 
+from contracts.errors import InvalidArgument
 from contracts.registration import DeviceReport, NodeRegistration
 from control_layer import live_snapshot
 from control_layer.allocation import release
@@ -35,7 +36,7 @@ from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import make_engine, make_session_factory, session_scope
 from orchestration.db.models import Cluster, Node, Price, Tenant
-from resource_layer.registry import heartbeat, register_node
+from resource_layer.registry import heartbeat, register_node, update_capacity
 from resource_layer.tokens import create_enrollment_token
 from service_layer.links import upsert_link
 from tests.conftest import REDIS_URL
@@ -223,6 +224,46 @@ def test_unchanged_clusters_keep_their_objects_and_prices_come_into_force(
         s.execute(update(Node).where(Node.id == a).values(status="drained"))
     assert [c.name for c in live.snapshot().clusters] == ["b"]
     assert_same(ctx, live)
+
+
+def test_a_scheduler_backed_nodes_unavailable_devices_leave_its_free_ones_out(
+    ctx: ServerContext, live: LiveSnapshot
+) -> None:
+    """A Slurm cluster's agent says how many devices its other users hold now: that many of the
+    node's free devices are not free to the planner, whatever cpn itself holds, until it says
+    otherwise; a count out of bounds is refused and changes nothing."""
+    node_id, _ = register(ctx, "eu-west", "hpc", 4, 1.0)
+    with session_scope(ctx.session_factory) as s:
+        node = s.get(Node, node_id)
+        assert node is not None
+        hold_devices(s, add_tenant(s), node, [0])
+    assert _free_indices(live, node_id) == [1, 2, 3]
+    for unavailable, free in ((2, [1]), (0, [1, 2, 3]), (9, [])):
+        with session_scope(ctx.session_factory) as s:
+            update_capacity(s, node_id, unavailable)
+        assert _free_indices(live, node_id) == free
+        assert_same(ctx, live)
+    with (
+        pytest.raises(InvalidArgument, match=r"capacity.devices_unavailable: -1 is outside"),
+        session_scope(ctx.session_factory) as s,
+    ):
+        update_capacity(s, node_id, -1)
+    assert _free_indices(live, node_id) == []
+    # The queue wait it reports reaches the planner's node the same way; NaN is refused.
+    with session_scope(ctx.session_factory) as s:
+        update_capacity(s, node_id, 9, 240.0)
+    assert _node(live, node_id).queue_wait_s == 240.0
+    assert_same(ctx, live)
+    with (
+        pytest.raises(InvalidArgument, match=r"capacity.queue_wait_s: nan is not a number of seconds"),
+        session_scope(ctx.session_factory) as s,
+    ):
+        update_capacity(s, node_id, 0, float("nan"))
+    assert _node(live, node_id).queue_wait_s == 240.0 and _free_indices(live, node_id) == []
+
+
+def _node(live: LiveSnapshot, node_id: str) -> Any:
+    return next(n for c in live.snapshot().clusters for n in c.nodes if n.id == node_id)
 
 
 def test_a_change_committed_by_another_replica_reaches_the_live_snapshot(

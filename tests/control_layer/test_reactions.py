@@ -167,6 +167,33 @@ def test_retry_budget_is_respected(ctx: ServerContext) -> None:
     assert job.status == "failed" and "gave up after 1 attempt" in job.reason and "oom" in job.reason
 
 
+def test_a_task_its_scheduler_took_away_after_a_checkpoint_is_replaced_without_a_retry(
+    ctx: ServerContext,
+) -> None:
+    """Lost (Slurm preempted it) with a checkpoint past its start: re-placed, no retry spent, the
+    job's preemptions counting it; lost again without progress, it spends one like any failure."""
+    ctx.settings.max_job_retries = 0
+    job_id, _ = _setup(ctx)
+    t = _tasks(ctx, job_id)[0]
+    on_task_status(ctx, t.node_id, t.id, "running")
+    why = "Slurm ended job 7 as PREEMPTED"
+    on_task_status(ctx, t.node_id, t.id, "failed", why, 143, {"checkpoint_step": 3}, lost=True)
+    job = _job(ctx, job_id)
+    assert (job.status, job.preemptions) == (JobState.PENDING, 1)
+    assert f"{t.id} on node {t.node_id} (eu-west) lost: {why}" in job.reason
+    assert "re-placing from its checkpoint of step 3 (no retry spent)" in job.reason
+    with session_scope(ctx.session_factory) as s:
+        payload = s.scalars(select(Event.payload).where(Event.kind == "task.failed")).one()
+    assert payload["task_id"] == t.id and payload["lost"] is True
+
+    assert place_pending(ctx) == [job_id]
+    again = _tasks(ctx, job_id, attempt=2)[0]
+    assert again.worker_config["checkpoint"]["start_step"] == 3  # resumes where it was taken away
+    on_task_status(ctx, again.node_id, again.id, "failed", why, 143, {"checkpoint_step": 3}, lost=True)
+    job = _job(ctx, job_id)
+    assert (job.status, job.preemptions) == ("failed", 1) and "gave up after 2 attempt(s)" in job.reason
+
+
 def test_lost_node_fails_its_tasks_and_the_job_moves_on(ctx: ServerContext) -> None:
     job_id, node_ids = _setup(ctx)
     lost = _tasks(ctx, job_id)[0]

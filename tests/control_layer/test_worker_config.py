@@ -7,13 +7,18 @@ from dataclasses import replace
 import pytest
 
 from contracts.errors import FailedPrecondition
-from control_layer.planner.plan_types import PlanOption
+from control_layer.planner.plan_types import EstimateInterval, PlanOption
 from control_layer.planner.runtime_settings import runtime_settings
 from control_layer.worker_config import (
+    MIN_TIME_LIMIT_S,
+    QUEUE_SLACK_S,
+    QUEUE_TOLERANCE,
     TaskSlot,
     build_worker_configs,
     group_by_node,
     job_sync_secret,
+    quoted_time_limit_s,
+    start_within_s,
     validate_worker_config,
 )
 from orchestration.db.models import Cluster, Node
@@ -341,3 +346,32 @@ def test_a_hierarchical_option_gives_every_participant_the_regions_heads_first()
         "hierarchy" not in cfg["sync"]
         for cfg in build_worker_configs("job", spec, flat, _slots(flat, c)).values()
     )
+
+
+def test_the_quotes_time_limit_reaches_every_task_with_its_margin_and_floor() -> None:
+    """A scheduler ends a task at ``time_limit_s`` (Slurm's --time): twice the quote's pessimistic
+    run, staging left out (it precedes the launch), never under ten minutes."""
+    c, n = _fleet()
+    places = [(c["eu"], n["eu"], 0), (c["us"], n["us"], 0)]
+    long = hand_option(places, duration_s=4000.0)
+    est = long.estimates.model_copy(
+        update={
+            "staging_s": 500.0,
+            "interval": EstimateInterval(
+                duration_s_low=3000.0, duration_s_high=5000.0, cost_low=1.0, cost_high=2.0
+            ),
+        }
+    )
+    banded = long.model_copy(update={"estimates": est})
+    assert quoted_time_limit_s(long) == 8000.0
+    assert quoted_time_limit_s(banded) == 9000.0  # 2 x (5000 - 500)
+    assert quoted_time_limit_s(hand_option(places, duration_s=60.0)) == MIN_TIME_LIMIT_S
+    configs = build_worker_configs("job", tiny_spec(), banded, _slots(banded, c))
+    for cfg in configs.values():
+        assert validate_worker_config(cfg)["time_limit_s"] == 9000.0
+        assert cfg["start_within_s"] == QUEUE_SLACK_S  # no queue quoted: the slack alone
+    queued = banded.model_copy(update={"estimates": est.model_copy(update={"queue_wait_s": 200.0})})
+    assert start_within_s(queued) == 200.0 * (1 + QUEUE_TOLERANCE) + QUEUE_SLACK_S
+    assert quoted_time_limit_s(queued) == 2 * (5000 - 500 - 200)
+    with pytest.raises(FailedPrecondition, match="time_limit_s"):
+        validate_worker_config({**configs[n["eu"].id], "time_limit_s": float("inf")})

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from control_layer.dispatch import assignment_message
-from orchestration.db.models import Accelerator, Task
+from orchestration.db.models import Accelerator, Node, Task
 from resource_layer.liveness import node_alive_key
 from tests.agent.conftest import REPO, AgentProcess, Launcher, Plane, close_plane, make_plane, node_of
 from tests.agent.test_agent_process import FINISHING, dispatch, task_row, wait_status
@@ -156,3 +156,70 @@ def test_a_restarted_agent_cancels_the_job_its_killed_predecessor_left(
     finally:
         start.stop_all()
         close_plane(plane)
+
+
+def _unavailable(plane: Plane, node_id: str) -> int:
+    with plane.ctx.session_factory() as s:
+        node = s.get(Node, node_id)
+        assert node is not None
+        return node.devices_unavailable
+
+
+def test_the_agent_reports_what_other_users_and_a_drain_leave_free_as_it_changes(
+    slurm: SlurmCluster, slurm_agent: tuple[Plane, AgentProcess]
+) -> None:
+    """Free capacity is re-read on every heartbeat: another user's job takes devices from cpn,
+    cpn's own running task does not, a drained node takes them all, and they come back."""
+    plane, _ = slurm_agent
+    node = node_of(plane)
+    wait_for(lambda: plane.ctx.bus.alive(node_alive_key(node.id)), timeout=30, what="the agent's stream")
+    other = slurm.run(
+        "sbatch", "--parsable", "--output=/dev/null", "--cpus-per-task=5", "--wrap=exec sleep 600"
+    ).strip()
+    wait_for(lambda: _unavailable(plane, node.id) == 5, timeout=30, what="5 devices reported unavailable")
+    task_id = dispatch(plane, node, HOLDING)  # one CPU of cpn's own: not counted against it
+    wait_status(plane, task_id, "running", timeout=120)
+    # Slurm allocates its CPU a moment before the agent sees the job run: 6 for a heartbeat or so.
+    wait_for(lambda: _unavailable(plane, node.id) == 5, timeout=30, what="cpn's own CPU not counted")
+    slurm.run("scontrol", "update", "NodeName=localhost", "State=DRAIN", "Reason=maintenance")
+    try:
+        wait_for(lambda: _unavailable(plane, node.id) == 7, timeout=30, what="the drained node's devices")
+    finally:
+        slurm.run("scontrol", "update", "NodeName=localhost", "State=RESUME")
+    slurm.run("scancel", other)  # its owner ends it
+    wait_for(lambda: _unavailable(plane, node.id) == 0, timeout=30, what="the devices back")
+    assert task_row(plane, task_id).status == "running"  # a drain lets running jobs finish
+
+
+def _queue_wait(plane: Plane, node_id: str) -> float:
+    with plane.ctx.session_factory() as s:
+        node = s.get(Node, node_id)
+        assert node is not None
+        return node.queue_wait_s
+
+
+def test_the_agent_reports_the_queue_wait_and_its_task_the_wait_it_measured(
+    slurm: SlurmCluster, slurm_agent: tuple[Plane, AgentProcess]
+) -> None:
+    """Another user's job holds every CPU for at most 5 minutes: the cluster's queue wait is
+    about those minutes (two significant digits); a task queued behind it reports the wait it
+    measured against the one expected; with the CPUs back the wait is the scheduler's latency."""
+    plane, _ = slurm_agent
+    node = node_of(plane)
+    wait_for(lambda: plane.ctx.bus.alive(node_alive_key(node.id)), timeout=30, what="the agent's stream")
+    assert _queue_wait(plane, node.id) == 0.0
+    other = slurm.run(
+        "sbatch", "--parsable", "--output=/dev/null", "--time=5", f"--cpus-per-task={NODE_CPUS}",
+        "--wrap=exec sleep 600",
+    ).strip()  # fmt: skip
+    wait_for(lambda: 240 <= _queue_wait(plane, node.id) <= 300, timeout=30, what="a wait of about 5 minutes")
+    task_id = dispatch(plane, node, FINISHING)
+    wait_for(
+        lambda: task_row(plane, task_id).message.startswith("queued as slurm job"), what="the queued task"
+    )
+    slurm.run("scancel", other)  # its owner ends it early
+    task = wait_status(plane, task_id, "succeeded", "failed", timeout=120)
+    assert task.status == "succeeded", task.message
+    assert task.result is not None and 240 <= task.result["queue_wait_estimate_s"] <= 300
+    assert 0 < task.result["queue_wait_s"] < task.result["queue_wait_estimate_s"]  # it ended early
+    wait_for(lambda: _queue_wait(plane, node.id) < 10, timeout=30, what="the latency alone")

@@ -14,6 +14,7 @@ import pytest
 
 from agent.settings import AgentSettings
 from agent.slurm import SlurmLauncher
+from agent.slurm_cli import JobEnd, job_end_from_jobcomp, jobcomp_file, read_tail
 from agent.workers import CANCELLED, FAILED, SUCCEEDED, Assignment, WorkerRun
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX
 from proto.cpn.agent.v1 import agent_pb2
@@ -45,7 +46,12 @@ def _run(tmp_path: Path, mode: str, nproc: int, sent: list[agent_pb2.AgentMessag
         work_dir=tmp_path / "agent", metrics_min_interval_s=0.0, allow_command_override=True,
         kill_grace_s=1.0,
     )  # fmt: skip
-    config = {"command": [sys.executable, "-c", WORKER, mode], "training": {"steps": 2}}
+    # The quote's time limit, as the control plane puts it in every task's config.
+    config = {
+        "command": [sys.executable, "-c", WORKER, mode],
+        "training": {"steps": 2},
+        "time_limit_s": 850.0,
+    }
     a = Assignment(f"task-{mode}", "job-slurm", 1, (), nproc, config)
     launcher = SlurmLauncher(poll_s=0.2)
     return WorkerRun(
@@ -89,6 +95,7 @@ def test_a_task_runs_as_a_batch_job(slurm_env: SlurmCluster, tmp_path: Path) -> 
     assert json.loads(status.result_json)["job"] == "job-slurm"  # the agent's worker environment
     record = slurm_env.run("scontrol", "show", "job", "-o", job)
     assert "JobState=COMPLETED" in record and "NumCPUs=2" in record and "Name=cpn-task-done" in record
+    assert "TimeLimit=00:15:00" in record  # the quote's 850 s, in whole minutes up
 
 
 def test_a_job_cancelled_outside_cpn_is_seen_and_mapped(slurm_env: SlurmCluster, tmp_path: Path) -> None:
@@ -105,6 +112,7 @@ def test_a_job_cancelled_outside_cpn_is_seen_and_mapped(slurm_env: SlurmCluster,
     status = run.current.task_status
     assert status.state == FAILED  # as a lost node's task: the control plane re-places it
     assert status.message == f"Slurm job {_job_id(run)} was cancelled outside cpn (scancel)"
+    assert status.lost  # taken away, not failed by its workers: the control plane is told so
 
 
 def test_another_users_job_keeps_the_task_queued(slurm_env: SlurmCluster, tmp_path: Path) -> None:
@@ -148,6 +156,48 @@ def test_a_cancel_while_queued_withdraws_the_job(slurm_env: SlurmCluster, tmp_pa
         asyncio.run(asyncio.wait_for(scenario(), 120))
     finally:
         slurm_env.run("scancel", other)
-    assert _statuses(sent)[-1] == (CANCELLED, "cancelled by its user")
+    assert _statuses(sent)[-1] == (CANCELLED, "cancelled by its user") and not run.current.task_status.lost
     assert RUNNING not in [s for s, _ in _statuses(sent)]
     assert "JobState=CANCELLED" in slurm_env.run("scontrol", "show", "job", "-o", _job_id(run))
+
+
+def test_where_accounting_is_off_a_jobs_end_is_read_from_the_jobcomp_file(slurm_env: SlurmCluster) -> None:
+    """The test cluster keeps no accounting (``sacct`` refuses) and writes ``jobcomp/filetxt``:
+    the launcher finds the file through ``scontrol show config``, and a job's end is read there."""
+    job = slurm_env.run("sbatch", "--parsable", "--output=/dev/null", "--wrap=exit 3").strip()
+
+    async def ended() -> JobEnd | None:
+        path = await jobcomp_file()
+        assert path == str(slurm_env.root / "jobcomp.txt")
+        while (end := job_end_from_jobcomp(read_tail(path), job)) is None:
+            await asyncio.sleep(0.1)
+        return end
+
+    assert asyncio.run(asyncio.wait_for(ended(), 60)) == JobEnd("FAILED", 3, 0)
+    assert slurm_env.run("sacct", "-j", job, check=False) == ""  # no accounting to ask
+
+
+def test_a_task_not_started_within_the_quotes_tolerance_is_given_up_as_lost(
+    slurm_env: SlurmCluster, tmp_path: Path
+) -> None:
+    """Its config's ``start_within_s`` passes while another user's job holds every CPU: cpn
+    cancels its own queued job (never the other) and reports the task lost, to be re-placed."""
+    other = slurm_env.run(
+        "sbatch", "--parsable", "--output=/dev/null", f"--cpus-per-task={NODE_CPUS}", "--wrap=exec sleep 600"
+    ).strip()
+    sent: list[agent_pb2.AgentMessage] = []
+    run = _run(tmp_path, "done", 2, sent)
+    run.assignment.worker_config["start_within_s"] = 2.0
+    try:
+        asyncio.run(asyncio.wait_for(run.run(), 120))
+        status = run.current.task_status
+        job = _job_id(run)
+        assert (status.state, status.lost) == (FAILED, True)
+        assert (
+            status.message == f"slurm job {job} did not start within 2s (the quoted queue wait's tolerance)"
+        )
+        assert RUNNING not in [s for s, _ in _statuses(sent)]
+        assert "JobState=CANCELLED" in slurm_env.run("scontrol", "show", "job", "-o", job)
+        assert "JobState=RUNNING" in slurm_env.run("scontrol", "show", "job", "-o", other)
+    finally:
+        slurm_env.run("scancel", other)

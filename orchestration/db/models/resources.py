@@ -103,6 +103,13 @@ class Node(Base):
     # What staging costs there, as its agent measured it after registering
     # (contracts.node_staging.StagingProbe.as_dict, with measured_at); None: not reported.
     staging_probe: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    # A scheduler-backed node (a Slurm cluster's agent): how many of its devices are not cpn's to
+    # use now (its cluster's own users hold them, or their nodes are drained or down), as its agent
+    # last reported; the planner leaves that many of its free devices alone. 0 elsewhere.
+    devices_unavailable: Mapped[int] = mapped_column(default=0, server_default="0")
+    # Its agent's estimate of how long a task submitted now waits in its cluster's queue
+    # (agent/slurm_queue.py); the quote prices it. 0 elsewhere.
+    queue_wait_s: Mapped[float] = mapped_column(default=0.0, server_default="0")
 
     cluster: Mapped[Cluster] = relationship(back_populates="nodes", lazy="raise")
     accelerators: Mapped[list[Accelerator]] = relationship(back_populates="node", lazy="raise")

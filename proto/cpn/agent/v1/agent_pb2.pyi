@@ -173,7 +173,7 @@ class StoreProbeBlob(_message.Message):
     def __init__(self, url: _Optional[str] = ..., digest: _Optional[str] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log", "probe_result", "checkpoint_copy_result", "staging_probe", "cache", "profile")
+    __slots__ = ("hello", "heartbeat", "inventory", "task_status", "metrics", "log", "probe_result", "checkpoint_copy_result", "staging_probe", "cache", "profile", "capacity")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     INVENTORY_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,7 @@ class AgentMessage(_message.Message):
     STAGING_PROBE_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     inventory: Inventory
@@ -196,7 +197,8 @@ class AgentMessage(_message.Message):
     staging_probe: StagingProbeResult
     cache: CacheReport
     profile: ProfileReport
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ..., probe_result: _Optional[_Union[LinkProbeResult, _Mapping]] = ..., checkpoint_copy_result: _Optional[_Union[CheckpointCopyResult, _Mapping]] = ..., staging_probe: _Optional[_Union[StagingProbeResult, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ..., profile: _Optional[_Union[ProfileReport, _Mapping]] = ...) -> None: ...
+    capacity: Capacity
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., task_status: _Optional[_Union[TaskStatus, _Mapping]] = ..., metrics: _Optional[_Union[TaskMetrics, _Mapping]] = ..., log: _Optional[_Union[TaskLog, _Mapping]] = ..., probe_result: _Optional[_Union[LinkProbeResult, _Mapping]] = ..., checkpoint_copy_result: _Optional[_Union[CheckpointCopyResult, _Mapping]] = ..., staging_probe: _Optional[_Union[StagingProbeResult, _Mapping]] = ..., cache: _Optional[_Union[CacheReport, _Mapping]] = ..., profile: _Optional[_Union[ProfileReport, _Mapping]] = ..., capacity: _Optional[_Union[Capacity, _Mapping]] = ...) -> None: ...
 
 class ProfileReport(_message.Message):
     __slots__ = ("measured_profile", "error", "cpu_contention", "cpu_contention_probe_ages_s")
@@ -231,6 +233,14 @@ class CacheReport(_message.Message):
     blobs: _containers.RepeatedScalarFieldContainer[str]
     venvs: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, blobs: _Optional[_Iterable[str]] = ..., venvs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Capacity(_message.Message):
+    __slots__ = ("devices_unavailable", "queue_wait_s")
+    DEVICES_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    devices_unavailable: int
+    queue_wait_s: float
+    def __init__(self, devices_unavailable: _Optional[int] = ..., queue_wait_s: _Optional[float] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_id", "node_token", "running_assignments")
@@ -283,18 +293,20 @@ class Inventory(_message.Message):
     def __init__(self, devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ...) -> None: ...
 
 class TaskStatus(_message.Message):
-    __slots__ = ("assignment_id", "state", "message", "exit_code", "result_json")
+    __slots__ = ("assignment_id", "state", "message", "exit_code", "result_json", "lost")
     ASSIGNMENT_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
     assignment_id: str
     state: TaskState
     message: str
     exit_code: int
     result_json: str
-    def __init__(self, assignment_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ..., result_json: _Optional[str] = ...) -> None: ...
+    lost: bool
+    def __init__(self, assignment_id: _Optional[str] = ..., state: _Optional[_Union[TaskState, str]] = ..., message: _Optional[str] = ..., exit_code: _Optional[int] = ..., result_json: _Optional[str] = ..., lost: _Optional[bool] = ...) -> None: ...
 
 class TaskMetrics(_message.Message):
     __slots__ = ("assignment_id", "step", "total_steps", "loss", "tokens_per_s", "compute_utilization", "wan_bytes_sent", "wan_bytes_recv", "sync_latency_s", "wall_time_s", "data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "step_wall_s", "checkpoint_step", "gossip_spread", "wan_wire_bytes_sent", "job_step")
