@@ -21,6 +21,11 @@ from contracts.lifetime import die_with_parent
 
 SLURM_KEYS = ("partition", "account", "poll_s", "gpu_memory_gb", "gpu_tflops", "srun")  # --slurm KEY=VALUE
 NCCL_KEYS = ("socket_ifname", "ib_hca", "timeout_s", "debug")  # --nccl KEY=VALUE
+SLURM_HELP = (
+    "With --backend slurm: KEY=VALUE, repeatable; keys partition, account, poll_s (how often a job's"
+    " state is read), gpu_memory_gb and gpu_tflops (the cluster's GPUs, declared), srun (1: every"
+    " task as an srun step, one node too)"
+)
 
 
 def run_agent(settings: AgentSettings) -> int:
@@ -162,13 +167,7 @@ def agent_command(
     backend: str = typer.Option(
         "local", "--backend", help="Tasks run on: local (this node), slurm (its cluster)"
     ),
-    slurm: list[str] = typer.Option(
-        [],
-        "--slurm",
-        help="With --backend slurm: KEY=VALUE, repeatable; keys partition, account, poll_s (how often"
-        " a job's state is read), gpu_memory_gb and gpu_tflops (the cluster's GPUs, declared), srun"
-        " (1: every task as an srun step, one node too)",
-    ),
+    slurm: list[str] = typer.Option([], "--slurm", help=SLURM_HELP),
     nccl: list[str] = typer.Option(
         [], "--nccl", help="KEY=VALUE, repeatable: socket_ifname, ib_hca, timeout_s, debug"
     ),
