@@ -1,7 +1,7 @@
 """Node measuring: a node registered before its profile was measured, not placed until it arrives.
 
 Revision ID: 0028
-Revises: 0026
+Revises: 0027
 Create Date: 2026-11-29
 """
 

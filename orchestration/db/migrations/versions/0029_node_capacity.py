@@ -2,7 +2,7 @@
 the queue wait its agent expects for a task submitted now.
 
 Revision ID: 0029
-Revises: 0026
+Revises: 0028
 Create Date: 2026-11-29
 """
 
@@ -22,7 +22,7 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     # Plain ADD/DROP COLUMN, as 0022: a batch copy of ``nodes`` fails on SQLite with rows there.
     op.add_column("nodes", sa.Column("devices_unavailable", sa.Integer(), nullable=False, server_default="0"))
-    op.add_column("nodes", sa.Column("queue_wait_s", sa.Float(), nullable=False, server_default="0"))
+    op.add_column("nodes", sa.Column("queue_wait_s", sa.Double(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
