@@ -371,7 +371,7 @@ def spanning_options(
     replicas of each shape (``_wanted_degrees``)."""
     wanted = _wanted_degrees(spec, snapshot, pools, competing)
     clusters = snapshot.clusters_by_id()
-    regions = {c.id: c.region for c in snapshot.clusters}
+    regions = snapshot.region_of()
     orders = _orders(snapshot, pools, _groups(pools, snapshot), competing)
     out: dict[str, PlanOption] = {}
     budget = Budget()  # the stage-order searches' share of this quote
@@ -406,7 +406,7 @@ def _placements(
     behind faster ports, or its boundaries on cheaper links: the front keeps what is better), and
     as the grouping search forms them from the first cluster alone, where it holds them all; each
     with the grouping's bound where its replicas lie in that one cluster."""
-    regions = {c.id: c.region for c in snapshot.clusters}
+    regions = snapshot.region_of()
     out: list[tuple[list[list[Slot]], list[PlannedTask] | None, Grouping | None]] = []
     chosen = _chosen(snapshot, deg, ordered, pooled, regions)
     first = ordered[0] if ordered and not pooled and ordered[0][0] in regions else None
