@@ -28,8 +28,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pydantic import TypeAdapter
-
 from contracts.errors import InvalidArgument
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
@@ -45,7 +43,14 @@ from control_layer.planner.listing import natural
 from control_layer.planner.local_step import composition_walk, n_micro_batches, rate_key, replica_walks
 from control_layer.planner.options import plan_id, qos_checks
 from control_layer.planner.placement import Placement
-from control_layer.planner.plan_types import Calibration, GroupingBound, PlannedTask, PlanOption, SyncTopology
+from control_layer.planner.plan_types import (
+    Calibration,
+    GroupingBound,
+    PlannedTask,
+    PlanOption,
+    SyncTopology,
+    laid_out_tasks,
+)
 from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.stage_order import Budget, Slot, best_order, search_orders, searchable
@@ -201,11 +206,8 @@ def _replicas(groups: list[Group], tp: int, pp: int, need: int) -> list[list[Slo
     return out
 
 
-_TASKS = TypeAdapter(list[PlannedTask])
-
-
 def _tasks(replicas: list[list[Slot]], tp: int, regions: dict[str, str]) -> list[PlannedTask]:
-    # One batched validation (as ``assign``): faster than constructing each task on its own.
+    # Laid out here from the snapshot's own figures (as ``assign``): not validated again.
     rows = [
         {
             "dp_rank": r,
@@ -219,7 +221,7 @@ def _tasks(replicas: list[list[Slot]], tp: int, regions: dict[str, str]) -> list
         for r, devices in enumerate(replicas)
         for i, (c, n, d) in enumerate(devices)
     ]
-    return _TASKS.validate_python(rows, strict=True)
+    return laid_out_tasks(rows)
 
 
 def spans_clusters(pools: list[Pool], snapshot: ResourceSnapshot) -> bool:
