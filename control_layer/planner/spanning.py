@@ -231,7 +231,13 @@ def spans_clusters(pools: list[Pool], snapshot: ResourceSnapshot) -> bool:
     reachable = reachable_nodes(snapshot)
     if not reachable:
         return False
-    return len({p.cluster.id for p in pools if any(n in reachable for n, _ in p.nodes)}) >= 2
+    found: set[str] = set()
+    for p in pools:  # stops at the second such cluster: asked several times a quote, over every pool
+        if p.cluster.id not in found and any(n in reachable for n, _ in p.nodes):
+            found.add(p.cluster.id)
+            if len(found) >= 2:
+                return True
+    return False
 
 
 def behind_own_ports(pools: list[Pool]) -> bool:
