@@ -41,8 +41,12 @@ def _pool_replicas(pool: Pool, k: int, tp: int, pp: int) -> list[list[Device]]:
 def _groups(pr: Problem, sol: Solution) -> list[_Group]:
     tp, pp = pr.deg.tp, pr.deg.pp
     groups: list[_Group] = []
-    for u, unit in enumerate(pr.units):
+    # The units the solution uses, ascending (every unit where its maker did not name them).
+    for u in range(len(pr.units)) if sol.units is None else sol.units:
         n1, n2, x2 = sol.n1[u], sol.n2[u], sol.x2[u]
+        if not (n1 or n2):
+            continue  # no replica here
+        unit = pr.units[u]
         counts: list[int] = []
         if n2:
             base, extra = divmod(x2, n2)

@@ -101,10 +101,18 @@ def step_basis(
     calibration: Calibration | None,
 ) -> StepBasis:
     devices = rep.devices
+    on = rep.all_nodes  # the nodes it runs on
+    if len(on) == 1:  # a replica on one node, in one cluster (most are): what follows, spelled out
+        cluster, profile = devices[0][0], nodes[on[0]].profile
+        return StepBasis(
+            intra_bytes_per_s(cluster, calibration),
+            cluster.intra_latency_ms / 1000.0,
+            profile.rates.get(precision) if profile else None,
+            shares.get(on[0], 1.0) if devices[0][1].kind == "cpu" else 1.0,
+        )
     spanned = [clusters[cid] for cid in sorted({c.id for c, _ in devices})]
     fabric_bw = min(intra_bytes_per_s(c, calibration) for c in spanned)
     fabric_lat = max(c.intra_latency_ms for c in spanned) / 1000.0
-    on = rep.all_nodes  # the nodes it runs on
     # A replica across nodes runs at its slowest node's pace (the busiest stage paces the
     # pipeline); a node without a measured rate leaves the whole replica to the defaults.
     rates = [prof.rates.get(precision) if (prof := nodes[n].profile) else None for n in on]
