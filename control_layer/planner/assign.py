@@ -5,18 +5,15 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from pydantic import TypeAdapter
-
 from control_layer.planner import cost_model as cm
 from control_layer.planner.fleet import Pool
-from control_layer.planner.plan_types import PlannedTask, SyncTopology
+from control_layer.planner.plan_types import PlannedTask, SyncTopology, laid_out_tasks
 from control_layer.planner.problem import Problem, Solution
 from control_layer.planner.quality import quality
 from control_layer.planner.replicas import Replica, device_slots
 from control_layer.planner.topology import cluster_gossip, order_ring
 
 Device = tuple[Pool, str, int]  # pool, node id, device index
-_TASKS = TypeAdapter(list[PlannedTask])
 
 
 @dataclass
@@ -44,8 +41,12 @@ def _pool_replicas(pool: Pool, k: int, tp: int, pp: int) -> list[list[Device]]:
 def _groups(pr: Problem, sol: Solution) -> list[_Group]:
     tp, pp = pr.deg.tp, pr.deg.pp
     groups: list[_Group] = []
-    for u, unit in enumerate(pr.units):
+    # The units the solution uses, ascending (every unit where its maker did not name them).
+    for u in range(len(pr.units)) if sol.units is None else sol.units:
         n1, n2, x2 = sol.n1[u], sol.n2[u], sol.x2[u]
+        if not (n1 or n2):
+            continue  # no replica here
+        unit = pr.units[u]
         counts: list[int] = []
         if n2:
             base, extra = divmod(x2, n2)
@@ -102,8 +103,7 @@ def assign(pr: Problem, sol: Solution) -> Assignment:
             )
             per_cluster[cid] += 1
 
-    # One batched validation for thousands of tasks; strict: the rows are built here, nothing to coerce.
-    tasks = _TASKS.validate_python(rows, strict=True)
+    tasks = laid_out_tasks(rows)  # built here from the snapshot's own figures
     ring = list(dict.fromkeys(g.leader for g in groups))
     gossip: dict[str, list[str]] = {}
     if spec.sync.mode == "gossip":

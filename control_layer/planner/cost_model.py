@@ -10,7 +10,7 @@ import functools
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -548,6 +548,37 @@ def _tp_comm_s(spec: JobSpec, tp: int, pp: int, n_micro: int, intra_bw, intra_la
     per_layer = 6 if training.activation_checkpointing else 4
     act = training.micro_batch_size * model.seq_len * model.d_model * activation_bytes(training.precision)
     return n_micro * layers_per_stage(model, pp) * per_layer * allreduce_s(tp, act, intra_bw, intra_lat)
+
+
+def replica_totals(
+    spec: JobSpec,
+    tp: int,
+    pp: int,
+    zero: int,
+    n_micro,
+    group_sizes: tuple[int, ...],
+    effective_flops,
+    intra_bw,
+    intra_lat,
+    pp_bw,
+    pp_lat,
+    schedule: str = "1f1b",
+) -> list:
+    """``replica_time(...).total`` at each of ``group_sizes``, the same figures: only the gradient
+    all-reduce depends on the group, so the stages are walked once (the screen and every problem
+    price each layout at two group sizes)."""
+    parts = replica_time(
+        spec, tp, pp, zero, n_micro, group_sizes[0], effective_flops, intra_bw, intra_lat, pp_bw, pp_lat,
+        schedule=schedule,
+    )  # fmt: skip
+    out = [parts.total]
+    for r in group_sizes[1:]:
+        # As replica_time shapes it (0 × compute: 0 · t_mb, nan where t_mb is not finite).
+        dp_comm = dp_comm_s(spec, tp, pp, zero, r, intra_bw, intra_lat) + 0.0 * parts.compute
+        if np.ndim(dp_comm) == 0:
+            dp_comm = float(dp_comm)
+        out.append(replace(parts, dp_comm=dp_comm).total)
+    return out
 
 
 def _stage_ops_s(

@@ -101,10 +101,18 @@ def step_basis(
     calibration: Calibration | None,
 ) -> StepBasis:
     devices = rep.devices
+    on = rep.all_nodes  # the nodes it runs on
+    if len(on) == 1:  # a replica on one node, in one cluster (most are): what follows, spelled out
+        cluster, profile = devices[0][0], nodes[on[0]].profile
+        return StepBasis(
+            intra_bytes_per_s(cluster, calibration),
+            cluster.intra_latency_ms / 1000.0,
+            profile.rates.get(precision) if profile else None,
+            shares.get(on[0], 1.0) if devices[0][1].kind == "cpu" else 1.0,
+        )
     spanned = [clusters[cid] for cid in sorted({c.id for c, _ in devices})]
     fabric_bw = min(intra_bytes_per_s(c, calibration) for c in spanned)
     fabric_lat = max(c.intra_latency_ms for c in spanned) / 1000.0
-    on = rep.all_nodes  # the nodes it runs on
     # A replica across nodes runs at its slowest node's pace (the busiest stage paces the
     # pipeline); a node without a measured rate leaves the whole replica to the defaults.
     rates = [prof.rates.get(precision) if (prof := nodes[n].profile) else None for n in on]
@@ -286,10 +294,18 @@ def replica_figures(
     cluster_of = node_clusters(snapshot) if spanning else {}
     cluster_pipes = pipe_shares(spanning, cluster_of)
     rings = group_rings(placement, replicas, group_size)
+    # What a replica's nodes give it (its basis, host collective and write), kept per place: a
+    # quote's options hold hundreds of replicas on a few dozen nodes.
+    per_place: dict[tuple[object, ...], tuple[StepBasis, tuple[float, float, float] | None, float]] = {}
     for rep in replicas:
         r = group_size[rep.participant]
         on = rep.all_nodes
-        basis = step_basis(rep, clusters, nodes, shares, precision, calibration)
+        kind = rep.devices[0][1].kind
+        place = (tuple(sorted({c.id for c, _ in rep.devices})), on, kind, r)
+        got = per_place.get(place)
+        if got is None:
+            got = per_place[place] = _place_figures(rep, r, placement, nodes, clusters, shares, precision)
+        basis, collective, write_fixed = got
         stage_links = None
         if rep.boundaries:
             stage_links = pipeline_links(
@@ -303,13 +319,28 @@ def replica_figures(
                 placement.tp,
                 calibration,
             )
-        kind = rep.devices[0][1].kind
-        collective = (
-            host_collective(nodes[on[0]], kind, r, placement.tp, placement.zero) if len(on) == 1 else None
-        )
-        # A checkpoint write's fixed part at the host share, its bytes at the measured rate.
-        write_fixed = max(cm.checkpoint_fixed_seconds(n, calibration) for n in on) * basis.share
         yield ReplicaFigures(rep, basis, r, stage_links, write_fixed, collective, rings.get(rep.participant))
+
+
+def _place_figures(
+    rep: Replica,
+    r: int,
+    placement: Placement,
+    nodes: dict[str, NodeInfo],
+    clusters: dict[str, ClusterInfo],
+    shares: dict[str, float],
+    precision: str,
+) -> tuple[StepBasis, tuple[float, float, float] | None, float]:
+    """What the replica's place gives it: its clusters and nodes (``step_basis``), the host
+    collective of its group of ``r`` on one node, and a checkpoint write's fixed part at the host
+    share (its bytes at the measured rate)."""
+    calibration, on, kind = placement.calibration, rep.all_nodes, rep.devices[0][1].kind
+    basis = step_basis(rep, clusters, nodes, shares, precision, calibration)
+    collective = (
+        host_collective(nodes[on[0]], kind, r, placement.tp, placement.zero) if len(on) == 1 else None
+    )
+    write_fixed = max(cm.checkpoint_fixed_seconds(n, calibration) for n in on) * basis.share
+    return basis, collective, write_fixed
 
 
 def _local_step(

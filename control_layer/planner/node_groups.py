@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Sequence
+from itertools import pairwise
 
 from contracts.feasibility import STAGE_SYNC_MODES, syncs_per_stage
 from contracts.worker_config import MAX_GROUP_NODES
@@ -43,9 +44,9 @@ def node_groups(tasks: Iterable[PlannedTask]) -> list[list[str]]:
     groups: dict[str, list[str]] = {}
     for node in by_node:
         groups.setdefault(root(node), []).append(node)
-    ordered = [
-        sorted(nodes, key=lambda n: (min(rank_key(e) for e in by_node[n]), n)) for nodes in groups.values()
-    ]
+    # Each node's first rank (``rank_key`` spelled out: this runs over every task of a quote's options).
+    first_rank = {n: min([(e.pp_stage, e.dp_rank, e.tp_rank) for e in es]) for n, es in by_node.items()}
+    ordered = [sorted(nodes, key=lambda n: (first_rank[n], n)) for nodes in groups.values()]
     return sorted(ordered, key=lambda nodes: min(e.dp_rank for n in nodes for e in by_node[n]))
 
 
@@ -131,9 +132,10 @@ def node_group_problems(
         if len(nodes) > MAX_GROUP_NODES:
             problems.append(f"a group of {len(nodes)} nodes exceeds {MAX_GROUP_NODES}")
             continue
-        order = sorted(rank_key(e) for n in nodes for e in by_node[n])
-        blocks = [sorted(rank_key(e) for e in by_node[n]) for n in nodes]
-        if [k for b in blocks for k in b] != order:
+        # Each node's ranks sorted, the nodes in group order: they are one contiguous block each
+        # exactly when every block ends where the next begins (or before).
+        blocks = [sorted([(e.pp_stage, e.dp_rank, e.tp_rank) for e in by_node[n]]) for n in nodes]
+        if any(a[-1] > b[0] for a, b in pairwise(blocks)):
             problems.append(
                 f"nodes {nodes} do not each hold a contiguous block of (stage, replica, shard) ranks;"
                 " torchrun numbers a group's ranks node by node"

@@ -49,6 +49,30 @@ class PlannedTask(_Plain):
 
 
 MAX_QUEUE_WAIT_S = 30 * 24 * 3600.0  # a learned queue-wait correction, at most a month either way
+
+
+# Every field of a task: the set a task the planner lays out reports as set (shared: never changed).
+_TASK_FIELDS = set(PlannedTask.model_fields)
+
+
+def laid_out_tasks(rows: list[dict[str, Any]]) -> list[PlannedTask]:
+    """Tasks the planner laid out itself on a validated snapshot: each row holds every field,
+    plain ints ≥ 0 and the snapshot's own ids. Built as ``PlannedTask.model_construct`` builds a
+    model, without validating each field again: an option holds thousands of tasks, and a quote
+    lays out tasks for every option it prices (their validation took a tenth of a 70B quote).
+    Tasks from outside the planner (a request, a stored plan) are validated as any model is."""
+    new, set_attr = PlannedTask.__new__, object.__setattr__
+    out = []
+    for row in rows:
+        task = new(PlannedTask)
+        set_attr(task, "__dict__", row)
+        set_attr(task, "__pydantic_fields_set__", _TASK_FIELDS)
+        set_attr(task, "__pydantic_extra__", None)
+        set_attr(task, "__pydantic_private__", None)
+        out.append(task)
+    return out
+
+
 STEP_PARTS = (
     "data",
     "compute",

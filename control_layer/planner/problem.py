@@ -593,10 +593,10 @@ def build_problem(fleet: Fleet, deg: Degrees) -> Problem:
     args = (lay.flops, lay.intra_bw, lay.intra_lat, lay.pp_bw, lay.pp_lat)
     # The job's pipeline schedule, as its workers run it and the estimator prices it.
     sched = spec.pp_schedule
-    t1 = cm.replica_time(spec, tp, pp, zero, n_micro, 1, *args, schedule=sched).total
-    # Two replicas on a node: the smallest gradient ring. The bounds, fills and MILP rank by it;
-    # ``evaluate`` prices the ring of the replicas a solution puts on each node (``t_shared``).
-    t2 = cm.replica_time(spec, tp, pp, zero, n_micro, 2, *args, schedule=sched).total
+    # Alone, and two replicas on a node: the smallest gradient ring. The bounds, fills and MILP
+    # rank by it; ``evaluate`` prices the ring of the replicas a solution puts on each node
+    # (``t_shared``).
+    t1, t2 = cm.replica_totals(spec, tp, pp, zero, n_micro, (1, 2), *args, schedule=sched)
     m1 = cm.memory_per_device(spec, tp, pp, zero, 1, n_micro, spec.pp_schedule).total
     m2 = cm.memory_per_device(spec, tp, pp, zero, 2, n_micro, spec.pp_schedule).total
     b = 2.0 * (m1 - m2)

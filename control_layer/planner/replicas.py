@@ -71,15 +71,17 @@ def replicas_of(
         by_rank[t.dp_rank].append(t)
     if sorted(by_rank) != list(range(dp)):
         raise InvalidArgument(f"tasks must cover dp ranks 0..{dp - 1}", dp=dp)
-    roles_needed = [(s, r) for s in range(pp) for r in range(tp)]
+    roles_needed = {(s, r) for s in range(pp) for r in range(tp)}
     out = []
     for rank in range(dp):
         group = by_rank[rank]
-        if sorted((t.pp_stage, t.tp_rank) for t in group) != roles_needed:
+        # One task per role: as many tasks as roles, and every role among them.
+        if len(group) != len(roles_needed) or {(t.pp_stage, t.tp_rank) for t in group} != roles_needed:
             raise InvalidArgument(f"dp rank {rank} must have one task per (pp_stage, tp_rank)", dp_rank=rank)
         devices = []
         for t in group:
-            found = slots_of(t.cluster, t.node).get(t.device)
+            on_node = index.get((t.cluster, t.node))
+            found = (slots_of(t.cluster, t.node) if on_node is None else on_node).get(t.device)
             if found is None:
                 raise InvalidArgument(
                     f"task names unknown device {t.cluster}/{t.node}/{t.device}", cluster=t.cluster

@@ -67,9 +67,8 @@ def _times(fleet: Fleet, tp: int, pp: int, zero: int, dps: list[int]) -> tuple[n
     args = (lay.flops, lay.intra_bw, lay.intra_lat, lay.pp_bw, lay.pp_lat)
     shape = (len(dps), len(lay.units))
     sched = spec.pp_schedule  # the job's, as ``problem.build_problem`` prices it
-    t1 = cm.replica_time(spec, tp, pp, zero, m[:, None], 1, *args, schedule=sched).total
-    # Two replicas on a node: the smallest gradient ring, so the screen's bounds stay bounds.
-    t2 = cm.replica_time(spec, tp, pp, zero, m[:, None], 2, *args, schedule=sched).total
+    # Alone, and two replicas on a node: the smallest gradient ring, so the screen's bounds stay bounds.
+    t1, t2 = cm.replica_totals(spec, tp, pp, zero, m[:, None], (1, 2), *args, schedule=sched)
     return np.broadcast_to(t1, shape).astype(float), np.broadcast_to(t2, shape).astype(float)
 
 

@@ -15,6 +15,7 @@ LOCAL_BANDWIDTH_GBPS = 100.0
 LOCAL_LATENCY_MS = 0.5
 
 T = TypeVar("T")
+_MISSING = object()  # ``derived``: no value kept yet (a kept value may be None)
 
 
 class _Plain(BaseModel):
@@ -261,7 +262,9 @@ class ResourceSnapshot(_Plain):
 
     def link(self, a: str, b: str) -> LinkInfo | None:
         """The link from region a to region b; same region -> the local fabric; None if unknown."""
-        found = self._links.get((a, b))
+        # The private dict read directly: ``self._links`` goes through BaseModel.__getattr__, and
+        # the estimate asks for links thousands of times a quote.
+        found = self.__pydantic_private__["_links"].get((a, b))
         if found is not None:
             return found
         if a == b:
@@ -281,18 +284,25 @@ class ResourceSnapshot(_Plain):
         """What ``build`` derives from this snapshot, built on first use and kept with it: a
         snapshot is never changed in place (the server hands out the same object while the fleet
         is unchanged), so quotes on it share the work."""
-        if self._derived.get("__owner__") != id(self):
+        private = self.__pydantic_private__  # read directly: the quote path calls this often
+        kept = private["_derived"]
+        if kept.get("__owner__") != id(self):
             # A copy (model_copy) shares its original's dict, not its contents' validity.
-            self._derived = {"__owner__": id(self)}
-        if name not in self._derived:
-            self._derived[name] = build(self)
-        return self._derived[name]
+            kept = private["_derived"] = {"__owner__": id(self)}
+        got = kept.get(name, _MISSING)
+        if got is _MISSING:
+            got = kept[name] = build(self)
+        return got
 
     def clusters_by_id(self) -> dict[str, ClusterInfo]:
         return self.derived("clusters_by_id", lambda s: {c.id: c for c in s.clusters})
 
     def nodes_by_id(self) -> dict[str, NodeInfo]:
         return self.derived("nodes_by_id", lambda s: {n.id: n for c in s.clusters for n in c.nodes})
+
+    def region_of(self) -> dict[str, str]:
+        """Cluster id -> its region."""
+        return self.derived("region_of", lambda s: {c.id: c.region for c in s.clusters})
 
     def cluster(self, cluster_id: str) -> ClusterInfo:
         return self.clusters_by_id()[cluster_id]

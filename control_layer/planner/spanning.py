@@ -28,8 +28,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from pydantic import TypeAdapter
-
 from contracts.errors import InvalidArgument
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
@@ -45,7 +43,14 @@ from control_layer.planner.listing import natural
 from control_layer.planner.local_step import composition_walk, n_micro_batches, rate_key, replica_walks
 from control_layer.planner.options import plan_id, qos_checks
 from control_layer.planner.placement import Placement
-from control_layer.planner.plan_types import Calibration, GroupingBound, PlannedTask, PlanOption, SyncTopology
+from control_layer.planner.plan_types import (
+    Calibration,
+    GroupingBound,
+    PlannedTask,
+    PlanOption,
+    SyncTopology,
+    laid_out_tasks,
+)
 from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.stage_order import Budget, Slot, best_order, search_orders, searchable
@@ -201,11 +206,8 @@ def _replicas(groups: list[Group], tp: int, pp: int, need: int) -> list[list[Slo
     return out
 
 
-_TASKS = TypeAdapter(list[PlannedTask])
-
-
 def _tasks(replicas: list[list[Slot]], tp: int, regions: dict[str, str]) -> list[PlannedTask]:
-    # One batched validation (as ``assign``): faster than constructing each task on its own.
+    # Laid out here from the snapshot's own figures (as ``assign``): not validated again.
     rows = [
         {
             "dp_rank": r,
@@ -219,7 +221,7 @@ def _tasks(replicas: list[list[Slot]], tp: int, regions: dict[str, str]) -> list
         for r, devices in enumerate(replicas)
         for i, (c, n, d) in enumerate(devices)
     ]
-    return _TASKS.validate_python(rows, strict=True)
+    return laid_out_tasks(rows)
 
 
 def spans_clusters(pools: list[Pool], snapshot: ResourceSnapshot) -> bool:
@@ -229,7 +231,13 @@ def spans_clusters(pools: list[Pool], snapshot: ResourceSnapshot) -> bool:
     reachable = reachable_nodes(snapshot)
     if not reachable:
         return False
-    return len({p.cluster.id for p in pools if any(n in reachable for n, _ in p.nodes)}) >= 2
+    found: set[str] = set()
+    for p in pools:  # stops at the second such cluster: asked several times a quote, over every pool
+        if p.cluster.id not in found and any(n in reachable for n, _ in p.nodes):
+            found.add(p.cluster.id)
+            if len(found) >= 2:
+                return True
+    return False
 
 
 def behind_own_ports(pools: list[Pool]) -> bool:
@@ -371,7 +379,7 @@ def spanning_options(
     replicas of each shape (``_wanted_degrees``)."""
     wanted = _wanted_degrees(spec, snapshot, pools, competing)
     clusters = snapshot.clusters_by_id()
-    regions = {c.id: c.region for c in snapshot.clusters}
+    regions = snapshot.region_of()
     orders = _orders(snapshot, pools, _groups(pools, snapshot), competing)
     out: dict[str, PlanOption] = {}
     budget = Budget()  # the stage-order searches' share of this quote
@@ -406,7 +414,7 @@ def _placements(
     behind faster ports, or its boundaries on cheaper links: the front keeps what is better), and
     as the grouping search forms them from the first cluster alone, where it holds them all; each
     with the grouping's bound where its replicas lie in that one cluster."""
-    regions = {c.id: c.region for c in snapshot.clusters}
+    regions = snapshot.region_of()
     out: list[tuple[list[list[Slot]], list[PlannedTask] | None, Grouping | None]] = []
     chosen = _chosen(snapshot, deg, ordered, pooled, regions)
     first = ordered[0] if ordered and not pooled and ordered[0][0] in regions else None

@@ -263,7 +263,7 @@ def best_order(
     """One replica's node blocks in the order that walks fastest (``walk`` prices it), within
     what is left of ``budget``; ``others``: the other replicas' crossings of shared pipes
     (``cross_cluster.pipe_shares``), none by default. ``keep_head``: its first node stays first."""
-    region_of = {c.id: c.region for c in snapshot.clusters}
+    region_of = snapshot.region_of()
     cluster_of = node_clusters(snapshot)
     nodes = snapshot.nodes_by_id()
     bs = blocks(replica)
