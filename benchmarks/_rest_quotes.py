@@ -130,6 +130,11 @@ def rest_latency(snap: ResourceSnapshot, specs: list[dict[str, Any]], *, workers
             time.sleep(0.2)
 
         jurisdictions = {r.name: r.jurisdiction for r in snap.regions}
+        # As the snapshot holds them: approved by an admin, the only ones data residency trusts.
+        for region, jurisdiction in sorted(jurisdictions.items()):
+            if jurisdiction:
+                r = http.put(f"/v1/regions/{region}/jurisdiction", json={"jurisdiction": jurisdiction})
+                r.raise_for_status()
         tokens = {}
         for provider in sorted({c.provider for c in snap.clusters}):
             r = http.post(
@@ -159,6 +164,7 @@ def rest_latency(snap: ResourceSnapshot, specs: list[dict[str, Any]], *, workers
                     "bandwidth_gbps": ln.bandwidth_gbps,
                     "latency_ms": ln.latency_ms,
                     "egress_price_per_gb": ln.egress_price_per_gb,
+                    "private": ln.private,
                 },
             )
             r.raise_for_status()
