@@ -27,7 +27,6 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from _round_wire import read_tx  # noqa: E402
 from _wan_workload import LINK_MBIT, REGIONS  # noqa: E402
 from netlab import NetLab, netns_available  # noqa: E402
 
@@ -70,15 +69,10 @@ def one_round(lab: NetLab, nbytes: int, tmp: Path) -> dict[str, float]:
         nxt = lab.regions[names[(i + 1) % len(names)]].ip
         argv = [sys.executable, "-c", REGION, lab.regions[r].ip, nxt, str(nbytes), repr(start_at)]
         procs[r] = lab.popen(r, argv, env={**os.environ}, log=tmp / f"{r}.out")
-    pids = {r: p.pid for r, p in procs.items()}
-    before = {r: read_tx(pids[r], lab.regions[r].dev) for r in names}
-    time.sleep(max(0.0, start_at - time.time()))
-    tx_at_end: dict[str, int | None] = {}
-    while any(p.poll() is None for p in procs.values()):
-        for r in names:
-            if procs[r].poll() is None:
-                tx_at_end[r] = read_tx(pids[r], lab.regions[r].dev)
-        time.sleep(0.002)
+    before = lab.counters()  # the namespaces outlive the senders: read before and after
+    for p in procs.values():
+        p.wait(timeout=120)
+    after = lab.counters()
     spans = {}
     for r in procs:
         t0, t1, got = (float(x) for x in (tmp / f"{r}.out").read_text().split())
@@ -86,7 +80,7 @@ def one_round(lab: NetLab, nbytes: int, tmp: Path) -> dict[str, float]:
             raise RuntimeError(f"{r} received {int(got)} of {nbytes} bytes")
         spans[r] = t1 - t0
     slowest = max(spans, key=lambda r: spans[r])
-    sent = (tx_at_end.get(slowest) or 0) - (before[slowest] or 0)
+    sent = after[slowest][0] - before[slowest][0]
     return {
         "round_s": spans[slowest],
         "bytes": sent,
