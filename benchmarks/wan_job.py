@@ -25,7 +25,11 @@ Figures, read back from the API (job detail, result, metrics series) and the vet
   ``wan_wire_bytes_sent``: their sync sockets' kernel TCP counters with per-segment headers);
   their gRPC message count (``wan_bytes_sent``, what egress is priced on) is shown beside;
 - held-out loss of the final model at equal tokens (16 x 64 sequences no training stream sees);
-- job wall time (``actual_duration_s``) against the slowest region's train loop.
+- job wall time (``actual_duration_s``) against the slowest region's train loop;
+- round time over wire (``_round_wire.py``): per exchange round, the time the region that opened
+  it last took to complete it, over the time the bytes it put on its veth within that span need
+  at the link rate (the veth tx counters sampled every 5 ms, the rounds' spans from the workers'
+  results); the median round per mode (``round_time_over_wire_p50``; 1.0 is the wire's speed).
 Rows: fixed settings (each sets H and an uncompressed payload), and "diloco planned", whose spec
 names the mode alone: the planner chooses H and the codec (and overlap, fragments, checkpoints
 and ring order) from the links the agents measured; the table shows what it chose, read back
@@ -54,6 +58,7 @@ sys.path.insert(0, str(REPO))
 
 import httpx  # noqa: E402
 from _host import patience  # noqa: E402
+from _round_wire import TxSampler, round_figures, summary  # noqa: E402
 from _wan_workload import (  # noqa: E402
     BATCH,
     DATA,
@@ -162,6 +167,10 @@ class Fleet:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
         return self.lab.popen(spec.region, argv, log=d / "agent.log", env=env, cwd=REPO)
 
+    def veths(self) -> dict[str, tuple[int, str]]:
+        """Per region, a process inside its namespace (its agent) and the region's veth."""
+        return {r: (self.agents[r].pid, self.lab.regions[r].dev) for r in REGIONS}
+
     def work_dir(self, node_cluster: str) -> Path:
         return self.root / f"agent-{node_cluster}"
 
@@ -225,12 +234,13 @@ def run_job(
     client = fleet.client
     assert client is not None
     before = inter_region_tx(fleet.lab)
-    job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
-    jid = job["id"]
-    killed: dict[str, Any] = {}
-    if fault:
-        killed = kill_mid_job(fleet, jid, spec["training"]["steps"])
-    done = wait_job(client, jid, timeout_s)
+    with TxSampler(fleet.veths()) as sampler:
+        job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
+        jid = job["id"]
+        killed: dict[str, Any] = {}
+        if fault:
+            killed = kill_mid_job(fleet, jid, spec["training"]["steps"])
+        done = wait_job(client, jid, timeout_s)
     after = inter_region_tx(fleet.lab)
     if done["status"] != "succeeded":
         return {"mode": name, "status": done["status"], "reason": done["reason"], **killed}
@@ -253,6 +263,8 @@ def run_job(
                 )
             )
     events = job_events(client, jid)
+    spans = {r: [tuple(sp) for sp in x.get("round_spans") or []] for r, x in results.items()}
+    wire = summary(round_figures(spans, sampler.tx_between, LINK_MBIT * 1e6 / 8))
     out = {
         "mode": name,
         "status": done["status"],
@@ -269,6 +281,8 @@ def run_job(
         "wan_bytes_veth": after - before,
         "wan_bytes_metrics": sum(task_total(t, per_task, "wan_bytes_sent") or 0 for t in done["tasks"]),
         "wan_bytes_wire": wire_total(done["tasks"], per_task),
+        # Each round's time over its bytes' time at the shaped rate (``_round_wire.py``).
+        **wire,
         "job_wall_s": done["actual_duration_s"],
         "train_loop_s": max(x["train_s"] for x in results.values()),
         "checkpoint_every": runtime.get("checkpoint_every"),
@@ -398,13 +412,16 @@ def main() -> int:
     print(
         "| mode | status | held-out loss | vs sync | utilisation (own work) | fwd/bwd only | WAN MB (veth) "
         "| WAN MB (wire) | veth vs wire | WAN MB (gRPC) | job wall s | train loop s | H | codec "
-        "| checkpoint every | overlap (steps) | fragments |"
+        "| checkpoint every | overlap (steps) | fragments | round s (p50) | round / wire (p50) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     sync_loss = rows.get("sync", {}).get("loss")
 
     def mb(n: int | None) -> str:
         return "unavailable" if n is None else f"{n / 1e6:.2f}"
+
+    def num(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
 
     def star(r: dict[str, Any]) -> str:
         return "*" if r.get("sync_chosen") else ""
@@ -424,7 +441,8 @@ def main() -> int:
               f"{mb(r['wan_bytes_wire'])} | {gap(r)} | {r['wan_bytes_metrics'] / 1e6:.2f} | "
               f"{r['job_wall_s']:.1f} | {r['train_loop_s']:.1f} | {r['sync_every']}{star(r)} | "
               f"{r['compression']}{star(r)} | {r['checkpoint_every']} | "
-              f"{r['overlap']} ({r['overlap_steps']}) | {r['fragments']} |")  # fmt: skip
+              f"{r['overlap']} ({r['overlap_steps']}) | {r['fragments']} | {num(r['round_s_p50'])} | "
+              f"{num(r['round_time_over_wire_p50'])} |")  # fmt: skip
 
     def get(mode: str, key: str) -> Any:
         return rows.get(mode, {}).get(key)
@@ -458,6 +476,10 @@ def main() -> int:
             planned["loss"] / sync_row["loss"] - 1 if planned.get("loss") and sync_row.get("loss") else None
         ),
         "counter_agreement": max(agreements) if agreements else None,
+        # per mode: the median round's time over its bytes' time at the link rate
+        "round_time_over_wire_p50": {
+            k: r.get("round_time_over_wire_p50") for k, r in rows.items() if not k.startswith("fault")
+        },
         "fault_lost_steps": fault.get("fault_lost_steps"),
         "fault_job_succeeded": fault.get("status") == "succeeded" if fault else None,
         "checkpoint_every": fault.get("checkpoint_every"),

@@ -163,7 +163,7 @@ class Trainer:
         everyone = self._gather_to_leader(mine if self.sync_leader else None)
         return [everyone[self.dims.stage_leader(s)] for s in range(self.dims.pp)] if everyone else []
 
-    def sync_totals(self) -> dict[str, int]:
+    def sync_totals(self) -> dict[str, Any]:
         """Collective in per-stage sync: the run's WAN byte totals, every stage's engine's added up
         (on global rank 0); else this rank's engine's."""
         if not self.per_stage:

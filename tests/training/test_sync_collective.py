@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from contracts.sync_config import SyncConfig
+from training.sync import pipeline
 from training.sync.algorithms.ring import all_gather_step, owned_chunk, reduce_scatter_step, ring_members
 from training.sync.collective import Reduced
 from training.sync.engine import create_engine
@@ -99,6 +100,43 @@ def test_weighted_average_is_exact_and_identical_and_the_ring_sends_less(
     assert all(rings[r] == (n_regions >= 3) for r in regions)
     for r in regions:
         assert per_region * payload <= sent[r] <= per_region * payload * 1.05, (r, sent[r])
+
+
+@pytest.mark.parametrize("compression", ["none", "int8"])
+def test_a_ring_in_parts_passed_on_as_they_arrive_gives_the_same_bits_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compression: str
+) -> None:
+    # 30,000 elements over 3 regions: chunks of 10,000, each in 3 parts of at most 4,096 (they
+    # travel as separate pushes, each passed on to the next hop as soon as it is in).
+    regions = ["a", "b", "c"]
+    gen = torch.Generator().manual_seed(2)
+    xs = {r: torch.randn(30_000, generator=gen) for r in regions}
+    weights = {"a": 1.0, "b": 2.0, "c": 3.0}
+    whole, sent_whole, _ = reduce_everywhere(
+        tmp_path / "whole", xs, weights, rounds=3, compression=compression
+    )
+    monkeypatch.setattr(pipeline, "PART_ELEMS", 4096)
+    assert len(pipeline.part_slices(slice(0, 10_000), 10_000)) == 3
+    parts, sent_parts, rings = reduce_everywhere(
+        tmp_path / "parts", xs, weights, rounds=3, compression=compression
+    )
+    assert all(rings.values())
+    for i in range(3):
+        assert all(torch.equal(parts[r][i], parts["a"][i]) for r in regions)
+    if compression == "none":  # each element is summed in the same order: the very same bits
+        assert all(torch.equal(parts["a"][i], whole["a"][i]) for i in range(3))
+    else:  # int8 scales per part: as close to the truth as whole chunks are, not equal to them
+        want = sum(weights[r] * xs[r] for r in regions) / sum(weights.values())
+        err = [float((out["a"][0] - want).abs().max()) for out in (whole, parts)]
+        assert 0 < err[1] < 2 * err[0], err
+    # Each extra part carries its own header and ack: under 256 bytes each (3 rounds of 4 hops of
+    # 2 extra parts), no more.
+    for r in regions:
+        assert sent_whole[r] < sent_parts[r] < sent_whole[r] + 3 * 4 * 2 * 256, (
+            r,
+            sent_whole[r],
+            sent_parts[r],
+        )
 
 
 def test_compressed_ring_keeps_every_region_on_the_same_bits_and_feeds_errors_back(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ class Codec:
 
     def decode(self, c: EncodedChunk, out: Tensor) -> None:
         """Write the chunk's values into ``out`` (a 1-D float32 view of ``c.numel`` elements)."""
-        out.copy_(torch.from_numpy(_frombuffer(c.data, np.float32, c.numel)))
+        out.numpy()[:] = _view(c.data, np.float32, c.numel)  # one copy: from the bytes into ``out``
 
 
 class Fp16Codec(Codec):
@@ -216,8 +216,13 @@ def _huffman_decode(data: bytes, numel: int) -> bytes:
     return raw
 
 
-def _frombuffer(buf: bytes, dtype: type, count: int) -> np.ndarray:
+def _view(buf: bytes, dtype: type, count: int) -> np.ndarray:
+    """The payload as a read-only array over its bytes (no copy), its length checked."""
     need = np.dtype(dtype).itemsize * count
     if len(buf) != need:
         raise InvalidArgument(f"chunk payload is {len(buf)} bytes, expected {need}", field="chunk.data")
-    return np.frombuffer(buf, dtype=dtype, count=count).copy()  # writable, owned by the tensor
+    return np.frombuffer(buf, dtype=dtype, count=count)
+
+
+def _frombuffer(buf: bytes, dtype: type, count: int) -> np.ndarray:
+    return _view(buf, dtype, count).copy()  # writable, owned by the tensor

@@ -19,7 +19,9 @@ class ErrorFeedback:
         every receiver will see) and the residual to keep if the send succeeds (``commit``)."""
         target = x if self.residual is None or not self.enabled else x + self.residual
         enc = encode_tensor(target, self.codec, self.chunk_bytes)
-        decoded = decode_tensor(enc, self.codec)
+        # float32 travels exactly: its decoding is the value itself (no decode pass, no copy).
+        exact = self.codec.name == "fp32"
+        decoded = target.detach().reshape(-1).float() if exact else decode_tensor(enc, self.codec)
         residual = (target - decoded) if self.enabled and self.codec.name != "fp32" else None
         return enc, decoded, residual
 

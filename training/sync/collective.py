@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -43,6 +44,7 @@ from training.sync.algorithms.ring import all_gather_step, owned_chunk, reduce_s
 from training.sync.algorithms.schedule import fragment_slices
 from training.sync.messages import InMessage, Meta, OutMessage, PushResult
 from training.sync.node import GONE_CHECK_S, RegionNode
+from training.sync.pipeline import PushQueue, part_slices
 from training.sync.transport import PeerError
 
 
@@ -246,20 +248,6 @@ class DenseReducer:
             self.hops[key] = self._ef()
         return self.hops[key]
 
-    def _exchange(
-        self, stream: str, r: int, nxt: str, prv: str, msg: OutMessage, deadline: float
-    ) -> tuple[InMessage, bool]:
-        push = self._send(nxt, msg, max(0.1, deadline - time.monotonic()))
-        # A live predecessor that left the ring (it counts other members for this round: one was
-        # dropped or readmitted at another round) sends on the plain stream: no hop comes then.
-        got = self.node.collect(stream, r, [prv], deadline, mark_missing=False, give_up_on=self.stream)
-        stale, failed = self._acks({nxt: push}, deadline, r)
-        if prv not in got and prv not in failed:
-            self.node.probe(prv)
-        if failed or prv not in got:
-            raise RingBroken(f"ring hop {stream} round {r}: {failed or prv} missing")
-        return got[prv], stale
-
     def _ring(
         self,
         r: int,
@@ -289,56 +277,60 @@ class DenseReducer:
         """The ring over ``members`` of weighted sums ``xw`` of total ``weight``: the average, the
         fingerprints and figures of every contribution, each chunk's encoding as every member
         decoded it, and whether a peer was ahead. ``origin``: this member's contributions'
-        ``name=fingerprint`` entries, joined by ';' (a head carries its group's)."""
+        ``name=fingerprint`` entries, joined by ';' (a head carries its group's). Each hop's chunk
+        travels in parts, each passed on as soon as it is in (``pipeline``)."""
         size = len(members)
         i = members.index(self.me)
         nxt, prv = members[(i + 1) % size], members[(i - 1) % size]
-        sl = fragment_slices(xw.numel(), size)
-        acc = [xw[s] for s in sl]
-        wacc = [weight] * size
-        residuals: list[tuple[ErrorFeedback, Tensor | None]] = []
-        stale = False
-        for k in range(size - 1):
-            send_c, recv_c = reduce_scatter_step(i, k, size)
-            ef = self._hop(members, f"{tier}rs", k)
-            enc, _, res = ef.compress(acc[send_c])
-            residuals.append((ef, res))
-            stream = f"{self.stream}.{tier}rs{k}"
-            msg = OutMessage(Meta(self.me, stream, r, wacc[send_c], step=step), [("x", enc)])
-            got, st = self._exchange(stream, r, nxt, prv, msg, deadline)
-            stale = stale or st
-            acc[recv_c] = got.tensors["x"] + xw[sl[recv_c]]
-            wacc[recv_c] = got.meta.weight + weight
-        out = torch.empty_like(xw)
-        fps: dict[str, str] = {}
-        encs: list[EncodedTensor] = [None] * size  # type: ignore[list-item]
-        own = owned_chunk(i, size)
-        ef = self._hop(members, f"{tier}ag", 0)
-        enc, decoded, res = ef.compress(acc[own] / wacc[own])
-        residuals.append((ef, res))
-        out[sl[own]] = decoded
-        encs[own] = enc
-        figs = {self.me: self.figures}
-        opened_at, step_s = self.figures
-        _parse_origin(origin, fps, figs)
-        for k in range(size - 1):
-            _, recv_c = all_gather_step(i, k, size)
-            stream = f"{self.stream}.{tier}ag{k}"
-            meta = Meta(self.me, stream, r, fingerprint=origin, step=step, step_s=step_s, opened_at=opened_at)
-            got, st = self._exchange(stream, r, nxt, prv, OutMessage(meta, [("x", enc)]), deadline)
-            stale = stale or st
-            out[sl[recv_c]] = got.tensors["x"]
-            origin = got.meta.fingerprint
-            region = _parse_origin(origin, fps)
-            # The chunk's origin's figures travel with it, so every region gets every region's.
-            opened_at, step_s = got.meta.opened_at, got.meta.step_s
-            figs[region] = (opened_at, step_s)
-            _parse_origin(origin, fps, figs)
-            enc = got.encoded["x"]  # forwarded as received: every region decodes the same bytes
-            encs[recv_c] = enc
-        for ef, res in residuals:
+        ring = _Ring(self, r, step, members, tier, xw, origin)
+        sends = PushQueue(self.node.client(nxt), deadline)
+        try:
+            ring.start(sends, xw, weight)
+            if size == 1:
+                for j, part in enumerate(ring.parts[ring.own]):
+                    ring.gather_own(sends, j, xw[part], weight)
+            for k in range(size - 1):
+                _, recv_c = reduce_scatter_step(i, k, size)
+                for j, part in enumerate(ring.parts[recv_c]):
+                    got = self._hop_in(f"{self.stream}.{tier}rs{k}", j, r, prv, deadline)
+                    val, w = got.tensors["x"] + xw[part], got.meta.weight + weight
+                    if k < size - 2:
+                        ring.scatter(sends, k + 1, j, val, w)
+                    else:
+                        ring.gather_own(sends, j, val, w)
+            for k in range(size - 1):
+                _, recv_c = all_gather_step(i, k, size)
+                for j, part in enumerate(ring.parts[recv_c]):
+                    got = self._hop_in(f"{self.stream}.{tier}ag{k}", j, r, prv, deadline)
+                    ring.gathered(sends, k, recv_c, j, part, got)
+        finally:
+            acks = sends.close()
+        stale = self._hop_acks(acks, nxt, prv, deadline, r)
+        for ef, res in ring.residuals:
             ef.commit(res)
-        return out, fps, figs, encs, stale
+        encs = [_joined(parts) for parts in ring.encs]
+        return ring.out, ring.fps, ring.figs, encs, stale
+
+    def _hop_in(self, stream: str, j: int, r: int, prv: str, deadline: float) -> InMessage:
+        """Part ``j`` of a hop from the ring's previous region; the ring is broken without it."""
+        name = stream if j == 0 else f"{stream}.{j}"
+        # A live predecessor that left the ring (it counts other members for this round: one was
+        # dropped or readmitted at another round) sends on the plain stream: no hop comes then.
+        got = self.node.collect(name, r, [prv], deadline, mark_missing=False, give_up_on=self.stream)
+        if prv not in got:
+            self.node.probe(prv)
+            raise RingBroken(f"ring hop {name} round {r}: {prv} missing")
+        return got[prv]
+
+    def _hop_acks(self, acks: list[Future], nxt: str, prv: str, deadline: float, r: int) -> bool:
+        """Whether a peer was ahead; a failed push breaks the ring (its peer is marked dead)."""
+        stale = False
+        for fut in acks:
+            st, failed = self._acks({nxt: fut}, deadline, r)
+            if failed:
+                raise RingBroken(f"ring round {r}: push to {nxt} failed")
+            stale = stale or st
+        return stale
 
     def _hierarchical(
         self,
@@ -444,3 +436,100 @@ class DenseReducer:
         for k, s in dict(state.get("hops", {})).items():  # type: ignore[call-overload]
             self.hops[k] = self._ef()
             self.hops[k].load_state_dict(s)
+
+
+def _joined(parts: list[EncodedTensor]) -> EncodedTensor:
+    """A chunk's encoding from its parts' (each part's chunks at its offset within the chunk)."""
+    out = EncodedTensor(parts[0].codec, sum(p.numel for p in parts))
+    base = 0
+    for p in parts:
+        out.chunks.extend(replace(c, offset=c.offset + base) for c in p.chunks)
+        base += p.numel
+    return out
+
+
+class _Ring:
+    """One ring round's state in a region: the chunks and their parts, what it sends on, and what
+    it has gathered (the average, each part's encoding, fingerprints and figures)."""
+
+    def __init__(
+        self,
+        red: DenseReducer,
+        r: int,
+        step: int,
+        members: list[str],
+        tier: str,
+        xw: Tensor,
+        origin: str,
+    ) -> None:
+        self.red, self.r, self.step, self.members, self.tier = red, r, step, members, tier
+        size = len(members)
+        i = members.index(red.me)
+        self.chunks = fragment_slices(xw.numel(), size)
+        self.parts = [part_slices(c, xw.numel() // size) for c in self.chunks]
+        self.own = owned_chunk(i, size)
+        self.out = torch.empty_like(xw)
+        self.encs: list[list[Any]] = [[None] * len(p) for p in self.parts]
+        self.residuals: list[tuple[ErrorFeedback, Tensor | None]] = []
+        self.origin = origin
+        self.fps: dict[str, str] = {}
+        self.figs: dict[str, tuple[float, float]] = {red.me: red.figures}
+        _parse_origin(origin, self.fps, self.figs)
+
+    def _ef(self, phase: str, k: int, j: int) -> ErrorFeedback:
+        # Part 0 keeps the hop's key of whole-chunk hops (its residual in older checkpoints).
+        return self.red._hop(self.members, f"{self.tier}{phase}" if j == 0 else f"{self.tier}{phase}.{j}.", k)
+
+    def _stream(self, phase: str, k: int, j: int) -> str:
+        name = f"{self.red.stream}.{self.tier}{phase}{k}"
+        return name if j == 0 else f"{name}.{j}"
+
+    def start(self, sends: PushQueue, xw: Tensor, weight: float) -> None:
+        """The reduce-scatter's first hop: this region's own chunk, part by part."""
+        size = len(self.members)
+        if size > 1:
+            send_c, _ = reduce_scatter_step(self.members.index(self.red.me), 0, size)
+            for j, part in enumerate(self.parts[send_c]):
+                self.scatter(sends, 0, j, xw[part], weight)
+
+    def scatter(self, sends: PushQueue, k: int, j: int, x: Tensor, w: float) -> None:
+        """Send part ``j`` of the reduce-scatter's hop ``k``: a running sum of total weight ``w``."""
+        ef = self._ef("rs", k, j)
+        enc, _, res = ef.compress(x)
+        self.residuals.append((ef, res))
+        meta = Meta(self.red.me, self._stream("rs", k, j), self.r, w, step=self.step)
+        sends.put(OutMessage(meta, [("x", enc)]))
+
+    def gather_own(self, sends: PushQueue, j: int, x: Tensor, w: float) -> None:
+        """Part ``j`` of the chunk this region holds fully summed: averaged, encoded once, kept,
+        and sent on the all-gather's first hop."""
+        ef = self._ef("ag", 0, j)
+        enc, decoded, res = ef.compress(x / w)
+        self.residuals.append((ef, res))
+        self.out[self.parts[self.own][j]] = decoded
+        self.encs[self.own][j] = enc
+        if len(self.members) > 1:
+            opened_at, step_s = self.red.figures
+            meta = Meta(
+                self.red.me, self._stream("ag", 0, j), self.r,
+                fingerprint=self.origin, step=self.step, step_s=step_s, opened_at=opened_at,
+            )  # fmt: skip
+            sends.put(OutMessage(meta, [("x", enc)]))
+
+    def gathered(self, sends: PushQueue, k: int, c: int, j: int, part: slice, got: InMessage) -> None:
+        """Part ``j`` of chunk ``c`` arrived on the all-gather's hop ``k``: kept, and its bytes
+        forwarded as received (every region decodes the same), with its origin's figures."""
+        self.out[part] = got.tensors["x"]
+        m = got.meta
+        if j == 0:
+            region = _parse_origin(m.fingerprint, self.fps)
+            self.figs[region] = (m.opened_at, m.step_s)
+            _parse_origin(m.fingerprint, self.fps, self.figs)
+        enc = got.encoded["x"]
+        self.encs[c][j] = enc
+        if k < len(self.members) - 2:
+            meta = Meta(
+                self.red.me, self._stream("ag", k + 1, j), self.r,
+                fingerprint=m.fingerprint, step=self.step, step_s=m.step_s, opened_at=m.opened_at,
+            )  # fmt: skip
+            sends.put(OutMessage(meta, [("x", enc)]))

@@ -431,7 +431,7 @@ class SyncEngine:
         n = self.node.wire.sample(force=force)
         return {} if n is None else {"wire_bytes_sent_total": n}
 
-    def totals(self) -> dict[str, int]:
+    def totals(self) -> dict[str, Any]:
         """Bytes the leader sent to peer regions over the whole run, for the result (after
         ``close``, so the last exchange and leaving the peers are in them): ``wan_bytes_sent``
         counts gRPC messages (serialized plus the 5-byte prefix: what egress is priced on),
@@ -448,6 +448,10 @@ class SyncEngine:
         n = self.node.wire.sample(force=True)
         if n is not None:
             out["wan_wire_bytes_sent"] = n
+        if self.strategy is not None and self.strategy.round_spans:
+            # When each exchange opened and completed (unix s, ms-rounded): with the link's
+            # counters they give each round's time against its bytes' time at the link rate.
+            out["round_spans"] = [[round(a, 3), round(b, 3)] for a, b in self.strategy.round_spans]
         return out
 
     def close(self) -> None:

@@ -100,14 +100,20 @@ def merge_stage_metrics(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def merge_stage_totals(parts: list[dict[str, int]]) -> dict[str, int]:
+def merge_stage_totals(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's byte totals of every stage's engine, added up (keys present in every part)."""
     parts = [t for t in parts if t]
     if not parts:
         return {}
     keys = set.intersection(*(set(t) for t in parts))
-    # Flags (``insecure``) hold where any stage's engine raised them; counts add up.
-    return {
-        k: any(t[k] for t in parts) if isinstance(parts[0][k], bool) else sum(t[k] for t in parts)
-        for k in sorted(keys)
-    }
+    # Flags (``insecure``) hold where any stage's engine raised them; counts add up; lists (the
+    # exchanges' spans) are every stage's, in time order.
+    return {k: _merge_total([t[k] for t in parts]) for k in sorted(keys)}
+
+
+def _merge_total(values: list[Any]) -> Any:
+    if isinstance(values[0], bool):
+        return any(values)
+    if isinstance(values[0], list):
+        return sorted(v for vs in values for v in vs)
+    return sum(values)

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent import futures
+from concurrent.futures import Future
 from typing import Protocol
 
 import grpc
@@ -413,6 +414,37 @@ class PeerClient:
         self.stats.add_recv(self.dst, wire_bytes(ack))
         self.shaper.propagate(self.dst, self.src)  # the ack's way back
         return PushResult(ack.accepted, ack.reason, ack.progress)
+
+    def push_started(self, msg: OutMessage, timeout: float) -> tuple[threading.Event, Future]:
+        """Start a push without waiting for it: the event is set once gRPC has taken its last
+        frame (the next push to this peer may start: the link stays busy) or the call ended; the
+        future holds its ``PushResult`` or raises ``PeerError``."""
+        written, out = threading.Event(), Future()
+
+        def sent() -> Iterator[sync_pb2.Frame]:
+            yield from frames(msg, self.src, self.dst, self.shaper, self.stats)
+            written.set()
+
+        def done(call: grpc.Future) -> None:
+            written.set()
+            try:
+                ack = call.result()
+            except grpc.RpcError as e:
+                out.set_exception(PeerError(self.dst, e.code().name, e.details() or ""))
+                return
+            except Exception as e:  # noqa: BLE001 - cancelled: the caller sees it as a failed push
+                out.set_exception(PeerError(self.dst, "CANCELLED", str(e)))
+                return
+            self.stats.add_recv(self.dst, wire_bytes(ack))
+            self.shaper.propagate(self.dst, self.src)
+            out.set_result(PushResult(ack.accepted, ack.reason, ack.progress))
+
+        try:
+            call = self.stub.Push.future(sent(), timeout=timeout)
+        except grpc.RpcError as e:
+            raise PeerError(self.dst, e.code().name, e.details() or "") from None
+        call.add_done_callback(done)
+        return written, out
 
     def exchange(self, msg: OutMessage, timeout: float) -> InMessage:
         def run() -> InMessage:
