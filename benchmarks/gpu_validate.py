@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -196,15 +197,22 @@ def run_kept(
 ) -> subprocess.CompletedProcess[str]:
     """``cmd`` under a keeper (``contracts.lifetime``): torchrun's ranks end with this script,
     however it ends, and the whole tree is stopped after ``timeout_s``."""
-    from contracts.lifetime import keeper_command, stop_when
+    from contracts.lifetime import Watched, keeper_command
 
     kept, fds = keeper_command(cmd, grace_s=5)
     pipe = subprocess.PIPE if capture else None
     proc = subprocess.Popen(kept, env=env, cwd=REPO, pass_fds=fds, stdout=pipe, stderr=pipe, text=True)
-    watcher = stop_when(proc, time.monotonic() + timeout_s)
-    out, err = proc.communicate()
-    watcher.join()
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    watched = Watched(proc, time.monotonic() + timeout_s)
+    out = err = None
+    if proc.stdout is not None and proc.stderr is not None:  # read, not waited: the watcher reaps
+        errs: list[str] = []
+        reader = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        out = proc.stdout.read()
+        reader.join()
+        err = errs[0] if errs else ""
+    code, _ = watched.reap()
+    return subprocess.CompletedProcess(cmd, code, out, err)
 
 
 def reference_step(device: str, timeout_s: float) -> dict[str, float]:

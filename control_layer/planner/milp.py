@@ -452,7 +452,7 @@ def integer_vars(pr: Problem, objective: str, above: float = math.inf) -> int:
     cids = f.cls_first_cid[ok]
     n += sum(int(k) * (int(k) - 1) // 2 for k in np.unique(cids, return_counts=True)[1])  # one cluster
     regions = len(set(pr.region[ok].tolist()))
-    return n + 3 * regions
+    return n + 2 * regions
 
 
 def _build(pr: Problem, objective: str, beat: float) -> tuple[_Model, _Vars] | None:
