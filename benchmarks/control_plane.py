@@ -246,19 +246,34 @@ async def _simulate(
                     if seq % 16 == 0:
                         await asyncio.sleep(0)  # let the other streams of this process take turns
 
-            call = stub.Connect(messages())
-            async for msg in call:
-                if msg.WhichOneof("kind") == "ack":
-                    acked.set()
-                    with acked_count.get_lock():
-                        acked_count.value += 1
-                if end.is_set():
-                    break
-            call.cancel()
+            for attempt in range(5):  # as a real agent does: a stream refused as UNAVAILABLE is retried
+                call = stub.Connect(messages())
+                try:
+                    async for msg in call:
+                        if msg.WhichOneof("kind") == "ack":
+                            acked.set()
+                            with acked_count.get_lock():
+                                acked_count.value += 1
+                        if end.is_set():
+                            break
+                except grpc.aio.AioRpcError as exc:
+                    if acked.is_set() or exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == 4:
+                        raise
+                    await asyncio.sleep(0.5 * (attempt + 1))
+                    continue
+                finally:
+                    call.cancel()
+                return
+
+        async def node_said(i: int) -> None:
+            try:
+                await node(i)
+            except Exception as exc:  # a stream not accepted says why, not only that it was not
+                print(f"simulated node {i}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
         ready.release()
         await asyncio.to_thread(go.wait)
-        streams = [asyncio.create_task(node(i)) for i in indices]
+        streams = [asyncio.create_task(node_said(i)) for i in indices]
         await asyncio.sleep(seconds)
         end.set()
         await asyncio.wait(streams, timeout=10)

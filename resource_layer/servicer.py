@@ -9,6 +9,7 @@ supersedes the first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -199,7 +200,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self._streams[node_id] = outbox
         tasks: list[asyncio.Task[None]] = []
         try:
-            async with self._ctx.bus.subscribe(node_channel(node_id)) as subscription:
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    subscription = await stack.enter_async_context(
+                        self._ctx.bus.subscribe(node_channel(node_id))
+                    )
+                except Exception as exc:  # the bus (Redis) did not answer: the agent reconnects
+                    log.warning("subscribing the stream of node %s failed: %s", node_id, exc)
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE, "the control plane's bus did not answer; retry"
+                    )
                 # Subscribed first, then read what is pending: an assignment dispatched in between
                 # arrives twice rather than never, and the agent ignores ids it already has. The
                 # node reads as alive only from here on, when it can be sent work.
