@@ -126,6 +126,15 @@ def _node_capacity(handle: Any, cluster: str) -> tuple[int, int]:
         return int(count or 0), node.devices_unavailable
 
 
+def _queue_wait(handle: Any, cluster: str) -> float:
+    """The queue wait the cluster's node last reported (seconds)."""
+    with handle.ctx.session_factory() as session:
+        node = session.scalars(
+            select(Node).join(Cluster, Cluster.id == Node.cluster_id).where(Cluster.name == cluster)
+        ).one()
+        return node.queue_wait_s
+
+
 def _wait(check: Any, what: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -180,6 +189,9 @@ def test_a_drained_node_or_other_users_jobs_send_cpn_elsewhere_and_are_never_tou
             assert "JobState=RUNNING" in slurm.run("scontrol", "show", "job", "-o", other)
         slurm.run("scancel", *others)
         _wait(lambda: _node_capacity(handle, "hpc-1")[1] == 0, "the CPUs back")
+        # and no queue left: a wait estimated from the other users' jobs (their time limits) can
+        # outlast the job's max_hours, which keeps the node out of the search until it is reported
+        _wait(lambda: _queue_wait(handle, "hpc-1") == 0, "the queue wait back to none")
         free = client.post("/v1/jobs", json={"spec": short, "choice": "cheapest"}).raise_for_status().json()
         done = wait_job(client, free["id"], TERMINAL, timeout_s=240)
         assert done["status"] == "succeeded", done["reason"]
