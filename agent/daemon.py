@@ -45,7 +45,6 @@ from agent.checkpoint_transfer import (
 )
 from agent.duties import Duty, run_duty
 from agent.fetch import Cancelled
-from agent.gpu_telemetry import Sample
 from agent.gpu_watch import GpuWatch
 from agent.outbox import Outbox
 from agent.probe import build_probe_server, run_probe
@@ -62,6 +61,7 @@ from contracts.errors import InvalidArgument
 from contracts.node_staging import StagingProbe
 from contracts.registration import DeviceReport, NodeProfile
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from proto.cpn.agent.v1.devices import device_to_proto, sample_to_proto
 from proto.cpn.agent.v1.profile import profile_to_proto
 
 log = logging.getLogger(__name__)
@@ -129,29 +129,6 @@ def make_channel(
     if settings.tls_server_name:
         extra.append(("grpc.ssl_target_name_override", settings.tls_server_name))
     return grpc.aio.secure_channel(target, credentials, options=[*options, *extra])
-
-
-def sample_to_proto(x: Sample) -> agent_pb2.DeviceSample:
-    return agent_pb2.DeviceSample(
-        index=x.index,
-        utilization=x.utilization,
-        memory_used_gb=x.memory_used_gb,
-        power_w=x.power_w,
-        temperature_c=x.temperature_c,
-        health=x.health,
-    )
-
-
-def device_to_proto(d: DeviceReport) -> agent_pb2.Device:
-    return agent_pb2.Device(
-        index=d.index,
-        model=d.model,
-        memory_gb=d.memory_gb,
-        measured_tflops=d.measured_tflops,
-        kind=d.kind,
-        uuid=d.uuid,
-        nvlink_island=d.link_group + 1,
-    )
 
 
 class _Session:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 from agent.gpu_health import Verdict, node_reason, verdicts
 from agent.gpu_reading import Gpu, NodeReading, XidEvent
+from contracts.device_samples import DeviceSample
 from contracts.registration import DeviceReport
 
 GIB = 1024**3
@@ -15,20 +16,10 @@ MAX_XID_KEPT = 256  # XID events the watch remembers (a node's verdict outlives 
 
 
 @dataclass(frozen=True)
-class Sample:
-    index: int  # the node's device index
-    utilization: float  # 0..1
-    memory_used_gb: float
-    power_w: float
-    temperature_c: float
-    health: str  # "": healthy
-
-
-@dataclass(frozen=True)
 class GpuState:
     """The node's GPUs as of one reading: per-device samples, and what the health rules decided."""
 
-    samples: tuple[Sample, ...]
+    samples: tuple[DeviceSample, ...]
     node_health: str  # "": healthy; else why the node is to be cordoned
 
 
@@ -56,7 +47,7 @@ def gpu_state(reading: NodeReading, devices: Sequence[DeviceReport]) -> GpuState
             continue
         reasons = [v.reason for v in found if v.scope == "device" and v.uuid == gpu.uuid]
         out.append(
-            Sample(
+            DeviceSample(
                 index=d.index,
                 utilization=gpu.utilization_gpu / 100.0,
                 memory_used_gb=round(gpu.memory_used / GIB, 3),

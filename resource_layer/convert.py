@@ -7,17 +7,17 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from contracts.device_samples import DeviceSample, GpuReport, checked_report
+from contracts.device_samples import GpuReport, checked_report
 from contracts.errors import InvalidArgument
 from contracts.node_staging import StagingProbe
 from contracts.registration import (
     SANDBOX_NONE,
-    DeviceReport,
     NodeRegistration,
     ProfileReport,
 )
 from contracts.states import TaskState
 from proto.cpn.agent.v1 import agent_pb2
+from proto.cpn.agent.v1.devices import device_from_proto, sample_from_proto
 from proto.cpn.agent.v1.profile import profile_from_proto
 
 # TaskState -> Task.status as the control layer spells it.
@@ -50,23 +50,7 @@ def gpu_report_from_heartbeat(hb: agent_pb2.Heartbeat) -> tuple[GpuReport | None
     samples left out as out of bounds."""
     if not hb.devices and not hb.node_health:
         return None, []
-    samples = [
-        DeviceSample(d.index, d.utilization, d.memory_used_gb, d.power_w, d.temperature_c, d.health)
-        for d in hb.devices
-    ]
-    return checked_report(samples, hb.node_health)
-
-
-def device_from_proto(d: agent_pb2.Device) -> DeviceReport:
-    return DeviceReport(
-        index=d.index,
-        model=d.model,
-        memory_gb=d.memory_gb,
-        measured_tflops=d.measured_tflops,
-        kind=d.kind,
-        uuid=d.uuid,
-        link_group=d.nvlink_island - 1,
-    )
+    return checked_report([sample_from_proto(d) for d in hb.devices], hb.node_health)
 
 
 def registration_from_proto(r: agent_pb2.RegisterRequest) -> NodeRegistration:

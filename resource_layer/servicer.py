@@ -27,9 +27,9 @@ from contracts.states import TASK_TERMINAL
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from proto.cpn.agent.v1.devices import device_from_proto
 from resource_layer import link_probes, node_staging, registry
 from resource_layer.convert import (
-    device_from_proto,
     gpu_report_from_heartbeat,
     metrics_to_dict,
     profile_report_from_proto,
