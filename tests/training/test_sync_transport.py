@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import queue
+import threading
+
 import grpc
 import pytest
 import torch
@@ -110,3 +113,73 @@ def test_calls_to_a_dead_peer_fail_fast_with_a_status() -> None:
         c.push(OutMessage(Meta("a", "t")), timeout=2)
     assert e.value.status in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
     c.close()
+
+
+class SeriesRegion(Region):
+    """Records each pushed message and sets an event per message as it is handled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handled = [threading.Event() for _ in range(4)]
+
+    def handle_push(self, msg):  # noqa: ANN001, ANN201
+        self.got.append(msg)
+        self.handled[len(self.got) - 1].set()
+        return PushResult(msg.meta.round != 2, "stale" if msg.meta.round == 2 else "", len(self.got))
+
+
+def test_a_series_hands_each_message_on_as_soon_as_its_last_chunk_is_in() -> None:
+    region = SeriesRegion()
+    s = SyncServer(region, LinkShaper(), TransferStats())  # type: ignore[arg-type]
+    s.start()
+    c = PeerClient("a", "b", s.address, LinkShaper(), TransferStats())
+    try:
+        q: queue.SimpleQueue = queue.SimpleQueue()
+        ack = c.push_series(q, timeout=30)
+        xs = [torch.randn(300_000), torch.randn(10)]
+        q.put(
+            OutMessage(Meta("a", "t0", round=0), [("x", encode_tensor(xs[0], get_codec("fp32"), 64 << 10))])
+        )
+        # The first message is handled while the call is still open (nothing more has been sent).
+        assert region.handled[0].wait(30) and not ack.done()
+        q.put(OutMessage(Meta("a", "t1", round=1)))  # no parts: no chunk frames
+        assert region.handled[1].wait(30) and not ack.done()
+        q.put(OutMessage(Meta("a", "t2", round=2), [("x", encode_tensor(xs[1], get_codec("int8")))]))
+        q.put(None)
+        result = ack.result(30)
+    finally:
+        c.close()
+        s.stop()
+    assert [m.meta.stream for m in region.got] == ["t0", "t1", "t2"]
+    assert torch.equal(region.got[0].tensors["x"], xs[0]) and region.got[1].tensors == {}
+    # one answer: not accepted, with the refused message's reason, and the last progress
+    assert (result.accepted, result.reason, result.progress) == (False, "stale", 3)
+
+
+def _series_call(address: str, frames: list[sync_pb2.Frame]) -> grpc.RpcError:
+    with grpc.insecure_channel(address) as ch, pytest.raises(grpc.RpcError) as e:
+        sync_pb2_grpc.SyncServiceStub(ch).PushSeries(iter(frames), timeout=10)
+    return e.value
+
+
+def test_a_malformed_series_is_refused_with_invalid_argument(server) -> None:  # noqa: ANN001
+    s, region = server
+    chunk = sync_pb2.Frame(chunk=sync_pb2.Chunk(part=0, offset=0, numel=1, data=b"\0\0\0\0"))
+    spec = sync_pb2.TensorSpec(name="x", numel=1, codec=sync_pb2.CODEC_FP32)
+
+    def header(chunks: int) -> sync_pb2.Frame:
+        return sync_pb2.Frame(header=sync_pb2.Header(sender="a", stream="t", chunks=chunks, parts=[spec]))
+
+    cases = {
+        "header.chunks": [header(-1)],
+        "a header after 0 of the 1 chunks": [header(1), header(1)],
+        "the stream ended after 0 of the 2 chunks": [header(2)],
+        "must start with a header": [chunk],
+    }
+    for why, frames in cases.items():
+        err = _series_call(s.address, frames)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and why in (err.details() or ""), why
+    # a complete message before the malformed one was handled; the rest of the call was refused
+    err = _series_call(s.address, [header(1), chunk, header(2), chunk, header(0)])
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(region.got) == 1

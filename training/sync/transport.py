@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent import futures
 from concurrent.futures import Future
+from queue import SimpleQueue
 from typing import Protocol
 
 import grpc
@@ -90,6 +91,7 @@ def frames(
         step_s=m.step_s,
         opened_at=m.opened_at,
         sent_at=time.time(),
+        chunks=sum(len(e.chunks) for _, e in msg.parts),
         parts=[sync_pb2.TensorSpec(name=n, numel=e.numel, codec=_CODEC_TO_PB[e.codec]) for n, e in msg.parts],
     )
     yield _paced(sync_pb2.Frame(header=header), src, dst, shaper, stats)
@@ -135,75 +137,129 @@ def _check_figures(h: sync_pb2.Header) -> None:
         )
 
 
+# Chunk frames one message of a series may announce: far more than any tensor this job sends
+# takes (a chunk is at least 1 KiB dense), and small enough that a header cannot make us wait on
+# a count no peer could send.
+MAX_CHUNKS = 1 << 24
+
+
 class Assembler:
-    """Rebuilds an ``InMessage`` from frames, decoding each chunk as it arrives."""
+    """Rebuilds ``InMessage``s from frames, decoding each chunk as it arrives: one message per
+    stream (``run``), or a series of them on one stream, each ended by its header's chunk count
+    (``series``)."""
 
     def __init__(self, receiver: str, stats: TransferStats, shaper: LinkShaper) -> None:
         self.receiver, self.stats, self.shaper = receiver, stats, shaper
 
     def run(self, it: Iterable[sync_pb2.Frame], check_sender: object = None) -> InMessage:
-        msg: InMessage | None = None
-        codecs: list = []
-        sent_at = 0.0
+        msg: _Building | None = None
         for frame in it:
-            n = wire_bytes(frame)
             kind = frame.WhichOneof("kind")
             if msg is None:
                 if kind != "header":
                     raise InvalidArgument(
                         "the first frame of a stream must be a header", field="frame.header"
                     )
-                h = frame.header
-                if callable(check_sender):
-                    check_sender(h.sender)
-                _check_figures(h)
-                msg = InMessage(
-                    Meta(
-                        h.sender,
-                        h.stream,
-                        h.round,
-                        h.weight,
-                        h.version,
-                        h.seq,
-                        h.base_seq,
-                        h.fingerprint,
-                        h.step,
-                        h.step_s,
-                        h.opened_at,
-                    )
-                )
-                for spec in h.parts:
-                    if spec.codec not in _PB_TO_CODEC:
-                        raise InvalidArgument(
-                            f"part {spec.name!r}: unknown codec {spec.codec}", field="header.parts"
-                        )
-                    if spec.numel < 0 or spec.numel > (1 << 34):
-                        raise InvalidArgument(
-                            f"part {spec.name!r}: bad numel {spec.numel}", field="header.parts"
-                        )
-                    msg.tensors[spec.name] = _zeros(spec.numel)
-                    msg.encoded[spec.name] = EncodedTensor(_PB_TO_CODEC[spec.codec], spec.numel)
-                    codecs.append(get_codec(_PB_TO_CODEC[spec.codec]))
-                names = [s.name for s in h.parts]
-                sent_at = h.sent_at
+                msg = _Building(frame.header, check_sender)
             elif kind == "chunk":
-                c = frame.chunk
-                if not 0 <= c.part < len(codecs):
-                    raise InvalidArgument(f"chunk for part {c.part} of {len(codecs)}", field="chunk.part")
-                enc = EncodedChunk(c.offset, c.numel, c.data, c.scales, c.indices, c.block)
-                decode_chunk_into(codecs[c.part], enc, msg.tensors[names[c.part]])
-                msg.encoded[names[c.part]].chunks.append(enc)
+                msg.add(frame.chunk)
             else:
                 raise InvalidArgument("a second header in one stream", field="frame.header")
-            msg.nbytes += n
-            self.stats.add_recv(msg.meta.sender, n)
+            self._count(msg, frame)
         if msg is None:
             raise InvalidArgument("empty stream: no header", field="frame.header")
-        seconds = time.time() - sent_at
+        return self._done(msg)
+
+    def series(self, it: Iterable[sync_pb2.Frame], check_sender: object = None) -> Iterator[InMessage]:
+        """Each message of a ``PushSeries`` stream as soon as its last chunk is in."""
+        msg: _Building | None = None
+        for frame in it:
+            kind = frame.WhichOneof("kind")
+            if msg is None:
+                if kind != "header":
+                    raise InvalidArgument(
+                        "a message of a series must start with a header", field="frame.header"
+                    )
+                if not 0 <= frame.header.chunks <= MAX_CHUNKS:
+                    raise InvalidArgument(
+                        f"header.chunks must be within [0, {MAX_CHUNKS}], got {frame.header.chunks}",
+                        field="header.chunks",
+                    )
+                msg = _Building(frame.header, check_sender)
+            elif kind == "chunk":
+                msg.add(frame.chunk)
+            else:
+                raise InvalidArgument(
+                    f"a header after {msg.chunks} of the {msg.expected} chunks its message announced",
+                    field="header.chunks",
+                )
+            self._count(msg, frame)
+            if msg.chunks == msg.expected:
+                yield self._done(msg)
+                msg = None
+        if msg is not None:
+            raise InvalidArgument(
+                f"the stream ended after {msg.chunks} of the {msg.expected} chunks its message announced",
+                field="header.chunks",
+            )
+
+    def _count(self, msg: _Building, frame: sync_pb2.Frame) -> None:
+        n = wire_bytes(frame)
+        msg.msg.nbytes += n
+        self.stats.add_recv(msg.msg.meta.sender, n)
+
+    def _done(self, msg: _Building) -> InMessage:
+        out = msg.msg
+        seconds = time.time() - msg.sent_at
         self.stats.add_transfer(
-            msg.nbytes, seconds, self.shaper.rate_bytes_per_s(msg.meta.sender, self.receiver)
+            out.nbytes, seconds, self.shaper.rate_bytes_per_s(out.meta.sender, self.receiver)
         )
-        return msg
+        return out
+
+
+class _Building:
+    """One message being rebuilt: its header checked, its chunks decoded as they come."""
+
+    def __init__(self, h: sync_pb2.Header, check_sender: object) -> None:
+        if callable(check_sender):
+            check_sender(h.sender)
+        _check_figures(h)
+        self.msg = InMessage(
+            Meta(
+                h.sender,
+                h.stream,
+                h.round,
+                h.weight,
+                h.version,
+                h.seq,
+                h.base_seq,
+                h.fingerprint,
+                h.step,
+                h.step_s,
+                h.opened_at,
+            )
+        )
+        self.codecs: list = []
+        for spec in h.parts:
+            if spec.codec not in _PB_TO_CODEC:
+                raise InvalidArgument(f"part {spec.name!r}: unknown codec {spec.codec}", field="header.parts")
+            if spec.numel < 0 or spec.numel > (1 << 34):
+                raise InvalidArgument(f"part {spec.name!r}: bad numel {spec.numel}", field="header.parts")
+            self.msg.tensors[spec.name] = _zeros(spec.numel)
+            self.msg.encoded[spec.name] = EncodedTensor(_PB_TO_CODEC[spec.codec], spec.numel)
+            self.codecs.append(get_codec(_PB_TO_CODEC[spec.codec]))
+        self.names = [s.name for s in h.parts]
+        self.sent_at = h.sent_at
+        self.expected, self.chunks = h.chunks, 0
+
+    def add(self, c: sync_pb2.Chunk) -> None:
+        if not 0 <= c.part < len(self.codecs):
+            raise InvalidArgument(f"chunk for part {c.part} of {len(self.codecs)}", field="chunk.part")
+        enc = EncodedChunk(c.offset, c.numel, c.data, c.scales, c.indices, c.block)
+        name = self.names[c.part]
+        decode_chunk_into(self.codecs[c.part], enc, self.msg.tensors[name])
+        self.msg.encoded[name].chunks.append(enc)
+        self.chunks += 1
 
 
 def _zeros(n: int):  # noqa: ANN202 - local helper
@@ -238,6 +294,23 @@ class SyncServicer(sync_pb2_grpc.SyncServiceServicer):
                 receiver=self.h.region, accepted=r.accepted, reason=r.reason, progress=r.progress
             )
             self.stats.add_sent(msg.meta.sender, wire_bytes(ack))
+            return ack
+        except CpnError as e:
+            _abort(context, e)
+
+    def PushSeries(self, request_iterator, context):  # noqa: N802, ANN001, ANN201
+        try:
+            sender, accepted, reason, progress = "", True, "", 0
+            for msg in self._assembler().series(request_iterator, self._check_sender):
+                r = self.h.handle_push(msg)
+                sender, progress = msg.meta.sender, r.progress
+                if accepted and not r.accepted:
+                    accepted, reason = False, r.reason
+            ack = sync_pb2.PushAck(
+                receiver=self.h.region, accepted=accepted, reason=reason, progress=progress
+            )
+            if sender:
+                self.stats.add_sent(sender, wire_bytes(ack))
             return ack
         except CpnError as e:
             _abort(context, e)
@@ -415,18 +488,17 @@ class PeerClient:
         self.shaper.propagate(self.dst, self.src)  # the ack's way back
         return PushResult(ack.accepted, ack.reason, ack.progress)
 
-    def push_started(self, msg: OutMessage, timeout: float) -> tuple[threading.Event, Future]:
-        """Start a push without waiting for it: the event is set once gRPC has taken its last
-        frame (the next push to this peer may start: the link stays busy) or the call ended; the
-        future holds its ``PushResult`` or raises ``PeerError``."""
-        written, out = threading.Event(), Future()
+    def push_series(self, queue: SimpleQueue[OutMessage | None], timeout: float) -> Future:
+        """Start one ``PushSeries`` call that sends the messages put on ``queue``, in order, until
+        it takes None; the future holds the peer's one ``PushResult`` or raises ``PeerError``.
+        One call, so one stream and one request thread, for all the messages."""
+        out: Future = Future()
 
         def sent() -> Iterator[sync_pb2.Frame]:
-            yield from frames(msg, self.src, self.dst, self.shaper, self.stats)
-            written.set()
+            while (msg := queue.get()) is not None:
+                yield from frames(msg, self.src, self.dst, self.shaper, self.stats)
 
         def done(call: grpc.Future) -> None:
-            written.set()
             try:
                 ack = call.result()
             except grpc.RpcError as e:
@@ -440,11 +512,11 @@ class PeerClient:
             out.set_result(PushResult(ack.accepted, ack.reason, ack.progress))
 
         try:
-            call = self.stub.Push.future(sent(), timeout=timeout)
+            call = self.stub.PushSeries.future(sent(), timeout=timeout)
         except grpc.RpcError as e:
             raise PeerError(self.dst, e.code().name, e.details() or "") from None
         call.add_done_callback(done)
-        return written, out
+        return out
 
     def exchange(self, msg: OutMessage, timeout: float) -> InMessage:
         def run() -> InMessage:

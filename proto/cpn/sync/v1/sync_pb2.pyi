@@ -33,7 +33,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., numel: _Optional[int] = ..., codec: _Optional[_Union[Codec, str]] = ...) -> None: ...
 
 class Header(_message.Message):
-    __slots__ = ("sender", "stream", "round", "parts", "weight", "version", "seq", "base_seq", "fingerprint", "sent_at", "step", "step_s", "opened_at")
+    __slots__ = ("sender", "stream", "round", "parts", "weight", "version", "seq", "base_seq", "fingerprint", "sent_at", "step", "chunks", "step_s", "opened_at")
     SENDER_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +45,7 @@ class Header(_message.Message):
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     STEP_S_FIELD_NUMBER: _ClassVar[int]
     OPENED_AT_FIELD_NUMBER: _ClassVar[int]
     sender: str
@@ -58,9 +59,10 @@ class Header(_message.Message):
     fingerprint: str
     sent_at: float
     step: int
+    chunks: int
     step_s: float
     opened_at: float
-    def __init__(self, sender: _Optional[str] = ..., stream: _Optional[str] = ..., round: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., weight: _Optional[float] = ..., version: _Optional[int] = ..., seq: _Optional[int] = ..., base_seq: _Optional[int] = ..., fingerprint: _Optional[str] = ..., sent_at: _Optional[float] = ..., step: _Optional[int] = ..., step_s: _Optional[float] = ..., opened_at: _Optional[float] = ...) -> None: ...
+    def __init__(self, sender: _Optional[str] = ..., stream: _Optional[str] = ..., round: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., weight: _Optional[float] = ..., version: _Optional[int] = ..., seq: _Optional[int] = ..., base_seq: _Optional[int] = ..., fingerprint: _Optional[str] = ..., sent_at: _Optional[float] = ..., step: _Optional[int] = ..., chunks: _Optional[int] = ..., step_s: _Optional[float] = ..., opened_at: _Optional[float] = ...) -> None: ...
 
 class Chunk(_message.Message):
     __slots__ = ("part", "offset", "numel", "data", "scales", "indices", "block")

@@ -39,6 +39,11 @@ class SyncServiceStub:
                 request_serializer=proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.Frame.SerializeToString,
                 response_deserializer=proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.PushAck.FromString,
                 _registered_method=True)
+        self.PushSeries = channel.stream_unary(
+                '/cpn.sync.v1.SyncService/PushSeries',
+                request_serializer=proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.Frame.SerializeToString,
+                response_deserializer=proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.PushAck.FromString,
+                _registered_method=True)
         self.Exchange = channel.stream_stream(
                 '/cpn.sync.v1.SyncService/Exchange',
                 request_serializer=proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.Frame.SerializeToString,
@@ -68,6 +73,16 @@ class SyncServiceServicer:
         """One-way delivery of a contribution (a pseudo-gradient, an update, a push-sum share).
         INVALID_ARGUMENT on malformed frames, FAILED_PRECONDITION when a delta's base is not the
         receiver's, NOT_FOUND for a sender outside the job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushSeries(self, request_iterator, context):
+        """Several contributions in order on one call (a ring round's parts to the next region): each
+        message is a Header (its `chunks` set) and that many Chunks, and is handled as soon as its
+        last chunk is in. One answer for all: not accepted if any was not (the first one's reason).
+        A call per message would start a stream, and on both ends a thread, for each.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -106,6 +121,11 @@ def add_SyncServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Push': grpc.stream_unary_rpc_method_handler(
                     servicer.Push,
+                    request_deserializer=proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.Frame.FromString,
+                    response_serializer=proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.PushAck.SerializeToString,
+            ),
+            'PushSeries': grpc.stream_unary_rpc_method_handler(
+                    servicer.PushSeries,
                     request_deserializer=proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.Frame.FromString,
                     response_serializer=proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.PushAck.SerializeToString,
             ),
@@ -155,6 +175,33 @@ class SyncService:
             request_iterator,
             target,
             '/cpn.sync.v1.SyncService/Push',
+            proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.Frame.SerializeToString,
+            proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.PushAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushSeries(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/cpn.sync.v1.SyncService/PushSeries',
             proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.Frame.SerializeToString,
             proto_dot_cpn_dot_sync_dot_v1_dot_sync__pb2.PushAck.FromString,
             options,
