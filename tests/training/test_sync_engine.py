@@ -4,7 +4,6 @@ the consensus optimum is the mean target."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +14,6 @@ import torch
 
 from contracts.sync_config import SyncConfig
 from training.sync.engine import SyncEngine, create_engine
-from training.sync.gil import OVERLAP_SWITCH_S
 
 REGIONS = ["a", "b", "c"]
 TARGETS = {r: torch.tensor([float(i), -float(i), 2.0 * i]) for i, r in enumerate(REGIONS)}
@@ -453,16 +451,3 @@ def test_a_region_that_leaves_first_hears_the_others_leave(tmp_path: Path) -> No
     for r, eng in engines.items():
         assert eng.node is not None
         assert eng.node.left == set(REGIONS) - {r}, r
-
-
-def test_overlapped_exchanges_shorten_the_gil_switch_interval_until_close(tmp_path: Path) -> None:
-    before = sys.getswitchinterval()
-    blocking = engine("a", tmp_path / "b", 10, mode="diloco", every=5)
-    assert sys.getswitchinterval() == before  # training waits for its rounds: nothing to favour
-    blocking.close()
-    overlapped = engine("a", tmp_path / "o", 10, mode="diloco", every=5, overlap=True)
-    try:
-        assert sys.getswitchinterval() == min(before, OVERLAP_SWITCH_S)
-    finally:
-        overlapped.close()
-    assert sys.getswitchinterval() == before
