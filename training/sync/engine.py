@@ -21,7 +21,6 @@ from contracts.sync_config import ANCHORED_MODES, SyncConfig
 from training.sync.algorithms.round_plan import RoundPlan
 from training.sync.algorithms.schedule import anchored_event, is_start
 from training.sync.exposure import check_exposure, has_tls
-from training.sync.gil import favour_exchanges, restore
 from training.sync.node import RegionNode
 from training.sync.stats import goodput_fraction
 from training.sync.strategies.anchored import AnchoredSync
@@ -136,8 +135,6 @@ class SyncEngine:
                         total_steps,
                     )
             self.node.start()
-        # Exchanges in the background of training: their threads' waits for the GIL kept short.
-        self._switch = favour_exchanges() if is_leader and cfg.overlap else None
 
     @property
     def address(self) -> str:
@@ -472,8 +469,6 @@ class SyncEngine:
         self.node.wait_all_left(min(self.cfg.timeout_s, LEAVE_WAIT_S))
         self.node.wire.sample(force=True)  # every sync socket still open: the last full reading
         self.node.close()
-        if self._switch is not None:
-            restore(self._switch)
 
 
 def initial_params(cfg: WorkerConfig, names: tuple[str, ...]) -> Tensor | None:
