@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,9 @@ def job_spec(steps: int) -> JobSpec:
                 "lr": 1e-3,
                 "warmup_steps": 1,
                 "seed": 7,
+                # Past the run: the planner's interval (every 4 steps here) would send checkpoint
+                # copies over the group's links beside the pipeline's traffic (not priced).
+                "checkpoint_every": 100_000,
                 "precision": "fp32",  # a CPU pool's (the planner resolves "auto" per pool)
             },
             "parallelism": {"dp": DP, "tp": 1, "pp": PP, "zero": 0},
@@ -194,6 +198,34 @@ def estimated_step_s(o: PlanOption) -> float:
     """The step the estimate prices, without the amortised checkpoint writes (the benchmark's runs
     write none)."""
     return o.estimates.step_s.total - o.estimates.step_s.checkpoint
+
+
+def steady_figures(leaders: Sequence[Sequence[Mapping[str, Any]]], skip: int, upto: int) -> dict[str, float]:
+    """A run's steady step from its groups' leaders' per-step metrics: per step the slower group's
+    wall time (in ``sync`` every group waits for the others each step), the median over the steps
+    after the first ``skip`` (start-up: rendezvous, the first exchange) up to ``upto`` (before the
+    last, which holds the final exchange and checkpoint, ``training.runtime``). Beside it, the
+    medians of the slower group's compute and of its time blocked in the exchange."""
+    wall: dict[int, float] = {}
+    parts: dict[int, tuple[float, float]] = {}
+    for lines in leaders:
+        for m in lines:
+            step = m.get("step")
+            if not isinstance(step, int) or "wall_s" not in m:
+                continue
+            if float(m["wall_s"]) >= wall.get(step, -1.0):
+                wall[step] = float(m["wall_s"])
+                sync = m.get("sync") if isinstance(m.get("sync"), dict) else {}
+                parts[step] = (float(m.get("compute_s", 0.0)), float(sync.get("blocked_s", 0.0)))
+    steady = [s for s in sorted(wall) if skip < s <= upto]
+    if not steady:
+        raise ValueError(f"no step metrics after step {skip} up to {upto}")
+    return {
+        "step_s": statistics.median(wall[s] for s in steady),
+        "compute_s": statistics.median(parts[s][0] for s in steady),
+        "sync_blocked_s": statistics.median(parts[s][1] for s in steady),
+        "steps": float(len(steady)),
+    }
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:

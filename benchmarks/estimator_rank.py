@@ -24,11 +24,15 @@ the config as the agent rewrites it, ``worker_command`` -- the authenticated mul
 rendezvous -- and ``worker_env`` with its gloo interface); a group per replica, stages across
 two nodes, the per-stage gradient rings over gRPC between the replicas' nodes. The leaders write
 every step's metrics (``metrics_interval_s`` 0, the one change to the config: it only reports
-more often); a run's step time is the median over its steps (the first two left out: rendezvous
-and the first exchange; the last too: the final exchange and checkpoint) of the slower replica's
-step. Each placement runs ``--reps`` times, the
-placements shuffled anew each round (a busy spell on the host lands on different ones), and its
-measured figure is the median of its runs.
+more often). A run is stopped once both leaders have reported the step before the last (what
+follows is the final exchange, checkpoint and teardown, tens of seconds here); its step time is
+the median over its steps, the first two left out (rendezvous, the first exchange), of the slower
+replica's step. The spec sets ``checkpoint_every`` beyond the run: the interval the planner picks
+for this job (every 4 steps) sends each checkpoint's copies across the group's own link
+(``training.checkpoint_mirror``), over the pipeline's slow link, and steps ran up to twice as long
+while they flowed (not priced). Each placement runs ``--reps`` times, the placements shuffled
+anew each round (a busy spell on the host lands on different ones), and its measured figure is
+the median of its runs.
 
 Figures: Spearman's rank correlation of the estimate's step and of the simulator's step with the
 measured one over the placements; the load average is recorded before and after. Prints a table,
@@ -60,6 +64,7 @@ from agent.settings import AgentSettings  # noqa: E402
 from agent.workers import Assignment, resolve_checkpoint_dir, worker_command, worker_env  # noqa: E402
 from benchmarks._host import host_loop_s, patience  # noqa: E402
 from benchmarks._rank_grid import (  # noqa: E402
+    DP,
     NODES,
     RATES_MBIT,
     SIM_INPUTS,
@@ -70,6 +75,7 @@ from benchmarks._rank_grid import (  # noqa: E402
     option,
     snapshot,
     spearman,
+    steady_figures,
 )
 from benchmarks.meshlab import MeshLab  # noqa: E402
 from benchmarks.netlab import netns_available  # noqa: E402
@@ -199,38 +205,45 @@ def run_placement(lab: MeshLab, spec: JobSpec, o: PlanOption, root: Path, run: i
         cmd = worker_command(a, path, allow_override=False)
         procs.append(lab.popen_kept(i, cmd, run_dir / "worker.log", env, run_dir))
         dirs.append(run_dir)
+    upto = spec.training.steps - 1  # the last step holds the final exchange and checkpoint
+    try:
+        leaders = _until_step(procs, dirs, upto, run)
+    finally:
+        for p in procs:  # the keeper ends its tree (SIGTERM, then SIGKILL after its grace)
+            p.terminate()
+        for p in procs:
+            p.wait()
+    return steady_figures(leaders, SKIP_STEPS, upto) | {"wall_s": time.monotonic() - t0}
+
+
+def _until_step(
+    procs: list[subprocess.Popen[bytes]], dirs: list[Path], upto: int, run: int
+) -> list[list[dict]]:
+    """Wait until every group's leader has reported step ``upto`` (the steps measured: what
+    follows is the final exchange, checkpoint and teardown, which the run is stopped before);
+    the leaders' per-step metrics. A worker tree that exits first failed the run."""
     deadline = time.monotonic() + patience(900.0)
-    codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    wall = time.monotonic() - t0
-    if any(codes):
-        logs = {
-            d.name: _first_error((d / "worker.log").read_text())
-            for d, c in zip(dirs, codes, strict=True)
-            if c
-        }
-        raise RuntimeError(f"run {run}: workers exited {codes}: {logs}")
-    per_step: dict[int, float] = {}
-    for d in dirs:
-        mp = d / "metrics.jsonl"
-        if not mp.exists():
-            continue  # not a group's leader
-        for line in mp.read_text().splitlines():
-            m = json.loads(line)
-            if isinstance(m.get("step"), int) and "wall_s" in m:
-                per_step[m["step"]] = max(per_step.get(m["step"], 0.0), float(m["wall_s"]))
-    # The last step holds the final exchange and checkpoint (``training.runtime``): left out too.
-    last = max(per_step, default=0)
-    steady = [w for s, w in sorted(per_step.items()) if SKIP_STEPS < s < last]
-    if not steady:
-        raise RuntimeError(f"run {run}: no step metrics past step {SKIP_STEPS}")
-    return {"step_s": statistics.median(steady), "steps": len(steady), "wall_s": wall}
+    while time.monotonic() < deadline:
+        leaders = [
+            [
+                json.loads(line)
+                for line in (d / "metrics.jsonl").read_text().splitlines()
+                if line.endswith("}")
+            ]
+            for d in dirs
+            if (d / "metrics.jsonl").exists()  # a group's leader writes them
+        ]
+        done = [max((m.get("step", 0) for m in lines), default=0) >= upto for lines in leaders]
+        if len(done) == DP and all(done):
+            return leaders
+        codes = [p.poll() for p in procs]
+        if any(c is not None for c in codes):
+            logs = {
+                d.name: _first_error((d / "worker.log").read_text()) for d, c in zip(dirs, codes, strict=True)
+            }
+            raise RuntimeError(f"run {run}: workers exited {codes} before step {upto}: {logs}")
+        time.sleep(0.5)
+    raise TimeoutError(f"run {run}: step {upto} not reached")
 
 
 def _first_error(log: str) -> str:
@@ -241,6 +254,54 @@ def _first_error(log: str) -> str:
 
 def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def measure(
+    lab: MeshLab, spec: JobSpec, options: dict[GridPlacement, PlanOption], root: Path, reps: int, seed: int
+) -> dict[GridPlacement, list[dict[str, float]]]:
+    """Every placement ``reps`` times, in a new shuffled order each round."""
+    runs: dict[GridPlacement, list[dict[str, float]]] = {p: [] for p in options}
+    rng, run = random.Random(seed), 0
+    for rep in range(reps):
+        order = list(options)
+        rng.shuffle(order)
+        for p in order:
+            r = run_placement(lab, spec, options[p], root, run)
+            run += 1
+            runs[p].append(r)
+            print(
+                f"round {rep + 1} {p.name}: {r['step_s']:.3f} s/step over {r['steps']:.0f} steps, compute "
+                f"{r['compute_s']:.3f} s, blocked in the exchange {r['sync_blocked_s']:.3f} s "
+                f"(run {r['wall_s']:.0f} s, load {load()})",
+                flush=True,
+            )
+    return runs
+
+
+def table(
+    options: dict[GridPlacement, PlanOption],
+    runs: dict[GridPlacement, list[dict[str, float]]],
+    measured: dict[GridPlacement, float],
+    sim: dict[GridPlacement, float],
+) -> None:
+    """One row per placement, fastest measured first: its links, the measured step (each run's
+    too) with its compute and exchange, and the estimate (with its parts) and simulator beside."""
+    print()
+    print("| placement (replica: stage 0-stage 1) | pipeline links Mbit/s | ring links (stage 0, 1) "
+          "| measured s/step (runs) | measured compute / exchange s | estimate s/step "
+          "| estimate compute / pp comm / exchange s | simulator s/step | estimate / measured |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for p in sorted(options, key=lambda q: measured[q]):
+        each = ", ".join(f"{r['step_s']:.3f}" for r in runs[p])
+        comp = statistics.median(r["compute_s"] for r in runs[p])
+        blocked = statistics.median(r["sync_blocked_s"] for r in runs[p])
+        st = options[p].estimates.step_s
+        e = estimated_step_s(options[p])
+        pl = ", ".join(f"{RATES_MBIT[k]:g}" for k in p.pipeline_links())
+        rl = ", ".join(f"{RATES_MBIT[k]:g}" for k in p.ring_links())
+        print(f"| {p.name} | {pl} | {rl} | {measured[p]:.3f} ({each}) | {comp:.3f} / {blocked:.3f} | {e:.3f} "
+              f"| {st.compute:.3f} / {st.pp_comm:.3f} / {st.wan_sync:.3f} | {sim[p]:.3f} "
+              f"| {e / measured[p]:.2f} |")  # fmt: skip
 
 
 def main() -> int:
@@ -281,33 +342,11 @@ def main() -> int:
             rtt_ms={k: r for k, (_, r) in probed.items()},
         )
         options = {p: option(spec, snap, p) for p in placements}
-        est = {p: estimated_step_s(o) for p, o in options.items()}
         sim = {p: simulate(spec, o, snap, efficiency=1.0, **SIM_INPUTS).step_s for p, o in options.items()}
-        runs: dict[GridPlacement, list[float]] = {p: [] for p in placements}
-        rng, run = random.Random(args.seed), 0
-        for rep in range(args.reps):
-            order = list(placements)
-            rng.shuffle(order)
-            for p in order:
-                r = run_placement(lab, spec, options[p], root, run)
-                run += 1
-                runs[p].append(r["step_s"])
-                print(
-                    f"round {rep + 1} {p.name}: {r['step_s']:.3f} s/step over {r['steps']} steps "
-                    f"(run {r['wall_s']:.0f} s, load {load()})",
-                    flush=True,
-                )
-    measured = {p: statistics.median(v) for p, v in runs.items()}
-    print()
-    print("| placement (replica: stage 0-stage 1) | pipeline links | ring links | measured s/step (runs) "
-          "| estimate s/step | simulator s/step | estimate / measured |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    for p in sorted(placements, key=lambda q: measured[q]):
-        fmt = ", ".join(f"{x:.3f}" for x in runs[p])
-        pl = ", ".join(f"{RATES_MBIT[k]:g}" for k in p.pipeline_links())
-        rl = ", ".join(f"{RATES_MBIT[k]:g}" for k in p.ring_links())
-        print(f"| {p.name} | {pl} | {rl} | {measured[p]:.3f} ({fmt}) | {est[p]:.3f} | {sim[p]:.3f} "
-              f"| {est[p] / measured[p]:.2f} |")  # fmt: skip
+        runs = measure(lab, spec, options, root, args.reps, args.seed)
+    measured = {p: statistics.median(r["step_s"] for r in v) for p, v in runs.items()}
+    est = {p: estimated_step_s(o) for p, o in options.items()}
+    table(options, runs, measured, sim)
     xs = [measured[p] for p in placements]
     summary = {
         "placements": len(placements),

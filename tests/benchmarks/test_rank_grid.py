@@ -21,6 +21,7 @@ from benchmarks._rank_grid import (
     option,
     snapshot,
     spearman,
+    steady_figures,
     tasks,
 )
 from benchmarks.meshlab import MeshLab
@@ -102,3 +103,20 @@ def test_every_placement_is_priced_and_slower_links_price_slower() -> None:
         assert simulate(spec, o, slow, efficiency=1.0, **SIM_INPUTS).step_s > 0
     with pytest.raises(ValueError):
         job_spec(1)
+
+
+def test_steady_figures_take_the_slower_group_after_start_up_up_to_the_step_asked() -> None:
+    def line(step: int, wall: float, compute: float, blocked: float) -> dict:
+        return {"step": step, "wall_s": wall, "compute_s": compute, "sync": {"blocked_s": blocked}}
+
+    a = [line(1, 9.0, 1, 5), line(2, 8.0, 1, 5), line(3, 2.0, 1.0, 0.5), line(4, 3.0, 1.1, 0.7)]
+    a += [line(5, 2.5, 1.2, 0.4), line(6, 30.0, 1, 0)]
+    b = [line(3, 2.2, 0.9, 0.9), line(4, 2.8, 1.0, 0.2), line(5, 2.4, 1.0, 0.1), {"event": "no step"}]
+    got = steady_figures([a, b], skip=2, upto=5)
+    # steps 3-5 (1-2 start-up, 6 the last): the slower group's walls 2.2, 3.0, 2.5
+    assert got["step_s"] == pytest.approx(2.5)
+    assert got["compute_s"] == pytest.approx(1.1)  # 0.9 (b), 1.1 (a), 1.2 (a)
+    assert got["sync_blocked_s"] == pytest.approx(0.7)  # 0.9, 0.7, 0.4
+    assert got["steps"] == 3
+    with pytest.raises(ValueError):
+        steady_figures([a[:2]], skip=2, upto=5)
