@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.netlab import _frames, _ip, _shape
+from benchmarks.netlab import _frames, _ip, _tc
 from contracts.lifetime import PARENT_ENV, keeper_command, tied_env
 
 
@@ -144,3 +144,13 @@ class MeshLab:
     def describe(self) -> str:
         rates = ", ".join(f"n{a}-n{b} {r:g}" for (a, b), r in sorted(self.rates_mbit.items()))
         return f"{self.nodes} namespaces, a tbf-shaped veth per pair (Mbit/s): {rates}"
+
+
+def _shape(ns: str, dev: str, rate_mbit: float) -> None:
+    """tbf at ``rate_mbit`` with a bucket of one timer tick of traffic (HZ=250), at least 4 KiB:
+    ``netlab``'s 64 KiB bucket lets half of a 128 KiB message through at line rate on a 6 Mbit/s
+    link once the link has idled for ~90 ms, as a pipeline's messages do between micro-batches,
+    so such a link carried pipeline messages well above the rate its probe measured."""
+    burst = max(4096, int(rate_mbit * 1e6 / 8 / 250))
+    _tc("qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst),
+        "latency", "50ms", ns=ns)  # fmt: skip
