@@ -106,15 +106,22 @@ def sync_settings(
     bandwidth_bps: float | None,
     latency_s: float = 0.0,
     exchange_seconds: float | None = None,
+    overlap_ok: bool = True,
 ) -> SyncSettings:
     """Settings for a job whose ``n_regions`` regions exchange ``payload`` bytes per round, every
     ``every`` steps of ``step_s`` seconds, over links of ``bandwidth_bps`` (None: unknown).
     ``exchange_seconds``: one whole exchange as the estimate prices it (calibrated goodput and
-    per-call seconds); without it, the exchange over the links' figures alone."""
+    per-call seconds); without it, the exchange over the links' figures alone. ``overlap_ok``
+    False: the job's own calibration measured overlap beyond the loss tolerance
+    (``planner.calibrated``), so rounds block."""
     if n_regions < 2:
         return SyncSettings(reason="one region: nothing crosses a WAN")
     if mode not in OVERLAPPED_MODES:
         return SyncSettings(reason=f"{mode}: blocking exchanges are the mode's semantics")
+    if not overlap_ok and mode != "async":
+        return SyncSettings(
+            reason=f"{mode}: blocking, overlap cost more than the tolerance in the job's calibration"
+        )
     if mode == "async":
         return SyncSettings(overlap=True, reason="async: the server's answer is applied one round later")
     fragments = diloco_fragments(every, payload)
