@@ -24,13 +24,14 @@ class CalibrationTrial(_Strict):
     compression: TrialCodec
     overlap: bool
     delay: int = Field(default=0, ge=0, le=1_000_000, description="Steps an overlapped round landed late.")
+    merge: Literal["progress", "mix"] | None = Field(default=None, description="How it landed (overlapped).")
     loss_ratio: float = Field(gt=0.5, lt=2.0, description="Held-out loss over fp32 blocking's.")
     stderr: float = Field(ge=0, lt=1.0, description="Standard error of loss_ratio (paired batches).")
 
     @model_validator(mode="after")
     def _delay_with_overlap(self) -> CalibrationTrial:
-        if not self.overlap and self.delay:
-            raise ValueError("delay is only for an overlapped trial")
+        if not self.overlap and (self.delay or self.merge):
+            raise ValueError("delay and merge are only for an overlapped trial")
         return self
 
 

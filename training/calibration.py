@@ -22,6 +22,7 @@ from contracts.job_spec import JobSpec
 from contracts.model import GPTConfig, model_config
 from contracts.sync_calibration import CalibrationTrial, SyncCalibration
 from contracts.sync_config import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
+from contracts.sync_delay import PROGRESS_LAG_SHARE, overlap_merge_for
 from contracts.worker_config import DataSpec, TrainingSpec, WorkerConfig
 from training.compression.codecs import get_codec
 from training.data.streams import build_stream
@@ -41,7 +42,7 @@ class Setting:
     compression: str = "none"
     overlap: bool = False
     delay: int = 0
-    merge: str = "mix"
+    merge: str = "progress"  # how an overlapped round lands (``merge_late``)
     mix: float = 0.5
 
 
@@ -174,8 +175,8 @@ def calibrate(sl: Slice, candidates: list[Setting], budget_s: float = 600.0) -> 
         if time.monotonic() - t0 + one_run > budget_s:
             break
         ratio, se = paired_ratio(heldout_losses(sl, _train(sl, c)), base)
-        delay = c.delay if c.overlap else 0
-        fields = {"compression": c.compression, "overlap": c.overlap, "delay": delay}
+        late = {"delay": c.delay, "merge": c.merge} if c.overlap else {}
+        fields = {"compression": c.compression, "overlap": c.overlap, **late}
         trial = CalibrationTrial.model_validate(fields | {"loss_ratio": ratio, "stderr": se})
         trials.append(trial)
     if not trials:
@@ -187,17 +188,17 @@ def calibrate(sl: Slice, candidates: list[Setting], budget_s: float = 600.0) -> 
 
 
 # The planner's smallest H (``planner.sync_choice.EVERY_LADDER``) and its largest overlap lag, a
-# tenth of a round (``LAG_SHARE``): calibrated at the most rounds and the latest landing it allows.
+# tenth of a round: calibrated at the most rounds and the latest landing it allows.
 DEFAULT_EVERY = 20
-LAG_SHARE = 0.1
 DEFAULT_ROUNDS = 3
 
 
 def candidates_for(every: int) -> list[Setting]:
     """What the planner may pick for DiLoCo, cheapest first: int8 overlapped, then fp32 overlapped
     (so a failing int8 can fall back to overlap without compression before blocking)."""
-    delay = max(1, int(LAG_SHARE * every))
-    return [Setting("int8", True, delay), Setting("none", True, delay)]
+    delay = max(1, int(PROGRESS_LAG_SHARE * every))
+    merge = overlap_merge_for(delay, every)
+    return [Setting("int8", True, delay, merge), Setting("none", True, delay, merge)]
 
 
 def slice_for(
@@ -211,7 +212,8 @@ def slice_for(
     """The first ``rounds`` rounds of a job spec's run (its model, data, optimiser and schedule),
     with each region's share of its global batch unless ``local_batch`` is given."""
     if spec.entrypoint:
-        raise InvalidArgument("calibration trains the built-in GPT; a bring-your-own entrypoint", field="entrypoint")
+        why = "calibration trains the built-in GPT, not a bring-your-own entrypoint"
+        raise InvalidArgument(why, field="entrypoint")
     d = spec.data
     if d.kind == "tokens" and d.path is None:
         raise InvalidArgument("calibration reads token data from a local data.path", field="data.path")

@@ -22,7 +22,7 @@ def calibrate_command(
     job: Annotated[Path, typer.Option("--job", help="Job spec, YAML or JSON", exists=True, dir_okay=False)],
     out: Annotated[Path, typer.Option("--out", help="Where to write the spec with its calibration")],
     regions: Annotated[int, typer.Option(min=2, max=8, help="Regions simulated")] = 3,
-    every: Annotated[int | None, typer.Option(min=1, max=100_000, help="H (default: the spec's, else 20)")] = None,
+    every: Annotated[int | None, typer.Option(min=1, max=100_000, help="H (default: spec, else 20)")] = None,
     rounds: Annotated[int, typer.Option(min=1, max=1000, help="Rounds in the slice")] = 3,
     local_batch: Annotated[int | None, typer.Option(min=1, max=65_536, help="Sequences per region")] = None,
     budget_s: Annotated[float, typer.Option(min=1.0, max=MAX_BUDGET_S, help="Wall-time budget")] = 900.0,
@@ -51,5 +51,6 @@ def calibrate_command(
                    f"against fp32 blocking at H={result.every}")  # fmt: skip
     calibrated = spec.model_copy(update={"sync": spec.sync.model_copy(update={"calibration": result})})
     body = calibrated.model_dump(mode="json", exclude_none=True)
-    out.write_text(json.dumps(body, indent=2) if out.suffix == ".json" else yaml.safe_dump(body, sort_keys=False))
+    text = json.dumps(body, indent=2) if out.suffix == ".json" else yaml.safe_dump(body, sort_keys=False)
+    out.write_text(text)
     typer.echo(f"wrote {out} ({result.seconds:.0f} s)")

@@ -337,6 +337,11 @@ class RuntimeSettings(_Plain):
         default=None, ge=0, description="Steps between a round's send and its application (with overlap)."
     )
     fragments: int = Field(default=1, gt=0, description="DiLoCo: streamed fragments per outer round.")
+    overlap_merge: Literal["progress", "mix"] | None = Field(
+        default=None,
+        description="DiLoCo with overlap: how a late round lands (contracts.sync_delay.overlap_merge_for); "
+        "None (options planned before it was chosen): mix.",
+    )
     reason: str = ""
     # The sync settings the spec left to the planner ("auto"), as chosen for this option
     # (``planner.sync_choice``); None where the spec set them. ``sync`` of the option states them too.

@@ -66,6 +66,7 @@ def settings_for(
         overlap=sync.overlap,
         overlap_steps=sync.overlap_steps,
         fragments=sync.fragments,
+        overlap_merge=sync.merge,
         reason=sync.reason,
     )
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from contracts.sync_config import OVERLAPPED_MODES
+from contracts.sync_delay import overlap_merge_for
 
 FRAGMENT_CHOICES = (4, 2, 1)
 # Below this a fragment's exchange is dominated by per-call latency and streaming gains nothing.
@@ -32,6 +33,7 @@ class SyncSettings:
     overlap: bool = False
     overlap_steps: int | None = None
     fragments: int = 1
+    merge: str | None = None  # overlapped DiLoCo: how a late round lands (``overlap_merge_for``)
     reason: str = ""
 
 
@@ -141,9 +143,11 @@ def sync_settings(
         why = f"an exchange takes ~{t:.3g} s, {need} step(s) of {step_s:.3g} s"
         if need > round_steps:
             why += f"; more than a round ({round_steps} steps): the rest blocks"
+    merge = overlap_merge_for(delay, round_steps)
     return SyncSettings(
         overlap=True,
         overlap_steps=delay,
         fragments=fragments,
-        reason=f"diloco: {fragments} fragment(s), applied {delay} step(s) after sending ({why})",
+        merge=merge,
+        reason=f"diloco: {fragments} fragment(s), applied {delay} step(s) after sending, {merge} ({why})",
     )
