@@ -75,7 +75,8 @@ def test_the_penalty_says_where_it_comes_from_and_how_sure_it_is() -> None:
     measured = penalty("diloco", 20, "int8", True, cal)
     assert measured.source == "measured"
     assert measured.value == pytest.approx(0.004)
-    assert measured.low == pytest.approx(0.004 - 1.96 * 0.001) and measured.high == pytest.approx(0.004 + 1.96 * 0.001)
+    assert measured.low == pytest.approx(0.004 - 1.96 * 0.001)
+    assert measured.high == pytest.approx(0.004 + 1.96 * 0.001)
     assert "H=" not in measured.basis and "60 steps over 3 regions" in measured.basis
     assert "measured at H=20, not 100" in penalty("diloco", 100, "int8", True, cal).basis
     table = penalty("diloco", 20, "int8", True, None)
@@ -92,10 +93,11 @@ def test_a_bad_calibration_is_refused_naming_the_field() -> None:
         _cal(("int8", True, 3.0, 0.001))
     with pytest.raises(ValidationError, match="one trial per"):
         _cal(("int8", True, 1.0, 0.001), ("int8", True, 1.01, 0.001))
+    blocking_late = {"compression": "int8", "overlap": False, "delay": 2, "loss_ratio": 1.0, "stderr": 0.0}
     with pytest.raises(ValidationError, match="delay and merge are only for an overlapped trial"):
         SyncCalibration.model_validate(
             {"every": 20, "steps": 60, "regions": 3, "heldout_batches": 16, "seconds": 1.0,
-             "trials": [{"compression": "int8", "overlap": False, "delay": 2, "loss_ratio": 1.0, "stderr": 0.0}]}
+             "trials": [blocking_late]}
         )  # fmt: skip
     with pytest.raises(ValidationError, match="at least one round"):
         SyncCalibration.model_validate(
