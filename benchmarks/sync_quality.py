@@ -100,7 +100,7 @@ WORKLOADS: dict[str, tuple[dict, dict, int]] = {
     "gpt4-v256": (MODEL, DATA, BATCH),
     "gpt6-v512": ({"n_layers": 6, "d_model": 96, "n_heads": 4, "vocab": 512, "seq_len": 128},
                   {"kind": "synthetic-markov", "seed": 11}, 8),
-    "gpt2w-v128": ({"n_layers": 2, "d_model": 256, "n_heads": 8, "vocab": 128, "seq_len": 64},
+    "gpt2w-v128": ({"n_layers": 2, "d_model": 192, "n_heads": 6, "vocab": 128, "seq_len": 64},
                    {"kind": "synthetic-markov", "seed": 5}, 16),
 }  # fmt: skip
 QUICK_WORKLOADS: dict[str, tuple[dict, dict, int]] = {
@@ -140,7 +140,7 @@ def auto_row(model: dict, data: dict, batch: int, steps: int, budget_s: float) -
     """The codec and overlap the planner picks for the workload from its calibration (the code
     ``cpn calibrate`` runs, then ``planner.sync_choice``), as an H=20 row; and what was measured."""
     sl = slice_for(job_spec(model, data, batch, steps), regions=len(REGIONS), every=20)
-    cal = calibrate(sl, candidates_for(sl.every), budget_s=budget_s)
+    cal = calibrate(sl, candidates_for(sl.every), budget_s=budget_s, stop_at_pass=True)
     codec, why = choose_compression("diloco", cal)
     overlap = overlap_allowed("diloco", codec, cal)
     sync = {"mode": "diloco", "every": 20, "compression": codec, "overlap": overlap, "balance": False}
@@ -384,6 +384,7 @@ def main() -> int:
     ap.add_argument("--workloads", nargs="*", help="run only these workloads (default: all)")
     ap.add_argument("--calibration-budget-s", type=float, default=1800.0, help="per workload")
     args = ap.parse_args()
+    torch.set_num_threads(1)  # the calibration and the held-out losses: two threads on a loaded host crawl
     why = netns_available()
     if why:
         print(f"needs network namespaces: {why}", file=sys.stderr)

@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TrialCodec = Literal["none", "fp16", "bf16", "int8"]
 MAX_TRIALS = 16
+LOSS_TOLERANCE = 0.005  # relative held-out loss a cheaper codec or overlap may add
+Z_ONE_SIDED_95 = 1.645
 
 
 class _Strict(BaseModel):
@@ -27,6 +29,11 @@ class CalibrationTrial(_Strict):
     merge: Literal["progress", "mix"] | None = Field(default=None, description="How it landed (overlapped).")
     loss_ratio: float = Field(gt=0.5, lt=2.0, description="Held-out loss over fp32 blocking's.")
     stderr: float = Field(ge=0, lt=1.0, description="Standard error of loss_ratio (paired batches).")
+
+    def passes(self, tolerance: float = LOSS_TOLERANCE) -> bool:
+        """Its upper one-sided 95 % bound within ``tolerance``: a penalty the calibration cannot
+        tell from the tolerance is not taken."""
+        return self.loss_ratio + Z_ONE_SIDED_95 * self.stderr <= 1 + tolerance
 
     @model_validator(mode="after")
     def _delay_with_overlap(self) -> CalibrationTrial:

@@ -162,9 +162,13 @@ def paired_ratio(candidate: list[float], base: list[float]) -> tuple[float, floa
     return 1.0 + mean_d / mean_base, math.sqrt(var / n) / mean_base
 
 
-def calibrate(sl: Slice, candidates: list[Setting], budget_s: float = 600.0) -> SyncCalibration | None:
+def calibrate(
+    sl: Slice, candidates: list[Setting], budget_s: float = 600.0, stop_at_pass: bool = False
+) -> SyncCalibration | None:
     """fp32 blocking, then each candidate in order while the budget allows (a candidate is started
-    only if a run as long as the baseline's still fits); None when not even one candidate fits."""
+    only if a run as long as the baseline's still fits), and, with ``stop_at_pass``, until one
+    passes (``CalibrationTrial.passes``: candidates come cheapest first, so the rest would not be
+    chosen); None when not even one candidate fits."""
     if not candidates:
         raise InvalidArgument("no candidate setting to calibrate", field="candidates")
     t0 = time.monotonic()
@@ -179,6 +183,8 @@ def calibrate(sl: Slice, candidates: list[Setting], budget_s: float = 600.0) -> 
         fields = {"compression": c.compression, "overlap": c.overlap, **late}
         trial = CalibrationTrial.model_validate(fields | {"loss_ratio": ratio, "stderr": se})
         trials.append(trial)
+        if stop_at_pass and trial.passes():
+            break
     if not trials:
         return None
     return SyncCalibration(

@@ -41,7 +41,7 @@ def calibrate_command(
     except InvalidArgument as exc:
         typer.echo(f"invalid: {exc.message}", err=True)
         raise typer.Exit(2) from exc
-    result = calibrate(sl, candidates_for(sl.every), budget_s=budget_s)
+    result = calibrate(sl, candidates_for(sl.every), budget_s=budget_s, stop_at_pass=True)
     if result is None:
         typer.echo(f"no trial fits in {budget_s:g} s: give a larger --budget-s or fewer --rounds", err=True)
         raise typer.Exit(1)

@@ -20,12 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from contracts.sync_calibration import CalibrationTrial, SyncCalibration
+from contracts.sync_calibration import LOSS_TOLERANCE, CalibrationTrial, SyncCalibration
 from contracts.sync_config import OVERLAPPED_MODES
 from control_layer.planner.quality import quality
 
-LOSS_TOLERANCE = 0.005  # relative held-out loss a cheaper codec or overlap may add
-Z_ONE_SIDED_95 = 1.645
 Z_TWO_SIDED_95 = 1.96
 CODEC_ORDER = ("int8", "bf16", "fp16", "none")  # cheapest first (top-k is never chosen unasked)
 TABLE_NOTE = "from one 1.34M-parameter model (planner/quality.py), not this job's: confidence unknown"
@@ -43,7 +41,7 @@ class Penalty:
 
 
 def passes(trial: CalibrationTrial, tolerance: float = LOSS_TOLERANCE) -> bool:
-    return trial.loss_ratio + Z_ONE_SIDED_95 * trial.stderr <= 1 + tolerance
+    return trial.passes(tolerance)
 
 
 def choose_codec(mode: str, calibration: SyncCalibration) -> tuple[str, str]:
