@@ -376,6 +376,19 @@ def worst(results: dict[str, dict[str, dict[str, Any]]], row: str) -> float | No
     return max(got) if got else None
 
 
+def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One summary from runs of disjoint workloads side by side (``--lab``): the first's own
+    figures, every workload's, and the worst ratios over all of them."""
+    out = {**parts[0], "per_workload": {}}
+    for p in parts:
+        out["per_workload"].update(p["per_workload"])
+    for key, row in (("worst_workload_int8_overlap_h20_loss_ratio", "int8_overlap_h20_loss_ratio"),
+                     ("worst_workload_auto_choice_loss_ratio", "auto_choice_loss_ratio")):  # fmt: skip
+        got = [w[row] for w in out["per_workload"].values() if w[row] is not None]
+        out[key] = max(got) if got else None
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
@@ -383,7 +396,19 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", help="run only these modes (names as in the table)")
     ap.add_argument("--workloads", nargs="*", help="run only these workloads (default: all)")
     ap.add_argument("--calibration-budget-s", type=float, default=1800.0, help="per workload")
+    ap.add_argument(
+        "--lab", type=int, default=0, choices=range(3), help="namespaces/subnet: runs side by side"
+    )
+    ap.add_argument("--no-check", action="store_true", help="skip sync against one process")
+    ap.add_argument("--combine", nargs="*", help="merge the final JSON of runs side by side (files)")
     args = ap.parse_args()
+    if args.combine:
+        print(
+            json.dumps(
+                combine([json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in args.combine])
+            )
+        )
+        return 0
     torch.set_num_threads(1)  # the calibration and the held-out losses: two threads on a loaded host crawl
     why = netns_available()
     if why:
@@ -396,13 +421,17 @@ def main() -> int:
     first_model, _, first_batch = next(iter(workloads.values()))
     with (
         tempfile.TemporaryDirectory() as tmp,
-        NetLab(REGIONS, LINK_MBIT, prefix=PREFIX, subnet=SUBNET) as lab,
+        NetLab(
+            REGIONS, LINK_MBIT, prefix=f"{PREFIX}{args.lab or ''}", subnet=f"10.213.{21 + args.lab}"
+        ) as lab,
     ):
         root = Path(tmp)
         print(lab.describe(), flush=True)
-        rel, check = check_sync(first_model, first_batch, args.steps, lab, root)
+        rel, check = None, {"identical": None, "local_step_s": math.nan}
+        if not args.no_check:
+            rel, check = check_sync(first_model, first_batch, args.steps, lab, root)
+            print(f"local step {check['local_step_s']:.3f} s (median of the check run)", flush=True)
         step_s = check["local_step_s"]
-        print(f"local step {step_s:.3f} s (median of the check run): what the overlap delay hides behind")
         for wl, spec in chosen.items():
             rows_of = modes() if wl == next(iter(workloads)) else [m for m in modes() if m[0] in H20_ROWS]
             results[wl], autos[wl] = run_workload(wl, spec, rows_of, args, lab, root, step_s)
@@ -431,7 +460,7 @@ def main() -> int:
         },
         "worst_workload_int8_overlap_h20_loss_ratio": worst(results, "diloco H20 int8 overlap"),
         "worst_workload_auto_choice_loss_ratio": worst(results, "diloco H20 auto"),
-        "local_step_s": round(step_s, 4),
+        "local_step_s": round(step_s, 4) if math.isfinite(step_s) else None,
         "steps": args.steps,
         "quick": args.quick,
     }
