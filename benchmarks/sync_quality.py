@@ -1,24 +1,32 @@
 """Cross-region sync semantics on kernel-shaped links: what each mode's final model is worth.
 
-    python benchmarks/sync_quality.py [--steps 300] [--quick]
+    python benchmarks/sync_quality.py [--steps 300] [--quick] [--only MODE...] [--workloads NAME...]
 
 3 regions in network namespaces (benchmarks/netlab.py: veth through a bridge, tc tbf 100 Mbit/s
 on both ends; no latency emulation), each one real worker process (``python -m training.worker``)
 with the sync section the control plane builds (listen/advertise on the region's address, peers
-by address, the ring order, kernel shaping). A 4-layer GPT of 1.34M parameters on synthetic
-Markov data, 1,024 tokens per region per step (8 x 128), AdamW lr 1e-3, equal tokens per mode.
+by address, the ring order, kernel shaping). Three workloads (``WORKLOADS``), equal tokens per mode,
+AdamW lr 1e-3: the WAN workload (a 4-layer GPT of 1.34M parameters over a 256-token Markov
+language, 8 x 128 tokens per region per step), a 6-layer one over 512 tokens and a wider 2-layer
+one over 128 tokens (each its own Markov language). The first runs every mode; the others the
+H=20 rows the worst-workload figures compare.
 
 Figures: held-out loss of the final model (every region's, averaged; 16 x 64 sequences from a
 generator no training stream uses), utilisation (compute time / train-loop wall time, per region,
 from the metrics), WAN bytes (the veth counters, and the workers' own count). Checks:
 - ``sync`` for 20 steps against one process training on the combined batch (an independent loop
-  written here): relative parameter difference over the whole model;
+  written here): relative parameter difference over the whole model (``--no-check`` skips it);
 - ``sync`` replicas bit-identical at the end (final checkpoints compared);
 - gossip's final spread: the largest parameter difference between regions' final checkpoints;
 - DiLoCo int8 + overlap at H=20, and streaming DiLoCo (5 fragments) int8 + overlap at H=100, each
   over blocking fp32 DiLoCo at the same H. Overlapped rows land each round after the delay the
-  control plane gives (``overlap_delay`` from the local step measured in the check run).
-Prints a table, then one JSON line.
+  control plane gives, with the merge it gives for that delay (``with_delay``);
+- per workload, ``diloco H20 auto``: the codec and overlap the planner picks from the workload's
+  own calibration (``training/calibration.py``, what ``cpn calibrate`` runs; a row already run
+  with exactly those settings is reused), over fp32 blocking; the worst ratio over workloads of
+  it and of int8 + overlap.
+Workloads can run side by side, each in its own namespaces (``--lab 0|1|2``); ``--combine`` merges
+their final JSON lines. Prints a table, then one JSON line.
 """
 
 from __future__ import annotations
