@@ -63,11 +63,20 @@ def test_overlap_is_refused_only_where_the_calibration_measured_it_beyond_tolera
     cal = _cal(("int8", True, 1.03, 0.001), ("none", True, 1.02, 0.001))
     assert not overlap_allowed("diloco", "int8", cal)
     assert not overlap_allowed("diloco", "none", cal)
-    assert overlap_allowed("diloco", "bf16", cal)  # not measured: the default stands
+    assert not overlap_allowed("diloco", "bf16", cal)  # not measured: not vouched for, rounds block
     assert overlap_allowed("diloco", "none", None)
     assert overlap_allowed("sync", "none", cal)  # a blocking mode is not the calibration's business
     ok = _cal(("int8", True, 1.03, 0.001), ("none", True, 1.001, 0.0005))
     assert overlap_allowed("diloco", "none", ok)
+
+
+def test_the_recorded_gpt6_calibration_blocks_rather_than_overlap_unmeasured_fp32() -> None:
+    # sync_quality on 2026-11-29: int8 overlapped failed (+0.58 %), the budget left fp32
+    # overlapped unmeasured; run overlapped anyway it cost 0.85 %. The choice is now the reference.
+    cal = _cal(("int8", True, 1.005778928798765, 0.0001611402172334869))
+    codec, _ = choose_codec("diloco", cal)
+    assert codec == "none" and not overlap_allowed("diloco", codec, cal)
+    assert penalty("diloco", 20, codec, False, cal).source == "reference"
 
 
 def test_the_penalty_says_where_it_comes_from_and_how_sure_it_is() -> None:
