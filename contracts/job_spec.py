@@ -18,6 +18,7 @@ from contracts.artifacts import MAX_URI, DataUri
 from contracts.errors import InvalidArgument
 from contracts.feasibility import BYO_DEFAULT_PARALLELISM, byo_parallelism_problems, byo_problems
 from contracts.model import gpt_param_count, model_config
+from contracts.sync_calibration import SyncCalibration
 
 # Every number has bounds and every float is finite: a spec that passes here cannot make a worker,
 # a planner or a database fail later. The maxima are far beyond any real job.
@@ -231,6 +232,12 @@ class SyncSpec(_Strict):
     outer_lr: float = Field(default=0.7, gt=0, le=10)
     outer_momentum: float = Field(default=0.9, ge=0, lt=1)
     gossip_peers: int = Field(default=2, ge=1, le=256)
+    calibration: SyncCalibration | None = Field(
+        default=None,
+        description="Measured on this job's model and data by `cpn calibrate`: held-out loss of "
+        "codec/overlap settings against fp32 blocking. The planner chooses codec and overlap from "
+        "it and the quote shows the measured penalty.",
+    )
 
     @field_validator("every", mode="before")
     @classmethod

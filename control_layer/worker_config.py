@@ -420,10 +420,9 @@ def _sync(
 
 def _overlap(runtime: RuntimeSettings, mode: str) -> dict[str, Any]:
     """The planner's overlap and streaming choices for this mode (``planner.sync_settings``).
-    Overlapped DiLoCo lands each round ``overlap_steps`` after sending it with Streaming DiLoCo's
-    merge (mix): with that small delay it stayed within 0.3 % of blocking DiLoCo's held-out loss
-    at H=20, and it lost less than keeping the local progress when rounds landed later
-    (BENCHMARKS.md at dabf7f7, "Sync quality")."""
+    Overlapped DiLoCo lands each round ``overlap_steps`` after sending it with the merge the
+    planner chose for that delay (``contracts.sync_delay.overlap_merge_for``: the local progress
+    kept on a short delay, Streaming DiLoCo's mix on a long one; mix where an option predates it)."""
     if not runtime.overlap:
         # Said where the mode's own default is to overlap (contracts.sync_config.OVERLAPPED_MODES).
         return {"overlap": False} if mode in OVERLAPPED_MODES else {}
@@ -433,7 +432,7 @@ def _overlap(runtime: RuntimeSettings, mode: str) -> dict[str, Any]:
         "fragments": runtime.fragments,
     }
     if mode == "diloco":
-        out["overlap_merge"] = "mix"
+        out["overlap_merge"] = runtime.overlap_merge or "mix"
     return out
 
 

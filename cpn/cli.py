@@ -19,6 +19,7 @@ from service_layer.cli.plan import plan_command
 from service_layer.cli.queue import queue
 from service_layer.cli.regions import regions_app
 from service_layer.cli.server import server_command
+from training.calibration_cli import calibrate_command
 
 app = typer.Typer(
     name="cpn",
@@ -32,6 +33,7 @@ app.command("agent")(agent_command)
 app.command("demo")(demo)
 app.command("quote")(quote)
 app.command("plan")(plan_command)
+app.command("calibrate")(calibrate_command)
 app.command("queue")(queue)
 app.command("invoice")(invoice)
 app.command("statement")(statement)

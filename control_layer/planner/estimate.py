@@ -44,7 +44,14 @@ from control_layer.planner.runtime_pricing import (
 )
 from control_layer.planner.runtime_settings import settings_for, weakest_link
 from control_layer.planner.snapshot import ClusterInfo, NodeInfo
-from control_layer.planner.sync_choice import AutoSync, SyncChoice, choice_for, provisional, with_every
+from control_layer.planner.sync_choice import (
+    AutoSync,
+    SyncChoice,
+    choice_for,
+    provisional,
+    sync_overlaps,
+    with_every,
+)
 from control_layer.planner.sync_cost import SyncCost, exchange_cost
 
 
@@ -204,7 +211,7 @@ def _sync_choice(
     spec = plan.placement.spec
     n_nodes = len(plan.node_ids)
     # H from the exchange as the steps see it: beside them where DiLoCo overlaps it.
-    beside = spec.sync.mode == "diloco" and n_nodes >= 2
+    beside = spec.sync.mode == "diloco" and n_nodes >= 2 and sync_overlaps(spec)
     hourly_usd = hourly_price(plan.replicas, plan.placement.spot)
     return choice_for(
         spec,

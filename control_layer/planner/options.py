@@ -9,11 +9,11 @@ from contracts.job_spec import JobSpec
 from contracts.registration import runs_user_code
 from control_layer.planner import cost_model as cm
 from control_layer.planner.assign import assign
+from control_layer.planner.calibrated import quality_fields
 from control_layer.planner.estimate import estimate_planned
 from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import Estimates, PlannedTask, PlanOption, QosCheck
 from control_layer.planner.problem import Problem, Solution
-from control_layer.planner.quality import quality
 from control_layer.planner.replicas import device_slots
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.sync_choice import AutoSync
@@ -147,13 +147,10 @@ def build_option(pr: Problem, sol: Solution, auto: AutoSync | None = None) -> Pl
     topology = a.sync.model_copy(update={"hierarchical": est.basis.exchange.hierarchical})
     if runtime.sync_every is not None:
         topology = topology.model_copy(update={"every": runtime.sync_every})
-    q = quality(topology.mode, topology.every, topology.compression, overlap=runtime.overlap)
-    sync = topology.model_copy(
-        update={
-            "loss_ratio": None if q is None else q.loss_ratio,
-            "loss_ratio_basis": "" if q is None else q.measured_as,
-        }
+    fields = quality_fields(
+        topology.mode, topology.every, topology.compression, runtime.overlap, spec.sync.calibration
     )
+    sync = topology.model_copy(update=fields)
     return PlanOption(
         id=plan_id(spec, deg.dp, deg.tp, deg.pp, deg.zero, spot, a.tasks),
         dp=deg.dp,

@@ -309,6 +309,19 @@ class SyncTopology(_Plain):
         "(control_layer.planner.quality; None: not measured for this setting).",
     )
     loss_ratio_basis: str = Field(default="", description="The measured setting loss_ratio comes from.")
+    loss_penalty: float | None = Field(
+        default=None,
+        description="Held-out loss over fp32 blocking at the same H, minus 1, of this codec and "
+        "overlap (control_layer.planner.calibrated; None: not known for this mode or setting).",
+    )
+    loss_penalty_low: float | None = Field(default=None, description="95 % interval, low end (None: none).")
+    loss_penalty_high: float | None = Field(default=None, description="95 % interval, high (None: none).")
+    loss_penalty_source: str = Field(
+        default="",
+        description="measured (this job's calibration), table (one model's measurements: confidence "
+        "unknown), reference (fp32 blocking itself) or unknown.",
+    )
+    loss_penalty_basis: str = Field(default="", description="What the penalty was measured on.")
 
 
 class RuntimeSettings(_Plain):
@@ -324,6 +337,11 @@ class RuntimeSettings(_Plain):
         default=None, ge=0, description="Steps between a round's send and its application (with overlap)."
     )
     fragments: int = Field(default=1, gt=0, description="DiLoCo: streamed fragments per outer round.")
+    overlap_merge: Literal["progress", "mix"] | None = Field(
+        default=None,
+        description="DiLoCo with overlap: how a late round lands (contracts.sync_delay.overlap_merge_for); "
+        "None (options planned before it was chosen): mix.",
+    )
     reason: str = ""
     # The sync settings the spec left to the planner ("auto"), as chosen for this option
     # (``planner.sync_choice``); None where the spec set them. ``sync`` of the option states them too.

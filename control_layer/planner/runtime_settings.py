@@ -13,7 +13,7 @@ from control_layer.planner.checkpoint_policy import checkpoint_fraction
 from control_layer.planner.plan_types import PlanOption, RuntimeSettings
 from control_layer.planner.runtime_pricing import checkpoint_every, runtime_terms
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.sync_choice import pinned
+from control_layer.planner.sync_choice import pinned, sync_overlaps
 from control_layer.planner.sync_settings import payload_bytes, sync_settings
 
 
@@ -57,6 +57,7 @@ def settings_for(
         bandwidth_bps=bandwidth_bps,
         latency_s=latency_s,
         exchange_seconds=exchange_seconds,
+        overlap_ok=sync_overlaps(spec),
     )
     return RuntimeSettings(
         checkpoint_every=every,
@@ -65,6 +66,7 @@ def settings_for(
         overlap=sync.overlap,
         overlap_steps=sync.overlap_steps,
         fragments=sync.fragments,
+        overlap_merge=sync.merge,
         reason=sync.reason,
     )
 

@@ -31,6 +31,7 @@ from collections import defaultdict
 from contracts.errors import InvalidArgument
 from contracts.job_spec import JobSpec
 from control_layer.planner import cost_model as cm
+from control_layer.planner.calibrated import quality_fields
 from control_layer.planner.candidates import Degrees, enumerate_degrees
 from control_layer.planner.cross_cluster import cluster_order, reachable_nodes, region_order
 from control_layer.planner.estimate import estimate_planned
@@ -51,7 +52,6 @@ from control_layer.planner.plan_types import (
     SyncTopology,
     laid_out_tasks,
 )
-from control_layer.planner.quality import quality
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.stage_order import Budget, Slot, best_order, search_orders, searchable
 from control_layer.planner.topology import cluster_gossip, order_ring
@@ -581,16 +581,15 @@ def _option(
             ring, lambda c: clusters[c].region, region_ring, spec.sync.gossip_peers, links.bw
         )
     every = cm.sync_every(spec.sync)
-    q = quality(spec.sync.mode, every, spec.sync.compression, overlap=runtime.overlap)
+    s = spec.sync
     sync = SyncTopology(
-        mode=spec.sync.mode,
+        mode=s.mode,
         ring=ring,
         gossip=gossip,
-        compression=spec.sync.compression,
+        compression=s.compression,
         every=every,
         hierarchical=est.basis.exchange.hierarchical,
-        loss_ratio=None if q is None else q.loss_ratio,
-        loss_ratio_basis="" if q is None else q.measured_as,
+        **quality_fields(s.mode, every, str(s.compression), runtime.overlap, s.calibration),
     )
     per_cluster: dict[str, int] = defaultdict(int)
     for t in tasks:

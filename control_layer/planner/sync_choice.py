@@ -26,7 +26,9 @@ import math
 from dataclasses import dataclass
 
 from contracts.job_spec import AUTO, JobSpec
+from contracts.sync_calibration import SyncCalibration
 from control_layer.planner import cost_model as cm
+from control_layer.planner.calibrated import CODEC_ORDER, LOSS_TOLERANCE, choose_codec, overlap_allowed
 from control_layer.planner.plan_types import PlanOption
 from control_layer.planner.quality import MEASURED
 from control_layer.planner.runtime_pricing import runtime_terms, wan_per_step
@@ -54,10 +56,6 @@ EXPOSED_SHARE = 0.05
 LAG_SHARE = 0.1
 # Egress an exchange bills may add at most this share to the devices' cost over its round.
 EGRESS_SHARE = 0.05
-# Relative held-out loss a cheaper codec may add over uncompressed, and an H over sync's.
-LOSS_TOLERANCE = 0.005
-# Codecs tried cheapest first (top-k drops most of each update: never chosen unasked).
-CODEC_ORDER = ("int8", "bf16", "fp16", "none")
 
 
 @dataclass(frozen=True)
@@ -80,8 +78,11 @@ class SyncChoice:
     reason: str = ""
 
 
-def choose_compression(mode: str) -> tuple[str, str]:
-    """The cheapest codec measured within LOSS_TOLERANCE of ``mode`` uncompressed, and why."""
+def choose_compression(mode: str, calibration: SyncCalibration | None = None) -> tuple[str, str]:
+    """The cheapest codec measured within LOSS_TOLERANCE of ``mode`` uncompressed, and why: on this
+    job's calibration where the spec carries one (``calibrated.choose_codec``), else the table's."""
+    if calibration is not None and calibration.mode == mode:
+        return choose_codec(mode, calibration)
     overlapped = mode in OVERLAPPED_MODES
     base = {h: r for (m, h, c, o), r in MEASURED.items() if m == mode and c == "none" and not o}
     for codec in CODEC_ORDER:
@@ -127,7 +128,7 @@ def provisional(spec: JobSpec) -> tuple[JobSpec, AutoSync]:
     s = spec.sync
     if not s.chosen_by_planner:
         return spec, AutoSync()
-    codec, why = choose_compression(s.mode) if s.compression == AUTO else (None, "")
+    codec, why = choose_compression(s.mode, s.calibration) if s.compression == AUTO else (None, "")
     every = min(PROVISIONAL_EVERY, max(every_candidates(spec.training.steps)))
     if s.mode not in cm.PERIODIC_MODES:
         every = 1
@@ -193,6 +194,12 @@ def choose_every(
     return candidates[-1], f"H={candidates[-1]}: the largest allowed; {long}"
 
 
+def sync_overlaps(spec: JobSpec) -> bool:
+    """Whether the spec's sync may overlap its exchange (``calibrated.overlap_allowed``)."""
+    s = spec.sync
+    return overlap_allowed(s.mode, str(s.compression), s.calibration)
+
+
 def choice_for(
     spec: JobSpec,
     auto: AutoSync,
@@ -204,7 +211,7 @@ def choice_for(
 ) -> SyncChoice:
     """What an option states it chose: H for its step, exchange and prices where ``auto.every``,
     and the codec ``provisional`` resolved ``spec`` to where the spec left it."""
-    overlap = spec.sync.mode == "diloco" and participants >= 2
+    overlap = spec.sync.mode == "diloco" and participants >= 2 and sync_overlaps(spec)
     every, why = (
         choose_every(spec, step_s, t_exchange, participants, overlap, egress_usd, device_usd_per_s)
         if auto.every

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from contracts.sync_config import OVERLAPPED_MODES
+from contracts.sync_delay import overlap_merge_for
 
 FRAGMENT_CHOICES = (4, 2, 1)
 # Below this a fragment's exchange is dominated by per-call latency and streaming gains nothing.
@@ -32,6 +33,7 @@ class SyncSettings:
     overlap: bool = False
     overlap_steps: int | None = None
     fragments: int = 1
+    merge: str | None = None  # overlapped DiLoCo: how a late round lands (``overlap_merge_for``)
     reason: str = ""
 
 
@@ -106,15 +108,22 @@ def sync_settings(
     bandwidth_bps: float | None,
     latency_s: float = 0.0,
     exchange_seconds: float | None = None,
+    overlap_ok: bool = True,
 ) -> SyncSettings:
     """Settings for a job whose ``n_regions`` regions exchange ``payload`` bytes per round, every
     ``every`` steps of ``step_s`` seconds, over links of ``bandwidth_bps`` (None: unknown).
     ``exchange_seconds``: one whole exchange as the estimate prices it (calibrated goodput and
-    per-call seconds); without it, the exchange over the links' figures alone."""
+    per-call seconds); without it, the exchange over the links' figures alone. ``overlap_ok``
+    False: the job's own calibration measured overlap beyond the loss tolerance
+    (``planner.calibrated``), so rounds block."""
     if n_regions < 2:
         return SyncSettings(reason="one region: nothing crosses a WAN")
     if mode not in OVERLAPPED_MODES:
         return SyncSettings(reason=f"{mode}: blocking exchanges are the mode's semantics")
+    if not overlap_ok and mode != "async":
+        return SyncSettings(
+            reason=f"{mode}: blocking, overlap cost more than the tolerance in the job's calibration"
+        )
     if mode == "async":
         return SyncSettings(overlap=True, reason="async: the server's answer is applied one round later")
     fragments = diloco_fragments(every, payload)
@@ -134,9 +143,11 @@ def sync_settings(
         why = f"an exchange takes ~{t:.3g} s, {need} step(s) of {step_s:.3g} s"
         if need > round_steps:
             why += f"; more than a round ({round_steps} steps): the rest blocks"
+    merge = overlap_merge_for(delay, round_steps)
     return SyncSettings(
         overlap=True,
         overlap_steps=delay,
         fragments=fragments,
-        reason=f"diloco: {fragments} fragment(s), applied {delay} step(s) after sending ({why})",
+        merge=merge,
+        reason=f"diloco: {fragments} fragment(s), applied {delay} step(s) after sending, {merge} ({why})",
     )

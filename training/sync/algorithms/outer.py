@@ -20,6 +20,15 @@ def outer_step(
     return anchor - lr * update, buf
 
 
+def merge_late(flat: Tensor, new_anchor: Tensor, snapshot: Tensor, merge: str, mix: float) -> Tensor:
+    """Parameters after an overlapped round lands, ``delay`` steps after ``snapshot`` was sent:
+    "mix" is Streaming DiLoCo's merge (``mix`` of the local parameters, the rest the new anchor);
+    "progress" keeps the local progress made since the snapshot on top of the new anchor."""
+    if merge == "mix":
+        return mix * flat + (1 - mix) * new_anchor
+    return new_anchor + (flat - snapshot)
+
+
 def weighted_mean(values: list[Tensor], weights: list[float]) -> Tensor:
     if not values or len(values) != len(weights):
         raise ValueError(f"need as many weights as values, got {len(values)} values, {len(weights)} weights")

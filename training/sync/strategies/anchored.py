@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from training.sync.algorithms.balance import MAX_STEP_S
-from training.sync.algorithms.outer import outer_step
+from training.sync.algorithms.outer import merge_late, outer_step
 from training.sync.algorithms.round_plan import RoundPlan
 from training.sync.algorithms.schedule import fragment_of, fragment_slices, is_start
 from training.sync.collective import DenseReducer
@@ -311,11 +311,9 @@ class AnchoredSync(Strategy):
         new_anchor, mom = res.anchor, res.momentum
         if rnd.blocking:
             flat[sl] = new_anchor  # blocking: every region now holds exactly the same parameters
-        elif self.cfg.overlap_merge == "mix":  # Streaming DiLoCo's merge of the late outer step
-            a = self.cfg.overlap_mix
-            flat[sl] = a * flat[sl] + (1 - a) * new_anchor
-        else:  # overlapped: keep the local progress made since the snapshot on the new anchor
-            flat[sl] = new_anchor + (flat[sl] - rnd.snapshot)
+        else:  # overlapped: Streaming DiLoCo's mix, or the local progress kept on the new anchor
+            merge = self.cfg.overlap_merge or "progress"
+            flat[sl] = merge_late(flat[sl], new_anchor, rnd.snapshot, merge, self.cfg.overlap_mix)
         with self.lock:
             self.anchor[sl] = new_anchor
             self.momentum[rnd.fragment] = mom
