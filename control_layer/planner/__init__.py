@@ -18,7 +18,6 @@ from contracts.job_spec import (
 )
 from control_layer.planner.estimate import estimate_option
 from control_layer.planner.fleet import prepare_pools
-from control_layer.planner.problem import prepare_classes
 from control_layer.planner.placement import Placement
 from control_layer.planner.plan_types import (
     Calibration,
@@ -30,6 +29,7 @@ from control_layer.planner.plan_types import (
     StepBreakdown,
     SyncTopology,
 )
+from control_layer.planner.problem import prepare_classes
 from control_layer.planner.search import search as _search
 from control_layer.planner.snapshot import (
     ClusterInfo,

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from control_layer.planner import cost_model as cm
-from control_layer.planner.problem import Fleet, Problem, local_share
 from control_layer.planner.gather import take_rows
+from control_layer.planner.problem import Fleet, Problem, local_share
 
 
 @dataclass(frozen=True)
