@@ -29,6 +29,7 @@ from control_layer.planner.plan_types import (
     StepBreakdown,
     SyncTopology,
 )
+from control_layer.planner.problem import prepare_classes
 from control_layer.planner.search import search as _search
 from control_layer.planner.snapshot import (
     ClusterInfo,
@@ -96,11 +97,12 @@ def plan(
 
 
 def prepare(snapshot: ResourceSnapshot) -> None:
-    """Derive now what every quote on this snapshot reuses: its pools at both price settings.
+    """Derive now what every quote on this snapshot reuses: its pools at both price settings,
+    and their classes (which a filtered pool list mostly reuses whole: ``problem._classes``).
 
     A server calls it once its fleet is loaded (off the quote path), so that no quote pays for
     grouping 40,000 devices; what a later change touches is regrouped per cluster. Options do not
     depend on whether it was called.
     """
     for spot in (False, True):
-        prepare_pools(snapshot, spot)
+        prepare_classes(snapshot, prepare_pools(snapshot, spot))

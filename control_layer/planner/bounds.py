@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from control_layer.planner import cost_model as cm
+from control_layer.planner.gather import take_rows
 from control_layer.planner.problem import Fleet, Problem, local_share
 
 
@@ -209,8 +210,8 @@ def rows_of(pr: Problem) -> Rows:
 def _fill(n: np.ndarray, w: np.ndarray, dp: np.ndarray) -> np.ndarray:
     """Per row, the cheapest total weight of dp slots, with n[i] slots of weight w[i]."""
     order = np.argsort(w, axis=1, kind="stable")
-    n_s = np.take_along_axis(n, order, axis=1)
-    w_s = np.take_along_axis(w, order, axis=1)
+    n_s = take_rows(n, order)
+    w_s = take_rows(w, order)
     before = np.cumsum(n_s, axis=1) - n_s
     take = np.clip(dp[:, None] - before, 0, n_s)
     total = (take * np.where(take > 0, w_s, 0.0)).sum(axis=1)  # no inf × 0
@@ -220,11 +221,11 @@ def _fill(n: np.ndarray, w: np.ndarray, dp: np.ndarray) -> np.ndarray:
 def _dp_th(n: np.ndarray, t: np.ndarray, dp: np.ndarray) -> np.ndarray:
     """Per row, the dp-th smallest slot time, with n[i] slots of time t[i]."""
     order = np.argsort(t, axis=1, kind="stable")
-    cum = np.cumsum(np.take_along_axis(n, order, axis=1), axis=1)
+    cum = np.cumsum(take_rows(n, order), axis=1)
     reach = (cum < dp[:, None]).sum(axis=1)
-    t_s = np.take_along_axis(t, order, axis=1)
     inside = reach < t.shape[1]
-    return np.where(inside, t_s[np.arange(len(dp)), np.minimum(reach, t.shape[1] - 1)], math.inf)
+    rows = np.arange(len(dp))
+    return np.where(inside, t[rows, order[rows, np.minimum(reach, t.shape[1] - 1)]], math.inf)
 
 
 def _link_orders(f: Fleet) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]], float]:
@@ -364,10 +365,16 @@ def _by_region(
     if span is None:
         span = key_span(key)
     composite = np.where(np.isfinite(key), key, span - 0.5) + g_region[None, :] * span
-    # A key with one row is every row's: one sort serves them all.
-    order = np.broadcast_to(np.argsort(composite, axis=1, kind="stable"), n.shape)
-    n_s = np.take_along_axis(n, order, axis=1).astype(float)
-    k_s = np.take_along_axis(np.broadcast_to(key, n.shape), order, axis=1)
+    own = np.argsort(composite, axis=1, kind="stable")
+    if len(own) == 1:
+        # A key with one row is every row's: one sort serves them all.
+        order = np.broadcast_to(own, n.shape)
+        n_s = n[:, own[0]].astype(float)
+        k_s = np.broadcast_to(key[0, own[0]], n.shape)
+    else:
+        order = own
+        n_s = take_rows(n, order).astype(float)
+        k_s = take_rows(key, order)
     regions, starts = np.unique(g_region[order[0]], return_index=True)
     cum = np.cumsum(n_s, axis=1)
     base = np.concatenate([np.zeros((d, 1)), cum[:, :-1]], axis=1)[:, starts]  # before each segment
@@ -385,7 +392,7 @@ def _by_region(
         at = (np.arange(d)[:, None], np.minimum(reach, width - 1))
         out_kth[:, regions] = np.where(enough, k_s[at], np.inf)
         if paired is not None and want == "kth":
-            out_sum[:, regions] = np.where(enough, np.take_along_axis(paired, order, axis=1)[at], np.inf)
+            out_sum[:, regions] = np.where(enough, take_rows(paired, order)[at], np.inf)
     return out_kth, out_sum
 
 

@@ -103,9 +103,9 @@ _POOL_CACHE_LOCK = threading.Lock()
 _FLEET_POOLS: OrderedDict[tuple[int, bool], tuple[ResourceSnapshot, list[Pool]]] = OrderedDict()
 
 
-def prepare_pools(snapshot: ResourceSnapshot, spot: bool) -> None:
+def prepare_pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:
     """Build and keep the snapshot's pools at one price setting ahead of its first quote."""
-    _pools(snapshot, spot)
+    return _pools(snapshot, spot)
 
 
 def _pools(snapshot: ResourceSnapshot, spot: bool) -> list[Pool]:

@@ -172,32 +172,70 @@ class _Classes:
     cls_intra_lat: np.ndarray
     cls_port: list[tuple[float, float]]  # its nodes' port: Gb/s, one-way ms
     cls_first_cluster: np.ndarray  # members in the class's first cluster
+    cluster_pools: dict[str, tuple[str, int]]  # cluster id -> (its region, its pools in the list)
     max_node_devices: int
     n_devices: int
 
 
 # Pool lists whose classes are kept per snapshot (QoS filters make a few distinct lists).
 CLASS_CACHE_SIZE = 32
+# Classes (a class key and its members) kept per snapshot across pool lists (cleared when full).
+CLASS_ENTRIES_KEPT = 65536
+
+
+@dataclass(frozen=True)
+class _ClassEntry:
+    """One class as a pool list yields it: its members in ``_member_order``, its place among the
+    classes (``order``) and how many members its first cluster holds."""
+
+    cls: PoolClass
+    order: tuple
+    in_first_cluster: int
+    per_cluster: tuple[tuple[str, int], ...]  # (cluster id, members there) per cluster it spans
+
+
+def _class_entry(g: list[Pool]) -> _ClassEntry:
+    # Classes by their lowest cluster id and its lowest node id (numbers in ids compared as
+    # numbers): never by the order the fleet happens to list its nodes in.
+    order = (g[0].region, g[0].model, min((p.cluster.id, natural(p.nodes[0][0])) for p in g))
+    cls = PoolClass(tuple(sorted(g, key=_member_order(g))))
+    per_cluster = Counter(p.cluster.id for p in g)
+    return _ClassEntry(cls, order, per_cluster[cls.first.cluster.id], tuple(per_cluster.items()))
+
+
+def _class_entries(snapshot: ResourceSnapshot, pools: list[Pool]) -> list[_ClassEntry]:
+    """The pools' classes in order. QoS filters mostly keep or drop whole classes (a class lies in
+    one region, one device model and price), so each class is kept with the snapshot under its
+    members' identities and shared by the pool lists that hold all of it (the entry holds the
+    pools, so no other pool can take their ids)."""
+    kept: dict[tuple, _ClassEntry] = snapshot.derived("pool_class_entries", lambda _: {})
+    groups: dict[tuple, list[Pool]] = defaultdict(list)
+    for p in pools:
+        groups[p.class_key].append(p)
+    entries = []
+    for g in groups.values():
+        key = tuple(map(id, g))
+        got = kept.get(key)
+        if got is None:
+            if len(kept) >= CLASS_ENTRIES_KEPT:
+                kept.clear()
+            got = kept[key] = _class_entry(g)
+        entries.append(got)
+    entries.sort(key=lambda e: e.order)
+    return entries
 
 
 def _classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> _Classes:
     """Pool classes, kept with the snapshot per pool list: the snapshot keeps its pools across
-    quotes, so the same filter yields the same Pool objects (checked by identity)."""
+    quotes, so the same filter yields the same Pool objects (keyed by their identities; the entry
+    holds the pools, so no other pool can take their ids)."""
     cache: dict[tuple[int, ...], _Classes] = snapshot.derived("pool_classes", lambda _: {})
-    key = tuple(id(p) for p in pools)
+    key = tuple(map(id, pools))
     got = cache.get(key)
-    if got is not None and all(a is b for a, b in zip(got.pools, pools, strict=True)):
+    if got is not None:
         return got
-    groups: dict[tuple, list[Pool]] = defaultdict(list)
-    for p in pools:
-        groups[p.class_key].append(p)
-
-    # Classes by their lowest cluster id and its lowest node id (numbers in ids compared as
-    # numbers): never by the order the fleet happens to list its nodes in.
-    def first(g: list[Pool]) -> tuple:
-        return (g[0].region, g[0].model, min((p.cluster.id, natural(p.nodes[0][0])) for p in g))
-
-    classes = [PoolClass(tuple(sorted(g, key=_member_order(g)))) for g in sorted(groups.values(), key=first)]
+    entries = _class_entries(snapshot, pools)
+    classes = [e.cls for e in entries]
     firsts = [c.first for c in classes]
     got = _Classes(
         pools=tuple(pools),
@@ -223,9 +261,8 @@ def _classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> _Classes:
         ),
         cls_intra_lat=np.array([p.cluster.intra_latency_ms / 1000.0 for p in firsts], dtype=float),
         cls_port=[p.port_figures for p in firsts],
-        cls_first_cluster=np.array(
-            [sum(p.cluster.id == c.first.cluster.id for p in c.pools) for c in classes], dtype=np.int64
-        ),
+        cls_first_cluster=np.array([e.in_first_cluster for e in entries], dtype=np.int64),
+        cluster_pools=_cluster_pools(entries),
         max_node_devices=max((max(p.free_per_node) for p in pools), default=0),
         n_devices=sum(p.n_free for p in pools),
     )
@@ -233,6 +270,12 @@ def _classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> _Classes:
         cache.pop(next(iter(list(cache))), None)  # list(): atomic under concurrent quotes
     cache[key] = got
     return got
+
+
+def prepare_classes(snapshot: ResourceSnapshot, pools: list[Pool]) -> None:
+    """Group the snapshot's whole pool list into classes ahead of its first quote: a QoS filter
+    that keeps or drops whole classes then finds each of its classes kept."""
+    _classes(snapshot, pools)
 
 
 def _port_hops(
@@ -279,12 +322,12 @@ def build_fleet(
         best_bw[r] = max(best_bw[r], cls_port_bw[u])
         best_lat[r] = min(best_lat[r], cls_hop_lat[u])
     # Keyed by the pools' identities; the entry holds the pools, so no other list can take their ids.
-    pool_ids = tuple(id(p) for p in pools)
+    pool_ids = tuple(map(id, pools))
     _, fixed_s = _kept(
         snapshot,
         "fixed_s",
         (pool_ids, cal_key),
-        lambda: (grouped.pools, _fixed_seconds(snapshot, pools, calibration, cal_key)),
+        lambda: (grouped.pools, _fixed_seconds(snapshot, classes, calibration, cal_key)),
     )
     # The heuristic's region sets follow from the pools, their links (calibrated) and a
     # candidate's capacity per unit and dp: later quotes on the same snapshot reuse them.
@@ -294,7 +337,7 @@ def build_fleet(
     _, wan_orders = _kept(snapshot, "wan_orders", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     _, growth_orders = _kept(snapshot, "growth_orders", (pool_ids, cal_key), lambda: (grouped.pools, {}))
     _, cluster_members = _kept(
-        snapshot, "cluster_members", pool_ids, lambda: (grouped.pools, _cluster_members(pools, ridx))
+        snapshot, "cluster_members", pool_ids, lambda: (grouped.pools, _cluster_members(grouped, ridx))
     )
     return Fleet(
         spec=spec,
@@ -351,13 +394,22 @@ def build_fleet(
     )
 
 
-def _cluster_members(pools: list[Pool], ridx: dict[str, int]) -> np.ndarray:
+def _cluster_pools(entries: list[_ClassEntry]) -> dict[str, tuple[str, int]]:
+    """Per cluster, its region and how many of the classes' pools it holds."""
+    out: dict[str, tuple[str, int]] = {}
+    for e in entries:
+        region = e.cls.first.region
+        for cid, n in e.per_cluster:
+            out[cid] = (region, out.get(cid, (region, 0))[1] + n)
+    return out
+
+
+def _cluster_members(grouped: _Classes, ridx: dict[str, int]) -> np.ndarray:
     """Per region, the most pools one of its clusters holds (``Fleet.cluster_members``)."""
-    per_cluster = Counter(p.cluster.id for p in pools)
     most = np.zeros(len(ridx))
-    for p in pools:
-        r = ridx[p.region]
-        most[r] = max(most[r], per_cluster[p.cluster.id])
+    for region, n in grouped.cluster_pools.values():
+        r = ridx[region]
+        most[r] = max(most[r], n)
     return most
 
 
@@ -405,31 +457,32 @@ def _pairs(
     return _kept(snapshot, "pairs", (regions, cal_key), build)
 
 
-# Pools whose worst start-up and teardown are kept per snapshot and calibration (cleared when full).
-POOL_FIXED_KEPT = 65536
+# Classes whose worst start-up and teardown are kept per snapshot and calibration (cleared when full).
+CLASS_FIXED_KEPT = 65536
 
 
 def _fixed_seconds(
-    snapshot: ResourceSnapshot, pools: list[Pool], calibration: Calibration | None, cal_key: str
+    snapshot: ResourceSnapshot, classes: list[PoolClass], calibration: Calibration | None, cal_key: str
 ) -> float:
-    """The worst start-up and teardown among the pools' nodes, per idle core (see
-    estimate._fixed_seconds; the search leaves the host's share out). Each pool's figure is kept
-    with the snapshot: quotes filter the same pools into different lists."""
-    kept: dict[tuple[int, str], tuple[Pool, float]] = snapshot.derived("pool_fixed", lambda _: {})
+    """The worst start-up and teardown among the classes' nodes, per idle core (see
+    estimate._fixed_seconds; the search leaves the host's share out). Each class's figure is kept
+    with the snapshot: pool lists of different quotes share their classes (``_class_entries``)."""
+    kept: dict[tuple[int, str], tuple[PoolClass, float]] = snapshot.derived("class_fixed", lambda _: {})
     worst = 0.0
-    for p in pools:
-        got = kept.get((id(p), cal_key))
-        if got is None or got[0] is not p:
+    for c in classes:
+        got = kept.get((id(c), cal_key))
+        if got is None or got[0] is not c:
             mine = 0.0
-            for node_id, startup, teardown in p.measured_fixed:
-                mine = max(
-                    mine,
-                    cm.startup_seconds(node_id, startup, calibration)
-                    + cm.teardown_seconds(node_id, teardown, calibration),
-                )
-            if len(kept) >= POOL_FIXED_KEPT:
+            for p in c.pools:
+                for node_id, startup, teardown in p.measured_fixed:
+                    mine = max(
+                        mine,
+                        cm.startup_seconds(node_id, startup, calibration)
+                        + cm.teardown_seconds(node_id, teardown, calibration),
+                    )
+            if len(kept) >= CLASS_FIXED_KEPT:
                 kept.clear()
-            got = kept[(id(p), cal_key)] = (p, mine)
+            got = kept[(id(c), cal_key)] = (c, mine)
         worst = max(worst, got[1])
     return worst
 

@@ -55,7 +55,10 @@ def queued(snapshot: ResourceSnapshot, calibration: Calibration | None) -> bool:
     """Whether any node has a queue to price (reported now, or learned)."""
     if calibration is not None and calibration.queue_wait_s:
         return True
-    return any(n.queue_wait_s > 0 for c in snapshot.clusters for n in c.nodes)
+    # Read once per snapshot: every quote asks, and a snapshot is never changed in place.
+    return snapshot.derived(
+        "any_queue", lambda s: any(n.queue_wait_s > 0 for c in s.clusters for n in c.nodes)
+    )
 
 
 def price_queue_wait(
