@@ -36,8 +36,12 @@ def _digest(spec, snap, without: tuple[str, ...] = ()) -> str:
     try:
         dumped = [o.model_dump(mode="json") for o in plan(spec, snap)]
         for option in dumped:
-            for name in without:
-                option.pop(name, None)
+            for name in without:  # "sync.loss_penalty": a field of a section
+                *path, last = name.split(".")
+                part = option
+                for key in path:
+                    part = part.get(key) or {}
+                part.pop(last, None)
         text = json.dumps(dumped, sort_keys=True)
     except NoFeasiblePlan as exc:
         text = f"infeasible: {exc}"
@@ -50,7 +54,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="10,100,1000")
     ap.add_argument("--small", type=int, default=60)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--without", default="", help="comma-separated option fields left out")
+    ap.add_argument(
+        "--without", default="", help="option fields left out, comma-separated (a.b: field b of section a)"
+    )
     args = ap.parse_args()
     without = tuple(f for f in args.without.split(",") if f)
     per: dict[str, list[str]] = {}
