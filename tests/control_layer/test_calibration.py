@@ -848,7 +848,8 @@ def test_a_scheduler_backed_nodes_queue_wait_is_learned_as_its_miss_at_each_star
         (cal.QUEUE_WAIT, "a0", None, pytest.approx(50.0), pytest.approx(50.0))
     ]
     assert cal.to_calibration(state).queue_wait_s == {"a0": pytest.approx(50.0)}
-    state, _ = cal.learn_queue_wait(state, "a0", "j2", at, {"queue_wait_s": 40.0, "queue_wait_estimate_s": 10.0})
+    second = {"queue_wait_s": 40.0, "queue_wait_estimate_s": 10.0}
+    state, _ = cal.learn_queue_wait(state, "a0", "j2", at, second)
     assert state.factors[(cal.QUEUE_WAIT, "a0")].value == pytest.approx(50.0 + cal.ALPHA * (30.0 - 50.0))
     assert cal.learn_queue_wait(state, "a0", "j3", at, {"startup_s": 5.0}) == (state, [])
     option = _option()
