@@ -33,7 +33,7 @@ UNKNOWN_END_S = 24 * 3600.0  # a running job without a time limit: assumed to ho
 
 @dataclass(frozen=True)
 class QueuedJob:
-    state: str  # PENDING or RUNNING
+    state: str  # PENDING, RUNNING or COMPLETING (ended, its slots not yet released)
     slots: int  # CPUs (or GPUs) it holds or wants
     at: float | None  # unix seconds: a running job's end by its limit, a pending one's expected start
     limit_s: float | None = None  # its time limit (None: none, or not known)
@@ -72,7 +72,11 @@ def queue_wait_estimate(
     pending = [j for j in jobs if j.state == "PENDING"]
     if free >= sum(j.slots for j in pending) + need:
         return base
-    ends = [(max(now, running_end(j, runtimes, now)), j.slots) for j in jobs if j.state == "RUNNING"]
+    ends = [
+        (now if j.state == "COMPLETING" else max(now, running_end(j, runtimes, now)), j.slots)
+        for j in jobs
+        if j.state != "PENDING"
+    ]
     heapq.heapify(ends)
     at, available = now, free
     for job in [*pending, None]:
@@ -111,11 +115,11 @@ def parse_squeue(out: str, *, gpus: bool) -> list[QueuedJob]:
     jobs = []
     for line in out.splitlines():
         fields = line.strip().split("|", 7)
-        if len(fields) < 8 or fields[0] not in ("PENDING", "RUNNING"):
+        if len(fields) < 8 or fields[0] not in ("PENDING", "RUNNING", "COMPLETING"):
             continue
         state, start, end, cpus, gres, limit, user, name = fields
         slots = gres_gpus(gres.replace("gres/", ""))[1] if gpus else int(cpus) if cpus.isdigit() else 0
-        running = state == "RUNNING"
+        running = state != "PENDING"
         jobs.append(
             QueuedJob(
                 state,
@@ -130,8 +134,9 @@ def parse_squeue(out: str, *, gpus: bool) -> list[QueuedJob]:
 
 
 async def read_queue(partition: str, *, gpus: bool) -> list[QueuedJob]:
-    """The partition's running and pending jobs, every user's."""
-    argv = ["squeue", "-h", "-t", "PENDING,RUNNING", "-o", FORMAT]
+    """The partition's pending, running and completing jobs, every user's (a completing job holds
+    its slots until Slurm has cleaned up after it)."""
+    argv = ["squeue", "-h", "-t", "PENDING,RUNNING,COMPLETING", "-o", FORMAT]
     if partition:
         argv.append(f"--partition={partition}")
     return parse_squeue(await slurm(*argv), gpus=gpus)

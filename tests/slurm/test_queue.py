@@ -52,15 +52,20 @@ def test_squeue_lines_give_states_slots_and_times() -> None:
         "PENDING|N/A|N/A|4|N/A|1:00|alice|train\n"
         "RUNNING|2026-11-29T12:00:00|2026-11-29T12:05:00|8|N/A|5:00|bob|a|b\n"
         "RUNNING|2026-11-29T11:00:00|UNLIMITED|2|gres/gpu:2|UNLIMITED|svc|cpn-42\n"
-        "COMPLETING|x|y|1|N/A|1|bob|c\n"
+        "COMPLETING|2026-11-29T11:59:00|2026-11-29T12:00:00|1|N/A|1|bob|c\n"
+        "CONFIGURING|x|y|1|N/A|1|bob|d\n"
     )
     assert parse_squeue(out, gpus=False) == [
         QueuedJob("PENDING", 4, None, 60.0, kind="user:alice"),
         QueuedJob("RUNNING", 8, NOW + 300, 300.0, started=NOW, kind="user:bob"),
         QueuedJob("RUNNING", 2, None, None, started=NOW - 3600, kind="cpn"),
+        QueuedJob("COMPLETING", 1, NOW, 60.0, started=NOW - 60, kind="user:bob"),
     ]
     assert [limit_seconds(t) for t in ("1-02:00:00", "30", "10:00", "N/A")] == [93600.0, 1800.0, 600.0, None]
-    assert [j.slots for j in parse_squeue(out, gpus=True)] == [0, 0, 2]
+    assert [j.slots for j in parse_squeue(out, gpus=True)] == [0, 0, 2, 0]
+    # A completing job's slot is free for the queue now.
+    completing = [QueuedJob("COMPLETING", 1, NOW - 5, 60.0), QueuedJob("RUNNING", 7, NOW + 60)]
+    assert queue_wait_estimate(completing, free=0, need=1, history=[], now=NOW) == 0.0
 
 
 def test_waits_are_reported_on_a_coarse_grid() -> None:
