@@ -138,7 +138,7 @@ def _learn_queue_wait(session: Session, ctx: ServerContext, task: Task) -> None:
             ctx.bus,
             "task.calibration_failed",
             task.job_id,
-            {"task_id": task.id, "error": repr(exc)[:500]},
+            {"task_id": task.id, "error": clip_message(repr(exc))},
         )
 
 
