@@ -6,8 +6,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from sqlalchemy import select
 
 from control_layer.reactions import on_task_metrics, on_task_status
+from orchestration.db.models import Event
 from service_layer.client import ApiError, CpnClient
 from service_layer.server import ServerHandle
 from tests.service_layer.harness import new_tenant, seed_fleet, small_spec, wait_placed
@@ -118,3 +120,29 @@ def test_a_queued_tasks_start_teaches_its_nodes_queue_wait_at_once(
         after = admin.calibration()
         assert after["calibration"]["queue_wait_s"] == {task["node_id"]: pytest.approx(30.0)}
         assert len([c for c in after["history"] if c["kind"] == "queue_wait_s"]) == 1
+
+
+def test_a_task_starts_even_when_learning_from_its_start_fails(
+    server: ServerHandle, admin: CpnClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What learning wrote is rolled back; the task's RUNNING commits, the failure kept as an event."""
+
+    def fails(session: object, task: object) -> bool:
+        raise ValueError("a value the database refuses")
+
+    monkeypatch.setattr("control_layer.reactions.on_task_start", fails)
+    seed_fleet(server, admin)
+    _, tenant = new_tenant(admin, server, "acme")
+    with tenant:
+        quote = tenant.quote(small_spec(steps=5))
+        job = wait_placed(
+            tenant, tenant.submit(quote_id=quote["id"], option_id=quote["options"][0]["id"])["id"]
+        )
+        task = job["tasks"][0]
+        waits = {"queue_wait_s": 50.0, "queue_wait_estimate_s": 20.0}
+        on_task_status(server.ctx, task["node_id"], task["id"], "running", "slurm job 7", 0, waits)
+        assert tenant.job(job["id"])["tasks"][0]["status"] == "running"
+        with server.ctx.session_factory() as session:
+            kinds = set(session.scalars(select(Event.kind).where(Event.job_id == job["id"])))
+        assert "task.calibration_failed" in kinds and "task.running" in kinds
+        assert admin.calibration()["calibration"]["queue_wait_s"] == {}
