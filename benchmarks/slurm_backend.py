@@ -40,6 +40,7 @@ Prints a table, then one JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -161,16 +162,24 @@ def drain_under_a_task(client: httpx.Client, slurm: SlurmCluster, root: Path, jo
 
 def slurm_times(slurm: SlurmCluster, job_id: str) -> tuple[float, float] | None:
     """(submit, start) of a Slurm job, unix seconds, as the controller recorded them (whole
-    seconds): the reference the agent's own figures are checked against."""
-    out = slurm.run("scontrol", "show", "job", "-o", job_id, check=False)
-    found = {k: v for k, v in re.findall(r"\b(SubmitTime|StartTime)=(\S+)", out)}
-    try:
-        return (
-            datetime.fromisoformat(found["SubmitTime"]).timestamp(),
-            datetime.fromisoformat(found["StartTime"]).timestamp(),
-        )
-    except (KeyError, ValueError):
-        return None
+    seconds): ``scontrol show job`` while it remembers the job (``MinJobAge``), else the job's
+    last record in the completion file. The reference the agent's own figures are checked against."""
+    texts = [slurm.run("scontrol", "show", "job", "-o", job_id, check=False)]
+    with contextlib.suppress(OSError):
+        texts.append("\n".join(reversed((slurm.root / "jobcomp.txt").read_text().splitlines())))
+    for text in texts:
+        for line in text.splitlines():
+            if not line.startswith(f"JobId={job_id} "):
+                continue
+            found = dict(re.findall(r"\b(SubmitTime|StartTime)=(\S+)", line))
+            try:
+                return (
+                    datetime.fromisoformat(found["SubmitTime"]).timestamp(),
+                    datetime.fromisoformat(found["StartTime"]).timestamp(),
+                )
+            except (KeyError, ValueError):
+                return None
+    return None
 
 
 def task_rows(db: Database, slurm: SlurmCluster, root: Path, job_ids: list[str]) -> list[dict[str, Any]]:
