@@ -13,6 +13,7 @@ from agent.devices import detect_devices, measure_cpu_tflops
 from agent.launchers import Launcher, LocalLauncher
 from agent.settings import AgentSettings
 from agent.slurm import SlurmLauncher
+from agent.slurm_cli import jobcomp_file
 from agent.slurm_nodes import cluster_nodes, free_slots, slot_devices, unavailable_slots
 from agent.slurm_queue import queue_wait_estimate, read_queue
 from contracts.registration import DeviceReport
@@ -62,7 +63,8 @@ async def cluster_capacity(
     settings: AgentSettings, launcher: Launcher, *, registered: int, held: int
 ) -> tuple[int, float] | None:
     """How many of the ``registered`` devices are not cpn's to use now (``agent.slurm_nodes``)
-    and how long a task submitted now would queue (``agent.slurm_queue``, for one slot), which
+    and how long a task submitted now would queue (``agent.slurm_queue``, for one slot, with
+    how long the cluster's jobs really run, ``agent.slurm_history``), which
     the launcher keeps for the tasks it submits; None on the local backend, whose devices are its
     own and whose tasks start at once."""
     if settings.backend != "slurm" or not isinstance(launcher, SlurmLauncher):
@@ -70,8 +72,13 @@ async def cluster_capacity(
     nodes = await cluster_nodes(settings.slurm_partition)
     gpus = any(n.gpus for n in nodes)
     jobs = await read_queue(settings.slurm_partition, gpus=gpus)
+    if launcher.jobcomp is None:
+        launcher.jobcomp = await jobcomp_file()
+    runtimes = await launcher.ended.refresh(launcher.jobcomp, time.monotonic())
     free = free_slots(nodes)
-    wait = queue_wait_estimate(jobs, free=free, need=1, history=list(launcher.waits), now=time.time())
+    wait = queue_wait_estimate(
+        jobs, free=free, need=1, history=list(launcher.waits), now=time.time(), runtimes=runtimes
+    )
     launcher.queue_wait_s, launcher.room_now = (
         wait,
         free >= 1 + sum(j.slots for j in jobs if j.state == "PENDING"),

@@ -34,6 +34,7 @@ from agent.slurm_cli import (
     jobcomp_file,
     slurm,
 )
+from agent.slurm_history import RuntimeRecord
 from agent.slurm_nodes import cluster_nodes
 from agent.slurm_queue import HISTORY
 from agent.slurm_srun import NodeSplit, split_over_nodes, srun_script
@@ -257,6 +258,7 @@ class SlurmLauncher:
         self.queue_wait_s = 0.0
         self.room_now = True
         self.waits: deque[float] = deque(maxlen=HISTORY)
+        self.ended = RuntimeRecord()  # how long the cluster's jobs run against their limits
 
     def _started_after(self, room: bool) -> Callable[[float], None]:
         def note(seconds: float) -> None:
@@ -317,4 +319,4 @@ class SlurmLauncher:
         log.info("task %s: submitted as Slurm job %s", shape.name, job_id)
         with contextlib.suppress(OSError):
             (cwd / "slurm_job_id").write_text(job_id)
-        return SlurmJob(job_id, cwd, self.poll_s, self.jobcomp)
+        return SlurmJob(job_id, cwd, self.poll_s, self.jobcomp, on_start=self._started_after(self.room_now))

@@ -9,6 +9,7 @@ import asyncio
 import re
 import shlex
 from dataclasses import dataclass
+from datetime import datetime
 
 CLI_TIMEOUT_S = 30.0
 # How much of the end of a jobcomp file is read for a job's end: a job that left the queue has
@@ -36,6 +37,31 @@ LIVE_STATES = frozenset(
 # from its checkpoint, as after a lost local node.
 LOST_STATES = frozenset({"PREEMPTED", "NODE_FAIL", "TIMEOUT", "BOOT_FAIL", "DEADLINE"})
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/.]*)=")
+
+
+def slurm_time(text: str) -> float | None:
+    """Slurm's local ISO time (``2026-11-29T12:31:09``); None for N/A, Unknown, UNLIMITED."""
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        return None
+
+
+def limit_seconds(text: str) -> float | None:
+    """Slurm's time limit: ``[D-]HH:MM:SS``, ``MM:SS`` or minutes; None for UNLIMITED or N/A."""
+    days, _, clock = text.strip().rpartition("-")
+    parts = clock.split(":")
+    try:
+        numbers = [int(x) for x in parts]
+        whole_days = int(days) if days else 0
+    except ValueError:
+        return None
+    if len(numbers) == 1:
+        return 60.0 * numbers[0] + 86400.0 * whole_days
+    seconds = 0
+    for n in numbers:
+        seconds = seconds * 60 + n
+    return float(seconds + 86400 * whole_days)
 
 
 class SlurmError(Exception):

@@ -516,10 +516,15 @@ class WorkerRun:
                 return
             now = time.monotonic()
             # Submit to start, against what was expected: calibration learns the cluster's wait.
+            started = ""
             if self._spawned_at is not None:
                 self._extra["queue_wait_s"] = round(now - self._spawned_at, 3)
                 self._extra["queue_wait_estimate_s"] = round(expected, 3)
+                # Told with RUNNING: calibration learns the wait at the start, not the job's end.
+                started = json.dumps({k: self._extra[k] for k in ("queue_wait_s", "queue_wait_estimate_s")})
             self._spawned_at = now
+            self._report(agent_pb2.TASK_STATE_RUNNING, proc.label, result_json=started)
+            return
         self._report(agent_pb2.TASK_STATE_RUNNING, proc.label)
 
     def _http_verify(self) -> ssl.SSLContext | bool:

@@ -23,7 +23,9 @@ made with (``Estimates.basis``) they give an observed value per factor:
 - a checkpoint write's fixed seconds per node (per idle core): the worker's mean write less the
   part priced by its bytes (``_observe_checkpoint``);
 - the queue wait per scheduler-backed node (``observe_queue_wait``): the submit-to-start
-  seconds its agent measured less what it expected at submission;
+  seconds its agent measured less what it expected at submission, learned as each task starts
+  (``learn_queue_wait``: a start is known at once, and the quotes made meanwhile need it then),
+  not at the job's end;
 - staging per node (``observe_staging``): each item its agent fetched before launch teaches the
   part of its time that dominated it as priced, the store's rate or a fetch's fixed seconds, and
   a venv it built teaches the build's CPU seconds.
@@ -221,8 +223,6 @@ def observe(run: FinishedRun) -> dict[tuple[str, str], float]:
             obs[(CHECKPOINT_FIXED, task.node_id)].append(write_fixed)
         for kind, values in observe_staging(task.result, reads.get(task.node_id)).items():
             obs[(kind, task.node_id)] += values
-        if (missed := observe_queue_wait(task.result)) is not None:
-            obs[(QUEUE_WAIT, task.node_id)].append(missed)
     if _exchanged(run) and basis is not None:
         goodput, _ = observe_exchange(basis, [t.result for t in run.tasks], _beside_steps(run))
         for key, value in goodput.items():
@@ -244,6 +244,24 @@ def observe_queue_wait(result: dict[str, Any]) -> float | None:
     if measured is None or expected is None or measured < 0 or expected < 0:
         return None
     return _clamp(measured - expected, QUEUE_WAIT_RANGE)
+
+
+def learn_queue_wait(
+    state: State, node_id: str, job_id: str, at: datetime, result: dict[str, Any], alpha: float = ALPHA
+) -> tuple[State, list[Change]]:
+    """The state after a scheduler-backed task's start (``result``: its agent's report then), and
+    the history row: its node's correction moves toward this miss as a factor does toward a run's
+    observation; unchanged where the task did not queue."""
+    missed = observe_queue_wait(result)
+    if missed is None:
+        return state, []
+    old = state.factors.get((QUEUE_WAIT, node_id))
+    new = missed if old is None else old.value + alpha * (missed - old.value)
+    factors = dict(state.factors)
+    factors[(QUEUE_WAIT, node_id)] = Factor(new, (old.runs if old else 0) + 1)
+    prior = old.value if old else None
+    change = Change(at, job_id, QUEUE_WAIT, node_id, prior, new, missed, _rel(missed, prior))
+    return replace(state, factors=factors), [change]
 
 
 def observe_staging(result: dict[str, Any], read: StagedRead | None = None) -> dict[str, list[float]]:

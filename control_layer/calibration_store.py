@@ -3,7 +3,8 @@
 ``on_job_end`` runs inside ``lifecycle.transition`` for every end state, after the ledger charge,
 in the same transaction, in a savepoint: a job's estimate-vs-actual record, the factors it moved
 and their history commit together with its end; if learning fails, the end commits without them
-(and an event on the job says why).
+(and an event on the job says why). ``on_task_start`` runs as a scheduler-backed task reports
+RUNNING, likewise: its node's queue wait is learned from the start, not from the job's end.
 """
 
 from __future__ import annotations
@@ -131,6 +132,25 @@ def on_job_end(session: Session, job: Job) -> dict[str, Any] | None:
     _serialise(session)
     state = load_state(session)
     new_state, changes = cal.update(state, run)
+    _store(session, state, new_state, changes)
+    return job.accuracy
+
+
+def on_task_start(session: Session, task: Task) -> bool:
+    """Learn the queue wait of the task's node from its start (``cal.learn_queue_wait``); whether
+    it taught anything (a task that did not queue, or whose agent said nothing, does not)."""
+    result = task.result or {}
+    if cal.observe_queue_wait(result) is None:
+        return False
+    _serialise(session)
+    state = load_state(session)
+    new_state, changes = cal.learn_queue_wait(state, task.node_id, task.job_id, utcnow(), result)
+    _store(session, state, new_state, changes)
+    return True
+
+
+def _store(session: Session, state: cal.State, new_state: cal.State, changes: list[cal.Change]) -> None:
+    """Write the factors that moved and their history rows."""
     for (kind, key), factor in new_state.factors.items():
         if state.factors.get((kind, key)) == factor:
             continue
@@ -152,4 +172,3 @@ def on_job_end(session: Session, job: Job) -> dict[str, Any] | None:
                 residual=c.residual,
             )
         )
-    return job.accuracy

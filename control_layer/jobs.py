@@ -144,7 +144,8 @@ def place_job(
 
     Returns what happened: placed, waiting (devices), quota (its tenant's quota or cap), failed,
     deferred (collisions) or skipped. ``calibration``: as read once for a whole pass of the placer
-    (it moves only when runs finish), else read here; ``state``: the pass's shared state."""
+    (it moves as runs finish and queued tasks start), else read here; ``state``: the pass's
+    shared state."""
     state = state if state is not None else PassState()
     with session_scope(ctx.session_factory) as session:
         job = _job(session, job_id)

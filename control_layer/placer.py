@@ -84,7 +84,7 @@ def place_pending(ctx: ServerContext, never_cache: NeverCache | None = None) -> 
         entries, rows = queued_entries(session)
         if not entries:
             return []
-        # read once per pass, not per job: it moves only when runs finish
+        # read once per pass, not per job: it moves as runs finish and queued tasks start
         calibration = load_calibration(session)
         in_use = devices_in_use(session)
         # with a preemption mechanism, a job above ``lowest`` may displace running work: planned in

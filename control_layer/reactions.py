@@ -27,6 +27,7 @@ from contracts.states import (
 )
 from control_layer import preemption
 from control_layer.calibration import TIMING_KEYS
+from control_layer.calibration_store import on_task_start
 from control_layer.checkpoint_copies import order_copy, record_copy_result
 from control_layer.checkpoints import share_with_group
 from control_layer.dispatch import assignment_message, send_cancel
@@ -86,6 +87,8 @@ def on_task_status(
             return
         move_task(task, to, message=message, exit_code=exit_code, result=_finite(result))
         _note_checkpoint(session, task, (result or {}).get("checkpoint_step"))
+        if to is TaskState.RUNNING and result:
+            _learn_queue_wait(session, ctx, task)
         if to in TASK_TERMINAL and job.status not in JOB_TERMINAL:
             meter_tasks(session, job, [task])  # metering closes at the task's end
         record_event(
@@ -120,6 +123,23 @@ def on_task_status(
 
 
 _LIVE = (TaskState.STARTING, TaskState.RUNNING)
+
+
+def _learn_queue_wait(session: Session, ctx: ServerContext, task: Task) -> None:
+    """A scheduler-backed task started: its node's queue wait is learned now, in a savepoint (a
+    failure to learn must not refuse the report, which its agent would resend forever)."""
+    try:
+        with session.begin_nested():
+            on_task_start(session, task)
+    except Exception as exc:  # noqa: BLE001 - whatever failed, the task's start must still commit
+        log.exception("task %s: calibration from its start failed", task.id)
+        record_event(
+            session,
+            ctx.bus,
+            "task.calibration_failed",
+            task.job_id,
+            {"task_id": task.id, "error": clip_message(repr(exc))},
+        )
 
 
 def _attempt_tasks(session: Session, job: Job) -> list[Task]:

@@ -835,22 +835,28 @@ def test_staging_figures_are_learned_per_node_from_what_dominated_each_item() ->
     assert again.estimates.staging_s == pytest.approx(0.3 + 4_000 / 2e6)
 
 
-def test_a_scheduler_backed_nodes_queue_wait_is_learned_as_its_miss() -> None:
+def test_a_scheduler_backed_nodes_queue_wait_is_learned_as_its_miss_at_each_start() -> None:
     """Its tasks measured 50 s, then 30 s more than their agent expected at submission: the node's
-    correction moves toward each miss, and quotes add it to the node's report; a task that did
-    not queue (no figures) teaches nothing."""
-    option = _option()
-    compute = option.estimates.step_s.compute
-    run = _run(option, compute_s=compute)
-    for t in run.tasks:
-        t.result.update({"queue_wait_s": 70.0, "queue_wait_estimate_s": 20.0})
-    state, changes = cal.update(cal.State(), run)
-    assert state.factors[(cal.QUEUE_WAIT, "a0")].value == pytest.approx(50.0)
+    correction moves toward each miss as each starts, and quotes add it to the node's report; a
+    task that did not queue (no figures) teaches nothing, and the job's end does not teach the
+    wait again."""
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    first = {"queue_wait_s": 70.0, "queue_wait_estimate_s": 20.0}
+    state, changes = cal.learn_queue_wait(cal.State(), "a0", "j1", at, first)
+    assert state.factors[(cal.QUEUE_WAIT, "a0")] == cal.Factor(pytest.approx(50.0), 1)
+    assert [(c.kind, c.key, c.old, c.new, c.observed) for c in changes] == [
+        (cal.QUEUE_WAIT, "a0", None, pytest.approx(50.0), pytest.approx(50.0))
+    ]
     assert cal.to_calibration(state).queue_wait_s == {"a0": pytest.approx(50.0)}
-    again = _run(option, compute_s=compute, job="j2")
-    for t in again.tasks:
-        t.result.update({"queue_wait_s": 40.0, "queue_wait_estimate_s": 10.0})
-    state, _ = cal.update(state, again)
+    second = {"queue_wait_s": 40.0, "queue_wait_estimate_s": 10.0}
+    state, _ = cal.learn_queue_wait(state, "a0", "j2", at, second)
     assert state.factors[(cal.QUEUE_WAIT, "a0")].value == pytest.approx(50.0 + cal.ALPHA * (30.0 - 50.0))
+    assert cal.learn_queue_wait(state, "a0", "j3", at, {"startup_s": 5.0}) == (state, [])
+    option = _option()
+    run = _run(option, compute_s=option.estimates.step_s.compute, job="j2")
+    for t in run.tasks:
+        t.result.update({"queue_wait_s": 400.0, "queue_wait_estimate_s": 10.0})
+    ended, _ = cal.update(state, run)
+    assert ended.factors[(cal.QUEUE_WAIT, "a0")] == state.factors[(cal.QUEUE_WAIT, "a0")]
     assert cal.observe_queue_wait({"startup_s": 5.0}) is None
     assert cal.observe_queue_wait({"queue_wait_s": float("nan"), "queue_wait_estimate_s": 1.0}) is None

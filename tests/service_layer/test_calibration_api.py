@@ -6,8 +6,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from sqlalchemy import select
 
 from control_layer.reactions import on_task_metrics, on_task_status
+from orchestration.db.models import Event
 from service_layer.client import ApiError, CpnClient
 from service_layer.server import ServerHandle
 from tests.service_layer.harness import new_tenant, seed_fleet, small_spec, wait_placed
@@ -87,3 +89,60 @@ def test_a_finished_job_calibrates_the_next_quote(server: ServerHandle, admin: C
         assert (option["estimates"]["startup_s"], option["estimates"]["teardown_s"]) == pytest.approx(
             (3.5, 0.2)
         )
+
+
+def test_a_queued_tasks_start_teaches_its_nodes_queue_wait_at_once(
+    server: ServerHandle, admin: CpnClient
+) -> None:
+    """A scheduler-backed task reports RUNNING with the wait it measured (50 s) against the one its
+    agent expected (20 s): the node's queue wait is learned then, while the job still runs, once
+    (a resent report teaches nothing), and the job's end does not teach it again."""
+    seed_fleet(server, admin)
+    _, tenant = new_tenant(admin, server, "acme")
+    with tenant:
+        spec = small_spec(steps=5)
+        quote = tenant.quote(spec)
+        job = wait_placed(
+            tenant, tenant.submit(quote_id=quote["id"], option_id=quote["options"][0]["id"])["id"]
+        )
+        task = job["tasks"][0]
+        waits = {"queue_wait_s": 50.0, "queue_wait_estimate_s": 20.0}
+        on_task_status(server.ctx, task["node_id"], task["id"], "running", "slurm job 7", 0, waits)
+        on_task_status(server.ctx, task["node_id"], task["id"], "running", "slurm job 7", 0, waits)
+        table = admin.calibration()
+        assert table["calibration"]["queue_wait_s"] == {task["node_id"]: pytest.approx(30.0)}
+        rows = [c for c in table["history"] if c["kind"] == "queue_wait_s"]
+        assert [(c["job_id"], c["observed"]) for c in rows] == [(job["id"], pytest.approx(30.0))]
+        for t in job["tasks"]:
+            result = {"steps": 5, "startup_s": 3.5, "train_s": 1.0} | waits
+            on_task_status(server.ctx, t["node_id"], t["id"], "succeeded", "", 0, result)
+        assert tenant.job(job["id"])["status"] == "succeeded"
+        after = admin.calibration()
+        assert after["calibration"]["queue_wait_s"] == {task["node_id"]: pytest.approx(30.0)}
+        assert len([c for c in after["history"] if c["kind"] == "queue_wait_s"]) == 1
+
+
+def test_a_task_starts_even_when_learning_from_its_start_fails(
+    server: ServerHandle, admin: CpnClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What learning wrote is rolled back; the task's RUNNING commits, the failure kept as an event."""
+
+    def fails(session: object, task: object) -> bool:
+        raise ValueError("a value the database refuses")
+
+    monkeypatch.setattr("control_layer.reactions.on_task_start", fails)
+    seed_fleet(server, admin)
+    _, tenant = new_tenant(admin, server, "acme")
+    with tenant:
+        quote = tenant.quote(small_spec(steps=5))
+        job = wait_placed(
+            tenant, tenant.submit(quote_id=quote["id"], option_id=quote["options"][0]["id"])["id"]
+        )
+        task = job["tasks"][0]
+        waits = {"queue_wait_s": 50.0, "queue_wait_estimate_s": 20.0}
+        on_task_status(server.ctx, task["node_id"], task["id"], "running", "slurm job 7", 0, waits)
+        assert tenant.job(job["id"])["tasks"][0]["status"] == "running"
+        with server.ctx.session_factory() as session:
+            kinds = set(session.scalars(select(Event.kind).where(Event.job_id == job["id"])))
+        assert "task.calibration_failed" in kinds and "task.running" in kinds
+        assert admin.calibration()["calibration"]["queue_wait_s"] == {}
