@@ -43,9 +43,9 @@ if [ "$mode" = load ]; then
   trap 'kill "${loops[@]}" 2>/dev/null || true' EXIT
 fi
 
-# Two workers (CPN_TEST_WORKERS): the multi-process tests run in turn within two groups, one on each
-# worker at the same time (tests/conftest.py, SERIAL_GROUPS), the rest wherever a worker is free;
-# the 25 slowest tests are listed at the end (the groups are the run's critical path).
+# Two workers (CPN_TEST_WORKERS): the multi-process tests run in turn on one (tests/conftest.py,
+# SERIAL_PATHS), the rest on the other meanwhile; the 25 slowest tests are listed at the end
+# (the serial group is the run's critical path).
 status=0
 python3 -m pytest -q -n "${CPN_TEST_WORKERS:-2}" --dist loadgroup --durations=25 "$@" || status=$?
 exit "$status"

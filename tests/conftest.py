@@ -62,60 +62,29 @@ def redis_unreachable() -> str | None:
 
 
 # Tests that start real agents (they bind fixed sync-port ranges) or shape network namespaces, and
-# the slow multi-process tests, run one after another within their xdist group, on one worker
-# (``--dist loadgroup``). Two groups, with nothing of the host in common (ports, namespaces, Slurm),
-# run at the same time on the two workers, and the other tests fill in wherever a worker is free:
-# the groups, not the rest, are the run's critical path, so they are cut to about equal lengths.
-# Every test here holds with 4 busy loops beside it (``scripts/test.sh --under-load``), so running
-# beside another group's test is no condition they could fail on.
-SERIAL_GROUPS: dict[str, tuple[str, ...]] = {
-    # The job's REST path on agents at sync ports 31000-31149 (``tests/integration/test_end_to_end.py``'s
-    # control plane and fleet, which these modules share).
-    "jobs": (
-        "tests/integration/test_checkpoint_resume.py",
-        "tests/integration/test_end_to_end.py",
-        "tests/integration/test_group_checkpoints.py",
-        "tests/integration/test_ledger_real_job.py",
-        "tests/integration/test_partition.py",
-        "tests/integration/test_preemption.py",
-        "tests/integration/test_priority_preemption.py",
-    ),
-    # Agents at sync ports 29600-29759 (``tests/agent/``'s, ``cpn demo``'s three) and 31400-31749
-    # and 32500 (the other integration modules, the Slurm REST tests), one-node Slurm clusters,
-    # the benchmark lab's namespaces on its one subnet, and the slow-marked tests elsewhere.
-    "serial": (
-        "tests/agent/",
-        "tests/integration/",
-        "tests/benchmarks/test_link_probe.py",
-        "tests/benchmarks/test_netlab.py",
-        "tests/resource_layer/test_tls.py",
-        "tests/slurm/",
-        "tests/service_layer/test_job_logs_agent.py",
-        "tests/training/test_lost_notices.py",
-        "tests/training/test_outputs.py",
-        "tests/training/test_sync_engine.py",
-    ),
-}
-SERIAL_PATHS = tuple(path for paths in SERIAL_GROUPS.values() for path in paths)
+# every multi-process test, run one after another on one xdist worker (``--dist loadgroup``): the
+# other workers take the rest meanwhile. The multi-process tests' timing is what they assert on, so
+# they never compete with each other for the cores.
+SERIAL_PATHS = (
+    "tests/agent/",
+    "tests/integration/",
+    "tests/benchmarks/test_link_probe.py",
+    "tests/benchmarks/test_netlab.py",
+    "tests/resource_layer/test_tls.py",
+    "tests/slurm/",
+    "tests/service_layer/test_job_logs_agent.py",
+    "tests/training/test_lost_notices.py",
+    "tests/training/test_outputs.py",
+    "tests/training/test_sync_engine.py",
+)
 
 # Slow multi-process tests that assert only results (equal losses and parameters), never timing
-# or liveness: they run beside the groups rather than lengthen one.
+# or liveness: they run beside the serial group rather than lengthen it.
 BESIDE_OTHERS = ("tests/training/test_parallel_equivalence.py",)
 
 
-def serial_group(item: pytest.Item) -> str | None:
-    """The xdist group ``item`` runs in (the first whose paths hold it; a slow-marked test
-    elsewhere goes to "serial"), or None: any free worker."""
-    if item.nodeid.startswith(BESIDE_OTHERS):
-        return None
-    for group, paths in SERIAL_GROUPS.items():
-        if item.nodeid.startswith(paths):
-            return group
-    return "serial" if item.get_closest_marker("slow") else None
-
-
 # What ``--quick`` leaves out: whatever needs a service, a browser, root or several processes (the
-# serial groups, and these modules, which start workers or servers as processes).
+# serial group, and these modules, which start workers or servers as processes).
 NOT_QUICK_MARKS = ("slow", "postgres", "redis", "browser")
 PROCESS_PATHS = (
     "tests/benchmarks/test_plan_executes_groups.py",
@@ -165,8 +134,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=[i for i in items if not quick(i)])
         items[:] = kept
     for item in items:
-        if (group := serial_group(item)) is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+        if item.nodeid.startswith(BESIDE_OTHERS):
+            continue
+        if item.get_closest_marker("slow") or item.nodeid.startswith(SERIAL_PATHS):
+            item.add_marker(pytest.mark.xdist_group("serial"))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
