@@ -16,8 +16,6 @@ import pytest
 
 from service_layer.cli.local_fleet import LocalAgent, stop_agents
 from tests.integration.test_end_to_end import (  # noqa: F401 - control_plane is a fixture
-    HEARTBEAT_S,
-    MISSES,
     TERMINAL,
     control_plane,
     job_event_kinds,
