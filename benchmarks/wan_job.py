@@ -259,7 +259,9 @@ def run_job(
             (ckpt,) = wd.glob(f"checkpoints/{jid}/{region}")
             losses.append(
                 held_out_loss(
-                    {k: v for k, v in spec["model"].items() if k != "family"}, final_state(ckpt, Path(tmp))
+                    {k: v for k, v in spec["model"].items() if k != "family"},
+                    spec["data"],
+                    final_state(ckpt, Path(tmp)),
                 )
             )
     events = job_events(client, jid)
