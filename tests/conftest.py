@@ -92,6 +92,7 @@ PROCESS_PATHS = (
     "tests/control_layer/test_worker_configs_run.py",
     "tests/service_layer/test_server_process.py",
     "tests/service_layer/test_server_workers.py",
+    "tests/training/test_checkpoint_mirror.py",
     "tests/training/test_reference_startup.py",
     "tests/training/test_sync_example.py",
     "tests/training/test_sync_grad_workers.py",
