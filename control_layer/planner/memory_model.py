@@ -26,11 +26,11 @@ class Memory:
     """Bytes on one device of one pipeline stage.
 
     Between steps it keeps ``weights`` (its parameters, or its FSDP shard of them), ``optimizer``
-    (AdamW's two moments) and ``buffers`` (DDP's gradient buckets, a pipeline stage's receive
-    buffers). ``grads`` is what it holds in gradients when the optimizer steps; ``activations``
-    what a step holds at its peak beyond what stays between steps (saved activations, the loss's
-    logits, FSDP's gathered parameters, the gradients produced so far, temporaries), of which
-    ``logits`` is the loss's part at that moment."""
+    (AdamW's two moments and step counters) and ``buffers`` (DDP's gradient buckets, a pipeline
+    stage's receive buffers). ``grads`` is what it holds in gradients when the optimizer steps;
+    ``activations`` what a step holds at its peak beyond what stays between steps (saved
+    activations, the loss's logits, FSDP's gathered parameters, the gradients produced so far,
+    temporaries), of which ``logits`` is the loss's part at that moment."""
 
     weights: float
     optimizer: float
@@ -62,7 +62,8 @@ def stage_memory(cfg: GPTConfig, layout: Layout, stage: int) -> Memory:
     walk = local_step(cfg, layout, sp) if layout.pp == 1 else pipeline_step(cfg, layout, sp, stage)
     return Memory(
         weights=kept,
-        optimizer=2 * kept,
+        # AdamW's two moments, and its step counter per tensor (on the host under CUDA: small).
+        optimizer=2 * kept + FP32 * sum(u.tensors for u in sp.units),
         buffers=buffers,
         grads=kept,
         activations=walk.peak,

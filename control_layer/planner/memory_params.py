@@ -65,6 +65,7 @@ class Unit:
     largest: int  # the largest tensor's local values (the optimizer's temporaries)
     matmul: int  # values of the Linear weights (autocast's bf16 copies)
     bias: int = 0  # values of the Linear biases (autocast's bf16 copies too)
+    tensors: int = 0  # parameter tensors (AdamW keeps a step counter for each)
 
 
 def stage_layers(n_layers: int, pp: int, stage: int) -> range:
@@ -152,7 +153,7 @@ def _unit(params: list[tuple[str, tuple[int, ...]]], shards: int) -> Unit:
         names = {f"{module}.{kind}" for module in (*TP_PLAN, "lm_head")}
         return sum(n for (name, _), n in zip(params, local, strict=True) if _in_block(name) in names)
 
-    return Unit(sum(local), sum(padded), max(local, default=0), values("weight"), values("bias"))
+    return Unit(sum(local), sum(padded), max(local, default=0), values("weight"), values("bias"), len(params))
 
 
 def _in_block(name: str) -> str:

@@ -106,9 +106,9 @@ class _Params:
 
     def gather(self, key: int, unit: Unit, forward: bool = True) -> None:
         """FSDP's all-gather of a unit: into one flat buffer, then copied out into the whole
-        tensors. In forward the flat buffer stays until the next unit's copy-out (or the end of
-        the forward, which takes in the loss); in backward it is freed at once, and the next
-        unit's (prefetched) is already held. Over a shard group of one it copies straight."""
+        tensors. In forward the flat buffer stays until the next unit has been copied out (or
+        the forward, which takes in the loss, ends); in backward it is freed at once, and the
+        next unit's (prefetched) is already held. Over a shard group of one it copies straight."""
         if not self.layout.fsdp or key in self.gathered:
             return
         whole = self.whole(unit)
@@ -116,9 +116,9 @@ class _Params:
             if key not in self.prefetched:
                 self.walk.add(whole)
             self.prefetched.discard(key)
-            self.walk.add(-self.flat)
-            self.flat = 0.0
             self.walk.add(whole)
+            self.walk.add(-self.flat)  # the previous unit's, freed once this one is copied out
+            self.flat = 0.0
             if forward:
                 self.flat = whole
             else:
