@@ -8,7 +8,7 @@ optimizer step) under ``torch.distributed._tools.mem_tracker.MemTracker``. Tenso
 (``FakeTensorMode``): shapes and storages without memory, so a model of any size costs the same.
 The process stands in for one rank of a larger world through torch's fake process group, whose
 collectives move nothing. The first step creates the optimizer state and every lazily built
-buffer; the second is the one measured.
+buffer; the second, on the whole local batch, is the one measured.
 
 It shares no code with the planner's memory model (``control_layer/planner/memory_model.py``),
 which it checks.
@@ -260,7 +260,16 @@ def _measure(dims: ParallelDims, cfg: WorkerConfig, fake: bool) -> Measured:
                 schedule = build_schedule(model, dims, CPU, lm_loss)
                 _neighbours_shapes(schedule, dims, cfg)
             optimizer = build_optimizer(model, cfg)
-            _step(model, schedule, optimizer, dims, cfg)
+            # The first step makes the optimizer state and every lazily built buffer. Without a
+            # pipeline it runs on one micro-batch: what it leaves behind is the same.
+            _step(
+                model,
+                schedule,
+                optimizer,
+                dims,
+                cfg,
+                sequences=cfg.local_batch if schedule else cfg.micro_batch,
+            )
         tracker.reset_mod_stats()
         rest = tracker.current()
         with tracker:  # entering again starts the peak from what is held now
@@ -283,11 +292,13 @@ def _step(
     dims: ParallelDims,
     cfg: WorkerConfig,
     tracker: _StepTracker | None = None,
+    sequences: int | None = None,
 ) -> int:
     """One of the worker's steps (``Trainer.train_step`` without its data source, timing and
-    cross-region hooks). Returns the bytes held when the optimizer is about to step."""
+    cross-region hooks) on ``sequences`` (the local batch unless given). Returns the bytes held
+    when the optimizer is about to step."""
     assert cfg.model is not None
-    shape = (cfg.local_batch, cfg.model.seq_len)
+    shape = (sequences or cfg.local_batch, cfg.model.seq_len)
     x = torch.randint(0, cfg.model.vocab, shape, device=CPU)
     y = torch.randint(0, cfg.model.vocab, shape, device=CPU)
     forward_backward(model, schedule, dims, cfg, _gpt_forward_loss, x, y, CPU)

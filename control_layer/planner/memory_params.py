@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from contracts.model import TP_PLAN, GPTConfig, gpt_param_shapes, tp_local_shape
 
@@ -66,6 +66,7 @@ class Unit:
     matmul: int  # values of the Linear weights (autocast's bf16 copies)
     bias: int = 0  # values of the Linear biases (autocast's bf16 copies too)
     tensors: int = 0  # parameter tensors (AdamW keeps a step counter for each)
+    widest: int = 0  # the largest Linear weight's values
 
 
 def stage_layers(n_layers: int, pp: int, stage: int) -> range:
@@ -88,13 +89,15 @@ class StageParams:
 
     @property
     def root(self) -> Unit:
+        """The embeddings and the head as one unit: counts add up, the largest tensors compare."""
         e, h = self.embed, self.head
         return Unit(
-            e.local + h.local,
-            e.shard + h.shard,
-            max(e.largest, h.largest),
-            e.matmul + h.matmul,
-            e.bias + h.bias,
+            **{
+                f.name: max(getattr(e, f.name), getattr(h, f.name))
+                if f.name in ("largest", "widest")
+                else getattr(e, f.name) + getattr(h, f.name)
+                for f in fields(Unit)
+            }
         )
 
     @property
@@ -149,11 +152,20 @@ def _unit(params: list[tuple[str, tuple[int, ...]]], shards: int) -> Unit:
     local = [math.prod(shape) for _, shape in params]
     padded = [-(-shape[0] // shards) * math.prod(shape[1:]) for _, shape in params]
 
-    def values(kind: str) -> int:
+    def values(kind: str) -> list[int]:
         names = {f"{module}.{kind}" for module in (*TP_PLAN, "lm_head")}
-        return sum(n for (name, _), n in zip(params, local, strict=True) if _in_block(name) in names)
+        return [n for (name, _), n in zip(params, local, strict=True) if _in_block(name) in names]
 
-    return Unit(sum(local), sum(padded), max(local, default=0), values("weight"), values("bias"), len(params))
+    weights = values("weight")
+    return Unit(
+        sum(local),
+        sum(padded),
+        max(local, default=0),
+        sum(weights),
+        sum(values("bias")),
+        len(params),
+        max(weights, default=0),
+    )
 
 
 def _in_block(name: str) -> str:

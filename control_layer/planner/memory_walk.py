@@ -275,8 +275,8 @@ def pipeline_step(
     half = layout.precision == "bf16"
     recompute = layout.activation_checkpointing
     walk.add(2 * TOKEN_ID * layout.micro_batch * cfg.seq_len * layout.n_micro)  # inputs, targets
-    if half:
-        walk.add(BF16 * sum(u.matmul + u.bias for u in sp.units))
+    cache = BF16 * sum(u.matmul + u.bias for u in sp.units) if half else 0.0
+    walk.add(cache)
     block = acts.block - (BF16 * sp.blocks[0].matmul if half else 0.0)  # the cache holds those
     # What a micro-batch keeps, block by block: its input (a later stage's first block reads the
     # receive buffer, kept between steps) and, without recomputation, its activations; then the
@@ -334,11 +334,14 @@ def pipeline_step(
         params.grads(-1, sp.embed, first=backwards == 0)
         params.reduce(-1, sp.root, sync=False, reshard=False)
         walk.add(-acts.stream)
+        if late:  # each held gradient turned back to fp32 before it is added in
+            walk.spike(FP32 * max(u.widest for u in sp.units))
         walk.add(-pending)
         backwards += 1
     walk.add(-dangling - rest)
     for key, unit in ((-1, sp.root), *enumerate(sp.blocks)):
         params.reduce(key, unit, sync=True)
     params.end_backward()
+    walk.add(-cache)  # autocast ends with the schedule's step
     walk.spike(FP32 * sp.optimizer_temp)
     return walk

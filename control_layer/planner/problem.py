@@ -605,7 +605,9 @@ def fewest_replicas(need: np.ndarray, usable_bytes: np.ndarray, cap: np.ndarray)
     # Counts past a member's cap are never asked for: they cannot make a smaller count unusable.
     fits |= counts[None, :] > np.maximum(np.asarray(cap), 1)[:, None]
     from_here = np.flip(np.logical_and.accumulate(np.flip(fits, axis=1), axis=1), axis=1)
-    return np.where(from_here.any(axis=1), from_here.argmax(axis=1) + 1, INFEASIBLE).astype(np.int64)
+    lo = from_here.argmax(axis=1) + 1
+    within = from_here.any(axis=1) & (lo <= np.maximum(np.asarray(cap), 1))
+    return np.where(within, lo, INFEASIBLE).astype(np.int64)
 
 
 @dataclass(frozen=True, eq=False)
