@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.tensor._sharding_prop as sharding_prop
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.mem_tracker import MemTracker
@@ -157,10 +158,17 @@ def _bucket_as_reduced(_state, bucket):  # type: ignore[no-untyped-def]  # DDP c
 
 @contextlib.contextmanager
 def _fake_world(rank: int, world_size: int) -> Iterator[None]:
-    """One process as rank ``rank`` of ``world_size`` over torch's fake process group. DeviceMesh
-    finds a rank's coordinates with ``nonzero`` on its rank table, a value fake tensors do not
-    have: the table is real and tiny, so that runs outside fake mode."""
+    """One process as rank ``rank`` of ``world_size`` over torch's fake process group.
+
+    Two spots of torch behave differently under the harness's fake mode than on real tensors,
+    and are put back as they run there. DeviceMesh finds a rank's coordinates with ``nonzero`` on
+    its rank table, a value fake tensors do not have: the table is real and tiny, so that runs
+    outside fake mode. DTensor works out an op's output shape by running it on fake tensors of
+    the whole (global) shape in the fake mode it finds active: on real tensors a mode of its own,
+    which MemTracker ignores, but here the harness's, so MemTracker would count tensors that never
+    exist; it is given a mode of its own."""
     mesh_init = DeviceMesh.__init__
+    detect = sharding_prop.detect_fake_mode
 
     @functools.wraps(mesh_init)
     def real_mesh_init(self: DeviceMesh, *args: Any, **kwargs: Any) -> None:
@@ -168,12 +176,14 @@ def _fake_world(rank: int, world_size: int) -> Iterator[None]:
             mesh_init(self, *args, **kwargs)
 
     DeviceMesh.__init__ = real_mesh_init  # type: ignore[method-assign]
+    sharding_prop.detect_fake_mode = lambda *a, **k: None
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
         DeviceMesh.__init__ = mesh_init  # type: ignore[method-assign]
+        sharding_prop.detect_fake_mode = detect
 
 
 def _neighbours_shapes(schedule: PipelineScheduleSingle, dims: ParallelDims, cfg: WorkerConfig) -> None:
@@ -218,8 +228,9 @@ def _static_vote() -> Iterator[None]:
         PipelineStage._warmup_backward_result = backward  # type: ignore[method-assign]
 
 
-def measure(layout: Layout) -> Measured:
-    """What the rank of ``layout`` holds between steps and at the peak of a step."""
+def measure(layout: Layout, real: bool = False) -> Measured:
+    """What the rank of ``layout`` holds between steps and at the peak of a step; on real tensors
+    where ``real`` (small models only) or the layout uses DDP."""
     cfg = layout.worker_config()
     p = cfg.parallel
     world = p.dp_local * p.tp * p.pp
@@ -234,7 +245,7 @@ def measure(layout: Layout) -> Measured:
     )
     with _fake_world(dims.stage_leader(layout.stage), world), _static_vote():
         dims.build_mesh(CPU.type)  # its rank table is real: built before fake mode
-        return _measure(dims, cfg, fake=not uses_ddp(layout))
+        return _measure(dims, cfg, fake=not (real or uses_ddp(layout)))
 
 
 def uses_ddp(layout: Layout) -> bool:

@@ -170,6 +170,8 @@ class _Params:
                 self.free(key, unit)
             return
         fresh = self.whole_grads.pop(key, 0.0) + self.accumulated.pop(key, 0.0)
+        if reshard:
+            self.free(key, unit)  # before the reduction: the gradients were set aside
         walk.add(self.whole(unit) - self.buffer)  # the reduce-scatter input; the last one freed
         walk.add(-fresh)
         self.buffer = self.whole(unit)
