@@ -8,7 +8,8 @@ it (separate ``lm_head``, no tying), so the planner prices exactly the model tha
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -49,6 +50,54 @@ def model_config(spec: ModelSpec) -> GPTConfig:
         vocab=spec.vocab,
         seq_len=spec.seq_len,
     )
+
+
+# How tensor parallelism shards one block, by module name inside the block (Megatron-style):
+# column-parallel modules split their output features (weight rows and bias), row-parallel ones
+# their input features (weight columns; the bias stays whole). Every other parameter (embeddings,
+# norms, the lm_head) stays whole on every tp rank. ``training.parallel.parallelize.apply_tp``
+# shards by it and the planner prices by it (``tp_local_shape``).
+TP_PLAN: MappingProxyType[str, Literal["colwise", "rowwise"]] = MappingProxyType(
+    {
+        "attn.q": "colwise",
+        "attn.k": "colwise",
+        "attn.v": "colwise",
+        "attn.proj": "rowwise",
+        "mlp.fc": "colwise",
+        "mlp.proj": "rowwise",
+    }
+)
+
+
+def gpt_param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter of ``GPT(cfg)`` by name, in its registration order (a test compares the
+    built module's ``named_parameters``)."""
+    d, r = cfg.d_model, cfg.mlp_ratio
+    block: dict[str, tuple[int, ...]] = {"ln1.weight": (d,), "ln1.bias": (d,)}
+    for name in ("q", "k", "v", "proj"):
+        block |= {f"attn.{name}.weight": (d, d), f"attn.{name}.bias": (d,)}
+    block |= {"ln2.weight": (d,), "ln2.bias": (d,)}
+    block |= {"mlp.fc.weight": (r * d, d), "mlp.fc.bias": (r * d,)}
+    block |= {"mlp.proj.weight": (d, r * d), "mlp.proj.bias": (d,)}
+    out: dict[str, tuple[int, ...]] = {"tok_emb.weight": (cfg.vocab, d), "pos_emb.weight": (cfg.seq_len, d)}
+    for i in range(cfg.n_layers):
+        out |= {f"layers.{i}.{name}": shape for name, shape in block.items()}
+    out |= {"norm.weight": (d,), "norm.bias": (d,), "lm_head.weight": (cfg.vocab, d)}
+    return out
+
+
+def tp_local_shape(name: str, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
+    """The shape one tp rank holds of parameter ``name`` (``TP_PLAN``; sizes divide evenly, as
+    ``ParallelDims.check_model`` requires)."""
+    parts = name.split(".")
+    if tp == 1 or parts[0] != "layers":
+        return shape
+    style = TP_PLAN.get(".".join(parts[2:-1]))
+    if style == "colwise":
+        return (shape[0] // tp, *shape[1:])
+    if style == "rowwise" and parts[-1] == "weight":
+        return (shape[0], shape[1] // tp)
+    return shape
 
 
 def gpt_param_count(cfg: GPTConfig) -> int:

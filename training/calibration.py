@@ -27,7 +27,8 @@ from contracts.worker_config import DataSpec, TrainingSpec, WorkerConfig
 from training.compression.codecs import get_codec
 from training.data.streams import build_stream
 from training.models.gpt import GPT
-from training.runtime import build_optimizer, lr_lambda
+from training.runtime import lr_lambda
+from training.step import build_optimizer
 from training.sync.algorithms.outer import merge_late, outer_step
 from training.sync.ring_sim import RingSim
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +13,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
-from torch.distributed.tensor import DTensor
 
 from contracts.errors import InvalidArgument
 from contracts.worker_config import WorkerConfig
@@ -25,11 +23,11 @@ from training.data.markov import MarkovSource
 from training.data.streams import BatchStream, build_stream, derive_seed
 from training.exchange_totals import ExchangeTotals
 from training.metrics import MetricsCallback
-from training.models.gpt import GPT, lm_loss
+from training.models.gpt import lm_loss
 from training.parallel.dims import ParallelDims
 from training.parallel.init import DistContext
-from training.parallel.parallelize import grad_sync, parallelize
-from training.parallel.pipeline import build_schedule, split_stage
+from training.parallel.parallelize import parallelize
+from training.parallel.pipeline import build_schedule
 from training.parallel.replica_state import (
     gather_full_grads,
     gather_full_params,
@@ -44,13 +42,12 @@ from training.parallel.replica_state import (
     stage_layout,
 )
 from training.preemption import PreemptWatch
+from training.step import ForwardLoss, build_gpt_stage, build_optimizer, clip_grad_norm, forward_backward
 from training.sync.stages import merge_stage_metrics, merge_stage_totals, stage_sync_config
 from training.sync_hook import build_sync, other_regions
 from training.sync_protocol import CrossRegionSync, SyncContext
 
 STEP_PART_KEYS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "wall_s")
-
-ForwardLoss = Callable[[nn.Module, Any, Any], Tensor]
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -59,38 +56,6 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def build_optimizer(model: nn.Module, cfg: WorkerConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not biases, norms)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    t = cfg.training
-    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=t.lr, betas=t.betas)
-
-
-@torch.no_grad()
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float, dims: ParallelDims) -> float:
-    """Global L2 norm over the whole replica (DTensor shards and pipeline stages), then scale."""
-    sq = torch.zeros((), dtype=torch.float64)
-    for p in params:
-        if p.grad is None:
-            continue
-        n = torch.linalg.vector_norm(p.grad, dtype=torch.float32)
-        n = n.full_tensor() if isinstance(n, DTensor) else n
-        sq += n.double().cpu() ** 2
-    if dims.pp > 1:
-        sq = sq.to(next(iter(params)).device)
-        dist.all_reduce(sq, group=dims.mesh["pp"].get_group())
-    total = float(sq.sqrt())
-    coef = max_norm / (total + 1e-6)
-    if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(coef)
-    return total
 
 
 @dataclass
@@ -174,37 +139,10 @@ class Trainer:
     def bf16(self) -> bool:
         return self.cfg.training.precision == "bf16"
 
-    def _autocast(self) -> torch.autocast:
-        """bf16: matmuls autocast to bfloat16; weights, gradients and AdamW state stay fp32."""
-        return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self.bf16)
-
     def _forward_backward(self, x: Any, y: Any) -> Tensor:
-        if self.schedule is not None:
-            # The schedule interleaves forwards and backwards in one call, so autocast spans both;
-            # backward ops run in the dtypes autocast chose for their forwards either way.
-            with self._autocast():
-                return self._pipeline_step(x, y)
-        mb = self.cfg.micro_batch
-        xs, ys = x.split(mb), y.split(mb)
-        total = torch.zeros((), device=self.ctx.device)
-        for i, (xm, ym) in enumerate(zip(xs, ys, strict=True)):
-            with grad_sync(self.model, enabled=i == len(xs) - 1):
-                with self._autocast():  # forward and loss only; backward outside, as autocast advises
-                    loss = self.forward_loss(self.model, xm, ym) / len(xs)
-                loss.backward()
-            total += loss.detach()
-        return total
-
-    def _pipeline_step(self, x: Any, y: Any) -> Tensor:
-        losses: list[Tensor] = []
-        first, last = self.dims.pp_rank == 0, self.dims.pp_rank == self.dims.pp - 1
-        if first:
-            self.schedule.step(x, target=y, losses=losses)  # type: ignore[union-attr]
-        elif last:
-            self.schedule.step(target=y, losses=losses)  # type: ignore[union-attr]
-        else:
-            self.schedule.step()  # type: ignore[union-attr]
-        return torch.stack(losses).mean().detach() if last else torch.zeros((), device=self.ctx.device)
+        return forward_backward(
+            self.model, self.schedule, self.dims, self.cfg, self.forward_loss, x, y, self.ctx.device
+        )
 
     def _cluster_loss(self, local: Tensor) -> float:
         """Mean over this cluster's replicas: only last-stage ranks hold a loss (tp ranks equal).
@@ -284,7 +222,7 @@ class Trainer:
         if job_step != step:  # balanced rounds: this region's step count is its own
             m["job_step"] = job_step
         if grad_norm is not None:
-            m["grad_norm"] = grad_norm
+            m["grad_norm"] = float(grad_norm)
         self._poll_checkpoint()
         if self.checkpoint_step is not None:
             m["checkpoint_step"] = self.checkpoint_step
@@ -528,8 +466,7 @@ def build_trainer(cfg: WorkerConfig, ctx: DistContext) -> Trainer:
         )
     else:
         assert cfg.model is not None
-        dims.check_model(cfg.model)
-        model = GPT(cfg.model, seed=cfg.training.seed)
+        model = build_gpt_stage(cfg, dims)
         forward_loss = _gpt_forward_loss
         stream = build_stream(
             cfg.data,
@@ -546,9 +483,6 @@ def build_trainer(cfg: WorkerConfig, ctx: DistContext) -> Trainer:
                 min(cfg.data.branching, cfg.model.vocab),
                 cfg.data.concentration,
             ).entropy_rate_nats
-        if dims.pp > 1:
-            split_stage(model, dims.pp_rank, dims.pp)
-        model.activation_checkpointing = cfg.training.activation_checkpointing
     # Dropout masks: one stream per replica, shared by its TP ranks (whose activations are replicas).
     torch.manual_seed(derive_seed(cfg.training.seed, replica))
     model.to(ctx.device)

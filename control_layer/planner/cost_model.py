@@ -14,9 +14,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from contracts.job_spec import JobSpec, ModelSpec, SyncSpec, TrainingSpec
+from contracts.job_spec import JobSpec, ModelSpec, SyncSpec
 from contracts.model import gpt_block_param_count, matmul_param_count, model_config, train_flops_per_token
 from control_layer.planner.checkpoint_policy import CHECKPOINT_FIXED_S
+from control_layer.planner.memory_model import Layout, Memory, device_memory
+from control_layer.planner.memory_params import stage_params as stage_params_of
 from control_layer.planner.plan_types import Calibration
 from control_layer.planner.sync_settings import payload_bytes
 
@@ -33,9 +35,9 @@ USABLE_MEMORY_FRACTION = 0.9
 # Cross-region payload before compression: fp32 parameters or pseudo-gradients.
 SYNC_BASE_BYTES_PER_PARAM = 4.0
 GB = 1e9
-# What the worker keeps per parameter at either precision: autocast computes in bf16 but keeps
-# fp32 weights (4 B), fp32 gradients (4 B) and fp32 Adam moments (8 B).
-WEIGHT_BYTES, GRAD_BYTES, ADAM_BYTES = 4.0, 4.0, 8.0
+# Bytes of a gradient value: the worker keeps fp32 gradients at either precision (what the
+# data-parallel reduction moves).
+GRAD_BYTES = 4.0
 # The residual stream between blocks stays fp32 under autocast (a bf16 branch added to an fp32
 # input), so pipeline hops and checkpointed block inputs are 4 bytes a value.
 RESIDUAL_BYTES = 4.0
@@ -351,91 +353,41 @@ def stage_param_counts(model: ModelSpec, pp: int) -> list[float]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def stage_params(model: ModelSpec, tp: int, pp: int) -> float:
     """Parameters held by one device of the fullest pipeline stage.
 
     The worker gives earlier stages the remainder layers, the embeddings (token and position) to
-    the first stage and the final LayerNorm and untied lm_head to the last; TP splits it tp ways.
-    """
-    n = model.n_params
-    if pp == 1:
-        return n / tp
-    d = model.d_model
-    block = block_params(model)
-    embed = model.vocab * d + model.seq_len * d
-    head = n - model.n_layers * block - embed
-    first = layers_per_stage(model, pp) * block + embed
-    last = (model.n_layers // pp) * block + head
-    return max(first, last) / tp
-
-
-@dataclass(frozen=True)
-class Memory:
-    weights: float
-    grads: float
-    optimizer: float
-    activations: float
-    logits: float
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations + self.logits
-
-
-def in_flight_micro_batches(pp: int, n_micro: int, schedule: str) -> int:
-    """Micro-batches whose activations a stage holds at its peak (first stage)."""
-    if pp == 1:
-        return 1
-    return n_micro if schedule == "gpipe" else min(pp, n_micro)
-
-
-def _full_layer_values(model: ModelSpec, training: TrainingSpec, tp: int) -> float:
-    """Korthikanti et al. (2022), eq. 2 without sequence parallelism, in 2-byte units:
-    s·b·d·(10 + 24/t + 5·a·s/(d·t))."""
-    s, b, d, a = model.seq_len, training.micro_batch_size, model.d_model, model.n_heads
-    return s * b * d * (10.0 + 24.0 / tp + 5.0 * a * s / (d * tp))
-
-
-def activation_bytes_per_layer(model: ModelSpec, training: TrainingSpec, tp: int) -> float:
-    """What one layer keeps for backward per micro-batch.
-
-    The coefficients count 16-bit tensors (autocast's bf16); fp32 doubles them. With activation
-    checkpointing a layer keeps only its input, the fp32 residual stream: s·b·d·4 bytes.
-    """
-    if training.activation_checkpointing:
-        return model.seq_len * training.micro_batch_size * model.d_model * RESIDUAL_BYTES
-    return _full_layer_values(model, training, tp) * activation_bytes(training.precision) / 2.0
+    the first stage and the final LayerNorm and untied lm_head to the last; TP splits the blocks'
+    linear layers tp ways (``contracts.model.TP_PLAN``) and leaves the rest whole on every tp
+    rank (``memory_params``)."""
+    cfg = model_config(model)
+    return float(max(sum(u.local for u in stage_params_of(cfg, tp, pp, 1, s).units) for s in range(pp)))
 
 
 def memory_per_device(
     spec: JobSpec, tp: int, pp: int, zero: int, shard_group: int, n_micro: int, schedule: str
 ) -> Memory:
-    """Peak bytes on one device of the fullest stage.
-
-    The worker keeps fp32 weights, fp32 gradients and fp32 Adam moments at either precision
-    (autocast only casts the matmuls): 4 + 4 + 8 = 16 bytes/param (Rajbhandari et al. 2020).
-    ZeRO stage k shards optimizer state (k ≥ 1), gradients (k ≥ 2) and weights (k = 3) over the
-    shard_group replicas of one node (one torchrun group); ZeRO-3 also holds two gathered layers at a time.
-    """
-    model, training = spec.model, spec.training
-    p = stage_params(model, tp, pp)
-    r = max(1, shard_group)
-    weights, grads, optimizer = p * WEIGHT_BYTES, p * GRAD_BYTES, p * ADAM_BYTES
-    if zero >= 1:
-        optimizer /= r
-    if zero >= 2:
-        grads /= r
-    if zero >= 3:
-        weights = weights / r + 2.0 * block_params(model) / tp * WEIGHT_BYTES
-    lps = layers_per_stage(model, pp)
-    per_layer = activation_bytes_per_layer(model, training, tp)
-    acts = in_flight_micro_batches(pp, n_micro, schedule) * lps * per_layer
-    if training.activation_checkpointing:
-        # One layer's full activations live while it is recomputed.
-        acts += _full_layer_values(model, training, tp) * activation_bytes(training.precision) / 2.0
-    # fp32 logits and their gradient on the last stage (vocab-parallel under TP).
-    logits = 2.0 * 4.0 * model.seq_len * training.micro_batch_size * model.vocab / tp
-    return Memory(weights, grads, optimizer, acts, logits)
+    """Peak bytes on one device of the fullest stage, and what they are (``memory_model``): the
+    worker's fp32 weights, gradients and AdamW moments at either precision, sharded as its ZeRO
+    stage shards them over the ``shard_group`` replicas of one node (one torchrun group), and the
+    step's peak of activations, logits, gathered parameters and temporaries."""
+    training = spec.training
+    _resolved(training.precision)
+    # Without ZeRO a group of two or more replicas is one DDP (or FSDP-replicated) group: alike.
+    group = max(1, shard_group) if zero else min(max(1, shard_group), 2)
+    layout = Layout(
+        tp=tp,
+        pp=pp,
+        zero=zero,
+        shard_group=group,
+        n_micro=n_micro,
+        micro_batch=training.micro_batch_size,
+        precision=training.precision,
+        activation_checkpointing=training.activation_checkpointing,
+        schedule=schedule,
+    )
+    return device_memory(model_config(spec.model), layout)
 
 
 def fits(memory_bytes: float, device_memory_gb: float | np.ndarray) -> bool | np.ndarray:

@@ -583,18 +583,31 @@ def _class_caps(fleet: Fleet, tp: int, pp: int) -> np.ndarray:
     return (fleet.cls_node_free // (tp * pp)).sum(axis=1)
 
 
-def fewest_replicas(a: float, b: float, usable_bytes: np.ndarray) -> np.ndarray:
-    """Smallest r ≥ 1 with a + b/r ≤ usable (memory shrinks as ZeRO shards over r replicas)."""
-    out = np.full(usable_bytes.shape, INFEASIBLE, dtype=np.int64)
-    fits1 = a + b <= usable_bytes
-    out[fits1] = 1
-    room = usable_bytes - a
-    some = ~fits1 & (room > 0) & (b > 0)
-    r = np.ceil(b / np.where(some, room, 1.0)).astype(np.int64)
-    # Guard the float edge: step up until it really fits.
-    r = np.where(some & (a + b / np.maximum(r, 1) > usable_bytes), r + 1, r)
-    out[some] = np.minimum(r[some], INFEASIBLE)
-    return out
+def memory_by_replicas(spec: JobSpec, deg: Degrees, n_micro: int, most: int) -> np.ndarray:
+    """Peak bytes per device with r = 1..``most`` replicas of a node in one torchrun group
+    (``cost_model.memory_per_device``): ZeRO shards over them, DDP adds its buckets."""
+    return np.array(
+        [
+            cm.memory_per_device(spec, deg.tp, deg.pp, deg.zero, r, n_micro, spec.pp_schedule).total
+            for r in range(1, max(1, most) + 1)
+        ]
+    )
+
+
+def fewest_replicas(need: np.ndarray, usable_bytes: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """Per unit, the fewest replicas r >= 1 a member can hold from which every count up to its
+    cap fits: ``need[r - 1]`` bytes per device with r replicas in its group against its
+    ``usable_bytes``. Memory need not fall with r (DDP's buckets come with a second replica;
+    FSDP pads each shard), so every count is checked, not a formula. INFEASIBLE if none."""
+    most = len(need)
+    counts = np.arange(1, most + 1)
+    fits = need[None, :] <= usable_bytes[:, None]
+    # Counts past a member's cap are never asked for: they cannot make a smaller count unusable.
+    fits |= counts[None, :] > np.maximum(np.asarray(cap), 1)[:, None]
+    from_here = np.flip(np.logical_and.accumulate(np.flip(fits, axis=1), axis=1), axis=1)
+    lo = from_here.argmax(axis=1) + 1
+    within = from_here.any(axis=1) & (lo <= np.maximum(np.asarray(cap), 1))
+    return np.where(within, lo, INFEASIBLE).astype(np.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -650,10 +663,8 @@ def build_problem(fleet: Fleet, deg: Degrees) -> Problem:
     # rank by it; ``evaluate`` prices the ring of the replicas a solution puts on each node
     # (``t_shared``).
     t1, t2 = cm.replica_totals(spec, tp, pp, zero, n_micro, (1, 2), *args, schedule=sched)
-    m1 = cm.memory_per_device(spec, tp, pp, zero, 1, n_micro, spec.pp_schedule).total
-    m2 = cm.memory_per_device(spec, tp, pp, zero, 2, n_micro, spec.pp_schedule).total
-    b = 2.0 * (m1 - m2)
-    lo = fewest_replicas(m1 - b, b, cm.USABLE_MEMORY_FRACTION * lay.memory * cm.GB)
+    need = memory_by_replicas(spec, deg, n_micro, int(lay.cap.max(initial=1)))
+    lo = fewest_replicas(need, cm.USABLE_MEMORY_FRACTION * lay.memory * cm.GB, lay.cap)
     ones = np.ones(len(lay.units))
     return Problem(
         fleet=fleet,

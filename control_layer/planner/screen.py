@@ -19,7 +19,7 @@ from control_layer.planner import cost_model as cm
 from control_layer.planner.bounds import Rows, lower_bounds_rows, make_rows, sort_spans
 from control_layer.planner.candidates import Degrees
 from control_layer.planner.local_step import n_micro_batches
-from control_layer.planner.problem import Fleet, fewest_replicas, layout
+from control_layer.planner.problem import Fleet, fewest_replicas, layout, memory_by_replicas
 
 
 @dataclass(frozen=True)
@@ -42,19 +42,15 @@ def _memory_floors(
     usable_bytes = cm.USABLE_MEMORY_FRACTION * lay.memory * cm.GB
     most = max(1, int(lay.cap.max()) if len(lay.cap) else 1)
     lo, need = [], []
-    seen: dict[int, tuple[np.ndarray, float, float]] = {}
+    seen: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     for dp in dps:
         mi = n_micro_batches(spec, dp)
-        # dp only matters through the micro-batches in flight on a stage.
-        key = cm.in_flight_micro_batches(pp, mi, spec.pp_schedule)
-        if key not in seen:
-            m1 = cm.memory_per_device(spec, tp, pp, zero, 1, mi, spec.pp_schedule).total
-            m2 = cm.memory_per_device(spec, tp, pp, zero, 2, mi, spec.pp_schedule).total
-            b = 2.0 * (m1 - m2)
-            seen[key] = (np.minimum(fewest_replicas(m1 - b, b, usable_bytes), lay.cap + 1), m1 - b, b)
-        lo.append(seen[key][0])
-        a, b = seen[key][1], seen[key][2]
-        need.append(a + b / min(most, dp))
+        # dp only matters through the micro-batches a replica steps on.
+        if mi not in seen:
+            by_r = memory_by_replicas(spec, Degrees(dp, tp, pp, zero), mi, most)
+            seen[mi] = (np.minimum(fewest_replicas(by_r, usable_bytes, lay.cap), lay.cap + 1), by_r)
+        lo.append(seen[mi][0])
+        need.append(seen[mi][1][min(most, dp) - 1])
     return np.array(lo).reshape(len(dps), len(lay.units)), np.array(need)
 
 

@@ -263,9 +263,9 @@ def _wanted_degrees(
     And only layouts that fit the roomiest device as the estimate sizes them (its micro-batches;
     no ZeRO shard group, each replica here being a torchrun group of its own). Most layouts of a
     job that reaches here fit nowhere: they must not crowd out those that do. Without a shard
-    group a higher ZeRO stage never helps (stages 1-2 change nothing, stage 3 only adds its
-    gathered layers), so only the lowest stage the spec allows is tried: its copies would take
-    the places of distinct layouts."""
+    group a higher ZeRO stage never helps (FSDP2 over a group of one shards nothing and keeps a
+    gathered copy beside its own), so only the lowest stage the spec allows is tried: its copies
+    would take the places of distinct layouts."""
     total = sum(p.n_free for p in pools)
     degrees, _, _ = enumerate_degrees(spec, total, total)
     widest = max((len(ix) for p in pools for _, ix in p.nodes), default=0)

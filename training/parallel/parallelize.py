@@ -15,26 +15,22 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from contracts.model import TP_PLAN
 from training.models.gpt import GPT
 from training.parallel.dims import ParallelDims
 
 
 def apply_tp(model: GPT, tp_mesh: DeviceMesh) -> None:
-    """Megatron-style: q/k/v and fc column-parallel, output projections row-parallel.
+    """Megatron-style, by ``contracts.model.TP_PLAN``: q/k/v and fc column-parallel, output
+    projections row-parallel.
 
     Each rank holds n_heads/tp heads and 1/tp of the MLP; one all-reduce per sub-block forward (and
-    one in backward). Embeddings, norms and the head stay replicated across the tp group.
+    one in backward). Embeddings, norms and the head stay replicated across the tp group (the
+    planner prices them so, from the same plan).
     """
-    plan = {
-        "attn.q": ColwiseParallel(),
-        "attn.k": ColwiseParallel(),
-        "attn.v": ColwiseParallel(),
-        "attn.proj": RowwiseParallel(),
-        "mlp.fc": ColwiseParallel(),
-        "mlp.proj": RowwiseParallel(),
-    }
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, plan)
+        parallelize_module(block, tp_mesh, {name: styles[style]() for name, style in TP_PLAN.items()})
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> None:

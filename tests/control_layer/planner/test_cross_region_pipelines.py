@@ -18,7 +18,7 @@ from control_layer.planner.plan_types import PlannedTask
 from control_layer.planner.search import with_precision
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.worker_config import option_problems
-from tests.control_layer.planner.test_node_fabric import BIG, _spanning, _split_shape
+from tests.control_layer.planner.test_node_fabric import BIG, SMALL, _spanning, _split_shape
 from tests.control_layer.planner.test_node_group_pricing import GOODPUT, SPEC, _blocks, _iteration, _option
 
 
@@ -153,11 +153,11 @@ def test_a_slower_link_between_the_regions_makes_the_pipeline_slower() -> None:
 
 
 def _big(clusters: list[tuple[str, str, int, int, float]], reachable: bool = True) -> ResourceSnapshot:
-    return _regions(clusters, (10.0, 20.0, 0.01), device=("A10", 24, 120), reachable=reachable)
+    return _regions(clusters, (10.0, 20.0, 0.01), device=SMALL, reachable=reachable)
 
 
 def test_a_replica_no_region_holds_runs_across_regions_whose_nodes_declared_it() -> None:
-    """Two A10 nodes per region hold no replica of BIG: without the declaration nothing is
+    """Two nodes of two 40 GB devices per region hold no replica of BIG: without the declaration nothing is
     feasible; with it, the pipeline runs through both regions, crossing between them at one stage
     boundary, and the runtime's rules accept it."""
     clusters = [("a", "eu", 2, 2, 1.0), ("b", "us", 2, 2, 1.0)]
@@ -233,13 +233,13 @@ def test_no_group_crosses_a_link_not_declared_private_and_the_quote_says_why() -
     a cheaper one is not weighed against what one region holds; a hand-made placement is refused."""
     clusters = [("a", "eu", 2, 2, 1.0), ("b", "us", 2, 2, 1.0)]
     with pytest.raises(NoFeasiblePlan) as none:
-        plan(BIG, _regions(clusters, (10.0, 20.0, 0.01), device=("A10", 24, 120), private=False))
+        plan(BIG, _regions(clusters, (10.0, 20.0, 0.01), device=SMALL, private=False))
     reason = none.value.details["explanation"][-1]
     assert reason["constraint"] == "links.private" and reason["value"] == [("eu", "us")]
     assert "eu<->us" in none.value.message and "not declared private" in none.value.message
 
     cheap = [*clusters, ("c", "eu", 1, 8, 8.0)]
-    public = plan(BIG, _regions(cheap, (10.0, 20.0, 0.01), device=("A10", 24, 120), private=False))
+    public = plan(BIG, _regions(cheap, (10.0, 20.0, 0.01), device=SMALL, private=False))
     assert public and all({t.cluster for t in o.tasks} == {"c"} for o in public)
 
     tasks = _placed(1, 1, 2, 1, 1)

@@ -133,8 +133,14 @@ def _spanning(spec: JobSpec, snap: ResourceSnapshot) -> list[PlanOption]:
     return out
 
 
-def _big_snapshot(ports: list[float | None]) -> ResourceSnapshot:
-    devs = [{"index": k, "model": "A10", "memory_gb": 24, "tflops": 120} for k in range(2)]
+# Devices too small for a replica of BIG on a node of two: 40 GB (with its bf16 weight copies,
+# gradients and optimizer state, BIG needs more than two of them, as the worker holds it).
+SMALL = ("A100-40GB", 40, 120)
+
+
+def _big_snapshot(ports: list[float | None], device: tuple[str, float, float] = SMALL) -> ResourceSnapshot:
+    model, memory_gb, tflops = device
+    devs = [{"index": k, "model": model, "memory_gb": memory_gb, "tflops": tflops} for k in range(2)]
     nodes = [{"id": f"n{i}", "devices": devs, "fabric_bandwidth_gbps": p} for i, p in enumerate(ports)]
     return ResourceSnapshot.model_validate(
         {
@@ -298,10 +304,9 @@ def test_a_group_across_clusters_needs_every_node_reachable() -> None:
 
 
 def _two_big_clusters(n_a: int, n_b: int, reachable: bool, link_gbps: float = 25.0) -> ResourceSnapshot:
-    """Clusters a and b of one region, nodes of two A10 each: too few in either for a replica of BIG."""
-    return _two_clusters(
-        n_a, n_b, 2, link_gbps, 0.5, reachable, device=("A10", 24, 120), price=1.0, fabric_gbps=200.0
-    )
+    """Clusters a and b of one region, nodes of two 40 GB devices each: too few in either for a
+    replica of BIG."""
+    return _two_clusters(n_a, n_b, 2, link_gbps, 0.5, reachable, device=SMALL, price=1.0, fabric_gbps=200.0)
 
 
 @pytest.mark.parametrize(("n_a", "n_b"), [(2, 2), (3, 2), (1, 3)])
@@ -338,6 +343,6 @@ def test_a_slower_link_between_the_clusters_makes_the_spanning_step_slower() -> 
 def test_clusters_of_one_region_share_a_group_only_over_its_network_declared_private() -> None:
     """The region's own network between its clusters is a link too (``PUT /v1/links`` with src =
     dst): undeclared private, no replica spans the clusters, and the reasons say why."""
-    assert _spanning(BIG, _two_clusters(2, 2, 2, 25.0, 0.5, device=("A10", 24, 120), private=False)) == []
+    assert _spanning(BIG, _two_clusters(2, 2, 2, 25.0, 0.5, device=SMALL, private=False)) == []
     with pytest.raises(NoFeasiblePlan, match=r"r \(between its clusters\)"):
-        plan(BIG, _two_clusters(2, 2, 2, 25.0, 0.5, device=("A10", 24, 120), private=False))
+        plan(BIG, _two_clusters(2, 2, 2, 25.0, 0.5, device=SMALL, private=False))

@@ -125,7 +125,7 @@ def test_a_replica_that_must_take_slow_nodes_runs_them_at_the_ends() -> None:
     searched one puts the slow nodes first and last, so no stage exchanges with slow ports on both
     sides (1F1B's steady state waits for each exchange), is estimated faster, and the simulator
     agrees, by about as much."""
-    snap = _big_snapshot([5.0, 5.0, 200.0, 200.0, 200.0, 200.0, 200.0, 200.0])
+    snap = _big_snapshot([5.0, 5.0, 200.0, 200.0, 200.0, 200.0, 200.0, 200.0], device=("A10", 24, 120))
     options = [o for o in _spanning(BIG_NONE, snap) if (o.tp, o.pp) == (2, 8)]
     assert len(options) == 2
     fast = {"n2", "n3", "n4", "n5", "n6", "n7"}
