@@ -91,7 +91,9 @@ def test_memory_shrinks_with_zero_stage_and_sharding() -> None:
     assert stages == sorted(stages, reverse=True) and stages[0] > stages[3]
     alone = cm.memory_per_device(spec, 1, 1, 3, 1, 1, "1f1b")
     shared = cm.memory_per_device(spec, 1, 1, 3, 8, 1, "1f1b")
-    assert shared.optimizer == pytest.approx(alone.optimizer / 8)
+    # The moments shard 8 ways; each parameter's AdamW step counter (4 bytes) stays whole.
+    counters = (8 * shared.optimizer - alone.optimizer) / 7
+    assert counters / 4 == pytest.approx(round(counters / 4)) and 0 < counters < 1e-5 * alone.optimizer
     # fp32 weights, gradients and Adam moments under autocast: 16 bytes per parameter (4 + 4 + 8).
     z0 = cm.memory_per_device(spec, 1, 1, 0, 1, 1, "1f1b")
     p = cm.stage_params(spec.model, 1, 1)
