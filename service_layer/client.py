@@ -12,6 +12,7 @@ import httpx
 from service_layer import transfers
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+READ_ONLY = frozenset({"GET", "HEAD"})
 
 
 class ApiError(Exception):
@@ -103,7 +104,7 @@ class CpnClient:
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         for tried in range(len(self._urls)):
             try:
-                response = self._http.request(method, path, **kwargs)
+                response = self._request(method, path, **kwargs)
                 break
             except httpx.ConnectError:
                 if tried == len(self._urls) - 1:
@@ -113,6 +114,17 @@ class CpnClient:
         if response.status_code >= 400:
             raise ApiError.from_response(response)
         return response.json() if response.content else None
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            # A kept-alive connection the server closed as this request reached it (its idle timer
+            # fired first on a stalled loop) is reset with nothing answered. A read changes nothing,
+            # so it is asked once more on a new connection; a write is not repeated.
+            if method not in READ_ONLY:
+                raise
+            return self._http.request(method, path, **kwargs)
 
     # -- users
     def quote(self, spec: dict[str, Any]) -> dict[str, Any]:

@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 GRPC_GRACE_S = 3.0
 HTTP_GRACE_S = 5.0
+# An idle kept-alive connection lives longer than clients keep theirs (httpx: 5 s), so a client
+# never sends on a connection the server is closing; uvicorn's default is those same 5 s.
+HTTP_KEEP_ALIVE_S = 30
 
 ReadyCallback = Callable[[ServerContext, int, int, int | None], None]
 
@@ -176,6 +179,7 @@ async def run_control_plane(
                 log_config=None,
                 access_log=False,
                 timeout_graceful_shutdown=HTTP_GRACE_S,
+                timeout_keep_alive=HTTP_KEEP_ALIVE_S,
                 # REST TLS: the same certificate as the agent port, through uvicorn's own settings
                 ssl_certfile=settings.tls_cert_file,
                 ssl_keyfile=settings.tls_key_file,
