@@ -215,9 +215,17 @@ def run_kept(
     return subprocess.CompletedProcess(cmd, code, out, err)
 
 
+def python_path() -> str:
+    """The repository first, then whatever PYTHONPATH this script was given (site packages kept
+    beside the system's, as on a node whose image lacks some)."""
+    return os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def reference_step(device: str, timeout_s: float) -> dict[str, float]:
     """The node's reference step on one device, as the agent runs it at registration (bf16)."""
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=device, CUDA_DEVICE_ORDER="PCI_BUS_ID", PYTHONPATH=str(REPO))
+    env = dict(
+        os.environ, CUDA_VISIBLE_DEVICES=device, CUDA_DEVICE_ORDER="PCI_BUS_ID", PYTHONPATH=python_path()
+    )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
            "-m", "training.reference_step", "--device", "cuda", "--precisions", "bf16"]  # fmt: skip
     out = run_kept(cmd, env, timeout_s, capture=True)
@@ -235,7 +243,7 @@ def train(args: argparse.Namespace, n_gpus: int, out: Path) -> list[dict[str, An
            "--warmup", str(args.warmup), "--local-batch", str(args.local_batch),
            "--micro-batch", str(args.micro_batch), "--device", args.device,
            "--model-json", args.model_json]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(REPO), CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    env = dict(os.environ, PYTHONPATH=python_path(), CUDA_DEVICE_ORDER="PCI_BUS_ID")
     done = run_kept(cmd, env, args.timeout_s, capture=False)
     if done.returncode != 0:
         raise RuntimeError(f"training ranks failed (exit {done.returncode})")

@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 import torch
+from scipy import sparse
 from torch import Tensor
 
 
@@ -35,23 +36,33 @@ class MarkovSource:
         rng = np.random.default_rng(seed)
         succ = np.empty((vocab, branching), dtype=np.int64)
         for s in range(vocab):
-            others = np.delete(np.arange(vocab), (s + 1) % vocab)
-            succ[s, 0] = (s + 1) % vocab
-            succ[s, 1:] = rng.choice(others, size=branching - 1, replace=False)
+            # The other successors: distinct, never (s + 1). Drawn as positions among the vocab - 1
+            # tokens other than (s + 1), which is what choosing from that list draws, without
+            # building the list (O(vocab) per state, O(vocab^2) in all: minutes at 128k tokens).
+            nxt = (s + 1) % vocab
+            picked = rng.choice(vocab - 1, size=branching - 1, replace=False)
+            succ[s, 0] = nxt
+            succ[s, 1:] = picked + (picked >= nxt)
         probs = rng.dirichlet(np.full(branching, concentration), size=vocab)
         # Floor tiny weights: every listed successor stays reachable (keeps the chain irreducible).
         probs = np.maximum(probs, 1e-3)
         probs /= probs.sum(axis=1, keepdims=True)
         self.successors = succ
         self.probs = probs
-        self.transition = np.zeros((vocab, vocab))
-        np.add.at(self.transition, (np.arange(vocab)[:, None], succ), probs)
+        # Sparse: ``branching`` entries per row (dense, a 128k vocabulary would need 137 GB).
+        rows = np.repeat(np.arange(vocab), branching)
+        self.transition = sparse.csr_array((probs.ravel(), (rows, succ.ravel())), shape=(vocab, vocab))
         self.stationary = _stationary(self.transition)
         row_entropy = -(probs * np.log(probs)).sum(axis=1)
         self.entropy_rate_nats = float(self.stationary @ row_entropy)
         self._succ_t = torch.from_numpy(succ)
         self._cdf_t = torch.from_numpy(np.cumsum(probs, axis=1)).to(torch.float64)
         self._pi_cdf_t = torch.from_numpy(np.cumsum(self.stationary)).to(torch.float64)
+
+    def prob(self, prev: np.ndarray, nxt: np.ndarray) -> np.ndarray:
+        """P(nxt | prev), elementwise over two arrays of tokens (0 where the chain never steps)."""
+        hit = self.successors[prev] == np.asarray(nxt)[..., None]
+        return (self.probs[prev] * hit).sum(axis=-1)
 
     @property
     def uniform_nats(self) -> float:
@@ -75,12 +86,18 @@ def _inverse_cdf(cdf: Tensor, u: Tensor) -> Tensor:
     return idx.clamp_(max=cdf.shape[1] - 1)  # u within rounding of 1.0
 
 
-def _stationary(p: np.ndarray) -> np.ndarray:
-    """Unique pi with pi P = pi, sum(pi) = 1, for an irreducible chain (exact linear solve)."""
+def _stationary(p: sparse.csr_array, tol: float = 1e-15, max_iter: int = 100_000) -> np.ndarray:
+    """Unique pi with pi P = pi, sum(pi) = 1, for an irreducible chain: power iteration on the lazy
+    chain (P + I) / 2, which has the same pi and is aperiodic, until an update moves pi by less
+    than ``tol`` (L1). A few hundred sparse products for these chains at any vocabulary (they mix
+    fast); a dense linear solve is cubic in the vocabulary and holds vocab^2 floats."""
     n = p.shape[0]
-    a = np.vstack([p.T - np.eye(n), np.ones((1, n))])
-    b = np.zeros(n + 1)
-    b[-1] = 1.0
-    pi, *_ = np.linalg.lstsq(a, b, rcond=None)
-    pi = np.clip(pi, 0.0, None)
-    return pi / pi.sum()
+    pt = p.T.tocsr()
+    pi = np.full(n, 1.0 / n)
+    for _ in range(max_iter):
+        nxt = 0.5 * (pi + pt @ pi)
+        moved = float(np.abs(nxt - pi).sum())
+        pi = nxt
+        if moved < tol:
+            return pi / pi.sum()
+    raise RuntimeError(f"stationary distribution did not converge in {max_iter} steps (moved {moved:.2e})")
