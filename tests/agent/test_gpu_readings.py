@@ -261,3 +261,18 @@ def test_the_watch_keeps_an_xid_past_its_reading_and_skips_a_bad_one() -> None:
     state = watch.latest()
     assert state is not None and "XID 79" in state.node_health and session.closed
     assert [x.index for x in state.samples] == list(range(8)) and "ECC" in state.samples[2].health
+
+
+def test_a_reading_recorded_on_a_real_h200_node() -> None:
+    # `python -m agent.nvml` on a lent single-GPU H200 machine (driver 580.159.04), unedited.
+    r = raw("h200_1_recorded")
+    reading = parse_reading(r)
+    units = visible_units(reading, None)
+    assert [u.name for u in units] == ["NVIDIA H200"] and units[0].memory_gb == pytest.approx(140.4, abs=0.1)
+    assert [u.uuid for u in visible_units(reading, r["gpus"][0]["uuid"])] == [units[0].uuid]
+    assert nvlink_islands(reading, units) == [0] and units[0].gpu.nvlink_active_links == 0
+    assert pcie_gbytes_s(units[0].gpu) == pytest.approx(63.0, abs=0.1)  # Gen5 x16
+    devices = [DeviceReport(0, units[0].name, units[0].memory_gb, 989.0, "cuda", uuid=units[0].uuid)]
+    state = gpu_state(reading, devices)
+    assert [(x.utilization, x.power_w, x.temperature_c) for x in state.samples] == [(0.0, 82.544, 37.0)]
+    assert state.node_health == "" and state.samples[0].health == ""
