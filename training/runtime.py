@@ -7,12 +7,11 @@ import copy
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from contracts.errors import InvalidArgument
 from contracts.worker_config import WorkerConfig
@@ -46,6 +45,9 @@ from training.step import ForwardLoss, build_gpt_stage, build_optimizer, clip_gr
 from training.sync.stages import merge_stage_metrics, merge_stage_totals, stage_sync_config
 from training.sync_hook import build_sync, other_regions
 from training.sync_protocol import CrossRegionSync, SyncContext
+
+if TYPE_CHECKING:  # pipelining imports dynamo: loaded where a pipeline is built
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 STEP_PART_KEYS = ("data_s", "compute_s", "optimizer_s", "sync_s", "checkpoint_s", "wall_s")
 

@@ -9,12 +9,11 @@ planner prices is checked against this code and not a copy of it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 from torch.distributed.tensor import DTensor
 
 from contracts.worker_config import WorkerConfig
@@ -22,6 +21,9 @@ from training.models.gpt import GPT
 from training.parallel.dims import ParallelDims
 from training.parallel.parallelize import grad_sync
 from training.parallel.pipeline import split_stage
+
+if TYPE_CHECKING:  # pipelining imports dynamo: loaded where a pipeline is built
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 ForwardLoss = Callable[[nn.Module, Any, Any], Tensor]
 

@@ -8,14 +8,16 @@ first stage, final norm and head only on the last), so parameter names match the
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from training.models.gpt import GPT
 from training.parallel.dims import ParallelDims
+
+if TYPE_CHECKING:  # torch's pipelining imports dynamo (~0.6 s a process): only where pp > 1
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 
 def stage_layer_ranges(n_layers: int, pp: int) -> list[range]:
@@ -52,6 +54,8 @@ def build_schedule(
 ) -> PipelineScheduleSingle:
     """One stage per pp rank. ``loss_fn`` is a per-microbatch mean; gradients are scaled by
     1/microbatches, so a step equals one step on the whole local batch."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
     stage = PipelineStage(
         stage_module,
         stage_index=dims.pp_rank,
