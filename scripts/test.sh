@@ -7,6 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Bytecode is cached (some images set PYTHONDONTWRITEBYTECODE): without it every xdist worker
+# re-parses and re-rewrites the asserts of every test module at collection (about 6 s each).
+unset PYTHONDONTWRITEBYTECODE
+
 mode=full
 case "${1:-}" in
   --quick) mode=quick; shift ;;

@@ -75,6 +75,7 @@ def test_sample_alert_rules_name_only_metrics_the_server_exports(server: ServerH
 
 def test_placements_are_counted_by_outcome(server: ServerHandle) -> None:
     from contracts.states import JobState
+    from control_layer.lifecycle import wake_placer
     from orchestration.db.engine import session_scope
     from orchestration.db.models import Job, Tenant
     from tests.service_layer.harness import small_spec
@@ -82,6 +83,7 @@ def test_placements_are_counted_by_outcome(server: ServerHandle) -> None:
     with session_scope(server.ctx.session_factory) as session:
         admin = session.query(Tenant).filter(Tenant.is_admin).one()
         session.add(Job(tenant_id=admin.id, name="lonely", spec=small_spec("lonely"), status=JobState.QUEUED))
+        wake_placer(session, server.ctx.bus, "test")  # as a submission does
     # The server's own placer (it leads) takes the job: no fleet, so the planner finds nothing and
     # the job fails. Calling place_pending here would race it: only the leader places.
     auth = {"Authorization": f"Bearer {ADMIN_KEY}"}
