@@ -158,6 +158,11 @@ def test_sync_mode_without_reduce_gradients_fails_at_the_first_step(tmp_path: Pa
     assert set(errors) == {"a", "b"}
     for e in errors.values():
         assert isinstance(e, FailedPrecondition) and "reduce_gradients" in e.message and "step 1" in e.message
+    # Neither exchanged anything, so neither waits for the other to leave before it closes: a
+    # failed job's workers exit at once (with the whole wait, an hour here, this would not end).
+    for eng in engines.values():
+        assert eng.node is not None
+        eng.node.wait_all_left(3600.0, contacted_only=True)
 
 
 def test_a_mode_specific_hook_in_another_mode_raises() -> None:

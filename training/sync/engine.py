@@ -466,7 +466,7 @@ class SyncEngine:
         # A peer reads its counters after its final exchange and before it leaves; closing our
         # connections before every live peer has left would take the bytes it sent on them out of
         # its reading. The final exchange ends within moments on every region, so this is short.
-        self.node.wait_all_left(min(self.cfg.timeout_s, LEAVE_WAIT_S))
+        self.node.wait_all_left(min(self.cfg.timeout_s, LEAVE_WAIT_S), contacted_only=True)
         self.node.wire.sample(force=True)  # every sync socket still open: the last full reading
         self.node.close()
 

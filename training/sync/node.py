@@ -469,10 +469,15 @@ class RegionNode:
             self.events.append(f"leave {sender}")
             self.cv.notify_all()
 
-    def wait_all_left(self, timeout: float) -> None:
+    def wait_all_left(self, timeout: float, contacted_only: bool = False) -> None:
+        """Until every live peer has left, or ``timeout``. ``contacted_only``: only the peers this
+        region has a connection with (one that never exchanged anything has no bytes on ours)."""
         deadline = time.monotonic() + timeout
         with self.cv:
-            while any(self.alive[p] and p not in self.left for p in self.peers):
+            while any(
+                self.alive[p] and p not in self.left and (not contacted_only or p in self._clients)
+                for p in self.peers
+            ):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
