@@ -55,7 +55,7 @@ def test_the_planned_memory_is_what_memtracker_measures(name: str) -> None:
         activation_checkpointing=h.activation_checkpointing,
         schedule=h.pp_schedule,
     )
-    planned = memory_model.stage_memory(CFG, layout, h.stage)
+    planned = memory_model.stage_memory(h.model, layout, h.stage)
     for term in ("weights", "grads", "optimizer", "buffers"):
         assert getattr(planned, term) == pytest.approx(getattr(got, term), rel=0.005), term
     assert planned.activations == pytest.approx(got.activations, rel=0.02)
