@@ -1,6 +1,7 @@
 """The planner's memory figure against torch's own accounting of the worker's code.
 
-    python benchmarks/memory_fit.py [--options 320] [--seed 0]
+    python benchmarks/memory_fit.py [--options 320] [--seed 0] [--only "AC tp4"] [--rows]
+                                    [--cache measured.pkl]
 
 Draws option shapes the way ``benchmarks/plan_executes.py`` draws jobs (its ``random_spec``: tiny
 models for CPU fleets, GPT shapes up to 4096 wide for GPU fleets, micro-batch, precision,
@@ -19,7 +20,10 @@ step (a longer step repeats itself and only takes longer to measure).
 Compared per stage: weights, gradients and optimizer state (relative error, the worst of the
 three), and activations (the step's peak above what stays between steps). An option whose
 planned peak is more than 5 % under the measured one is an underestimate. Prints a table and a
-final JSON line.
+final JSON line. ``--only`` measures only the drawn options whose kind (the table's first column)
+has every word given, so a subset of a run is the very options that run drew; ``--rows`` prints
+each option's stages, planned against measured. ``--cache`` keeps the measurements in a file
+between runs, for trying changes to the rule only: a change to the worker's code makes it stale.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import pickle
 import sys
 import time
 from dataclasses import dataclass
@@ -178,6 +183,27 @@ def compare(shape: Shape, measured: list[Measured]) -> Compared:
     return Compared(shape, states, acts, _rel(fullest.total, max(m.peak for m in measured)))
 
 
+def _rows(r: Compared, measured: list[Measured]) -> None:
+    """One option's stages, planned against measured (MiB): activations and the peak."""
+    mb = r.shape.spec.training.micro_batch_size
+    print(f"{r.shape.kind()}  n_micro {r.shape.n_micro}  mb {mb}  {r.shape.spec.model}")
+    for stage, got in enumerate(measured):
+        plan = r.shape.planned(stage)
+        mib = 2**20
+        print(
+            f"    stage {stage}: activations {plan.activations / mib:10.3f} / {got.activations / mib:10.3f} "
+            f"({_rel(plan.activations, got.activations):+.3f})  peak {plan.total / mib:10.3f} / "
+            f"{got.peak / mib:10.3f} ({_rel(plan.total, got.peak):+.3f})"
+        )
+
+
+def _load(path: str | None) -> dict[Layout, Measured]:
+    if path is None or not Path(path).exists():
+        return {}
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
 def _table(results: list[Compared]) -> None:
     by_kind: dict[str, list[Compared]] = {}
     for r in results:
@@ -197,20 +223,38 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--options", type=int, default=320)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", default="", help="measure only options whose kind has all these words")
+    ap.add_argument("--rows", action="store_true", help="print every option's stages")
+    ap.add_argument("--cache", default=None, help="keep measurements here between runs (rule changes only)")
     args = ap.parse_args()
     # DTensor warns, per collective, that two mesh dimensions could be flattened into one.
     logging.getLogger("torch.distributed.tensor").setLevel(logging.ERROR)
     rng = np.random.default_rng(args.seed)
     t0 = time.perf_counter()
+    cached = _load(args.cache)
     seen: dict[Layout, Measured] = {}
     results: list[Compared] = []
-    while len(results) < args.options:
+    words = args.only.split()
+    for drawn in range(1, args.options + 1):
         shape = draw(rng)
+        if not set(words) <= set(shape.kind().split()):
+            continue
         layouts = [shape.harness(s) for s in range(shape.pp)]
-        measured = [seen[x] if x in seen else seen.setdefault(x, measure(x)) for x in layouts]
+        for x in layouts:
+            if x not in seen:
+                seen[x] = cached[x] if x in cached else measure(x)
+        measured = [seen[x] for x in layouts]
         results.append(compare(shape, measured))
-        if len(results) % 50 == 0:
-            print(f"  {len(results)} options, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        if args.rows:
+            _rows(results[-1], measured)
+        if drawn % 50 == 0:
+            print(f"  {drawn} options drawn, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    if args.cache is not None:
+        with open(args.cache, "wb") as f:
+            pickle.dump(cached | seen, f)
+    if not results:
+        print("no drawn option matches --only")
+        return
     _table(results)
     under = [r for r in results if r.err_peak < UNDER]
     worst = sorted(results, key=lambda r: -abs(r.err_activations))[:5]

@@ -62,11 +62,9 @@ class Unit:
 
     local: int  # values the tp rank holds
     shard: int  # of them, its FSDP shard, padded as FSDP2 pads it (dim 0 in equal chunks)
-    largest: int  # the largest tensor's local values (the optimizer's temporaries)
     matmul: int  # values of the Linear weights (autocast's bf16 copies)
     bias: int = 0  # values of the Linear biases (autocast's bf16 copies too)
     tensors: int = 0  # parameter tensors (AdamW keeps a step counter for each)
-    widest: int = 0  # the largest Linear weight's values
 
 
 def stage_layers(n_layers: int, pp: int, stage: int) -> range:
@@ -87,18 +85,11 @@ class StageParams:
     blocks: tuple[Unit, ...]
     optimizer_temp: int  # values of AdamW's largest temporaries at once (``_optimizer_temp``)
 
-    @property
+    @functools.cached_property
     def root(self) -> Unit:
-        """The embeddings and the head as one unit: counts add up, the largest tensors compare."""
+        """The embeddings and the head as one unit: their counts add up."""
         e, h = self.embed, self.head
-        return Unit(
-            **{
-                f.name: max(getattr(e, f.name), getattr(h, f.name))
-                if f.name in ("largest", "widest")
-                else getattr(e, f.name) + getattr(h, f.name)
-                for f in fields(Unit)
-            }
-        )
+        return Unit(**{f.name: getattr(e, f.name) + getattr(h, f.name) for f in fields(Unit)})
 
     @property
     def units(self) -> tuple[Unit, ...]:
@@ -156,16 +147,7 @@ def _unit(params: list[tuple[str, tuple[int, ...]]], shards: int) -> Unit:
         names = {f"{module}.{kind}" for module in (*TP_PLAN, "lm_head")}
         return [n for (name, _), n in zip(params, local, strict=True) if _in_block(name) in names]
 
-    weights = values("weight")
-    return Unit(
-        sum(local),
-        sum(padded),
-        max(local, default=0),
-        sum(weights),
-        sum(values("bias")),
-        len(params),
-        max(weights, default=0),
-    )
+    return Unit(sum(local), sum(padded), sum(values("weight")), sum(values("bias")), len(params))
 
 
 def _in_block(name: str) -> str:

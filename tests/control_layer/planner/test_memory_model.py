@@ -12,8 +12,16 @@ from contracts.job_spec import JobSpec
 from contracts.model import GPTConfig, gpt_param_count
 from control_layer.planner import cost_model as cm
 from control_layer.planner.memory_model import Layout, device_memory, stage_memory
+from control_layer.planner.memory_ops import (
+    Grads,
+    block_backward,
+    block_forward,
+    head_backward,
+    head_forward,
+    shapes,
+)
 from control_layer.planner.memory_params import stage_params
-from control_layer.planner.memory_walk import local_step, pipeline_step, schedule_order
+from control_layer.planner.memory_walk import Walk, local_step, pipeline_step, schedule_order
 from control_layer.planner.problem import INFEASIBLE, fewest_replicas
 
 CFG = GPTConfig(n_layers=4, d_model=64, n_heads=4, vocab=256, seq_len=32)
@@ -62,9 +70,35 @@ def test_the_loss_backward_peak_by_hand() -> None:
     per_block = 4 * t * d + (12 + 48) * t * d + 16 * t + 4 * t * 2  # input, activations, small
     head = 4 * t * d + 4 * t * d + 8 * t + 4 * t * v  # norm input, lm_head input, log-probs
     batch = 2 * 8 * t
+    positions = 8 * t  # the position ids the embedding keeps for its backward
     memory = stage_memory(cfg, Layout(), 0)
-    assert memory.activations == batch + per_block + head + 2 * 4 * t * v
+    assert memory.activations == batch + positions + per_block + head + 2 * 4 * t * v
     assert memory.logits == 3 * 4 * t * v
+
+
+def test_a_block_and_the_head_give_back_what_they_take() -> None:
+    """A block's forward leaves its output, what it saved (nothing when recomputed) and the copies
+    autocast holds to the forward's end; its backward, from its output's gradient, frees all it
+    kept and its input and leaves its input's gradient. The head's backward leaves the gradient
+    of the stream. Gradients added in place leave nothing behind."""
+    for half, tp, recompute, fresh in itertools.product(
+        (False, True), (1, 2, 4), (False, True), (False, True)
+    ):
+        sh = shapes(CFG, Layout(tp=tp, micro_batch=2, precision="bf16" if half else "fp32"))
+        walk = Walk(now=sh.stream)  # the block's input
+        held = block_forward(walk, sh, recompute, fresh)
+        kept = 0.0 if recompute else sh.saved(fresh)
+        assert walk.now == pytest.approx(sh.stream + kept + sh.stream + held)
+        walk.add(-held - sh.stream)  # the copies go with the forward; the output's gradient replaces it
+        walk.add(sh.stream)
+        grads = Grads(walk, half, "add")
+        block_backward(walk, sh, grads, recompute=recompute, fresh_casts=fresh, own_out=True, own_in=True)
+        assert walk.now == pytest.approx(sh.stream)
+        assert walk.peak > 2 * sh.stream + kept
+        walk = Walk(now=sh.stream)
+        head_forward(walk, sh, fresh, keep_logits=False)
+        head_backward(walk, sh, Grads(walk, half, "add"), fresh)
+        assert walk.now == pytest.approx(sh.stream) and walk.loss == pytest.approx(0.0)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
