@@ -16,6 +16,10 @@ On a machine with CUDA it uses every local GPU and measures, with the worker's o
 - the reference step's rate (``training.reference_step``, what the node registers) against the
   training step's.
 
+On a GPU image that has torch but not cpn's own dependencies (pydantic, grpcio with its health and
+reflection services, a protobuf runtime as new as ``proto/``'s stubs), install them beside it
+(``pip install --target DIR``) and put DIR on PYTHONPATH: the ranks and the reference step keep it.
+
 It prints a table and one JSON line. Without CUDA it says so, prints a JSON line saying so and
 exits 0 (tests/benchmarks/test_gpu_validate.py runs that branch). The training ranks run under
 torchrun as the agent launches them (``--worker`` is that rank's entry).
