@@ -154,13 +154,18 @@ def authenticate_node(session: Session, node_id: str, node_token: str) -> Node:
 def mark_connected(ctx: ServerContext, node_id: str) -> str:
     """A node opened its stream: it is alive now, whatever the reaper last concluded. Returns
     ``drained`` when its agent must be told to drain (an operator's drain outlasts the agent's
-    restarts), else the node's status."""
-    ctx.bus.touch(node_alive_key(node_id), ctx.settings.node_lost_after_s)
+    restarts), else the node's status.
+
+    A node revoked since its credentials were checked is refused here: the stream subscribes to
+    the node's channel before this runs, so a revocation is either read now or delivered there."""
     with ctx.session_factory() as session, session.begin():
         _touch_row(session, node_id, utcnow())
         row = session.execute(select(Node.status, Node.cordon).where(Node.id == node_id)).one_or_none()
     if row is None:
         raise NotFound(f"node {node_id} not found", node_id=node_id)
+    if row.status == REVOKED:
+        raise PermissionDenied(f"node {node_id} is revoked", node_id=node_id)
+    ctx.bus.touch(node_alive_key(node_id), ctx.settings.node_lost_after_s)
     return "drained" if row.cordon == "draining" else row.status
 
 

@@ -8,10 +8,12 @@ import grpc
 import pytest
 from sqlalchemy import select, update
 
+from contracts.errors import PermissionDenied
 from control_layer.live_snapshot import LiveSnapshot
 from control_layer.node_control import NOT_WIRED
 from orchestration.db.models import Job, Task
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
+from resource_layer import registry
 from service_layer.client import ApiError, CpnClient
 from service_layer.server import ServerHandle
 from tests.resource_layer.harness import add_task, wait_for
@@ -174,3 +176,16 @@ def test_a_revoked_node_is_shut_out(server: ServerHandle, admin: CpnClient) -> N
         stream.close()
         channel.close()
     assert "node.revoked" in [e["action"] for e in admin._call("GET", "/v1/audit")]
+
+
+def test_a_stream_accepted_after_its_node_was_revoked_is_refused(
+    server: ServerHandle, admin: CpnClient
+) -> None:
+    """A revocation landing between a stream's credential check and its subscription to the node's
+    channel is published before anyone listens: accepting the stream reads it instead (the stream
+    ends PERMISSION_DENIED)."""
+    node = one_node(server, admin)
+    with operator_of(admin, server) as operator:
+        operator.node_action(node.node_id, "revoke", reason="stolen credentials")
+    with pytest.raises(PermissionDenied, match="revoked"):
+        registry.mark_connected(server.ctx, node.node_id)
