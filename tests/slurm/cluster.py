@@ -130,8 +130,12 @@ class SlurmCluster:
 
     def _spawn(self, *argv: str, user: str | None = None) -> None:
         log = open(self.root / f"{argv[0]}.out", "ab")  # noqa: SIM115 (lives as long as the daemon)
+        # The user through setpriv, not Popen(user=): with a uid to set Python forks instead of
+        # vforking, the fork runs gRPC's atfork handlers in the child, and they crash it (SIGSEGV,
+        # before the exec) when another thread of this test process is inside gRPC.
+        as_user = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--"] if user else []
         proc = subprocess.Popen(
-            argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, user=user, start_new_session=True
+            [*as_user, *argv], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
         self.procs.append(proc)

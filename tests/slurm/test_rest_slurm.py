@@ -126,6 +126,14 @@ def _node_capacity(handle: Any, cluster: str) -> tuple[int, int]:
         return int(count or 0), node.devices_unavailable
 
 
+def _job_state(slurm: SlurmCluster, job: str) -> str:
+    """A Slurm job's state and the reason Slurm gives for it."""
+    fields = dict(
+        kv.split("=", 1) for kv in slurm.run("scontrol", "show", "job", "-o", job).split() if "=" in kv
+    )
+    return f"{fields.get('JobState')} (reason {fields.get('Reason')}, exit {fields.get('ExitCode')})"
+
+
 def _queue_wait(handle: Any, cluster: str) -> float:
     """The queue wait the cluster's node last reported (seconds)."""
     with handle.ctx.session_factory() as session:
@@ -173,6 +181,8 @@ def test_a_drained_node_or_other_users_jobs_send_cpn_elsewhere_and_are_never_tou
         assert done["status"] == "succeeded", done["reason"]
         assert not list(tmp_path.glob("agent-eu-west-hpc-1/assignments/*"))  # nothing went to Slurm
         slurm.run("scontrol", "update", "NodeName=localhost", "State=RESUME")
+        # the resume seen first: the drain's report reads as full as the other users' jobs will
+        _wait(lambda: _node_capacity(handle, "hpc-1")[1] == 0, "the resume reported")
 
         others = [
             slurm.run(
@@ -180,13 +190,15 @@ def test_a_drained_node_or_other_users_jobs_send_cpn_elsewhere_and_are_never_tou
             ).strip()
             for _ in range(2)
         ]
+        _wait(lambda: all(_job_state(slurm, o).startswith("RUNNING") for o in others), "their jobs to run")
         _wait(lambda: _node_capacity(handle, "hpc-1")[1] == NODE_CPUS, "the other users' jobs reported")
         busy = client.post("/v1/jobs", json={"spec": short, "choice": "cheapest"}).raise_for_status().json()
         done = wait_job(client, busy["id"], TERMINAL, timeout_s=240)
         assert done["status"] == "succeeded", done["reason"]
         assert not list(tmp_path.glob("agent-eu-west-hpc-1/assignments/*"))
         for other in others:  # never cancelled, never held back
-            assert "JobState=RUNNING" in slurm.run("scontrol", "show", "job", "-o", other)
+            state = _job_state(slurm, other)
+            assert state.startswith("RUNNING"), f"job {other}: {state}"
         slurm.run("scancel", *others)
         _wait(lambda: _node_capacity(handle, "hpc-1")[1] == 0, "the CPUs back")
         # and no queue left: a wait estimated from the other users' jobs (their time limits) can
