@@ -4,6 +4,7 @@ local_sgd, diloco, gossip) or a bounded lag (ssp: no region ran more than ``stal
 ahead of the slowest; async: each server answer landed at most one round after its update).
 
     python examples/sync_regions.py --mode diloco     # starts the three regions and checks them
+    python examples/sync_regions.py --mode all        # every mode in turn, in the same three
     python examples/sync_regions.py --mode ssp --region b ...  # what each of them runs
 
 The regions talk over loopback here. Across machines give each leader its routable ``listen`` /
@@ -86,7 +87,13 @@ def run_region(mode: str, region: str, ports: dict[str, int]) -> None:
         engine.close()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
-    out = {"region": region, "steps": step, "loss": round(loss.detach().item(), 4), "params": digest}
+    out = {
+        "mode": mode,
+        "region": region,
+        "steps": step,
+        "loss": round(loss.detach().item(), 4),
+        "params": digest,
+    }
     print(json.dumps(out | worst | {"totals": engine.totals()}), flush=True)
 
 
@@ -102,14 +109,17 @@ def promise_kept(mode: str, results: list[dict[str, Any]]) -> tuple[bool, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=sorted(MODES), default="diloco")
+    ap.add_argument("--mode", choices=[*sorted(MODES), "all"], default="diloco")
     ap.add_argument("--region")
-    ap.add_argument("--ports", help="JSON region -> port")
+    ap.add_argument("--ports", help="JSON mode -> region -> port")
     args = ap.parse_args()
+    modes = list(MODES) if args.mode == "all" else [args.mode]
     if args.region:
-        run_region(args.mode, args.region, json.loads(args.ports))
+        ports = json.loads(args.ports)
+        for mode in modes:  # one engine after another: each closes before the next starts
+            run_region(mode, args.region, ports[mode])
         return
-    ports = {r: free_port() for r in REGIONS}
+    ports = {m: {r: free_port() for r in REGIONS} for m in modes}
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--mode", args.mode, "--region", r, "--ports", json.dumps(ports)],
@@ -118,16 +128,20 @@ def main() -> None:
         )
         for r in REGIONS
     ]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
+    outs = [p.communicate(timeout=300 * len(modes))[0] for p in procs]
     if any(p.returncode != 0 for p in procs):
         print("a region failed:", [p.returncode for p in procs])
         sys.exit(1)
-    results = [json.loads(o.strip().splitlines()[-1]) for o in outs]
-    for r in results:
-        print(r)
-    ok, line = promise_kept(args.mode, results)
-    print(f"{args.mode}: {line}")
-    sys.exit(0 if ok else 1)
+    lines = [json.loads(line) for o in outs for line in o.strip().splitlines() if line.startswith("{")]
+    kept = True
+    for mode in modes:
+        results = [r for r in lines if r["mode"] == mode]
+        for r in results:
+            print(r)
+        ok, line = promise_kept(mode, results)
+        print(f"{mode}: {line}")
+        kept = kept and ok
+    sys.exit(0 if kept else 1)
 
 
 if __name__ == "__main__":
