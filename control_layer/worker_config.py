@@ -265,6 +265,7 @@ def build_worker_configs(
             "time_limit_s": quoted_time_limit_s(option),
             "start_within_s": start_within_s(option),
         }
+        members = {s.node_id for s in group}
         for node_rank, slot in enumerate(group):
             # A group spanning nodes resumes as one: every node from the participant's checkpoint
             # (each holds the whole of it, ``training.checkpoint_mirror``; a node without it
@@ -273,7 +274,9 @@ def build_worker_configs(
             ck = _checkpoint(
                 job_id, key, here, runtime, checkpoints or {}, multi, spec.training.steps, spec.sync.mode
             )
-            ck["fetch"] = _fetch_choice((checkpoints or {}).get(key), slot.node_id, ck["resume_at_most"])
+            ck["fetch"] = _fetch_choice(
+                (checkpoints or {}).get(key), slot.node_id, ck["resume_at_most"], members
+            )
             configs[slot.node_id] = copy.deepcopy(shared) | {
                 "checkpoint": ck,
                 "group": _group(group, node_rank),
@@ -481,10 +484,18 @@ def _checkpoint(
     }
 
 
-def _fetch_choice(own: dict[str, Any] | None, node_id: str, at_most: int | None) -> dict[str, Any] | None:
+def _fetch_choice(
+    own: dict[str, Any] | None, node_id: str, at_most: int | None, group: set[str]
+) -> dict[str, Any] | None:
     """Where this node fetches the participant's checkpoint from before it launches: the newest
     step (at most ``at_most``) some other node holds, unless this node holds it already (its own
-    checkpoint, or a copy that landed here). ``control_layer.checkpoint_copies`` signs the choice."""
+    checkpoint, or a copy that landed here). A holder in the node's own ``group`` comes first: it
+    is placed in this attempt beside it, where another holder may be the node whose loss brought
+    the re-placement, dead but not yet judged lost (its fetch would fail and the group would start
+    from step 0). For the same reason a group spanning nodes resumes at the newest step one of its
+    own nodes holds, where one holds any: a newer step only the dead node had (its copy to the
+    survivor still under way) would fail to arrive, or leave the group no step in common.
+    ``control_layer.checkpoint_copies`` signs the choice."""
     held = [
         (int(h["step"]), str(h["node_id"]))
         for h in (own or {}).get("holders") or []
@@ -492,8 +503,9 @@ def _fetch_choice(own: dict[str, Any] | None, node_id: str, at_most: int | None)
     ]
     if not held:
         return None
-    best = max(s for s, _ in held)
-    nodes = sorted(n for s, n in held if s == best)
+    in_group = [s for s, n in held if n in group]
+    best = max(in_group) if len(group) > 1 and in_group else max(s for s, _ in held)
+    nodes = sorted((n for s, n in held if s == best), key=lambda n: (n not in group, n))
     if node_id in nodes:
         return None
     return {"step": best, "source_node_id": nodes[0]}

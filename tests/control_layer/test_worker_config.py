@@ -144,6 +144,17 @@ def test_a_replica_spanning_nodes_of_one_cluster_is_one_group_with_its_rendezvou
     lead, other = configs[n["eu"].id]["checkpoint"], configs[n["eu2"].id]["checkpoint"]
     assert lead["fetch"] == {"step": 20, "source_node_id": n["eu2"].id} and other["fetch"] is None
     assert lead["start_step"] is other["start_step"] is None
+    # The dead leader's node still listed as holding it (not yet judged lost), and sorting first:
+    # eu fetches from eu2, its own group's node, which is placed beside it in this attempt.
+    held[key]["holders"].insert(0, {"step": 20, "node_id": "0-dead-leader"})
+    configs = build_worker_configs("job", tiny_spec(), option, slots, checkpoints=held)
+    assert configs[n["eu"].id]["checkpoint"]["fetch"] == {"step": 20, "source_node_id": n["eu2"].id}
+    # The dead leader had completed step 30, but eu2 (its copy of it under way when the leader
+    # died) holds 20 at most: the group can only resume at 20, so eu fetches 20 from eu2, not 30.
+    held[key]["holders"].append({"step": 30, "node_id": "0-dead-leader"})
+    configs = build_worker_configs("job", tiny_spec(), option, slots, checkpoints=held)
+    assert configs[n["eu"].id]["checkpoint"]["fetch"] == {"step": 20, "source_node_id": n["eu2"].id}
+    assert configs[n["eu2"].id]["checkpoint"]["fetch"] is None
 
 
 def test_groups_across_clusters_or_with_interleaved_ranks_are_refused() -> None:
