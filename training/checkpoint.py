@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from training.checkpoint_mirror import mirror, node_layout
+from training.checkpoint_mirror import NodeLayout, mirror, node_layout, share
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 # The optimizer's state and param groups keyed by parameter name: a pipeline's stages hold
@@ -57,16 +57,31 @@ def latest_checkpoint(root: str | Path, at_most: int | None = None) -> Path | No
     return found[-1][1] if found else None
 
 
-def agreed_checkpoint(root: str | Path, at_most: int | None = None) -> Path | None:
+def agreed_checkpoint(
+    root: str | Path, at_most: int | None = None, layout: NodeLayout | None = None
+) -> Path | None:
     """Collective: the newest complete checkpoint (at most ``at_most``) that every rank's directory
-    holds, so that all ranks resume from one step (a node new to a group spanning nodes may lack
-    the newest, or hold none: then every rank starts as if there were none)."""
+    holds, so that all ranks resume from one step. With ``layout`` (a group spanning nodes) the
+    newest any node holds is first sent to the nodes lacking it (``checkpoint_mirror.share``): a
+    node new to the group may hold an older one, or none. Without it, a rank lacking every step
+    the others hold makes every rank start as if there were none."""
     mine = [s for s, _ in complete_checkpoints(root) if at_most is None or s <= at_most]
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return step_dir(root, mine[-1]) if mine else None
     everyone: list[list[int] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     common = set(mine).intersection(*(set(e or ()) for e in everyone))
+    newest = max((s for e in everyone for s in e or ()), default=None)
+    if layout is not None and newest is not None and newest not in common:
+        path, rank = step_dir(root, newest), dist.get_rank()
+        holders = [h for h in layout.heads if newest in (everyone[h] or ())]
+        if layout.is_head(rank):
+            received = share(path, holders[0], rank not in holders, layout)
+            if rank not in holders:
+                (path / _DONE).write_text(str(newest))
+                print(f"checkpoint step {newest}: {received} bytes received from the group", flush=True)
+        dist.barrier()
+        return path
     return step_dir(root, max(common)) if common else None
 
 

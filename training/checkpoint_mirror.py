@@ -7,13 +7,17 @@ each save the nodes' heads (each node's lowest rank) exchange what their node wr
 and every head marks its node's copy ``COMPLETE`` only once it holds every file. A node lost later
 leaves its shards on the others: the re-placed group resumes from a survivor's copy, and a node
 new to the group fetches that copy first (the agents' checkpoint copies, ``control_layer.
-checkpoint_copies``). The price: every node writes the whole checkpoint, and each file crosses the
-group's network once per other node. On a shared disk the exchange rewrites identical files.
+checkpoint_copies``). Where that fetch failed or came short (the control plane's record lags the
+nodes, which prune old steps), the group's start sends the newest checkpoint a node holds to the
+nodes lacking it (``share``), so the group never starts over for want of a copy. The price: every
+node writes the whole checkpoint, and each file crosses the group's network once per other node.
+On a shared disk the exchange rewrites identical files.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,22 +64,39 @@ def _send_or_receive(value: object, src: int, group: dist.ProcessGroup) -> objec
     return box[0]
 
 
+def _from_head(path: Path, head: int, layout: NodeLayout, receive: bool) -> int:
+    """Heads only, collective over the heads' group: head ``head`` sends every file under ``path``;
+    the others write them when ``receive`` (each under a temporary name, renamed whole). Returns
+    the bytes this head wrote."""
+    me, received = dist.get_rank(), 0
+    listing = _send_or_receive(_files(path) if me == head else None, head, layout.heads_group)
+    for name, size in listing:  # type: ignore[union-attr]
+        part = path / f"{name}.{layout.node_of[me]}{_PART}"
+        writes = me != head and receive
+        with open(path / name, "rb") if me == head else open(part if writes else os.devnull, "wb") as f:
+            for _ in range(0, max(size, 1), CHUNK_BYTES):
+                chunk = f.read(CHUNK_BYTES) if me == head else None  # type: ignore[union-attr]
+                chunk = _send_or_receive(chunk, head, layout.heads_group)
+                if writes:
+                    f.write(chunk)  # type: ignore[arg-type]
+                    received += len(chunk)  # type: ignore[arg-type]
+        if writes:
+            os.replace(part, path / name)
+    return received
+
+
 def mirror(path: Path, layout: NodeLayout) -> int:
     """Heads only, collective over the heads' group: every head ends with every file any head's
-    node wrote under ``path`` (written under a temporary name and renamed whole). Returns the
-    bytes this head received."""
-    me, received = dist.get_rank(), 0
-    for head in layout.heads:
-        listing = _send_or_receive(_files(path) if me == head else None, head, layout.heads_group)
-        for name, size in listing:  # type: ignore[union-attr]
-            part = path / f"{name}.{layout.node_of[me]}{_PART}"
-            with open(path / name, "rb") if me == head else open(part, "wb") as f:
-                for _ in range(0, max(size, 1), CHUNK_BYTES):
-                    chunk = f.read(CHUNK_BYTES) if me == head else None  # type: ignore[union-attr]
-                    chunk = _send_or_receive(chunk, head, layout.heads_group)
-                    if me != head:
-                        f.write(chunk)  # type: ignore[arg-type]
-                        received += len(chunk)  # type: ignore[arg-type]
-            if me != head:
-                os.replace(part, path / name)
-    return received
+    node wrote under ``path``. Returns the bytes this head received."""
+    return sum(_from_head(path, head, layout, receive=True) for head in layout.heads)
+
+
+def share(path: Path, source: int, lacking: bool, layout: NodeLayout) -> int:
+    """Heads only, collective over the heads' group: a checkpoint directory head ``source``'s node
+    holds whole, sent to the heads whose node is ``lacking`` it (anything there under that name,
+    an interrupted save or copy, is dropped first). The caller marks the received copy complete.
+    Returns the bytes this head received."""
+    if lacking:
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+    return _from_head(path, source, layout, receive=lacking)

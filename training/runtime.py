@@ -320,7 +320,15 @@ class Trainer:
         begin at that step (fresh optimizer state, the LR schedule where it would be) and take the
         model from the peers at the first exchange. True when the run does not start at step 0."""
         ck = self.cfg.checkpoint
-        path = agreed_checkpoint(ck.dir, ck.resume_at_most) if ck.dir is not None and ck.resume else None
+        path = None
+        if ck.dir is not None and ck.resume:
+            layout = None
+            if self.cfg.group is not None:
+                # A group spanning nodes: its saver knows the nodes, and resuming may send a node
+                # the checkpoint it lacks.
+                self.saver = self.saver or BackgroundSaver(ck.keep_last, spans_nodes=True)
+                layout = self.saver.layout
+            path = agreed_checkpoint(ck.dir, ck.resume_at_most, layout)
         if path is not None:
             meta = load_checkpoint(path, self.model, self.optimizer)
             self.scheduler.load_state_dict(meta["scheduler"])

@@ -2,7 +2,9 @@
 each writing to a directory of its own (no shared disk), FSDP-sharded so each writes a shard the
 other lacks. After the save both directories hold every file, marked complete; with one node's
 directory gone, a new node holding a copy of the survivor's resumes the state exactly, under
-either rank; and ranks agree on no checkpoint when one of them holds none."""
+either rank; ranks agree on no checkpoint when one of them holds none, unless they know their
+nodes: then the node holding it sends it to the one lacking it (its fetch failed, or brought a step
+the survivor had pruned), whatever half-written files were there, and both resume it."""
 
 from __future__ import annotations
 
@@ -71,6 +73,21 @@ def _resume(rank: int, tmp: Path, dirs: list[str], empty: str) -> None:
         dist.destroy_process_group()
 
 
+def _share(rank: int, tmp: Path, dirs: list[str]) -> None:
+    _init(rank, tmp, "store-share")
+    try:
+        layout = BackgroundSaver(keep_last=2, spans_nodes=True).layout
+        assert layout is not None
+        path = agreed_checkpoint(tmp / dirs[rank], layout=layout)
+        assert path is not None and path == tmp / dirs[rank] / f"step_{STEP:08d}"
+        model, opt = _sharded_model()
+        assert load_checkpoint(path, model, opt)["step"] == STEP
+        got, want = _full(model), torch.load(tmp / "want.pt")
+        assert all(torch.equal(got[k], want[k]) for k in want)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_every_node_holds_the_whole_checkpoint_and_a_new_node_resumes_from_a_copy(tmp_path: Path) -> None:
     mp.start_processes(_save, args=(tmp_path,), nprocs=2, start_method="spawn")
     steps = [tmp_path / f"node{r}" / f"step_{STEP:08d}" for r in (0, 1)]
@@ -88,3 +105,14 @@ def test_every_node_holds_the_whole_checkpoint_and_a_new_node_resumes_from_a_cop
     shutil.rmtree(tmp_path / "node0")
     (tmp_path / "empty").mkdir()
     mp.start_processes(_resume, args=(tmp_path, ["node2", "node1"], "empty"), nprocs=2, start_method="spawn")
+
+    # A new node that got no copy (and holds a half-written directory of that step): the survivor
+    # sends it the checkpoint when the group starts, and both resume from it.
+    stale = tmp_path / "node3" / f"step_{STEP:08d}"
+    stale.mkdir(parents=True)
+    (stale / "__0_0.distcp").write_bytes(b"torn")
+    mp.start_processes(_share, args=(tmp_path, ["node1", "node3"]), nprocs=2, start_method="spawn")
+    got = stale.parent / f"step_{STEP:08d}"
+    assert sorted(p.name for p in got.iterdir()) == listings[1]
+    for name in names:
+        assert (got / name).read_bytes() == (steps[1] / name).read_bytes(), name
