@@ -61,7 +61,9 @@ class JsonLinesSink:
         payload = {**metrics, "wan_bytes_sent": self.sent, "wan_bytes_recv": self.recv}
         now = self.clock()
         # A new checkpoint goes out at once: the control plane resumes from the latest it heard of.
-        news = metrics.get("checkpoint_step") != self._checkpoint
+        # So do the sync engine's membership events (a peer dropped, rejoined, left): a payload
+        # held back is replaced by the next, and its events would be lost with it.
+        news = metrics.get("checkpoint_step") != self._checkpoint or bool(sync.get("events"))
         if news or now - self._written_at >= self.min_interval_s:
             self._write(payload, now)
         else:

@@ -1,4 +1,5 @@
-"""The leader's metrics sink: a bounded line rate that loses no bytes and no checkpoint."""
+"""The leader's metrics sink: a bounded line rate that loses no bytes, no checkpoint and no sync
+membership event."""
 
 from __future__ import annotations
 
@@ -65,6 +66,16 @@ def test_an_interval_bounds_the_lines_and_keeps_totals_checkpoints_and_the_last_
     assert printed[-1]["wan_bytes_sent"] == every[-1]["wan_bytes_sent"]
     assert printed[-1]["wan_bytes_recv"] == every[-1]["wan_bytes_recv"]
     assert printed[2]["checkpoint_step"] == 7
+
+
+def test_membership_events_go_out_at_once_and_none_is_lost(tmp_path) -> None:
+    steps = _steps(12)
+    steps[2]["sync"]["events"] = ["drop b: lost, per the control plane: node lost"]  # t = 0.5 s
+    steps[9]["sync"]["events"] = ["rejoin b from round 4"]
+    printed, _ = _run(1.0, steps, tmp_path)
+    assert [m["step"] for m in printed] == [1, 3, 7, 10, 12]  # steps 3 and 10 at once
+    events = [e for m in printed for e in m["sync"].get("events", ())]
+    assert events == ["drop b: lost, per the control plane: node lost", "rejoin b from round 4"]
 
 
 def test_the_agent_counts_the_same_bytes_from_fewer_lines(tmp_path) -> None:
