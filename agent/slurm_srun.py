@@ -2,7 +2,7 @@
 per node, meeting at the first node of the job's node list.
 
 Pure: the batch script and the ``sbatch`` options from the worker command the local backend would
-run (``torch.distributed.run --standalone``), the number of nodes and the processes per node. The
+run (``training.launch --standalone``: torchrun), the number of nodes and the processes per node. The
 node rank is each srun task's ``SLURM_NODEID``; the rendezvous host is the first name of
 ``scontrol show hostnames $SLURM_JOB_NODELIST`` and its port derives from the job id, so two cpn
 jobs sharing a node do not meet at one port.
@@ -14,7 +14,7 @@ import math
 import shlex
 from dataclasses import dataclass
 
-TORCHRUN = "torch.distributed.run"
+TORCHRUN = "training.launch"  # torchrun as the local backend starts it (agent.workers.LAUNCHER)
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 20000, 20000  # ports 20000-39999, from the job id
 
 
@@ -39,7 +39,7 @@ def split_over_nodes(slots: int, slots_per_node: int) -> NodeSplit:
 
 
 def torchrun_per_node(cmd: list[str], nodes: int, per_node: int) -> list[str]:
-    """``cmd`` (``python -m torch.distributed.run --standalone --nproc-per-node N ...``) with a
+    """``cmd`` (``python -m training.launch --standalone --nproc-per-node N ...``) with a
     multi-node rendezvous instead: ``$SLURM_NODEID`` as the node rank, the rendezvous address
     from ``$CPN_RDZV_HOST``/``$CPN_RDZV_PORT`` (set by the batch script). Raises ValueError for a
     command that is not a standalone torchrun (only those can be spread)."""

@@ -59,6 +59,7 @@ from proto.cpn.agent.v1 import agent_pb2
 
 log = logging.getLogger(__name__)
 
+LAUNCHER = "training.launch"  # torchrun, ranks forked from a preloaded worker
 COMMAND_KEY = "command"  # worker_config key naming an argv to run instead of torchrun (tests only)
 MAX_LINE = 4000
 DEFAULT_TIME_LIMIT_S = 24 * 3600.0  # a scheduler's time limit for a task whose config names none
@@ -130,14 +131,15 @@ def worker_command(
 
 
 def rendezvous_args(group: Any, job_id: str) -> tuple[str, list[str]]:
-    """The launcher module and its rendezvous arguments: torchrun standalone for a node's own
-    group; for a group spanning nodes, node rank 0's store with node ranks as the control plane
-    gave them (not c10d's dynamic rendezvous, which numbers nodes by arrival: the plan put stage s
-    on a chosen node). With the job's credentials, ``training.launch``'s authenticated rendezvous
-    (``training.rendezvous``: TLS between nodes, keys under the job's secret); without, which
-    the config allows on loopback only, torchrun's static one."""
+    """The launcher module and its rendezvous arguments. The launcher is ``training.launch``,
+    torchrun whose ranks fork from one process that imported the worker once. Standalone for a
+    node's own group; for a group spanning nodes, node rank 0's store with node ranks as the
+    control plane gave them (not c10d's dynamic rendezvous, which numbers nodes by arrival: the
+    plan put stage s on a chosen node). With the job's credentials, the authenticated rendezvous
+    (``training.rendezvous``: TLS between nodes, keys under the job's secret); without, which the
+    config allows on loopback only, torchrun's static one."""
     if group is None:
-        return "torch.distributed.run", ["--standalone"]
+        return LAUNCHER, ["--standalone"]
     try:
         spec = NodeGroupSpec.model_validate(group)
     except ValidationError as exc:
@@ -150,7 +152,7 @@ def rendezvous_args(group: Any, job_id: str) -> tuple[str, list[str]]:
         )
     if spec.secured:
         host = f"[{spec.master_addr}]" if ":" in spec.master_addr else spec.master_addr
-        return "training.launch", [
+        return LAUNCHER, [
             "--nnodes",
             str(spec.nnodes),
             "--rdzv-backend",
@@ -162,7 +164,7 @@ def rendezvous_args(group: Any, job_id: str) -> tuple[str, list[str]]:
             "--rdzv-conf",
             f"rank={spec.node_rank}",
         ]
-    return "torch.distributed.run", [
+    return LAUNCHER, [
         "--nnodes",
         str(spec.nnodes),
         "--node-rank",

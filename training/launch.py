@@ -1,22 +1,76 @@
-"""torchrun with the authenticated rendezvous registered (``training.rendezvous``):
+"""torchrun, as every node's tasks start: ``python -m training.launch [torchrun's arguments]``.
 
-    python -m training.launch --nnodes 2 --rdzv-backend cpn-tls --rdzv-endpoint HEAD:PORT \\
-        --rdzv-id JOB --rdzv-conf rank=R --nproc-per-node N -m training.worker --config cfg.json
+Two things differ from ``python -m torch.distributed.run``:
 
-with ``CPN_WORKER_CONFIG`` naming the worker config whose ``group`` holds the job's credentials.
+- The authenticated rendezvous is registered (``training.rendezvous``), for a group spanning nodes:
+
+      python -m training.launch --nnodes 2 --rdzv-backend cpn-tls --rdzv-endpoint HEAD:PORT \\
+          --rdzv-id JOB --rdzv-conf rank=R --nproc-per-node N -m training.worker --config cfg.json
+
+  with ``CPN_WORKER_CONFIG`` naming the worker config whose ``group`` holds the job's credentials.
+- Ranks of ``-m training.worker`` are forked from one process that imported the worker once
+  (torchrun's ``forkserver`` start method over a function entrypoint), where torchrun would start
+  a fresh interpreter per rank that imports torch and the trainer again: about 2 CPU-seconds a
+  rank on a 2-core host, and on an 8-device node eight imports at once fighting for the cores.
+  Any other command runs exactly as torchrun runs it.
+
 Everything else is torchrun's (``torch.distributed.run``).
 """
 
 from __future__ import annotations
 
-from torch.distributed.run import main as torchrun
+import multiprocessing
+import os
+import uuid
+from argparse import Namespace
 
+import torch.multiprocessing
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.launcher.api import elastic_launch
+
+from training.rank import rank_main
 from training.rendezvous import register
 
+WORKER_MODULE = "training.worker"
 
+
+def forks_the_worker(args: Namespace) -> bool:
+    return bool(args.module) and not args.no_python and args.training_script == WORKER_MODULE
+
+
+def _rendezvous_defaults(args: Namespace) -> None:
+    """What ``torch.distributed.run.run`` fills in before it builds the launch config."""
+    if args.standalone:
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
+        _, max_nodes = torchrun.parse_min_max_nnodes(args.nnodes)
+        if max_nodes == 1:
+            args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+
+
+def run_forked(args: Namespace) -> None:
+    """torchrun's run, with ``training.worker``'s ranks forked from a process that preloaded it."""
+    torch.multiprocessing._set_thread_name("pt_elastic")
+    _rendezvous_defaults(args)
+    config, _, _ = torchrun.config_from_args(args)  # sets OMP_NUM_THREADS first where torchrun does
+    config.start_method = "forkserver"
+    # The fork server starts with this environment: the ranks' output unbuffered, as `python -u`.
+    os.environ["PYTHONUNBUFFERED"] = "1"
+    multiprocessing.set_forkserver_preload([WORKER_MODULE])
+    elastic_launch(config=config, entrypoint=rank_main)(list(args.training_script_args))
+
+
+@record
 def main(argv: list[str] | None = None) -> None:
     register()
-    torchrun(argv)
+    args = torchrun.parse_args(argv)
+    if forks_the_worker(args):
+        run_forked(args)
+    else:
+        torchrun.run(args)
 
 
 if __name__ == "__main__":

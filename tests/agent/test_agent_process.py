@@ -336,7 +336,7 @@ def test_normal_path_runs_torchrun_over_the_training_worker(shared: Shared) -> N
         and task.last_metrics["step"] == 4
         and task.last_metrics["total_steps"] == 4
     )
-    assert "torch.distributed.run --standalone --nproc-per-node 1 -m training.worker" in shared.agent.log()
+    assert "training.launch --standalone --nproc-per-node 1 -m training.worker" in shared.agent.log()
 
 
 def test_a_node_declares_its_own_fabric_port_and_the_plane_stores_it(

@@ -170,7 +170,7 @@ def test_a_group_command_uses_fixed_node_ranks_and_bad_groups_are_refused(tmp_pa
         Assignment("t", "j", 1, (0, 1), 2, {"group": local}), tmp_path / "c.json", allow_override=False
     )
     i = cmd.index("--nnodes")
-    assert cmd[i - 1] == "torch.distributed.run" and cmd[i : i + 4] == ["--nnodes", "2", "--node-rank", "1"]
+    assert cmd[i - 1] == "training.launch" and cmd[i : i + 4] == ["--nnodes", "2", "--node-rank", "1"]
     solo = worker_command(Assignment("t", "j", 1, (0,), 1, {}), tmp_path / "c.json", allow_override=False)
     assert "--standalone" in solo and "--nnodes" not in solo
     for bad in (

@@ -87,7 +87,7 @@ def assignment(config: dict[str, object], devices: tuple[int, ...] = (0, 1)) -> 
 def test_normal_path_is_torchrun_over_the_training_worker(tmp_path: Path) -> None:
     a = assignment({"job_id": "j1", "training": {"steps": 7}})
     cmd = worker_command(a, tmp_path / "cfg.json", allow_override=False)
-    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    assert cmd == [sys.executable, "-m", "training.launch", "--standalone", "--nproc-per-node", "2",
                    "-m", "training.worker", "--config", str(tmp_path / "cfg.json")]  # fmt: skip
     assert a.total_steps == 7
 

@@ -75,7 +75,7 @@ def test_same_region_tasks_train_and_sync(tmp_path: Path) -> None:
         cfg = resolve_checkpoint_dir({**cfg, "device": "cpu"}, tmp_path / f"node{i}")
         path = tmp_path / f"worker{i}.json"
         path.write_text(json.dumps(cfg))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+        cmd = [sys.executable, "-m", "training.launch", "--standalone", "--nproc-per-node", "1",
                "-m", "training.worker", "--config", str(path)]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         procs.append(

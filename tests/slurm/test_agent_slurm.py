@@ -100,7 +100,7 @@ def test_the_normal_path_runs_torchrun_over_the_training_worker_in_the_job(
     assert task.result is not None and task.result["steps"] == 4
     assert task.last_metrics is not None and task.last_metrics["step"] == 4
     script = (agent.work_dir / "assignments" / task_id / "slurm_job.sh").read_text()
-    assert "torch.distributed.run --standalone --nproc-per-node 1 -m training.worker" in script
+    assert "training.launch --standalone --nproc-per-node 1 -m training.worker" in script
 
 
 def test_another_users_job_keeps_the_task_starting_until_it_ends(

@@ -19,7 +19,7 @@ from agent.workers import SUCCEEDED, Assignment, WorkerRun
 from proto.cpn.agent.v1 import agent_pb2
 from tests.slurm.cluster import SlurmCluster
 
-STANDALONE = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "16",
+STANDALONE = [sys.executable, "-m", "training.launch", "--standalone", "--nproc-per-node", "16",
               "-m", "training.worker", "--config", "/w/run dir/worker_config.json"]  # fmt: skip
 
 
@@ -33,14 +33,14 @@ def test_a_task_takes_the_fewest_nodes_holding_equal_shares() -> None:
 
 def test_the_per_node_torchrun_takes_its_rank_and_rendezvous_from_slurm() -> None:
     cmd = torchrun_per_node(STANDALONE, 2, 8)
-    assert cmd == [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+    assert cmd == [sys.executable, "-m", "training.launch", "--nnodes", "2", "--node-rank",
                    "$SLURM_NODEID", "--master-addr", "$CPN_RDZV_HOST", "--master-port", "$CPN_RDZV_PORT",
                    "--nproc-per-node", "8", "-m", "training.worker", "--config",
                    "/w/run dir/worker_config.json"]  # fmt: skip
     with pytest.raises(ValueError, match="only a torchrun command"):
         torchrun_per_node(["python", "-c", "print(1)"], 2, 1)
     with pytest.raises(ValueError, match="only a standalone torchrun"):
-        torchrun_per_node([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"], 2, 1)
+        torchrun_per_node([sys.executable, "-m", "training.launch", "--nnodes", "2"], 2, 1)
 
 
 def test_the_batch_script_starts_one_torchrun_per_node_under_srun() -> None:

@@ -86,7 +86,7 @@ def test_torchrun_launch_with_a_gpipe_pipeline(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            "training.launch",  # torchrun as the agent starts it
             "--standalone",
             "--nproc-per-node",
             "2",
