@@ -47,9 +47,11 @@ if [ "$mode" = load ]; then
   trap 'kill "${loops[@]}" 2>/dev/null || true' EXIT
 fi
 
-# Two workers (CPN_TEST_WORKERS): the multi-process tests run in turn on one (tests/conftest.py,
-# SERIAL_PATHS), the rest on the other meanwhile; the 25 slowest tests are listed at the end
-# (the serial group is the run's critical path).
+# Three workers (CPN_TEST_WORKERS), on two cores too: the multi-process tests run in turn in two
+# groups, each on a worker of its own (tests/conftest.py: SERIAL_PATHS, JOBS_GROUP_PATHS), the
+# rest wherever a worker is free. With two, one serial group's waits on heartbeats, timeouts and
+# peers left a core idle (1.5 of 2 busy; 1.75 with three). The 25 slowest tests are listed
+# at the end (the serial group is the run's critical path).
 status=0
-python3 -m pytest -q -n "${CPN_TEST_WORKERS:-2}" --dist loadgroup --durations=25 "$@" || status=$?
+python3 -m pytest -q -n "${CPN_TEST_WORKERS:-3}" --dist loadgroup --durations=25 "$@" || status=$?
 exit "$status"

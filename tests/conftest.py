@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -34,6 +35,11 @@ from tests.dbtemplate import (
 )
 
 REDIS_URL = os.environ.get("CPN_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# No per-example deadline: on a busy machine one example can take 10x its usual time, and a test
+# asserts outcomes, not wall-clock bounds (hypothesis's default fails an example over 200 ms).
+hypothesis_settings.register_profile("cpn", deadline=None)
+hypothesis_settings.load_profile("cpn")
 
 
 @cache
@@ -64,8 +70,8 @@ def redis_unreachable() -> str | None:
 
 # Tests that start real agents (they bind fixed sync-port ranges) or shape network namespaces, and
 # every multi-process test, run one after another on one xdist worker (``--dist loadgroup``): the
-# other workers take the rest meanwhile. The multi-process tests' timing is what they assert on, so
-# they never compete with each other for the cores.
+# other workers take the rest meanwhile. They wait on heartbeats, timeouts and peers, so a group
+# of them on one worker keeps the contention it adds bounded.
 SERIAL_PATHS = (
     "tests/agent/",
     "tests/integration/",
@@ -78,6 +84,13 @@ SERIAL_PATHS = (
     "tests/training/test_outputs.py",
     "tests/training/test_sync_engine.py",
 )
+
+# Of those, whole jobs through a control plane and its agents, and the cross-region worker tests,
+# run one after another in a group of their own beside the serial one: the jobs' agents bind
+# sync-port blocks from 31000 up (the serial group's below 31000), the workers only ports the
+# kernel picks; neither group shapes namespaces the other uses or runs Slurm. (The two groups'
+# lengths are about equal; the rest fill the third worker and the gaps.)
+JOBS_GROUP_PATHS = ("tests/integration/", "tests/training/test_sync_workers.py")
 
 # Slow multi-process tests that assert only results (equal losses and parameters), never timing
 # or liveness: they run beside the serial group rather than lengthen it.
@@ -93,6 +106,7 @@ PROCESS_PATHS = (
     "tests/service_layer/test_server_process.py",
     "tests/service_layer/test_server_workers.py",
     "tests/training/test_checkpoint_mirror.py",
+    "tests/training/test_launch.py",
     "tests/training/test_reference_startup.py",
     "tests/training/test_sync_example.py",
     "tests/training/test_sync_grad_workers.py",
@@ -139,7 +153,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.nodeid.startswith(BESIDE_OTHERS):
             continue
         if item.get_closest_marker("slow") or item.nodeid.startswith(SERIAL_PATHS):
-            item.add_marker(pytest.mark.xdist_group("serial"))
+            group = "jobs" if item.nodeid.startswith(JOBS_GROUP_PATHS) else "serial"
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from contracts.metrics import RESULT_PREFIX, parse_lines
 from contracts.worker_config import WorkerConfig, parse_worker_config
+from tests.training.forked_ranks import Rank
 from training.checkpoint import latest_checkpoint
 from training.data.streams import build_stream
 from training.models.gpt import GPT
@@ -70,12 +70,12 @@ class Run:
 def launch(
     cfg: dict[str, Any], nproc: int, tmp: Path, timeout: float = 120.0, command: list[str] | None = None
 ) -> Run:
-    """``nproc`` processes with torchrun's env variables, running ``python -m training.worker --config
-    CFG`` or ``python COMMAND... CFG``."""
+    """``nproc`` rank processes with torchrun's env variables (forked as ``forked_ranks`` does),
+    running ``training.worker --config CFG`` or ``COMMAND... CFG`` (``-m MODULE ...`` or a script)."""
     path = tmp / "cfg.json"
     path.write_text(json.dumps(cfg))
     port = free_port()
-    procs = []
+    ranks = []
     for rank in range(nproc):
         env = {
             **os.environ,
@@ -89,30 +89,20 @@ def launch(
             "PYTHONPATH": str(REPO),
         }
         argv = [*command, str(path)] if command else ["-m", "training.worker", "--config", str(path)]
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, *argv],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
+        ranks.append(Rank(argv, env, tmp / f"rank{rank}.out", REPO))
     outputs = []
     deadline = time.monotonic() + timeout
-    for p in procs:
+    for r in ranks:
+        note = ""
         try:
-            out, _ = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            r.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            p.kill()  # a hung rank: its output still tells what it was doing
-            out, _ = p.communicate()
-            out += f"\n[killed after {timeout:.0f}s timeout]"
-        outputs.append(out)
+            r.kill()  # a hung rank: its output still tells what it was doing
+            r.wait()
+            note = f"\n[killed after {timeout:.0f}s timeout]"
+        outputs.append(r.output.read_text(errors="replace") + note)
     results = parse_lines(outputs[0], RESULT_PREFIX)
-    return Run(
-        [p.returncode for p in procs], outputs, parse_lines(outputs[0]), results[-1] if results else None
-    )
+    return Run([r.wait() for r in ranks], outputs, parse_lines(outputs[0]), results[-1] if results else None)
 
 
 def assert_succeeded(run: Run, steps: int) -> None:

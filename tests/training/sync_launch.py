@@ -1,7 +1,7 @@
-"""Run a job's regions on one machine: one ``python -m training.worker`` group per region (each
-rank with torchrun's environment), each region's leader serving gRPC on 127.0.0.1 port 0 and
-publishing its address in a shared rendezvous directory. Test scaffolding: the product launches
-workers through the agent."""
+"""Run a job's regions on one machine: one ``training.worker`` group per region (each rank a
+process with torchrun's environment, forked as ``tests.training.forked_ranks`` does), each region's
+leader serving gRPC on 127.0.0.1 port 0 and publishing its address in a shared rendezvous
+directory. Test scaffolding: the product launches workers through the agent."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ import copy
 import json
 import os
 import socket
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX, parse_lines
+from tests.training.forked_ranks import Rank
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,7 +57,7 @@ def region_configs(
 @dataclass
 class RegionProcess:
     region: str
-    procs: list[subprocess.Popen] = field(default_factory=list)
+    procs: list[Rank] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
     def wait(self, timeout: float) -> list[int]:
@@ -113,16 +112,7 @@ def start_region(
             **(env_extra or {}),
         }
         log = d / f"rank{rank}{tag}.log"
-        with log.open("w") as f:
-            rp.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", module, "--config", str(path)],
-                    cwd=REPO,
-                    env=env,
-                    stdout=f,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+        rp.procs.append(Rank(["-m", module, "--config", str(path)], env, log, REPO))
         rp.logs.append(log)
     return rp
 

@@ -8,10 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.sync_launch import region_configs, run_regions, start_region
+from tests.training.sync_launch import RegionProcess, region_configs, run_regions, start_region
 
 REGIONS = ["eu-west", "sa-east", "us-east"]
-KILLED_STEPS = 3600
+KILLED_STEPS = 1200
+# Each step of the fault tests sleeps this long (``paced_worker``): the survivors' progress is
+# paced by the clock, not by this host's speed, so they are still training when the killed
+# region comes back whether the host is fast or busy, without burning CPU on thousands of steps.
+PACE = {"CPN_TEST_STEP_SLEEP_S": "0.01"}
+PACED = "tests.training.paced_worker"
+
+
+def _events(region: RegionProcess) -> list[str]:
+    """The sync events a region's worker has reported so far."""
+    return [e for m in region.metrics() for e in m.get("sync", {}).get("events", [])]
 
 
 @pytest.mark.slow
@@ -21,8 +31,8 @@ def test_killed_region_is_dropped_then_rejoins(tmp_path: Path) -> None:
         "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab": 16, "seq_len": 16},
         "data": {"kind": "synthetic-markov", "seed": 1},
         # Long enough that the survivors, no longer waiting out timeouts for the killed region,
-        # are still training when it comes back (they readmitted it at step 1820 on a quiet host;
-        # on a slower one the fixed 6 s sleep below costs fewer of their steps).
+        # are still training when it comes back (at up to ~80 steps a second, paced, they readmit
+        # it some 5 s after the kill: near step 450).
         "training": {"steps": KILLED_STEPS, "local_batch": 4, "lr": 3e-3, "warmup": 5, "seed": 7},
     }
     links = {"eu-west|us-east": {"bandwidth_mbps": 100, "latency_ms": 5}}
@@ -33,7 +43,7 @@ def test_killed_region_is_dropped_then_rejoins(tmp_path: Path) -> None:
         {"mode": "diloco", "every": 10, "overlap": False, "balance": False, "timeout_s": 4, "links": links},
         tmp_path,
     )
-    procs = {r: start_region(c, tmp_path) for r, c in cfgs.items()}
+    procs = {r: start_region(c, tmp_path, module=PACED, env_extra=PACE) for r, c in cfgs.items()}
     victim = procs["sa-east"]
     try:
         deadline = time.monotonic() + 120
@@ -41,8 +51,10 @@ def test_killed_region_is_dropped_then_rejoins(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, victim.output()[-2000:]
             time.sleep(0.2)
         victim.kill()
-        time.sleep(6)  # longer than timeout_s: the others must drop it
-        back = start_region(cfgs["sa-east"], tmp_path, tag="-again")
+        while not any(e.startswith("drop sa-east") for e in _events(procs["eu-west"])):  # dropped first
+            assert time.monotonic() < deadline + 60, procs["eu-west"].output()[-2000:]
+            time.sleep(0.1)
+        back = start_region(cfgs["sa-east"], tmp_path, tag="-again", module=PACED, env_extra=PACE)
         for r in ("eu-west", "us-east"):
             procs[r].wait(240)
         back.wait(240)
@@ -53,7 +65,7 @@ def test_killed_region_is_dropped_then_rejoins(tmp_path: Path) -> None:
         res, metrics = procs[r].result(), procs[r].metrics()
         assert res is not None and res["steps"] == KILLED_STEPS, procs[r].output()[-3000:]
         assert metrics[-1]["loss"] < metrics[0]["loss"] - 0.5
-    events = [e for m in procs["eu-west"].metrics() for e in m.get("sync", {}).get("events", [])]
+    events = _events(procs["eu-west"])
     assert any(e.startswith("drop sa-east") for e in events), events
     assert any(e.startswith("rejoin sa-east") for e in events), events
     res = back.result()
@@ -128,8 +140,8 @@ def test_survivors_do_not_wait_out_timeouts_for_a_killed_or_rejoining_region(tmp
     # killed with kill -9 and started again shortly after, ahead of where it died (as a replacement
     # starts from the survivors' step). The survivors find it gone from the refused connection and
     # admit it back at a round boundary: no whole timeout is waited out around either.
-    # The survivors readmitted the restarted region at step ~1400 on a quiet host.
-    timeout_s, steps = 20, 3000
+    # Paced, the survivors readmit the restarted region some 5 s after the kill (near step 350).
+    timeout_s, steps = 20, 1200
     base = {
         "job_id": "prompt",
         "model": {"n_layers": 1, "d_model": 16, "n_heads": 2, "vocab": 16, "seq_len": 16},
@@ -139,7 +151,7 @@ def test_survivors_do_not_wait_out_timeouts_for_a_killed_or_rejoining_region(tmp
     sync = {"mode": "diloco", "every": 20, "overlap": True, "overlap_steps": 2, "timeout_s": timeout_s}
     sync |= {"balance": False}  # every region's result is the job's step count
     cfgs = region_configs(base, REGIONS, sync, tmp_path)
-    procs = {r: start_region(c, tmp_path) for r, c in cfgs.items()}
+    procs = {r: start_region(c, tmp_path, module=PACED, env_extra=PACE) for r, c in cfgs.items()}
     back = None
     try:
         deadline = time.monotonic() + 120
@@ -150,7 +162,7 @@ def test_survivors_do_not_wait_out_timeouts_for_a_killed_or_rejoining_region(tmp
         time.sleep(2)
         at = max(m["step"] for r in ("eu-west", "us-east") for m in procs[r].metrics())
         again = {**cfgs["sa-east"], "checkpoint": {"start_step": at}}
-        back = start_region(again, tmp_path, tag="-again")
+        back = start_region(again, tmp_path, tag="-again", module=PACED, env_extra=PACE)
         for r in ("eu-west", "us-east"):
             procs[r].wait(240)
         back.wait(240)
