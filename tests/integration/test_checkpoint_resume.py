@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from orchestration.db.models import Event, TaskMetric
+from orchestration.db.models import Event, Task, TaskMetric
 from service_layer.cli.local_fleet import LocalAgent, kill_agent, stop_agents
 from tests.integration.test_end_to_end import (  # noqa: F401 - control_plane is a fixture
     TERMINAL,
@@ -50,6 +50,16 @@ def wait_checkpoint(client: Any, job_id: str, min_step: int, timeout_s: float) -
     raise AssertionError(f"job {job_id} did not checkpoint step {min_step} within {timeout_s}s")
 
 
+def placed_and_spare(job: dict[str, Any], regions: list[str]) -> tuple[str, str, str]:
+    """(survivor, victim, spare) of a job placed on two of three regions. Which two is the cost
+    model's choice from the links the agents measured: on a busy host one loopback probe can come
+    back slow enough to turn it, and nothing here is about that choice."""
+    placed = [r for r in regions if r in {t["region"] for t in job["tasks"]}]
+    assert len(placed) == 2 == len(job["tasks"]), job["tasks"]
+    (spare,) = [r for r in regions if r not in placed]
+    return placed[0], placed[1], spare
+
+
 def test_a_paused_sync_job_resumes_from_its_checkpoints(control_plane: Any, tmp_path: Path) -> None:  # noqa: F811
     handle, client = control_plane
     specs = [
@@ -65,26 +75,24 @@ def test_a_paused_sync_job_resumes_from_its_checkpoints(control_plane: Any, tmp_
     try:
         job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
         running = wait_checkpoint(client, job["id"], 2 * EVERY, timeout_s=200)
-        assert {t["region"] for t in running["tasks"]} == {"eu-west", "eu-north"}
+        survivor, victim, spare = placed_and_spare(running, list(by_region))
         assert running["option"]["runtime"]["checkpoint_every"] == EVERY
         first = {t["region"]: t for t in running["tasks"]}
         for region in first:  # under each agent's work dir, one directory per participant
             (ckpt_dir,) = tmp_path.glob(f"agent-{region}-*/checkpoints/{job['id']}/{region}")
             assert any(ckpt_dir.glob("step_*/COMPLETE"))
         time.sleep(max(0.0, handle.settings.reaper_grace_s - (time.monotonic() - handle.started_at)))
-        kill_agent(by_region["eu-north"])  # the node dies with its workers
-        killed = client.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
-        at_kill = {t["region"]: (t["last_metrics"] or {}).get("step", 0) for t in killed["tasks"]}
+        kill_agent(by_region[victim])  # the node dies with its workers
 
         done = wait_job(client, job["id"], TERMINAL, timeout_s=300)
         assert done["status"] == "succeeded", done["reason"]
         assert done["attempt"] > running["attempt"]
         recorded = done["checkpoints"]
-        assert recorded["eu-north"]["node_id"] == first["eu-north"]["node_id"]
-        lost_ckpt = recorded["eu-north"]["step"]
+        assert recorded[victim]["node_id"] == first[victim]["node_id"]
+        lost_ckpt = recorded[victim]["step"]
         assert lost_ckpt >= 2 * EVERY and lost_ckpt % EVERY == 0
         final = {t["region"]: t for t in done["tasks"]}
-        assert set(final) == {"eu-west", "us-east"}
+        assert set(final) == {survivor, spare}
         per_task = done["result"]["per_task"]
         resumed = {per_task[t["id"]]["region"]: per_task[t["id"]]["resumed_from"] for t in done["tasks"]}
         # Nobody restarted from step 0, and no more than one interval of work was lost.
@@ -93,7 +101,11 @@ def test_a_paused_sync_job_resumes_from_its_checkpoints(control_plane: Any, tmp_
             assert step % EVERY == 0
         # The lost node was at most one interval past its recorded checkpoint (plus the steps its
         # last reports may lag behind: a report carries the checkpoint of the step before).
-        assert 0 <= at_kill["eu-north"] - lost_ckpt <= 2 * EVERY, (at_kill, lost_ckpt)
+        # Its final record, not a reading taken at the kill: under load that lagged reports the
+        # node sent before it died (step 34 read, checkpoint 40 recorded after).
+        with handle.ctx.session_factory() as session:
+            last = session.get(Task, first[victim]["id"]).last_metrics or {}
+        assert 0 <= last["step"] - lost_ckpt <= 2 * EVERY, (last, lost_ckpt)
         with handle.ctx.session_factory() as session:
             firsts = {
                 t["region"]: session.scalar(
@@ -102,7 +114,7 @@ def test_a_paused_sync_job_resumes_from_its_checkpoints(control_plane: Any, tmp_
                 for t in done["tasks"]
             }
         assert all(step > lost_ckpt for step in firsts.values()), firsts
-        assert recorded["us-east"]["step"] == SYNC_STEPS and recorded["eu-west"]["step"] == SYNC_STEPS
+        assert recorded[spare]["step"] == SYNC_STEPS and recorded[survivor]["step"] == SYNC_STEPS
         kinds = job_event_kinds(handle, job["id"])
         assert kinds.index("job.paused") < kinds.index("job.queued") and "job.region_lost" not in kinds
     finally:
@@ -126,27 +138,27 @@ def test_an_elastic_job_replaces_only_the_lost_region(control_plane: Any, tmp_pa
         job = client.post("/v1/jobs", json={"spec": spec, "choice": "cheapest"}).raise_for_status().json()
         running = wait_checkpoint(client, job["id"], EVERY, timeout_s=200)
         first = {t["region"]: t for t in running["tasks"]}
-        assert set(first) == {"eu-west", "eu-north"}
+        survivor, victim, spare = placed_and_spare(running, list(by_region))
         time.sleep(max(0.0, handle.settings.reaper_grace_s - (time.monotonic() - handle.started_at)))
-        kill_agent(by_region["eu-north"])
+        kill_agent(by_region[victim])
 
         done = wait_job(client, job["id"], TERMINAL, timeout_s=300)
         assert done["status"] == "succeeded", done["reason"]
         assert done["attempt"] == running["attempt"]  # never stopped as a whole
         final = {t["region"]: t for t in done["tasks"]}
-        assert set(final) == {"eu-west", "us-east"}
-        assert final["eu-west"]["id"] == first["eu-west"]["id"]  # the survivor trained on
+        assert set(final) == {survivor, spare}
+        assert final[survivor]["id"] == first[survivor]["id"]  # the survivor trained on
         kinds = job_event_kinds(handle, job["id"])
         assert "job.region_lost" in kinds and "job.region_replaced" in kinds
         assert "job.queued" not in kinds and "job.paused" not in kinds
         per_task = done["result"]["per_task"]
-        assert per_task[final["eu-west"]["id"]]["resumed_from"] is None
-        joined_at = per_task[final["us-east"]["id"]]["resumed_from"]
+        assert per_task[final[survivor]["id"]]["resumed_from"] is None
+        joined_at = per_task[final[spare]["id"]]["resumed_from"]
         assert joined_at is not None and joined_at >= EVERY  # it began at the survivor's step
         with handle.ctx.session_factory() as session:
             first_step = session.scalar(
                 select(TaskMetric.step)
-                .where(TaskMetric.task_id == final["us-east"]["id"])
+                .where(TaskMetric.task_id == final[spare]["id"])
                 .order_by(TaskMetric.step)
             )
         # It trained on from there (further still when the survivor had moved on while it started:

@@ -6,6 +6,7 @@ agents), which stop waiting for it then rather than at the sync timeout."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from contracts.metrics import METRIC_PREFIX
 from service_layer.cli.local_fleet import LocalAgent, stop_agents
 from tests.integration.test_end_to_end import (  # noqa: F401 - control_plane is a fixture
     TERMINAL,
@@ -50,6 +52,29 @@ def process_tree(root: int) -> list[int]:
     return out
 
 
+def survivor_drops(output: str, peer: str) -> list[tuple[int, str]]:
+    """(step, why) of each time a worker's metric lines say it dropped ``peer``."""
+    out = []
+    for line in output.splitlines():
+        at = line.find(METRIC_PREFIX)
+        if at < 0:
+            continue
+        m = json.loads(line[at + len(METRIC_PREFIX) :])
+        out += [
+            (int(m["step"]), e.split(": ", 1)[1])
+            for e in (m.get("sync") or {}).get("events", ())
+            if e.startswith(f"drop {peer}: ")
+        ]
+    return out
+
+
+def wait_step(client: Any, job_id: str, region: str, step: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while step_of(client.get(f"/v1/jobs/{job_id}").raise_for_status().json(), region) < step:
+        assert time.monotonic() < deadline, f"{region} did not reach step {step} within {timeout_s}s"
+        time.sleep(0.2)
+
+
 def step_of(job: dict[str, Any], region: str) -> int:
     (task,) = [t for t in job["tasks"] if t["region"] == region]
     return int((task["last_metrics"] or {}).get("step", 0))
@@ -79,22 +104,25 @@ def test_a_partitioned_region_is_dropped_at_the_control_planes_word(
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         frozen_at = time.monotonic()
-        at_freeze = step_of(client.get(f"/v1/jobs/{job['id']}").raise_for_status().json(), "eu-west")
 
-        # The survivor is held at its next round for the silent peer until the notice lands:
-        # lost after MISSES heartbeats, then the notice's half-second look. Well past one round
-        # (every 5 steps) before the sync timeout means it no longer waits: without the notice it
-        # would wait that timeout out at each round.
-        moved_at = None
-        while time.monotonic() - frozen_at < SYNC_TIMEOUT_S:
-            now = client.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
-            if step_of(now, "eu-west") >= at_freeze + 50:
-                moved_at = time.monotonic()
-                break
+        # The survivor is held at its next round for the silent peer until the notice lands: lost
+        # after MISSES heartbeats, then the notice's half-second look. It must drop the peer at the
+        # control plane's word, not at the sync timeout (a push or contribution timing out first
+        # would be the first drop's reason), and train on. Its own metric lines say why it dropped
+        # the peer and at which step (its reported step lags by tens of steps under load: no
+        # measure of when).
+        (survivor,) = [t for t in running["tasks"] if t["region"] == "eu-west"]
+        log = tmp_path / "agent-eu-west-paris-1" / "assignments" / survivor["id"] / "worker.log"
+        drops: list[tuple[int, str]] = []
+        while not drops and time.monotonic() - frozen_at < 3 * SYNC_TIMEOUT_S:
+            drops = survivor_drops(log.read_text(errors="replace"), "eu-north")
             time.sleep(0.2)
-        assert moved_at is not None, "the survivor waited out the sync timeout for the frozen region"
+        assert drops, f"the survivor dropped nobody in {3 * SYNC_TIMEOUT_S:.0f} s"
+        dropped_at, why = drops[0]
+        assert why.startswith("lost, per the control plane"), drops
         kinds = job_event_kinds(handle, job["id"])
         assert "job.region_lost" in kinds, kinds
+        wait_step(client, job["id"], "eu-west", dropped_at + 50, timeout_s=120)  # it trains on
         for pid in frozen:
             os.kill(pid, signal.SIGKILL)
         frozen = []

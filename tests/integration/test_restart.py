@@ -42,7 +42,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.
 
 HEARTBEAT_S = 1.0
 MISSES = 3
-STEPS = 400  # long enough to be training still when the control plane is back
+# Long enough to be training still when the control plane is back: it is away node_lost_after_s
+# + 1 s, then starts and hears every agent (about 8 s in all); a fast host (0.48 s loop) trained
+# 400 steps within that, so 1,000 leave it twice the margin.
+STEPS = 1000
 UP = re.compile(r"control plane up: REST \S+:(\d+), gRPC \S+:(\d+)")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,12 @@ def train(
     stop_at: int | None = None,
     dt: float = 0.004,
     lr: float = 0.1,
+    before_step: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     x = torch.zeros(3)
     for step in range(start, steps + 1):
+        if before_step is not None:
+            before_step(step)
         grad = x - TARGETS[r]
         if eng.syncs_gradients(step):
             eng.reduce_gradients(step, [grad])  # in place: the regions' weighted mean
@@ -241,13 +245,15 @@ def test_a_lost_region_is_dropped_and_rejoins_from_a_peer(tmp_path: Path) -> Non
     # one line (i · (1, -1, 2)), so every mix of them does too. Where it lands on it depends on
     # when c came back (they no longer wait out timeouts for it, so it may rejoin late in their
     # run): near the mean of a's and b's targets (0.5) if c left for good before their last
-    # rounds, near all three's (1) if it took part in many, and between or past it (outer
-    # momentum carries a round's move on) if it took part in their last few only. It stays
-    # below c's own target (2). The returning region had caught up (adopted the peers' rounds).
+    # rounds, near all three's (1) if it took part in many, between or past it (outer momentum
+    # carries a round's move on) if it took part in their last few only, and short of 0.5 if it
+    # came back late and left with few rounds to go (a slow host's case: its pulls from its own
+    # start are still being undone). It stays between a's target (0) and c's (2). The returning
+    # region had caught up (adopted the peers' rounds).
     assert torch.equal(out["a"], out["b"]), (out, events)
     scale = float(out["a"][0])
     assert torch.allclose(out["a"], scale * TARGETS["b"], atol=1e-4), out["a"]
-    assert 0.3 <= scale <= 1.6, (out["a"], events)
+    assert 0.0 < scale < 2.0, (out["a"], events)
     assert engines["c2"].strategy.progress()[1] > 5
 
 
@@ -273,10 +279,17 @@ def test_state_dict_round_trip(tmp_path: Path) -> None:
 
 
 def run_on_arrival(
-    tmp_path: Path, steps: int, every: int, delay: int, latency_ms: float, dt: float
+    tmp_path: Path,
+    steps: int,
+    every: int,
+    delay: int,
+    latency_ms: float,
+    dt: float,
+    arrived: dict[str, dict[int, int]] | None = None,
 ) -> tuple[dict[str, dict[int, int]], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Overlapped DiLoCo landing on arrival: (round -> step applied, final params, final anchor)
-    per region."""
+    per region. ``arrived`` (given) gets, per region, round -> the first step that found its
+    result in before it began."""
     links = {f"{x}|{y}": {"latency_ms": latency_ms} for x in REGIONS for y in REGIONS if x < y}
     sync = {"mode": "diloco", "every": every, "overlap": True, "overlap_steps": delay, "links": links}
     sync |= {"compression": "int8", "outer_lr": 1.0, "outer_momentum": 0.5}
@@ -294,8 +307,14 @@ def run_on_arrival(
     out: dict[str, torch.Tensor] = {}
     logs: dict[str, list] = {r: [] for r in REGIONS}
 
+    def seen_in(r: str, step: int) -> None:
+        for rnd in engines[r].strategy.inflight:  # type: ignore[union-attr]
+            if rnd.future.done():
+                arrived[r].setdefault(rnd.index, step)  # type: ignore[index]
+
     def go(r: str) -> None:
-        out[r] = train(engines[r], r, steps, logs[r], dt=dt)
+        hook = (lambda step: seen_in(r, step)) if arrived is not None else None
+        out[r] = train(engines[r], r, steps, logs[r], dt=dt, before_step=hook)
 
     threads = [threading.Thread(target=go, args=(r,)) for r in REGIONS]
     for t in threads:
@@ -342,11 +361,21 @@ def test_a_round_still_in_flight_when_the_next_opens_is_waited_for_there(tmp_pat
 
 
 def test_a_result_in_early_is_not_applied_before_the_delay(tmp_path: Path) -> None:
+    # On loopback a round's result is in well before its 3 steps of 30 ms on a quiet host; on a
+    # busy one it may come later, and then lands where it comes. Either way: never before the
+    # delay, exactly at it when the result was in by then, and before the next round opens.
     steps, every, delay = 60, 20, 3
-    landed, out, _ = run_on_arrival(tmp_path, steps, every, delay=delay, latency_ms=0.0, dt=0.03)
+    arrived: dict[str, dict[int, int]] = {r: {} for r in REGIONS}
+    landed, out, _ = run_on_arrival(
+        tmp_path, steps, every, delay=delay, latency_ms=0.0, dt=0.03, arrived=arrived
+    )
     for r in REGIONS:
-        lags = [step - every * (k + 1) for k, step in landed[r].items()]
-        assert lags and min(lags) == delay and max(lags) < every, landed
+        assert len(landed[r]) == steps // every - 1, landed  # the last round is the final blocking one
+        for k, step in landed[r].items():
+            due = every * (k + 1) + delay
+            assert due <= step < every * (k + 2), (r, k, step, landed)
+            if arrived[r].get(k, due + 1) <= due:
+                assert step == due, (r, k, step, arrived)
     assert torch.equal(out["a"], out["b"]) and torch.equal(out["a"], out["c"])
 
 
