@@ -4,13 +4,18 @@ worker processes where one region is slowed on purpose."""
 from __future__ import annotations
 
 import statistics
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contracts.sync_config import SyncConfig
 from tests.training.sync_launch import region_configs, start_region
+from training.sync import create_engine
 from training.sync.algorithms.balance import split_round
 from training.sync.algorithms.round_plan import MAX_MID_SPLITS, RoundPlan
 
@@ -211,6 +216,57 @@ def test_plan_survives_a_checkpoint_and_rebases_after_a_catch_up() -> None:
     assert q.job_step(7) == 30 and q.job_step(17) == 40 and q.job_step(27) == 50
     q.rebase(5, 9)  # past the last round: nothing left to run
     assert q.local_steps() == 9
+
+
+def test_a_region_at_its_end_waits_for_the_final_rounds_split_rather_than_end_alone(tmp_path: Path) -> None:
+    # Two regions in threads over real gRPC; a (fast) stalls 1.5 s just before it sends its
+    # figures for the final round's first split (a preempted host). b sends its own on time and
+    # reaches its end of the round before a's come: ending there while a splits from both
+    # figures would leave the regions on different splits and the job short of its tokens. b
+    # waits for a's figures at that end, so both split alike and the total stays 2 x steps.
+    steps, overlap_steps = 80, 2
+    cfg = SyncConfig(
+        peers={"a": "", "b": ""}, rendezvous_dir=str(tmp_path), timeout_s=10, startup_timeout_s=30,
+        mode="diloco", every=20, overlap=True, overlap_steps=overlap_steps, balance=True,
+    )  # fmt: skip
+    engines = {r: create_engine(cfg, region=r, total_steps=steps, theta0=torch.zeros(3)) for r in "ab"}
+    pace = {"a": 0.005, "b": 0.015}
+    least = 2 * overlap_steps + 1  # the fewest steps a split leaves a region past its figures
+    trained: dict[str, int] = {}
+    stalled: list[int] = []
+    errors: dict[str, BaseException] = {}
+
+    def loop(r: str) -> None:
+        eng, x, step = engines[r], torch.zeros(3), 0
+        plan = eng.plan
+        assert plan is not None
+        try:
+            while step < eng.local_steps(steps):
+                step += 1
+                x -= 0.1 * (x - float(ord(r)))
+                time.sleep(pace[r])
+                rnd = eng.strategy.progress()[0]
+                if r == "a" and not stalled and plan.is_final(rnd) and plan.mid_step(rnd, least) == step:
+                    stalled.append(step)
+                    time.sleep(1.5)
+                if eng.should_sync(step):
+                    eng.after_step(step, [x])
+            trained[r] = step
+        except Exception as e:  # noqa: BLE001 - what the region's loop raised is the outcome
+            errors[r] = e
+        finally:
+            eng.close()
+
+    threads = [threading.Thread(target=loop, args=(r,)) for r in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and stalled, (errors, stalled)
+    finals = {r: e.plan.splits[e.plan.rounds - 1] for r, e in engines.items() if e.plan}
+    assert finals["a"] == finals["b"], finals
+    assert sum(trained.values()) == 2 * steps, (trained, finals)
+    assert {r: e.totals()["local_steps"] for r, e in engines.items()} == trained
 
 
 SLOW_S = 0.03

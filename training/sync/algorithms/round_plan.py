@@ -6,8 +6,10 @@ come from ``split_round`` over the figures carried in the messages of the round 
 wall time each region opened that round, which is when it began this one, and its seconds per
 step over it. Those arrive with the round's result, a few steps into the round they split, so the
 round is re-split while it runs; every region computes the same split from the same figures, and
-each region gets at least as many steps as a result takes to land, so none has passed its new
-end when it learns it. Round r+2 is planned from round r's figures too (provisional: what the
+each region gets at least ``least`` steps of it (more than a result takes to land), and a region
+whose result is later still waits for it there (``resplits``), so none has passed its new end
+when it learns it: every region runs the split every other computed, and the job's tokens stay
+exact. Round r+2 is planned from round r's figures too (provisional: what the
 runtime waits against and the step count estimated until round r+1's figures re-split it).
 Rounds 0 and 1 start as the fixed plan's. Each round's total over the regions stays the fixed
 plan's, so the job trains the same tokens; a region's own step count is whatever its speed earns
@@ -18,7 +20,9 @@ round absorbs the regions' drift (a region ahead opens the next round sooner), b
 ends in a blocking exchange, where every second a region's speed drifted over the round from
 what its start figures said is a second the others wait. Halfway, each region sends its figures
 over the round so far (where it is, when, and its pace); every region splits what is left of the
-round from the same figures. Then again halfway through what is left (up to ``MAX_MID_SPLITS``
+round from the same figures (a region that has gone ``least`` steps past its figures, or
+reached its end, waits for the others' rather than end on a split they no longer hold). Then
+again halfway through what is left (up to ``MAX_MID_SPLITS``
 times, while the round's steps left over every region are at least twice ``least`` each),
 so only the drift over the last stretch is left to wait for: on a shared host the regions' pace
 moved by up to 15 % from one quarter of a round to the next, and a region split once, halfway,
@@ -100,22 +104,25 @@ class RoundPlan:
         last = max(self.ends)
         return self.ends[last] + sum(self.fixed_size(r) for r in range(last + 1, self.rounds))
 
+    def resplits(self, cur: int, least: int) -> bool:
+        """Whether figures coming in during round ``cur`` re-split it (``on_figures``)."""
+        return 2 * max(1, least) <= self.fixed_size(cur) and cur < self.rounds and cur not in self.resplit
+
     def on_figures(self, r: int, figures: Figures, now: int | None = None, least: int = 1) -> None:
         """Round ``r``'s figures are in: re-split round r+1, the round running, and plan round
         r+2 after it (module doc). ``now``: this region's step; ``least``: the fewest steps a
         region gets in round r+1, more than a round's result takes to land, so that no region
         has passed its new end when it learns it (no re-split where that is over half the
-        round). One that has (its result landed later) ends round r+1 where it is: its count
-        then exceeds its share by the overrun, and its contribution is weighted by the tokens it
-        trained."""
+        round). One that has all the same (figures applied late, as after a catch-up) ends round
+        r+1 where it is: its count then exceeds its share by the overrun, and its contribution
+        is weighted by the tokens it trained."""
         if self.me not in figures or any(s <= 0 for _, s in figures.values()):
             return  # nothing to balance on: ``end`` gives the rounds the fixed size
         pace = {p: s for p, (_, s) in figures.items()}
         cur = r + 1
         floor = max(1, least)
         # A floor above half the round leaves too little to move: the provisional plan stands.
-        room = 2 * floor <= self.fixed_size(cur)
-        if room and cur < self.rounds and cur in self.ends and cur not in self.resplit:
+        if self.resplits(cur, floor) and cur in self.ends:
             # Round r+1 began in each region when it opened round r: the time its figures carry.
             total = self.fixed_size(cur) * len(figures)
             split = split_round({p: t for p, (t, _) in figures.items()}, pace, total, floor)

@@ -171,8 +171,19 @@ class AnchoredSync(Strategy):
         k = plan.mid_count.get(r, 0)
         if self.mid_sent != (r, k):
             return plan.mid_step(r, self._least) == step
+        if self._must_split(step):
+            return True
         stream = self._balance_stream(k)
         return self.node.take_if_complete(stream, r, self.node.participants(r), take=False) is not None
+
+    def _must_split(self, step: int) -> bool:
+        """Whether ``step`` may go no further without the split whose figures we sent: any split
+        leaves this region at least ``least`` steps past them, and its current end ends the run
+        (a region ending there while the others split would run a different round)."""
+        plan, r = self.plan, self.opened
+        assert plan is not None
+        sent_at = plan.start(r) + self._mine[1]
+        return step >= sent_at + self._least or step == plan.end(r)
 
     def _mid_split(self, step: int) -> None:
         plan, r = self.plan, self.opened
@@ -192,7 +203,12 @@ class AnchoredSync(Strategy):
             self._mine = (wall, step - plan.start(r), pace)
             self._mid_mark = (step, m1, w1)
         if self.mid_sent == (r, k):
-            got = self.node.take_if_complete(stream, r, self.node.participants(r))
+            peers = self.node.participants(r)
+            got = self.node.take_if_complete(stream, r, peers)
+            if got is None and self._must_split(step):
+                t0 = time.monotonic()
+                got = self.node.collect(stream, r, peers, t0 + self.cfg.timeout_s)
+                self.blocked_on_comm += time.monotonic() - t0
             if got is None:
                 return
             figures = {p: (m.meta.opened_at, m.meta.step, m.meta.step_s) for p, m in got.items()}
@@ -256,8 +272,12 @@ class AnchoredSync(Strategy):
             self._exchange, r, f, self.anchor, self.momentum[f], snap, step, weight, figures
         )
         apply_from = step if blocking else step + self.delay
-        # On arrival, a late result is waited for only where the next round opens.
+        # On arrival, a late result is waited for only where the next round opens; where its
+        # figures will re-split the running round, no later than the fewest steps a re-split
+        # leaves a region (a region past its new end would overrun its share of the job's tokens).
         nxt = step + self.round_steps if plan is None else plan.end(r + 1) or step + self.round_steps
+        if plan is not None and plan.resplits(r + 1, self._least):
+            nxt = min(nxt, step + self._least)
         wait = nxt if self.on_arrival and not blocking else apply_from
         return _Round(r, f, snap, step, apply_from, wait, blocking, fut)
 
