@@ -23,6 +23,7 @@ from orchestration.bus import Bus, InProcessBus, RedisBus
 from orchestration.context import ServerContext
 from orchestration.db.engine import make_engine, make_session_factory, normalize_url
 from orchestration.settings import Settings
+from tests import ast_guard
 from tests.dbtemplate import (
     POSTGRES_ADMIN_URL,
     create_postgres_database,
@@ -33,6 +34,8 @@ from tests.dbtemplate import (
 from tests.dbtemplate import (
     drop_postgres_database as drop_postgres_database,  # for the tests that make their own
 )
+
+ast_guard.install()  # an interpreter bug some parses meet beside threads (tests/ast_guard.py)
 
 REDIS_URL = os.environ.get("CPN_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
