@@ -13,6 +13,11 @@ recorded heartbeat may be old: that silence says nothing about the nodes, only a
 grace, a node counts as alive only on a heartbeat received within the loss threshold, which by then
 means one received since this reaper started; agents cap their reconnect backoff below the
 threshold, so every live one has been heard by then.
+
+The same holds, in small, for a control plane that stalled (a starved process on a busy host): while
+its loop ran nothing, heartbeats that came waited unread. The reaper measures how late its own
+passes were (``Stalls``) and counts a node's silence only in the time the plane was running since
+its last heartbeat: a stall extends the threshold for the nodes it overlapped, never the others.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import deque
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
@@ -50,17 +56,37 @@ def is_lost(
     last_heard: datetime,
     now: datetime,
     lost_after_s: float,
+    stalled_s: float = 0.0,
 ) -> bool:
     """Whether a node is lost: the reaper is past its start-up grace, the node's liveness key has
-    expired, and the last heartbeat recorded for it is older than the loss threshold. Pure."""
+    expired, and the last heartbeat recorded for it is older than the loss threshold plus the
+    seconds the control plane itself stalled since (``stalled_s``). Pure."""
     if up_for_s < grace_s or key_alive:
         return False
-    return last_heard < now - timedelta(seconds=lost_after_s)
+    return last_heard < now - timedelta(seconds=lost_after_s + stalled_s)
 
 
-def reap_once(ctx: ServerContext, *, up_for_s: float = math.inf) -> list[str]:
+class Stalls:
+    """How late the reaper's passes came, as (when the late pass ran, seconds late): the time its
+    process could not run, in which heartbeats may have waited unread. Kept for ``horizon_s``."""
+
+    def __init__(self, horizon_s: float) -> None:
+        self.horizon_s = horizon_s
+        self.seen: deque[tuple[datetime, float]] = deque()
+
+    def add(self, at: datetime, late_s: float) -> None:
+        self.seen.append((at, late_s))
+        while self.seen and self.seen[0][0] < at - timedelta(seconds=self.horizon_s):
+            self.seen.popleft()
+
+    def since(self, when: datetime) -> float:
+        """Seconds stalled after ``when`` (a stall that ended after it counts whole)."""
+        return sum(late for at, late in self.seen if at > when)
+
+
+def reap_once(ctx: ServerContext, *, up_for_s: float = math.inf, stalls: Stalls | None = None) -> list[str]:
     """One pass; returns the ids of the nodes it marked lost (empty while this reaper, up for
-    ``up_for_s`` seconds, is still within its start-up grace)."""
+    ``up_for_s`` seconds, is still within its start-up grace; ``stalls``: the plane's own)."""
     settings = ctx.settings
     lost_after = settings.node_lost_after_s
     if up_for_s < settings.reaper_grace_s:
@@ -73,18 +99,19 @@ def reap_once(ctx: ServerContext, *, up_for_s: float = math.inf) -> list[str]:
         return []
     expired = set(ctx.bus.expired([node_alive_key(row.id) for row in alive]))
     now = utcnow()
-    lost = [
-        row.id
-        for row in alive
+    lost = []
+    for row in alive:
+        heard = as_utc(row.last_heartbeat_at or row.registered_at)
         if is_lost(
             up_for_s=up_for_s,
             grace_s=settings.reaper_grace_s,
             key_alive=node_alive_key(row.id) not in expired,
-            last_heard=as_utc(row.last_heartbeat_at or row.registered_at),
+            last_heard=heard,
             now=now,
             lost_after_s=lost_after,
-        )
-    ]
+            stalled_s=stalls.since(heard) if stalls is not None else 0.0,
+        ):
+            lost.append(row.id)
     why = f"missed {settings.heartbeat_misses} heartbeats ({lost_after:g}s without one)"
     for node_id in lost:
         log.warning("node %s lost: %s", node_id, why)
@@ -110,7 +137,7 @@ def sweep_artifacts_once(ctx: ServerContext) -> artifact_records.Swept:
     return artifact_records.sweep(ctx.session_factory, ctx.artifacts, utcnow(), keep=keep)
 
 
-async def run_reaper(ctx: ServerContext, stop: asyncio.Event) -> None:
+async def run_reaper(ctx: ServerContext, stop: asyncio.Event, stalls: Stalls | None = None) -> None:
     """Reap four times per heartbeat interval until ``stop`` is set; a failed pass is logged, not fatal.
     Old jobs' log lines and expired artifacts are pruned at start and every ``LOG_PRUNE_EVERY_S``.
 
@@ -119,11 +146,18 @@ async def run_reaper(ctx: ServerContext, stop: asyncio.Event) -> None:
     interval = ctx.settings.heartbeat_interval_s / 4
     started = time.monotonic()
     pruned_at = -math.inf
+    stalls = stalls if stalls is not None else Stalls(horizon_s=10 * ctx.settings.node_lost_after_s)
+    due = started
     log.info("reaper up: no node is judged lost for the first %.1fs", ctx.settings.reaper_grace_s)
     while not stop.is_set():
+        late = time.monotonic() - due
+        if late > interval:  # our own wait overran: the process was not running
+            stalls.add(utcnow(), late)
+            if late > ctx.settings.heartbeat_interval_s:
+                log.warning("control plane stalled %.1fs: that silence is not counted against nodes", late)
         try:
             up_for = time.monotonic() - started
-            await asyncio.to_thread(reap_once, ctx, up_for_s=up_for)
+            await asyncio.to_thread(reap_once, ctx, up_for_s=up_for, stalls=stalls)
             if up_for >= ctx.settings.reaper_grace_s:
                 # Preemptions whose tasks never reported stopping: the same silence, per job (and
                 # the same grace: after a restart, agents replay how their tasks ended).
@@ -140,5 +174,6 @@ async def run_reaper(ctx: ServerContext, stop: asyncio.Event) -> None:
                 await asyncio.to_thread(sweep_artifacts_once, ctx)
             except Exception:
                 log.exception("the artifact sweep failed")
+        due = time.monotonic() + interval
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)

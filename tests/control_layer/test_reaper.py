@@ -13,7 +13,7 @@ from sqlalchemy import update
 from contracts.states import JobState
 from control_layer.jobs import job_tasks
 from control_layer.placer import place_pending
-from control_layer.reaper import is_lost, reap_once, run_reaper
+from control_layer.reaper import Stalls, is_lost, reap_once, run_reaper
 from orchestration.context import ServerContext
 from orchestration.db.base import utcnow
 from orchestration.db.engine import session_scope
@@ -108,6 +108,42 @@ def test_run_reaper_loop_stops_on_request(ctx: ServerContext) -> None:
     assert {_status(ctx, n) for n in nodes} == {"lost"}
 
 
+def test_a_stalled_control_plane_does_not_count_its_own_silence_against_nodes(ctx: ServerContext) -> None:
+    """The reaper's loop runs nothing for longer than the loss threshold (a starved process): the
+    heartbeats of that time were never read, so no node is lost for them; without the stall
+    counted, the same silence loses every node."""
+    _, nodes = _fleet(ctx)
+    plane = ServerContext(  # a 2 s threshold: room for this host's own jitter beside the stall
+        settings=ctx.settings.model_copy(update={"heartbeat_misses": 10}),
+        session_factory=ctx.session_factory,
+        bus=ctx.bus,
+    )
+    lost_after = plane.settings.node_lost_after_s
+    stalls = Stalls(horizon_s=60.0)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.create_task(run_reaper(plane, stop, stalls=stalls))
+        await asyncio.sleep(plane.settings.heartbeat_interval_s)  # a pass or more, on time
+        await asyncio.to_thread(_heard_now, plane)
+        time.sleep(lost_after + 0.5)  # the loop is held: the process runs nothing else meanwhile
+        for _ in range(3):
+            await asyncio.sleep(0.01)  # the reaper's next pass finds itself late
+        stop.set()
+        await asyncio.wait_for(loop, 5)
+
+    asyncio.run(main())
+    assert stalls.since(utcnow() - timedelta(minutes=1)) >= lost_after  # late by the hold, less a wait
+    assert reap_once(plane, stalls=stalls) == []
+    assert {_status(ctx, n) for n in nodes} == {"alive"}
+    assert set(reap_once(plane)) == set(nodes)
+
+
+def _heard_now(ctx: ServerContext) -> None:
+    with session_scope(ctx.session_factory) as s:
+        s.execute(update(Node).values(last_heartbeat_at=utcnow()))
+
+
 def test_is_lost_waits_out_the_start_up_grace() -> None:
     now = utcnow()
     old = now - timedelta(seconds=60)
@@ -117,6 +153,20 @@ def test_is_lost_waits_out_the_start_up_grace() -> None:
     assert not is_lost(up_for_s=100.0, key_alive=True, last_heard=old, **rule)  # key vouches
     recent = now - timedelta(seconds=5)
     assert not is_lost(up_for_s=100.0, key_alive=False, last_heard=recent, **rule)  # row vouches
+    # silent 8 s, 3 of them while the control plane itself could not run: 5 s counted
+    silent = now - timedelta(seconds=8)
+    assert is_lost(up_for_s=100.0, key_alive=False, last_heard=silent, **rule)
+    assert not is_lost(up_for_s=100.0, key_alive=False, last_heard=silent, stalled_s=3.0, **rule)
+
+
+def test_stalls_count_after_a_nodes_last_heartbeat_only() -> None:
+    t0 = utcnow()
+    stalls = Stalls(horizon_s=60.0)
+    stalls.add(t0 + timedelta(seconds=1), 2.0)
+    stalls.add(t0 + timedelta(seconds=10), 0.5)
+    assert stalls.since(t0) == 2.5 and stalls.since(t0 + timedelta(seconds=5)) == 0.5
+    stalls.add(t0 + timedelta(seconds=100), 1.0)  # the first two are past the horizon now
+    assert stalls.since(t0) == 1.0
 
 
 def test_a_restarted_reaper_spares_nodes_that_reconnect_within_the_grace(ctx: ServerContext) -> None:
