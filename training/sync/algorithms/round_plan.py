@@ -56,8 +56,12 @@ class RoundPlan:
     resplit: set[int] = field(default_factory=set)  # rounds re-split from their own start's figures
     midsplit: set[int] = field(default_factory=set)  # final rounds whose splits while running are over
     mid_count: dict[int, int] = field(default_factory=dict)  # final round -> splits while running so far
-    mid_from: dict[int, int] = field(default_factory=dict)  # final round -> our steps into it at the last
-    mid_done: dict[int, dict[str, int]] = field(default_factory=dict)  # ... and every region's
+    mid_done: dict[int, dict[str, int]] = field(default_factory=dict)  # final round -> steps in, per region
+
+    @property
+    def mid_from(self) -> dict[int, int]:
+        """Final round -> our steps into it at the last split's figures."""
+        return {r: done[self.me] for r, done in self.mid_done.items() if self.me in done}
 
     def __post_init__(self) -> None:
         if self.size < 1 or self.total_steps < 1:
@@ -188,7 +192,6 @@ class RoundPlan:
         at = {p: t for p, (t, _, _) in figures.items()}
         rest = split_round(at, {p: s for p, (_, _, s) in figures.items()}, left, floor)
         self.splits[r] = {p: figures[p][1] + rest[p] for p in figures}
-        self.mid_from[r] = figures[self.me][1]
         self.mid_done[r] = {p: d for p, (_, d, _) in figures.items()}
         end = self.start(r) + self.splits[r][self.me]
         self.ends[r] = end if now is None else max(end, now)
@@ -207,7 +210,7 @@ class RoundPlan:
         """A region that took a peer's state at round ``r`` starts it after local ``step``."""
         self.base_round, self.base_step = r, step
         self.ends, self.splits, self.resplit, self.midsplit = {}, {}, set(), set()
-        self.mid_count, self.mid_from, self.mid_done = {}, {}, {}
+        self.mid_count, self.mid_done = {}, {}
         self._fill_fixed()
 
     def state_dict(self) -> dict[str, Any]:
@@ -219,7 +222,6 @@ class RoundPlan:
             "resplit": sorted(self.resplit),
             "midsplit": sorted(self.midsplit),
             "mid_count": {str(k): v for k, v in self.mid_count.items()},
-            "mid_from": {str(k): v for k, v in self.mid_from.items()},
             "mid_done": {str(k): dict(v) for k, v in self.mid_done.items()},
         }
 
@@ -232,7 +234,6 @@ class RoundPlan:
         self.resplit = {int(k) for k in state.get("resplit", [])}
         self.midsplit = {int(k) for k in state.get("midsplit", [])}
         self.mid_count = {int(k): int(v) for k, v in state.get("mid_count", {}).items()}
-        self.mid_from = {int(k): int(v) for k, v in state.get("mid_from", {}).items()}
         self.mid_done = {
             int(k): {p: int(n) for p, n in v.items()} for k, v in state.get("mid_done", {}).items()
         }
