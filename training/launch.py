@@ -20,7 +20,9 @@ Everything else is torchrun's (``torch.distributed.run``).
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util
 import os
+import tempfile
 import uuid
 from argparse import Namespace
 
@@ -33,6 +35,11 @@ from training.rank import rank_main
 from training.rendezvous import register
 
 WORKER_MODULE = "training.worker"
+# The fork server listens on <tempdir>/pymp-XXXXXXXX/listener-XXXXXXXX; a socket's path holds at
+# most 107 bytes on Linux.
+SOCKET_PATH_MAX = 107
+LISTENER_SUFFIX = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+SHORT_TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 def forks_the_worker(args: Namespace) -> bool:
@@ -51,6 +58,22 @@ def _rendezvous_defaults(args: Namespace) -> None:
         args.master_port = 29500
 
 
+def short_socket_dir() -> None:
+    """Where the task's TMPDIR is too long for the fork server's socket (a deep work directory),
+    make multiprocessing's own temp directory under a short system one instead; Python 3.11 would
+    fail the launch with ``AF_UNIX path too long``. The directory is removed at exit as usual."""
+    if len(tempfile.gettempdir()) + LISTENER_SUFFIX <= SOCKET_PATH_MAX:
+        return
+    for base in SHORT_TEMP_DIRS:
+        if os.path.isdir(base) and os.access(base, os.W_OK | os.X_OK):
+            saved, tempfile.tempdir = tempfile.tempdir, base
+            try:
+                multiprocessing.util.get_temp_dir()  # created here, kept for the process's life
+            finally:
+                tempfile.tempdir = saved
+            return
+
+
 def run_forked(args: Namespace) -> None:
     """torchrun's run, with ``training.worker``'s ranks forked from a process that preloaded it."""
     torch.multiprocessing._set_thread_name("pt_elastic")
@@ -59,6 +82,7 @@ def run_forked(args: Namespace) -> None:
     config.start_method = "forkserver"
     # The fork server starts with this environment: the ranks' output unbuffered, as `python -u`.
     os.environ["PYTHONUNBUFFERED"] = "1"
+    short_socket_dir()
     multiprocessing.set_forkserver_preload([WORKER_MODULE])
     elastic_launch(config=config, entrypoint=rank_main)(list(args.training_script_args))
 

@@ -75,7 +75,11 @@ def test_ranks_fork_from_one_preloaded_worker_and_end_with_the_launcher(tmp_path
 
 
 def test_a_ranks_exit_status_fails_the_launch_as_under_torchrun(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    # A TMPDIR deeper than a socket's path may be (a task's work directory): the fork server's
+    # socket goes under a short system directory instead.
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TMPDIR": str(deep)}
     ok = _config(tmp_path, "ok.json")
     done = subprocess.run(
         [*LAUNCH, "-m", "training.worker", "--config", str(ok)],
