@@ -19,6 +19,7 @@ from training.byo import DatasetStream, build_byo
 from training.checkpoint import BackgroundSaver, agreed_checkpoint, load_checkpoint
 from training.checkpoint_schedule import PeriodicCheckpoints
 from training.data.markov import MarkovSource
+from training.data.prefetch import Prefetched
 from training.data.streams import BatchStream, build_stream, derive_seed
 from training.exchange_totals import ExchangeTotals
 from training.metrics import MetricsCallback
@@ -439,6 +440,8 @@ class Trainer:
     def close(self) -> None:
         if self.saver is not None:
             self.saver.close()
+        if isinstance(self.stream, Prefetched):
+            self.stream.close()
         self.sync.close()
 
 
@@ -495,6 +498,8 @@ def build_trainer(cfg: WorkerConfig, ctx: DistContext) -> Trainer:
             ).entropy_rate_nats
     # Dropout masks: one stream per replica, shared by its TP ranks (whose activations are replicas).
     torch.manual_seed(derive_seed(cfg.training.seed, replica))
+    if ctx.device.type == "cuda":  # a CPU slot's cores are its compute's: no thread beside it
+        stream = Prefetched(stream)
     model.to(ctx.device)
     model = parallelize(model, dims)
     schedule = build_schedule(model, dims, ctx.device, lm_loss) if dims.pp > 1 else None

@@ -42,15 +42,20 @@ def build_gpt_stage(cfg: WorkerConfig, dims: ParallelDims) -> GPT:
 def build_optimizer(model: nn.Module, cfg: WorkerConfig) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices only (not biases, norms).
 
-    One parameter at a time (``foreach=False``): the multi-tensor update CUDA would otherwise pick
-    holds a temporary as large as all the parameters while it runs, so the step's memory would
-    differ by device; this way it is the same on every device, as the planner prices it."""
+    On CUDA the fused kernel (``fused=True``): it updates every tensor in place, holding no
+    temporary, where one parameter at a time took 82 ms of a 1B model's 385 ms step on an H200 in
+    kernel launches. Elsewhere one parameter at a time (``foreach=False``): the multi-tensor update
+    holds a temporary as large as all the parameters while it runs. The planner prices the larger,
+    one-at-a-time temporaries (``memory_params._optimizer_temp``) on every device."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     t = cfg.training
     groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=t.lr, betas=t.betas, foreach=False)
+    fused = bool(params) and all(p.device.type == "cuda" for p in params)
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=t.lr, betas=t.betas, foreach=False, fused=fused or None
+    )
 
 
 def autocast(device: torch.device, bf16: bool) -> torch.autocast:
