@@ -39,13 +39,23 @@ from training.worker import spawned_at
 # difference in FLOPs between them is well above the fixed costs.
 SHAPES = {
     "cpu": ((2, 128, 4, 256, 64), (4, 256, 8, 512, 128)),
-    "cuda": ((4, 512, 8, 8192, 256), (8, 1024, 16, 16384, 512)),
+    # A device of 24 GiB or more: the widths and sequence lengths its jobs run at. The small pair
+    # left an H200 idle between kernels (28 TFLOPS, against 287 in a 1B model's training step).
+    "cuda": ((4, 1024, 8, 16384, 1024), (8, 2048, 16, 32768, 2048)),
+    "cuda-small": ((4, 512, 8, 8192, 256), (8, 1024, 16, 16384, 512)),
 }
+LARGE_DEVICE_BYTES = 24 * 2**30
 MICRO_BATCHES = (1, 3)
-TIMED_STEPS = {"fp32": 3, "bf16": 2}  # after one warm-up step
+# Timed steps after the warm-up ones, per device kind. A GPU's steps take milliseconds and its
+# clocks ramp up over the first ones: two timed steps gave an H200's rate as 435 and 927 TFLOPS in
+# two runs.
+TIMED_STEPS = {"cpu": {"fp32": 3, "bf16": 2}, "cuda": {"fp32": 6, "bf16": 8}}
+WARMUP_STEPS = {"cpu": 1, "cuda": 3}
 
 
-def _config(shape: tuple[int, ...], precision: str, micro: int, ckpt_dir: str | None) -> WorkerConfig:
+def _config(
+    shape: tuple[int, ...], precision: str, micro: int, ckpt_dir: str | None, kind: str = "cpu"
+) -> WorkerConfig:
     n_layers, d_model, n_heads, vocab, seq_len = shape
     return WorkerConfig(
         job_id="reference",
@@ -53,7 +63,7 @@ def _config(shape: tuple[int, ...], precision: str, micro: int, ckpt_dir: str | 
         cluster="reference",
         model=GPTConfig(n_layers=n_layers, d_model=d_model, n_heads=n_heads, vocab=vocab, seq_len=seq_len),
         training={
-            "steps": 1 + TIMED_STEPS[precision],
+            "steps": WARMUP_STEPS[kind] + TIMED_STEPS[kind][precision],
             "local_batch": micro,
             "micro_batch": 1,
             "precision": precision,
@@ -78,12 +88,12 @@ def _timed_step(trainer: Any, cpu_clock: bool) -> dict[str, float]:
     return {k: m[k] * scale for k in ("data_s", "compute_s", "optimizer_s")}
 
 
-def _run(cfg: WorkerConfig, ctx: Any) -> tuple[dict[str, float], float | None, int]:
+def _run(cfg: WorkerConfig, ctx: Any, warmup: int) -> tuple[dict[str, float], float | None, int]:
     """Median step parts over the timed steps, the checkpoint write time, the parameter count."""
     trainer = build_trainer(cfg, ctx)
     cpu_clock = ctx.device.type == "cpu"
     try:
-        steps = [_timed_step(trainer, cpu_clock) for _ in range(cfg.training.steps)][1:]
+        steps = [_timed_step(trainer, cpu_clock) for _ in range(cfg.training.steps)][warmup:]
         parts = {k: statistics.median(s[k] for s in steps) for k in ("data_s", "compute_s", "optimizer_s")}
         saved = None
         if cfg.checkpoint.dir is not None:
@@ -96,15 +106,23 @@ def _run(cfg: WorkerConfig, ctx: Any) -> tuple[dict[str, float], float | None, i
     return parts, saved, gpt_param_count(cfg.model)
 
 
+def shapes(kind: str, device: torch.device) -> tuple[tuple[int, ...], ...]:
+    """The two model shapes for this device: the small CUDA pair on a device under 24 GiB."""
+    if kind == "cuda" and torch.cuda.get_device_properties(device).total_memory < LARGE_DEVICE_BYTES:
+        return SHAPES["cuda-small"]
+    return SHAPES[kind]
+
+
 def measure_precision(kind: str, precision: str, ctx: Any) -> dict[str, float]:
     """One precision's rate and fixed costs (see the module docstring)."""
     per_mb, fixed, flops, params, opt, data, ckpt = [], [], [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="cpn-reference-") as tmp:
-        for i, shape in enumerate(SHAPES[kind]):
+        for i, shape in enumerate(shapes(kind, ctx.device)):
             t: dict[int, dict[str, float]] = {}
             for m in MICRO_BATCHES:
                 last = m == MICRO_BATCHES[-1]
-                t[m], saved, n = _run(_config(shape, precision, m, f"{tmp}/{i}" if last else None), ctx)
+                run_cfg = _config(shape, precision, m, f"{tmp}/{i}" if last else None, kind)
+                t[m], saved, n = _run(run_cfg, ctx, WARMUP_STEPS[kind])
                 if saved is not None:
                     ckpt.append((n, saved))
             lo, hi = MICRO_BATCHES
