@@ -60,6 +60,7 @@ PEAK_BF16_TFLOPS = {
 ALLREDUCE_BYTES = 256 * 1024**2  # large enough for NCCL's bus bandwidth to plateau
 TARGETS = {"mfu": 0.40, "memory_rel_err": 0.10, "step_rel_err": 0.15}
 RESULT_PREFIX = "CPN_RESULT "
+STEP_PARTS = ("data_s", "compute_s", "optimizer_s", "sync_s", "wall_s")
 
 
 def peak_tflops(name: str) -> float | None:
@@ -161,6 +162,8 @@ def worker(args: argparse.Namespace) -> int:
             "rank": ctx.rank,
             "step_s": step_s,
             "data_s": statistics.median(p.get("data_s", 0.0) for p in parts),
+            # where a step's time went, as the worker splits it (median over the timed steps)
+            "parts_s": {k: statistics.median(p.get(k, 0.0) for p in parts) for k in STEP_PARTS},
             "max_memory_allocated": torch.cuda.max_memory_allocated() if cuda else 0,
             "busbw_gbytes_s": busbw,
             "loss_first": parts[0].get("loss"),
@@ -261,7 +264,8 @@ def planner_estimates(
     rate and fixed costs, its NVML link figure for TP and the gradient all-reduce."""
     from contracts.job_spec import JobSpec
     from control_layer.planner import cost_model as cm
-    from control_layer.planner.snapshot import LOCAL_BANDWIDTH_GBPS, LOCAL_LATENCY_MS
+    from control_layer.planner.local_step import host_parts
+    from control_layer.planner.snapshot import LOCAL_BANDWIDTH_GBPS, LOCAL_LATENCY_MS, StepRateInfo
 
     spec = JobSpec(
         name="gpu-validate",
@@ -281,7 +285,9 @@ def planner_estimates(
     flops = ref["tflops"] * 1e12
     step = cm.replica_time(spec, args.tp, 1, args.zero, n_micro, args.dp, flops, bw, lat, bw, lat,
                            micro_batch_s=ref["micro_batch_s"], step_s=ref["step_s"])  # fmt: skip
-    return {"memory_bytes": memory.total, "step_s": float(step.total)}
+    data_s, optimizer_s = host_parts(StepRateInfo(**ref), spec, args.tp, 1, args.zero, args.dp, n_micro)
+    parts = {"replica_s": float(step.total), "data_s": data_s, "optimizer_s": optimizer_s}
+    return {"memory_bytes": memory.total, "step_s": sum(parts.values()), "parts_s": parts}
 
 
 def report(args: argparse.Namespace, name: str, n_gpus: int, links: dict[str, Any], ref: dict[str, float],
@@ -320,6 +326,8 @@ def report(args: argparse.Namespace, name: str, n_gpus: int, links: dict[str, An
             (abs(m["rel_err"]) for m in memory if m["rel_err"] is not None), default=None
         ),
         "step_estimate_s": round(est["step_s"], 5),
+        "step_estimate_parts_s": {k: round(v, 5) for k, v in est.get("parts_s", {}).items()},
+        "reference": {k: round(v, 6) for k, v in ref.items()},
         "step_rel_err": rel_err(est["step_s"], step_s),
         "allreduce_busbw_gbytes_s": round(busbw, 2) if busbw else None,
         "link": links["link"],
@@ -328,6 +336,7 @@ def report(args: argparse.Namespace, name: str, n_gpus: int, links: dict[str, An
         "reference_tflops": round(ref["tflops"], 2),
         "training_over_reference": round(per_gpu / ref["tflops"], 3),
         "data_s": round(statistics.median(r["data_s"] for r in ranks), 5),
+        "step_parts_s": {k: round(statistics.median(r["parts_s"][k] for r in ranks), 5) for k in STEP_PARTS},
         "loss_first_last": [ranks[0]["loss_first"], ranks[0]["loss_last"]],
     }
     mem_err, step_err = out["max_abs_memory_rel_err"], out["step_rel_err"]

@@ -361,15 +361,25 @@ def _local_step(
         # fabric: priced from the all-reduce the node measured (``cm.host_dp_comm_s``).
         grad_bytes = cm.stage_params(spec.model, tp, pp) * cm.GRAD_BYTES
         parts = replace(parts, dp_comm=cm.host_dp_comm_s(grad_bytes, r, share, *figures.host_collective))
+    data, optimizer = host_parts(rate, spec, tp, pp, placement.zero, r, n_micro)
     mparams = cm.stage_params(spec.model, tp, pp) / 1e6
-    opt_params = mparams / r if placement.zero >= 1 else mparams
-    local_tokens = n_micro * spec.training.micro_batch_size * spec.model.seq_len
     return LocalStep(
         parts,
-        data=rate.data_s_per_mtoken * local_tokens / 1e6 * share,
-        optimizer=rate.optimizer_s_per_mparam * opt_params * share,
+        data=data * share,
+        optimizer=optimizer * share,
         write_s=rate.checkpoint_s_per_mparam * mparams + figures.write_fixed_s,
     )
+
+
+def host_parts(
+    rate: StepRateInfo, spec: JobSpec, tp: int, pp: int, zero: int, group_size: int, n_micro: int
+) -> tuple[float, float]:
+    """A step's data and optimizer seconds on a whole device at the node's measured rates: the
+    replica's tokens drawn, and the parameters its rank steps (its shard of them under ZeRO)."""
+    mparams = cm.stage_params(spec.model, tp, pp) / 1e6
+    opt_params = mparams / group_size if zero >= 1 else mparams
+    local_tokens = n_micro * spec.training.micro_batch_size * spec.model.seq_len
+    return rate.data_s_per_mtoken * local_tokens / 1e6, rate.optimizer_s_per_mparam * opt_params
 
 
 def _checked_memory(placement: Placement, figures: ReplicaFigures, n_micro: int) -> float:

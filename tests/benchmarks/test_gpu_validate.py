@@ -67,5 +67,7 @@ def test_the_ranks_code_runs_under_torchrun_and_the_report_compares_it(
     slowest = max(r["step_s"] for r in ranks)  # the report rounds its step_s: compare with the ranks' own
     assert out["step_s"] == round(slowest, 5)
     assert out["step_rel_err"] == round((est["step_s"] - slowest) / slowest, 4)
+    parts = out["step_parts_s"]
+    assert set(parts) == set(gpu_validate.STEP_PARTS) and 0 < parts["compute_s"] <= parts["wall_s"]
     assert set(out["targets_met"]) == {"mfu", "memory", "step_time"} and out["targets_met"]["memory"] is False
     json.dumps(out, allow_nan=False)  # one valid JSON line
