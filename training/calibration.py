@@ -29,7 +29,7 @@ from training.data.streams import build_stream
 from training.models.gpt import GPT
 from training.runtime import lr_lambda
 from training.step import build_optimizer
-from training.sync.algorithms.outer import merge_late, outer_step
+from training.sync.algorithms.outer import eager_start, merge_late, outer_step
 from training.sync.ring_sim import RingSim
 
 HELDOUT_STEP = 1 << 30  # held-out batches come from step numbers no run reaches
@@ -124,10 +124,18 @@ def _train(sl: Slice, setting: Setting) -> GPT:
             anchor, pending = new_anchor, None
         if final or step % sl.every == 0:
             avg = ring.mean([anchor - f for f in flats])
+            late = not final and setting.overlap and setting.delay > 0
+            # Overlapped: each region trains on from its own outer step where the merge does
+            # (``eager_start``, with the momentum before this round's), as a job's regions do.
+            starts = [
+                eager_start(anchor, f, momentum, sl.outer_lr, sl.outer_momentum, True, setting.merge)
+                for f in (flats if late else [])
+            ]
             new_anchor, momentum = outer_step(anchor, avg, momentum, sl.outer_lr, sl.outer_momentum)
-            if final or not setting.overlap or setting.delay == 0:
+            if not late:
                 flats, anchor = [new_anchor.clone() for _ in flats], new_anchor
             else:
+                flats = [f.clone() if s is None else s for f, s in zip(flats, starts, strict=True)]
                 pending = (step + setting.delay, new_anchor, [f.clone() for f in flats])
         for m, f in zip(models, flats, strict=True):
             vector_to_parameters(f, m.parameters())

@@ -7,7 +7,7 @@ import torch
 
 from contracts.sync_config import SyncConfig
 from training.sync.algorithms.gossip import exponential_peers, peers_for_round, push_sum_combine
-from training.sync.algorithms.outer import outer_step, weighted_mean
+from training.sync.algorithms.outer import eager_start, merge_late, outer_step, weighted_mean
 from training.sync.algorithms.schedule import anchored_event, fragment_slices, is_apply, is_start
 from training.sync.algorithms.staleness import async_scale, ssp_ready
 
@@ -80,3 +80,20 @@ def test_push_sum_preserves_mass() -> None:
         torch.tensor([2.0]), 0.5, [(torch.tensor([4.0]), 0.25), (torch.tensor([0.0]), 0.25)]
     )
     assert w == 1.0 and torch.allclose(x / w, torch.tensor([3.0]))
+
+
+def test_an_overlapped_region_trains_on_from_its_own_outer_step() -> None:
+    g = torch.Generator().manual_seed(3)
+    anchor, momentum = torch.randn(64, generator=g), torch.randn(64, generator=g)
+    sent = anchor - 0.01 * torch.randn(64, generator=g)
+    start = eager_start(anchor, sent, momentum, 0.7, 0.9, True, "progress")
+    assert start is not None
+    want, _ = outer_step(anchor, anchor - sent, momentum, 0.7, 0.9)
+    assert torch.equal(start, want) and not torch.allclose(start, sent)
+    # Peers that did exactly what it did: the round lands where it already is, so the steps it
+    # took meanwhile count in full and nothing is lost to the delay.
+    later = start + 0.003 * torch.randn(64, generator=g)
+    assert torch.allclose(merge_late(later, want, start, "progress", 0.5), later, atol=1e-6)
+    # Streaming DiLoCo's mix, and an outer step that returns the parameters (local SGD): from there.
+    assert eager_start(anchor, sent, momentum, 0.7, 0.9, True, "mix") is None
+    assert eager_start(anchor, sent, None, 1.0, 0.0, True, "progress") is None

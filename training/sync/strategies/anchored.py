@@ -6,7 +6,9 @@ average their pseudo-gradients (anchor - local params, compressed with error fee
 round assigns the new anchor to the parameters, so the regions hold bit-identical replicas after
 it. With ``overlap`` a round's exchange runs in the background and is applied ``delay`` steps
 later, keeping the local progress made meanwhile (params = new anchor + progress since the
-snapshot). With ``on_arrival`` a region never waits at the delay: it applies the round at the
+snapshot). With the ``progress`` merge the region trains on meanwhile from the outer step its own
+pseudo-gradient gives (``eager_start``), and the progress is counted from there. With
+``on_arrival`` a region never waits at the delay: it applies the round at the
 first step on or after it at which the result has arrived, and waits only where the next round
 opens (its pseudo-gradient needs the new anchor). The regions may then apply a round at different
 steps; the anchors stay equal (the outer step depends on the round's result alone), only how much
@@ -34,7 +36,7 @@ import torch
 from torch import Tensor
 
 from training.sync.algorithms.balance import MAX_STEP_S
-from training.sync.algorithms.outer import merge_late, outer_step
+from training.sync.algorithms.outer import eager_start, merge_late, outer_step
 from training.sync.algorithms.round_plan import RoundPlan
 from training.sync.algorithms.schedule import fragment_of, fragment_slices, is_start
 from training.sync.collective import DenseReducer
@@ -63,6 +65,7 @@ class _Round:
     blocking: bool  # applied at once: the new anchor is assigned
     future: Any
     result: _Result | None = None
+    eager: bool = False  # the region trains on from its own outer step (``snapshot``: that start)
 
 
 class AnchoredSync(Strategy):
@@ -258,6 +261,7 @@ class AnchoredSync(Strategy):
                 changed = True
             else:
                 self.inflight.append(rnd)
+                changed = changed or rnd.eager
         return flat if changed else None
 
     def _open(self, step: int, flat: Tensor, blocking: bool) -> _Round:
@@ -288,6 +292,13 @@ class AnchoredSync(Strategy):
         if plan is not None and plan.resplits(r + 1, self._least):
             nxt = min(nxt, step + self._least)
         wait = nxt if self.on_arrival and not blocking else apply_from
+        if not blocking:
+            merge = self.cfg.overlap_merge or "progress"
+            a, mom = self.anchor[sl], self.momentum[f]
+            start = eager_start(a, snap, mom, self.lr, self.mu, self.cfg.nesterov, merge)
+            if start is not None:  # train on from the outer step our own pseudo-gradient gives
+                flat[sl] = start
+                return _Round(r, f, start, step, apply_from, wait, blocking, fut, eager=True)
         return _Round(r, f, snap, step, apply_from, wait, blocking, fut)
 
     def _lands(self, rnd: _Round, step: int) -> bool:
