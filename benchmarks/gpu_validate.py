@@ -326,7 +326,7 @@ def report(args: argparse.Namespace, name: str, n_gpus: int, links: dict[str, An
             (abs(m["rel_err"]) for m in memory if m["rel_err"] is not None), default=None
         ),
         "step_estimate_s": round(est["step_s"], 5),
-        "step_estimate_parts_s": {k: round(v, 5) for k, v in est.get("parts_s", {}).items()},
+        "step_estimate_parts_s": {k: round(v, 5) for k, v in est["parts_s"].items()},
         "reference": {k: round(v, 6) for k, v in ref.items()},
         "step_rel_err": rel_err(est["step_s"], step_s),
         "allreduce_busbw_gbytes_s": round(busbw, 2) if busbw else None,

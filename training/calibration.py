@@ -135,7 +135,7 @@ def _train(sl: Slice, setting: Setting) -> GPT:
             if not late:
                 flats, anchor = [new_anchor.clone() for _ in flats], new_anchor
             else:
-                flats = [f.clone() if s is None else s for f, s in zip(flats, starts, strict=True)]
+                flats = [f if s is None else s for f, s in zip(flats, starts, strict=True)]
                 pending = (step + setting.delay, new_anchor, [f.clone() for f in flats])
         for m, f in zip(models, flats, strict=True):
             vector_to_parameters(f, m.parameters())
