@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from agent.slurm_queue import QueuedJob, coarse_wait_s, limit_seconds, parse_squeue, queue_wait_estimate
+from agent.slurm_queue import (
+    MAX_WAIT_S,
+    QueuedJob,
+    coarse_wait_s,
+    limit_seconds,
+    parse_squeue,
+    queue_wait_estimate,
+)
 
 NOW = datetime(2026, 11, 29, 12, 0, 0).timestamp()
 
@@ -35,6 +42,9 @@ def test_without_room_the_task_waits_for_the_jobs_ahead_and_the_limits_that_free
     assert (
         queue_wait_estimate([QueuedJob("RUNNING", 8, None)], free=0, need=1, history=[], now=NOW) == 86400.0
     )
+    # A limit beyond what the control plane takes (a month): the most it takes.
+    long_limit = QueuedJob("RUNNING", 8, NOW + 90 * 86400.0, 90 * 86400.0, started=NOW)
+    assert queue_wait_estimate([long_limit], free=0, need=1, history=[], now=NOW) == MAX_WAIT_S
 
 
 def test_jobs_ahead_start_in_turn_and_free_their_slots_at_their_limits() -> None:
@@ -52,6 +62,7 @@ def test_squeue_lines_give_states_slots_and_times() -> None:
         "PENDING|N/A|N/A|4|N/A|1:00|alice|train\n"
         "RUNNING|2026-11-29T12:00:00|2026-11-29T12:05:00|8|N/A|5:00|bob|a|b\n"
         "RUNNING|2026-11-29T11:00:00|UNLIMITED|2|gres/gpu:2|UNLIMITED|svc|cpn-42\n"
+        "RUNNING|2026-11-29T11:00:00|2027-11-29T11:00:00|2|N/A|UNLIMITED|carol|e\n"
         "COMPLETING|2026-11-29T11:59:00|2026-11-29T12:00:00|1|N/A|1|bob|c\n"
         "CONFIGURING|x|y|1|N/A|1|bob|d\n"
     )
@@ -59,10 +70,12 @@ def test_squeue_lines_give_states_slots_and_times() -> None:
         QueuedJob("PENDING", 4, None, 60.0, kind="user:alice"),
         QueuedJob("RUNNING", 8, NOW + 300, 300.0, started=NOW, kind="user:bob"),
         QueuedJob("RUNNING", 2, None, None, started=NOW - 3600, kind="cpn"),
+        # unlimited, Slurm's end for it a year on: no end known (``running_end`` assumes a day)
+        QueuedJob("RUNNING", 2, None, None, started=NOW - 3600, kind="user:carol"),
         QueuedJob("COMPLETING", 1, NOW, 60.0, started=NOW - 60, kind="user:bob"),
     ]
     assert [limit_seconds(t) for t in ("1-02:00:00", "30", "10:00", "N/A")] == [93600.0, 1800.0, 600.0, None]
-    assert [j.slots for j in parse_squeue(out, gpus=True)] == [0, 0, 2, 0]
+    assert [j.slots for j in parse_squeue(out, gpus=True)] == [0, 0, 2, 0, 0]
     # A completing job's slot is free for the queue now.
     completing = [QueuedJob("COMPLETING", 1, NOW - 5, 60.0), QueuedJob("RUNNING", 7, NOW + 60)]
     assert queue_wait_estimate(completing, free=0, need=1, history=[], now=NOW) == 0.0
@@ -70,3 +83,4 @@ def test_squeue_lines_give_states_slots_and_times() -> None:
 
 def test_waits_are_reported_on_a_coarse_grid() -> None:
     assert [coarse_wait_s(s) for s in (0.2, 0.3, 7.74, 123.4, 2871.0)] == [0.0, 0.5, 7.5, 120.0, 2900.0]
+    assert coarse_wait_s(MAX_WAIT_S) == MAX_WAIT_S  # two digits would round it up past the bound
