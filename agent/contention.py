@@ -1,17 +1,20 @@
 """How busy this host's cores are for a new one-thread worker, over a recent window.
 
-A short CPU-bound spin timed by the wall clock and by the thread's own CPU clock: on an idle core
-they agree; with more runnable threads than cores the thread waits its turn and the wall
-clock runs ahead (2.0: half a core). Unlike the load average, threads that sleep or wait on I/O do
-not count. The figure is runnable threads per core, a new one included: (o + 1) / cores for o
-other runnable threads. The spin alone cannot tell an idle host from one with a core or more left
-busy (it waits for none of them), so where it did not wait the kernel's count of runnable
-threads (``procs_running``, this one included) tells how many there are: on an idle 2-core host
-the figure is 0.5, and the planner counts no other thread there (it read 1.0 before, one other
-runnable thread on every idle 2-core host). That count covers the whole machine, so it is used
-only where this process may run on all of its CPUs; elsewhere a spin that did not wait reads 1.0.
+The figure is runnable threads per core, a new one included: (o + 1) / cores for o other
+runnable threads, cpn's own left out (``agent.cpn_threads``: a quote adds the slots of cpn's jobs
+itself). Unlike the load average, threads that sleep or wait on I/O do not count. Where this
+process may run on every CPU of the machine, the kernel's count of runnable threads
+(``procs_running``, this one included) says how many there are: on an idle 2-core host the figure
+is 0.5, and the planner counts no other thread there. Elsewhere (a share of a larger machine,
+where that machine-wide count says nothing of its own CPUs) a short CPU-bound spin is timed by the
+wall clock and by the thread's own CPU clock: on an idle core they agree; with more runnable
+threads than cores the thread waits its turn and the wall clock runs ahead (2.0: half a core); a
+spin that did not wait reads 1.0. The count comes first because the spin measures the share the
+scheduler gives the probe's own group, not threads: with the kernel's autogroup (a share per
+session), an agent idle beside two other agents' jobs and two busy loops got half a core, read
+2.0, and with the jobs' four workers taken out counted no other thread where two loops ran.
 
-One 20 ms spin is noisy on a busy host (probes half a second apart read 1.1 and 4.6), so the
+One probe is noisy on a busy host (spins half a second apart read 1.1 and 4.6), so the
 agent reports the interquartile mean of the probes of the last ``WINDOW_S``: load that stays
 shows in every probe, a burst shorter than a quarter of the window is trimmed away. The planner
 prices CPU slots by it.
@@ -33,6 +36,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from agent.cpn_threads import CpnThreads
 from agent.profile import physical_cores
 from contracts.registration import MAX_CONTENTION_PROBES, MAX_PROBE_AGE_S
 
@@ -45,6 +49,7 @@ SETTLE_EVERY_S = 0.2  # 15 probes in the settle window: 10 % of a core for 3 s
 # A spin whose wall clock ran at most this much ahead of its CPU clock did not wait its turn (a
 # timer tick or a short kernel thread costs a few per cent on an idle core).
 WAITED = 1.05
+CPN_THREADS = CpnThreads()  # cpn's own processes on this machine, kept out of the figure
 
 
 def runnable_threads() -> int | None:
@@ -73,10 +78,19 @@ def probe(
     max_wall_s: float = MAX_WALL_S,
     cores: int | None = None,
     count: Callable[[], int | None] = runnable_threads,
+    own: Callable[[], int | None] | None = None,
 ) -> float:
-    """Runnable threads per core, this one included, from a short spin on this thread: wall over
-    CPU time where it waited its turn (> ``WAITED``), else the machine's runnable count over its
-    ``cores`` (None: look them up; 0: unknown, 1.0), at least 1/cores and at most 1."""
+    """Runnable threads per core, this one included and cpn's own left out: the machine's runnable
+    count over its ``cores`` (None: look them up; 0: not the whole machine), else, where that is
+    not known, a short spin on this thread, wall over CPU time where it waited its turn
+    (> ``WAITED``) and 1.0 where it did not; less ``own()`` runnable threads of cpn's processes
+    (``agent.cpn_threads``; default: this machine's, None: not known, nothing taken out) per
+    core, at least 1/cores."""
+    own = CPN_THREADS.runnable if own is None else own
+    whole = whole_machine_cores() if cores is None else cores
+    running = count() if whole > 0 else None
+    if running:
+        return _without_own(max(running, 1) / whole, own, whole)
     wall0, cpu0 = time.perf_counter(), time.thread_time()
     x = 0
     while True:
@@ -89,12 +103,26 @@ def probe(
         return max_wall_s / spin_s
     ratio = wall / cpu
     if ratio > WAITED:
-        return ratio
-    cores = whole_machine_cores() if cores is None else cores
-    running = count() if cores > 0 else None
-    if not running:
-        return 1.0
-    return min(1.0, max(running, 1) / cores)
+        return _without_own(ratio, own, physical_cores())
+    return 1.0
+
+
+def _without_own(figure: float, own: Callable[[], int | None], cores: int) -> float:
+    """``figure`` less cpn's runnable threads per core; as it is where it counts no other
+    thread, the cores or cpn's threads are not known."""
+    if cores <= 0 or figure * cores <= 1.0:
+        return figure
+    threads = own()
+    if not threads:
+        return figure
+    return max(1.0 / cores, figure - threads / cores)
+
+
+@functools.cache
+def sees_own_threads() -> bool:
+    """Whether this machine's cpn threads can be told apart (/proc readable): the figures then
+    leave them out, and the probes' ages are not sent (the server subtracts nothing)."""
+    return CPN_THREADS.runnable() is not None
 
 
 def interquartile_mean(samples: Sequence[float]) -> float:
@@ -129,11 +157,17 @@ class Contention:
         It keeps its last figure while the agent does not probe (its own workers run)."""
         return interquartile_mean([s for _, s in self._probes])
 
-    def kept_ages(self, now: float | None = None, limit: int = MAX_CONTENTION_PROBES) -> list[float]:
+    def kept_ages(
+        self, now: float | None = None, limit: int = MAX_CONTENTION_PROBES, own_left_out: bool | None = None
+    ) -> list[float]:
         """Seconds before ``now`` (monotonic) of the probes the interquartile mean keeps, at most
         ``limit`` (an even subset): the server counts the CPU slots it knew busy on the host at
         those instants, so the figure can be read as the host's load beside them. The figure
-        stays while the agent runs its own workers, so its probes can be long past."""
+        stays while the agent runs its own workers, so its probes can be long past. Empty where
+        the figure leaves cpn's own threads out (``sees_own_threads``, or ``own_left_out``):
+        there is nothing for the server to subtract."""
+        if sees_own_threads() if own_left_out is None else own_left_out:
+            return []
         now = time.monotonic() if now is None else now
         ordered = sorted(self._probes, key=lambda p: p[1])
         cut = len(ordered) // 4

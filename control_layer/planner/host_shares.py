@@ -28,14 +28,14 @@ class _Hosts:
 def others_now(contention: float, cores: int, busy_then: float | None, busy_now: int) -> float:
     """Runnable threads on a host now besides a new plan's, from one agent's contention figure c
     (runnable threads per core, its probe's own thread included): c·cores − 1 when it was
-    measured. Where the CPU slots of other jobs busy at its probes are known, the figure counts
-    them whatever runs now; they are taken out and the slots busy now put in, so a figure taken
-    beside a job that has since ended (or before one that has since started) prices the host as
-    it is. Not known: the figure stands for the host now."""
-    measured = contention * cores - 1.0
-    if busy_then is None:
-        return max(0.0, measured)
-    return max(0.0, measured - busy_then) + busy_now
+    measured, plus the CPU slots of other jobs busy now. An agent that can tell cpn's own
+    processes apart leaves them out of c (``agent.cpn_threads``) and sends no probe instants
+    (``busy_then`` None): c is what cpn does not place. One that cannot sends the instants, and
+    the slots of other jobs busy then (``busy_then``, counted by the resource layer) are taken
+    out instead, so a figure taken beside a job that has since ended (or before one that has
+    since started) prices the host as it is."""
+    measured = max(0.0, contention * cores - 1.0)
+    return max(0.0, measured - (busy_then or 0.0)) + busy_now
 
 
 def _hosts(snapshot: ResourceSnapshot) -> _Hosts:
@@ -70,8 +70,8 @@ def host_shares(
     """Per node of the plan: how many times slower than on an idle core its CPU slots run, start
     and stop. One-thread slots take turns on the host's physical cores with everything else that
     runs there. Where heartbeats report the host's contention c (runnable threads per core, a new
-    one included: c·cores − 1 others, none on an idle host; less the other jobs' slots busy at its
-    probes plus those busy now, where known: ``others_now``), the plan's k slots make it
+    one included, cpn's own left out: c·cores − 1 others, none on an idle host; plus the other
+    jobs' slots busy now: ``others_now``), the plan's k slots make it
     (others + k) / cores, at least 1;
     with none reported, other jobs' busy slots stand in for the others and the factor is at least
     the contention the host measured under at registration. Several agents may share one host

@@ -319,14 +319,16 @@ def test_a_reference_result_becomes_a_profile_or_nothing() -> None:
 def test_contention_probe_reads_runnable_threads_per_core() -> None:
     cores = os.cpu_count() or 1
     sample = contention.probe(spin_s=0.005)
-    # Wall over CPU time where the spin waited; else the runnable count (this thread at least).
+    # The runnable count over the cores (this thread at least), or a spin's wall over CPU time.
     assert 1.0 / cores <= sample < 100.0
-    # A spin that did not wait on a whole machine: the kernel's count over its cores, this
-    # thread included; where the count is unreadable or the machine is not all ours, 1.0.
-    quiet = functools.partial(contention.probe, spin_s=0.005, max_wall_s=10.0)
-    for running, expect in ((1, 1 / 8), (3, 3 / 8), (8, 1.0), (20, 1.0), (None, 1.0), (0, 1.0)):
+    # On a whole machine: the kernel's count over its cores, this thread included; where the
+    # count is unreadable a spin (1.0 where it did not wait), and so on a share of a larger machine.
+    quiet = functools.partial(contention.probe, spin_s=0.005, max_wall_s=10.0, own=lambda: None)
+    for running, expect in ((1, 1 / 8), (3, 3 / 8), (8, 1.0), (20, 2.5)):
+        assert quiet(cores=8, count=lambda r=running: r) == pytest.approx(expect)
+    for running in (None, 0):
         got = quiet(cores=8, count=lambda r=running: r)
-        assert got == pytest.approx(expect) or got > contention.WAITED  # the host made it wait
+        assert got == 1.0 or got > contention.WAITED  # the host made it wait
     assert quiet(cores=0, count=lambda: 1) >= 1.0  # a share of a larger machine
     n = contention.runnable_threads()
     assert n is not None and n >= 1  # the reader itself runs
@@ -407,11 +409,15 @@ def test_a_figure_names_the_probes_it_kept_by_their_age() -> None:
     for t, sample in enumerate([1.0, 3.0, 1.1, 0.5, 2.5, 1.2, 0.6, 9.0]):
         win.add(sample, at=float(t))
     assert win.value == pytest.approx((1.0 + 1.1 + 2.5 + 1.2) / 4)
-    assert win.kept_ages(now=10.0) == [10.0, 8.0, 6.0, 5.0]  # probes 0, 2, 4, 5
-    assert win.kept_ages(now=10.0, limit=2) == [10.0, 5.0]  # an even subset, ends kept
+    ages = functools.partial(win.kept_ages, own_left_out=False)  # a figure that counts cpn's threads
+    assert ages(now=10.0) == [10.0, 8.0, 6.0, 5.0]  # probes 0, 2, 4, 5
+    assert ages(now=10.0, limit=2) == [10.0, 5.0]  # an even subset, ends kept
     # Probes older than the server reads are left out rather than sent.
-    assert win.kept_ages(now=5.0 + 8 * 86_400.0) == []
-    assert contention.Contention().kept_ages() == []
+    assert ages(now=5.0 + 8 * 86_400.0) == []
+    assert contention.Contention().kept_ages(own_left_out=False) == []
+    # One that leaves them out (this machine's /proc is readable) has nothing to subtract.
+    assert contention.sees_own_threads()
+    assert win.kept_ages(now=10.0) == []
 
 
 def test_interquartile_mean_trims_a_quarter_from_each_end() -> None:

@@ -185,9 +185,11 @@ def test_a_figure_taken_beside_other_jobs_prices_the_host_as_it_is_at_the_quote(
     assert shares(busy_now=0, b_busy_then=4.0) == pytest.approx(1.0)
     # A job holding one slot of each node now is counted whatever the figures saw.
     assert shares(busy_now=1, b_busy_then=4.0) == pytest.approx((0 + 2 + 2) / 2)
-    # Busy counts not known (agents that send no probe ages): each figure is the host now, the
-    # quietest a0's 1.0, one other thread.
+    # No probe instants (agents that leave cpn's own threads out of the figure): each figure is
+    # what cpn does not place, the quietest a0's 1.0, one other thread; the slots busy now are
+    # added to it (one of each node's: 2).
     assert shares(busy_now=0, b_busy_then=None, a_busy_then=None) == pytest.approx((1 + 2) / 2)
+    assert shares(busy_now=1, b_busy_then=None, a_busy_then=None) == pytest.approx((1 + 2 + 2) / 2)
     assert others_now(2.5, 2, 4.0, 0) == 0.0  # below nothing: what the figure counts
     assert others_now(2.5, 2, 1.0, 3) == pytest.approx(3.0 + 3)
 
