@@ -10,9 +10,9 @@ where that machine-wide count says nothing of its own CPUs) a short CPU-bound sp
 wall clock and by the thread's own CPU clock: on an idle core they agree; with more runnable
 threads than cores the thread waits its turn and the wall clock runs ahead (2.0: half a core); a
 spin that did not wait reads 1.0. The count comes first because the spin measures the share the
-scheduler gives the probe's own group, not threads: with the kernel's autogroup (a share per
-session), an agent idle beside two other agents' jobs and two busy loops got half a core, read
-2.0, and with the jobs' four workers taken out counted no other thread where two loops ran.
+scheduler gives the probe, not a share per thread where the kernel's autogroup shares the cores
+per session: beside two busy loops and other agents' jobs, the spin's figure with cpn's threads
+taken out priced the loops as none (docs/cost-model.md, "Host share σ").
 
 One probe is noisy on a busy host (spins half a second apart read 1.1 and 4.6), so the
 agent reports the interquartile mean of the probes of the last ``WINDOW_S``: load that stays
