@@ -49,10 +49,26 @@ STEPS = 1000
 UP = re.compile(r"control plane up: REST \S+:(\d+), gRPC \S+:(\d+)")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# The server's ports, kept across its restart: below the kernel's ephemeral range (32768 up on
+# Linux), where an outgoing connection of another test can take a port while the server is down
+# (a restart found its gRPC port taken so), and past this test's agents' sync ports (31500-31599);
+# the jobs group runs its tests one at a time (tests/conftest.py).
+SERVER_PORTS = range(31650, 31700)
+
+
+def server_ports(n: int) -> list[int]:
+    """``n`` ports of ``SERVER_PORTS`` that bind now."""
+    found = []
+    for port in SERVER_PORTS:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == n:
+            return found
+    raise AssertionError(f"fewer than {n} free ports in {SERVER_PORTS}")
 
 
 @dataclass
@@ -119,7 +135,7 @@ def server(tmp_path: Path) -> Iterator[tuple[ServerProcess, httpx.Client, Settin
     )
     logs = tmp_path / "server-logs"
     logs.mkdir()
-    proc = ServerProcess(env, free_port(), free_port(), logs)
+    proc = ServerProcess(env, *server_ports(2), logs)
     startup = proc.start()
     sys.stderr.write(f"control plane start-up (first): {startup:.2f}s\n")
     client = httpx.Client(
