@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import time
 from pathlib import Path
 
@@ -65,3 +66,20 @@ def wait_for_process(mark: str, needle: str, timeout_s: float = 120.0, count: in
         if time.monotonic() > deadline:
             raise TimeoutError(f"{count} process(es) running {needle!r}: only {pids}; marked: {alive(mark)}")
         time.sleep(0.1)
+
+
+def ports_in(block: range, n: int) -> list[int]:
+    """``n`` ports of ``block`` that bind on loopback now. A server restarted on its ports takes
+    them from a block below the kernel's ephemeral range (32768 up on Linux): there no other
+    test's outgoing connection can take one while the server is down."""
+    found = []
+    for port in block:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == n:
+            return found
+    raise AssertionError(f"fewer than {n} free ports in {block}")

@@ -34,7 +34,7 @@ from tests.conftest import (
     redis_unreachable,
 )
 from tests.integration.test_end_to_end import TERMINAL, wait_job
-from tests.integration.test_restart import ServerProcess, free_port
+from tests.integration.test_restart import ServerProcess, server_ports
 from tests.resource_layer.harness import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(600)]
@@ -75,7 +75,7 @@ def server(tmp_path: Path) -> Iterator[tuple[ServerProcess, httpx.Client, Settin
     )
     logs = tmp_path / "server-logs"
     logs.mkdir()
-    proc = ServerProcess(env, free_port(), free_port(), logs)
+    proc = ServerProcess(env, *server_ports(2), logs)
     proc.start()
     client = httpx.Client(
         base_url=f"http://127.0.0.1:{proc.http_port}",

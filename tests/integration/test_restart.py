@@ -37,6 +37,7 @@ from tests.conftest import (
     redis_unreachable,
 )
 from tests.integration.test_end_to_end import TERMINAL, job_spec, wait_job, wait_training
+from tests.processes import ports_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(420)]
 
@@ -49,26 +50,21 @@ STEPS = 1000
 UP = re.compile(r"control plane up: REST \S+:(\d+), gRPC \S+:(\d+)")
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 # The server's ports, kept across its restart: below the kernel's ephemeral range (32768 up on
 # Linux), where an outgoing connection of another test can take a port while the server is down
 # (a restart found its gRPC port taken so), and past this test's agents' sync ports (31500-31599);
-# the jobs group runs its tests one at a time (tests/conftest.py).
+# the jobs group runs its tests one at a time (tests/conftest.py), test_measuring's server too.
 SERVER_PORTS = range(31650, 31700)
 
 
 def server_ports(n: int) -> list[int]:
-    """``n`` ports of ``SERVER_PORTS`` that bind now."""
-    found = []
-    for port in SERVER_PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        found.append(port)
-        if len(found) == n:
-            return found
-    raise AssertionError(f"fewer than {n} free ports in {SERVER_PORTS}")
+    return ports_in(SERVER_PORTS, n)
 
 
 @dataclass

@@ -18,11 +18,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import REDIS_URL, _require, postgres_unreachable, redis_unreachable
 from tests.dbtemplate import create_postgres_database, drop_postgres_database_later
-from tests.processes import marked_env, wait_until_gone
+from tests.processes import marked_env, ports_in, wait_until_gone
 from tests.service_layer.harness import ADMIN_KEY
-from tests.training.harness import free_port
 
 pytestmark = pytest.mark.postgres
+
+SERVER_PORTS = range(30800, 30850)  # no other test binds these
 
 
 def _session_pids(leader: int) -> set[int]:
@@ -75,7 +76,7 @@ def test_workers_share_the_ports_and_stop_together(tmp_path: Path) -> None:
     _require(postgres_unreachable())
     _require(redis_unreachable())
     url = create_postgres_database(migrated=False)  # the supervisor migrates, once
-    http_port, grpc_port = free_port(), free_port()
+    http_port, grpc_port = ports_in(SERVER_PORTS, 2)  # kept across the restarts
     proc, _ = _start(tmp_path, url, http_port, grpc_port)
     try:
         replicas = _replicas_answering(http_port)
