@@ -17,11 +17,13 @@ from orchestration.bus import InProcessBus
 from orchestration.context import ServerContext
 from orchestration.db.models import Cluster, Node
 from resource_layer.liveness import node_alive_key
+from tests.processes import ports_in
 from tests.resource_layer.harness import GrpcServerThread, enrollment_token, sqlite_context, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 HEARTBEAT_S = 0.4
 MISSES = 6  # a 2.4 s liveness TTL: tight enough to watch expire, loose enough for a loaded machine
+PLANE_PORTS = range(30850, 30900)  # the serial group's planes, one test at a time; no other test binds these
 
 
 @dataclass
@@ -70,7 +72,9 @@ class AgentProcess:
 
 def make_plane(tmp: Path) -> Plane:
     ctx = sqlite_context(tmp, heartbeat_interval_s=HEARTBEAT_S, heartbeat_misses=MISSES)
-    server = GrpcServerThread(ctx, heartbeat_db_every_s=0.5).start()
+    server = GrpcServerThread(ctx, heartbeat_db_every_s=0.5)
+    server.port = ports_in(PLANE_PORTS, 1)[0]  # kept when it starts again (``ports_in``)
+    server.start()
     return Plane(tmp, ctx, server, enrollment_token(ctx, max_uses=10))
 
 
