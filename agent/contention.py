@@ -166,7 +166,8 @@ class Contention:
         stays while the agent runs its own workers, so its probes can be long past. Empty where
         the figure leaves cpn's own threads out (``sees_own_threads``, or ``own_left_out``):
         there is nothing for the server to subtract."""
-        if sees_own_threads() if own_left_out is None else own_left_out:
+        left_out = sees_own_threads() if own_left_out is None else own_left_out
+        if left_out:
             return []
         now = time.monotonic() if now is None else now
         ordered = sorted(self._probes, key=lambda p: p[1])

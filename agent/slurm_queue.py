@@ -26,12 +26,10 @@ from dataclasses import dataclass
 from agent.slurm_cli import limit_seconds, slurm, slurm_time
 from agent.slurm_history import Runtimes, job_kind
 from agent.slurm_nodes import gres_gpus
+from contracts.registration import MAX_QUEUE_WAIT_S
 
 HISTORY = 20  # recent submit-to-start waits kept
 UNKNOWN_END_S = 24 * 3600.0  # a running job without a time limit: assumed to hold its slots a day
-# The longest wait reported: the control plane refuses more (``resource_layer.registry``), and a
-# refused report would lose the devices it says are unavailable with it.
-MAX_WAIT_S = 30 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,8 @@ def queue_wait_estimate(
     """Seconds a task of ``need`` slots submitted at ``now`` would wait to start: first come,
     first served, each pending job ahead (then the task) starts once enough slots are free, and
     a job frees its slots when jobs like it end (``runtimes``; by its limit without them). At
-    most ``MAX_WAIT_S``."""
+    most ``MAX_QUEUE_WAIT_S``: the control plane refuses more, and with it the devices the same
+    report says are unavailable."""
     base = latency_s(history)
     pending = [j for j in jobs if j.state == "PENDING"]
     if free >= sum(j.slots for j in pending) + need:
@@ -89,7 +88,7 @@ def queue_wait_estimate(
             end, freed = heapq.heappop(ends)
             at, available = max(at, end), available + freed
         if available < slots:  # more than the cluster ever frees
-            return min(UNKNOWN_END_S + base, MAX_WAIT_S)
+            return min(UNKNOWN_END_S + base, MAX_QUEUE_WAIT_S)
         if job is None:
             break
         start = min(at, job.at) if job.at is not None and job.at > now else at
@@ -99,16 +98,16 @@ def queue_wait_estimate(
             runtimes.runtime(job.kind, limit) if runtimes is not None and job.limit_s is not None else limit
         )
         heapq.heappush(ends, (start + runs, slots))
-    return min(at - now + base, MAX_WAIT_S)
+    return min(at - now + base, MAX_QUEUE_WAIT_S)
 
 
 def coarse_wait_s(seconds: float) -> float:
     """A wait on the grid it is reported on: half seconds below 10 s, then two significant
     digits (the quote needs no more, and each report is a write the planner re-reads), never
-    past ``MAX_WAIT_S`` (which two digits would round up)."""
+    past ``MAX_QUEUE_WAIT_S`` (which two digits would round up)."""
     if seconds < 10:
         return round(seconds * 2) / 2
-    return min(float(f"{seconds:.2g}"), MAX_WAIT_S)
+    return min(float(f"{seconds:.2g}"), MAX_QUEUE_WAIT_S)
 
 
 FORMAT = "%T|%S|%e|%C|%b|%l|%u|%j"  # the job's name last: it may hold "|"

@@ -64,6 +64,7 @@ MIN_CONTENTION = 1e-3
 # A contention figure comes with the ages of the probes its interquartile mean kept, so the server
 # can take out the CPU slots it knew busy on the host at those instants (agent/contention.py).
 MAX_CONTENTION_PROBES = 64  # the agent sends an even subset beyond this
+MAX_QUEUE_WAIT_S = 30 * 24 * 3600.0  # Capacity.queue_wait_s at most: the agent caps, the server refuses more
 MAX_PROBE_AGE_S = 7 * 86_400.0  # a figure kept through a week-long job of the node's own
 
 

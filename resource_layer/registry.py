@@ -25,6 +25,7 @@ from contracts.errors import (
 from contracts.link_probe import new_probe_key
 from contracts.registration import (
     MAX_CONTENTION,
+    MAX_QUEUE_WAIT_S,
     MIN_CONTENTION,
     DeviceReport,
     NodeRegistration,
@@ -367,7 +368,6 @@ def update_inventory(session: Session, node_id: str, devices: Sequence[DeviceRep
 
 
 MAX_DEVICES_UNAVAILABLE = 1_000_000
-MAX_QUEUE_WAIT_S = 30 * 24 * 3600.0
 
 
 def update_capacity(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from agent.slurm_queue import (
-    MAX_WAIT_S,
+    MAX_QUEUE_WAIT_S,
     QueuedJob,
     coarse_wait_s,
     limit_seconds,
@@ -44,7 +44,7 @@ def test_without_room_the_task_waits_for_the_jobs_ahead_and_the_limits_that_free
     )
     # A limit beyond what the control plane takes (a month): the most it takes.
     long_limit = QueuedJob("RUNNING", 8, NOW + 90 * 86400.0, 90 * 86400.0, started=NOW)
-    assert queue_wait_estimate([long_limit], free=0, need=1, history=[], now=NOW) == MAX_WAIT_S
+    assert queue_wait_estimate([long_limit], free=0, need=1, history=[], now=NOW) == MAX_QUEUE_WAIT_S
 
 
 def test_jobs_ahead_start_in_turn_and_free_their_slots_at_their_limits() -> None:
@@ -83,4 +83,4 @@ def test_squeue_lines_give_states_slots_and_times() -> None:
 
 def test_waits_are_reported_on_a_coarse_grid() -> None:
     assert [coarse_wait_s(s) for s in (0.2, 0.3, 7.74, 123.4, 2871.0)] == [0.0, 0.5, 7.5, 120.0, 2900.0]
-    assert coarse_wait_s(MAX_WAIT_S) == MAX_WAIT_S  # two digits would round it up past the bound
+    assert coarse_wait_s(MAX_QUEUE_WAIT_S) == MAX_QUEUE_WAIT_S  # two digits would round it up past the bound
