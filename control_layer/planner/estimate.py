@@ -86,18 +86,21 @@ def estimate_option(placement: Placement, runtime: RuntimeSettings | None = None
 
 
 def estimate_planned(
-    placement: Placement, replicas: list[Replica] | None = None, auto: AutoSync | None = None
+    placement: Placement,
+    replicas: list[Replica] | None = None,
+    auto: AutoSync | None = None,
+    groups: list[list[str]] | None = None,
 ) -> tuple[Estimates, RuntimeSettings]:
     """The runtime settings the placement's tasks get (``runtime_settings.settings_for``, from
     their own local step, nodes and links) and the estimates priced with them, in one pass.
     ``replicas``, when the caller built the tasks from them, saves re-deriving (and re-checking)
-    them. A spec that leaves sync settings to the planner ("auto") gets them chosen here for
-    these tasks (``sync_choice``); ``auto`` says which, for a spec the caller already resolved
-    provisionally."""
+    them; ``groups``, their ``node_groups``, likewise. A spec that leaves sync settings to the
+    planner ("auto") gets them chosen here for these tasks (``sync_choice``); ``auto`` says which,
+    for a spec the caller already resolved provisionally."""
     if auto is None:
         spec, auto = provisional(placement.spec)
         placement = placement.with_spec(spec)
-    est, runtime = _estimate(placement, None, derive=True, replicas=replicas, auto=auto)
+    est, runtime = _estimate(placement, None, derive=True, replicas=replicas, auto=auto, groups=groups)
     assert runtime is not None
     return est, runtime
 
@@ -144,10 +147,11 @@ def _check_batch_split(spec: JobSpec, dp: int) -> None:
         )
 
 
-def _resolved(placement: Placement, replicas: list[Replica] | None) -> _Resolved:
+def _resolved(
+    placement: Placement, replicas: list[Replica] | None, groups: list[list[str]] | None = None
+) -> _Resolved:
     _check_batch_split(placement.spec, placement.dp)
     snapshot, tasks = placement.snapshot, placement.tasks
-    groups = None
     if replicas is None:
         groups = node_groups(tasks)
         replicas = replicas_of(snapshot, tasks, placement.dp, placement.tp, placement.pp, groups)
@@ -170,10 +174,11 @@ def _estimate(
     derive: bool,
     replicas: list[Replica] | None = None,
     auto: AutoSync | None = None,
+    groups: list[list[str]] | None = None,
 ) -> tuple[Estimates, RuntimeSettings | None]:
     """The estimate of the placement with ``runtime``'s settings, or, where ``derive``, with the
     settings chosen here from its local step and exchange (returned beside it)."""
-    plan = _resolved(placement, replicas)
+    plan = _resolved(placement, replicas, groups)
     spec = plan.placement.spec
     # No reference step measured: checkpoint writes at the runtime's own estimate.
     default_write_s = (

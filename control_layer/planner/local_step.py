@@ -203,12 +203,13 @@ class ReplicaWalk:
         return float(parts.total - parts.pp_comm)
 
 
-def replica_walks(placement: Placement) -> list[ReplicaWalk]:
+def replica_walks(placement: Placement, replicas: list[Replica] | None = None) -> list[ReplicaWalk]:
     """Per dp rank of the placement's tasks, what ``estimate_planned`` prices its local step
     from, as it does (the same rate, host share, fabric and schedule), its stage links to be
-    given. ``placement.spot`` plays no part."""
+    given. ``placement.spot`` plays no part; ``replicas``: the tasks' own, where the caller has them."""
     snapshot, tasks = placement.snapshot, placement.tasks
-    replicas = replicas_of(snapshot, tasks, placement.dp, placement.tp, placement.pp)
+    if replicas is None:
+        replicas = replicas_of(snapshot, tasks, placement.dp, placement.tp, placement.pp)
     spec, precision = spec_at_precision(placement.spec, replicas)
     placement = placement.with_spec(spec)
     n_micro = n_micro_batches(spec, placement.dp)

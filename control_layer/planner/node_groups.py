@@ -97,14 +97,9 @@ def node_group_problems(
     private: Callable[[str, str], bool] | None = None,
     groups: Sequence[Sequence[str]] | None = None,
 ) -> list[str]:
-    """Why these tasks cannot run as torchrun groups: a device given two roles, a group across
-    clusters (of one region or several) whose nodes did not all declare their group endpoint
-    reachable from other clusters (``reachable``: those node ids, ``NodeInfo.cross_cluster_groups``;
-    the declaration covers every region's clusters), or, given ``private`` (clusters a, b -> whether
-    the link between their regions is declared private: ``cross_cluster.private_between``), one whose
-    plaintext gloo/NCCL traffic would cross a link not declared private; too many nodes, or a node
-    whose devices are not one contiguous block of the group's rank order. ``groups``:
-    ``node_groups(tasks)``, where the caller has them."""
+    """Why these tasks cannot run as torchrun groups: a device given two roles, a group that cannot
+    span its nodes (``group_problem``), or a node whose devices are not one contiguous block of
+    the group's rank order. ``groups``: ``node_groups(tasks)``, where the caller has them."""
     by_node: dict[str, list[PlannedTask]] = {}
     for t in tasks:
         by_node.setdefault(t.node, []).append(t)
@@ -114,23 +109,9 @@ def node_group_problems(
         if len(nodes) == 1:
             continue
         clusters = sorted({e.cluster for n in nodes for e in by_node[n]})
-        closed = [n for n in nodes if n not in reachable]
-        if len(clusters) > 1 and closed:
-            problems.append(
-                f"nodes {nodes} share replicas across clusters {clusters}; a group stays in one cluster"
-                f" unless all its nodes are reachable from other clusters (not {closed})"
-            )
-            continue
-        if len(clusters) > 1 and private is not None:
-            public = [(a, b) for i, a in enumerate(clusters) for b in clusters[i + 1 :] if not private(a, b)]
-            if public:
-                problems.append(
-                    f"nodes {nodes} would send their torchrun group's plaintext gloo/NCCL traffic between"
-                    f" clusters {public} over links not declared private (PUT /v1/links, private: true)"
-                )
-                continue
-        if len(nodes) > MAX_GROUP_NODES:
-            problems.append(f"a group of {len(nodes)} nodes exceeds {MAX_GROUP_NODES}")
+        problem = group_problem(nodes, clusters, reachable, private)
+        if problem is not None:
+            problems.append(problem)
             continue
         # Each node's ranks sorted, the nodes in group order: they are one contiguous block each
         # exactly when every block ends where the next begins (or before).
@@ -141,3 +122,34 @@ def node_group_problems(
                 " torchrun numbers a group's ranks node by node"
             )
     return problems
+
+
+def group_problem(
+    nodes: Sequence[str],
+    clusters: Sequence[str],
+    reachable: Collection[str] = (),
+    private: Callable[[str, str], bool] | None = None,
+) -> str | None:
+    """Why one torchrun group on ``nodes`` (of ``clusters``, sorted) cannot run, or None: a group
+    across clusters (of one region or several) whose nodes did not all declare their group
+    endpoint reachable from other clusters (``reachable``: those node ids,
+    ``NodeInfo.cross_cluster_groups``; the declaration covers every region's clusters), or, given
+    ``private`` (clusters a, b -> whether the link between their regions is declared private:
+    ``cross_cluster.private_between``), one whose plaintext gloo/NCCL traffic would cross a link
+    not declared private; or too many nodes."""
+    closed = [n for n in nodes if n not in reachable]
+    if len(clusters) > 1 and closed:
+        return (
+            f"nodes {list(nodes)} share replicas across clusters {list(clusters)}; a group stays in one"
+            f" cluster unless all its nodes are reachable from other clusters (not {closed})"
+        )
+    if len(clusters) > 1 and private is not None:
+        public = [(a, b) for i, a in enumerate(clusters) for b in clusters[i + 1 :] if not private(a, b)]
+        if public:
+            return (
+                f"nodes {list(nodes)} would send their torchrun group's plaintext gloo/NCCL traffic"
+                f" between clusters {public} over links not declared private (PUT /v1/links, private: true)"
+            )
+    if len(nodes) > MAX_GROUP_NODES:
+        return f"a group of {len(nodes)} nodes exceeds {MAX_GROUP_NODES}"
+    return None

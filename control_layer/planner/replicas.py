@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 from contracts.errors import InvalidArgument
 from contracts.feasibility import resolve_precision
 from contracts.job_spec import JobSpec
 from control_layer.planner.cross_cluster import declared_nodes, private_between
-from control_layer.planner.node_groups import node_group_problems, node_groups, rank_key
+from control_layer.planner.node_groups import group_problem, node_group_problems, node_groups, rank_key
 from control_layer.planner.plan_types import PlannedTask
 from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, ResourceSnapshot
 
@@ -121,6 +122,69 @@ def replicas_of(
     return [
         replace(r, participant=(r.participant[0], leader[r.participant[1]], r.participant[2])) for r in out
     ]
+
+
+Slot = tuple[str, str, int]  # cluster id, node id, device index
+
+
+def replicas_on_slots(
+    snapshot: ResourceSnapshot,
+    placed: Sequence[Sequence[Slot]],
+    tp: int,
+    pp: int,
+) -> list[Replica]:
+    """What ``replicas_of`` reads from the tasks the planner lays out on these slot lists, read
+    from the lists themselves (a 70B quote prices dozens of layouts of thousands of tasks): one
+    replica per list (dp rank order), its slots in (stage, tp rank) order, each list on nodes no
+    other list uses, so each replica is its own torchrun group, its nodes in the order its stages
+    reach them. Each node must hold one contiguous run of its list, as ``spanning`` lays them out.
+    Raises InvalidArgument as ``replicas_of`` does: unknown devices, a replica mixing device
+    models, a group that cannot span its nodes (``node_groups.group_problem``)."""
+    clusters = snapshot.clusters_by_id()
+    index = device_slots(snapshot)
+    reachable = declared_nodes(snapshot)
+
+    def private(a: str, b: str) -> bool:
+        return private_between(snapshot, clusters[a].region, clusters[b].region)
+
+    taken: set[str] = set()
+    out = []
+    for rank, slots in enumerate(placed):
+        if len(slots) != tp * pp:
+            raise InvalidArgument(f"dp rank {rank} must have one task per (pp_stage, tp_rank)", dp_rank=rank)
+        devices = []
+        for c, n, d in slots:
+            found = index.get((c, n), {}).get(d)
+            if found is None or c not in clusters:
+                raise InvalidArgument(f"task names unknown device {c}/{n}/{d}", cluster=c)
+            devices.append((clusters[c], found))
+        models = {slot.model for _, slot in devices}
+        if len(models) != 1:
+            raise InvalidArgument(f"dp rank {rank} mixes device models {sorted(models)}", dp_rank=rank)
+        nodes = tuple(dict.fromkeys(n for _, n, _ in slots))
+        runs = 1 + sum(a[1] != b[1] for a, b in pairwise(slots))
+        if runs != len(nodes) or not taken.isdisjoint(nodes):
+            raise ValueError(f"dp rank {rank}: each node must hold one run of one replica's slots")
+        taken.update(nodes)
+        boundaries: tuple[tuple[tuple[str, str], ...], ...] = ()
+        if len(nodes) > 1:
+            problem = group_problem(list(nodes), sorted({c for c, _, _ in slots}), reachable, private)
+            if problem is not None:
+                raise InvalidArgument(problem, field="tasks")
+            boundaries = tuple(
+                tuple(sorted({(slots[st * tp + r][1], slots[(st + 1) * tp + r][1]) for r in range(tp)}))
+                for st in range(pp - 1)
+            )
+        out.append(
+            Replica(
+                rank,
+                devices,
+                (slots[0][0], nodes[0], models.pop()),
+                nodes if len(nodes) > 1 else (),
+                boundaries,
+            )
+        )
+    return out
 
 
 def spec_at_precision(spec: JobSpec, replicas: Sequence[Replica]) -> tuple[JobSpec, str]:

@@ -52,6 +52,7 @@ from control_layer.planner.plan_types import (
     SyncTopology,
     laid_out_tasks,
 )
+from control_layer.planner.replicas import replicas_on_slots
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.stage_order import Budget, Slot, best_order, search_orders, searchable
 from control_layer.planner.topology import cluster_gossip, order_ring
@@ -178,6 +179,9 @@ def _contiguous(replica: list[Slot], region_of: dict[str, str]) -> list[Slot]:
     """The replica's nodes (each a block of whole stages) reordered so that a region's nodes, and
     in it a cluster's, follow one another, in the order each first appears: the pipeline crosses
     between regions, and between clusters, as few times as its devices allow. Stable otherwise."""
+    first = replica[0][0]
+    if all(s[0] == first for s in replica):  # one cluster (most replicas): nothing to move
+        return replica
     region_rank: dict[str, int] = {}
     cluster_rank: dict[str, int] = {}
     for cid, _, _ in replica:
@@ -393,7 +397,7 @@ def spanning_options(
                     continue  # the cheapest devices are the fastest too: priced once
                 picked.append(placed)
                 tasks = tasks or _tasks(placed, deg.tp, regions)
-                option = _option(spec, snapshot, deg, tasks, calibration, clusters)
+                option = _option(spec, snapshot, deg, placed, tasks, calibration, clusters)
                 if option is not None:
                     out[option.id] = _bounded(option, bound)
     return list(out.values())
@@ -521,7 +525,8 @@ def _searched(
     if not searchable(chosen, deg.tp, snapshot):
         return None
     try:
-        walks = replica_walks(_placement(spec, snapshot, deg, tasks, calibration))
+        replicas = replicas_on_slots(snapshot, chosen, deg.tp, deg.pp)
+        walks = replica_walks(_placement(spec, snapshot, deg, tasks, calibration), replicas)
     except InvalidArgument:  # not a placement the estimate accepts: nothing to order
         return None
     searched = search_orders(chosen, deg.tp, walks, snapshot, calibration, budget)
@@ -547,6 +552,7 @@ def _option(
     spec: JobSpec,
     snapshot: ResourceSnapshot,
     deg: Degrees,
+    placed: list[list[Slot]],
     tasks: list[PlannedTask],
     calibration: Calibration | None,
     clusters: dict,
@@ -557,8 +563,14 @@ def _option(
         for t in tasks
     )
     try:
-        est, runtime = estimate_planned(_placement(spec, snapshot, deg, tasks, calibration, spot=spot))
-    except InvalidArgument:  # out of memory on these devices: not an option
+        # Replicas and groups read from the slot lists the tasks were laid out from.
+        replicas = replicas_on_slots(snapshot, placed, deg.tp, deg.pp)
+        est, runtime = estimate_planned(
+            _placement(spec, snapshot, deg, tasks, calibration, spot=spot),
+            replicas,
+            groups=[list(r.all_nodes) for r in replicas],
+        )
+    except InvalidArgument:  # out of memory on these devices, or not a group: not an option
         return None
     checks = qos_checks(spec, snapshot, tasks, est, spot)
     if not all(c.ok for c in checks):
