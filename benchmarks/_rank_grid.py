@@ -28,7 +28,7 @@ from contracts.job_spec import JobSpec
 from control_layer.planner.candidates import Degrees
 from control_layer.planner.plan_types import PlannedTask, PlanOption
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.spanning import _option
+from control_layer.planner.spanning import option_on
 
 NODES = 4
 DP, PP = 2, 2
@@ -184,11 +184,11 @@ def tasks(p: GridPlacement) -> list[PlannedTask]:
 
 
 def option(spec: JobSpec, snap: ResourceSnapshot, p: GridPlacement) -> PlanOption:
-    """The option a quote offers for exactly these tasks: priced by ``estimate_planned`` with the
-    runtime settings the control plane gives them (``spanning._option``, as the search's own)."""
+    """The option a quote offers for exactly these tasks (``tasks``): priced by
+    ``estimate_planned`` with the runtime settings the control plane gives them
+    (``spanning.option_on``, as spanning prices its own)."""
     deg = Degrees(dp=DP, tp=1, pp=PP, zero=0)
-    clusters = {c.id: c for c in snap.clusters}
-    built = _option(spec, snap, deg, tasks(p), None, clusters)
+    built = option_on(spec, snap, deg, [[(f"c{n}", f"node{n}", 0) for n in rep] for rep in p.replicas])
     if built is None:
         raise ValueError(f"placement {p.name}: the planner prices no option (memory or QoS)")
     return built

@@ -14,7 +14,7 @@ matmul rate (``agent.devices``). The snapshot holds those figures, not the shape
 
 Job and grid (``_rank_grid.py``): dp 2 x pp 2 of a 3-layer GPT, ``sync``, 8 micro-batches of 4 x
 64 tokens per replica; the 12 placements of 4 nodes on (replica, stage). For each, the option a
-quote would offer for exactly those tasks (``spanning._option``: ``estimate_planned`` with the
+quote would offer for exactly those tasks (``spanning.option_on``: ``estimate_planned`` with the
 runtime settings the control plane gives them) is priced by the estimate and by the independent
 simulator (``benchmarks/sim``, given the same snapshot, the measured CPU rate at efficiency 1 and
 the planner's transport constants). Then it runs: the control plane's worker configs for those

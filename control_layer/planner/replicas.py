@@ -4,7 +4,7 @@ group (participant) it averages gradients with every step."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
@@ -132,6 +132,7 @@ def replicas_on_slots(
     placed: Sequence[Sequence[Slot]],
     tp: int,
     pp: int,
+    memo: dict[tuple[int, int, tuple[Slot, ...]], Replica] | None = None,
 ) -> list[Replica]:
     """What ``replicas_of`` reads from the tasks the planner lays out on these slot lists, read
     from the lists themselves (a 70B quote prices dozens of layouts of thousands of tasks): one
@@ -139,7 +140,9 @@ def replicas_on_slots(
     other list uses, so each replica is its own torchrun group, its nodes in the order its stages
     reach them. Each node must hold one contiguous run of its list, as ``spanning`` lays them out.
     Raises InvalidArgument as ``replicas_of`` does: unknown devices, a replica mixing device
-    models, a group that cannot span its nodes (``node_groups.group_problem``)."""
+    models, a group that cannot span its nodes (``node_groups.group_problem``). ``memo``: each
+    replica read before, by its rank, tp and slots (layouts that differ only in how many replicas they
+    take share their first ones)."""
     clusters = snapshot.clusters_by_id()
     index = device_slots(snapshot)
     reachable = declared_nodes(snapshot)
@@ -150,41 +153,56 @@ def replicas_on_slots(
     taken: set[str] = set()
     out = []
     for rank, slots in enumerate(placed):
-        if len(slots) != tp * pp:
-            raise InvalidArgument(f"dp rank {rank} must have one task per (pp_stage, tp_rank)", dp_rank=rank)
-        devices = []
-        for c, n, d in slots:
-            found = index.get((c, n), {}).get(d)
-            if found is None or c not in clusters:
-                raise InvalidArgument(f"task names unknown device {c}/{n}/{d}", cluster=c)
-            devices.append((clusters[c], found))
-        models = {slot.model for _, slot in devices}
-        if len(models) != 1:
-            raise InvalidArgument(f"dp rank {rank} mixes device models {sorted(models)}", dp_rank=rank)
-        nodes = tuple(dict.fromkeys(n for _, n, _ in slots))
-        runs = 1 + sum(a[1] != b[1] for a, b in pairwise(slots))
-        if runs != len(nodes) or not taken.isdisjoint(nodes):
+        key = (rank, tp, tuple(slots))
+        rep = memo.get(key) if memo is not None else None
+        if rep is None:
+            rep = _replica_on(rank, slots, tp, pp, clusters, index, reachable, private)
+            if memo is not None:
+                memo[key] = rep
+        if not taken.isdisjoint(rep.all_nodes):
             raise ValueError(f"dp rank {rank}: each node must hold one run of one replica's slots")
-        taken.update(nodes)
-        boundaries: tuple[tuple[tuple[str, str], ...], ...] = ()
-        if len(nodes) > 1:
-            problem = group_problem(list(nodes), sorted({c for c, _, _ in slots}), reachable, private)
-            if problem is not None:
-                raise InvalidArgument(problem, field="tasks")
-            boundaries = tuple(
-                tuple(sorted({(slots[st * tp + r][1], slots[(st + 1) * tp + r][1]) for r in range(tp)}))
-                for st in range(pp - 1)
-            )
-        out.append(
-            Replica(
-                rank,
-                devices,
-                (slots[0][0], nodes[0], models.pop()),
-                nodes if len(nodes) > 1 else (),
-                boundaries,
-            )
-        )
+        taken.update(rep.all_nodes)
+        out.append(rep)
     return out
+
+
+def _replica_on(
+    rank: int,
+    slots: Sequence[Slot],
+    tp: int,
+    pp: int,
+    clusters: dict[str, ClusterInfo],
+    index: dict[tuple[str, str], dict[int, DeviceSlot]],
+    reachable: frozenset[str],
+    private: Callable[[str, str], bool],
+) -> Replica:
+    """One replica of ``replicas_on_slots``."""
+    if len(slots) != tp * pp:
+        raise InvalidArgument(f"dp rank {rank} must have one task per (pp_stage, tp_rank)", dp_rank=rank)
+    devices = []
+    for c, n, d in slots:
+        found = index.get((c, n), {}).get(d)
+        if found is None or c not in clusters:
+            raise InvalidArgument(f"task names unknown device {c}/{n}/{d}", cluster=c)
+        devices.append((clusters[c], found))
+    models = {slot.model for _, slot in devices}
+    if len(models) != 1:
+        raise InvalidArgument(f"dp rank {rank} mixes device models {sorted(models)}", dp_rank=rank)
+    nodes = tuple(dict.fromkeys(n for _, n, _ in slots))
+    if 1 + sum(a[1] != b[1] for a, b in pairwise(slots)) != len(nodes):
+        raise ValueError(f"dp rank {rank}: each node must hold one run of one replica's slots")
+    boundaries: tuple[tuple[tuple[str, str], ...], ...] = ()
+    if len(nodes) > 1:
+        problem = group_problem(list(nodes), sorted({c for c, _, _ in slots}), reachable, private)
+        if problem is not None:
+            raise InvalidArgument(problem, field="tasks")
+        boundaries = tuple(
+            tuple(sorted({(slots[st * tp + r][1], slots[(st + 1) * tp + r][1]) for r in range(tp)}))
+            for st in range(pp - 1)
+        )
+    return Replica(
+        rank, devices, (slots[0][0], nodes[0], models.pop()), nodes if len(nodes) > 1 else (), boundaries
+    )
 
 
 def spec_at_precision(spec: JobSpec, replicas: Sequence[Replica]) -> tuple[JobSpec, str]:

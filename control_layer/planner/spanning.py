@@ -52,7 +52,7 @@ from control_layer.planner.plan_types import (
     SyncTopology,
     laid_out_tasks,
 )
-from control_layer.planner.replicas import replicas_on_slots
+from control_layer.planner.replicas import Replica, replicas_on_slots
 from control_layer.planner.snapshot import ResourceSnapshot
 from control_layer.planner.stage_order import Budget, Slot, best_order, search_orders, searchable
 from control_layer.planner.topology import cluster_gossip, order_ring
@@ -210,22 +210,44 @@ def _replicas(groups: list[Group], tp: int, pp: int, need: int) -> list[list[Slo
     return out
 
 
-def _tasks(replicas: list[list[Slot]], tp: int, regions: dict[str, str]) -> list[PlannedTask]:
-    # Laid out here from the snapshot's own figures (as ``assign``): not validated again.
-    rows = [
-        {
-            "dp_rank": r,
-            "pp_stage": i // tp,
-            "tp_rank": i % tp,
-            "cluster": c,
-            "node": n,
-            "device": d,
-            "region": regions[c],
-        }
-        for r, devices in enumerate(replicas)
-        for i, (c, n, d) in enumerate(devices)
-    ]
-    return laid_out_tasks(rows)
+class _Laid:
+    """Per quote, each replica's tasks and what the estimate reads of it (``replicas_on_slots``),
+    by its rank, tp and slots: layouts of one shape differ by how many replicas they take, the
+    first on the same slots in each (``_replicas`` takes them in order), so each replica is laid
+    out and read once a quote, not once per layout (a 70B quote's layouts take 16 to 256)."""
+
+    def __init__(self, snapshot: ResourceSnapshot) -> None:
+        self.snapshot = snapshot
+        self.regions = snapshot.region_of()
+        self._replicas: dict[tuple[int, int, tuple[Slot, ...]], Replica] = {}
+        self._tasks: dict[tuple[int, int, tuple[Slot, ...]], list[PlannedTask]] = {}
+
+    def tasks(self, placed: list[list[Slot]], tp: int) -> list[PlannedTask]:
+        """The tasks of these replicas (laid out here from the snapshot's own figures, as
+        ``assign`` lays out its own: not validated again)."""
+        out: list[PlannedTask] = []
+        for r, devices in enumerate(placed):
+            key = (r, tp, tuple(devices))
+            mine = self._tasks.get(key)
+            if mine is None:
+                rows = [
+                    {
+                        "dp_rank": r,
+                        "pp_stage": i // tp,
+                        "tp_rank": i % tp,
+                        "cluster": c,
+                        "node": n,
+                        "device": d,
+                        "region": self.regions[c],
+                    }
+                    for i, (c, n, d) in enumerate(devices)
+                ]
+                mine = self._tasks[key] = laid_out_tasks(rows)
+            out += mine
+        return out
+
+    def replicas(self, placed: list[list[Slot]], deg: Degrees) -> list[Replica]:
+        return replicas_on_slots(self.snapshot, placed, deg.tp, deg.pp, self._replicas)
 
 
 def spans_clusters(pools: list[Pool], snapshot: ResourceSnapshot) -> bool:
@@ -383,29 +405,44 @@ def spanning_options(
     replicas of each shape (``_wanted_degrees``)."""
     wanted = _wanted_degrees(spec, snapshot, pools, competing)
     clusters = snapshot.clusters_by_id()
-    regions = snapshot.region_of()
     orders = _orders(snapshot, pools, _groups(pools, snapshot), competing)
     out: dict[str, PlanOption] = {}
     budget = Budget()  # the stage-order searches' share of this quote
+    laid = _Laid(snapshot)
     for deg in wanted:
         picked: list[list[list[Slot]]] = []
         grouped: dict[str, Grouping | None] = {}  # per cluster: one search serves both orders
         for ordered, pooled in orders:
-            placements = _placements(spec, snapshot, deg, ordered, pooled, calibration, budget, grouped)
+            placements = _placements(spec, laid, deg, ordered, pooled, calibration, budget, grouped)
             for placed, tasks, bound in placements:
                 if placed in picked:
                     continue  # the cheapest devices are the fastest too: priced once
                 picked.append(placed)
-                tasks = tasks or _tasks(placed, deg.tp, regions)
-                option = _option(spec, snapshot, deg, placed, tasks, calibration, clusters)
+                tasks = tasks or laid.tasks(placed, deg.tp)
+                option = _option(spec, laid, deg, placed, tasks, calibration, clusters)
                 if option is not None:
                     out[option.id] = _bounded(option, bound)
     return list(out.values())
 
 
-def _placements(
+def option_on(
     spec: JobSpec,
     snapshot: ResourceSnapshot,
+    deg: Degrees,
+    placed: list[list[Slot]],
+    calibration: Calibration | None = None,
+) -> PlanOption | None:
+    """The option a quote offers for exactly these replicas (a slot list each, in (stage, tp rank)
+    order, each on nodes of its own), priced as spanning prices its own; None where it fits no
+    device or fails a QoS bound."""
+    laid = _Laid(snapshot)
+    tasks = laid.tasks(placed, deg.tp)
+    return _option(spec, laid, deg, placed, tasks, calibration, snapshot.clusters_by_id())
+
+
+def _placements(
+    spec: JobSpec,
+    laid: _Laid,
     deg: Degrees,
     ordered: list[Group],
     pooled: bool,
@@ -418,7 +455,7 @@ def _placements(
     behind faster ports, or its boundaries on cheaper links: the front keeps what is better), and
     as the grouping search forms them from the first cluster alone, where it holds them all; each
     with the grouping's bound where its replicas lie in that one cluster."""
-    regions = snapshot.region_of()
+    snapshot, regions = laid.snapshot, laid.regions
     out: list[tuple[list[list[Slot]], list[PlannedTask] | None, Grouping | None]] = []
     chosen = _chosen(snapshot, deg, ordered, pooled, regions)
     first = ordered[0] if ordered and not pooled and ordered[0][0] in regions else None
@@ -430,10 +467,10 @@ def _placements(
     if search is not None and len(search.replicas) < deg.dp:
         search = None  # the first cluster alone holds too few: no bound over one cluster's nodes
     if chosen is not None:
-        tasks = _tasks(chosen, deg.tp, regions)
+        tasks = laid.tasks(chosen, deg.tp)
         listed_bound = search if _within(chosen, first) else None
         out.append((chosen, tasks, listed_bound))
-        searched = _searched(spec, snapshot, deg, chosen, tasks, calibration, budget)
+        searched = _searched(spec, laid, deg, chosen, tasks, calibration, budget)
         if searched is not None:
             out.append((searched, None, listed_bound))
     if search is not None:
@@ -513,7 +550,7 @@ def _bounded(option: PlanOption, search: Grouping | None) -> PlanOption:
 
 def _searched(
     spec: JobSpec,
-    snapshot: ResourceSnapshot,
+    laid: _Laid,
     deg: Degrees,
     chosen: list[list[Slot]],
     tasks: list[PlannedTask],
@@ -522,10 +559,11 @@ def _searched(
 ) -> list[list[Slot]] | None:
     """The replicas with their stages in the order that walks fastest, or None where no replica
     has another order (one cluster, nodes alike) or none walks faster."""
+    snapshot = laid.snapshot
     if not searchable(chosen, deg.tp, snapshot):
         return None
     try:
-        replicas = replicas_on_slots(snapshot, chosen, deg.tp, deg.pp)
+        replicas = laid.replicas(chosen, deg)
         walks = replica_walks(_placement(spec, snapshot, deg, tasks, calibration), replicas)
     except InvalidArgument:  # not a placement the estimate accepts: nothing to order
         return None
@@ -550,13 +588,14 @@ def _placement(
 
 def _option(
     spec: JobSpec,
-    snapshot: ResourceSnapshot,
+    laid: _Laid,
     deg: Degrees,
     placed: list[list[Slot]],
     tasks: list[PlannedTask],
     calibration: Calibration | None,
     clusters: dict,
 ) -> PlanOption | None:
+    snapshot = laid.snapshot
     spot = spec.qos.preemptible and any(
         (s := clusters[t.cluster].spot_price_per_device_hour) is not None
         and s < clusters[t.cluster].price_per_device_hour
@@ -564,7 +603,7 @@ def _option(
     )
     try:
         # Replicas and groups read from the slot lists the tasks were laid out from.
-        replicas = replicas_on_slots(snapshot, placed, deg.tp, deg.pp)
+        replicas = laid.replicas(placed, deg)
         est, runtime = estimate_planned(
             _placement(spec, snapshot, deg, tasks, calibration, spot=spot),
             replicas,

@@ -86,3 +86,21 @@ def test_slot_lists_that_share_a_node_or_leave_and_return_to_one_are_a_callers_e
         replicas_on_slots(snap, [[("c", "n0", 0)], [("c", "n0", 1)]], 1, 1)
     with pytest.raises(ValueError, match="one run"):
         replicas_on_slots(snap, [[("c", "n0", 0), ("c", "n1", 0), ("c", "n0", 1)]], 1, 3)
+
+
+def test_a_replica_read_before_is_reused_only_for_the_same_rank_tp_and_slots() -> None:
+    """Layouts of one shape share their first replicas; the same slots at another tp are another
+    replica (other stage boundaries)."""
+    snap = _big_snapshot([200.0] * 8)
+    four = [
+        [("c", f"n{2 * r}", 0), ("c", f"n{2 * r}", 1), ("c", f"n{2 * r + 1}", 0), ("c", f"n{2 * r + 1}", 1)]
+        for r in range(4)
+    ]
+    memo: dict = {}
+    first = replicas_on_slots(snap, four[:2], 1, 4, memo)
+    again = replicas_on_slots(snap, four, 1, 4, memo)
+    assert again[:2] == first and again[0] is first[0] and len(memo) == 4
+    assert again == replicas_on_slots(snap, four, 1, 4)
+    wide = replicas_on_slots(snap, four, 2, 2, memo)
+    assert wide == replicas_on_slots(snap, four, 2, 2) and wide[0] is not again[0]
+    assert wide[0].boundaries != again[0].boundaries
