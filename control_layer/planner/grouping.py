@@ -33,11 +33,11 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from contracts.worker_config import MAX_GROUP_NODES
 from control_layer.planner.listing import natural
+from control_layer.planner.plan_types import Slot
 
 # Compositions priced per cluster and layout at most: each is one stage-order search.
 MAX_COMPOSITIONS = 48
 
-Slot = tuple[str, str, int]  # cluster id, node id, device index
 Entry = tuple[str, str, tuple[int, ...]]  # cluster id, node id, its free devices
 Kind = tuple  # what the walk reads of a node, comparable: fastest port first (``spanning``)
 

@@ -36,6 +36,9 @@ def _without_unset_staging(handler: Any, model: BaseModel, names: tuple[str, ...
     return out
 
 
+Slot = tuple[str, str, int]  # a device a task runs on: cluster id, node id, device index
+
+
 class PlannedTask(_Plain):
     """One device's role: which replica, pipeline stage and tensor shard it runs, and where."""
 

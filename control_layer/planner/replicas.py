@@ -13,7 +13,7 @@ from contracts.feasibility import resolve_precision
 from contracts.job_spec import JobSpec
 from control_layer.planner.cross_cluster import declared_nodes, private_between
 from control_layer.planner.node_groups import group_problem, node_group_problems, node_groups, rank_key
-from control_layer.planner.plan_types import PlannedTask
+from control_layer.planner.plan_types import PlannedTask, Slot
 from control_layer.planner.snapshot import ClusterInfo, DeviceSlot, ResourceSnapshot
 
 # Key of the group of replicas that average gradients every step: the replicas on one node (one
@@ -122,9 +122,6 @@ def replicas_of(
     return [
         replace(r, participant=(r.participant[0], leader[r.participant[1]], r.participant[2])) for r in out
     ]
-
-
-Slot = tuple[str, str, int]  # cluster id, node id, device index
 
 
 def replicas_on_slots(

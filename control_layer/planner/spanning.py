@@ -49,12 +49,13 @@ from control_layer.planner.plan_types import (
     GroupingBound,
     PlannedTask,
     PlanOption,
+    Slot,
     SyncTopology,
     laid_out_tasks,
 )
 from control_layer.planner.replicas import Replica, replicas_on_slots
 from control_layer.planner.snapshot import ResourceSnapshot
-from control_layer.planner.stage_order import Budget, Slot, best_order, search_orders, searchable
+from control_layer.planner.stage_order import Budget, best_order, search_orders, searchable
 from control_layer.planner.topology import cluster_gossip, order_ring
 
 # Layouts (dp, tp, pp at the lowest ZeRO stage) tried, smallest replicas first: each costs up to
@@ -414,12 +415,11 @@ def spanning_options(
         grouped: dict[str, Grouping | None] = {}  # per cluster: one search serves both orders
         for ordered, pooled in orders:
             placements = _placements(spec, laid, deg, ordered, pooled, calibration, budget, grouped)
-            for placed, tasks, bound in placements:
+            for placed, bound in placements:
                 if placed in picked:
                     continue  # the cheapest devices are the fastest too: priced once
                 picked.append(placed)
-                tasks = tasks or laid.tasks(placed, deg.tp)
-                option = _option(spec, laid, deg, placed, tasks, calibration, clusters)
+                option = _option(spec, laid, deg, placed, calibration, clusters)
                 if option is not None:
                     out[option.id] = _bounded(option, bound)
     return list(out.values())
@@ -435,9 +435,7 @@ def option_on(
     """The option a quote offers for exactly these replicas (a slot list each, in (stage, tp rank)
     order, each on nodes of its own), priced as spanning prices its own; None where it fits no
     device or fails a QoS bound."""
-    laid = _Laid(snapshot)
-    tasks = laid.tasks(placed, deg.tp)
-    return _option(spec, laid, deg, placed, tasks, calibration, snapshot.clusters_by_id())
+    return _option(spec, _Laid(snapshot), deg, placed, calibration, snapshot.clusters_by_id())
 
 
 def _placements(
@@ -449,14 +447,14 @@ def _placements(
     calibration: Calibration | None,
     budget: Budget,
     grouped: dict[str, Grouping | None],
-) -> list[tuple[list[list[Slot]], list[PlannedTask] | None, Grouping | None]]:
+) -> list[tuple[list[list[Slot]], Grouping | None]]:
     """The replicas of one order of clusters: as listed, with each replica's stages in the order
     that walks fastest (where that differs, priced beside the listed order, whose leaders may sit
     behind faster ports, or its boundaries on cheaper links: the front keeps what is better), and
     as the grouping search forms them from the first cluster alone, where it holds them all; each
     with the grouping's bound where its replicas lie in that one cluster."""
     snapshot, regions = laid.snapshot, laid.regions
-    out: list[tuple[list[list[Slot]], list[PlannedTask] | None, Grouping | None]] = []
+    out: list[tuple[list[list[Slot]], Grouping | None]] = []
     chosen = _chosen(snapshot, deg, ordered, pooled, regions)
     first = ordered[0] if ordered and not pooled and ordered[0][0] in regions else None
     search = None
@@ -467,14 +465,13 @@ def _placements(
     if search is not None and len(search.replicas) < deg.dp:
         search = None  # the first cluster alone holds too few: no bound over one cluster's nodes
     if chosen is not None:
-        tasks = laid.tasks(chosen, deg.tp)
         listed_bound = search if _within(chosen, first) else None
-        out.append((chosen, tasks, listed_bound))
-        searched = _searched(spec, laid, deg, chosen, tasks, calibration, budget)
+        out.append((chosen, listed_bound))
+        searched = _searched(spec, laid, deg, chosen, calibration, budget)
         if searched is not None:
-            out.append((searched, None, listed_bound))
+            out.append((searched, listed_bound))
     if search is not None:
-        out.append((search.replicas, None, search))
+        out.append((search.replicas, search))
     return out
 
 
@@ -553,7 +550,6 @@ def _searched(
     laid: _Laid,
     deg: Degrees,
     chosen: list[list[Slot]],
-    tasks: list[PlannedTask],
     calibration: Calibration | None,
     budget: Budget,
 ) -> list[list[Slot]] | None:
@@ -564,6 +560,7 @@ def _searched(
         return None
     try:
         replicas = laid.replicas(chosen, deg)
+        tasks = laid.tasks(chosen, deg.tp)
         walks = replica_walks(_placement(spec, snapshot, deg, tasks, calibration), replicas)
     except InvalidArgument:  # not a placement the estimate accepts: nothing to order
         return None
@@ -591,11 +588,11 @@ def _option(
     laid: _Laid,
     deg: Degrees,
     placed: list[list[Slot]],
-    tasks: list[PlannedTask],
     calibration: Calibration | None,
     clusters: dict,
 ) -> PlanOption | None:
     snapshot = laid.snapshot
+    tasks = laid.tasks(placed, deg.tp)
     spot = spec.qos.preemptible and any(
         (s := clusters[t.cluster].spot_price_per_device_hour) is not None
         and s < clusters[t.cluster].price_per_device_hour

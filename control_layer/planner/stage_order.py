@@ -36,7 +36,7 @@ from contracts.errors import InvalidArgument
 from control_layer.planner import cost_model as cm
 from control_layer.planner.cross_cluster import Boundaries, node_clusters, pipe_shares, pipeline_links
 from control_layer.planner.local_step import ReplicaWalk
-from control_layer.planner.plan_types import Calibration
+from control_layer.planner.plan_types import Calibration, Slot
 from control_layer.planner.snapshot import ResourceSnapshot
 
 # What a search may walk, in stage operations (a forward or a backward of one micro-batch on one
@@ -77,7 +77,6 @@ def walk_ops(pp: int, m: int) -> int:
     return 2 * pp * (m if m <= 4 * pp else 6 * pp)
 
 
-Slot = tuple[str, str, int]  # cluster id, node id, device index
 Block = tuple[Slot, ...]  # one node's slots of a replica, in (stage, tp rank) order
 Layout = list[list[list[int]]]  # per region, per cluster, block indices in pipeline order
 
