@@ -15,9 +15,10 @@ means one received since this reaper started; agents cap their reconnect backoff
 threshold, so every live one has been heard by then.
 
 The same holds, in small, for a control plane that stalled (a starved process on a busy host): while
-its loop ran nothing, heartbeats that came waited unread. The reaper measures how late its own
-passes were (``Stalls``) and counts a node's silence only in the time the plane was running since
-its last heartbeat: a stall extends the threshold for the nodes it overlapped, never the others.
+its loop ran nothing, heartbeats that came waited unread. A watcher beside the reaper measures how
+late the loop's own ticks came (``Stalls``), and the reaper counts a node's silence only in the time
+the plane was running since its last heartbeat: a stall extends the threshold for the nodes it
+overlapped, never the others.
 """
 
 from __future__ import annotations
@@ -137,6 +138,20 @@ def sweep_artifacts_once(ctx: ServerContext) -> artifact_records.Swept:
     return artifact_records.sweep(ctx.session_factory, ctx.artifacts, utcnow(), keep=keep)
 
 
+async def watch_loop(stalls: Stalls, every_s: float, warn_s: float) -> None:
+    """Tick every ``every_s`` until cancelled, recording each tick that came more than a tick late:
+    the loop ran nothing meanwhile, so heartbeats that came waited unread. A task of its own, so a
+    stall counts whatever the reaper was doing (waiting, or a pass in its thread)."""
+    while True:
+        due = time.monotonic() + every_s
+        await asyncio.sleep(every_s)
+        late = time.monotonic() - due
+        if late > every_s:
+            stalls.add(utcnow(), late)
+            if late > warn_s:
+                log.warning("control plane stalled %.1fs: that silence is not counted against nodes", late)
+
+
 async def run_reaper(ctx: ServerContext, stop: asyncio.Event, stalls: Stalls | None = None) -> None:
     """Reap four times per heartbeat interval until ``stop`` is set; a failed pass is logged, not fatal.
     Old jobs' log lines and expired artifacts are pruned at start and every ``LOG_PRUNE_EVERY_S``.
@@ -144,17 +159,21 @@ async def run_reaper(ctx: ServerContext, stop: asyncio.Event, stalls: Stalls | N
     Polling faster than the interval keeps detection close to interval x misses after the last heartbeat.
     """
     interval = ctx.settings.heartbeat_interval_s / 4
+    stalls = stalls if stalls is not None else Stalls(horizon_s=10 * ctx.settings.node_lost_after_s)
+    watcher = asyncio.create_task(watch_loop(stalls, interval, ctx.settings.heartbeat_interval_s))
+    try:
+        await _reap_until(ctx, stop, stalls, interval)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+async def _reap_until(ctx: ServerContext, stop: asyncio.Event, stalls: Stalls, interval: float) -> None:
     started = time.monotonic()
     pruned_at = -math.inf
-    stalls = stalls if stalls is not None else Stalls(horizon_s=10 * ctx.settings.node_lost_after_s)
-    due = started
     log.info("reaper up: no node is judged lost for the first %.1fs", ctx.settings.reaper_grace_s)
     while not stop.is_set():
-        late = time.monotonic() - due
-        if late > interval:  # our own wait overran: the process was not running
-            stalls.add(utcnow(), late)
-            if late > ctx.settings.heartbeat_interval_s:
-                log.warning("control plane stalled %.1fs: that silence is not counted against nodes", late)
         try:
             up_for = time.monotonic() - started
             await asyncio.to_thread(reap_once, ctx, up_for_s=up_for, stalls=stalls)
@@ -174,6 +193,5 @@ async def run_reaper(ctx: ServerContext, stop: asyncio.Event, stalls: Stalls | N
                 await asyncio.to_thread(sweep_artifacts_once, ctx)
             except Exception:
                 log.exception("the artifact sweep failed")
-        due = time.monotonic() + interval
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), interval)

@@ -128,7 +128,7 @@ def test_a_stalled_control_plane_does_not_count_its_own_silence_against_nodes(ct
         await asyncio.to_thread(_heard_now, plane)
         time.sleep(lost_after + 0.5)  # the loop is held: the process runs nothing else meanwhile
         for _ in range(3):
-            await asyncio.sleep(0.01)  # the reaper's next pass finds itself late
+            await asyncio.sleep(0.01)  # the loop watcher's next tick finds itself late
         stop.set()
         await asyncio.wait_for(loop, 5)
 
