@@ -39,6 +39,14 @@ def overlap_delay_steps(
 PROGRESS_LAG_SHARE = 0.1
 
 
+def progress_lag_steps(round_steps: int) -> int:
+    """The latest an overlapped round may land and keep the local progress made meanwhile: a tenth
+    of its round, at least one step. The planner picks overlap only where the exchange fits in it
+    (``planner.sync_choice``), calibration measures the loss at it, and a round landing on arrival
+    is waited for there rather than applied later with staler progress."""
+    return max(1, math.floor(PROGRESS_LAG_SHARE * round_steps))
+
+
 def overlap_merge_for(delay: int, round_steps: int) -> str:
     """The merge of an overlapped DiLoCo round that lands ``delay`` steps after it was sent.
     ``progress`` (new anchor + local progress since the snapshot) where the delay is short: the
@@ -46,4 +54,4 @@ def overlap_merge_for(delay: int, round_steps: int) -> str:
     (half local, half new anchor) keeps replicas from drifting on long delays but pulls each back
     by half its outer step: on the calibration's slices (3 regions, H=20, one step late) it cost
     ~10 % held-out loss at 100 steps where keeping the progress cost 0.2 % (docs/sync.md)."""
-    return "progress" if delay <= max(1, math.floor(PROGRESS_LAG_SHARE * round_steps)) else "mix"
+    return "progress" if delay <= progress_lag_steps(round_steps) else "mix"

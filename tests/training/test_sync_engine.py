@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from contracts.sync_config import SyncConfig
+from contracts.sync_delay import progress_lag_steps
 from training.sync.engine import SyncEngine, create_engine
 
 REGIONS = ["a", "b", "c"]
@@ -286,12 +287,14 @@ def run_on_arrival(
     latency_ms: float,
     dt: float,
     arrived: dict[str, dict[int, int]] | None = None,
+    merge: str | None = None,
 ) -> tuple[dict[str, dict[int, int]], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Overlapped DiLoCo landing on arrival: (round -> step applied, final params, final anchor)
     per region. ``arrived`` (given) gets, per region, round -> the first step that found its
-    result in before it began."""
+    result in before it began; ``merge``: how a late round lands (DiLoCo's default: ``mix``)."""
     links = {f"{x}|{y}": {"latency_ms": latency_ms} for x in REGIONS for y in REGIONS if x < y}
     sync = {"mode": "diloco", "every": every, "overlap": True, "overlap_steps": delay, "links": links}
+    sync |= {"overlap_merge": merge} if merge is not None else {}
     sync |= {"compression": "int8", "outer_lr": 1.0, "outer_momentum": 0.5}
     sync |= {"balance": False}  # every region runs the same steps: landings compared step for step
     engines = {}
@@ -351,6 +354,24 @@ def test_an_overlapped_round_lands_when_it_arrives_without_waiting_at_its_delay(
     # busy host, where a round landed later).
     scale = float(out["a"][0])
     assert torch.allclose(out["a"], scale * MEAN, atol=1e-4) and 0.8 < scale < 1.2, out["a"]
+
+
+def test_a_round_that_keeps_the_local_progress_is_waited_for_at_its_lag_bound(tmp_path: Path) -> None:
+    # The same ~8-step exchange under the ``progress`` merge: a round keeping the progress made
+    # meanwhile lands no later than a tenth of its round (4 of 40 steps), waited for there, where
+    # ``mix`` (above) lands it whenever it comes; the anchors stay equal and the run ends on one model.
+    steps, every = 160, 40
+    bound = progress_lag_steps(every)
+    landed, out, anchors = run_on_arrival(
+        tmp_path, steps, every, delay=1, latency_ms=20, dt=0.01, merge="progress"
+    )
+    for r in REGIONS:
+        assert sorted(landed[r]) == [0, 1, 2], landed
+        for k, step in landed[r].items():
+            opened = every * (k + 1)
+            assert opened + 1 <= step <= opened + bound, landed
+    assert torch.equal(anchors["a"], anchors["b"]) and torch.equal(anchors["a"], anchors["c"])
+    assert torch.equal(out["a"], out["b"]) and torch.equal(out["a"], out["c"])
 
 
 def test_a_round_still_in_flight_when_the_next_opens_is_waited_for_there(tmp_path: Path) -> None:
