@@ -11,7 +11,8 @@ pseudo-gradient gives (``eager_start``), and the progress is counted from there.
 ``on_arrival`` a region never waits at the delay: it applies the round at the first step on or
 after it at which the result has arrived, and waits only where the next round opens (its
 pseudo-gradient needs the new anchor) or, with the ``progress`` merge, where the round would land
-later than a tenth of its round (``contracts.sync_delay.progress_lag_steps``). The regions may
+later than a tenth of its round or its delay, whichever is later
+(``contracts.sync_delay.progress_lag_steps``). The regions may
 then apply a round at different steps; the anchors stay equal (the outer step depends on the
 round's result alone), only how much local progress is mixed in differs. With ``fragments`` the
 parameters are split and each fragment syncs on its own staggered schedule (Streaming
