@@ -12,11 +12,11 @@ pseudo-gradient gives (``eager_start``), and the progress is counted from there.
 after it at which the result has arrived, and waits only where the next round opens (its
 pseudo-gradient needs the new anchor) or, with the ``progress`` merge, where the round would land
 later than a tenth of its round or its delay, whichever is later
-(``contracts.sync_delay.progress_lag_steps``). The regions may
-then apply a round at different steps; the anchors stay equal (the outer step depends on the
-round's result alone), only how much local progress is mixed in differs. With ``fragments`` the
-parameters are split and each fragment syncs on its own staggered schedule (Streaming
-DiLoCo). The last step always ends with a blocking round.
+(``contracts.sync_delay.progress_lag_steps``). The regions may then apply a round at different
+steps; the anchors stay equal (the outer step depends on the round's result alone), only how much
+local progress is mixed in differs. With ``fragments`` the parameters are split and each fragment
+syncs on its own staggered schedule (Streaming DiLoCo). The last step always ends with a blocking
+round.
 
 With a ``plan`` (work balancing, ``training.sync.algorithms.round_plan``) rounds end where the
 plan says instead of every H steps: each region's steps per round follow its measured speed, its
