@@ -72,7 +72,9 @@ def register_node(
         profile_follows=profile_follows,  # True: listed "measuring", not placed, until a profile lands
     )
     with grpc.insecure_channel(server.grpc_target) as channel:
-        reply = agent_pb2_grpc.AgentServiceStub(channel).Register(request, timeout=10)
+        # A guard against a hang, not a speed bound: a fresh server beside 4 busy loops and two
+        # other test workers took over 10 s to answer its first registration.
+        reply = agent_pb2_grpc.AgentServiceStub(channel).Register(request, timeout=60)
     heartbeat(server.ctx, reply.node_id)
     return Registered(reply.node_id, reply.node_token, reply.cluster_id)
 
