@@ -4,12 +4,11 @@ closes the meters of ended jobs' tasks so that nothing is charged twice."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
 from contracts.states import JobState, TaskState
-from orchestration.db.base import utcnow
 from orchestration.db.engine import make_engine, make_session_factory, session_scope
 from orchestration.db.migrate import downgrade, upgrade
 from orchestration.db.models import Job, Task
@@ -27,7 +26,9 @@ from tests.orchestration.fleet import add_cluster, add_tenant
 def test_charge_lines_become_balanced_transactions(db_url: str) -> None:
     engine = make_engine(db_url)
     factory = make_session_factory(engine)
-    start = utcnow() - timedelta(hours=3)
+    # No month start inside (a meter splits its charges there): one GPU charge per meter, whenever
+    # the test runs (three hours back from now crossed 1 December at 02:00-03:00 UTC).
+    start = datetime(2026, 11, 10, 12, tzinfo=UTC)
     with session_scope(factory) as s:
         tenant = add_tenant(s)
         cluster, (node,) = add_cluster(s, region="eu-west", provider="lumen")
