@@ -15,10 +15,10 @@ means one received since this reaper started; agents cap their reconnect backoff
 threshold, so every live one has been heard by then.
 
 The same holds, in small, for a control plane that stalled (a starved process on a busy host): while
-its loop ran nothing, heartbeats that came waited unread. A watcher beside the reaper measures how
-late the loop's own ticks came (``Stalls``), and the reaper counts a node's silence only in the time
-the plane was running since its last heartbeat: a stall extends the threshold for the nodes it
-overlapped, never the others.
+its loop ran nothing, heartbeats that came waited unread. The reaper and a watcher beside it measure
+how late the loop's ticks came (``LoopClock``, ``Stalls``), and the reaper counts a node's silence
+only in the time the plane was running since its last heartbeat: a stall extends the threshold for
+the nodes it overlapped, never the others.
 """
 
 from __future__ import annotations
@@ -138,18 +138,32 @@ def sweep_artifacts_once(ctx: ServerContext) -> artifact_records.Swept:
     return artifact_records.sweep(ctx.session_factory, ctx.artifacts, utcnow(), keep=keep)
 
 
-async def watch_loop(stalls: Stalls, every_s: float, warn_s: float) -> None:
-    """Tick every ``every_s`` until cancelled, recording each tick that came more than a tick late:
-    the loop ran nothing meanwhile, so heartbeats that came waited unread. A task of its own, so a
-    stall counts whatever the reaper was doing (waiting, or a pass in its thread)."""
-    while True:
-        due = time.monotonic() + every_s
-        await asyncio.sleep(every_s)
-        late = time.monotonic() - due
-        if late > every_s:
-            stalls.add(utcnow(), late)
-            if late > warn_s:
+class LoopClock:
+    """When the loop last ran a tick, shared by the reaper and a watcher beside it: a tick more than
+    ``every_s`` after the one before means the loop ran nothing for the difference, so heartbeats
+    that came meanwhile waited unread. Whoever ticks first after a stall records it, once: the
+    reaper ticks before each pass (so the pass counts it), the watcher while a pass runs in its
+    thread (so a stall then counts too)."""
+
+    def __init__(self, stalls: Stalls, every_s: float, warn_s: float) -> None:
+        self.stalls, self.every_s, self.warn_s = stalls, every_s, warn_s
+        self.last = time.monotonic()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        late = now - self.last - self.every_s
+        self.last = now
+        if late > self.every_s:
+            self.stalls.add(utcnow(), late)
+            if late > self.warn_s:
                 log.warning("control plane stalled %.1fs: that silence is not counted against nodes", late)
+
+
+async def watch_loop(clock: LoopClock) -> None:
+    """Tick ``clock`` every ``clock.every_s`` until cancelled."""
+    while True:
+        await asyncio.sleep(clock.every_s)
+        clock.tick()
 
 
 async def run_reaper(ctx: ServerContext, stop: asyncio.Event, stalls: Stalls | None = None) -> None:
@@ -160,20 +174,23 @@ async def run_reaper(ctx: ServerContext, stop: asyncio.Event, stalls: Stalls | N
     """
     interval = ctx.settings.heartbeat_interval_s / 4
     stalls = stalls if stalls is not None else Stalls(horizon_s=10 * ctx.settings.node_lost_after_s)
-    watcher = asyncio.create_task(watch_loop(stalls, interval, ctx.settings.heartbeat_interval_s))
+    clock = LoopClock(stalls, interval, ctx.settings.heartbeat_interval_s)
+    watcher = asyncio.create_task(watch_loop(clock))
     try:
-        await _reap_until(ctx, stop, stalls, interval)
+        await _reap_until(ctx, stop, stalls, clock)
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
 
 
-async def _reap_until(ctx: ServerContext, stop: asyncio.Event, stalls: Stalls, interval: float) -> None:
+async def _reap_until(ctx: ServerContext, stop: asyncio.Event, stalls: Stalls, clock: LoopClock) -> None:
+    interval = clock.every_s
     started = time.monotonic()
     pruned_at = -math.inf
     log.info("reaper up: no node is judged lost for the first %.1fs", ctx.settings.reaper_grace_s)
     while not stop.is_set():
+        clock.tick()  # a stall just ended is recorded before this pass reads the stalls
         try:
             up_for = time.monotonic() - started
             await asyncio.to_thread(reap_once, ctx, up_for_s=up_for, stalls=stalls)
