@@ -177,15 +177,15 @@ async def run_reaper(ctx: ServerContext, stop: asyncio.Event, stalls: Stalls | N
     clock = LoopClock(stalls, interval, ctx.settings.heartbeat_interval_s)
     watcher = asyncio.create_task(watch_loop(clock))
     try:
-        await _reap_until(ctx, stop, stalls, clock)
+        await _reap_until(ctx, stop, clock)
     finally:
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
 
 
-async def _reap_until(ctx: ServerContext, stop: asyncio.Event, stalls: Stalls, clock: LoopClock) -> None:
-    interval = clock.every_s
+async def _reap_until(ctx: ServerContext, stop: asyncio.Event, clock: LoopClock) -> None:
+    interval, stalls = clock.every_s, clock.stalls
     started = time.monotonic()
     pruned_at = -math.inf
     log.info("reaper up: no node is judged lost for the first %.1fs", ctx.settings.reaper_grace_s)

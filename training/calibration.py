@@ -22,7 +22,7 @@ from contracts.job_spec import JobSpec
 from contracts.model import GPTConfig, model_config
 from contracts.sync_calibration import CalibrationTrial, SyncCalibration
 from contracts.sync_config import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM
-from contracts.sync_delay import PROGRESS_LAG_SHARE, overlap_merge_for
+from contracts.sync_delay import overlap_merge_for, progress_lag_steps
 from contracts.worker_config import DataSpec, TrainingSpec, WorkerConfig
 from training.compression.codecs import get_codec
 from training.data.streams import build_stream
@@ -211,7 +211,7 @@ DEFAULT_ROUNDS = 3
 def candidates_for(every: int) -> list[Setting]:
     """What the planner may pick for DiLoCo, cheapest first: int8 overlapped, then fp32 overlapped
     (so a failing int8 can fall back to overlap without compression before blocking)."""
-    delay = max(1, int(PROGRESS_LAG_SHARE * every))
+    delay = progress_lag_steps(every)
     merge = overlap_merge_for(delay, every)
     return [Setting("int8", True, delay, merge), Setting("none", True, delay, merge)]
 
