@@ -49,6 +49,7 @@ from contracts.checkpoint_transfer import (
     verify,
 )
 from contracts.errors import CpnError, FailedPrecondition, InvalidArgument, NotFound, Unauthenticated
+from contracts.step_dirs import remove_step_dir
 from proto.cpn.agent.v1 import agent_pb2, agent_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -377,7 +378,7 @@ def prune_copies(root: Path, keep: int = KEEP_COPIES) -> None:
     """Keep the newest ``keep`` complete steps of a directory the copies land in."""
     done = sorted(d for d in root.glob("step_*") if (d / DONE).is_file() and not d.name.endswith(".partial"))
     for old in done[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_step_dir(old)
 
 
 def has_checkpoint(work_dir: Path, dir_: str, step: int) -> bool:

@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
+from contracts.step_dirs import remove_step_dir
 from training.checkpoint_mirror import NodeLayout, mirror, node_layout, share
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -101,7 +102,7 @@ def save_checkpoint(
         torch.save({"step": step, **extra}, path / "meta.pt")
         (path / _DONE).write_text(str(step))
         for _, old in complete_checkpoints(root)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            remove_step_dir(old)
     dist.barrier()
     return path
 
@@ -156,7 +157,7 @@ class BackgroundSaver:
         if marks:
             (path / _DONE).write_text(str(step))
             for _, old in complete_checkpoints(root)[: -self.keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+                remove_step_dir(old)
         if layout is not None:
             dist.barrier(group=self.group)  # reported complete only once every node's copy is
         return step
