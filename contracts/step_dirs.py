@@ -4,7 +4,6 @@ never find one with some of its files already gone."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from pathlib import Path
 def remove_step_dir(path: Path) -> None:
     """Rename ``path`` out of the ``step_*`` names (one atomic rename), then delete it. Gone
     already (another rank or process removed it): nothing to do."""
-    trash = path.with_name(f".removing-{path.name}-{os.getpid()}")
+    trash = path.with_name(f".removing-{path.name}")  # one remover per directory
     shutil.rmtree(trash, ignore_errors=True)  # left by a process killed mid-delete
     try:
         path.rename(trash)
