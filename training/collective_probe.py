@@ -20,7 +20,9 @@ host:
 The free calls' figures are interquartile means (a call's cost and a rate, without the odd call a
 neighbour's burst delayed). The crowded one is a plain mean: most crowded calls find their peer
 at once and a few wait about a scheduler slice, and a run of many steps pays that tail. The
-whole measurement takes under a second.
+whole measurement takes under a second. On a busy host the small calls can take longer than the
+large one (each waiting for its peer to get a core): that pair of series is measured again, up to
+``FREE_TRIES`` times.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,9 @@ CALLS = {"small": 30, "large": 10, "crowded": 30}
 CROWDED_WORK_S = 0.005  # CPU seconds of work before each crowded call (a small model's step)
 WARMUP_CALLS = 3
 TIMEOUT_S = 20.0
+# A busy host can delay the small calls more than the large one takes (its peer waiting for a
+# core): such a series says nothing of the payload's rate, so it is measured again.
+FREE_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,21 @@ def fit(
     gbps = (LARGE_BYTES - SMALL_BYTES) * 8 / extra / 1e9
     wait = max(0.0, crowded - 2.0 * work_s - small) / 2.0
     return CollectiveFigures(call_s=small, gbps=gbps, wait_s=wait)
+
+
+def first_separating(
+    series: Iterable[tuple[Sequence[float], Sequence[float]]],
+) -> tuple[Sequence[float], Sequence[float]]:
+    """The first (small, large) series of per-call seconds whose interquartile means separate (the
+    large call slower): ``series`` is consumed lazily, so each try is measured only when the one
+    before it did not separate. Raises with the last try's means when none does."""
+    last = "no series"
+    for small_s, large_s in series:
+        small, large = interquartile_mean(small_s), interquartile_mean(large_s)
+        if small > 0 and large > small:
+            return small_s, large_s
+        last = f"small {small:.6f} s, large {large:.6f} s"
+    raise ValueError(f"all-reduce times do not separate: {last}")
 
 
 def _rank(
@@ -154,12 +174,14 @@ def measure() -> CollectiveFigures:
     import torch.distributed  # noqa: F401 (loaded once here: the forked ranks share it, no start-up)
 
     ctx = mp.get_context("fork")
-    (free,) = _pairs(ctx, [("small", SMALL_BYTES), ("large", LARGE_BYTES)], 1, (None, None), 0.0)
+    spec = [("small", SMALL_BYTES), ("large", LARGE_BYTES)]
+    tries = (_pairs(ctx, spec, 1, (None, None), 0.0)[0] for _ in range(FREE_TRIES))
+    small, large = first_separating((t["small"], t["large"]) for t in tries)
     try:
         allowed = sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux: no pinning, no crowded figure
-        return fit(free["small"], free["large"], free["small"], 0.0)
+        return fit(small, large, small, 0.0)
     cpus = (allowed[0], allowed[1 % len(allowed)])
     crowded = _pairs(ctx, [("crowded", SMALL_BYTES)], 2, cpus, CROWDED_WORK_S)
     iterations = [t for got in crowded for t in got["crowded"]]
-    return fit(free["small"], free["large"], iterations, CROWDED_WORK_S)
+    return fit(small, large, iterations, CROWDED_WORK_S)

@@ -38,3 +38,20 @@ def test_two_forked_ranks_measure_this_hosts_all_reduce() -> None:
     assert 0 < f.call_s < 1.0
     assert f.gbps > 0
     assert f.wait_s >= 0
+
+
+def test_a_series_that_does_not_separate_is_measured_again() -> None:
+    # A busy host: the small calls waited for their peer longer than the large one took.
+    busy = ([1.3e-3] * 8, [1.2e-3] * 8)
+    idle = ([2e-4] * 8, [3e-3] * 8)
+    tried: list[int] = []
+
+    def tries():  # lazily: a try is measured only when the one before it did not separate
+        for i, got in enumerate((busy, idle, busy)):
+            tried.append(i)
+            yield got
+
+    assert cp.first_separating(tries()) == idle
+    assert tried == [0, 1]
+    with pytest.raises(ValueError, match=r"do not separate: small 0.001300 s, large 0.001200 s"):
+        cp.first_separating(iter([busy, busy]))
