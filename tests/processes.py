@@ -68,6 +68,50 @@ def wait_for_process(mark: str, needle: str, timeout_s: float = 120.0, count: in
         time.sleep(0.1)
 
 
+# Ports a test hands to a process it starts (a rendezvous, a sync server) come from here: below the
+# kernel's ephemeral range, one block per xdist worker. A port bound to 0 and closed again is free
+# for any other process's next bind to 0 or outgoing connection until the test's process binds it,
+# and with a few workers starting servers all the time one did take such a port in between (a
+# group's node then waited out its rendezvous).
+PORT_POOL = range(10000, 19600)
+POOL_BLOCKS = 8
+_cursor: dict[int, int] = {}
+
+
+def _pool_block() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...; unset without xdist
+    index = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
+    size = len(PORT_POOL) // POOL_BLOCKS
+    start = PORT_POOL.start + (index % POOL_BLOCKS) * size
+    return range(start, start + size)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports of this worker's block that bind now, none of the ones handed
+    out just before (a test's processes may not have bound theirs yet). Two runs of the suite at
+    once start at different points of their blocks."""
+    block = _pool_block()
+    at = _cursor.setdefault(block.start, os.getpid() * 7919 % len(block))
+    found: list[int] = []
+    for i in range(len(block)):
+        port = block[(at + i) % len(block)]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        found.append(port)
+        if len(found) == n:
+            _cursor[block.start] = (at + i + 1) % len(block)
+            return found
+    raise AssertionError(f"fewer than {n} free ports in {block}")
+
+
+def free_port() -> int:
+    """One port of ``free_ports``."""
+    return free_ports(1)[0]
+
+
 def ports_in(block: range, n: int) -> list[int]:
     """``n`` ports of ``block`` that bind on loopback now. A server restarted on its ports takes
     them from a block below the kernel's ephemeral range (32768 up on Linux): there no other

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import secrets
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import boto3
+
+from tests.processes import free_port
 
 CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 REGION = "us-east-1"
@@ -34,18 +35,12 @@ class S3Endpoint:
         }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def moto_s3() -> Iterator[S3Endpoint]:
     """A running moto server with one fresh bucket; stopped on exit."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:

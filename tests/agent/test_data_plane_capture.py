@@ -25,6 +25,7 @@ from contracts.checkpoint_transfer import CheckpointTicket, CheckpointTls, sign
 from contracts.link_probe import new_probe_key
 from orchestration.sync_tls import checkpoint_credentials, group_credentials
 from tests.agent.relay import recording_relay
+from tests.processes import free_port
 from training.rendezvous import GroupCredentials, Relay
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,12 +76,6 @@ def test_a_checkpoint_copy_crosses_the_wire_encrypted(tmp_path: Path) -> None:
     assert captured[:1] == b"\x16"  # a TLS handshake record opens the connection
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _group(rank: int, port: int, holder: str, secret: str, job: str = JOB) -> dict:
     """A node's ``group`` section as ``control_layer.allocation.add_job_credentials`` fills it."""
     creds = group_credentials(SECRET, job, holder)
@@ -125,7 +120,7 @@ def test_a_groups_rendezvous_across_nodes_is_encrypted_and_refuses_strangers(tmp
     through the tap: the group forms and all-reduces; the tap saw TLS only, neither the store's
     keys nor the job's store secret; a process without the job's credentials is refused at the
     group's port while the group runs."""
-    port, secret, go = _free_port(), secrets.token_hex(32), tmp_path / "go"
+    port, secret, go = free_port(), secrets.token_hex(32), tmp_path / "go"
 
     async def run() -> tuple[list[tuple[int, str]], bytes, dict[str, str]]:
         async with recording_relay("127.0.0.1", port) as tap:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import socket
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,10 @@ from orchestration.db.models import Cluster, Node
 from orchestration.sync_tls import group_credentials
 from proto.cpn.agent.v1 import agent_pb2
 from tests.orchestration.fleet import hand_option, tiny_spec
+from tests.processes import free_port
 
 CLUSTER = Cluster(id="ceu", name="eu1", region="eu-west")
 OTHER = Cluster(id="ceu2", name="eu2", region="eu-west")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pipeline_option(nodes: list[Node], pp: int, dp: int, micro: int) -> PlanOption:
@@ -91,7 +85,7 @@ def test_a_pipeline_spans_two_nodes_as_one_torchrun_group(
         nodes.reverse()
     spec = tiny_spec(training={"steps": 6, "global_batch_tokens": 128, "lr": 3e-3}, sync={"mode": "sync"})
     option = pipeline_option(nodes, pp=2, dp=dp, micro=2)
-    port = _free_port()
+    port = free_port()
     if across:
         with pytest.raises(FailedPrecondition, match="reachable from other clusters"):
             build_worker_configs("job-pp", spec, option, slots_for(option, nodes, port))

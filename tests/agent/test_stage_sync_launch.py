@@ -7,7 +7,6 @@ replicas in one process."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +26,13 @@ from control_layer.worker_config import (
 from orchestration.db.models import Cluster, Node
 from proto.cpn.agent.v1 import agent_pb2
 from tests.orchestration.fleet import hand_option, tiny_spec
+from tests.processes import free_ports
 from tests.training.harness import load_final_state, reference_run
 from training.checkpoint import latest_checkpoint
 
 EU = Cluster(id="ceu", name="eu1", region="eu-west")
 US = Cluster(id="cus", name="us1", region="us-east")
 STEPS = 6
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def two_pipelines(mixed: bool = False) -> tuple[PlanOption, dict[str, list[Node]]]:
@@ -83,7 +72,7 @@ def slots(option: PlanOption, nodes: dict[str, list[Node]], stage_ports: bool = 
     """As allocation makes them: the first node of a group spanning nodes hosts its rendezvous, and
     each node listens once per stage whose leader it holds (the first of them its sync port)."""
     counts = stage_port_counts(option, "sync")
-    ports = iter(_free_ports(8))
+    ports = iter(free_ports(8))
     out = []
     for c in (EU, US):
         group = next(ports) if len(nodes[c.id]) > 1 else None
@@ -136,9 +125,20 @@ def test_configs_give_each_stage_its_own_ring() -> None:
     assert all(not c["sync"].get("stages") for c in plain.values())
 
 
+def _log_tail(run: WorkerRun, lines: int = 40) -> str:
+    log = run.run_dir / "worker.log"
+    text = log.read_text() if log.exists() else "(no worker.log)"
+    return f"--- {run.run_dir.name}: {run.current.task_status.message}\n" + "\n".join(
+        text.splitlines()[-lines:]
+    )
+
+
 def _launch(
     tmp_path: Path, configs: dict[str, dict[str, Any]], devices: dict[str, tuple[int, ...]]
 ) -> dict[str, list[agent_pb2.AgentMessage]]:
+    """Run every node's workers to their end. A node that fails stops the others at once (as the
+    control plane cancels a failed job's tasks: a group's other nodes would otherwise wait out its
+    rendezvous), and the failure shows every node's log."""
     sent: dict[str, list[agent_pb2.AgentMessage]] = {n: [] for n in configs}
 
     async def launch() -> list[WorkerRun]:
@@ -159,15 +159,24 @@ def _launch(
                     send=sent[node_id].append,
                 )
             )
-        await asyncio.wait_for(asyncio.gather(*(r.run() for r in runs)), timeout=300)
+        tasks = {asyncio.ensure_future(r.run()): r for r in runs}
+        pending = set(tasks)
+        deadline = asyncio.get_running_loop().time() + 300
+        ok = agent_pb2.TASK_STATE_SUCCEEDED
+        while pending:
+            left = deadline - asyncio.get_running_loop().time()
+            done, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if not done or any(tasks[t].current.task_status.state != ok for t in done):
+                for t in pending:
+                    await tasks[t].stop("another node of the job failed or the run took too long")
+                await asyncio.gather(*pending, return_exceptions=True)
+                why = "no node finished within 300 s" if not done else "a node failed"
+                pytest.fail(why + "\n" + "\n".join(_log_tail(r) for r in runs))
+        for t in tasks:
+            t.result()
         return runs
 
-    for r in asyncio.run(launch()):
-        status = r.current.task_status
-        assert status.state == agent_pb2.TASK_STATE_SUCCEEDED, (
-            status.message,
-            (r.run_dir / "worker.log").read_text() if (r.run_dir / "worker.log").exists() else "",
-        )
+    asyncio.run(launch())
     return sent
 
 

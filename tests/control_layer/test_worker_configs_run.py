@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from orchestration.db.models import Job
 from orchestration.sync_tls import leader_credentials
 from proto.cpn.sync.v1 import sync_pb2
 from tests.orchestration.fleet import add_cluster, add_tenant, hand_option, tiny_spec
+from tests.processes import free_port
 from training.sync.node import RegionNode
 from training.sync.stats import TransferStats
 from training.sync.tls import SyncTls
@@ -31,12 +31,6 @@ from training.sync.transport import PeerClient, PeerError
 from training.wan.shaper import LinkShaper
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
@@ -53,7 +47,7 @@ def test_same_region_tasks_train_and_sync(tmp_path: Path) -> None:
         tenant = add_tenant(s)
         cluster, nodes = add_cluster(s, region="eu-west", name="c1", nodes=2, devices_per_node=1)
         for node in nodes:  # each node's declared sync range: one free port
-            node.sync_port_min = node.sync_port_max = _free_port()
+            node.sync_port_min = node.sync_port_max = free_port()
         job = Job(tenant_id=tenant.id, name="j", spec=spec.model_dump(mode="json"))
         s.add(job)
         s.flush()

@@ -31,7 +31,8 @@ from tests.conftest import (
     redis_unreachable,
 )
 from tests.integration.test_end_to_end import TERMINAL, job_spec, wait_job, wait_training
-from tests.integration.test_restart import ServerProcess, free_port
+from tests.integration.test_restart import ServerProcess
+from tests.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(480)]
 

@@ -9,7 +9,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -48,12 +47,6 @@ MISSES = 3
 # 400 steps within that, so 1,000 leave it twice the margin.
 STEPS = 1000
 UP = re.compile(r"control plane up: REST \S+:(\d+), gRPC \S+:(\d+)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # The server's ports, kept across its restart: below the kernel's ephemeral range (32768 up on

@@ -13,7 +13,7 @@ import pytest
 from orchestration.settings import Settings
 from service_layer.client import CpnClient
 from service_layer.server import start_server_in_thread
-from tests.integration.test_restart import free_port
+from tests.processes import free_port
 
 ADMIN_KEY = "cpn_admin_" + "k" * 32
 

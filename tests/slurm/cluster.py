@@ -11,13 +11,14 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.processes import free_port
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
 NODE_CPUS = 8
@@ -36,12 +37,6 @@ def missing_reason() -> str | None:
     except KeyError:
         return "no munge user (the munge package creates it)"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def slurm_conf(root: Path, ctld_port: int, slurmd_port: int, munge_socket: Path) -> str:
@@ -111,7 +106,7 @@ class SlurmCluster:
         # munged checks that no one but its user can write the dirs above its files.
         self.root.chmod(0o755)
         conf = self.root / "slurm.conf"
-        conf.write_text(slurm_conf(self.root, _free_port(), _free_port(), munge_socket))
+        conf.write_text(slurm_conf(self.root, free_port(), free_port(), munge_socket))
         self.env = {**os.environ, "SLURM_CONF": str(conf)}
         self._spawn(
             "munged",

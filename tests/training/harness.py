@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from contracts.metrics import RESULT_PREFIX, parse_lines
 from contracts.worker_config import WorkerConfig, parse_worker_config
+from tests.processes import free_port
 from tests.training.forked_ranks import Rank
 from training.checkpoint import latest_checkpoint
 from training.data.streams import build_stream
@@ -25,12 +25,6 @@ from training.models.gpt import GPT
 from training.runtime import build_optimizer, lr_lambda
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tiny_config(tmp: Path, **overrides: Any) -> dict[str, Any]:

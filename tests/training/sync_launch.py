@@ -8,21 +8,15 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from contracts.metrics import METRIC_PREFIX, RESULT_PREFIX, parse_lines
+from tests.processes import free_port
 from tests.training.forked_ranks import Rank
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def region_configs(
