@@ -78,6 +78,16 @@ POOL_BLOCKS = 8
 _cursor: dict[int, int] = {}
 
 
+def _binds(port: int) -> bool:
+    """Whether ``port`` binds on loopback now."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _pool_block() -> range:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...; unset without xdist
     index = int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
@@ -95,11 +105,8 @@ def free_ports(n: int) -> list[int]:
     found: list[int] = []
     for i in range(len(block)):
         port = block[(at + i) % len(block)]
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if not _binds(port):
+            continue
         found.append(port)
         if len(found) == n:
             _cursor[block.start] = (at + i + 1) % len(block)
@@ -118,11 +125,8 @@ def ports_in(block: range, n: int) -> list[int]:
     test's outgoing connection can take one while the server is down."""
     found = []
     for port in block:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if not _binds(port):
+            continue
         found.append(port)
         if len(found) == n:
             return found
