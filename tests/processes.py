@@ -12,6 +12,7 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 MARK_ENV = "TEST_RUN_MARK"  # not CPN_*: benchmarks/control_plane.py keeps those from its replicas
@@ -102,16 +103,9 @@ def free_ports(n: int) -> list[int]:
     once start at different points of their blocks."""
     block = _pool_block()
     at = _cursor.setdefault(block.start, os.getpid() * 7919 % len(block))
-    found: list[int] = []
-    for i in range(len(block)):
-        port = block[(at + i) % len(block)]
-        if not _binds(port):
-            continue
-        found.append(port)
-        if len(found) == n:
-            _cursor[block.start] = (at + i + 1) % len(block)
-            return found
-    raise AssertionError(f"fewer than {n} free ports in {block}")
+    found = ports_in([*block[at:], *block[:at]], n)
+    _cursor[block.start] = (block.index(found[-1]) + 1) % len(block)
+    return found
 
 
 def free_port() -> int:
@@ -119,7 +113,7 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def ports_in(block: range, n: int) -> list[int]:
+def ports_in(block: Sequence[int], n: int) -> list[int]:
     """``n`` ports of ``block`` that bind on loopback now. A server restarted on its ports takes
     them from a block below the kernel's ephemeral range (32768 up on Linux): there no other
     test's outgoing connection can take one while the server is down."""
@@ -130,4 +124,4 @@ def ports_in(block: range, n: int) -> list[int]:
         found.append(port)
         if len(found) == n:
             return found
-    raise AssertionError(f"fewer than {n} free ports in {block}")
+    raise AssertionError(f"fewer than {n} free ports among {len(block)} from {block[0]}")
